@@ -1,0 +1,35 @@
+# Shared by run.sh and test.sh: install what is missing, then configure and build.
+# Sourced, not run: defines pt_setup_packages and pt_build.
+
+PT_PACKAGES=(build-essential cmake pkg-config mpich libmpich-dev hwloc libhwloc-dev
+             libopenblas-dev zlib1g-dev libinih-dev libcriterion-dev dataset-fashion-mnist
+             python3)
+
+pt_setup_packages() {
+    local missing=()
+    for p in "${PT_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" -eq 0 ]; then
+        echo "== installing: ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    else
+        echo "missing Debian packages: ${missing[*]}" >&2
+        echo "install them with:  sudo apt-get install -y ${missing[*]}" >&2
+        return 1
+    fi
+}
+
+# pt_build DIR [cmake options...]
+pt_build() {
+    local dir=$1
+    shift
+    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >"$dir.configure.log" 2>&1 \
+        || { cat "$dir.configure.log"; return 1; }
+    grep -E '\[(x| )\]' "$dir.configure.log" || true
+    cmake --build "$dir" -j "$(nproc)" -- --no-print-directory >"$dir.build.log" 2>&1 \
+        || { tail -n 60 "$dir.build.log"; return 1; }
+}

@@ -1,0 +1,103 @@
+/* CPU kernels: the reference implementation of every operation pipetrain trains with.
+ *
+ * Conventions (shared with the CUDA twins that come later, kernel_*_cuda(..., stream)):
+ * - float32, row-major, activations NCHW; dense weights [out, in], conv weights
+ *   [filters, channels, k, k], biases [out] (PyTorch's layouts).
+ * - Argument order: outputs, inputs, weights, sizes.
+ * - Parameter gradients ACCUMULATE (+=): micro-batches sum into one gradient in order.
+ *   Input gradients (din) are OVERWRITTEN; din may be NULL when nobody needs it.
+ * - Kernels never allocate; scratch space is passed in (see *_workspace_floats).
+ * - Results depend only on the inputs and on the BLAS thread count.
+ */
+#ifndef PT_KERNELS_H
+#define PT_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    KERNEL_ACT_LINEAR = 0,
+    KERNEL_ACT_RELU,
+    KERNEL_ACT_SIGMOID,
+    KERNEL_ACT_TANH,
+} kernel_act;
+
+/* ---- dense: out[n, out_f] = in[n, in_f] · w[out_f, in_f]^T + b ---- */
+void kernel_dense_forward_cpu(float *out, const float *in, const float *w, const float *b,
+                              int n, int in_f, int out_f);
+/* dw += dout^T · in, db += Σ_n dout, din = dout · w (skipped when din is NULL). */
+void kernel_dense_backward_cpu(float *din, float *dw, float *db, const float *dout,
+                               const float *in, const float *w, int n, int in_f, int out_f);
+
+/* ---- 2-D convolution (cross-correlation, as torch.nn.Conv2d), square kernel ---- */
+typedef struct {
+    int n, c, h, w;          /* input batch, channels, height, width */
+    int filters, size;       /* output channels, kernel size */
+    int stride, pad;         /* zero padding on every side */
+} kernel_conv2d_dims;
+
+/* Output height/width: (h + 2·pad − size) / stride + 1. */
+int kernel_conv2d_out_h(const kernel_conv2d_dims *d);
+int kernel_conv2d_out_w(const kernel_conv2d_dims *d);
+/* Floats of scratch the forward and backward calls need for these dims. */
+size_t kernel_conv2d_workspace_floats(const kernel_conv2d_dims *d);
+void kernel_conv2d_forward_cpu(float *out, float *work, const float *in, const float *w,
+                               const float *b, const kernel_conv2d_dims *d);
+void kernel_conv2d_backward_cpu(float *din, float *dw, float *db, float *work,
+                                const float *dout, const float *in, const float *w,
+                                const kernel_conv2d_dims *d);
+
+/* ---- pooling, no padding, output (h − size) / stride + 1 (floor), as torch ---- */
+/* argmax[i] is the index inside the input plane (0 .. h·w−1) of the first maximum. */
+void kernel_maxpool2d_forward_cpu(float *out, int32_t *argmax, const float *in,
+                                  int n, int c, int h, int w, int size, int stride);
+void kernel_maxpool2d_backward_cpu(float *din, const float *dout, const int32_t *argmax,
+                                   int n, int c, int h, int w, int size, int stride);
+void kernel_avgpool2d_forward_cpu(float *out, const float *in,
+                                  int n, int c, int h, int w, int size, int stride);
+void kernel_avgpool2d_backward_cpu(float *din, const float *dout,
+                                   int n, int c, int h, int w, int size, int stride);
+
+/* ---- element-wise activations (out may alias in; din may alias dout) ---- */
+void kernel_activation_forward_cpu(float *out, const float *in, size_t count, kernel_act act);
+/* Derivative expressed through the forward OUTPUT y: relu y>0, sigmoid y(1−y), tanh 1−y². */
+void kernel_activation_backward_cpu(float *din, const float *dout, const float *out,
+                                    size_t count, kernel_act act);
+
+/* ---- inverted dropout with a counter-based generator ----
+ * Sample s (its index in the whole data set, so the mask does not depend on how the batch
+ * was split) keeps element e when uniform(seed, stream, s, e) < 1 − p; kept elements are
+ * scaled by 1 / (1 − p). mask[i] is 1 for kept, 0 for dropped. */
+void kernel_dropout_forward_cpu(float *out, uint8_t *mask, const float *in, int n,
+                                size_t per_sample, float p, uint64_t seed, uint64_t stream,
+                                const int64_t *sample_ids);
+void kernel_dropout_backward_cpu(float *din, const float *dout, const uint8_t *mask,
+                                 size_t count, float p);
+
+/* ---- softmax cross-entropy over `classes` logits per sample ----
+ * Returns the SUM over the n samples of −log softmax(logits)[label], in double.
+ * dlogits (may be NULL) = (softmax − onehot) · grad_scale; grad_scale is 1 / (whole
+ * batch size) so that micro-batches give the gradient of the batch mean.
+ * *correct (may be NULL) receives the number of samples whose first argmax is the label. */
+double kernel_softmax_xent_cpu(float *dlogits, int *correct, const float *logits,
+                               const int32_t *labels, int n, int classes, float grad_scale);
+
+/* ---- optimizers, exactly as torch.optim (1.13, single-tensor path) ----
+ * weight_decay adds wd·p to the gradient first (L2). step is 1 on the first update. */
+void kernel_sgd_update_cpu(float *param, const float *grad, size_t count, float lr,
+                           float weight_decay);
+void kernel_momentum_update_cpu(float *param, float *buf, const float *grad, size_t count,
+                                float lr, float momentum, float weight_decay);
+void kernel_adam_update_cpu(float *param, float *m, float *v, const float *grad, size_t count,
+                            float lr, float beta1, float beta2, float eps, float weight_decay,
+                            long step);
+
+/* ---- initialisation: U(−bound, bound) from the counter-based generator ---- */
+void kernel_init_uniform_cpu(float *out, size_t count, float bound, uint64_t seed,
+                             uint64_t stream);
+
+/* ---- small helpers ---- */
+/* y = bytes / 255 (input pixels). */
+void kernel_bytes_to_float_cpu(float *out, const uint8_t *in, size_t count);
+
+#endif

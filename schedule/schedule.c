@@ -1,0 +1,184 @@
+/* Schedule lists and the generators that fill them (GPipe, 1F1B / PipeDream-Flush).
+ *
+ * Generators place each SEND right after the op that produced its data and each RECV right
+ * before the op that consumes it: the executor posts receives early on its own, so a RECV in
+ * the list only marks the point where the stage must have the data. */
+#include "schedule/schedule.h"
+
+#include "src/error.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const op_names[SCHED_OP_COUNT] = {
+    [SCHED_OP_RECV_ACT] = "recv_act",
+    [SCHED_OP_FORWARD] = "F",
+    [SCHED_OP_SEND_ACT] = "send_act",
+    [SCHED_OP_RECV_GRAD] = "recv_grad",
+    [SCHED_OP_BACKWARD] = "B",
+    [SCHED_OP_SEND_GRAD] = "send_grad",
+    [SCHED_OP_ALLREDUCE] = "allreduce",
+    [SCHED_OP_RECOMPUTE] = "R",
+    [SCHED_OP_OPTIMIZER_STEP] = "optimizer_step",
+};
+
+const char *schedule_op_name(schedule_op_kind kind)
+{
+    /* The enum may hold any int (lists are built by hand in tests), so range-check. */
+    if ((int)kind < 0 || kind >= SCHED_OP_COUNT)
+        return "unknown";
+    return op_names[kind];
+}
+
+int schedule_init_empty(schedule *s, const char *name, int stages, int microbatches)
+{
+    if (!s)
+        return pt_error_set("schedule_init_empty: schedule is NULL");
+    memset(s, 0, sizeof *s);
+    if (stages < 1 || microbatches < 1)
+        return pt_error_set("schedule_init_empty: need stages >= 1 and microbatches >= 1 "
+                            "(got stages=%d, microbatches=%d)", stages, microbatches);
+    if (!name)
+        name = "";
+    if (strlen(name) >= sizeof s->name)
+        return pt_error_set("schedule_init_empty: name '%s' is longer than %zu characters",
+                            name, sizeof s->name - 1);
+    s->lists = calloc((size_t)stages, sizeof *s->lists);
+    if (!s->lists)
+        return pt_error_set("schedule_init_empty: out of memory for %d stage lists", stages);
+    strcpy(s->name, name);
+    s->stages = stages;
+    s->microbatches = microbatches;
+    return 0;
+}
+
+/* Appends without judging the op: hand-built lists may be wrong on purpose, and
+ * schedule_verify is the one place that says what is wrong with them. Only the stage index
+ * is checked, because it guards memory. */
+int schedule_append(schedule *s, int stage, schedule_op_kind kind, int microbatch, int peer)
+{
+    if (!s || !s->lists)
+        return pt_error_set("schedule_append: schedule is not initialised");
+    if (stage < 0 || stage >= s->stages)
+        return pt_error_set("schedule_append: stage %d out of range [0, %d)", stage,
+                            s->stages);
+    schedule_list *l = &s->lists[stage];
+    if (l->n_ops == l->cap) {
+        if (l->cap > INT_MAX / 2)
+            return pt_error_set("schedule_append: stage %d list is too long", stage);
+        int cap = l->cap ? 2 * l->cap : 16;
+        schedule_op *ops = realloc(l->ops, (size_t)cap * sizeof *ops);
+        if (!ops)
+            return pt_error_set("schedule_append: out of memory growing stage %d to %d ops",
+                                stage, cap);
+        l->ops = ops;
+        l->cap = cap;
+    }
+    l->ops[l->n_ops++] = (schedule_op){.kind = kind, .microbatch = microbatch, .peer = peer};
+    return 0;
+}
+
+void schedule_free(schedule *s)
+{
+    if (!s)
+        return;
+    if (s->lists) {
+        for (int i = 0; i < s->stages; i++)
+            free(s->lists[i].ops);
+        free(s->lists);
+    }
+    memset(s, 0, sizeof *s);
+}
+
+/* Forward of m on `stage` with the receive before it and the send after it. */
+static int append_forward(schedule *s, int stage, int m)
+{
+    int last = s->stages - 1;
+    if (stage > 0 && schedule_append(s, stage, SCHED_OP_RECV_ACT, m, stage - 1))
+        return -1;
+    if (schedule_append(s, stage, SCHED_OP_FORWARD, m, -1))
+        return -1;
+    if (stage < last && schedule_append(s, stage, SCHED_OP_SEND_ACT, m, stage + 1))
+        return -1;
+    return 0;
+}
+
+/* Backward of m on `stage` with the gradient receive before it and the send after it. */
+static int append_backward(schedule *s, int stage, int m)
+{
+    int last = s->stages - 1;
+    if (stage < last && schedule_append(s, stage, SCHED_OP_RECV_GRAD, m, stage + 1))
+        return -1;
+    if (schedule_append(s, stage, SCHED_OP_BACKWARD, m, -1))
+        return -1;
+    if (stage > 0 && schedule_append(s, stage, SCHED_OP_SEND_GRAD, m, stage - 1))
+        return -1;
+    return 0;
+}
+
+int schedule_init_gpipe(schedule *s, int stages, int microbatches)
+{
+    if (schedule_init_empty(s, "gpipe", stages, microbatches))
+        return -1;
+    for (int st = 0; st < stages; st++) {
+        for (int m = 0; m < microbatches; m++)
+            if (append_forward(s, st, m))
+                goto fail;
+        for (int m = 0; m < microbatches; m++)
+            if (append_backward(s, st, m))
+                goto fail;
+        if (schedule_append(s, st, SCHED_OP_OPTIMIZER_STEP, -1, -1))
+            goto fail;
+    }
+    return 0;
+fail:
+    schedule_free(s);
+    return -1;
+}
+
+/* PipeDream-Flush: stage st runs w = min(K−1−st, M) warm-up forwards, so that by the time
+ * its first backward is due the gradient can already be on its way; then one forward and
+ * one backward alternate; the cool-down drains the remaining backwards. Stage st holds at
+ * most min(K−st, M) micro-batches instead of GPipe's M. */
+int schedule_init_1f1b(schedule *s, int stages, int microbatches)
+{
+    if (schedule_init_empty(s, "1f1b", stages, microbatches))
+        return -1;
+    for (int st = 0; st < stages; st++) {
+        int warmup = stages - 1 - st;
+        if (warmup > microbatches)
+            warmup = microbatches;
+        int next_f = 0, next_b = 0;
+        for (; next_f < warmup; next_f++)
+            if (append_forward(s, st, next_f))
+                goto fail;
+        while (next_f < microbatches) {
+            if (append_forward(s, st, next_f++) || append_backward(s, st, next_b++))
+                goto fail;
+        }
+        while (next_b < microbatches)
+            if (append_backward(s, st, next_b++))
+                goto fail;
+        if (schedule_append(s, st, SCHED_OP_OPTIMIZER_STEP, -1, -1))
+            goto fail;
+    }
+    return 0;
+fail:
+    schedule_free(s);
+    return -1;
+}
+
+int schedule_init_by_name(schedule *s, const char *name, int stages, int microbatches)
+{
+    if (s)
+        memset(s, 0, sizeof *s);
+    if (!name)
+        return pt_error_set("schedule_init_by_name: no schedule name given (known: gpipe, "
+                            "1f1b)");
+    if (strcmp(name, "gpipe") == 0)
+        return schedule_init_gpipe(s, stages, microbatches);
+    if (strcmp(name, "1f1b") == 0)
+        return schedule_init_1f1b(s, stages, microbatches);
+    return pt_error_set("unknown schedule '%s' (known: gpipe, 1f1b)", name);
+}

@@ -1,0 +1,75 @@
+/* The executor: one MPI rank per pipeline stage runs its schedule list with non-blocking
+ * point-to-point messages, waiting politely (MPI_Test + short sleep, because ranks may
+ * outnumber cores) and giving up after a timeout. Sequential training is the same code
+ * with one stage. */
+#ifndef PT_EXEC_H
+#define PT_EXEC_H
+
+#include <mpi.h>
+#include <stdint.h>
+
+#include "partition/partition.h"
+#include "schedule/schedule.h"
+#include "src/data.h"
+#include "src/stage.h"
+
+typedef struct exec exec_t; /* opaque: holds MPI requests and buffers */
+
+typedef struct {
+    int batch, microbatches;
+    double timeout_s;      /* a wait longer than this fails the step */
+    int trace;             /* record events for exec_write_trace */
+    int stall_rank;        /* testing: this rank stops responding at stall_step (−1: never) */
+    long stall_step;
+} exec_config;
+
+typedef struct {
+    double loss_sum;       /* summed over the batch's samples (every rank gets it) */
+    long correct;
+} exec_step_result;
+
+/* Per-rank figures since exec_init (or the last exec_reset_stats). */
+typedef struct {
+    double compute_s;      /* forward, backward, loss and optimizer time */
+    double wall_s;         /* time inside training steps */
+    long steps;
+    size_t peak_act_bytes; /* most activation bytes held at once (slots in use × slot size) */
+} exec_stats;
+
+/* Builds this rank's stage (stage = rank in comm) from the partition, checks the schedule
+ * with the verifier and sizes the activation slots from its peak. The stage's parameters
+ * start at zero: initialise or load them through exec_stage(). */
+int exec_init(exec_t **e, MPI_Comm comm, const net_desc *net, const partition *part,
+              const schedule *sched, const exec_config *cfg);
+void exec_free(exec_t *e);
+stage *exec_stage(exec_t *e);
+int exec_rank(const exec_t *e);
+int exec_stages(const exec_t *e);
+
+/* exec_train_step's failure when every rank knows of it (a non-finite loss): the job can
+ * end cleanly. Other failures (−1, timeouts) are local: the caller must end the job. */
+#define EXEC_FAILED_EVERYWHERE (-2)
+
+/* One optimizer step on `batch` samples of `data` given by `indices` (data-set indices,
+ * the same array on every rank). step numbers the dropout stream. Fails with a message on
+ * a timeout or a non-finite loss (then every rank that can still talk fails too). */
+int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint64_t seed,
+                    uint64_t step, const optimizer_config *opt, exec_step_result *res);
+/* Forward only, dropout off, over the whole data set in chunks of the micro-batch size.
+ * Loss (mean) and accuracy on every rank. */
+int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy);
+
+/* The whole model's parameters in layer order on rank 0 (count = net param_count), from
+ * every stage. `all` is only written on rank 0 and may be NULL elsewhere. Collective. */
+int exec_gather_params(exec_t *e, float *all);
+
+void exec_get_stats(const exec_t *e, exec_stats *st);
+void exec_reset_stats(exec_t *e);
+/* Collective: rank 0 writes one Chrome trace JSON of every rank's events. */
+int exec_write_trace(exec_t *e, const char *path);
+
+/* A polite collective: MPI_Iallreduce waited for with MPI_Test and a short sleep. */
+int exec_allreduce(void *buf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
+                   double timeout_s);
+
+#endif

@@ -1,0 +1,59 @@
+/* A network as described by a model file: layers in order, their shapes and parameter
+ * counts. Pure description: no tensors live here (see src/stage.h). */
+#ifndef PT_NET_H
+#define PT_NET_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "kernels/kernels.h"
+
+typedef enum {
+    LAYER_CONV = 0,
+    LAYER_MAXPOOL,
+    LAYER_AVGPOOL,
+    LAYER_DENSE,
+    LAYER_DROPOUT,
+    LAYER_FLATTEN,
+} layer_type;
+
+typedef struct {
+    int c, h, w; /* a flat vector of n values is {n, 1, 1} */
+} layer_shape;
+
+typedef struct {
+    layer_type type;
+    int line;              /* line of the section header in the model file */
+    layer_shape in, out;
+    kernel_act activation; /* conv and dense; KERNEL_ACT_LINEAR otherwise */
+    union {
+        struct { int filters, size, stride, pad; } conv;
+        struct { int size, stride; } pool;
+        struct { int units; } dense;
+        struct { float p; } dropout;
+    } u;
+    size_t weight_count, bias_count; /* 0 for parameterless layers */
+} layer_desc;
+
+typedef struct {
+    layer_shape input;
+    int n_layers;
+    layer_desc *layers; /* owned; layer i is the i-th section after [net] */
+    size_t param_count;
+    int classes;        /* elements of the last layer's output */
+} net_desc;
+
+/* Parses a model file. On error returns -1 with a message "FILE:LINE: reason". */
+int net_desc_load(net_desc *net, const char *path);
+/* Same for text in memory; `name` stands for the file name in messages. */
+int net_desc_parse_string(net_desc *net, const char *text, const char *name);
+void net_desc_free(net_desc *net);
+
+static inline size_t layer_shape_count(layer_shape s) { return (size_t)s.c * s.h * s.w; }
+const char *layer_type_name(layer_type t);
+const char *layer_act_name(kernel_act a);
+
+/* Keras-style table: layer, type, output shape, parameters, and the total. */
+void net_desc_print_summary(const net_desc *net, FILE *out);
+
+#endif

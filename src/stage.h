@@ -1,0 +1,80 @@
+/* A pipeline stage at run time: a contiguous run of layers of a net_desc with its
+ * parameters, gradients and optimizer state (one allocation), and activation slots for the
+ * micro-batches in flight. Sequential training is a single stage holding every layer.
+ * No MPI here: the executor (src/exec.c) moves data between stages. */
+#ifndef PT_STAGE_H
+#define PT_STAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/net.h"
+
+typedef enum { OPT_SGD = 0, OPT_MOMENTUM, OPT_ADAM } optimizer_kind;
+
+typedef struct {
+    optimizer_kind kind;
+    float lr, momentum, weight_decay;
+    float beta1, beta2, eps;
+} optimizer_config;
+
+/* Activations one micro-batch keeps between its forward and its backward. */
+typedef struct {
+    int busy, n;
+    const float *input;  /* the stage's input for this micro-batch (caller keeps it alive) */
+    float **buf;         /* per local layer: storage for its output (NULL for flatten) */
+    const float **out;   /* per local layer: its output of the last forward (may alias
+                            the layer's input: flatten, dropout when not training) */
+    int32_t **argmax;    /* per local layer: maxpool positions, else NULL */
+    uint8_t **mask;      /* per local layer: dropout mask, else NULL */
+} stage_slot;
+
+typedef struct {
+    const net_desc *net;    /* not owned */
+    int first, last;        /* layers [first, last) */
+    int max_batch, n_slots;
+    size_t param_count;
+    float *memory;          /* owned: params | grads | optimizer state */
+    float *params, *grads, *opt_m, *opt_v;
+    float **w, **b, **dw, **db; /* per local layer, into memory (NULL without parameters) */
+    stage_slot *slots;      /* owned */
+    void *slot_memory;      /* owned: every slot's activations */
+    float *work;            /* owned: convolution scratch */
+    float *scratch[2];      /* owned: gradients flowing backward */
+    size_t slot_bytes;      /* activation bytes one slot holds at max_batch */
+    long step;              /* optimizer steps taken */
+} stage;
+
+/* Allocates a stage for layers [first, last) of `net`, micro-batches of up to `max_batch`
+ * samples and `n_slots` micro-batches in flight. Parameters start at zero. */
+int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch, int n_slots);
+void stage_free(stage *s);
+
+/* PyTorch's default initialisation (U(±1/sqrt(fan_in)) for weights and biases), drawn
+ * from the counter-based generator per layer, so it is the same in every layout. */
+void stage_init_params(stage *s, uint64_t seed);
+
+/* Input/output values per sample. */
+size_t stage_in_count(const stage *s);
+size_t stage_out_count(const stage *s);
+
+/* Takes a free slot; returns its index or −1 (with a message) when all are busy. */
+int stage_slot_acquire(stage *s);
+void stage_slot_release(stage *s, int slot);
+
+/* Forward of n samples (n ≤ max_batch) from `in` (kept alive by the caller until the
+ * backward). sample_ids: each sample's index in the data set (dropout masks depend on
+ * it); step: the optimizer step (dropout stream). training = 0 turns dropout off.
+ * Returns the output (owned by the slot). */
+const float *stage_forward(stage *s, int slot, const float *in, int n,
+                           const int64_t *sample_ids, uint64_t seed, uint64_t step,
+                           int training);
+/* Backward of the slot's micro-batch from the gradient of its output; parameter gradients
+ * accumulate. din (may be NULL) receives the gradient of the stage's input. */
+void stage_backward(stage *s, int slot, const float *dout, float *din);
+
+void stage_zero_grad(stage *s);
+/* One optimizer update of every parameter from the accumulated gradients. */
+void stage_step(stage *s, const optimizer_config *opt);
+
+#endif

@@ -1,0 +1,588 @@
+/* `pipetrain train`: sequential or pipelined training on Fashion-MNIST-style IDX data.
+ * Every rank parses the same options and loads the same files; setup errors are gathered
+ * with a collective so that every rank exits non-zero and one of them says why. */
+#include "src/train.h"
+
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/rng.h"
+#include "src/checkpoint.h"
+#include "src/error.h"
+#include "src/exec.h"
+#include "src/options.h"
+#include "topologies/topo.h"
+
+void openblas_set_num_threads(int);
+
+#define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"
+
+typedef struct {
+    const char *model, *data, *load, *save, *trace, *schedule, *partition, *bind;
+    int epochs, batch, stages, microbatches, threads, val, json, verbose, shuffle;
+    long steps, warmup, train_samples, test_samples;
+    double timeout;
+    unsigned long long seed;
+    optimizer_config opt;
+    int stall_rank;
+    long stall_step;
+} train_options;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: pipetrain train --model FILE [options]\n"
+        "       mpiexec -n K pipetrain train --model FILE --stages K [options]\n"
+        "\n"
+        "data and model\n"
+        "  --model FILE          model file (INI), e.g. models/seed-cnn.cfg\n"
+        "  --data DIR            IDX files, .gz or not (default " DEFAULT_DATA_DIR ")\n"
+        "  --val N               hold out the last N training samples for validation\n"
+        "  --train-samples N     use only the first N training samples (after --val)\n"
+        "  --test-samples N      evaluate on the first N test samples (0: skip the test set)\n"
+        "  --load FILE           start from a safetensors checkpoint\n"
+        "  --save FILE           write the final parameters as safetensors\n"
+        "training\n"
+        "  --epochs N            passes over the training set (default 1)\n"
+        "  --steps N             stop after N optimizer steps\n"
+        "  --warmup N            leave the first N steps out of speed and bubble figures\n"
+        "  --batch N             samples per optimizer step (default 128)\n"
+        "  --optimizer NAME      sgd | momentum | adam (default adam)\n"
+        "  --lr X                learning rate (default 0.001)\n"
+        "  --momentum X          for momentum (default 0.9)\n"
+        "  --weight-decay X      L2 penalty added to the gradient (default 0)\n"
+        "  --seed N              initialisation, shuffling and dropout (default 0)\n"
+        "  --shuffle on|off      off: batches in file order (default on)\n"
+        "parallelism\n"
+        "  --stages K            pipeline stages, one MPI rank each (default 1)\n"
+        "  --microbatches M      micro-batches per batch; must divide it (default 1)\n"
+        "  --schedule NAME       gpipe | 1f1b (default 1f1b)\n"
+        "  --partition METHOD    uniform | params | time | counts like 4,3,4 (default time)\n"
+        "  --threads N           BLAS threads per rank (default: cores / ranks on the node)\n"
+        "  --bind MODE           auto | core | none: pin each rank to its cores (default none)\n"
+        "  --timeout S           give up when a rank waits longer than S s (default 300)\n"
+        "output\n"
+        "  --trace FILE          Chrome trace JSON of every rank's events (Perfetto)\n"
+        "  --json                last line of stdout: one JSON object of results\n"
+        "  --verbose             more detail (binding of every rank)\n"
+        "  --help                this text\n");
+}
+
+static int parse_options(train_options *o, int argc, char **argv)
+{
+    *o = (train_options){
+        .data = DEFAULT_DATA_DIR, .schedule = "1f1b", .partition = "time", .bind = "none",
+        .epochs = 1, .batch = 128, .stages = 1, .microbatches = 1, .shuffle = 1,
+        .steps = -1, .train_samples = -1, .test_samples = -1, .timeout = 300,
+        .opt = {OPT_ADAM, 1e-3f, 0.9f, 0.0f, 0.9f, 0.999f, 1e-8f},
+        .stall_rank = -1, .stall_step = -1,
+    };
+    enum { O_MODEL = 256, O_DATA, O_EPOCHS, O_STEPS, O_BATCH, O_LR, O_OPT, O_MOM, O_WD, O_SEED,
+           O_SHUFFLE, O_VAL, O_THREADS, O_LOAD, O_SAVE, O_JSON, O_HELP, O_STAGES, O_MICRO,
+           O_SCHED, O_PART, O_TRACE, O_TIMEOUT, O_BIND, O_VERBOSE, O_TRAIN_N, O_TEST_N,
+           O_STALL, O_WARMUP };
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, O_MODEL}, {"data", required_argument, 0, O_DATA},
+        {"epochs", required_argument, 0, O_EPOCHS}, {"steps", required_argument, 0, O_STEPS},
+        {"batch", required_argument, 0, O_BATCH}, {"lr", required_argument, 0, O_LR},
+        {"optimizer", required_argument, 0, O_OPT}, {"momentum", required_argument, 0, O_MOM},
+        {"weight-decay", required_argument, 0, O_WD}, {"seed", required_argument, 0, O_SEED},
+        {"shuffle", required_argument, 0, O_SHUFFLE}, {"val", required_argument, 0, O_VAL},
+        {"threads", required_argument, 0, O_THREADS}, {"load", required_argument, 0, O_LOAD},
+        {"save", required_argument, 0, O_SAVE}, {"json", no_argument, 0, O_JSON},
+        {"help", no_argument, 0, O_HELP}, {"stages", required_argument, 0, O_STAGES},
+        {"microbatches", required_argument, 0, O_MICRO},
+        {"schedule", required_argument, 0, O_SCHED},
+        {"partition", required_argument, 0, O_PART}, {"trace", required_argument, 0, O_TRACE},
+        {"timeout", required_argument, 0, O_TIMEOUT}, {"bind", required_argument, 0, O_BIND},
+        {"verbose", no_argument, 0, O_VERBOSE},
+        {"train-samples", required_argument, 0, O_TRAIN_N},
+        {"test-samples", required_argument, 0, O_TEST_N},
+        {"warmup", required_argument, 0, O_WARMUP},
+        {"debug-stall", required_argument, 0, O_STALL}, /* testing: RANK:STEP */
+        {0, 0, 0, 0}};
+    long v;
+    double d;
+    optind = 1;
+    opterr = 0;
+    for (;;) {
+        int c = getopt_long(argc, argv, "", longopts, NULL);
+        if (c == -1) break;
+        switch (c) {
+        case O_MODEL: o->model = optarg; break;
+        case O_DATA: o->data = optarg; break;
+        case O_LOAD: o->load = optarg; break;
+        case O_SAVE: o->save = optarg; break;
+        case O_TRACE: o->trace = optarg; break;
+        case O_SCHED: o->schedule = optarg; break;
+        case O_PART: o->partition = optarg; break;
+        case O_JSON: o->json = 1; break;
+        case O_VERBOSE: o->verbose = 1; break;
+        case O_HELP: return 1;
+        case O_EPOCHS:
+            if (opt_parse_long("--epochs", optarg, 1, INT_MAX, &v)) return -1;
+            o->epochs = (int)v;
+            break;
+        case O_STEPS:
+            if (opt_parse_long("--steps", optarg, 1, LONG_MAX, &o->steps)) return -1;
+            break;
+        case O_WARMUP:
+            if (opt_parse_long("--warmup", optarg, 0, LONG_MAX, &o->warmup)) return -1;
+            break;
+        case O_BATCH:
+            if (opt_parse_long("--batch", optarg, 1, 1 << 20, &v)) return -1;
+            o->batch = (int)v;
+            break;
+        case O_STAGES:
+            if (opt_parse_long("--stages", optarg, 1, 4096, &v)) return -1;
+            o->stages = (int)v;
+            break;
+        case O_MICRO:
+            if (opt_parse_long("--microbatches", optarg, 1, 1 << 20, &v)) return -1;
+            o->microbatches = (int)v;
+            break;
+        case O_THREADS:
+            if (opt_parse_long("--threads", optarg, 1, 1024, &v)) return -1;
+            o->threads = (int)v;
+            break;
+        case O_VAL:
+            if (opt_parse_long("--val", optarg, 0, INT_MAX, &v)) return -1;
+            o->val = (int)v;
+            break;
+        case O_TRAIN_N:
+            if (opt_parse_long("--train-samples", optarg, 1, INT_MAX, &o->train_samples))
+                return -1;
+            break;
+        case O_TEST_N:
+            if (opt_parse_long("--test-samples", optarg, 0, INT_MAX, &o->test_samples))
+                return -1;
+            break;
+        case O_SEED:
+            if (opt_parse_long("--seed", optarg, 0, LONG_MAX, &v)) return -1;
+            o->seed = (unsigned long long)v;
+            break;
+        case O_LR:
+            if (opt_parse_double("--lr", optarg, 0, 1e6, &d)) return -1;
+            o->opt.lr = (float)d;
+            break;
+        case O_MOM:
+            if (opt_parse_double("--momentum", optarg, 0, 1, &d)) return -1;
+            o->opt.momentum = (float)d;
+            break;
+        case O_WD:
+            if (opt_parse_double("--weight-decay", optarg, 0, 1e6, &d)) return -1;
+            o->opt.weight_decay = (float)d;
+            break;
+        case O_TIMEOUT:
+            if (opt_parse_double("--timeout", optarg, 0.001, 1e9, &o->timeout)) return -1;
+            break;
+        case O_OPT:
+            if (!strcmp(optarg, "sgd")) o->opt.kind = OPT_SGD;
+            else if (!strcmp(optarg, "momentum")) o->opt.kind = OPT_MOMENTUM;
+            else if (!strcmp(optarg, "adam")) o->opt.kind = OPT_ADAM;
+            else return pt_error_set("--optimizer %s: expected sgd, momentum or adam", optarg);
+            break;
+        case O_SHUFFLE:
+            if (!strcmp(optarg, "on")) o->shuffle = 1;
+            else if (!strcmp(optarg, "off")) o->shuffle = 0;
+            else return pt_error_set("--shuffle %s: expected on or off", optarg);
+            break;
+        case O_BIND:
+            if (strcmp(optarg, "auto") && strcmp(optarg, "core") && strcmp(optarg, "none"))
+                return pt_error_set("--bind %s: expected auto, core or none", optarg);
+            o->bind = optarg;
+            break;
+        case O_STALL:
+            if (sscanf(optarg, "%d:%ld", &o->stall_rank, &o->stall_step) != 2)
+                return pt_error_set("--debug-stall %s: expected RANK:STEP", optarg);
+            break;
+        default:
+            return pt_error_set("unknown or incomplete option %s (see pipetrain train --help)",
+                                argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return pt_error_set("unexpected argument %s", argv[optind]);
+    if (!o->model) return pt_error_set("--model FILE is required (see pipetrain train --help)");
+    if (o->batch % o->microbatches)
+        return pt_error_set("--microbatches %d does not divide --batch %d", o->microbatches,
+                            o->batch);
+    return 0;
+}
+
+/* ---- collective error handling ---- */
+
+/* Every rank calls this after a setup phase with its own status. If any failed, the lowest
+ * failing rank prints its message (naming rank and host when there are several ranks) and
+ * every rank returns −1, so that all of them exit non-zero. */
+static int agree(int status, MPI_Comm comm, double timeout)
+{
+    int rank, size;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    int first_bad = status ? rank : INT_MAX;
+    if (exec_allreduce(&first_bad, 1, MPI_INT, MPI_MIN, comm, timeout)) {
+        fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+        return -1;
+    }
+    if (first_bad == INT_MAX) return 0;
+    if (rank == first_bad) {
+        char host[64] = "";
+        gethostname(host, sizeof host - 1);
+        if (size > 1)
+            fprintf(stderr, "pipetrain: rank %d (%s): %s\n", rank, host, pt_error_get());
+        else
+            fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+    }
+    return -1;
+}
+
+/* ---- pieces of the run ---- */
+
+static void shuffle_indices(int64_t *idx, int n, uint64_t seed, int epoch, int shuffle)
+{
+    for (int i = 0; i < n; i++) idx[i] = i;
+    if (!shuffle) return;
+    /* Fisher–Yates with the counter-based generator: the same order on every rank. */
+    uint64_t stream = rng_stream_shuffle((uint64_t)epoch);
+    for (int i = n - 1; i > 0; i--) {
+        uint32_t r[4];
+        rng_philox4x32_10(r, seed, stream, (uint64_t)i);
+        uint64_t x = ((uint64_t)r[0] << 32) | r[1];
+        int j = (int)(x % (uint64_t)(i + 1));
+        int64_t t = idx[i];
+        idx[i] = idx[j];
+        idx[j] = t;
+    }
+}
+
+static int load_data(const train_options *o, const net_desc *net, dataset *train,
+                     dataset *val, dataset *test)
+{
+    memset(val, 0, sizeof *val);
+    if (data_load_fashion_mnist(train, test, o->data, net->classes)) return -1;
+    if (train->rows * train->cols != (int)layer_shape_count(net->input))
+        return pt_error_set("the data has %d×%d images but the model expects input %d,%d,%d",
+                            train->rows, train->cols, net->input.c, net->input.h, net->input.w);
+    if (o->val && data_split_tail(train, val, o->val)) return -1;
+    if (o->train_samples > 0 && o->train_samples < train->count)
+        train->count = (int)o->train_samples;
+    if (o->test_samples >= 0 && o->test_samples < test->count) test->count = (int)o->test_samples;
+    if (train->count < o->batch)
+        return pt_error_set("the training set has %d samples, fewer than one batch of %d",
+                            train->count, o->batch);
+    return 0;
+}
+
+static int choose_partition(const train_options *o, const net_desc *net, partition *part,
+                            MPI_Comm comm, int rank)
+{
+    memset(part, 0, sizeof *part);
+    if (partition_check(net->n_layers, o->stages)) return -1;
+    partition_profile prof = {0};
+    int have_profile = !strcmp(o->partition, "time");
+    int rc = 0;
+    if (have_profile) {
+        /* Rank 0 measures; the others take its figures so that all cut the same way. */
+        int n = net->n_layers;
+        double *costs = calloc(2 * (size_t)n, sizeof *costs);
+        if (!costs) return pt_error_set("out of memory");
+        int ok = 1;
+        if (rank == 0) {
+            int mb = o->batch / o->microbatches;
+            if (partition_profile_measure(&prof, net, mb, 2, 5)) {
+                ok = 0;
+            } else {
+                memcpy(costs, prof.fwd_s, (size_t)n * sizeof *costs);
+                memcpy(costs + n, prof.bwd_s, (size_t)n * sizeof *costs);
+                partition_profile_free(&prof);
+            }
+        }
+        MPI_Request req;
+        MPI_Ibcast(costs, 2 * n, MPI_DOUBLE, 0, comm, &req);
+        if (exec_allreduce(&ok, 1, MPI_INT, MPI_MIN, comm, o->timeout)) rc = -1;
+        MPI_Wait(&req, MPI_STATUS_IGNORE);
+        if (!rc && !ok) rc = rank == 0 ? -1 : pt_error_set("rank 0 could not profile the layers");
+        if (!rc) {
+            prof.n_layers = n;
+            prof.fwd_s = malloc((size_t)n * sizeof(double));
+            prof.bwd_s = malloc((size_t)n * sizeof(double));
+            if (!prof.fwd_s || !prof.bwd_s) rc = pt_error_set("out of memory");
+            else {
+                memcpy(prof.fwd_s, costs, (size_t)n * sizeof(double));
+                memcpy(prof.bwd_s, costs + n, (size_t)n * sizeof(double));
+            }
+        }
+        free(costs);
+    }
+    if (!rc) rc = partition_by_method(part, o->partition, net, have_profile ? &prof : NULL,
+                                      o->stages);
+    if (!rc && rank == 0 && !o->json && o->stages > 1) {
+        printf("partition (%s):\n", o->partition);
+        partition_print(part, net, have_profile ? &prof : NULL, stdout);
+    }
+    partition_profile_free(&prof);
+    return rc;
+}
+
+static void progress(int epoch, int epochs, long step, long steps, double loss)
+{
+    int width = 30, done = steps ? (int)(width * step / steps) : width;
+    char bar[64];
+    for (int i = 0; i < width; i++) bar[i] = i < done ? '#' : '.';
+    bar[width] = '\0';
+    printf("\r  epoch %d/%d [%s] %ld/%ld loss %.4f", epoch, epochs, bar, step, steps, loss);
+    fflush(stdout);
+}
+
+static double wall(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static const char *optimizer_name(optimizer_kind k)
+{
+    return k == OPT_SGD ? "sgd" : k == OPT_MOMENTUM ? "momentum" : "adam";
+}
+
+/* Ends the job on every rank: a rank that timed out cannot count on the others. */
+static void abort_job(MPI_Comm comm)
+{
+    int rank;
+    char host[64] = "";
+    MPI_Comm_rank(comm, &rank);
+    gethostname(host, sizeof host - 1);
+    fprintf(stderr, "pipetrain: rank %d (%s): %s\n", rank, host, pt_error_get());
+    fflush(stderr);
+    MPI_Abort(comm, 1);
+}
+
+int train_main(int argc, char **argv)
+{
+    MPI_Comm comm = MPI_COMM_WORLD;
+    int rank, size;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+
+    train_options o;
+    int prc = parse_options(&o, argc, argv);
+    if (prc == 1) {
+        if (rank == 0) usage(stdout);
+        return 0;
+    }
+    if (prc) {
+        if (rank == 0) fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+        return 2;
+    }
+    if (size != o.stages) {
+        if (rank == 0)
+            fprintf(stderr, "pipetrain: --stages %d needs exactly %d MPI ranks, the job has %d "
+                    "(run: mpiexec -n %d pipetrain train ... --stages %d)\n", o.stages,
+                    o.stages, size, o.stages, o.stages);
+        return 2;
+    }
+
+    /* Threads: each rank gets its share of the node's cores unless told otherwise. */
+    int blas_threads = 0;
+    if (agree(topo_bind_rank(comm, o.bind, o.verbose, &blas_threads), comm, o.timeout))
+        return 1;
+    if (!o.threads) {
+        if (blas_threads > 0) {
+            o.threads = blas_threads;
+        } else {
+            MPI_Comm node;
+            int local = 1;
+            MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+            MPI_Comm_size(node, &local);
+            MPI_Comm_free(&node);
+            long cores = sysconf(_SC_NPROCESSORS_ONLN);
+            o.threads = cores / local > 0 ? (int)(cores / local) : 1;
+        }
+    }
+    openblas_set_num_threads(o.threads);
+
+    net_desc net = {0};
+    partition part = {0};
+    schedule sched = {0};
+    dataset train = {0}, val = {0}, test = {0};
+    exec_t *ex = NULL;
+    int64_t *order = NULL;
+    float *all = NULL;
+    int rc = 1;
+
+    if (agree(net_desc_load(&net, o.model), comm, o.timeout)) goto done;
+    if (agree(choose_partition(&o, &net, &part, comm, rank), comm, o.timeout)) goto done;
+    if (agree(schedule_init_by_name(&sched, o.schedule, o.stages, o.microbatches), comm,
+              o.timeout))
+        goto done;
+    if (agree(load_data(&o, &net, &train, &val, &test), comm, o.timeout)) goto done;
+    exec_config cfg = {o.batch, o.microbatches, o.timeout, o.trace != NULL, o.stall_rank,
+                       o.stall_step};
+    if (agree(exec_init(&ex, comm, &net, &part, &sched, &cfg), comm, o.timeout)) goto done;
+    stage *st = exec_stage(ex);
+    stage_init_params(st, o.seed);
+    if (agree(o.load ? checkpoint_load_stage(o.load, st) : 0, comm, o.timeout)) goto done;
+    order = malloc((size_t)train.count * sizeof *order);
+    if (agree(order ? 0 : pt_error_set("out of memory"), comm, o.timeout)) goto done;
+
+    long steps_per_epoch = train.count / o.batch;
+    long total_steps = steps_per_epoch * o.epochs;
+    if (o.steps > 0 && o.steps < total_steps) total_steps = o.steps;
+    int epochs = (int)((total_steps + steps_per_epoch - 1) / steps_per_epoch);
+    int tty = rank == 0 && !o.json && isatty(STDOUT_FILENO);
+    if (rank == 0 && !o.json) {
+        printf("model %s: %d layers, %zu parameters, %d classes\n", o.model, net.n_layers,
+               net.param_count, net.classes);
+        printf("data: %d training, %d validation, %d test samples; batch %d, %ld steps per "
+               "epoch\n", train.count, val.count, test.count, o.batch, steps_per_epoch);
+        printf("layout: %d stage%s, %d micro-batch%s of %d, schedule %s, %d BLAS thread%s per "
+               "rank; %s lr %g\n", o.stages, o.stages > 1 ? "s" : "", o.microbatches,
+               o.microbatches > 1 ? "es" : "", o.batch / o.microbatches, sched.name, o.threads,
+               o.threads > 1 ? "s" : "", optimizer_name(o.opt.kind), (double)o.opt.lr);
+        fflush(stdout);
+    }
+
+    double t_train = 0, t_timed = 0, t_start = wall();
+    long timed_steps = 0;
+    double epoch_loss = 0, test_loss = NAN, test_acc = NAN, val_acc = NAN;
+    long step = 0, epoch_correct = 0, epoch_samples = 0;
+    for (int ep = 0; ep < epochs; ep++) {
+        shuffle_indices(order, train.count, o.seed, ep, o.shuffle);
+        double loss_sum = 0, t0 = wall(), last_bar = 0;
+        long correct = 0, samples = 0;
+        for (long s = 0; s < steps_per_epoch && step < total_steps; s++, step++) {
+            exec_step_result r;
+            if (step == o.warmup) exec_reset_stats(ex);
+            double ts = wall();
+            int src = exec_train_step(ex, &train, order + s * o.batch, o.seed, (uint64_t)step,
+                                      &o.opt, &r);
+            if (src == EXEC_FAILED_EVERYWHERE) {
+                if (tty) printf("\n");
+                if (rank == 0) fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+                goto done;
+            }
+            if (src) abort_job(comm);
+            if (step >= o.warmup) {
+                t_timed += wall() - ts;
+                timed_steps++;
+            }
+            loss_sum += r.loss_sum;
+            correct += r.correct;
+            samples += o.batch;
+            if (tty && wall() - last_bar > 0.2) {
+                last_bar = wall();
+                progress(ep + 1, epochs, s + 1, steps_per_epoch, loss_sum / samples);
+            }
+        }
+        double dt = wall() - t0;
+        t_train += dt;
+        epoch_loss = loss_sum / samples;
+        epoch_correct = correct;
+        epoch_samples = samples;
+        double val_loss;
+        if (val.count && exec_evaluate(ex, &val, &val_loss, &val_acc)) abort_job(comm);
+        if (test.count && exec_evaluate(ex, &test, &test_loss, &test_acc)) abort_job(comm);
+        if (tty) printf("\r%*s\r", 80, "");
+        if (rank == 0 && !o.json) {
+            printf("epoch %d/%d  train loss %.4f acc %.4f", ep + 1, epochs, epoch_loss,
+                   (double)correct / samples);
+            if (val.count) printf("  val acc %.4f", val_acc);
+            if (test.count) printf("  test loss %.4f acc %.4f", test_loss, test_acc);
+            printf("  %.1f s  %.0f samples/s\n", dt, samples / dt);
+            fflush(stdout);
+        }
+    }
+
+    /* Per-stage figures, on every rank. */
+    exec_stats stats;
+    exec_get_stats(ex, &stats);
+    double *compute = calloc((size_t)size, sizeof *compute), *wall_s = calloc((size_t)size, sizeof *wall_s);
+    double *peak = calloc((size_t)size, sizeof *peak);
+    if (!compute || !wall_s || !peak) {
+        free(compute), free(wall_s), free(peak);
+        pt_error_set("out of memory");
+        abort_job(comm);
+    }
+    compute[rank] = stats.compute_s;
+    wall_s[rank] = stats.wall_s;
+    peak[rank] = (double)stats.peak_act_bytes;
+    if (exec_allreduce(compute, size, MPI_DOUBLE, MPI_SUM, comm, o.timeout) ||
+        exec_allreduce(wall_s, size, MPI_DOUBLE, MPI_SUM, comm, o.timeout) ||
+        exec_allreduce(peak, size, MPI_DOUBLE, MPI_SUM, comm, o.timeout))
+        abort_job(comm);
+    double bubble = 0;
+    for (int r = 0; r < size; r++) bubble += wall_s[r] > 0 ? 1 - compute[r] / wall_s[r] : 0;
+    bubble /= size;
+
+    if (o.trace && exec_write_trace(ex, o.trace)) {
+        if (rank == 0) fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+        free(compute), free(wall_s), free(peak);
+        goto done;
+    }
+    if (o.save) {
+        if (rank == 0) all = malloc(net.param_count * sizeof *all + 1);
+        int ok = exec_gather_params(ex, all);
+        if (!ok && rank == 0) ok = checkpoint_save(o.save, &net, all);
+        if (agree(ok, comm, o.timeout)) {
+            free(compute), free(wall_s), free(peak);
+            goto done;
+        }
+    }
+    double samples_per_s = t_timed > 0 ? (double)timed_steps * o.batch / t_timed : 0;
+    if (rank == 0) {
+        double theory = schedule_bubble_theory(o.stages, o.microbatches);
+        if (!o.json) {
+            printf("done: %ld steps in %.1f s, %.0f samples/s", step, t_train, samples_per_s);
+            if (size > 1) {
+                printf("; bubble %.3f measured, %.3f theory\n", bubble, theory);
+                for (int r = 0; r < size; r++)
+                    printf("  stage %d: compute %.2f s of %.2f s, peak activations %.2f MB\n", r,
+                           compute[r], wall_s[r], peak[r] / 1e6);
+            } else {
+                printf("\n");
+            }
+            if (o.save) printf("saved %s\n", o.save);
+            if (o.trace) printf("trace %s\n", o.trace);
+        } else {
+            printf("{\"model\":\"%s\",\"samples_per_s\":%.3f,\"train_loss\":%.6f,"
+                   "\"train_acc\":%.6f,\"test_loss\":%.6f,\"test_acc\":%.6f,\"val_acc\":%.6f,"
+                   "\"steps\":%ld,\"epochs\":%d,\"params\":%zu,\"wall_s\":%.3f,"
+                   "\"train_s\":%.3f,\"batch\":%d,\"threads\":%d,\"optimizer\":\"%s\","
+                   "\"stages\":%d,\"microbatches\":%d,\"schedule\":\"%s\",\"partition\":\"%s\","
+                   "\"bubble\":%.6f,\"bubble_theory\":%.6f,\"stage_compute_s\":[",
+                   o.model, samples_per_s, epoch_loss,
+                   epoch_samples ? (double)epoch_correct / epoch_samples : 0.0,
+                   isnan(test_loss) ? -1.0 : test_loss, isnan(test_acc) ? -1.0 : test_acc,
+                   isnan(val_acc) ? -1.0 : val_acc, step, epochs, net.param_count,
+                   wall() - t_start, t_train, o.batch, o.threads, optimizer_name(o.opt.kind),
+                   o.stages, o.microbatches, sched.name, o.partition, bubble, theory);
+            for (int r = 0; r < size; r++) printf(r ? ",%.6f" : "%.6f", compute[r]);
+            printf("],\"stage_wall_s\":[");
+            for (int r = 0; r < size; r++) printf(r ? ",%.6f" : "%.6f", wall_s[r]);
+            printf("],\"stage_peak_act_bytes\":[");
+            for (int r = 0; r < size; r++) printf(r ? ",%.0f" : "%.0f", peak[r]);
+            printf("]}\n");
+        }
+        fflush(stdout);
+    }
+    free(compute), free(wall_s), free(peak);
+    rc = 0;
+done:
+    free(all);
+    free(order);
+    exec_free(ex);
+    data_free(&train);
+    data_free(&val);
+    data_free(&test);
+    schedule_free(&sched);
+    partition_free(&part);
+    net_desc_free(&net);
+    return rc;
+}

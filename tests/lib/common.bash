@@ -1,0 +1,35 @@
+# Sourced by the tests/*.sh scripts that ctest runs (PIPETRAIN, MPIEXEC, PT_SOURCE_DIR set).
+set -euo pipefail
+: "${PIPETRAIN:?set by ctest}" "${PT_SOURCE_DIR:?set by ctest}"
+MPIEXEC=${MPIEXEC:-mpiexec}
+MODELS=$PT_SOURCE_DIR/models
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+FAILURES=0
+CHECKS=0
+
+pass() { CHECKS=$((CHECKS + 1)); echo "ok: $*"; }
+failed() { CHECKS=$((CHECKS + 1)); FAILURES=$((FAILURES + 1)); echo "FAIL: $*"; }
+
+# expect_fail NAME PATTERN CMD...: the command must exit non-zero within 60 s (no hang)
+# and its stderr must contain PATTERN.
+expect_fail() {
+    local name=$1 pattern=$2
+    shift 2
+    local rc=0
+    timeout 60 "$@" >"$WORK/out" 2>"$WORK/err" || rc=$?
+    if [ "$rc" -eq 0 ]; then
+        failed "$name: exited 0"
+    elif [ "$rc" -eq 124 ]; then
+        failed "$name: hung (killed after 60 s)"
+    elif ! grep -q -- "$pattern" "$WORK/err"; then
+        failed "$name: exit $rc but stderr lacks '$pattern':"; cat "$WORK/err"
+    else
+        pass "$name (exit $rc): $(grep -m1 -- "$pattern" "$WORK/err")"
+    fi
+}
+
+finish() {
+    echo "$((CHECKS - FAILURES)) passed, $FAILURES failed"
+    [ "$FAILURES" -eq 0 ]
+}

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# ctest script: `pipetrain topo` and `pipetrain plan` end to end. Runs the summary and JSON
+# of this machine and of every machine description in topologies/, plans on the 8-GPU
+# node (one and two nodes), and checks that impossible requests fail with a clear message
+# and the right exit status (1 error, 2 usage). Needs PIPETRAIN (the built binary) and
+# PT_SOURCE_DIR; exits non-zero on any failure.
+set -euo pipefail
+
+: "${PIPETRAIN:?set PIPETRAIN to the built pipetrain binary}"
+SRC=${PT_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
+MODEL=$SRC/models/seed-cnn.cfg
+GPU8=$SRC/topologies/node-2s-8gpu.xml
+TWO=$SRC/topologies/local-2core.xml
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+checks=0
+failures=0
+fail() {
+    echo "FAIL: $*" >&2
+    failures=$((failures + 1))
+}
+
+# expect STATUS REGEX COMMAND...: the command exits with STATUS and its stdout or stderr
+# matches the extended regular expression.
+expect() {
+    local want=$1 pattern=$2 got=0
+    shift 2
+    checks=$((checks + 1))
+    "$@" >"$TMP/out" 2>"$TMP/err" || got=$?
+    if [[ $got -ne $want ]]; then
+        fail "$* exited with $got, expected $want"
+        sed 's/^/    /' "$TMP/err" >&2
+        return 0
+    fi
+    if ! grep -q -E -e "$pattern" "$TMP/out" "$TMP/err"; then
+        fail "$*: output does not match /$pattern/"
+        sed 's/^/    /' "$TMP/out" "$TMP/err" | head -20 >&2
+    fi
+}
+
+# json_check FILE PYTHON_EXPR: the file is JSON and the expression (over `d`) is true.
+json_check() {
+    checks=$((checks + 1))
+    if ! python3 -m json.tool "$1" >/dev/null; then
+        fail "$1 is not valid JSON"
+        return 0
+    fi
+    if ! python3 -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$1"; then
+        fail "$1: JSON check failed: $2"
+    fi
+}
+
+# ---- topo ---------------------------------------------------------------------------
+expect 0 "Topology: this machine" "$PIPETRAIN" topo
+expect 0 "cores [0-9]+, hardware threads" "$PIPETRAIN" topo
+expect 0 "usage: pipetrain topo" "$PIPETRAIN" topo --help
+"$PIPETRAIN" topo --json >"$TMP/this.json"
+json_check "$TMP/this.json" "d['this_system'] is True and d['cores'] >= 1 and len(d['core_list']) == d['cores']"
+
+n_xml=0
+for xml in "$SRC"/topologies/*.xml; do
+    n_xml=$((n_xml + 1))
+    expect 0 "Topology: .*$(basename "$xml")" "$PIPETRAIN" topo --topology "$xml"
+    expect 0 "a described machine" "$PIPETRAIN" topo --topology "$xml"
+    "$PIPETRAIN" topo --topology "$xml" --json >"$TMP/x.json"
+    json_check "$TMP/x.json" "d['this_system'] is False and d['cores'] > 0 and d['pus'] >= d['cores']"
+    if command -v lstopo-no-graphics >/dev/null; then
+        checks=$((checks + 1))
+        lstopo-no-graphics -i "$xml" >/dev/null 2>&1 || fail "lstopo-no-graphics -i $xml failed"
+    fi
+done
+[[ $n_xml -ge 4 ]] || fail "expected at least 4 machine descriptions, found $n_xml"
+
+expect 0 "GPUs: 9 \(8 NVIDIA\)" "$PIPETRAIN" topo --topology "$GPU8"
+expect 0 "NVLinkBandwidth" "$PIPETRAIN" topo --topology "$GPU8"
+expect 0 "NUMALatency" "$PIPETRAIN" topo --topology "$GPU8"
+"$PIPETRAIN" topo --topology "$GPU8" --json >"$TMP/gpu8.json"
+json_check "$TMP/gpu8.json" "sum(g['nvidia'] for g in d['gpus']) == 8 and d['packages'] == 2 and \
+d['gpu_bandwidth']['matrix'][0][3] == 50e9 and d['numa_distance']['matrix'] == [[10, 21], [21, 10]]"
+expect 0 "GPUs: 1 \(1 NVIDIA\)" "$PIPETRAIN" topo --topology "$SRC/topologies/node-16c-1gpu.xml"
+expect 0 "GPUs: 4 \(4 NVIDIA\)" "$PIPETRAIN" topo --topology "$SRC/topologies/ws-4gpu.xml"
+
+# ---- plan ---------------------------------------------------------------------------
+expect 0 "usage: pipetrain plan" "$PIPETRAIN" plan --help
+expect 0 "Stage boundaries by link: gpu-link 7" \
+    "$PIPETRAIN" plan --model "$MODEL" --stages 8 --device cuda --topology "$GPU8"
+expect 0 "better\)" "$PIPETRAIN" plan --model "$MODEL" --stages 8 --device cuda --topology "$GPU8"
+expect 0 "rank order" "$PIPETRAIN" plan --model "$MODEL" --stages 8 --nodes 2 --topology "$GPU8"
+expect 0 "cross-node 1" "$PIPETRAIN" plan --model "$MODEL" --stages 4 --nodes 2 --topology "$GPU8"
+expect 0 "msg/ubatch" "$PIPETRAIN" plan --model "$MODEL" --stages 2 --microbatches 4 \
+    --bandwidth same-package=20e9,cross-package=10e9,cross-node=12.5e9 --topology "$GPU8"
+
+"$PIPETRAIN" plan --model "$MODEL" --stages 8 --nodes 2 --device cuda --topology "$GPU8" --json \
+    >"$TMP/plan.json"
+json_check "$TMP/plan.json" "len(d['placement']) == 8 and d['cost_s'] <= d['rank_order_cost_s'] and \
+len({(p['node'], p['gpu']) for p in d['placement']}) == 8 and \
+all(p['next_link'] in ('gpu-link', None) for p in d['placement'])"
+"$PIPETRAIN" plan --model "$MODEL" --stages 4 --gpus-per-stage 2 --topology "$GPU8" --json \
+    >"$TMP/dp.json"
+json_check "$TMP/dp.json" "d['ranks'] == 8 and d['replicas'] == 2 and \
+{p['replica'] for p in d['placement']} == {0, 1}"
+# bytes per step do not depend on the number of micro-batches; the message size does
+"$PIPETRAIN" plan --model "$MODEL" --stages 2 --microbatches 1 --topology "$TWO" --json >"$TMP/m1.json"
+"$PIPETRAIN" plan --model "$MODEL" --stages 2 --microbatches 8 --topology "$TWO" --json >"$TMP/m8.json"
+checks=$((checks + 1))
+python3 - "$TMP/m1.json" "$TMP/m8.json" <<'EOF' || fail "micro-batches changed the bytes per step"
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+pa, pb = a["placement"][0], b["placement"][0]
+assert pa["bytes_sent_per_step"] == pb["bytes_sent_per_step"] > 0
+assert abs(pa["message_bytes"] - 8 * pb["message_bytes"]) < 1e-6 * pa["message_bytes"]
+EOF
+
+# ---- errors -------------------------------------------------------------------------
+printf '<?xml version="1.0"?>\n<topology version="2.0">\n<object type="Machine"\n' >"$TMP/bad.xml"
+expect 1 "^pipetrain: .*bad.xml: not a valid hwloc XML topology" \
+    "$PIPETRAIN" topo --topology "$TMP/bad.xml"
+expect 1 "not a valid hwloc XML topology" \
+    "$PIPETRAIN" plan --model "$MODEL" --stages 2 --topology "$TMP/bad.xml"
+expect 1 "missing.xml: No such file" "$PIPETRAIN" topo --topology "$TMP/missing.xml"
+expect 1 "no NVIDIA GPU in .*local-2core.xml" \
+    "$PIPETRAIN" plan --model "$MODEL" --stages 2 --device cuda --topology "$TWO"
+expect 1 "9 ranks need a GPU each, but 1 node of .* has 8 NVIDIA GPUs" \
+    "$PIPETRAIN" plan --model "$MODEL" --stages 9 --device cuda --topology "$GPU8"
+expect 1 "11 layers into 12 stages" "$PIPETRAIN" plan --model "$MODEL" --stages 12 --topology "$GPU8"
+expect 1 "exclusive" "$PIPETRAIN" plan --model "$MODEL" --stages 3 --exclusive --topology "$TWO"
+expect 0 "oversubscribed" "$PIPETRAIN" plan --model "$MODEL" --stages 3 --topology "$TWO"
+expect 2 "unknown link \"fast\"" "$PIPETRAIN" plan --model "$MODEL" --bandwidth fast=1e9
+expect 2 "--model FILE is required" "$PIPETRAIN" plan --stages 2
+expect 2 "--stages needs a positive integer" "$PIPETRAIN" plan --model "$MODEL" --stages 0
+expect 2 "unknown option --frobnicate" "$PIPETRAIN" topo --frobnicate
+
+if [[ $failures -ne 0 ]]; then
+    echo "topo_cli: $failures of $checks checks failed" >&2
+    exit 1
+fi
+echo "topo_cli: all $checks checks passed"

@@ -1,0 +1,102 @@
+/* Binding the ranks of a training job: the only MPI code of the module. The ranks of one
+ * node find each other with MPI_Comm_split_type, each takes its cores (topo_local_cores)
+ * and binds the whole process to them with hwloc. */
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "src/error.h"
+#include "topologies/topo.h"
+
+/* Every rank must learn whether any rank failed, or the ones that succeeded would go on
+ * into a job that the others have left. */
+static int agree(MPI_Comm comm, int ok)
+{
+    int all = 0;
+    if (MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_LAND, comm) != MPI_SUCCESS)
+        return 0;
+    return all;
+}
+
+/* Prints one line per rank, in rank order, from rank 0 (lines from several processes on
+ * one terminal interleave otherwise). */
+static int print_lines(MPI_Comm comm, const char *line)
+{
+    enum { LEN = 1024 };
+    int rank, size;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    char mine[LEN];
+    snprintf(mine, sizeof mine, "%s", line);
+    char *all = rank == 0 ? malloc((size_t)size * LEN) : NULL;
+    int have = rank != 0 || all;
+    if (!agree(comm, have)) {
+        free(all);
+        return pt_error_set("rank %d: out of memory for the binding report", rank);
+    }
+    if (MPI_Gather(mine, LEN, MPI_CHAR, all, LEN, MPI_CHAR, 0, comm) != MPI_SUCCESS) {
+        free(all);
+        return pt_error_set("rank %d: MPI_Gather of the binding report failed", rank);
+    }
+    if (rank == 0) {
+        for (int r = 0; r < size; r++)
+            printf("%s\n", all + (size_t)r * LEN);
+        fflush(stdout);
+    }
+    free(all);
+    return 0;
+}
+
+int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, int *blas_threads_out)
+{
+    *blas_threads_out = 0;
+    int rank, local_rank, local_size;
+    MPI_Comm_rank(comm, &rank);
+    char host[64] = "?";
+    gethostname(host, sizeof host - 1);
+    MPI_Comm local;
+    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local) != MPI_SUCCESS)
+        return pt_error_set("rank %d on %s: MPI_Comm_split_type failed", rank, host);
+    MPI_Comm_rank(local, &local_rank);
+    MPI_Comm_size(local, &local_size);
+    MPI_Comm_free(&local);
+
+    topo_t *t = NULL;
+    int *cores = NULL, n = 0, shared = 0, ok = 1;
+    char err[512] = "";
+    if (topo_init(&t, NULL) < 0 ||
+        topo_local_cores(topo_get_machine(t), mode, local_rank, local_size, &cores, &n, &shared) < 0 ||
+        (n > 0 && topo_bind_cores(t, cores, n) < 0)) {
+        snprintf(err, sizeof err, "rank %d on %s: %s", rank, host, pt_error_get());
+        ok = 0;
+    }
+    /* every rank takes part in the collectives below, failed or not */
+    int all_ok = agree(comm, ok);
+    if (all_ok && verbose) {
+        char line[1024], list[128], aff[256];
+        topo_format_list(list, sizeof list, cores, n);
+        if (topo_affinity_read(aff, sizeof aff) < 0)
+            snprintf(aff, sizeof aff, "unknown (%s)", pt_error_get());
+        if (n == 0)
+            snprintf(line, sizeof line, "rank %d on %s (local %d of %d): not bound (--bind %s); "
+                     "affinity %s", rank, host, local_rank, local_size, mode, aff);
+        else
+            snprintf(line, sizeof line, "rank %d on %s (local %d of %d): bound to core%s %s "
+                     "(%d BLAS thread%s); affinity read back: cpus %s%s", rank, host, local_rank,
+                     local_size, n > 1 ? "s" : "", list, n, n > 1 ? "s" : "", aff,
+                     shared ? "; oversubscribed: cores shared with other ranks" : "");
+        if (print_lines(comm, line) < 0) {
+            snprintf(err, sizeof err, "%s", pt_error_get());
+            ok = all_ok = 0;
+        }
+    }
+    free(cores);
+    topo_free(t);
+    if (!ok)
+        return pt_error_set("%s", err);
+    if (!all_ok)
+        return pt_error_set("rank %d on %s: binding failed on another rank", rank, host);
+    *blas_threads_out = n;
+    return 0;
+}

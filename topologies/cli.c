@@ -1,0 +1,448 @@
+/* `pipetrain topo` and `pipetrain plan`: the command-line front ends of the module. They
+ * print results to stdout, errors as "pipetrain: message" to stderr, and return the exit
+ * status (0 ok, 1 error, 2 usage). */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "partition/partition.h"
+#include "src/error.h"
+#include "src/net.h"
+#include "topologies/internal.h"
+#include "topologies/topo.h"
+
+#define EXIT_USAGE 2
+
+static const char topo_usage[] =
+    "usage: pipetrain topo [--topology FILE] [--json]\n"
+    "Shows the topology of this machine, or of the machine an hwloc XML file describes:\n"
+    "packages, NUMA nodes, cores, hardware threads, caches, GPUs (PCI display / 3D devices)\n"
+    "with the cores near each, and NUMA distance and GPU bandwidth matrices where present.\n"
+    "  -t, --topology FILE  hwloc XML file (see topologies/*.xml) instead of this machine\n"
+    "  -j, --json           print JSON instead of the summary\n"
+    "  -h, --help           this text\n";
+
+static const char plan_usage[] =
+    "usage: pipetrain plan --model FILE --stages K [options]\n"
+    "Partitions the model into K pipeline stages, places the ranks (stage, replica) on the\n"
+    "machine's nodes, GPUs and cores, and predicts the communication time per step of the\n"
+    "chosen placement and of rank order. No MPI launch needed.\n"
+    "  -m, --model FILE        model file (models/*.cfg)\n"
+    "  -k, --stages K          pipeline stages (default 2)\n"
+    "  -r, --replicas R        data-parallel replicas of the pipeline (default 1)\n"
+    "  -n, --nodes N           copies of the machine (default 1)\n"
+    "  -t, --topology FILE     hwloc XML file instead of this machine\n"
+    "  -p, --partition METHOD  uniform | params | time | counts like 4,3,4 (default params)\n"
+    "  -b, --batch B           samples per step per replica (default 128)\n"
+    "  -M, --microbatches M    micro-batches per step (default K); bytes per step do not\n"
+    "                          depend on M, the message size (bytes / M) does\n"
+    "  -d, --device cpu|cuda   cuda: one NVIDIA GPU per rank, cores near it (default cpu)\n"
+    "  -g, --gpus-per-stage G  GPUs per stage: --device cuda with G replicas\n"
+    "  -x, --exclusive         CPU: more ranks than cores is an error, not shared cores\n"
+    "      --bandwidth SPEC    override link bandwidths in bytes/s, e.g.\n"
+    "                          same-package=20e9,cross-package=10e9,cross-node=12.5e9\n"
+    "      --latency SPEC      override link latencies in seconds, e.g. cross-node=2e-6\n"
+    "                          links: same-core same-l3 same-numa same-package cross-package\n"
+    "                          gpu-link pcie cross-node\n"
+    "  -j, --json              print JSON instead of tables\n"
+    "  -h, --help              this text\n";
+
+static int fail(const char *what)
+{
+    fprintf(stderr, "pipetrain: %s\n", what);
+    return 1;
+}
+
+static int usage_error(const char *cmd, const char *fmt, const char *arg)
+{
+    fprintf(stderr, "pipetrain: %s: ", cmd);
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (see pipetrain %s --help)\n", cmd);
+    return EXIT_USAGE;
+}
+
+/* getopt_long's own messages name argv[0]; ours say pipetrain and the sub-command. */
+static int bad_option(const char *cmd, char **argv, int c)
+{
+    if (c == ':')
+        return usage_error(cmd, "option %s needs a value", argv[optind - 1]);
+    return usage_error(cmd, "unknown option %s", argv[optind - 1]);
+}
+
+static int parse_int(const char *s, int min, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < min || v > INT_MAX)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+int topo_cmd_topo(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"topology", required_argument, NULL, 't'},
+        {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *xml = NULL;
+    int json = 0, c;
+    optind = 0; /* glibc: rescan from the start, whatever was parsed before */
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":t:jh", opts, NULL)) != -1) {
+        switch (c) {
+        case 't': xml = optarg; break;
+        case 'j': json = 1; break;
+        case 'h': fputs(topo_usage, stdout); return 0;
+        default: return bad_option("topo", argv, c);
+        }
+    }
+    if (optind < argc)
+        return usage_error("topo", "unexpected argument %s", argv[optind]);
+    topo_t *t;
+    if (topo_init(&t, xml) < 0)
+        return fail(pt_error_get());
+    if (json)
+        topo_print_json(topo_get_machine(t), stdout);
+    else
+        topo_print_summary(topo_get_machine(t), stdout);
+    topo_free(t);
+    return 0;
+}
+
+typedef struct {
+    const char *model, *xml, *method, *bandwidth, *latency;
+    int stages, replicas, nodes, batch, microbatches, gpus_per_stage, exclusive, json;
+    topo_device device;
+} plan_args;
+
+static int plan_parse(plan_args *a, int argc, char **argv)
+{
+    enum { OPT_BANDWIDTH = 256, OPT_LATENCY };
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'},
+        {"stages", required_argument, NULL, 'k'},
+        {"replicas", required_argument, NULL, 'r'},
+        {"nodes", required_argument, NULL, 'n'},
+        {"topology", required_argument, NULL, 't'},
+        {"partition", required_argument, NULL, 'p'},
+        {"batch", required_argument, NULL, 'b'},
+        {"microbatches", required_argument, NULL, 'M'},
+        {"device", required_argument, NULL, 'd'},
+        {"gpus-per-stage", required_argument, NULL, 'g'},
+        {"exclusive", no_argument, NULL, 'x'},
+        {"bandwidth", required_argument, NULL, OPT_BANDWIDTH},
+        {"latency", required_argument, NULL, OPT_LATENCY},
+        {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    *a = (plan_args){.method = "params", .stages = 2, .replicas = 1, .nodes = 1, .batch = 128};
+    int c, replicas_given = 0, device_given = 0;
+    optind = 0;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":m:k:r:n:t:p:b:M:d:g:xjh", opts, NULL)) != -1) {
+        int *target = NULL;
+        const char *name = NULL;
+        switch (c) {
+        case 'm': a->model = optarg; break;
+        case 't': a->xml = optarg; break;
+        case 'p': a->method = optarg; break;
+        case 'x': a->exclusive = 1; break;
+        case 'j': a->json = 1; break;
+        case OPT_BANDWIDTH: a->bandwidth = optarg; break;
+        case OPT_LATENCY: a->latency = optarg; break;
+        case 'h': fputs(plan_usage, stdout); return 1;
+        case 'k': name = "--stages"; target = &a->stages; break;
+        case 'r': name = "--replicas"; target = &a->replicas; replicas_given = 1; break;
+        case 'n': name = "--nodes"; target = &a->nodes; break;
+        case 'b': name = "--batch"; target = &a->batch; break;
+        case 'M': name = "--microbatches"; target = &a->microbatches; break;
+        case 'g': name = "--gpus-per-stage"; target = &a->gpus_per_stage; break;
+        case 'd':
+            device_given = 1;
+            if (!strcmp(optarg, "cpu"))
+                a->device = TOPO_DEVICE_CPU;
+            else if (!strcmp(optarg, "cuda"))
+                a->device = TOPO_DEVICE_CUDA;
+            else
+                return usage_error("plan", "--device is cpu or cuda, not %s", optarg);
+            break;
+        default: return bad_option("plan", argv, c);
+        }
+        if (target && parse_int(optarg, 1, target) < 0) {
+            fprintf(stderr, "pipetrain: plan: %s needs a positive integer, not \"%s\"\n", name, optarg);
+            return EXIT_USAGE;
+        }
+    }
+    if (optind < argc)
+        return usage_error("plan", "unexpected argument %s", argv[optind]);
+    if (!a->model)
+        return usage_error("plan", "%s", "--model FILE is required");
+    if (a->gpus_per_stage) {
+        if (device_given && a->device != TOPO_DEVICE_CUDA)
+            return usage_error("plan", "%s", "--gpus-per-stage needs --device cuda");
+        if (replicas_given && a->replicas != a->gpus_per_stage)
+            return usage_error("plan", "%s", "--gpus-per-stage G means G replicas; it "
+                                             "contradicts --replicas");
+        a->device = TOPO_DEVICE_CUDA;
+        a->replicas = a->gpus_per_stage;
+    }
+    if (a->exclusive && a->device == TOPO_DEVICE_CUDA)
+        a->exclusive = 0; /* GPUs are never shared anyway */
+    if (!a->microbatches)
+        a->microbatches = a->stages;
+    if (a->microbatches > a->batch)
+        return usage_error("plan", "%s", "more micro-batches than samples in the batch");
+    return 0;
+}
+
+static void print_gpu(char *buf, size_t size, const topo_machine *m, const topo_place *p)
+{
+    if (p->gpu < 0)
+        snprintf(buf, size, "-");
+    else if (m->gpus[p->gpu].cuda_index >= 0)
+        snprintf(buf, size, "%d (cuda%d)", p->gpu, m->gpus[p->gpu].cuda_index);
+    else
+        snprintf(buf, size, "%d", p->gpu);
+}
+
+typedef struct {
+    const plan_args *a;
+    const net_desc *net;
+    const partition *part;
+    const topo_machine *m;
+    const topo_traffic *tr;
+    const topo_cost_model *cm;
+    const topo_placement *pl;
+    double *rank_time;
+} plan_result;
+
+static double sent_bytes(const topo_traffic *tr, int i)
+{
+    double b = 0;
+    for (int j = 0; j < tr->n_ranks; j++)
+        b += tr->bytes[i * tr->n_ranks + j];
+    return b;
+}
+
+/* Bytes of one activation message from stage s to s+1 (per micro-batch). */
+static double message_bytes(const plan_result *r, int s)
+{
+    if (s + 1 >= r->part->stages)
+        return 0;
+    const layer_desc *l = &r->net->layers[r->part->first[s + 1] - 1];
+    return (double)layer_shape_count(l->out) * 4.0 * r->a->batch / r->a->microbatches;
+}
+
+static void print_plan_text(const plan_result *r)
+{
+    const plan_args *a = r->a;
+    const topo_placement *pl = r->pl;
+    const topo_machine *m = r->m;
+    int S = a->stages;
+    printf("Plan: %s, %d stage%s × %d replica%s = %d ranks on %d node%s of %s, device %s\n",
+           a->model, S, S > 1 ? "s" : "", a->replicas, a->replicas > 1 ? "s" : "",
+           pl->n_ranks, a->nodes, a->nodes > 1 ? "s" : "", m->source,
+           a->device == TOPO_DEVICE_CUDA ? "cuda" : "cpu");
+    printf("Batch %d per replica in %d micro-batches; partition \"%s\"\n\n", a->batch,
+           a->microbatches, a->method);
+    printf("Placement (%s):\n", pl->method);
+    printf("%4s %5s %7s %-7s %4s %-10s %-12s %11s %11s %-24s %11s\n", "rank", "stage", "replica",
+           "layers", "node", "GPU", "cores", "sent/step", "msg/ubatch", "link to next stage",
+           "time/step");
+    int boundaries[TOPO_LINK_COUNT] = {0};
+    for (int i = 0; i < pl->n_ranks; i++) {
+        const topo_place *p = &pl->places[i];
+        int s = i % S, rep = i / S;
+        char layers[32], gpu[32], cores[64], sent[32], msg[32], link[64], time[32];
+        if (r->part->first[s + 1] - r->part->first[s] == 1)
+            snprintf(layers, sizeof layers, "%d", r->part->first[s]);
+        else
+            snprintf(layers, sizeof layers, "%d-%d", r->part->first[s], r->part->first[s + 1] - 1);
+        print_gpu(gpu, sizeof gpu, m, p);
+        topo_format_list(cores, sizeof cores, p->cores, p->n_cores);
+        if (p->shared)
+            strncat(cores, "*", sizeof cores - strlen(cores) - 1);
+        topo_format_bytes(sent, sizeof sent, sent_bytes(r->tr, i));
+        if (s + 1 < S) {
+            double bw;
+            topo_link l = topo_link_between(m, r->cm, p, &pl->places[i + 1], &bw, NULL);
+            boundaries[l]++;
+            topo_format_bytes(msg, sizeof msg, message_bytes(r, s));
+            char rate[32];
+            topo_format_bytes(rate, sizeof rate, bw);
+            snprintf(link, sizeof link, "%s %s/s", topo_link_name(l), rate);
+        } else {
+            snprintf(msg, sizeof msg, "-");
+            snprintf(link, sizeof link, "-");
+        }
+        topo_format_seconds(time, sizeof time, r->rank_time[i]);
+        printf("%4d %5d %7d %-7s %4d %-10s %-12s %11s %11s %-24s %11s\n", i, s, rep, layers,
+               p->node, gpu, cores, sent, msg, link, time);
+    }
+    double busiest = 0;
+    for (int i = 0; i < pl->n_ranks; i++)
+        if (r->rank_time[i] > busiest)
+            busiest = r->rank_time[i];
+    char c1[32], c2[32], c3[32];
+    topo_format_seconds(c1, sizeof c1, pl->cost_s);
+    topo_format_seconds(c2, sizeof c2, pl->naive_cost_s);
+    topo_format_seconds(c3, sizeof c3, busiest);
+    printf("\nStage boundaries by link:");
+    for (int l = 0, first = 1; l < TOPO_LINK_COUNT; l++)
+        if (boundaries[l]) {
+            printf("%s %s %d", first ? "" : ",", topo_link_name(l), boundaries[l]);
+            first = 0;
+        }
+    if (S == 1)
+        printf(" none (one stage)");
+    printf("\nPredicted communication per step (sum over ranks of bytes/bandwidth + messages × "
+           "latency):\n  chosen placement %s, rank order %s", c1, c2);
+    if (pl->cost_s > 0 && pl->naive_cost_s > pl->cost_s)
+        printf(" (%.2f× better)", pl->naive_cost_s / pl->cost_s);
+    printf("; busiest rank %s\n", c3);
+    if (pl->oversubscribed)
+        printf("Note: more ranks than cores: ranks marked * share cores (oversubscribed).\n");
+}
+
+static void json_places(const topo_machine *m, const topo_place *p, int n)
+{
+    fputc('[', stdout);
+    for (int i = 0; i < n; i++) {
+        printf("%s{\"rank\":%d,\"node\":%d,\"gpu\":", i ? "," : "", i, p[i].node);
+        if (p[i].gpu < 0)
+            printf("null,\"cuda_index\":null");
+        else if (m->gpus[p[i].gpu].cuda_index < 0)
+            printf("%d,\"cuda_index\":null", p[i].gpu);
+        else
+            printf("%d,\"cuda_index\":%d", p[i].gpu, m->gpus[p[i].gpu].cuda_index);
+        printf(",\"cores\":[");
+        for (int c = 0; c < p[i].n_cores; c++)
+            printf("%s%d", c ? "," : "", p[i].cores[c]);
+        printf("],\"shared\":%s}", p[i].shared ? "true" : "false");
+    }
+    fputc(']', stdout);
+}
+
+static void print_plan_json(const plan_result *r)
+{
+    const plan_args *a = r->a;
+    const topo_placement *pl = r->pl;
+    int S = a->stages;
+    printf("{\"model\":");
+    topo_json_string(stdout, a->model);
+    printf(",\"topology\":");
+    topo_json_string(stdout, r->m->source);
+    printf(",\"stages\":%d,\"replicas\":%d,\"ranks\":%d,\"nodes\":%d,\"device\":\"%s\","
+           "\"batch\":%d,\"microbatches\":%d,\"partition\":{\"method\":",
+           S, a->replicas, pl->n_ranks, a->nodes, a->device == TOPO_DEVICE_CUDA ? "cuda" : "cpu",
+           a->batch, a->microbatches);
+    topo_json_string(stdout, a->method);
+    printf(",\"first\":[");
+    for (int s = 0; s <= S; s++)
+        printf("%s%d", s ? "," : "", r->part->first[s]);
+    printf("]},\"search\":");
+    topo_json_string(stdout, pl->method);
+    printf(",\"cost_s\":%.9g,\"rank_order_cost_s\":%.9g,\"oversubscribed\":%s,\n\"placement\":[",
+           pl->cost_s, pl->naive_cost_s, pl->oversubscribed ? "true" : "false");
+    for (int i = 0; i < pl->n_ranks; i++) {
+        const topo_place *p = &pl->places[i];
+        int s = i % S;
+        printf("%s\n {\"rank\":%d,\"stage\":%d,\"replica\":%d,\"layers\":[%d,%d],\"node\":%d,"
+               "\"gpu\":", i ? "," : "", i, s, i / S, r->part->first[s], r->part->first[s + 1] - 1,
+               p->node);
+        if (p->gpu < 0)
+            printf("null");
+        else
+            printf("%d", p->gpu);
+        printf(",\"cores\":[");
+        for (int c = 0; c < p->n_cores; c++)
+            printf("%s%d", c ? "," : "", p->cores[c]);
+        printf("],\"shared\":%s,\"bytes_sent_per_step\":%.17g,\"message_bytes\":%.17g,"
+               "\"next_link\":", p->shared ? "true" : "false", sent_bytes(r->tr, i),
+               message_bytes(r, s));
+        if (s + 1 < S)
+            printf("\"%s\"", topo_link_name(topo_link_between(r->m, r->cm, p, &pl->places[i + 1],
+                                                              NULL, NULL)));
+        else
+            printf("null");
+        printf(",\"time_s\":%.9g}", r->rank_time[i]);
+    }
+    printf("],\n\"rank_order\":");
+    json_places(r->m, pl->naive, pl->n_ranks);
+    printf("}\n");
+}
+
+int topo_cmd_plan(int argc, char **argv)
+{
+    plan_args a;
+    int rc = plan_parse(&a, argc, argv);
+    if (rc)
+        return rc == 1 ? 0 : rc; /* 1 = --help shown */
+    topo_cost_model cm;
+    topo_cost_model_default(&cm);
+    if ((a.bandwidth && topo_cost_model_parse(&cm, a.bandwidth, 0) < 0) ||
+        (a.latency && topo_cost_model_parse(&cm, a.latency, 1) < 0)) {
+        fprintf(stderr, "pipetrain: plan: %s\n", pt_error_get());
+        return EXIT_USAGE;
+    }
+    net_desc net = {0};
+    partition part = {0};
+    partition_profile prof = {0};
+    topo_t *t = NULL;
+    topo_traffic tr = {0};
+    topo_placement pl = {0};
+    double *rank_time = NULL;
+    int have_prof = 0;
+    rc = 1;
+    if (net_desc_load(&net, a.model) < 0 || partition_check(net.n_layers, a.stages) < 0)
+        goto out;
+    if (!strcmp(a.method, "time")) {
+        /* profiled on this machine with the CPU kernels, whatever --topology says */
+        if (partition_profile_measure(&prof, &net, a.batch, 1, 3) < 0)
+            goto out;
+        have_prof = 1;
+    }
+    if (partition_by_method(&part, a.method, &net, have_prof ? &prof : NULL, a.stages) < 0 ||
+        topo_init(&t, a.xml) < 0)
+        goto out;
+    const topo_machine *m = topo_get_machine(t);
+    topo_place_options opt = {.device = a.device, .nodes = a.nodes, .exclusive = a.exclusive};
+    if (topo_traffic_from_partition(&tr, &net, &part, a.replicas, a.batch, a.microbatches) < 0 ||
+        topo_place_ranks(&pl, m, &tr, &cm, &opt) < 0)
+        goto out;
+    rank_time = calloc((size_t)pl.n_ranks, sizeof *rank_time);
+    if (!rank_time) {
+        pt_error_set("out of memory");
+        goto out;
+    }
+    topo_placement_cost(m, &tr, &cm, pl.places, rank_time);
+    plan_result r = {&a, &net, &part, m, &tr, &cm, &pl, rank_time};
+    if (a.json) {
+        print_plan_json(&r);
+    } else {
+        partition_print(&part, &net, have_prof ? &prof : NULL, stdout);
+        putchar('\n');
+        print_plan_text(&r);
+    }
+    rc = 0;
+out:
+    if (rc)
+        fail(pt_error_get());
+    free(rank_time);
+    topo_placement_free(&pl);
+    topo_traffic_free(&tr);
+    topo_free(t);
+    if (have_prof)
+        partition_profile_free(&prof);
+    if (part.first)
+        partition_free(&part);
+    net_desc_free(&net);
+    return rc;
+}
