@@ -12,6 +12,14 @@
 #include <math.h>
 #include <stdint.h>
 
+/* a·b + c, fused where the target has FMA (one rounding, half the instructions); elsewhere
+ * fmaf would be a libm call inside the loop, so the plain expression is used. */
+#if defined(__FMA__)
+#define FASTMATH_FMA(a, b, c) fmaf((a), (b), (c))
+#else
+#define FASTMATH_FMA(a, b, c) ((a) * (b) + (c))
+#endif
+
 static inline uint32_t fastmath_bits(float x)
 {
     union { float f; uint32_t u; } v = { .f = x };
@@ -36,19 +44,19 @@ static inline float fastmath_expf(float x)
     /* Adding 1.5·2^23 rounds to the nearest integer and leaves it in the low mantissa
      * bits, which avoids a float→int conversion (undefined for NaN). */
     const float shifter = 0x1.8p23f;
-    float t = x * 1.44269504088896341f + shifter;
+    float t = FASTMATH_FMA(x, 1.44269504088896341f, shifter);
     float n = t - shifter;
     int32_t ni = (int32_t)(fastmath_bits(t) - fastmath_bits(shifter));
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
+    float r = FASTMATH_FMA(n, -0.693359375f, x);
+    r = FASTMATH_FMA(n, 2.12194440e-4f, r);
     float r2 = r * r;
     float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r2 + r + 1.0f;
+    p = FASTMATH_FMA(p, r, 1.3981999507e-3f);
+    p = FASTMATH_FMA(p, r, 8.3334519073e-3f);
+    p = FASTMATH_FMA(p, r, 4.1665795894e-2f);
+    p = FASTMATH_FMA(p, r, 1.6666665459e-1f);
+    p = FASTMATH_FMA(p, r, 5.0000001201e-1f);
+    p = FASTMATH_FMA(p, r2, r) + 1.0f;
     /* 2^n = 2^n1 · 2^n2 with both halves in the normal exponent range. Unsigned arithmetic:
      * for NaN inputs ni is garbage, and the result is NaN through p anyway. */
     int32_t n1 = ni / 2;
@@ -74,11 +82,11 @@ static inline float fastmath_tanhf(float x)
     float a = fabsf(x);
     float z = x * x;
     float q = -5.70498872745e-3f;
-    q = q * z + 2.06390887954e-2f;
-    q = q * z - 5.37397155531e-2f;
-    q = q * z + 1.33314422036e-1f;
-    q = q * z - 3.33332819422e-1f;
-    float small = q * z * x + x;
+    q = FASTMATH_FMA(q, z, 2.06390887954e-2f);
+    q = FASTMATH_FMA(q, z, -5.37397155531e-2f);
+    q = FASTMATH_FMA(q, z, 1.33314422036e-1f);
+    q = FASTMATH_FMA(q, z, -3.33332819422e-1f);
+    float small = FASTMATH_FMA(q * z, x, x);
     float e = fastmath_expf(-2.0f * a);
     float big = (1.0f - e) / (1.0f + e);
     /* tanh is odd: taking the sign from x also keeps tanh(−0) = −0. */

@@ -17,6 +17,9 @@ double kernel_softmax_xent_cpu(float *dlogits, int *correct, const float *logits
             if (x[j] > x[best])
                 best = j;
         const float mx = x[best];
+        const int valid = label >= 0 && label < classes;
+        /* Read before dlogits is written, so dlogits may be the logits' own storage. */
+        const double x_label = valid ? (double)x[label] : 0.0;
         right += best == label;
         /* Subtracting the row maximum keeps every exponent ≤ 0: no overflow, and the largest
          * term is exactly 1, so the sum is ≥ 1 and its logarithm well conditioned. The terms
@@ -37,10 +40,10 @@ double kernel_softmax_xent_cpu(float *dlogits, int *correct, const float *logits
         }
         /* A label outside [0, classes) has no loss: report NaN rather than read out of
          * bounds (kernels have no error channel; the data loader validates labels). */
-        if (label < 0 || label >= classes)
+        if (!valid)
             loss = NAN;
         else
-            loss += log(sum) - ((double)x[label] - (double)mx);
+            loss += log(sum) - (x_label - (double)mx);
     }
     if (correct)
         *correct = right;

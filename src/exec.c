@@ -413,6 +413,7 @@ void exec_get_stats(const exec_t *e, exec_stats *st)
     st->wall_s = e->wall_s;
     st->steps = e->steps;
     st->peak_act_bytes = (size_t)e->peak_inflight * e->st.slot_bytes;
+    st->peak_microbatches = e->peak_inflight;
 }
 
 void exec_reset_stats(exec_t *e)

@@ -34,6 +34,7 @@ typedef struct {
     double wall_s;         /* time inside training steps */
     long steps;
     size_t peak_act_bytes; /* most activation bytes held at once (slots in use × slot size) */
+    int peak_microbatches; /* most micro-batches whose activations were held at once */
 } exec_stats;
 
 /* Builds this rank's stage (stage = rank in comm) from the partition, checks the schedule

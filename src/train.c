@@ -285,7 +285,8 @@ static int choose_partition(const train_options *o, const net_desc *net, partiti
     memset(part, 0, sizeof *part);
     if (partition_check(net->n_layers, o->stages)) return -1;
     partition_profile prof = {0};
-    int have_profile = !strcmp(o->partition, "time");
+    /* One stage needs no cut, and so no profile. */
+    int have_profile = !strcmp(o->partition, "time") && o->stages > 1;
     int rc = 0;
     if (have_profile) {
         /* Rank 0 measures; the others take its figures so that all cut the same way. */
@@ -320,8 +321,10 @@ static int choose_partition(const train_options *o, const net_desc *net, partiti
         }
         free(costs);
     }
-    if (!rc) rc = partition_by_method(part, o->partition, net, have_profile ? &prof : NULL,
-                                      o->stages);
+    if (!rc && o->stages == 1 && !strcmp(o->partition, "time"))
+        rc = partition_uniform(part, net->n_layers, 1);
+    else if (!rc) rc = partition_by_method(part, o->partition, net, have_profile ? &prof : NULL,
+                                           o->stages);
     if (!rc && rank == 0 && !o->json && o->stages > 1) {
         printf("partition (%s):\n", o->partition);
         partition_print(part, net, have_profile ? &prof : NULL, stdout);
@@ -504,7 +507,7 @@ int train_main(int argc, char **argv)
     exec_stats stats;
     exec_get_stats(ex, &stats);
     double *compute = calloc((size_t)size, sizeof *compute), *wall_s = calloc((size_t)size, sizeof *wall_s);
-    double *peak = calloc((size_t)size, sizeof *peak);
+    double *peak = calloc(2 * (size_t)size, sizeof *peak), *peak_mb = peak + size;
     if (!compute || !wall_s || !peak) {
         free(compute), free(wall_s), free(peak);
         pt_error_set("out of memory");
@@ -513,9 +516,10 @@ int train_main(int argc, char **argv)
     compute[rank] = stats.compute_s;
     wall_s[rank] = stats.wall_s;
     peak[rank] = (double)stats.peak_act_bytes;
+    peak_mb[rank] = stats.peak_microbatches;
     if (exec_allreduce(compute, size, MPI_DOUBLE, MPI_SUM, comm, o.timeout) ||
         exec_allreduce(wall_s, size, MPI_DOUBLE, MPI_SUM, comm, o.timeout) ||
-        exec_allreduce(peak, size, MPI_DOUBLE, MPI_SUM, comm, o.timeout))
+        exec_allreduce(peak, 2 * size, MPI_DOUBLE, MPI_SUM, comm, o.timeout))
         abort_job(comm);
     double bubble = 0;
     for (int r = 0; r < size; r++) bubble += wall_s[r] > 0 ? 1 - compute[r] / wall_s[r] : 0;
@@ -543,8 +547,9 @@ int train_main(int argc, char **argv)
             if (size > 1) {
                 printf("; bubble %.3f measured, %.3f theory\n", bubble, theory);
                 for (int r = 0; r < size; r++)
-                    printf("  stage %d: compute %.2f s of %.2f s, peak activations %.2f MB\n", r,
-                           compute[r], wall_s[r], peak[r] / 1e6);
+                    printf("  stage %d: compute %.2f s of %.2f s, peak activations %.2f MB "
+                           "(%.0f micro-batches)\n", r, compute[r], wall_s[r], peak[r] / 1e6,
+                           peak_mb[r]);
             } else {
                 printf("\n");
             }
@@ -568,6 +573,8 @@ int train_main(int argc, char **argv)
             for (int r = 0; r < size; r++) printf(r ? ",%.6f" : "%.6f", wall_s[r]);
             printf("],\"stage_peak_act_bytes\":[");
             for (int r = 0; r < size; r++) printf(r ? ",%.0f" : "%.0f", peak[r]);
+            printf("],\"stage_peak_microbatches\":[");
+            for (int r = 0; r < size; r++) printf(r ? ",%.0f" : "%.0f", peak_mb[r]);
             printf("]}\n");
         }
         fflush(stdout);

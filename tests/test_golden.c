@@ -164,6 +164,16 @@ static const golden_array *golden_find(const golden_file *g, const char *name, u
     return NULL;
 }
 
+/* The element count of a named array (failing the test if it is absent). */
+static size_t golden_count(const golden_file *g, const char *name)
+{
+    for (int i = 0; i < g->count; i++)
+        if (strcmp(g->arr[i].name, name) == 0)
+            return g->arr[i].count;
+    cr_assert_fail("golden array %s is missing", name);
+    return 0;
+}
+
 /* A freshly allocated copy of a float32 array (the caller frees it). */
 static float *golden_floats(const golden_file *g, const char *name, size_t count)
 {
@@ -357,8 +367,7 @@ Test(golden, activations)
 {
     golden_file g;
     golden_open(&g, "act.bin");
-    const golden_array *xa = golden_find(&g, "x", GOLDEN_F32, g.arr[0].count);
-    const size_t n = xa->count;
+    const size_t n = golden_count(&g, "x");
     float *x = golden_floats(&g, "x", n);
     float *dout = golden_floats(&g, "dout", n);
     float *y = malloc(n * sizeof *y), *din = malloc(n * sizeof *din);
@@ -421,7 +430,7 @@ static void golden_check_optimizer(const char *name, int is_adam)
 {
     golden_file g;
     golden_open(&g, "optim.bin");
-    const size_t count = golden_find(&g, "p0", GOLDEN_F32, g.arr[0].count)->count;
+    const size_t count = golden_count(&g, "p0");
     const int steps = 5;
     char key[64];
     float *p = golden_floats(&g, "p0", count);

@@ -211,14 +211,23 @@ static void conv_check_shape(kernel_conv2d_dims d, uint64_t seed)
 
 Test(kernels, conv2d_shapes)
 {
+    /* kernels/conv.c orders the pixel columns sample-major when output rows are ≥ 16 wide
+     * or the batch is no longer than a row, batch-minor otherwise; both appear here. */
     const kernel_conv2d_dims shapes[] = {
+        /* sample-major */
         {.n = 2, .c = 3, .h = 6, .w = 5, .filters = 4, .size = 3, .stride = 1, .pad = 0},
         {.n = 2, .c = 2, .h = 7, .w = 6, .filters = 3, .size = 3, .stride = 2, .pad = 1},
         {.n = 1, .c = 2, .h = 5, .w = 8, .filters = 2, .size = 2, .stride = 2, .pad = 0},
         {.n = 2, .c = 1, .h = 4, .w = 5, .filters = 3, .size = 1, .stride = 1, .pad = 0},
         {.n = 1, .c = 2, .h = 6, .w = 7, .filters = 2, .size = 5, .stride = 1, .pad = 2},
-        {.n = 3, .c = 3, .h = 5, .w = 5, .filters = 2, .size = 3, .stride = 3, .pad = 1},
         {.n = 2, .c = 2, .h = 3, .w = 9, .filters = 2, .size = 3, .stride = 1, .pad = 1},
+        {.n = 20, .c = 1, .h = 4, .w = 18, .filters = 2, .size = 3, .stride = 1, .pad = 1},
+        /* batch-minor */
+        {.n = 3, .c = 3, .h = 5, .w = 5, .filters = 2, .size = 3, .stride = 3, .pad = 1},
+        {.n = 6, .c = 2, .h = 5, .w = 6, .filters = 3, .size = 3, .stride = 1, .pad = 0},
+        {.n = 5, .c = 2, .h = 7, .w = 6, .filters = 2, .size = 3, .stride = 2, .pad = 1},
+        {.n = 6, .c = 1, .h = 6, .w = 5, .filters = 2, .size = 5, .stride = 1, .pad = 2},
+        {.n = 17, .c = 1, .h = 4, .w = 17, .filters = 2, .size = 3, .stride = 1, .pad = 0},
     };
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
         conv_check_shape(shapes[k], 100 + 10 * k);
@@ -324,19 +333,37 @@ Test(kernels, maxpool)
 
 Test(kernels, maxpool_ties_and_specials)
 {
-    /* One 4×4 plane, size 2 stride 2: equal values pick the first in row-major order,
-     * all −inf still names the window's first element, NaN wins and propagates. */
-    float in[16] = {1, 1, 2, 0,
-                    1, 1, 2, 2,
-                    -INFINITY, -INFINITY, 0, NAN,
-                    -INFINITY, -INFINITY, 3, 1};
-    float out[4];
-    int32_t idx[4];
-    kernel_maxpool2d_forward_cpu(out, idx, in, 1, 1, 4, 4, 2, 2);
-    cr_expect(idx[0] == 0 && out[0] == 1.0f, "tie: idx %d", idx[0]);
-    cr_expect(idx[1] == 2 && out[1] == 2.0f, "tie: idx %d", idx[1]);
-    cr_expect(idx[2] == 8 && out[2] == -INFINITY, "all -inf: idx %d", idx[2]);
-    cr_expect(idx[3] == 11 && isnan(out[3]), "NaN: idx %d out %g", idx[3], out[3]);
+    /* 2×2 stride 2 (kernels/pool.c's dedicated path): equal values pick the first in
+     * row-major order, all −inf still names the window's first element, NaN wins and
+     * propagates wherever it sits in the window. */
+    float in[4 * 6] = {1, 1, 2, 0, 5, -1,
+                       1, 1, 2, 2, 4, NAN,
+                       -INFINITY, -INFINITY, 0, NAN, 1, 1,
+                       -INFINITY, -INFINITY, 3, 1, 7, 7};
+    float out[6];
+    int32_t idx[6];
+    const int32_t want[6] = {0, 2, 11, 12, 15, 22};
+    kernel_maxpool2d_forward_cpu(out, idx, in, 1, 1, 4, 6, 2, 2);
+    for (int i = 0; i < 6; i++)
+        cr_expect(idx[i] == want[i], "2x2 window %d: argmax %d, expected %d", i, idx[i], want[i]);
+    cr_expect(out[0] == 1.0f && out[1] == 2.0f && out[3] == -INFINITY && out[5] == 7.0f);
+    cr_expect(isnan(out[2]) && isnan(out[4]), "NaN must propagate");
+
+    /* The general path (3×3, stride 2, overlapping): ties and NaN the same way. */
+    float flat[5 * 5];
+    for (int i = 0; i < 25; i++)
+        flat[i] = 0.5f;
+    float o2[4];
+    int32_t i2[4];
+    kernel_maxpool2d_forward_cpu(o2, i2, flat, 1, 1, 5, 5, 3, 2);
+    const int32_t first[4] = {0, 2, 10, 12};
+    for (int i = 0; i < 4; i++)
+        cr_expect(i2[i] == first[i] && o2[i] == 0.5f, "3x3 window %d: argmax %d, expected %d",
+                  i, i2[i], first[i]);
+    flat[13] = NAN; /* in the windows of outputs 1 and 3 */
+    kernel_maxpool2d_forward_cpu(o2, i2, flat, 1, 1, 5, 5, 3, 2);
+    cr_expect(isnan(o2[1]) && i2[1] == 13 && isnan(o2[3]) && i2[3] == 13);
+    cr_expect(o2[0] == 0.5f && i2[0] == 0, "NaN leaked into a window without it");
 }
 
 Test(kernels, avgpool)
@@ -603,6 +630,8 @@ Test(kernels, softmax_xent_first_argmax)
     int correct = -1;
     kernel_softmax_xent_cpu(NULL, &correct, logits, labels, 2, 3, 1.0f);
     cr_expect(correct == 1, "ties must go to the first maximum: correct %d", correct);
+    const int32_t bad[2] = {2, 3}; /* 3 is not a class of 3 */
+    cr_expect(isnan(kernel_softmax_xent_cpu(NULL, NULL, logits, bad, 2, 3, 1.0f)));
 }
 
 /* ---- optimizers: hand-computed steps (tests/test_golden.c checks torch's bits) ---- */
