@@ -50,7 +50,7 @@ int partition_profile_measure(partition_profile *prof, const net_desc *net, int 
     for (int j = 0; j < batch; j++) ids[j] = j;
     for (int l = 0; l < net->n_layers; l++) {
         stage st;
-        if (stage_init(&st, net, l, l + 1, batch, 1)) goto fail;
+        if (stage_init(&st, net, l, l + 1, batch, 1, 1)) goto fail;
         stage_init_params(&st, 1);
         size_t nin = (size_t)batch * stage_in_count(&st), nout = (size_t)batch * stage_out_count(&st);
         float *x = malloc(nin * sizeof *x), *dy = malloc(nout * sizeof *dy),

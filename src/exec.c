@@ -141,7 +141,7 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     e->cfg = *cfg;
     e->mb = cfg->batch / cfg->microbatches;
     if (stage_init(&e->st, net, part->first[rank], part->first[rank + 1], e->mb,
-                   slots > 0 ? slots : 1)) {
+                   slots > 0 ? slots : 1, cfg->threads > 0 ? cfg->threads : 1)) {
         free(e);
         return -1;
     }

@@ -17,6 +17,7 @@ typedef struct exec exec_t; /* opaque: holds MPI requests and buffers */
 
 typedef struct {
     int batch, microbatches;
+    int threads;           /* worker threads of this rank's stage */
     double timeout_s;      /* a wait longer than this fails the step */
     int trace;             /* record events for exec_write_trace */
     int stall_rank;        /* testing: this rank stops responding at stall_step (−1: never) */

@@ -6,6 +6,7 @@
 
 #include "kernels/rng.h"
 #include "src/error.h"
+#include "src/pool.h"
 
 enum { ALIGN = 64 };
 
@@ -36,20 +37,38 @@ static size_t layer_slot_bytes(const layer_desc *L, int n, size_t *out_b, size_t
     return *out_b + *arg_b + *mask_b;
 }
 
-int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch, int n_slots)
+/* Convolution layers run faster on chunks of this many samples (their im2col matrices
+ * then stay in cache; measured in experiments/bench_kernels.c); dense layers prefer whole
+ * micro-batches. */
+enum { CONV_CHUNK = 16 };
+
+int stage_chunk(const stage *s, int n)
+{
+    int c = (n + s->threads - 1) / s->threads;
+    if (s->chunk_max > 0 && c > s->chunk_max) c = s->chunk_max;
+    return c > 0 ? c : 1;
+}
+
+int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch, int n_slots,
+               int threads)
 {
     memset(s, 0, sizeof *s);
     if (first < 0 || last > net->n_layers || first >= last)
         return pt_error_set("stage: bad layer range [%d, %d) of %d layers", first, last,
                             net->n_layers);
-    if (max_batch < 1 || n_slots < 1)
-        return pt_error_set("stage: batch %d and slots %d must be positive", max_batch, n_slots);
+    if (max_batch < 1 || n_slots < 1 || threads < 1)
+        return pt_error_set("stage: batch %d, slots %d and threads %d must be positive",
+                            max_batch, n_slots, threads);
     s->net = net;
     s->first = first;
     s->last = last;
     s->max_batch = max_batch;
     s->n_slots = n_slots;
+    s->threads = threads;
     int nl = last - first;
+    for (int l = first; l < last; l++)
+        if (net->layers[l].type == LAYER_CONV) s->chunk_max = CONV_CHUNK;
+    int chunk = stage_chunk(s, max_batch);
 
     for (int l = first; l < last; l++)
         s->param_count += net->layers[l].weight_count + net->layers[l].bias_count;
@@ -62,7 +81,11 @@ int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch
     s->dw = calloc((size_t)nl, sizeof *s->dw);
     s->db = calloc((size_t)nl, sizeof *s->db);
     s->slots = calloc((size_t)n_slots, sizeof *s->slots);
-    if (!s->memory || !s->w || !s->b || !s->dw || !s->db || !s->slots) goto oom;
+    s->workers = calloc((size_t)threads, sizeof *s->workers);
+    s->param_off = calloc((size_t)nl, sizeof *s->param_off);
+    if (!s->memory || !s->w || !s->b || !s->dw || !s->db || !s->slots || !s->workers ||
+        !s->param_off)
+        goto oom;
     s->params = s->memory;
     s->grads = s->memory + block;
     s->opt_m = s->memory + 2 * block;
@@ -72,6 +95,7 @@ int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch
     for (int l = first; l < last; l++) {
         const layer_desc *L = &net->layers[l];
         int i = l - first;
+        s->param_off[i] = off;
         if (L->weight_count) {
             s->w[i] = s->params + off;
             s->dw[i] = s->grads + off;
@@ -81,7 +105,7 @@ int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch
             off += L->bias_count;
         }
         if (L->type == LAYER_CONV) {
-            kernel_conv2d_dims d = conv_dims(L, max_batch);
+            kernel_conv2d_dims d = conv_dims(L, chunk);
             size_t ws = kernel_conv2d_workspace_floats(&d);
             if (ws > work) work = ws;
         }
@@ -92,10 +116,19 @@ int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch
         slot_bytes += layer_slot_bytes(L, max_batch, &a, &b, &c);
     }
     s->slot_bytes = slot_bytes;
-    s->work = alloc_zeroed(work * sizeof(float));
-    for (int k = 0; k < 2; k++) s->scratch[k] = alloc_zeroed(widest * max_batch * sizeof(float));
+    for (int t = 0; t < threads; t++) {
+        stage_worker *wk = &s->workers[t];
+        wk->work = alloc_zeroed(work * sizeof(float));
+        for (int k = 0; k < 2; k++) wk->scratch[k] = alloc_zeroed(widest * chunk * sizeof(float));
+        wk->grads = t == 0 ? s->grads : alloc_zeroed(P * sizeof(float));
+        if (!wk->work || !wk->scratch[0] || !wk->scratch[1] || !wk->grads) goto oom;
+    }
     s->slot_memory = alloc_zeroed(slot_bytes * n_slots);
-    if (!s->work || !s->scratch[0] || !s->scratch[1] || !s->slot_memory) goto oom;
+    if (!s->slot_memory) goto oom;
+    if (pool_init(&s->pool, threads)) {
+        stage_free(s);
+        return -1;
+    }
 
     char *mem = s->slot_memory;
     for (int k = 0; k < n_slots; k++) {
@@ -141,9 +174,17 @@ void stage_free(stage *s)
     free(s->b);
     free(s->dw);
     free(s->db);
-    free(s->work);
-    free(s->scratch[0]);
-    free(s->scratch[1]);
+    if (s->workers) {
+        for (int t = 0; t < s->threads; t++) {
+            free(s->workers[t].work);
+            free(s->workers[t].scratch[0]);
+            free(s->workers[t].scratch[1]);
+            if (t > 0) free(s->workers[t].grads);
+        }
+    }
+    free(s->workers);
+    free(s->param_off);
+    pool_free(s->pool);
     memset(s, 0, sizeof *s);
 }
 
@@ -184,91 +225,130 @@ int stage_slot_acquire(stage *s)
 
 void stage_slot_release(stage *s, int slot) { s->slots[slot].busy = 0; }
 
-const float *stage_forward(stage *s, int slot, const float *in, int n,
-                           const int64_t *sample_ids, uint64_t seed, uint64_t step, int training)
+/* Where each layer's output lives for this forward: its own buffer, or its input when the
+ * layer is the identity (flatten; dropout when not training). Decided once per forward. */
+static const float *set_outputs(stage *s, stage_slot *sl, const float *in, int training)
 {
-    stage_slot *sl = &s->slots[slot];
-    sl->n = n;
-    sl->input = in;
     const float *x = in;
     for (int l = s->first; l < s->last; l++) {
         const layer_desc *L = &s->net->layers[l];
         int i = l - s->first;
-        float *y = sl->buf[i];
-        size_t out_count = (size_t)n * layer_shape_count(L->out);
+        int identity = L->type == LAYER_FLATTEN ||
+                       (L->type == LAYER_DROPOUT && !(training && L->u.dropout.p > 0));
+        sl->out[i] = identity ? x : sl->buf[i];
+        x = sl->out[i];
+    }
+    return x;
+}
+
+typedef struct {
+    stage *s;
+    stage_slot *sl;
+    int n, chunk;
+    const int64_t *ids;
+    uint64_t seed, step;
+    const float *dout;
+    float *din;
+} chunk_job;
+
+static void forward_chunk(const stage *s, stage_worker *wk, const stage_slot *sl, int off, int n,
+                          const int64_t *ids, uint64_t seed, uint64_t step)
+{
+    for (int l = s->first; l < s->last; l++) {
+        const layer_desc *L = &s->net->layers[l];
+        int i = l - s->first;
+        size_t in_count = layer_shape_count(L->in), out_count = layer_shape_count(L->out);
+        const float *x = (i == 0 ? sl->input : sl->out[i - 1]) + (size_t)off * in_count;
+        float *y = sl->buf[i] ? sl->buf[i] + (size_t)off * out_count : NULL;
+        if (sl->out[i] != sl->buf[i]) continue; /* identity */
         switch (L->type) {
         case LAYER_CONV: {
             kernel_conv2d_dims d = conv_dims(L, n);
-            kernel_conv2d_forward_cpu(y, s->work, x, s->w[i], s->b[i], &d);
-            kernel_activation_forward_cpu(y, y, out_count, L->activation);
+            kernel_conv2d_forward_cpu(y, wk->work, x, s->w[i], s->b[i], &d);
+            kernel_activation_forward_cpu(y, y, (size_t)n * out_count, L->activation);
             break;
         }
         case LAYER_DENSE:
-            kernel_dense_forward_cpu(y, x, s->w[i], s->b[i], n, (int)layer_shape_count(L->in),
-                                     L->u.dense.units);
-            kernel_activation_forward_cpu(y, y, out_count, L->activation);
+            kernel_dense_forward_cpu(y, x, s->w[i], s->b[i], n, (int)in_count, L->u.dense.units);
+            kernel_activation_forward_cpu(y, y, (size_t)n * out_count, L->activation);
             break;
         case LAYER_MAXPOOL:
-            kernel_maxpool2d_forward_cpu(y, sl->argmax[i], x, n, L->in.c, L->in.h, L->in.w,
-                                         L->u.pool.size, L->u.pool.stride);
+            kernel_maxpool2d_forward_cpu(y, sl->argmax[i] + (size_t)off * out_count, x, n, L->in.c,
+                                         L->in.h, L->in.w, L->u.pool.size, L->u.pool.stride);
             break;
         case LAYER_AVGPOOL:
             kernel_avgpool2d_forward_cpu(y, x, n, L->in.c, L->in.h, L->in.w, L->u.pool.size,
                                          L->u.pool.stride);
             break;
         case LAYER_DROPOUT:
-            if (training && L->u.dropout.p > 0) {
-                kernel_dropout_forward_cpu(y, sl->mask[i], x, n, layer_shape_count(L->in),
-                                           L->u.dropout.p, seed, rng_stream_dropout(l, step),
-                                           sample_ids);
-            } else {
-                y = NULL; /* identity */
-            }
+            kernel_dropout_forward_cpu(y, sl->mask[i] + (size_t)off * out_count, x, n, in_count,
+                                       L->u.dropout.p, seed, rng_stream_dropout(l, step),
+                                       ids + off);
             break;
         case LAYER_FLATTEN:
-            y = NULL;
             break;
         }
-        sl->out[i] = y ? y : x;
-        x = sl->out[i];
     }
-    return x;
 }
 
-void stage_backward(stage *s, int slot, const float *dout, float *din)
+static void forward_worker(void *arg, int t)
+{
+    chunk_job *j = arg;
+    for (int off = t * j->chunk; off < j->n; off += j->s->threads * j->chunk) {
+        int n = j->n - off < j->chunk ? j->n - off : j->chunk;
+        forward_chunk(j->s, &j->s->workers[t], j->sl, off, n, j->ids, j->seed, j->step);
+    }
+}
+
+const float *stage_forward(stage *s, int slot, const float *in, int n,
+                           const int64_t *sample_ids, uint64_t seed, uint64_t step, int training)
 {
     stage_slot *sl = &s->slots[slot];
-    int n = sl->n;
+    sl->n = n;
+    sl->input = in;
+    const float *y = set_outputs(s, sl, in, training);
+    chunk_job j = {s, sl, n, stage_chunk(s, n), sample_ids, seed, step, NULL, NULL};
+    pool_run(s->pool, forward_worker, &j);
+    return y;
+}
+
+static void backward_chunk(const stage *s, stage_worker *wk, const stage_slot *sl, int off, int n,
+                           const float *dout, float *din)
+{
     const float *g = dout;
     int gi = -1; /* which scratch buffer g lives in, −1 for the caller's */
     for (int l = s->last - 1; l >= s->first; l--) {
         const layer_desc *L = &s->net->layers[l];
         int i = l - s->first;
-        const float *x = i == 0 ? sl->input : sl->out[i - 1];
-        size_t in_count = (size_t)n * layer_shape_count(L->in);
-        size_t out_count = (size_t)n * layer_shape_count(L->out);
+        size_t in_count = layer_shape_count(L->in), out_count = layer_shape_count(L->out);
+        const float *x = (i == 0 ? sl->input : sl->out[i - 1]) + (size_t)off * in_count;
+        const float *y = sl->out[i] + (size_t)off * out_count;
+        int identity = sl->out[i] != sl->buf[i];
+        if (identity && i > 0) continue; /* the gradient passes through unchanged */
         if (L->activation != KERNEL_ACT_LINEAR) {
-            float *ga = gi < 0 ? s->scratch[0] : s->scratch[gi];
-            kernel_activation_backward_cpu(ga, g, sl->out[i], out_count, L->activation);
+            float *ga = gi < 0 ? wk->scratch[0] : wk->scratch[gi];
+            kernel_activation_backward_cpu(ga, g, y, (size_t)n * out_count, L->activation);
             g = ga;
             gi = gi < 0 ? 0 : gi;
         }
         int ti = gi < 0 ? 0 : 1 - gi;
-        float *dx = i == 0 ? din : s->scratch[ti];
+        float *dx = i == 0 ? din : wk->scratch[ti];
+        float *dw = wk->grads + s->param_off[i], *db = dw + L->weight_count;
         switch (L->type) {
         case LAYER_CONV: {
             kernel_conv2d_dims d = conv_dims(L, n);
-            kernel_conv2d_backward_cpu(dx, s->dw[i], s->db[i], s->work, g, x, s->w[i], &d);
+            kernel_conv2d_backward_cpu(dx, dw, db, wk->work, g, x, s->w[i], &d);
             break;
         }
         case LAYER_DENSE:
-            kernel_dense_backward_cpu(dx, s->dw[i], s->db[i], g, x, s->w[i], n,
-                                      (int)layer_shape_count(L->in), L->u.dense.units);
+            kernel_dense_backward_cpu(dx, dw, db, g, x, s->w[i], n, (int)in_count,
+                                      L->u.dense.units);
             break;
         case LAYER_MAXPOOL:
             if (dx)
-                kernel_maxpool2d_backward_cpu(dx, g, sl->argmax[i], n, L->in.c, L->in.h, L->in.w,
-                                              L->u.pool.size, L->u.pool.stride);
+                kernel_maxpool2d_backward_cpu(dx, g, sl->argmax[i] + (size_t)off * out_count, n,
+                                              L->in.c, L->in.h, L->in.w, L->u.pool.size,
+                                              L->u.pool.stride);
             break;
         case LAYER_AVGPOOL:
             if (dx)
@@ -276,21 +356,50 @@ void stage_backward(stage *s, int slot, const float *dout, float *din)
                                               L->u.pool.size, L->u.pool.stride);
             break;
         case LAYER_DROPOUT:
-            if (sl->out[i] == x) { /* identity in the forward */
-                if (dx) memcpy(dx, g, in_count * sizeof(float));
-            } else if (dx) {
-                kernel_dropout_backward_cpu(dx, g, sl->mask[i], in_count, L->u.dropout.p);
-            }
-            break;
         case LAYER_FLATTEN:
-            if (dx) memcpy(dx, g, in_count * sizeof(float));
+            if (!dx) break;
+            if (identity) memcpy(dx, g, (size_t)n * in_count * sizeof(float));
+            else kernel_dropout_backward_cpu(dx, g, sl->mask[i] + (size_t)off * out_count,
+                                             (size_t)n * in_count, L->u.dropout.p);
             break;
         }
-        if (i > 0) {
-            g = dx;
-            gi = ti;
-        }
+        g = dx;
+        gi = ti;
     }
+}
+
+static void backward_worker(void *arg, int t)
+{
+    chunk_job *j = arg;
+    stage *s = j->s;
+    size_t in_count = stage_in_count(s), out_count = stage_out_count(s);
+    if (t > 0) memset(s->workers[t].grads, 0, s->param_count * sizeof(float));
+    for (int off = t * j->chunk; off < j->n; off += s->threads * j->chunk) {
+        int n = j->n - off < j->chunk ? j->n - off : j->chunk;
+        backward_chunk(s, &s->workers[t], j->sl, off, n, j->dout + (size_t)off * out_count,
+                       j->din ? j->din + (size_t)off * in_count : NULL);
+    }
+}
+
+/* grads += Σ_t worker t's gradients, t = 1..T−1 in order; each thread sums one range. */
+static void reduce_worker(void *arg, int t)
+{
+    stage *s = arg;
+    size_t P = s->param_count, per = (P + s->threads - 1) / s->threads;
+    size_t lo = (size_t)t * per, hi = lo + per < P ? lo + per : P;
+    for (int w = 1; w < s->threads; w++) {
+        float *restrict dst = s->grads;
+        const float *restrict src = s->workers[w].grads;
+        for (size_t i = lo; i < hi; i++) dst[i] += src[i];
+    }
+}
+
+void stage_backward(stage *s, int slot, const float *dout, float *din)
+{
+    stage_slot *sl = &s->slots[slot];
+    chunk_job j = {s, sl, sl->n, stage_chunk(s, sl->n), NULL, 0, 0, dout, din};
+    pool_run(s->pool, backward_worker, &j);
+    if (s->threads > 1) pool_run(s->pool, reduce_worker, s);
 }
 
 void stage_zero_grad(stage *s) { memset(s->grads, 0, s->param_count * sizeof(float)); }

@@ -29,6 +29,17 @@ typedef struct {
     uint8_t **mask;      /* per local layer: dropout mask, else NULL */
 } stage_slot;
 
+/* Scratch of one worker thread. A micro-batch is cut into chunks of samples that run
+ * through all the stage's layers; worker t takes chunks t, t+T, ... (a fixed assignment,
+ * so results depend on the thread count but never on timing). */
+typedef struct {
+    float *work;            /* convolution scratch for one chunk */
+    float *scratch[2];      /* gradients flowing backward through one chunk */
+    float *grads;           /* worker 0: the stage's; others: own, summed after a backward */
+} stage_worker;
+
+struct pool;
+
 typedef struct {
     const net_desc *net;    /* not owned */
     int first, last;        /* layers [first, last) */
@@ -39,15 +50,21 @@ typedef struct {
     float **w, **b, **dw, **db; /* per local layer, into memory (NULL without parameters) */
     stage_slot *slots;      /* owned */
     void *slot_memory;      /* owned: every slot's activations */
-    float *work;            /* owned: convolution scratch */
-    float *scratch[2];      /* owned: gradients flowing backward */
+    int threads, chunk_max; /* worker threads; most samples per chunk */
+    stage_worker *workers;  /* owned, one per thread */
+    struct pool *pool;      /* owned */
+    size_t *param_off;      /* per local layer: offset of its weight in params/grads */
     size_t slot_bytes;      /* activation bytes one slot holds at max_batch */
     long step;              /* optimizer steps taken */
 } stage;
 
 /* Allocates a stage for layers [first, last) of `net`, micro-batches of up to `max_batch`
- * samples and `n_slots` micro-batches in flight. Parameters start at zero. */
-int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch, int n_slots);
+ * samples, `n_slots` micro-batches in flight and `threads` worker threads (call BLAS
+ * single-threaded then). Parameters start at zero. */
+int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch, int n_slots,
+               int threads);
+/* Samples per chunk for a micro-batch of n: ⌈n / threads⌉, capped by chunk_max. */
+int stage_chunk(const stage *s, int n);
 void stage_free(stage *s);
 
 /* PyTorch's default initialisation (U(±1/sqrt(fan_in)) for weights and biases), drawn

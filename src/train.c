@@ -64,7 +64,7 @@ static void usage(FILE *f)
         "  --microbatches M      micro-batches per batch; must divide it (default 1)\n"
         "  --schedule NAME       gpipe | 1f1b (default 1f1b)\n"
         "  --partition METHOD    uniform | params | time | counts like 4,3,4 (default time)\n"
-        "  --threads N           BLAS threads per rank (default: cores / ranks on the node)\n"
+        "  --threads N           worker threads per rank (default: cores / ranks on the node)\n"
         "  --bind MODE           auto | core | none: pin each rank to its cores (default none)\n"
         "  --timeout S           give up when a rank waits longer than S s (default 300)\n"
         "output\n"
@@ -362,7 +362,10 @@ static void abort_job(MPI_Comm comm)
     char host[64] = "";
     MPI_Comm_rank(comm, &rank);
     gethostname(host, sizeof host - 1);
-    fprintf(stderr, "pipetrain: rank %d (%s): %s\n", rank, host, pt_error_get());
+    /* executor messages already name the rank and host */
+    const char *msg = pt_error_get();
+    if (strncmp(msg, "rank ", 5) == 0) fprintf(stderr, "pipetrain: %s\n", msg);
+    else fprintf(stderr, "pipetrain: rank %d (%s): %s\n", rank, host, msg);
     fflush(stderr);
     MPI_Abort(comm, 1);
 }
@@ -409,7 +412,9 @@ int train_main(int argc, char **argv)
             o.threads = cores / local > 0 ? (int)(cores / local) : 1;
         }
     }
-    openblas_set_num_threads(o.threads);
+    /* The stage's own workers split each micro-batch; BLAS stays single-threaded so that
+     * two thread pools never fight over the cores. */
+    openblas_set_num_threads(1);
 
     net_desc net = {0};
     partition part = {0};
@@ -426,7 +431,7 @@ int train_main(int argc, char **argv)
               o.timeout))
         goto done;
     if (agree(load_data(&o, &net, &train, &val, &test), comm, o.timeout)) goto done;
-    exec_config cfg = {o.batch, o.microbatches, o.timeout, o.trace != NULL, o.stall_rank,
+    exec_config cfg = {o.batch, o.microbatches, o.threads, o.timeout, o.trace != NULL, o.stall_rank,
                        o.stall_step};
     if (agree(exec_init(&ex, comm, &net, &part, &sched, &cfg), comm, o.timeout)) goto done;
     stage *st = exec_stage(ex);
@@ -445,7 +450,7 @@ int train_main(int argc, char **argv)
                net.param_count, net.classes);
         printf("data: %d training, %d validation, %d test samples; batch %d, %ld steps per "
                "epoch\n", train.count, val.count, test.count, o.batch, steps_per_epoch);
-        printf("layout: %d stage%s, %d micro-batch%s of %d, schedule %s, %d BLAS thread%s per "
+        printf("layout: %d stage%s, %d micro-batch%s of %d, schedule %s, %d thread%s per "
                "rank; %s lr %g\n", o.stages, o.stages > 1 ? "s" : "", o.microbatches,
                o.microbatches > 1 ? "es" : "", o.batch / o.microbatches, sched.name, o.threads,
                o.threads > 1 ? "s" : "", optimizer_name(o.opt.kind), (double)o.opt.lr);
