@@ -2,7 +2,8 @@
 """Pipeline measurements on this machine (seed-cnn, batch 128), beside PyTorch's 2-stage pipe.
 
 1. bubble: K = 2 stages (one core each), M = 1..16, 1F1B and GPipe: measured idle fraction
-   against (K-1)/(M+K-1).
+   against the simulator's prediction from the measured per-stage forward/backward times
+   (which accounts for unbalanced stages) and against (K-1)/(M+K-1) (balanced stages).
 2. memory: K = 4 (4 ranks on 2 cores is fine for counting), M = 8: peak micro-batches and
    activation bytes held per stage, GPipe against 1F1B.
 3. speedup: 2 stages x 1 thread, `time` partition, M = 8 and 16, against sequential
@@ -58,16 +59,19 @@ out = {'time': time.strftime('%Y-%m-%d %H:%M:%S'), 'steps': args.steps, 'warmup'
 if 'bubble' in parts:
     rows = []
     print('1. bubble, K = 2, time partition, 1 thread per stage')
-    print('%-6s %4s %10s %10s %10s %12s' % ('sched', 'M', 'measured', 'theory', 'diff pp', 'samples/s'))
+    print('%-6s %4s %9s %10s %9s %8s %9s %12s' % ('sched', 'M', 'measured', 'simulated', 'diff pp',
+          'formula', 'diff pp', 'samples/s'))
     for sched in ('1f1b', 'gpipe'):
         for m in (1, 2, 4, 8, 16):
             r, _ = median_run(2, ['--microbatches', str(m), '--schedule', sched, '--partition', 'time'])
             row = {'schedule': sched, 'M': m, 'bubble': r['bubble'], 'theory': r['bubble_theory'],
+                   'simulated': r['bubble_simulated'],
                    'samples_per_s': r['samples_per_s'], 'stage_compute_s': r['stage_compute_s'],
                    'stage_wall_s': r['stage_wall_s']}
             rows.append(row)
-            print('%-6s %4d %10.3f %10.3f %+10.1f %12.0f' % (sched, m, r['bubble'], r['bubble_theory'],
-                  100 * (r['bubble'] - r['bubble_theory']), r['samples_per_s']), flush=True)
+            print('%-6s %4d %9.3f %10.3f %+9.1f %8.3f %+9.1f %12.0f' % (
+                sched, m, r['bubble'], r['bubble_simulated'], 100 * (r['bubble'] - r['bubble_simulated']),
+                r['bubble_theory'], 100 * (r['bubble'] - r['bubble_theory']), r['samples_per_s']), flush=True)
     out['bubble'] = rows
 
 if 'memory' in parts:

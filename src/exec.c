@@ -35,7 +35,7 @@ struct exec {
     MPI_Request *req_act, *req_grad, *req_send_act, *req_send_grad;
     /* statistics */
     double t_origin;
-    double compute_s, wall_s;
+    double compute_s, wall_s, forward_s, backward_s, optimizer_s;
     long steps;
     int inflight, peak_inflight;
     trace_log trace;
@@ -274,6 +274,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint
             }
             double t1 = now();
             compute += t1 - t0;
+            e->forward_s += t1 - t0;
             record(e, TRACE_FORWARD, t0, t1, m);
             break;
         }
@@ -290,6 +291,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint
             stage_backward(&e->st, e->slot_of[m], dout, e->rank > 0 ? e->grad_out[m] : NULL);
             double t1 = now();
             compute += t1 - t0;
+            e->backward_s += t1 - t0;
             record(e, TRACE_BACKWARD, t0, t1, m);
             /* the slot's output may still be on its way to the next stage */
             if (wait_request(e, &e->req_send_act[m], "send of the activation", m, e->rank + 1))
@@ -311,6 +313,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint
             stage_step(&e->st, opt);
             stage_zero_grad(&e->st);
             compute += now() - t0;
+            e->optimizer_s += now() - t0;
             record(e, TRACE_OPTIMIZER, t0, now(), -1);
             break;
         case SCHED_OP_ALLREDUCE:
@@ -410,6 +413,9 @@ int exec_gather_params(exec_t *e, float *all)
 void exec_get_stats(const exec_t *e, exec_stats *st)
 {
     st->compute_s = e->compute_s;
+    st->forward_s = e->forward_s;
+    st->backward_s = e->backward_s;
+    st->optimizer_s = e->optimizer_s;
     st->wall_s = e->wall_s;
     st->steps = e->steps;
     st->peak_act_bytes = (size_t)e->peak_inflight * e->st.slot_bytes;
@@ -418,7 +424,7 @@ void exec_get_stats(const exec_t *e, exec_stats *st)
 
 void exec_reset_stats(exec_t *e)
 {
-    e->compute_s = e->wall_s = 0;
+    e->compute_s = e->wall_s = e->forward_s = e->backward_s = e->optimizer_s = 0;
     e->steps = 0;
     e->peak_inflight = 0;
 }

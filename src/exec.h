@@ -32,6 +32,7 @@ typedef struct {
 /* Per-rank figures since exec_init (or the last exec_reset_stats). */
 typedef struct {
     double compute_s;      /* forward, backward, loss and optimizer time */
+    double forward_s, backward_s, optimizer_s; /* its parts */
     double wall_s;         /* time inside training steps */
     long steps;
     size_t peak_act_bytes; /* most activation bytes held at once (slots in use × slot size) */

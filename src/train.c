@@ -355,6 +355,83 @@ static const char *optimizer_name(optimizer_kind k)
     return k == OPT_SGD ? "sgd" : k == OPT_MOMENTUM ? "momentum" : "adam";
 }
 
+/* ---- per-stage figures at the end of a run ---- */
+
+typedef struct {
+    int stages;
+    double *compute, *wall, *forward, *backward, *optimizer, *peak_bytes, *peak_mb; /* one block */
+    double bubble; /* measured: mean over stages of the idle fraction of the step time */
+    long steps;
+} stage_figures;
+
+static void figures_free(stage_figures *f)
+{
+    free(f->compute);
+    memset(f, 0, sizeof *f);
+}
+
+static int gather_figures(exec_t *ex, MPI_Comm comm, double timeout, stage_figures *f)
+{
+    int rank, size;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    memset(f, 0, sizeof *f);
+    double *block = calloc(7 * (size_t)size, sizeof *block);
+    if (!block) return pt_error_set("out of memory");
+    f->stages = size;
+    double **arrays[] = {&f->compute, &f->wall, &f->forward, &f->backward, &f->optimizer,
+                         &f->peak_bytes, &f->peak_mb};
+    for (int k = 0; k < 7; k++) *arrays[k] = block + (size_t)k * size;
+    exec_stats st;
+    exec_get_stats(ex, &st);
+    f->steps = st.steps;
+    f->compute[rank] = st.compute_s;
+    f->wall[rank] = st.wall_s;
+    f->forward[rank] = st.forward_s;
+    f->backward[rank] = st.backward_s;
+    f->optimizer[rank] = st.optimizer_s;
+    f->peak_bytes[rank] = (double)st.peak_act_bytes;
+    f->peak_mb[rank] = st.peak_microbatches;
+    if (exec_allreduce(block, 7 * size, MPI_DOUBLE, MPI_SUM, comm, timeout)) {
+        figures_free(f);
+        return -1;
+    }
+    for (int r = 0; r < size; r++) f->bubble += f->wall[r] > 0 ? 1 - f->compute[r] / f->wall[r] : 0;
+    f->bubble /= size;
+    return 0;
+}
+
+/* The simulator's bubble for the measured mean forward/backward time of each stage: what
+ * the schedule costs with these (possibly unbalanced) stages and free messages. */
+static double simulated_bubble(const schedule *sched, const stage_figures *f, int micro)
+{
+    if (f->steps < 1) return NAN;
+    int K = f->stages;
+    double *costs = calloc(2 * (size_t)K, sizeof *costs);
+    if (!costs) return NAN;
+    double step = 0;
+    for (int r = 0; r < K; r++) {
+        costs[r] = f->forward[r] / ((double)f->steps * micro);
+        costs[K + r] = f->backward[r] / ((double)f->steps * micro);
+        if (f->optimizer[r] / f->steps > step) step = f->optimizer[r] / f->steps;
+    }
+    schedule_sim sim;
+    double b = NAN;
+    if (!schedule_simulate(sched, costs, costs + K, 0.0, step, &sim)) {
+        b = sim.bubble;
+        schedule_sim_free(&sim);
+    }
+    free(costs);
+    return b;
+}
+
+static void print_json_array(const char *name, const double *v, int n)
+{
+    printf(",\"%s\":[", name);
+    for (int i = 0; i < n; i++) printf(i ? ",%.9g" : "%.9g", v[i]);
+    printf("]");
+}
+
 /* Ends the job on every rank: a rank that timed out cannot count on the others. */
 static void abort_job(MPI_Comm comm)
 {
@@ -454,6 +531,10 @@ int train_main(int argc, char **argv)
                "rank; %s lr %g\n", o.stages, o.stages > 1 ? "s" : "", o.microbatches,
                o.microbatches > 1 ? "es" : "", o.batch / o.microbatches, sched.name, o.threads,
                o.threads > 1 ? "s" : "", optimizer_name(o.opt.kind), (double)o.opt.lr);
+        if (o.stages > 1 && o.microbatches <= 16) {
+            printf("schedule (unit-time timeline, F = forward, B = backward):\n");
+            schedule_print(&sched, stdout);
+        }
         fflush(stdout);
     }
 
@@ -509,30 +590,11 @@ int train_main(int argc, char **argv)
     }
 
     /* Per-stage figures, on every rank. */
-    exec_stats stats;
-    exec_get_stats(ex, &stats);
-    double *compute = calloc((size_t)size, sizeof *compute), *wall_s = calloc((size_t)size, sizeof *wall_s);
-    double *peak = calloc(2 * (size_t)size, sizeof *peak), *peak_mb = peak + size;
-    if (!compute || !wall_s || !peak) {
-        free(compute), free(wall_s), free(peak);
-        pt_error_set("out of memory");
-        abort_job(comm);
-    }
-    compute[rank] = stats.compute_s;
-    wall_s[rank] = stats.wall_s;
-    peak[rank] = (double)stats.peak_act_bytes;
-    peak_mb[rank] = stats.peak_microbatches;
-    if (exec_allreduce(compute, size, MPI_DOUBLE, MPI_SUM, comm, o.timeout) ||
-        exec_allreduce(wall_s, size, MPI_DOUBLE, MPI_SUM, comm, o.timeout) ||
-        exec_allreduce(peak, 2 * size, MPI_DOUBLE, MPI_SUM, comm, o.timeout))
-        abort_job(comm);
-    double bubble = 0;
-    for (int r = 0; r < size; r++) bubble += wall_s[r] > 0 ? 1 - compute[r] / wall_s[r] : 0;
-    bubble /= size;
-
+    stage_figures fig;
+    if (gather_figures(ex, comm, o.timeout, &fig)) abort_job(comm);
     if (o.trace && exec_write_trace(ex, o.trace)) {
         if (rank == 0) fprintf(stderr, "pipetrain: %s\n", pt_error_get());
-        free(compute), free(wall_s), free(peak);
+        figures_free(&fig);
         goto done;
     }
     if (o.save) {
@@ -540,21 +602,24 @@ int train_main(int argc, char **argv)
         int ok = exec_gather_params(ex, all);
         if (!ok && rank == 0) ok = checkpoint_save(o.save, &net, all);
         if (agree(ok, comm, o.timeout)) {
-            free(compute), free(wall_s), free(peak);
+            figures_free(&fig);
             goto done;
         }
     }
     double samples_per_s = t_timed > 0 ? (double)timed_steps * o.batch / t_timed : 0;
     if (rank == 0) {
         double theory = schedule_bubble_theory(o.stages, o.microbatches);
+        double simulated = simulated_bubble(&sched, &fig, o.microbatches);
         if (!o.json) {
             printf("done: %ld steps in %.1f s, %.0f samples/s", step, t_train, samples_per_s);
             if (size > 1) {
-                printf("; bubble %.3f measured, %.3f theory\n", bubble, theory);
+                printf("; bubble %.3f measured, %.3f simulated from the measured stage times, "
+                       "%.3f for balanced stages ((K-1)/(M+K-1))\n", fig.bubble, simulated,
+                       theory);
                 for (int r = 0; r < size; r++)
                     printf("  stage %d: compute %.2f s of %.2f s, peak activations %.2f MB "
-                           "(%.0f micro-batches)\n", r, compute[r], wall_s[r], peak[r] / 1e6,
-                           peak_mb[r]);
+                           "(%.0f micro-batches)\n", r, fig.compute[r], fig.wall[r],
+                           fig.peak_bytes[r] / 1e6, fig.peak_mb[r]);
             } else {
                 printf("\n");
             }
@@ -566,25 +631,25 @@ int train_main(int argc, char **argv)
                    "\"steps\":%ld,\"epochs\":%d,\"params\":%zu,\"wall_s\":%.3f,"
                    "\"train_s\":%.3f,\"batch\":%d,\"threads\":%d,\"optimizer\":\"%s\","
                    "\"stages\":%d,\"microbatches\":%d,\"schedule\":\"%s\",\"partition\":\"%s\","
-                   "\"bubble\":%.6f,\"bubble_theory\":%.6f,\"stage_compute_s\":[",
+                   "\"bubble\":%.6f,\"bubble_theory\":%.6f,\"bubble_simulated\":%.6f",
                    o.model, samples_per_s, epoch_loss,
                    epoch_samples ? (double)epoch_correct / epoch_samples : 0.0,
                    isnan(test_loss) ? -1.0 : test_loss, isnan(test_acc) ? -1.0 : test_acc,
                    isnan(val_acc) ? -1.0 : val_acc, step, epochs, net.param_count,
                    wall() - t_start, t_train, o.batch, o.threads, optimizer_name(o.opt.kind),
-                   o.stages, o.microbatches, sched.name, o.partition, bubble, theory);
-            for (int r = 0; r < size; r++) printf(r ? ",%.6f" : "%.6f", compute[r]);
-            printf("],\"stage_wall_s\":[");
-            for (int r = 0; r < size; r++) printf(r ? ",%.6f" : "%.6f", wall_s[r]);
-            printf("],\"stage_peak_act_bytes\":[");
-            for (int r = 0; r < size; r++) printf(r ? ",%.0f" : "%.0f", peak[r]);
-            printf("],\"stage_peak_microbatches\":[");
-            for (int r = 0; r < size; r++) printf(r ? ",%.0f" : "%.0f", peak_mb[r]);
-            printf("]}\n");
+                   o.stages, o.microbatches, sched.name, o.partition, fig.bubble, theory,
+                   simulated);
+            print_json_array("stage_compute_s", fig.compute, size);
+            print_json_array("stage_wall_s", fig.wall, size);
+            print_json_array("stage_forward_s", fig.forward, size);
+            print_json_array("stage_backward_s", fig.backward, size);
+            print_json_array("stage_peak_act_bytes", fig.peak_bytes, size);
+            print_json_array("stage_peak_microbatches", fig.peak_mb, size);
+            printf("}\n");
         }
         fflush(stdout);
     }
-    free(compute), free(wall_s), free(peak);
+    figures_free(&fig);
     rc = 0;
 done:
     free(all);

@@ -83,7 +83,7 @@ int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, int *blas_threa
                      "affinity %s", rank, host, local_rank, local_size, mode, aff);
         else
             snprintf(line, sizeof line, "rank %d on %s (local %d of %d): bound to core%s %s "
-                     "(%d BLAS thread%s); affinity read back: cpus %s%s", rank, host, local_rank,
+                     "(%d worker thread%s); affinity read back: cpus %s%s", rank, host, local_rank,
                      local_size, n > 1 ? "s" : "", list, n, n > 1 ? "s" : "", aff,
                      shared ? "; oversubscribed: cores shared with other ranks" : "");
         if (print_lines(comm, line) < 0) {
