@@ -1,5 +1,6 @@
 #include "src/exec.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,10 +11,11 @@
 #include "src/error.h"
 #include "src/trace.h"
 
-/* Message tags name the micro-batch and the direction, so that messages of different
- * micro-batches can never be confused even when they overtake each other. */
-enum { TAG_ACT = 0, TAG_GRAD = 1, TAG_EVAL = 2 };
-static int tag_of(int kind, int m) { return m * 4 + kind; }
+/* Message tags name the micro-batch and the direction. They wrap below 32767, the least
+ * MPI_TAG_UB the standard allows: two messages with one tag between one pair of ranks are
+ * matched in the order they were sent, and both sides go through micro-batches in order. */
+enum { TAG_ACT = 0, TAG_GRAD = 1, TAG_EVAL = 2, TAG_WRAP = 8192 };
+static int tag_of(int kind, int m) { return (m % TAG_WRAP) * 4 + kind; }
 
 struct exec {
     MPI_Comm comm;
@@ -79,11 +81,20 @@ int exec_allreduce(void *buf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm 
     MPI_Request req;
     if (MPI_Iallreduce(MPI_IN_PLACE, buf, count, type, op, comm, &req) != MPI_SUCCESS)
         return pt_error_set("MPI_Iallreduce failed");
+    return exec_wait_collective(&req, comm, timeout_s);
+}
+
+int exec_wait_collective(MPI_Request *req_p, MPI_Comm comm, double timeout_s)
+{
+    MPI_Request req = *req_p;
     double t0 = now();
     for (;;) {
         int done = 0;
         MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        if (done) return 0;
+        if (done) {
+            *req_p = MPI_REQUEST_NULL;
+            return 0;
+        }
         if (now() - t0 > timeout_s) {
             int rank;
             MPI_Comm_rank(comm, &rank);
@@ -100,7 +111,11 @@ static float **alloc_buffers(int count, size_t floats)
     if (!b) return NULL;
     for (int i = 0; i < count; i++) {
         b[i] = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-        if (!b[i]) return NULL; /* the caller frees the partial array through exec_free */
+        if (!b[i]) {
+            while (i-- > 0) free(b[i]);
+            free(b);
+            return NULL;
+        }
     }
     return b;
 }
@@ -122,6 +137,10 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     if (part->stages != size || sched->stages != size)
         return pt_error_set("the job has %d ranks but the layout has %d stages: run with "
                             "mpiexec -n %d", size, part->stages, part->stages);
+    if (sched->microbatches != cfg->microbatches || part->n_layers != net->n_layers)
+        return pt_error_set("the schedule has %d micro-batches and the partition %d layers; "
+                            "expected %d and %d", sched->microbatches, part->n_layers,
+                            cfg->microbatches, net->n_layers);
     if (cfg->microbatches < 1 || cfg->batch % cfg->microbatches)
         return pt_error_set("%d micro-batches do not divide the batch of %d", cfg->microbatches,
                             cfg->batch);
@@ -148,6 +167,12 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     int M = cfg->microbatches;
     e->in_count = stage_in_count(&e->st);
     e->out_count = stage_out_count(&e->st);
+    if ((double)e->mb * (double)(e->in_count > e->out_count ? e->in_count : e->out_count) >
+        (double)INT_MAX) {
+        exec_free(e);
+        return pt_error_set("a micro-batch of %d samples is too large for one MPI message",
+                            cfg->batch / M);
+    }
     e->act_in = alloc_buffers(M, (size_t)e->mb * e->in_count);
     e->grad_in = alloc_buffers(M, (size_t)e->mb * e->out_count);
     e->grad_out = alloc_buffers(M, (size_t)e->mb * e->in_count);
@@ -166,13 +191,16 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     for (int m = 0; m < M; m++)
         e->req_act[m] = e->req_grad[m] = e->req_send_act[m] = e->req_send_grad[m] =
             MPI_REQUEST_NULL;
-    /* A common time origin for the trace: everyone leaves the barrier together. */
-    if (exec_allreduce(&(int){0}, 1, MPI_INT, MPI_SUM, comm, cfg->timeout_s)) {
-        exec_free(e);
-        return -1;
-    }
     e->t_origin = now();
     *out = e;
+    return 0;
+}
+
+int exec_start(exec_t *e)
+{
+    /* A common time origin for the trace: everyone leaves the barrier together. */
+    if (exec_allreduce(&(int){0}, 1, MPI_INT, MPI_SUM, e->comm, e->cfg.timeout_s)) return -1;
+    e->t_origin = now();
     return 0;
 }
 
@@ -360,6 +388,10 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
         int n = c == chunks - 1 ? data->count - c * mb : mb;
         for (int j = 0; j < n; j++) ids[j] = (int64_t)c * mb + j;
         const float *x = e->eval_in[c & 1];
+        /* the previous chunk's output (which may alias its input buffer, when every layer
+         * of the stage is the identity) must be gone before that buffer is reused */
+        if (wait_request(e, &send, "send of the evaluation activation", c - 1, e->rank + 1))
+            return -1;
         if (first) {
             load_pixels(e->eval_in[c & 1], data, ids, n);
         } else {
@@ -369,9 +401,6 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
                 MPI_Irecv(e->eval_in[(c + 1) & 1], in_floats, MPI_FLOAT, e->rank - 1,
                           tag_of(TAG_EVAL, c + 1), e->comm, &recv[(c + 1) & 1]);
         }
-        /* the previous chunk's output must be gone before this forward overwrites it */
-        if (wait_request(e, &send, "send of the evaluation activation", c - 1, e->rank + 1))
-            return -1;
         const float *y = stage_forward(&e->st, 0, x, n, ids, 0, 0, 0);
         if (last) {
             for (int j = 0; j < n; j++) labels[j] = data->labels[ids[j]];
@@ -445,12 +474,13 @@ int exec_write_trace(exec_t *e, const char *path)
         all = malloc(total ? (size_t)total : 1);
     }
     int ok = e->rank != 0 || all != NULL;
+    MPI_Bcast(&ok, 1, MPI_INT, 0, e->comm);
+    if (!ok) return pt_error_set("out of memory for the trace (%ld bytes)", total);
     MPI_Gatherv(e->trace.events, bytes, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, e->comm);
     int rc = 0;
     if (e->rank == 0) {
-        rc = ok ? trace_write_json(path, (trace_event *)all, (int)(total / sizeof(trace_event)),
-                                   e->size)
-                : pt_error_set("out of memory for the trace");
+        rc = trace_write_json(path, (trace_event *)all, (int)(total / sizeof(trace_event)),
+                              e->size);
         free(all);
     }
     MPI_Bcast(&rc, 1, MPI_INT, 0, e->comm);

@@ -45,6 +45,8 @@ typedef struct {
 int exec_init(exec_t **e, MPI_Comm comm, const net_desc *net, const partition *part,
               const schedule *sched, const exec_config *cfg);
 void exec_free(exec_t *e);
+/* Collective, after every rank's exec_init succeeded: sets the trace's common time origin. */
+int exec_start(exec_t *e);
 stage *exec_stage(exec_t *e);
 int exec_rank(const exec_t *e);
 int exec_stages(const exec_t *e);
@@ -74,5 +76,7 @@ int exec_write_trace(exec_t *e, const char *path);
 /* A polite collective: MPI_Iallreduce waited for with MPI_Test and a short sleep. */
 int exec_allreduce(void *buf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
                    double timeout_s);
+/* Waits politely for a non-blocking collective; −1 with a message after timeout_s. */
+int exec_wait_collective(MPI_Request *req, MPI_Comm comm, double timeout_s);
 
 #endif

@@ -192,9 +192,9 @@ static int cmd_diff(int argc, char **argv)
         const st_tensor *x = &a.tensors[t], *y = st_find(&b, x->name);
         long count = 1;
         for (int d = 0; d < x->ndim; d++) count *= x->shape[d];
-        long count_y = 1;
-        for (int d = 0; y && d < y->ndim; d++) count_y *= y->shape[d];
-        if (!y || count_y != count) {
+        int same_shape = y && y->ndim == x->ndim;
+        for (int d = 0; same_shape && d < x->ndim; d++) same_shape = x->shape[d] == y->shape[d];
+        if (!same_shape) {
             printf("%-24s only in %s or shapes differ\n", x->name, paths[0]);
             bad = 1;
             continue;
@@ -232,7 +232,14 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     argc--, argv++;
     if (!strcmp(cmd, "train")) {
-        MPI_Init(&argc, &argv);
+        /* the stage's worker threads never call MPI; only this one does */
+        int provided = MPI_THREAD_SINGLE;
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+        if (provided < MPI_THREAD_FUNNELED) {
+            fprintf(stderr, "pipetrain: this MPI cannot run threads beside MPI (level %d)\n",
+                    provided);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
         int rc = train_main(argc, argv);
         MPI_Finalize();
         return rc;

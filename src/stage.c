@@ -37,16 +37,17 @@ static size_t layer_slot_bytes(const layer_desc *L, int n, size_t *out_b, size_t
     return *out_b + *arg_b + *mask_b;
 }
 
-/* Convolution layers run faster on chunks of this many samples (their im2col matrices
- * then stay in cache; measured in experiments/bench_kernels.c); dense layers prefer whole
- * micro-batches. */
-enum { CONV_CHUNK = 16 };
+/* Convolution layers run faster on chunks of 16 samples (their im2col matrices then stay in
+ * cache; measured with experiments/bench_kernels.c); dense layers prefer larger ones. The
+ * chunk size depends only on the net and the micro-batch size, never on the layout or the
+ * thread count, so that every layout computes the same sums. */
+enum { CONV_CHUNK = 16, DENSE_CHUNK_MIN = 64 };
 
 int stage_chunk(const stage *s, int n)
 {
-    int c = (n + s->threads - 1) / s->threads;
-    if (s->chunk_max > 0 && c > s->chunk_max) c = s->chunk_max;
-    return c > 0 ? c : 1;
+    int c = s->chunk_max > 0 ? s->chunk_max : (n + s->groups - 1) / s->groups;
+    if (s->chunk_max == 0 && c < DENSE_CHUNK_MIN) c = DENSE_CHUNK_MIN;
+    return c < n ? c : (n > 0 ? n : 1);
 }
 
 int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch, int n_slots,
@@ -65,8 +66,9 @@ int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch
     s->max_batch = max_batch;
     s->n_slots = n_slots;
     s->threads = threads;
+    s->groups = threads > STAGE_MIN_GROUPS ? threads : STAGE_MIN_GROUPS;
     int nl = last - first;
-    for (int l = first; l < last; l++)
+    for (int l = 0; l < net->n_layers; l++) /* the whole net decides, not this stage */
         if (net->layers[l].type == LAYER_CONV) s->chunk_max = CONV_CHUNK;
     int chunk = stage_chunk(s, max_batch);
 
@@ -82,9 +84,10 @@ int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch
     s->db = calloc((size_t)nl, sizeof *s->db);
     s->slots = calloc((size_t)n_slots, sizeof *s->slots);
     s->workers = calloc((size_t)threads, sizeof *s->workers);
+    s->group_grads = calloc((size_t)s->groups, sizeof *s->group_grads);
     s->param_off = calloc((size_t)nl, sizeof *s->param_off);
     if (!s->memory || !s->w || !s->b || !s->dw || !s->db || !s->slots || !s->workers ||
-        !s->param_off)
+        !s->param_off || !s->group_grads)
         goto oom;
     s->params = s->memory;
     s->grads = s->memory + block;
@@ -120,8 +123,16 @@ int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch
         stage_worker *wk = &s->workers[t];
         wk->work = alloc_zeroed(work * sizeof(float));
         for (int k = 0; k < 2; k++) wk->scratch[k] = alloc_zeroed(widest * chunk * sizeof(float));
-        wk->grads = t == 0 ? s->grads : alloc_zeroed(P * sizeof(float));
-        if (!wk->work || !wk->scratch[0] || !wk->scratch[1] || !wk->grads) goto oom;
+        if (!wk->work || !wk->scratch[0] || !wk->scratch[1]) goto oom;
+    }
+    /* group 0 accumulates straight into the stage's gradients; the others need their own
+     * only when a micro-batch can have more than one chunk */
+    int used_groups = (max_batch + chunk - 1) / chunk;
+    if (used_groups > s->groups) used_groups = s->groups;
+    s->group_grads[0] = s->grads;
+    for (int g = 1; g < used_groups; g++) {
+        s->group_grads[g] = alloc_zeroed(P * sizeof(float));
+        if (!s->group_grads[g]) goto oom;
     }
     s->slot_memory = alloc_zeroed(slot_bytes * n_slots);
     if (!s->slot_memory) goto oom;
@@ -179,9 +190,11 @@ void stage_free(stage *s)
             free(s->workers[t].work);
             free(s->workers[t].scratch[0]);
             free(s->workers[t].scratch[1]);
-            if (t > 0) free(s->workers[t].grads);
         }
     }
+    if (s->group_grads)
+        for (int g = 1; g < s->groups; g++) free(s->group_grads[g]);
+    free(s->group_grads);
     free(s->workers);
     free(s->param_off);
     pool_free(s->pool);
@@ -291,13 +304,18 @@ static void forward_chunk(const stage *s, stage_worker *wk, const stage_slot *sl
     }
 }
 
+/* Chunk c belongs to group c mod G; worker t runs groups t, t+T, ..., each group's chunks
+ * in increasing order, so a group's gradient sum is the same for every thread count. */
+static int chunk_len(const chunk_job *j, int off) { return j->n - off < j->chunk ? j->n - off : j->chunk; }
+
 static void forward_worker(void *arg, int t)
 {
     chunk_job *j = arg;
-    for (int off = t * j->chunk; off < j->n; off += j->s->threads * j->chunk) {
-        int n = j->n - off < j->chunk ? j->n - off : j->chunk;
-        forward_chunk(j->s, &j->s->workers[t], j->sl, off, n, j->ids, j->seed, j->step);
-    }
+    const stage *s = j->s;
+    for (int g = t; g < s->groups; g += s->threads)
+        for (int off = g * j->chunk; off < j->n; off += s->groups * j->chunk)
+            forward_chunk(s, &s->workers[t], j->sl, off, chunk_len(j, off), j->ids, j->seed,
+                          j->step);
 }
 
 const float *stage_forward(stage *s, int slot, const float *in, int n,
@@ -312,8 +330,8 @@ const float *stage_forward(stage *s, int slot, const float *in, int n,
     return y;
 }
 
-static void backward_chunk(const stage *s, stage_worker *wk, const stage_slot *sl, int off, int n,
-                           const float *dout, float *din)
+static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const stage_slot *sl,
+                           int off, int n, const float *dout, float *din)
 {
     const float *g = dout;
     int gi = -1; /* which scratch buffer g lives in, −1 for the caller's */
@@ -333,7 +351,7 @@ static void backward_chunk(const stage *s, stage_worker *wk, const stage_slot *s
         }
         int ti = gi < 0 ? 0 : 1 - gi;
         float *dx = i == 0 ? din : wk->scratch[ti];
-        float *dw = wk->grads + s->param_off[i], *db = dw + L->weight_count;
+        float *dw = grads + s->param_off[i], *db = dw + L->weight_count;
         switch (L->type) {
         case LAYER_CONV: {
             kernel_conv2d_dims d = conv_dims(L, n);
@@ -373,23 +391,30 @@ static void backward_worker(void *arg, int t)
     chunk_job *j = arg;
     stage *s = j->s;
     size_t in_count = stage_in_count(s), out_count = stage_out_count(s);
-    if (t > 0) memset(s->workers[t].grads, 0, s->param_count * sizeof(float));
-    for (int off = t * j->chunk; off < j->n; off += s->threads * j->chunk) {
-        int n = j->n - off < j->chunk ? j->n - off : j->chunk;
-        backward_chunk(s, &s->workers[t], j->sl, off, n, j->dout + (size_t)off * out_count,
-                       j->din ? j->din + (size_t)off * in_count : NULL);
+    for (int g = t; g < s->groups && g * j->chunk < j->n; g += s->threads) {
+        if (g > 0) memset(s->group_grads[g], 0, s->param_count * sizeof(float));
+        for (int off = g * j->chunk; off < j->n; off += s->groups * j->chunk)
+            backward_chunk(s, &s->workers[t], s->group_grads[g], j->sl, off, chunk_len(j, off),
+                           j->dout + (size_t)off * out_count,
+                           j->din ? j->din + (size_t)off * in_count : NULL);
     }
 }
 
-/* grads += Σ_t worker t's gradients, t = 1..T−1 in order; each thread sums one range. */
+typedef struct {
+    stage *s;
+    int used; /* groups that received chunks */
+} reduce_job;
+
+/* grads += group 1 + group 2 + ... in that order; each thread sums one range of elements. */
 static void reduce_worker(void *arg, int t)
 {
-    stage *s = arg;
+    reduce_job *r = arg;
+    stage *s = r->s;
     size_t P = s->param_count, per = (P + s->threads - 1) / s->threads;
     size_t lo = (size_t)t * per, hi = lo + per < P ? lo + per : P;
-    for (int w = 1; w < s->threads; w++) {
+    for (int g = 1; g < r->used; g++) {
         float *restrict dst = s->grads;
-        const float *restrict src = s->workers[w].grads;
+        const float *restrict src = s->group_grads[g];
         for (size_t i = lo; i < hi; i++) dst[i] += src[i];
     }
 }
@@ -399,7 +424,9 @@ void stage_backward(stage *s, int slot, const float *dout, float *din)
     stage_slot *sl = &s->slots[slot];
     chunk_job j = {s, sl, sl->n, stage_chunk(s, sl->n), NULL, 0, 0, dout, din};
     pool_run(s->pool, backward_worker, &j);
-    if (s->threads > 1) pool_run(s->pool, reduce_worker, s);
+    reduce_job r = {s, (sl->n + j.chunk - 1) / j.chunk};
+    if (r.used > s->groups) r.used = s->groups;
+    if (r.used > 1) pool_run(s->pool, reduce_worker, &r);
 }
 
 void stage_zero_grad(stage *s) { memset(s->grads, 0, s->param_count * sizeof(float)); }

@@ -30,13 +30,17 @@ typedef struct {
 } stage_slot;
 
 /* Scratch of one worker thread. A micro-batch is cut into chunks of samples that run
- * through all the stage's layers; worker t takes chunks t, t+T, ... (a fixed assignment,
- * so results depend on the thread count but never on timing). */
+ * through all the stage's layers. */
 typedef struct {
     float *work;            /* convolution scratch for one chunk */
     float *scratch[2];      /* gradients flowing backward through one chunk */
-    float *grads;           /* worker 0: the stage's; others: own, summed after a backward */
 } stage_worker;
+
+/* Chunks are dealt to G = max(threads, STAGE_MIN_GROUPS) gradient groups (chunk c to group
+ * c mod G); group 0 accumulates into the stage's gradients, the others into their own
+ * buffers, added in group order after each backward. Results are therefore the same for
+ * every thread count up to STAGE_MIN_GROUPS, and in every layout. */
+enum { STAGE_MIN_GROUPS = 4 };
 
 struct pool;
 
@@ -50,8 +54,10 @@ typedef struct {
     float **w, **b, **dw, **db; /* per local layer, into memory (NULL without parameters) */
     stage_slot *slots;      /* owned */
     void *slot_memory;      /* owned: every slot's activations */
-    int threads, chunk_max; /* worker threads; most samples per chunk */
+    int threads, chunk_max; /* worker threads; samples per chunk (0: from the batch) */
+    int groups;             /* gradient groups, see STAGE_MIN_GROUPS */
     stage_worker *workers;  /* owned, one per thread */
+    float **group_grads;    /* owned (but [0], the stage's grads): one per group */
     struct pool *pool;      /* owned */
     size_t *param_off;      /* per local layer: offset of its weight in params/grads */
     size_t slot_bytes;      /* activation bytes one slot holds at max_batch */
@@ -63,7 +69,8 @@ typedef struct {
  * single-threaded then). Parameters start at zero. */
 int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch, int n_slots,
                int threads);
-/* Samples per chunk for a micro-batch of n: ⌈n / threads⌉, capped by chunk_max. */
+/* Samples per chunk for a micro-batch of n: 16 in nets with convolutions, else
+ * max(64, ⌈n / groups⌉); never depends on the layout. */
 int stage_chunk(const stage *s, int n);
 void stage_free(stage *s);
 

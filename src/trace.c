@@ -58,6 +58,7 @@ int trace_write_json(const char *path, const trace_event *events, int n, int ran
                 label, kind, e->rank, e->t0 * 1e6, (e->t1 - e->t0) * 1e6, e->microbatch, e->step);
     }
     fprintf(f, "\n]}\n");
-    if (fclose(f) != 0) return pt_error_set("cannot write trace %s: %s", path, strerror(errno));
+    int failed = ferror(f);
+    if (fclose(f) != 0 || failed) return pt_error_set("cannot write trace %s: %s", path, strerror(errno));
     return 0;
 }

@@ -227,8 +227,10 @@ static int agree(int status, MPI_Comm comm, double timeout)
     MPI_Comm_size(comm, &size);
     int first_bad = status ? rank : INT_MAX;
     if (exec_allreduce(&first_bad, 1, MPI_INT, MPI_MIN, comm, timeout)) {
+        /* a rank that never arrives may be hung: only ending the job helps */
         fprintf(stderr, "pipetrain: %s\n", pt_error_get());
-        return -1;
+        fflush(stderr);
+        MPI_Abort(comm, 1);
     }
     if (first_bad == INT_MAX) return 0;
     if (rank == first_bad) {
@@ -307,7 +309,7 @@ static int choose_partition(const train_options *o, const net_desc *net, partiti
         MPI_Request req;
         MPI_Ibcast(costs, 2 * n, MPI_DOUBLE, 0, comm, &req);
         if (exec_allreduce(&ok, 1, MPI_INT, MPI_MIN, comm, o->timeout)) rc = -1;
-        MPI_Wait(&req, MPI_STATUS_IGNORE);
+        if (exec_wait_collective(&req, comm, o->timeout)) rc = -1;
         if (!rc && !ok) rc = rank == 0 ? -1 : pt_error_set("rank 0 could not profile the layers");
         if (!rc) {
             prof.n_layers = n;
@@ -466,9 +468,9 @@ int train_main(int argc, char **argv)
     }
     if (size != o.stages) {
         if (rank == 0)
-            fprintf(stderr, "pipetrain: --stages %d needs exactly %d MPI ranks, the job has %d "
+            fprintf(stderr, "pipetrain: --stages %d needs exactly %d MPI rank%s, the job has %d "
                     "(run: mpiexec -n %d pipetrain train ... --stages %d)\n", o.stages,
-                    o.stages, size, o.stages, o.stages);
+                    o.stages, o.stages > 1 ? "s" : "", size, o.stages, o.stages);
         return 2;
     }
 
@@ -511,6 +513,7 @@ int train_main(int argc, char **argv)
     exec_config cfg = {o.batch, o.microbatches, o.threads, o.timeout, o.trace != NULL, o.stall_rank,
                        o.stall_step};
     if (agree(exec_init(&ex, comm, &net, &part, &sched, &cfg), comm, o.timeout)) goto done;
+    if (exec_start(ex)) abort_job(comm);
     stage *st = exec_stage(ex);
     stage_init_params(st, o.seed);
     if (agree(o.load ? checkpoint_load_stage(o.load, st) : 0, comm, o.timeout)) goto done;
@@ -599,6 +602,11 @@ int train_main(int argc, char **argv)
     }
     if (o.save) {
         if (rank == 0) all = malloc(net.param_count * sizeof *all + 1);
+        if (agree(rank == 0 && !all ? pt_error_set("out of memory for the checkpoint") : 0,
+                  comm, o.timeout)) {
+            figures_free(&fig);
+            goto done;
+        }
         int ok = exec_gather_params(ex, all);
         if (!ok && rank == 0) ok = checkpoint_save(o.save, &net, all);
         if (agree(ok, comm, o.timeout)) {
