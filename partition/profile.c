@@ -6,15 +6,9 @@
 
 #include "kernels/rng.h"
 #include "partition/partition.h"
+#include "src/clock.h"
 #include "src/error.h"
 #include "src/stage.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -65,11 +59,11 @@ int partition_profile_measure(partition_profile *prof, const net_desc *net, int 
         /* the first layer of a model needs no input gradient, any other does */
         float *din = l == 0 ? NULL : dx;
         for (int r = 0; r < warmup + repeats; r++) {
-            double t0 = now();
+            double t0 = pt_now();
             stage_forward(&st, 0, x, batch, ids, 1, (uint64_t)r, 1);
-            double t1 = now();
+            double t1 = pt_now();
             stage_backward(&st, 0, dy, din);
-            double t2 = now();
+            double t2 = pt_now();
             if (r >= warmup) {
                 tf[r - warmup] = t1 - t0;
                 tb[r - warmup] = t2 - t1;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "kernels/kernels.h"
+#include "src/clock.h"
 #include "src/error.h"
 #include "src/trace.h"
 
@@ -43,13 +44,6 @@ struct exec {
     trace_log trace;
 };
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void polite_pause(void)
 {
     struct timespec ts = {0, 50000}; /* 50 µs: blocking MPI would spin a shared core */
@@ -59,14 +53,14 @@ static void polite_pause(void)
 static int wait_request(exec_t *e, MPI_Request *req, const char *what, int m, int peer)
 {
     if (*req == MPI_REQUEST_NULL) return 0;
-    double t0 = now();
+    double t0 = pt_now();
     for (;;) {
         int done = 0;
         if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
             return pt_error_set("rank %d (%s): MPI_Test failed waiting for %s", e->rank,
                                 e->host, what);
         if (done) return 0;
-        if (now() - t0 > e->cfg.timeout_s)
+        if (pt_now() - t0 > e->cfg.timeout_s)
             return pt_error_set("rank %d (%s, stage %d): no progress for %.0f s waiting for %s "
                                 "of micro-batch %d %s stage %d (--timeout); a peer has died or "
                                 "stalled", e->rank, e->host, e->rank, e->cfg.timeout_s, what, m,
@@ -87,7 +81,7 @@ int exec_allreduce(void *buf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm 
 int exec_wait_collective(MPI_Request *req_p, MPI_Comm comm, double timeout_s)
 {
     MPI_Request req = *req_p;
-    double t0 = now();
+    double t0 = pt_now();
     for (;;) {
         int done = 0;
         MPI_Test(&req, &done, MPI_STATUS_IGNORE);
@@ -95,7 +89,7 @@ int exec_wait_collective(MPI_Request *req_p, MPI_Comm comm, double timeout_s)
             *req_p = MPI_REQUEST_NULL;
             return 0;
         }
-        if (now() - t0 > timeout_s) {
+        if (pt_now() - t0 > timeout_s) {
             int rank;
             MPI_Comm_rank(comm, &rank);
             return pt_error_set("rank %d: no progress for %.0f s in a collective (--timeout); "
@@ -191,7 +185,7 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     for (int m = 0; m < M; m++)
         e->req_act[m] = e->req_grad[m] = e->req_send_act[m] = e->req_send_grad[m] =
             MPI_REQUEST_NULL;
-    e->t_origin = now();
+    e->t_origin = pt_now();
     *out = e;
     return 0;
 }
@@ -200,7 +194,7 @@ int exec_start(exec_t *e)
 {
     /* A common time origin for the trace: everyone leaves the barrier together. */
     if (exec_allreduce(&(int){0}, 1, MPI_INT, MPI_SUM, e->comm, e->cfg.timeout_s)) return -1;
-    e->t_origin = now();
+    e->t_origin = pt_now();
     return 0;
 }
 
@@ -252,7 +246,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint
     const schedule_list *list = &e->sched->lists[e->rank];
     int mb = e->mb, last = e->rank == e->size - 1;
     int classes = e->net->classes;
-    double t_step = now(), compute = 0;
+    double t_step = pt_now(), compute = 0;
     double loss_sum = 0;
     long correct = 0;
     int nonfinite = 0;
@@ -272,15 +266,15 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint
     for (int i = 0; i < list->n_ops; i++) {
         const schedule_op *op = &list->ops[i];
         int m = op->microbatch;
-        double t0 = now();
+        double t0 = pt_now();
         switch (op->kind) {
         case SCHED_OP_RECV_ACT:
             if (wait_request(e, &e->req_act[m], "the activation", m, op->peer)) return -1;
-            record(e, TRACE_WAIT_ACT, t0, now(), m);
+            record(e, TRACE_WAIT_ACT, t0, pt_now(), m);
             break;
         case SCHED_OP_RECV_GRAD:
             if (wait_request(e, &e->req_grad[m], "the gradient", m, op->peer)) return -1;
-            record(e, TRACE_WAIT_GRAD, t0, now(), m);
+            record(e, TRACE_WAIT_GRAD, t0, pt_now(), m);
             break;
         case SCHED_OP_FORWARD: {
             const int64_t *ids = indices + (size_t)m * mb;
@@ -300,7 +294,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint
                 loss_sum += l;
                 correct += ok;
             }
-            double t1 = now();
+            double t1 = pt_now();
             compute += t1 - t0;
             e->forward_s += t1 - t0;
             record(e, TRACE_FORWARD, t0, t1, m);
@@ -311,13 +305,13 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint
             const float *y = sl->out[e->st.last - e->st.first - 1];
             MPI_Isend(y, (int)(mb * e->out_count), MPI_FLOAT, op->peer, tag_of(TAG_ACT, m),
                       e->comm, &e->req_send_act[m]);
-            record(e, TRACE_SEND_ACT, t0, now(), m);
+            record(e, TRACE_SEND_ACT, t0, pt_now(), m);
             break;
         }
         case SCHED_OP_BACKWARD: {
             const float *dout = last ? e->dlogits[m] : e->grad_in[m];
             stage_backward(&e->st, e->slot_of[m], dout, e->rank > 0 ? e->grad_out[m] : NULL);
-            double t1 = now();
+            double t1 = pt_now();
             compute += t1 - t0;
             e->backward_s += t1 - t0;
             record(e, TRACE_BACKWARD, t0, t1, m);
@@ -331,7 +325,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint
         case SCHED_OP_SEND_GRAD:
             MPI_Isend(e->grad_out[m], (int)(mb * e->in_count), MPI_FLOAT, op->peer,
                       tag_of(TAG_GRAD, m), e->comm, &e->req_send_grad[m]);
-            record(e, TRACE_SEND_GRAD, t0, now(), m);
+            record(e, TRACE_SEND_GRAD, t0, pt_now(), m);
             break;
         case SCHED_OP_OPTIMIZER_STEP:
             for (int k = 0; k < e->cfg.microbatches; k++)
@@ -340,9 +334,9 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint
                     return -1;
             stage_step(&e->st, opt);
             stage_zero_grad(&e->st);
-            compute += now() - t0;
-            e->optimizer_s += now() - t0;
-            record(e, TRACE_OPTIMIZER, t0, now(), -1);
+            compute += pt_now() - t0;
+            e->optimizer_s += pt_now() - t0;
+            record(e, TRACE_OPTIMIZER, t0, pt_now(), -1);
             break;
         case SCHED_OP_ALLREDUCE:
         case SCHED_OP_RECOMPUTE:
@@ -352,12 +346,12 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint
         }
     }
     /* Share the loss (it lives on the last stage) and stop everyone on a non-finite one. */
-    double t0 = now();
+    double t0 = pt_now();
     double sums[3] = {loss_sum, (double)correct, (double)nonfinite};
     if (exec_allreduce(sums, 3, MPI_DOUBLE, MPI_SUM, e->comm, e->cfg.timeout_s)) return -1;
-    record(e, TRACE_SYNC, t0, now(), -1);
+    record(e, TRACE_SYNC, t0, pt_now(), -1);
     e->compute_s += compute;
-    e->wall_s += now() - t_step;
+    e->wall_s += pt_now() - t_step;
     e->steps++;
     res->loss_sum = sums[0];
     res->correct = (long)sums[1];
@@ -375,7 +369,7 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
     int chunks = (data->count + mb - 1) / mb;
     double loss_sum = 0;
     long correct = 0;
-    double t_start = now();
+    double t_start = pt_now();
     MPI_Request send = MPI_REQUEST_NULL, recv[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     int64_t ids[mb];
     int32_t labels[mb];
@@ -414,7 +408,7 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
     }
     if (wait_request(e, &send, "send of the evaluation activation", chunks - 1, e->rank + 1))
         return -1;
-    record(e, TRACE_EVAL, t_start, now(), -1);
+    record(e, TRACE_EVAL, t_start, pt_now(), -1);
     double sums[2] = {loss_sum, (double)correct};
     if (exec_allreduce(sums, 2, MPI_DOUBLE, MPI_SUM, e->comm, e->cfg.timeout_s)) return -1;
     *loss = data->count ? sums[0] / data->count : 0;

@@ -14,6 +14,7 @@
 
 #include "kernels/rng.h"
 #include "src/checkpoint.h"
+#include "src/clock.h"
 #include "src/error.h"
 #include "src/exec.h"
 #include "src/options.h"
@@ -345,13 +346,6 @@ static void progress(int epoch, int epochs, long step, long steps, double loss)
     fflush(stdout);
 }
 
-static double wall(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static const char *optimizer_name(optimizer_kind k)
 {
     return k == OPT_SGD ? "sgd" : k == OPT_MOMENTUM ? "momentum" : "adam";
@@ -541,18 +535,18 @@ int train_main(int argc, char **argv)
         fflush(stdout);
     }
 
-    double t_train = 0, t_timed = 0, t_start = wall();
+    double t_train = 0, t_timed = 0, t_start = pt_now();
     long timed_steps = 0;
     double epoch_loss = 0, test_loss = NAN, test_acc = NAN, val_acc = NAN;
     long step = 0, epoch_correct = 0, epoch_samples = 0;
     for (int ep = 0; ep < epochs; ep++) {
         shuffle_indices(order, train.count, o.seed, ep, o.shuffle);
-        double loss_sum = 0, t0 = wall(), last_bar = 0;
+        double loss_sum = 0, t0 = pt_now(), last_bar = 0;
         long correct = 0, samples = 0;
         for (long s = 0; s < steps_per_epoch && step < total_steps; s++, step++) {
             exec_step_result r;
             if (step == o.warmup) exec_reset_stats(ex);
-            double ts = wall();
+            double ts = pt_now();
             int src = exec_train_step(ex, &train, order + s * o.batch, o.seed, (uint64_t)step,
                                       &o.opt, &r);
             if (src == EXEC_FAILED_EVERYWHERE) {
@@ -562,18 +556,18 @@ int train_main(int argc, char **argv)
             }
             if (src) abort_job(comm);
             if (step >= o.warmup) {
-                t_timed += wall() - ts;
+                t_timed += pt_now() - ts;
                 timed_steps++;
             }
             loss_sum += r.loss_sum;
             correct += r.correct;
             samples += o.batch;
-            if (tty && wall() - last_bar > 0.2) {
-                last_bar = wall();
+            if (tty && pt_now() - last_bar > 0.2) {
+                last_bar = pt_now();
                 progress(ep + 1, epochs, s + 1, steps_per_epoch, loss_sum / samples);
             }
         }
-        double dt = wall() - t0;
+        double dt = pt_now() - t0;
         t_train += dt;
         epoch_loss = loss_sum / samples;
         epoch_correct = correct;
@@ -644,7 +638,7 @@ int train_main(int argc, char **argv)
                    epoch_samples ? (double)epoch_correct / epoch_samples : 0.0,
                    isnan(test_loss) ? -1.0 : test_loss, isnan(test_acc) ? -1.0 : test_acc,
                    isnan(val_acc) ? -1.0 : val_acc, step, epochs, net.param_count,
-                   wall() - t_start, t_train, o.batch, o.threads, optimizer_name(o.opt.kind),
+                   pt_now() - t_start, t_train, o.batch, o.threads, optimizer_name(o.opt.kind),
                    o.stages, o.microbatches, sched.name, o.partition, fig.bubble, theory,
                    simulated);
             print_json_array("stage_compute_s", fig.compute, size);
