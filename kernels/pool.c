@@ -3,6 +3,9 @@
 
 #include <math.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 static int pool_out(int in, int size, int stride) { return (in - size) / stride + 1; }
 
@@ -25,12 +28,57 @@ static inline void pool_max_row(float *restrict m, int32_t *restrict at,
 /* The common 2×2, stride 2 case as straight-line selects per output: no branches to
  * mispredict on random data, and no per-position passes over rows that are often only
  * 5–13 outputs long. Same visiting order and replacement rule as pool_max_row. */
+#if defined(__AVX512F__)
+/* 16 outputs at once: the even and odd columns of 32 inputs are separated with two
+ * permutes, then the four window positions are compared in torch's order with masked
+ * blends (first maximum wins; NaN replaces), without branches. Returns ow_n (all done). */
+static int pool_max2x2_row_avx512(float *restrict m, int32_t *restrict at, const float *r0,
+                                  const float *r1, int row_base, int w, int ow_n)
+{
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                           28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    const __m512i lane2 = _mm512_slli_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 1);
+    /* Masked loads and stores cover rows of any length (13 or 5 outputs are common). */
+    for (int ow = 0; ow < ow_n; ow += 16) {
+        const int count = ow_n - ow < 16 ? ow_n - ow : 16, inputs = 2 * count;
+        const __mmask16 lo = (__mmask16)(inputs >= 16 ? 0xFFFF : (1u << inputs) - 1);
+        const __mmask16 hi = (__mmask16)(inputs <= 16 ? 0 : (1u << (inputs - 16)) - 1);
+        const __mmask16 out = (__mmask16)(count == 16 ? 0xFFFF : (1u << count) - 1);
+        __m512 x0 = _mm512_maskz_loadu_ps(lo, r0 + 2 * ow), x1 = _mm512_maskz_loadu_ps(hi, r0 + 2 * ow + 16);
+        __m512 y0 = _mm512_maskz_loadu_ps(lo, r1 + 2 * ow), y1 = _mm512_maskz_loadu_ps(hi, r1 + 2 * ow + 16);
+        __m512 a = _mm512_permutex2var_ps(x0, even, x1), b = _mm512_permutex2var_ps(x0, odd, x1);
+        __m512 c = _mm512_permutex2var_ps(y0, even, y1), d = _mm512_permutex2var_ps(y0, odd, y1);
+        __m512i ia = _mm512_add_epi32(_mm512_set1_epi32(row_base + 2 * ow), lane2);
+        __m512 best = a;
+        __m512i idx = ia;
+        __mmask16 k = _mm512_cmp_ps_mask(b, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
+        best = _mm512_mask_blend_ps(k, best, b);
+        idx = _mm512_mask_blend_epi32(k, idx, _mm512_add_epi32(ia, _mm512_set1_epi32(1)));
+        k = _mm512_cmp_ps_mask(c, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(c, c, _CMP_UNORD_Q);
+        best = _mm512_mask_blend_ps(k, best, c);
+        idx = _mm512_mask_blend_epi32(k, idx, _mm512_add_epi32(ia, _mm512_set1_epi32(w)));
+        k = _mm512_cmp_ps_mask(d, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
+        best = _mm512_mask_blend_ps(k, best, d);
+        idx = _mm512_mask_blend_epi32(k, idx, _mm512_add_epi32(ia, _mm512_set1_epi32(w + 1)));
+        _mm512_mask_storeu_ps(m + ow, out, best);
+        _mm512_mask_storeu_epi32(at + ow, out, idx);
+    }
+    return ow_n;
+}
+#endif
+
 static void pool_max2x2_plane(float *restrict m, int32_t *restrict at,
                               const float *restrict src, int w, int oh_n, int ow_n)
 {
     for (int oh = 0; oh < oh_n; oh++) {
         const float *r0 = src + 2 * oh * w, *r1 = r0 + w;
-        for (int ow = 0; ow < ow_n; ow++) {
+        int ow0 = 0;
+#if defined(__AVX512F__)
+        ow0 = pool_max2x2_row_avx512(m + oh * ow_n, at + oh * ow_n, r0, r1, 2 * oh * w, w, ow_n);
+#endif
+        for (int ow = ow0; ow < ow_n; ow++) {
             const int ia = 2 * oh * w + 2 * ow;
             float best = r0[2 * ow];
             int32_t idx = ia;

@@ -366,6 +366,46 @@ Test(kernels, maxpool_ties_and_specials)
     cr_expect(o2[0] == 0.5f && i2[0] == 0, "NaN leaked into a window without it");
 }
 
+/* The 2×2 stride-2 path against the general one (3 passes over the window), on rows wide
+ * enough for the 16-wide vector path and with a ragged tail, quantised values so that ties
+ * are common, and NaN / −inf sprinkled in. */
+Test(kernels, maxpool_2x2_vector_path)
+{
+    const int n = 2, c = 3, h = 9, w = 70; /* 35 outputs a row: two vectors and a tail */
+    const int oh = 4, ow = 35;
+    size_t in_count = (size_t)n * c * h * w, out_count = (size_t)n * c * oh * ow;
+    float *in = malloc(in_count * sizeof *in), *fast = malloc(out_count * sizeof *fast);
+    float *ref = malloc(out_count * sizeof *ref);
+    int32_t *fi = malloc(out_count * sizeof *fi), *ri = malloc(out_count * sizeof *ri);
+    for (size_t i = 0; i < in_count; i++) {
+        in[i] = (float)((i * 2654435761u >> 7) % 5); /* few distinct values: many ties */
+        if (i % 97 == 5) in[i] = NAN;
+        if (i % 89 == 3) in[i] = -INFINITY;
+    }
+    kernel_maxpool2d_forward_cpu(fast, fi, in, n, c, h, w, 2, 2);
+    /* reference: the plain definition, first maximum in row-major order, NaN replaces */
+    for (int p = 0; p < n * c; p++)
+        for (int y = 0; y < oh; y++)
+            for (int x = 0; x < ow; x++) {
+                float best = -INFINITY;
+                int32_t at = 2 * y * w + 2 * x;
+                for (int i = 0; i < 2; i++)
+                    for (int j = 0; j < 2; j++) {
+                        int32_t k = (2 * y + i) * w + 2 * x + j;
+                        float v = in[(size_t)p * h * w + k];
+                        if (v > best || v != v) { best = v; at = k; }
+                    }
+                ref[(size_t)(p * oh + y) * ow + x] = best;
+                ri[(size_t)(p * oh + y) * ow + x] = at;
+            }
+    for (size_t i = 0; i < out_count; i++) {
+        cr_assert(fi[i] == ri[i], "output %zu: argmax %d, expected %d", i, fi[i], ri[i]);
+        cr_assert((isnan(fast[i]) && isnan(ref[i])) || fast[i] == ref[i],
+                  "output %zu: %g, expected %g", i, fast[i], ref[i]);
+    }
+    free(in), free(fast), free(ref), free(fi), free(ri);
+}
+
 Test(kernels, avgpool)
 {
     pool_check(0, 2, 3, 6, 6, 2, 2, 5);
