@@ -2,6 +2,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -235,8 +236,9 @@ static void load_pixels(float *dst, const dataset *d, const int64_t *idx, int n)
         kernel_bytes_to_float_cpu(dst + (size_t)j * px, d->pixels + (size_t)idx[j] * px, px);
 }
 
-static void stall_forever(void)
+static void stall_forever(int die)
 {
+    if (die) raise(SIGKILL);
     for (;;) pause();
 }
 
@@ -250,7 +252,8 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint
     double loss_sum = 0;
     long correct = 0;
     int nonfinite = 0;
-    if (e->cfg.stall_rank == e->rank && (long)step == e->cfg.stall_step) stall_forever();
+    if (e->cfg.stall_rank == e->rank && (long)step == e->cfg.stall_step)
+        stall_forever(e->cfg.stall_kills);
 
     /* Post every receive of the step up front: a message may arrive before we wait. */
     for (int i = 0; i < list->n_ops; i++) {

@@ -22,6 +22,7 @@ typedef struct {
     int trace;             /* record events for exec_write_trace */
     int stall_rank;        /* testing: this rank stops responding at stall_step (−1: never) */
     long stall_step;
+    int stall_kills;       /* testing: ... by dying of SIGKILL instead */
 } exec_config;
 
 typedef struct {

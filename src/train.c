@@ -31,7 +31,7 @@ typedef struct {
     double timeout;
     unsigned long long seed;
     optimizer_config opt;
-    int stall_rank;
+    int stall_rank, kill; /* testing: stop responding (or die, with kill) at a step */
     long stall_step;
 } train_options;
 
@@ -87,7 +87,7 @@ static int parse_options(train_options *o, int argc, char **argv)
     enum { O_MODEL = 256, O_DATA, O_EPOCHS, O_STEPS, O_BATCH, O_LR, O_OPT, O_MOM, O_WD, O_SEED,
            O_SHUFFLE, O_VAL, O_THREADS, O_LOAD, O_SAVE, O_JSON, O_HELP, O_STAGES, O_MICRO,
            O_SCHED, O_PART, O_TRACE, O_TIMEOUT, O_BIND, O_VERBOSE, O_TRAIN_N, O_TEST_N,
-           O_STALL, O_WARMUP };
+           O_STALL, O_WARMUP, O_KILL };
     static const struct option longopts[] = {
         {"model", required_argument, 0, O_MODEL}, {"data", required_argument, 0, O_DATA},
         {"epochs", required_argument, 0, O_EPOCHS}, {"steps", required_argument, 0, O_STEPS},
@@ -107,6 +107,7 @@ static int parse_options(train_options *o, int argc, char **argv)
         {"test-samples", required_argument, 0, O_TEST_N},
         {"warmup", required_argument, 0, O_WARMUP},
         {"debug-stall", required_argument, 0, O_STALL}, /* testing: RANK:STEP */
+        {"debug-kill", required_argument, 0, O_KILL},   /* testing: RANK:STEP */
         {0, 0, 0, 0}};
     long v;
     double d;
@@ -200,8 +201,10 @@ static int parse_options(train_options *o, int argc, char **argv)
             o->bind = optarg;
             break;
         case O_STALL:
+        case O_KILL:
             if (sscanf(optarg, "%d:%ld", &o->stall_rank, &o->stall_step) != 2)
-                return pt_error_set("--debug-stall %s: expected RANK:STEP", optarg);
+                return pt_error_set("%s %s: expected RANK:STEP", argv[optind - 2], optarg);
+            o->kill = c == O_KILL;
             break;
         default:
             return pt_error_set("unknown or incomplete option %s (see pipetrain train --help)",
@@ -505,7 +508,7 @@ int train_main(int argc, char **argv)
         goto done;
     if (agree(load_data(&o, &net, &train, &val, &test), comm, o.timeout)) goto done;
     exec_config cfg = {o.batch, o.microbatches, o.threads, o.timeout, o.trace != NULL, o.stall_rank,
-                       o.stall_step};
+                       o.stall_step, o.kill};
     if (agree(exec_init(&ex, comm, &net, &part, &sched, &cfg), comm, o.timeout)) goto done;
     if (exec_start(ex)) abort_job(comm);
     stage *st = exec_stage(ex);

@@ -10,4 +10,15 @@ elapsed=$(( $(date +%s) - start ))
 [ "$elapsed" -lt 45 ] && pass "ended after ${elapsed} s" || failed "took ${elapsed} s"
 expect_fail "stalled stage 0 at step 1 (3 stages)" "no progress for 3 s waiting for the activation" \
     "$MPIEXEC" -n 3 "$PIPETRAIN" train "${T[@]}" --stages 3 --timeout 3 --debug-stall 0:1
+# A rank that dies (SIGKILL) must take the job down too, not leave the others waiting.
+start=$(date +%s)
+rc=0
+timeout 60 "$MPIEXEC" -n 2 "$PIPETRAIN" train "${T[@]}" --timeout 30 --debug-kill 1:2 \
+    >"$WORK/out" 2>"$WORK/err" || rc=$?
+elapsed=$(( $(date +%s) - start ))
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$elapsed" -lt 40 ]; then
+    pass "killed stage 1: job ended with exit $rc after ${elapsed} s"
+else
+    failed "killed stage 1: exit $rc after ${elapsed} s"; tail -n 5 "$WORK/err"
+fi
 finish
