@@ -623,8 +623,9 @@ int train_main(int argc, char **argv)
                        theory);
                 for (int r = 0; r < size; r++)
                     printf("  stage %d: compute %.2f s of %.2f s, peak activations %.2f MB "
-                           "(%.0f micro-batches)\n", r, fig.compute[r], fig.wall[r],
-                           fig.peak_bytes[r] / 1e6, fig.peak_mb[r]);
+                           "(%.0f micro-batch%s)\n", r, fig.compute[r], fig.wall[r],
+                           fig.peak_bytes[r] / 1e6, fig.peak_mb[r],
+                           fig.peak_mb[r] == 1 ? "" : "es");
             } else {
                 printf("\n");
             }
