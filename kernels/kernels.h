@@ -15,6 +15,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum {
     KERNEL_ACT_LINEAR = 0,
     KERNEL_ACT_RELU,
@@ -92,6 +96,10 @@ void kernel_adam_update_cpu(float *param, float *m, float *v, const float *grad,
                             float lr, float beta1, float beta2, float eps, float weight_decay,
                             long step);
 
+/* The shortest decimal that rounds to x, in double: the value the user wrote (0.999, 1e-3),
+ * which torch keeps as a Python double; the optimizers compute with it as torch does. */
+double kernel_float_to_decimal(float x);
+
 /* ---- initialisation: U(−bound, bound) from the counter-based generator ---- */
 void kernel_init_uniform_cpu(float *out, size_t count, float bound, uint64_t seed,
                              uint64_t stream);
@@ -99,5 +107,9 @@ void kernel_init_uniform_cpu(float *out, size_t count, float bound, uint64_t see
 /* ---- small helpers ---- */
 /* y = bytes / 255 (input pixels). */
 void kernel_bytes_to_float_cpu(float *out, const uint8_t *in, size_t count);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

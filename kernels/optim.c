@@ -30,7 +30,7 @@
  * in double; this API passes floats. The double the user wrote (0.999, 1e-3) is recovered as
  * the shortest decimal that rounds to the float, as Python's repr finds it: its value is
  * correctly rounded here because the decimal's digits and its power of ten are exact doubles. */
-static double optim_decimal_value(float x)
+double kernel_float_to_decimal(float x)
 {
     static const double pow10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
                                    1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
@@ -116,9 +116,9 @@ void kernel_adam_update_cpu(float *param, float *m, float *v, const float *grad,
                             long step)
 {
     enum { CHUNK = 512 };
-    const double lr_d = optim_decimal_value(lr);
-    const double beta1_d = optim_decimal_value(beta1);
-    const double beta2_d = optim_decimal_value(beta2);
+    const double lr_d = kernel_float_to_decimal(lr);
+    const double beta1_d = kernel_float_to_decimal(beta1);
+    const double beta2_d = kernel_float_to_decimal(beta2);
     /* torch's step counter is a float32 tensor read back with .item(). */
     const double t = (double)(float)step;
     const double bc1 = 1.0 - pow(beta1_d, t);

@@ -5,11 +5,19 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Records a printf-style message for this thread and returns -1, so that
  * `return pt_error_set("...")` reports and fails in one line. */
 int pt_error_set(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The last message recorded on this thread ("" when none). Owned by the library. */
 const char *pt_error_get(void);
 void pt_error_clear(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -1,0 +1,93 @@
+# The CUDA backend (kernels/cuda/): a static library `ptcuda` and its GPU test.
+# Included by the top-level CMakeLists.txt after the CPU targets. Only binaries that link
+# ptcuda pay for CUDA (loading cuBLAS costs about 0.5 s per process start).
+#
+#   -DPT_CUDA=AUTO  (default) build it when a CUDA compiler is found
+#   -DPT_CUDA=ON    build it; no toolkit is a configure error
+#   -DPT_CUDA=OFF   skip it
+# PT_HAVE_CUDA (a CMake variable here, a compile definition =1 for targets linking ptcuda)
+# tells the rest of the build whether the backend exists.
+
+set(PT_CUDA AUTO CACHE STRING "Build the CUDA backend (AUTO, ON, OFF)")
+set_property(CACHE PT_CUDA PROPERTY STRINGS AUTO ON OFF)
+
+string(TOUPPER "${PT_CUDA}" pt_cuda_mode)
+if(pt_cuda_mode STREQUAL "AUTO")
+elseif(pt_cuda_mode MATCHES "^(ON|YES|TRUE|Y|1)$")
+  set(pt_cuda_mode ON)
+elseif(pt_cuda_mode MATCHES "^(OFF|NO|FALSE|N|0)$")
+  set(pt_cuda_mode OFF)
+else()
+  message(FATAL_ERROR "PT_CUDA must be AUTO, ON or OFF, not '${PT_CUDA}'")
+endif()
+
+set(PT_HAVE_CUDA OFF)
+if(pt_cuda_mode STREQUAL "OFF")
+  message(STATUS "  [ ] CUDA (off: -DPT_CUDA=OFF)")
+else()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    # A100 (sm_80) and H100/H200 (sm_90). Must be set before enable_language, which would
+    # otherwise pick the compiler's default (an old architecture, JIT-compiled at start).
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES "80;90")
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit)
+    if(CUDAToolkit_FOUND)
+      set(PT_HAVE_CUDA ON)
+    endif()
+  endif()
+  if(PT_HAVE_CUDA)
+    pt_report("CUDA" TRUE "${CMAKE_CUDA_COMPILER_VERSION} (nvcc ${CMAKE_CUDA_COMPILER}, \
+architectures ${CMAKE_CUDA_ARCHITECTURES})")
+  elseif(pt_cuda_mode STREQUAL "ON")
+    message(FATAL_ERROR "PT_CUDA=ON but no CUDA toolkit was found (nvcc on the PATH or "
+      "CMAKE_CUDA_COMPILER, e.g. /usr/local/cuda/bin/nvcc); use -DPT_CUDA=AUTO or OFF")
+  else()
+    message(STATUS "  [ ] CUDA (not found: no nvcc; the CUDA backend is not built)")
+  endif()
+endif()
+
+if(PT_HAVE_CUDA)
+  file(GLOB PT_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/cuda/*.cu)
+  add_library(ptcuda STATIC ${PT_CUDA_SOURCES})
+  # The shared runtime, as CUDA::cudart below (CMake's default would add the static one
+  # as well to every CUDA link).
+  set_target_properties(ptcuda PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
+    CUDA_RUNTIME_LIBRARY Shared)
+  target_link_libraries(ptcuda PUBLIC ptcore CUDA::cudart CUDA::cublas CUDA::curand)
+  target_compile_definitions(ptcuda PUBLIC PT_HAVE_CUDA=1)
+  # The top-level's C flags are C-only ($<COMPILE_LANGUAGE:C>); the CUDA sources get their
+  # own: host-compiler warnings, line tables for compute-sanitizer and ncu (no effect on
+  # the code). The sanitizers are deliberately not passed to nvcc: ASan instrumentation of
+  # CUDA host code needs a matching runtime setup and ASan cannot see device memory.
+  set(pt_cuda_flags -Xcompiler=-Wall,-Wextra -lineinfo)
+  if(PT_WERROR)
+    list(APPEND pt_cuda_flags -Werror=all-warnings -Xcompiler=-Werror)
+  endif()
+  target_compile_options(ptcuda PRIVATE "$<$<COMPILE_LANGUAGE:CUDA>:${pt_cuda_flags}>")
+
+  if(PT_TESTS)
+    # A plain program (not Criterion): exits 77, which ctest reports as skipped, when the
+    # machine has no usable GPU.
+    add_executable(test_cuda_kernels ${CMAKE_SOURCE_DIR}/tests/cuda/test_cuda_kernels.c)
+    target_link_libraries(test_cuda_kernels PRIVATE ptcuda)
+    set_target_properties(test_cuda_kernels PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
+    add_test(NAME test_cuda_kernels COMMAND test_cuda_kernels)
+    set_tests_properties(test_cuda_kernels PROPERTIES SKIP_RETURN_CODE 77 LABELS "unit;cuda"
+      TIMEOUT 300)
+    if(PT_SANITIZE)
+      # On a GPU machine: ASan's protected shadow gap overlaps the address range the CUDA
+      # driver reserves (every cudaMalloc then fails), and the driver's and libraries'
+      # never-freed allocations are reported as leaks (google/sanitizers#629). Our own
+      # leaks are still reported.
+      set(pt_lsan_supp ${CMAKE_BINARY_DIR}/lsan_cuda.supp)
+      file(WRITE ${pt_lsan_supp}
+        "leak:libcuda.so\nleak:libcudart.so\nleak:libcublas.so\nleak:libcublasLt.so\n")
+      set_tests_properties(test_cuda_kernels PROPERTIES ENVIRONMENT
+        "ASAN_OPTIONS=protect_shadow_gap=0;LSAN_OPTIONS=suppressions=${pt_lsan_supp}")
+    endif()
+  endif()
+endif()

@@ -1,0 +1,90 @@
+/* Fully connected layer through cuBLAS.
+ *
+ * cuBLAS is column-major; a row-major matrix X[r][c] is, to cuBLAS, the column-major
+ * matrix Xᵀ (c × r) with the same leading dimension. Each row-major product C = A·B is
+ * therefore issued as Cᵀ = Bᵀ·Aᵀ, with the operands swapped and the transposes read off
+ * which buffers already hold the transposed matrix. */
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/kernels_cuda.h"
+
+/* out[i][j] = b[j]: the sgemm then accumulates onto it (beta = 1), as the CPU kernel does. */
+__global__ static void dense_bias_broadcast(float *out, const float *b, size_t rows,
+                                            size_t cols)
+{
+    const size_t total = rows * cols;
+    CUDA_GRID_STRIDE(i, total)
+        out[i] = b[i % cols];
+}
+
+/* db[j] += Σ_i dout[i][j]. A block owns 32 columns (one per lane, so the reads of a row
+ * are coalesced) and DENSE_SUM_ROWS row phases; the partial sums meet in shared memory and
+ * are added in a fixed order, so the result does not vary between runs. */
+enum { DENSE_SUM_ROWS = 8 };
+__global__ static void dense_column_sum(float *db, const float *dout, int rows, int cols)
+{
+    __shared__ double part[DENSE_SUM_ROWS][32];
+    const int j = blockIdx.x * 32 + threadIdx.x;
+    double s = 0.0;
+    if (j < cols)
+        for (int i = threadIdx.y; i < rows; i += DENSE_SUM_ROWS)
+            s += dout[(size_t)i * cols + j];
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < cols) {
+        for (int r = 1; r < DENSE_SUM_ROWS; r++)
+            s += part[r][threadIdx.x];
+        db[j] += (float)s;
+    }
+}
+
+static int dense_check_dims(int n, int in_f, int out_f)
+{
+    if (n < 0 || in_f <= 0 || out_f <= 0)
+        return pt_error_set("dense: invalid sizes n=%d in=%d out=%d", n, in_f, out_f);
+    return 0;
+}
+
+extern "C" int kernel_dense_forward_cuda(float *out, const float *in, const float *w,
+                                         const float *b, int n, int in_f, int out_f,
+                                         const kernel_cuda_ctx *ctx)
+{
+    if (dense_check_dims(n, in_f, out_f) != 0)
+        return -1;
+    if (n == 0)
+        return 0;
+    if (b) {
+        const size_t total = (size_t)n * out_f;
+        dense_bias_broadcast<<<cuda_grid(total), CUDA_THREADS, 0, ctx->stream>>>(
+            out, b, (size_t)n, (size_t)out_f);
+        CUDA_CHECK_LAUNCH("dense_bias_broadcast");
+    }
+    const float one = 1.0f, beta = b ? 1.0f : 0.0f;
+    /* outᵀ[out_f × n] = w[out_f × in_f] · inᵀ[in_f × n]; the buffer of w is wᵀ to cuBLAS. */
+    CUBLAS_CHECK(cublasSgemm(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, out_f, n, in_f, &one, w,
+                             in_f, in, in_f, &beta, out, out_f));
+    return 0;
+}
+
+extern "C" int kernel_dense_backward_cuda(float *din, float *dw, float *db, const float *dout,
+                                          const float *in, const float *w, int n, int in_f,
+                                          int out_f, const kernel_cuda_ctx *ctx)
+{
+    if (dense_check_dims(n, in_f, out_f) != 0)
+        return -1;
+    if (n == 0)
+        return 0; /* nothing to accumulate; din has no elements */
+    const float one = 1.0f, zero = 0.0f;
+    /* dwᵀ[in_f × out_f] += inᵀ[in_f × n] · dout[n × out_f]. */
+    CUBLAS_CHECK(cublasSgemm(ctx->blas, CUBLAS_OP_N, CUBLAS_OP_T, in_f, out_f, n, &one, in,
+                             in_f, dout, out_f, &one, dw, in_f));
+    if (db) {
+        const dim3 block(32, DENSE_SUM_ROWS);
+        dense_column_sum<<<(out_f + 31) / 32, block, 0, ctx->stream>>>(db, dout, n, out_f);
+        CUDA_CHECK_LAUNCH("dense_column_sum");
+    }
+    /* dinᵀ[in_f × n] = wᵀ[in_f × out_f] · doutᵀ[out_f × n]. */
+    if (din)
+        CUBLAS_CHECK(cublasSgemm(ctx->blas, CUBLAS_OP_N, CUBLAS_OP_N, in_f, n, out_f, &one, w,
+                                 in_f, dout, out_f, &zero, din, in_f));
+    return 0;
+}

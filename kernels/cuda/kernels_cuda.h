@@ -1,0 +1,137 @@
+/* CUDA twins of the CPU kernels in kernels/kernels.h.
+ *
+ * Every kernel_X_cuda has the meaning and argument order of kernel_X_cpu, plus a context as
+ * the last argument; kernels/kernels.h's contract holds unchanged (parameter gradients
+ * ACCUMULATE, input gradients are OVERWRITTEN, din may be NULL, scratch is passed in).
+ * Differences, all because the work runs on a device:
+ * - Every pointer argument is a DEVICE pointer (sample_ids and labels included), except
+ *   the dims struct and the context, which are host memory and read during the call.
+ * - The work is queued on ctx->stream and has not run when the call returns: synchronise
+ *   the stream before reading results on the host or reusing inputs for something else.
+ * - The functions return 0, or −1 with a message (file:line and the CUDA/cuBLAS error) left
+ *   by pt_error_set (src/error.h). An error of a kernel that already ran may surface at a
+ *   later call on the same stream, as CUDA reports it.
+ * - The calling thread's current device must be the context's (cudaSetDevice); the
+ *   context does not switch devices itself.
+ * Results agree with the CPU kernels to float rounding (dense, conv, sigmoid and tanh
+ * forward, softmax cross-entropy) or bit for bit (pooling, relu and linear, every
+ * activation backward, dropout masks and values, initialisation, bytes_to_float, optimizer
+ * updates); tests/cuda/test_cuda_kernels.c checks both on a GPU.
+ *
+ * Random numbers come from cuRAND's device API (curandStatePhilox4_32_10): curand_init(seed,
+ * subsequence = stream, offset = 4·block) followed by curand4 yields exactly the Philox block
+ * rng_philox4x32_10(seed, stream, block) of kernels/rng.h, so masks and initial weights are
+ * the CPU's. */
+#ifndef PT_KERNELS_CUDA_H
+#define PT_KERNELS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "kernels/kernels.h"
+
+/* One stream and one cuBLAS handle bound to it. Plain struct owned by the caller. */
+typedef struct {
+    cudaStream_t stream;
+    cublasHandle_t blas;
+} kernel_cuda_ctx;
+
+/* Selects `device` as the calling thread's current device and creates a non-blocking
+ * stream and a cuBLAS handle on it (default math: full float32, no TF32). Returns −1 with
+ * a message ("no CUDA device: cudaGetDeviceCount: ...") when there is no usable device. On
+ * failure *c holds nothing to free. */
+int kernel_cuda_ctx_init(kernel_cuda_ctx *c, int device);
+/* Releases the handle and the stream (pending work is waited for) and clears the members;
+ * safe on a zeroed or already freed context. */
+void kernel_cuda_ctx_free(kernel_cuda_ctx *c);
+
+/* ---- dense (cuBLAS sgemm); db is summed by a kernel ---- */
+int kernel_dense_forward_cuda(float *out, const float *in, const float *w, const float *b,
+                              int n, int in_f, int out_f, const kernel_cuda_ctx *ctx);
+int kernel_dense_backward_cuda(float *din, float *dw, float *db, const float *dout,
+                               const float *in, const float *w, int n, int in_f, int out_f,
+                               const kernel_cuda_ctx *ctx);
+
+/* ---- 2-D convolution: im2col + cuBLAS ----
+ * Workspace (device floats): col[c·k·k][n·oh·ow], then, for the backward, dy[filters]
+ * [n·oh·ow]. Not the CPU's size: allocate kernel_conv2d_workspace_floats_cuda floats. */
+size_t kernel_conv2d_workspace_floats_cuda(const kernel_conv2d_dims *d);
+int kernel_conv2d_forward_cuda(float *out, float *work, const float *in, const float *w,
+                               const float *b, const kernel_conv2d_dims *d,
+                               const kernel_cuda_ctx *ctx);
+int kernel_conv2d_backward_cuda(float *din, float *dw, float *db, float *work,
+                                const float *dout, const float *in, const float *w,
+                                const kernel_conv2d_dims *d, const kernel_cuda_ctx *ctx);
+
+/* ---- pooling (same rules as the CPU: first maximum wins, NaN propagates) ---- */
+int kernel_maxpool2d_forward_cuda(float *out, int32_t *argmax, const float *in, int n, int c,
+                                  int h, int w, int size, int stride,
+                                  const kernel_cuda_ctx *ctx);
+int kernel_maxpool2d_backward_cuda(float *din, const float *dout, const int32_t *argmax,
+                                   int n, int c, int h, int w, int size, int stride,
+                                   const kernel_cuda_ctx *ctx);
+int kernel_avgpool2d_forward_cuda(float *out, const float *in, int n, int c, int h, int w,
+                                  int size, int stride, const kernel_cuda_ctx *ctx);
+int kernel_avgpool2d_backward_cuda(float *din, const float *dout, int n, int c, int h, int w,
+                                   int size, int stride, const kernel_cuda_ctx *ctx);
+
+/* ---- element-wise activations (out may alias in; din may alias dout) ---- */
+int kernel_activation_forward_cuda(float *out, const float *in, size_t count, kernel_act act,
+                                   const kernel_cuda_ctx *ctx);
+int kernel_activation_backward_cuda(float *din, const float *dout, const float *out,
+                                    size_t count, kernel_act act, const kernel_cuda_ctx *ctx);
+
+/* ---- inverted dropout; sample_ids is a device array of n ids ---- */
+int kernel_dropout_forward_cuda(float *out, uint8_t *mask, const float *in, int n,
+                                size_t per_sample, float p, uint64_t seed, uint64_t stream,
+                                const int64_t *sample_ids, const kernel_cuda_ctx *ctx);
+int kernel_dropout_backward_cuda(float *din, const float *dout, const uint8_t *mask,
+                                 size_t count, float p, const kernel_cuda_ctx *ctx);
+
+/* ---- softmax cross-entropy ----
+ * Unlike the CPU kernel, which returns the loss, the results stay on the device so that a
+ * training step need not wait for them: *loss_sum (device double, may be NULL) receives the
+ * SUM over the n samples of −log softmax(logits)[label] (NaN if a label is outside
+ * [0, classes)), *correct (device int, may be NULL) the number of samples whose first
+ * argmax is the label; both are overwritten. dlogits (may be NULL, may alias logits) as on
+ * the CPU. labels is a device array of n. The loss is summed in a fixed order: the same
+ * inputs give the same bits on every run. */
+int kernel_softmax_xent_cuda(float *dlogits, int *correct, double *loss_sum,
+                             const float *logits, const int32_t *labels, int n, int classes,
+                             float grad_scale, const kernel_cuda_ctx *ctx);
+
+/* ---- optimizers: the CPU kernels' operations and roundings, so the same bits ---- */
+int kernel_sgd_update_cuda(float *param, const float *grad, size_t count, float lr,
+                           float weight_decay, const kernel_cuda_ctx *ctx);
+int kernel_momentum_update_cuda(float *param, float *buf, const float *grad, size_t count,
+                                float lr, float momentum, float weight_decay,
+                                const kernel_cuda_ctx *ctx);
+int kernel_adam_update_cuda(float *param, float *m, float *v, const float *grad, size_t count,
+                            float lr, float beta1, float beta2, float eps, float weight_decay,
+                            long step, const kernel_cuda_ctx *ctx);
+
+/* ---- initialisation: U(−bound, bound), the CPU's numbers ---- */
+int kernel_init_uniform_cuda(float *out, size_t count, float bound, uint64_t seed,
+                             uint64_t stream, const kernel_cuda_ctx *ctx);
+
+/* ---- small helpers ---- */
+int kernel_bytes_to_float_cuda(float *out, const uint8_t *in, size_t count,
+                               const kernel_cuda_ctx *ctx);
+
+/* For tests: the Philox block (seed, stream, block) computed on the HOST by the very
+ * cuRAND device-API code path the dropout and init kernels run (compiled for both sides),
+ * so that its agreement with kernels/rng.h can be checked on a machine without a GPU. */
+void kernel_cuda_rng_block(uint32_t out[4], uint64_t seed, uint64_t stream, uint64_t block);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
