@@ -26,10 +26,11 @@ pt_setup_packages() {
 # pt_build DIR [cmake options...]
 pt_build() {
     local dir=$1
+    mkdir -p "$dir"
     shift
-    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >"$dir.configure.log" 2>&1 \
-        || { cat "$dir.configure.log"; return 1; }
-    grep -E '\[(x| )\]' "$dir.configure.log" || true
-    cmake --build "$dir" -j "$(nproc)" -- --no-print-directory >"$dir.build.log" 2>&1 \
-        || { tail -n 60 "$dir.build.log"; return 1; }
+    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >"$dir/pt-configure.log" 2>&1 \
+        || { cat "$dir/pt-configure.log"; return 1; }
+    grep -E '\[(x| )\]' "$dir/pt-configure.log" || true
+    cmake --build "$dir" -j "$(nproc)" -- --no-print-directory >"$dir/pt-build.log" 2>&1 \
+        || { tail -n 60 "$dir/pt-build.log"; return 1; }
 }
