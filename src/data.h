@@ -14,7 +14,8 @@ typedef struct {
 
 /* Reads an IDX3 image file and its IDX1 label file (".gz" or not; zlib reads both).
  * Checks magic numbers (0x00000803, 0x00000801), dimensions, that the sizes agree with the
- * file lengths (truncated or trailing data is an error), that the two counts agree and
+ * file lengths (truncated data is an error, and so is trailing data in a plain file or in
+ * a further gzip member; zlib silently ignores non-gzip bytes after a gzip stream), that the two counts agree and
  * that every label is < `classes`. Returns −1 with a message naming the file. */
 int data_load_idx(dataset *d, const char *images_path, const char *labels_path, int classes);
 /* Loads DIR/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz], trying ".gz" first. */

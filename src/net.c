@@ -273,6 +273,8 @@ static int finish_layer(net_parser *p)
                                k, ph, pw);
         out_h = (ph - k) / stride + 1;
         out_w = (pw - k) / stride + 1;
+        if (out_h > INT_MAX || out_w > INT_MAX)
+            return parser_fail(p, p->sec_line, "conv output %lld×%lld is too large", out_h, out_w);
         L.out = (layer_shape){L.u.conv.filters, (int)out_h, (int)out_w};
         size_t w;
         if (mul_size((size_t)L.u.conv.filters, (size_t)in.c, &w) || mul_size(w, (size_t)k, &w) ||

@@ -182,6 +182,8 @@ static int plan_parse(plan_args *a, int argc, char **argv)
     }
     if (optind < argc)
         return usage_error("plan", "unexpected argument %s", argv[optind]);
+    if (a->nodes > 65536)
+        return usage_error("plan", "%s", "--nodes: at most 65536 nodes");
     if (!a->model)
         return usage_error("plan", "%s", "--model FILE is required");
     if (a->gpus_per_stage) {

@@ -57,10 +57,10 @@ int topo_cost_model_parse(topo_cost_model *cm, const char *spec, int latency)
                                 what, (int)(eq - p), p);
         char *end;
         double v = strtod(eq + 1, &end);
-        if (end != comma || end == eq + 1 || !isfinite(v) || v < 0 || (!latency && v == 0))
+        if (end != comma || end == eq + 1 || !isfinite(v) || v < 0 || (!latency && v < 1.0))
             return pt_error_set("%s: bad value \"%.*s\" for %s (a %s number)", what,
                                 (int)(comma - eq - 1), eq + 1, link_names[link],
-                                latency ? "non-negative" : "positive");
+                                latency ? "non-negative" : "at least 1 byte/s");
         if (latency)
             cm->latency[link] = v;
         else
@@ -171,8 +171,9 @@ static int same_group(const topo_machine *m, const topo_place *a, const topo_pla
         return 0;
     const topo_core *c0 = &m->cores[a->cores[0]];
     int key = field == 0 ? c0->package : field == 1 ? c0->numa : c0->l3;
-    if (key < 0)
-        return field == 0;
+    if (key < 0 && field != 0)
+        return 0;
+    /* package −1 (a machine without packages) matches only −1 on every core, below */
     const topo_place *pl[2] = {a, b};
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < pl[k]->n_cores; i++) {

@@ -303,6 +303,20 @@ static int gpu_cores(const topo_machine *m, topo_place *places, int n, int nodes
         }
     }
     free(pp);
+    /* Localities can overlap (a GPU near one package, another near the whole machine):
+     * ranks of different localities may then have been given the same cores. */
+    for (int i = 0; i < n && rc == 0; i++)
+        for (int j = i + 1; j < n; j++) {
+            if (places[i].node != places[j].node) continue;
+            int overlap = 0;
+            for (int a = 0, b = 0; a < places[i].n_cores && b < places[j].n_cores && !overlap;) {
+                int x = places[i].cores[a], y = places[j].cores[b]; /* both sorted */
+                overlap = x == y;
+                a += x <= y;
+                b += y <= x;
+            }
+            if (overlap) places[i].shared = places[j].shared = 1;
+        }
     return rc;
 }
 
@@ -363,6 +377,9 @@ int topo_place_ranks(topo_placement *pl, const topo_machine *m, const topo_traff
             return pt_error_set("%d ranks need a GPU each, but %d node%s of %s ha%s %d NVIDIA "
                                 "GPU%s", n, N, N > 1 ? "s" : "", m->source, N > 1 ? "ve" : "s",
                                 N * n_cuda, N * n_cuda > 1 ? "s" : "");
+        if ((long long)N * n_cuda > MAX_PLACES)
+            return pt_error_set("placement: %lld GPUs are too many to search (at most %d): use "
+                                "fewer nodes", (long long)N * n_cuda, MAX_PLACES);
         S = N * n_cuda;
     }
     if (S > MAX_PLACES)

@@ -4,6 +4,7 @@
 #include "topologies/topo.h"
 
 #include <dlfcn.h>
+#include <ctype.h>
 #include <errno.h>
 #include <hwloc.h>
 #include <sched.h>
@@ -390,8 +391,14 @@ int topo_busid_normalize(char out[16], const char *busid)
             return pt_error_set("bad PCI bus id \"%s\"", busid);
         s = c1 + 1;
     }
-    if (sscanf(s, "%2x:%2x.%1x%n", &bus, &dev, &fn, &used) != 3 || s[used] != '\0' || dev > 0x1f ||
-        fn > 7)
+    /* exactly "hh:hh.h" (sscanf alone would accept blanks, signs and single digits) */
+    int strict = strlen(s) == 7 && s[2] == ':' && s[5] == '.';
+    for (int i = 0; strict && i < 7; i++)
+        if (i != 2 && i != 5 && !isxdigit((unsigned char)s[i])) strict = 0;
+    for (const char *q = busid; strict && q < s; q++) /* the domain too */
+        if (q != c1 && !isxdigit((unsigned char)*q)) strict = 0;
+    if (!strict || sscanf(s, "%2x:%2x.%1x%n", &bus, &dev, &fn, &used) != 3 || s[used] != '\0' ||
+        dev > 0x1f || fn > 7)
         return pt_error_set("bad PCI bus id \"%s\" (expected like 0000:65:00.0)", busid);
     snprintf(out, 16, "%04lx:%02x:%02x.%x", dom, bus, dev, fn);
     return 0;
