@@ -3,6 +3,7 @@
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -51,23 +52,39 @@ static void polite_pause(void)
     nanosleep(&ts, NULL);
 }
 
+/* Waits for a request: a short spin first (a message on its way usually lands within a
+ * few microseconds, and the pipeline's critical path crosses one wait per micro-batch),
+ * then MPI_Test with 50 µs sleeps so that a rank sharing a core with its peer yields it. */
+static int test_politely(MPI_Request *req, double t0, double timeout_s, int *timed_out)
+{
+    enum { SPIN_TESTS = 64 };
+    int done = 0;
+    for (int i = 0; i < SPIN_TESTS && !done; i++)
+        if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return -1;
+    while (!done) {
+        if (pt_now() - t0 > timeout_s) {
+            *timed_out = 1;
+            return 0;
+        }
+        polite_pause();
+        if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return -1;
+    }
+    return 0;
+}
+
 static int wait_request(exec_t *e, MPI_Request *req, const char *what, int m, int peer)
 {
     if (*req == MPI_REQUEST_NULL) return 0;
-    double t0 = pt_now();
-    for (;;) {
-        int done = 0;
-        if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-            return pt_error_set("rank %d (%s): MPI_Test failed waiting for %s", e->rank,
-                                e->host, what);
-        if (done) return 0;
-        if (pt_now() - t0 > e->cfg.timeout_s)
-            return pt_error_set("rank %d (%s, stage %d): no progress for %.0f s waiting for %s "
+    int timed_out = 0;
+    if (test_politely(req, pt_now(), e->cfg.timeout_s, &timed_out))
+        return pt_error_set("rank %d (%s): MPI_Test failed waiting for %s", e->rank, e->host,
+                            what);
+    if (timed_out)
+        return pt_error_set("rank %d (%s, stage %d): no progress for %.0f s waiting for %s "
                                 "of micro-batch %d %s stage %d (--timeout); a peer has died or "
                                 "stalled", e->rank, e->host, e->rank, e->cfg.timeout_s, what, m,
                                 strncmp(what, "send", 4) ? "from" : "to", peer);
-        polite_pause();
-    }
+    return 0;
 }
 
 int exec_allreduce(void *buf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
@@ -79,25 +96,18 @@ int exec_allreduce(void *buf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm 
     return exec_wait_collective(&req, comm, timeout_s);
 }
 
-int exec_wait_collective(MPI_Request *req_p, MPI_Comm comm, double timeout_s)
+int exec_wait_collective(MPI_Request *req, MPI_Comm comm, double timeout_s)
 {
-    MPI_Request req = *req_p;
-    double t0 = pt_now();
-    for (;;) {
-        int done = 0;
-        MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        if (done) {
-            *req_p = MPI_REQUEST_NULL;
-            return 0;
-        }
-        if (pt_now() - t0 > timeout_s) {
-            int rank;
-            MPI_Comm_rank(comm, &rank);
-            return pt_error_set("rank %d: no progress for %.0f s in a collective (--timeout); "
-                                "another rank has died or stalled", rank, timeout_s);
-        }
-        polite_pause();
+    int timed_out = 0;
+    if (test_politely(req, pt_now(), timeout_s, &timed_out))
+        return pt_error_set("MPI_Test failed in a collective");
+    if (timed_out) {
+        int rank;
+        MPI_Comm_rank(comm, &rank);
+        return pt_error_set("rank %d: no progress for %.0f s in a collective (--timeout); "
+                            "another rank has died or stalled", rank, timeout_s);
     }
+    return 0;
 }
 
 static float **alloc_buffers(int count, size_t floats)
@@ -186,6 +196,8 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     for (int m = 0; m < M; m++)
         e->req_act[m] = e->req_grad[m] = e->req_send_act[m] = e->req_send_grad[m] =
             MPI_REQUEST_NULL;
+    /* the default 50 µs timer slack would double every polite pause */
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     e->t_origin = pt_now();
     *out = e;
     return 0;
