@@ -4,12 +4,12 @@ source "$(dirname "$0")/lib/common.bash"
 T=(--model "$MODELS/seed-cnn.cfg" --train-samples 512 --test-samples 0 --steps 6 --batch 16
    --threads 1 --stages 2 --microbatches 4 --partition uniform)
 start=$(date +%s)
-expect_fail "stalled stage 1 at step 2" "no progress for 3 s waiting for the gradient" \
-    "$MPIEXEC" -n 2 "$PIPETRAIN" train "${T[@]}" --timeout 3 --debug-stall 1:2
+expect_fail "stalled stage 1 at step 2" "no progress for 5 s waiting for the gradient" \
+    "$MPIEXEC" -n 2 "$PIPETRAIN" train "${T[@]}" --timeout 5 --debug-stall 1:2
 elapsed=$(( $(date +%s) - start ))
 [ "$elapsed" -lt 45 ] && pass "ended after ${elapsed} s" || failed "took ${elapsed} s"
-expect_fail "stalled stage 0 at step 1 (3 stages)" "no progress for 3 s waiting for the activation" \
-    "$MPIEXEC" -n 3 "$PIPETRAIN" train "${T[@]}" --stages 3 --timeout 3 --debug-stall 0:1
+expect_fail "stalled stage 0 at step 1 (3 stages)" "no progress for 5 s waiting for the activation" \
+    "$MPIEXEC" -n 3 "$PIPETRAIN" train "${T[@]}" --stages 3 --timeout 5 --debug-stall 0:1
 # A rank that dies (SIGKILL) must take the job down too, not leave the others waiting.
 start=$(date +%s)
 rc=0
