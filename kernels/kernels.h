@@ -96,9 +96,15 @@ void kernel_adam_update_cpu(float *param, float *m, float *v, const float *grad,
                             float lr, float beta1, float beta2, float eps, float weight_decay,
                             long step);
 
-/* The shortest decimal that rounds to x, in double: the value the user wrote (0.999, 1e-3),
- * which torch keeps as a Python double; the optimizers compute with it as torch does. */
-double kernel_float_to_decimal(float x);
+/* Adam's per-step scalars, computed as torch does: from the decimals the user wrote (0.999,
+ * 1e-3: torch keeps them as Python doubles), in double, with a float32 step counter.
+ * Shared by the CPU and CUDA updates so that both round identically. */
+typedef struct {
+    float one_m_b1, one_m_b2; /* 1 − β1, 1 − β2 */
+    float neg_step_size;      /* −lr / (1 − β1^t) */
+    float bc2_sqrt;           /* sqrt(1 − β2^t) */
+} kernel_adam_scalars;
+kernel_adam_scalars kernel_adam_scalars_at(float lr, float beta1, float beta2, long step);
 
 /* ---- initialisation: U(−bound, bound) from the counter-based generator ---- */
 void kernel_init_uniform_cpu(float *out, size_t count, float bound, uint64_t seed,

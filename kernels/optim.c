@@ -30,7 +30,7 @@
  * in double; this API passes floats. The double the user wrote (0.999, 1e-3) is recovered as
  * the shortest decimal that rounds to the float, as Python's repr finds it: its value is
  * correctly rounded here because the decimal's digits and its power of ten are exact doubles. */
-double kernel_float_to_decimal(float x)
+static double optim_decimal_value(float x)
 {
     static const double pow10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
                                    1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
@@ -52,6 +52,20 @@ double kernel_float_to_decimal(float x)
             return copysign(cand, (double)x);
     }
     return x;
+}
+
+kernel_adam_scalars kernel_adam_scalars_at(float lr, float beta1, float beta2, long step)
+{
+    const double lr_d = optim_decimal_value(lr);
+    const double beta1_d = optim_decimal_value(beta1);
+    const double beta2_d = optim_decimal_value(beta2);
+    /* torch's step counter is a float32 tensor read back with .item(). */
+    const double t = (double)(float)step;
+    const double bc1 = 1.0 - pow(beta1_d, t);
+    const double bc2 = 1.0 - pow(beta2_d, t);
+    kernel_adam_scalars k = {(float)(1.0 - beta1_d), (float)(1.0 - beta2_d),
+                             (float)-(lr_d / bc1), (float)sqrt(bc2)};
+    return k;
 }
 
 OPTIM_EXACT
@@ -116,17 +130,9 @@ void kernel_adam_update_cpu(float *param, float *m, float *v, const float *grad,
                             long step)
 {
     enum { CHUNK = 512 };
-    const double lr_d = kernel_float_to_decimal(lr);
-    const double beta1_d = kernel_float_to_decimal(beta1);
-    const double beta2_d = kernel_float_to_decimal(beta2);
-    /* torch's step counter is a float32 tensor read back with .item(). */
-    const double t = (double)(float)step;
-    const double bc1 = 1.0 - pow(beta1_d, t);
-    const double bc2 = 1.0 - pow(beta2_d, t);
-    const float neg_step_size = (float)-(lr_d / bc1);
-    const float bc2_sqrt = (float)sqrt(bc2);
-    const float one_m_b1 = (float)(1.0 - beta1_d);
-    const float one_m_b2 = (float)(1.0 - beta2_d);
+    const kernel_adam_scalars k = kernel_adam_scalars_at(lr, beta1, beta2, step);
+    const float neg_step_size = k.neg_step_size, bc2_sqrt = k.bc2_sqrt;
+    const float one_m_b1 = k.one_m_b1, one_m_b2 = k.one_m_b2;
     const float eps_f = eps;
     float root[CHUNK];
     for (size_t i0 = 0; i0 < count; i0 += CHUNK) {

@@ -86,23 +86,17 @@ extern "C" int kernel_adam_update_cuda(float *param, float *m, float *v, const f
         return 0;
     if (step < 1)
         return pt_error_set("adam: step %ld, must start at 1", step);
-    /* As optim.c: 1 − β, β^t and lr / (1 − β1^t) in double from the recovered decimals;
-     * the step counter is a float32 tensor in torch. */
-    const double lr_d = kernel_float_to_decimal(lr);
-    const double beta1_d = kernel_float_to_decimal(beta1);
-    const double beta2_d = kernel_float_to_decimal(beta2);
-    const double t = (double)(float)step;
-    const double bc1 = 1.0 - pow(beta1_d, t);
-    const double bc2 = 1.0 - pow(beta2_d, t);
+    /* the same scalars as the CPU update, computed by the same function */
+    const kernel_adam_scalars sc = kernel_adam_scalars_at(lr, beta1, beta2, step);
     optim_adam_consts k;
     k.beta1 = beta1;
     k.beta2 = beta2;
-    k.one_m_b1 = (float)(1.0 - beta1_d);
-    k.one_m_b2 = (float)(1.0 - beta2_d);
+    k.one_m_b1 = sc.one_m_b1;
+    k.one_m_b2 = sc.one_m_b2;
     k.eps = eps;
     k.wd = weight_decay;
-    k.neg_step_size = (float)-(lr_d / bc1);
-    k.bc2_sqrt = (float)sqrt(bc2);
+    k.neg_step_size = sc.neg_step_size;
+    k.bc2_sqrt = sc.bc2_sqrt;
     optim_adam<<<cuda_grid(count), CUDA_THREADS, 0, ctx->stream>>>(param, m, v, grad, count,
                                                                    k);
     CUDA_CHECK_LAUNCH("optim_adam");
