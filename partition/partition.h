@@ -36,6 +36,9 @@ typedef struct {
  * Implemented in partition/profile.c. */
 int partition_profile_measure(partition_profile *prof, const net_desc *net, int batch,
                               int warmup, int repeats);
+/* The same on a device (src/engine.h: ENGINE_CPU, or ENGINE_CUDA on GPU `gpu`). */
+int partition_profile_measure_on(partition_profile *prof, const net_desc *net, int batch,
+                                 int warmup, int repeats, int device, int gpu);
 void partition_profile_free(partition_profile *prof);
 
 /* Chooses a partition by method: "uniform", "params" (balanced parameter bytes), "time"

@@ -63,18 +63,21 @@ static void shape_string(const st_tensor *t, char *buf, size_t len)
     if (k < len) snprintf(buf + k, len - k, "]");
 }
 
-int checkpoint_load_stage(const char *path, stage *s)
+int checkpoint_load_layers(const char *path, const net_desc *net, int first, int last,
+                           float *params)
 {
     st_file f;
     if (st_read(&f, path)) return -1;
     int rc = 0;
-    for (int l = s->first; l < s->last && !rc; l++) {
-        const layer_desc *L = &s->net->layers[l];
+    float *next = params;
+    for (int l = first; l < last && !rc; l++) {
+        const layer_desc *L = &net->layers[l];
         if (!L->weight_count) continue;
         st_tensor want[2];
         memset(want, 0, sizeof want);
         layer_tensor_shapes(L, &want[0], &want[1], l);
-        float *dst[2] = {s->w[l - s->first], s->b[l - s->first]};
+        float *dst[2] = {next, next + L->weight_count};
+        next += L->weight_count + L->bias_count;
         size_t count[2] = {L->weight_count, L->bias_count};
         for (int k = 0; k < 2 && !rc; k++) {
             const st_tensor *got = st_find(&f, want[k].name);

@@ -20,6 +20,13 @@
 enum { TAG_ACT = 0, TAG_GRAD = 1, TAG_EVAL = 2, TAG_WRAP = 8192 };
 static int tag_of(int kind, int m) { return (m % TAG_WRAP) * 4 + kind; }
 
+/* An outgoing message waiting for its bytes (a GPU copy) before MPI_Isend. */
+typedef struct {
+    engine_msg kind;
+    int m, count, peer, tag;
+    MPI_Request *req;
+} pending_send;
+
 struct exec {
     MPI_Comm comm;
     int rank, size;
@@ -29,15 +36,12 @@ struct exec {
     exec_config cfg;
     int mb; /* micro-batch size */
     size_t in_count, out_count;
-    stage st;
-    /* per micro-batch buffers */
-    float **act_in;    /* stage 0: converted pixels; others: received activations */
-    float **grad_in;   /* gradient of the output received from the next stage */
-    float **grad_out;  /* gradient of the input sent to the previous stage */
-    float **dlogits;   /* last stage: gradient of the loss */
-    float **eval_in;   /* two input buffers for evaluation */
-    int *slot_of;
+    engine *eng;
     MPI_Request *req_act, *req_grad, *req_send_act, *req_send_grad;
+    MPI_Request eval_send, eval_recv[2];
+    /* sends whose buffers are not filled yet, posted in order as they become ready */
+    pending_send *pending;
+    int n_pending, pending_cap;
     /* statistics */
     double t_origin;
     double compute_s, wall_s, forward_s, backward_s, optimizer_s;
@@ -55,7 +59,12 @@ static void polite_pause(void)
 /* Waits for a request: a short spin first (a message on its way usually lands within a
  * few microseconds, and the pipeline's critical path crosses one wait per micro-batch),
  * then MPI_Test with 50 µs sleeps so that a rank sharing a core with its peer yields it. */
-static int test_politely(MPI_Request *req, double t0, double timeout_s, int *timed_out)
+static int progress_sends(exec_t *e);
+
+/* e (may be NULL) keeps posting its pending sends while waiting: a peer may be waiting for
+ * one of them before it can answer. */
+static int test_politely(exec_t *e, MPI_Request *req, double t0, double timeout_s,
+                         int *timed_out)
 {
     enum { SPIN_TESTS = 64 };
     int done = 0;
@@ -66,6 +75,7 @@ static int test_politely(MPI_Request *req, double t0, double timeout_s, int *tim
             *timed_out = 1;
             return 0;
         }
+        if (e && e->n_pending && progress_sends(e)) return -2;
         polite_pause();
         if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return -1;
     }
@@ -76,7 +86,9 @@ static int wait_request(exec_t *e, MPI_Request *req, const char *what, int m, in
 {
     if (*req == MPI_REQUEST_NULL) return 0;
     int timed_out = 0;
-    if (test_politely(req, pt_now(), e->cfg.timeout_s, &timed_out))
+    int rc = test_politely(e, req, pt_now(), e->cfg.timeout_s, &timed_out);
+    if (rc == -2) return -1;
+    if (rc)
         return pt_error_set("rank %d (%s): MPI_Test failed waiting for %s", e->rank, e->host,
                             what);
     if (timed_out)
@@ -99,7 +111,7 @@ int exec_allreduce(void *buf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm 
 int exec_wait_collective(MPI_Request *req, MPI_Comm comm, double timeout_s)
 {
     int timed_out = 0;
-    if (test_politely(req, pt_now(), timeout_s, &timed_out))
+    if (test_politely(NULL, req, pt_now(), timeout_s, &timed_out))
         return pt_error_set("MPI_Test failed in a collective");
     if (timed_out) {
         int rank;
@@ -108,28 +120,6 @@ int exec_wait_collective(MPI_Request *req, MPI_Comm comm, double timeout_s)
                             "another rank has died or stalled", rank, timeout_s);
     }
     return 0;
-}
-
-static float **alloc_buffers(int count, size_t floats)
-{
-    float **b = calloc((size_t)count, sizeof *b);
-    if (!b) return NULL;
-    for (int i = 0; i < count; i++) {
-        b[i] = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-        if (!b[i]) {
-            while (i-- > 0) free(b[i]);
-            free(b);
-            return NULL;
-        }
-    }
-    return b;
-}
-
-static void free_buffers(float **b, int count)
-{
-    if (!b) return;
-    for (int i = 0; i < count; i++) free(b[i]);
-    free(b);
 }
 
 int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition *part,
@@ -163,39 +153,44 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     e->net = net;
     e->sched = sched;
     e->cfg = *cfg;
-    e->mb = cfg->batch / cfg->microbatches;
-    if (stage_init(&e->st, net, part->first[rank], part->first[rank + 1], e->mb,
-                   slots > 0 ? slots : 1, cfg->threads > 0 ? cfg->threads : 1)) {
-        free(e);
-        return -1;
-    }
     int M = cfg->microbatches;
-    e->in_count = stage_in_count(&e->st);
-    e->out_count = stage_out_count(&e->st);
-    if ((double)e->mb * (double)(e->in_count > e->out_count ? e->in_count : e->out_count) >
-        (double)INT_MAX) {
-        exec_free(e);
+    e->mb = cfg->batch / M;
+    size_t in_count, out_count, params;
+    engine_stage_sizes(net, part->first[rank], part->first[rank + 1], &in_count, &out_count,
+                       &params);
+    if ((double)e->mb * (double)(in_count > out_count ? in_count : out_count) > (double)INT_MAX) {
+        free(e);
         return pt_error_set("a micro-batch of %d samples is too large for one MPI message",
                             cfg->batch / M);
     }
-    e->act_in = alloc_buffers(M, (size_t)e->mb * e->in_count);
-    e->grad_in = alloc_buffers(M, (size_t)e->mb * e->out_count);
-    e->grad_out = alloc_buffers(M, (size_t)e->mb * e->in_count);
-    e->dlogits = rank == size - 1 ? alloc_buffers(M, (size_t)e->mb * e->out_count) : NULL;
-    e->eval_in = alloc_buffers(2, (size_t)e->mb * e->in_count);
-    e->slot_of = calloc((size_t)M, sizeof *e->slot_of);
+    engine_config ec = {
+        .net = net, .first = part->first[rank], .last = part->first[rank + 1],
+        .buffers = M > 2 ? M : 2, /* evaluation double-buffers */
+        .max_batch = e->mb, .n_slots = slots > 0 ? slots : 1, .batch = cfg->batch,
+        .threads = cfg->threads > 0 ? cfg->threads : 1, .device = cfg->gpu,
+        .device_messages = cfg->device_messages,
+        .max_ticks = sched->lists[rank].n_ops, .debug_ready_delay = cfg->debug_ready_delay,
+    };
+    if (engine_create(&e->eng, cfg->device, &ec)) {
+        free(e);
+        return -1;
+    }
+    e->in_count = e->eng->in_count;
+    e->out_count = e->eng->out_count;
     e->req_act = malloc((size_t)M * sizeof *e->req_act);
     e->req_grad = malloc((size_t)M * sizeof *e->req_grad);
     e->req_send_act = malloc((size_t)M * sizeof *e->req_send_act);
     e->req_send_grad = malloc((size_t)M * sizeof *e->req_send_grad);
-    if (!e->act_in || !e->grad_in || !e->grad_out || (rank == size - 1 && !e->dlogits) || !e->eval_in ||
-        !e->slot_of || !e->req_act || !e->req_grad || !e->req_send_act || !e->req_send_grad) {
+    e->pending_cap = 2 * M + 2;
+    e->pending = malloc((size_t)e->pending_cap * sizeof *e->pending);
+    if (!e->req_act || !e->req_grad || !e->req_send_act || !e->req_send_grad || !e->pending) {
         exec_free(e);
-        return pt_error_set("out of memory for %d micro-batches of %d samples", M, e->mb);
+        return pt_error_set("out of memory for %d micro-batches", M);
     }
     for (int m = 0; m < M; m++)
         e->req_act[m] = e->req_grad[m] = e->req_send_act[m] = e->req_send_grad[m] =
             MPI_REQUEST_NULL;
+    e->eval_send = e->eval_recv[0] = e->eval_recv[1] = MPI_REQUEST_NULL;
     /* the default 50 µs timer slack would double every polite pause */
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     e->t_origin = pt_now();
@@ -214,23 +209,17 @@ int exec_start(exec_t *e)
 void exec_free(exec_t *e)
 {
     if (!e) return;
-    int M = e->cfg.microbatches;
-    stage_free(&e->st);
-    free_buffers(e->act_in, M);
-    free_buffers(e->grad_in, M);
-    free_buffers(e->grad_out, M);
-    free_buffers(e->dlogits, M);
-    free_buffers(e->eval_in, 2);
-    free(e->slot_of);
+    engine_destroy(e->eng);
     free(e->req_act);
     free(e->req_grad);
     free(e->req_send_act);
     free(e->req_send_grad);
+    free(e->pending);
     trace_free(&e->trace);
     free(e);
 }
 
-stage *exec_stage(exec_t *e) { return &e->st; }
+engine *exec_engine(exec_t *e) { return e->eng; }
 int exec_rank(const exec_t *e) { return e->rank; }
 int exec_stages(const exec_t *e) { return e->size; }
 
@@ -240,12 +229,60 @@ static void record(exec_t *e, trace_kind kind, double t0, double t1, int m)
         trace_add(&e->trace, kind, t0 - e->t_origin, t1 - e->t_origin, m, e->rank, e->steps);
 }
 
-/* Stage 0's input: the micro-batch's pixels as floats. */
-static void load_pixels(float *dst, const dataset *d, const int64_t *idx, int n)
+/* Posts, in order, the pending sends whose buffers are ready (at once on the CPU; when
+ * the device-to-host copy has landed on a GPU). */
+static int progress_sends(exec_t *e)
 {
-    size_t px = (size_t)d->rows * d->cols;
-    for (int j = 0; j < n; j++)
-        kernel_bytes_to_float_cpu(dst + (size_t)j * px, d->pixels + (size_t)idx[j] * px, px);
+    int done = 0;
+    while (done < e->n_pending) {
+        pending_send *p = &e->pending[done];
+        int ready = 0;
+        if (engine_msg_ready(e->eng, p->kind, p->m, &ready)) return -1;
+        if (!ready) break;
+        MPI_Isend(engine_msg_buffer(e->eng, p->kind, p->m), p->count, MPI_FLOAT, p->peer,
+                  p->tag, e->comm, p->req);
+        done++;
+    }
+    if (done) {
+        e->n_pending -= done;
+        memmove(e->pending, e->pending + done, (size_t)e->n_pending * sizeof *e->pending);
+    }
+    return 0;
+}
+
+/* Starts the send of outgoing message `kind` of m: the engine fills its buffer, MPI_Isend
+ * follows as soon as it is full (into *req). */
+static int start_send(exec_t *e, engine_msg kind, int m, int count, int peer, int tag,
+                      MPI_Request *req)
+{
+    if (engine_msg_prepare(e->eng, kind, m)) return -1;
+    if (e->n_pending == e->pending_cap)
+        return pt_error_set("rank %d: more than %d sends pending", e->rank, e->pending_cap);
+    e->pending[e->n_pending++] = (pending_send){kind, m, count, peer, tag, req};
+    return progress_sends(e);
+}
+
+static int is_pending(const exec_t *e, const MPI_Request *req)
+{
+    for (int i = 0; i < e->n_pending; i++)
+        if (e->pending[i].req == req) return 1;
+    return 0;
+}
+
+/* Waits until the send into *req has been posted and has completed. */
+static int wait_send(exec_t *e, MPI_Request *req, const char *what, int m, int peer)
+{
+    double t0 = pt_now();
+    while (is_pending(e, req)) {
+        if (progress_sends(e)) return -1;
+        if (!is_pending(e, req)) break;
+        if (pt_now() - t0 > e->cfg.timeout_s)
+            return pt_error_set("rank %d (%s, stage %d): no progress for %.0f s: the %s of "
+                                "micro-batch %d never became ready (--timeout)", e->rank,
+                                e->host, e->rank, e->cfg.timeout_s, what, m);
+        polite_pause();
+    }
+    return wait_request(e, req, what, m, peer);
 }
 
 static void stall_forever(int die)
@@ -254,16 +291,37 @@ static void stall_forever(int die)
     for (;;) pause();
 }
 
+/* After the engine has finished the step: its timed operations into the figures and the
+ * trace. */
+static double account_ticks(exec_t *e, const schedule_list *list)
+{
+    double compute = 0;
+    for (int i = 0; i < list->n_ops; i++) {
+        const schedule_op *op = &list->ops[i];
+        double t0 = e->eng->tick_t0[i], t1 = e->eng->tick_t1[i];
+        if (t1 < t0) continue;
+        double dt = t1 - t0;
+        trace_kind kind;
+        switch (op->kind) {
+        case SCHED_OP_FORWARD: e->forward_s += dt; kind = TRACE_FORWARD; break;
+        case SCHED_OP_BACKWARD: e->backward_s += dt; kind = TRACE_BACKWARD; break;
+        case SCHED_OP_OPTIMIZER_STEP: e->optimizer_s += dt; kind = TRACE_OPTIMIZER; break;
+        default: continue;
+        }
+        compute += dt;
+        record(e, kind, t0, t1, op->kind == SCHED_OP_OPTIMIZER_STEP ? -1 : op->microbatch);
+        e->eng->tick_t1[i] = t0 - 1; /* used */
+    }
+    return compute;
+}
+
 int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint64_t seed,
                     uint64_t step, const optimizer_config *opt, exec_step_result *res)
 {
     const schedule_list *list = &e->sched->lists[e->rank];
-    int mb = e->mb, last = e->rank == e->size - 1;
-    int classes = e->net->classes;
-    double t_step = pt_now(), compute = 0;
-    double loss_sum = 0;
-    long correct = 0;
-    int nonfinite = 0;
+    int mb = e->mb, M = e->cfg.microbatches;
+    engine *g = e->eng;
+    double t_step = pt_now();
     if (e->cfg.stall_rank == e->rank && (long)step == e->cfg.stall_step)
         stall_forever(e->cfg.stall_kills);
 
@@ -272,12 +330,16 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint
         const schedule_op *op = &list->ops[i];
         int m = op->microbatch;
         if (op->kind == SCHED_OP_RECV_ACT)
-            MPI_Irecv(e->act_in[m], (int)(mb * e->in_count), MPI_FLOAT, op->peer,
-                      tag_of(TAG_ACT, m), e->comm, &e->req_act[m]);
+            MPI_Irecv(engine_msg_buffer(g, ENGINE_MSG_ACT_IN, m), (int)(mb * e->in_count),
+                      MPI_FLOAT, op->peer, tag_of(TAG_ACT, m), e->comm, &e->req_act[m]);
         else if (op->kind == SCHED_OP_RECV_GRAD)
-            MPI_Irecv(e->grad_in[m], (int)(mb * e->out_count), MPI_FLOAT, op->peer,
-                      tag_of(TAG_GRAD, m), e->comm, &e->req_grad[m]);
+            MPI_Irecv(engine_msg_buffer(g, ENGINE_MSG_GRAD_IN, m), (int)(mb * e->out_count),
+                      MPI_FLOAT, op->peer, tag_of(TAG_GRAD, m), e->comm, &e->req_grad[m]);
     }
+    /* Every micro-batch's samples: pixels on stage 0 (copied to a GPU while it computes),
+     * labels on the last stage. */
+    for (int m = 0; m < M; m++)
+        if (engine_load(g, m, data, indices + (size_t)m * mb, mb)) return -1;
     for (int i = 0; i < list->n_ops; i++) {
         const schedule_op *op = &list->ops[i];
         int m = op->microbatch;
@@ -285,73 +347,43 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint
         switch (op->kind) {
         case SCHED_OP_RECV_ACT:
             if (wait_request(e, &e->req_act[m], "the activation", m, op->peer)) return -1;
+            if (engine_msg_received(g, ENGINE_MSG_ACT_IN, m)) return -1;
             record(e, TRACE_WAIT_ACT, t0, pt_now(), m);
             break;
         case SCHED_OP_RECV_GRAD:
             if (wait_request(e, &e->req_grad[m], "the gradient", m, op->peer)) return -1;
+            if (engine_msg_received(g, ENGINE_MSG_GRAD_IN, m)) return -1;
             record(e, TRACE_WAIT_GRAD, t0, pt_now(), m);
             break;
-        case SCHED_OP_FORWARD: {
-            const int64_t *ids = indices + (size_t)m * mb;
-            if (e->rank == 0) load_pixels(e->act_in[m], data, ids, mb);
-            int slot = stage_slot_acquire(&e->st);
-            if (slot < 0) return -1;
-            e->slot_of[m] = slot;
+        case SCHED_OP_FORWARD:
+            if (engine_forward(g, m, mb, seed, step, 1, i)) return -1;
             if (++e->inflight > e->peak_inflight) e->peak_inflight = e->inflight;
-            const float *y = stage_forward(&e->st, slot, e->act_in[m], mb, ids, seed, step, 1);
-            if (last) {
-                int32_t labels[mb];
-                for (int j = 0; j < mb; j++) labels[j] = data->labels[ids[j]];
-                int ok = 0;
-                double l = kernel_softmax_xent_cpu(e->dlogits[m], &ok, y, labels, mb, classes,
-                                                   1.0f / (float)e->cfg.batch);
-                if (!isfinite(l)) nonfinite = 1;
-                loss_sum += l;
-                correct += ok;
-            }
-            double t1 = pt_now();
-            compute += t1 - t0;
-            e->forward_s += t1 - t0;
-            record(e, TRACE_FORWARD, t0, t1, m);
             break;
-        }
-        case SCHED_OP_SEND_ACT: {
-            const stage_slot *sl = &e->st.slots[e->slot_of[m]];
-            const float *y = sl->out[e->st.last - e->st.first - 1];
-            MPI_Isend(y, (int)(mb * e->out_count), MPI_FLOAT, op->peer, tag_of(TAG_ACT, m),
-                      e->comm, &e->req_send_act[m]);
+        case SCHED_OP_SEND_ACT:
+            if (start_send(e, ENGINE_MSG_ACT_OUT, m, (int)(mb * e->out_count), op->peer,
+                           tag_of(TAG_ACT, m), &e->req_send_act[m]))
+                return -1;
             record(e, TRACE_SEND_ACT, t0, pt_now(), m);
             break;
-        }
-        case SCHED_OP_BACKWARD: {
-            const float *dout = last ? e->dlogits[m] : e->grad_in[m];
-            stage_backward(&e->st, e->slot_of[m], dout, e->rank > 0 ? e->grad_out[m] : NULL);
-            double t1 = pt_now();
-            compute += t1 - t0;
-            e->backward_s += t1 - t0;
-            record(e, TRACE_BACKWARD, t0, t1, m);
+        case SCHED_OP_BACKWARD:
+            if (engine_backward(g, m, i)) return -1;
             /* the slot's output may still be on its way to the next stage */
-            if (wait_request(e, &e->req_send_act[m], "send of the activation", m, e->rank + 1))
+            if (wait_send(e, &e->req_send_act[m], "send of the activation", m, e->rank + 1))
                 return -1;
-            stage_slot_release(&e->st, e->slot_of[m]);
+            if (engine_release(g, m)) return -1;
             e->inflight--;
             break;
-        }
         case SCHED_OP_SEND_GRAD:
-            MPI_Isend(e->grad_out[m], (int)(mb * e->in_count), MPI_FLOAT, op->peer,
-                      tag_of(TAG_GRAD, m), e->comm, &e->req_send_grad[m]);
+            if (start_send(e, ENGINE_MSG_GRAD_OUT, m, (int)(mb * e->in_count), op->peer,
+                           tag_of(TAG_GRAD, m), &e->req_send_grad[m]))
+                return -1;
             record(e, TRACE_SEND_GRAD, t0, pt_now(), m);
             break;
         case SCHED_OP_OPTIMIZER_STEP:
-            for (int k = 0; k < e->cfg.microbatches; k++)
-                if (wait_request(e, &e->req_send_grad[k], "send of the gradient", k,
-                                 e->rank - 1))
+            for (int k = 0; k < M; k++)
+                if (wait_send(e, &e->req_send_grad[k], "send of the gradient", k, e->rank - 1))
                     return -1;
-            stage_step(&e->st, opt);
-            stage_zero_grad(&e->st);
-            compute += pt_now() - t0;
-            e->optimizer_s += pt_now() - t0;
-            record(e, TRACE_OPTIMIZER, t0, pt_now(), -1);
+            if (engine_step(g, opt, i)) return -1;
             break;
         case SCHED_OP_ALLREDUCE:
         case SCHED_OP_RECOMPUTE:
@@ -360,19 +392,21 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint
                                 e->rank, schedule_op_name(op->kind));
         }
     }
+    engine_result r;
+    if (engine_finish(g, &r)) return -1;
+    e->compute_s += account_ticks(e, list);
     /* Share the loss (it lives on the last stage) and stop everyone on a non-finite one. */
     double t0 = pt_now();
-    double sums[3] = {loss_sum, (double)correct, (double)nonfinite};
+    double sums[3] = {r.loss_sum, (double)r.correct, (double)r.nonfinite};
     if (exec_allreduce(sums, 3, MPI_DOUBLE, MPI_SUM, e->comm, e->cfg.timeout_s)) return -1;
     record(e, TRACE_SYNC, t0, pt_now(), -1);
-    e->compute_s += compute;
     e->wall_s += pt_now() - t_step;
     e->steps++;
     res->loss_sum = sums[0];
     res->correct = (long)sums[1];
     if (sums[2] > 0) {
         pt_error_set("the loss is not finite (NaN or infinite) at step %llu: lower the "
-                            "learning rate", (unsigned long long)step + 1);
+                     "learning rate", (unsigned long long)step + 1);
         return EXEC_FAILED_EVERYWHERE;
     }
     return 0;
@@ -382,49 +416,53 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
 {
     int mb = e->mb, last = e->rank == e->size - 1, first = e->rank == 0;
     int chunks = (data->count + mb - 1) / mb;
-    double loss_sum = 0;
-    long correct = 0;
+    engine *g = e->eng;
     double t_start = pt_now();
-    MPI_Request send = MPI_REQUEST_NULL, recv[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     int64_t ids[mb];
-    int32_t labels[mb];
-    /* Double-buffered: the next chunk's receive is posted before this chunk's compute. */
+    /* Double-buffered in buffers 0 and 1: the next chunk's receive is posted before this
+     * chunk's compute. */
     int in_floats = (int)(mb * e->in_count);
     if (!first && chunks > 0)
-        MPI_Irecv(e->eval_in[0], in_floats, MPI_FLOAT, e->rank - 1, tag_of(TAG_EVAL, 0),
-                  e->comm, &recv[0]);
+        MPI_Irecv(engine_msg_buffer(g, ENGINE_MSG_ACT_IN, 0), in_floats, MPI_FLOAT,
+                  e->rank - 1, tag_of(TAG_EVAL, 0), e->comm, &e->eval_recv[0]);
     for (int c = 0; c < chunks; c++) {
-        int n = c == chunks - 1 ? data->count - c * mb : mb;
+        int n = c == chunks - 1 ? data->count - c * mb : mb, m = c & 1;
         for (int j = 0; j < n; j++) ids[j] = (int64_t)c * mb + j;
-        const float *x = e->eval_in[c & 1];
         /* the previous chunk's output (which may alias its input buffer, when every layer
-         * of the stage is the identity) must be gone before that buffer is reused */
-        if (wait_request(e, &send, "send of the evaluation activation", c - 1, e->rank + 1))
-            return -1;
-        if (first) {
-            load_pixels(e->eval_in[c & 1], data, ids, n);
-        } else {
-            if (wait_request(e, &recv[c & 1], "the evaluation activation", c, e->rank - 1))
+         * of the stage is the identity) must be gone before its buffers are reused */
+        if (c > 0 && !last) {
+            if (wait_send(e, &e->eval_send, "send of the evaluation activation", c - 1,
+                          e->rank + 1))
                 return -1;
-            if (c + 1 < chunks)
-                MPI_Irecv(e->eval_in[(c + 1) & 1], in_floats, MPI_FLOAT, e->rank - 1,
-                          tag_of(TAG_EVAL, c + 1), e->comm, &recv[(c + 1) & 1]);
+            if (engine_release(g, 1 - m)) return -1;
         }
-        const float *y = stage_forward(&e->st, 0, x, n, ids, 0, 0, 0);
+        if (engine_load(g, m, data, ids, n)) return -1;
+        if (!first) {
+            if (wait_request(e, &e->eval_recv[m], "the evaluation activation", c, e->rank - 1))
+                return -1;
+            if (engine_msg_received(g, ENGINE_MSG_ACT_IN, m)) return -1;
+            if (c + 1 < chunks)
+                MPI_Irecv(engine_msg_buffer(g, ENGINE_MSG_ACT_IN, 1 - m), in_floats, MPI_FLOAT,
+                          e->rank - 1, tag_of(TAG_EVAL, c + 1), e->comm, &e->eval_recv[1 - m]);
+        }
+        if (engine_forward(g, m, n, 0, 0, 0, -1)) return -1;
         if (last) {
-            for (int j = 0; j < n; j++) labels[j] = data->labels[ids[j]];
-            int ok = 0;
-            loss_sum += kernel_softmax_xent_cpu(NULL, &ok, y, labels, n, e->net->classes, 1.0f);
-            correct += ok;
-        } else {
-            MPI_Isend(y, (int)(n * e->out_count), MPI_FLOAT, e->rank + 1, tag_of(TAG_EVAL, c),
-                      e->comm, &send);
+            if (engine_release(g, m)) return -1;
+        } else if (start_send(e, ENGINE_MSG_ACT_OUT, m, (int)(n * e->out_count), e->rank + 1,
+                              tag_of(TAG_EVAL, c), &e->eval_send)) {
+            return -1;
         }
     }
-    if (wait_request(e, &send, "send of the evaluation activation", chunks - 1, e->rank + 1))
-        return -1;
+    if (!last && chunks > 0) {
+        if (wait_send(e, &e->eval_send, "send of the evaluation activation", chunks - 1,
+                      e->rank + 1))
+            return -1;
+        if (engine_release(g, (chunks - 1) & 1)) return -1;
+    }
+    engine_result r;
+    if (engine_finish(g, &r)) return -1;
     record(e, TRACE_EVAL, t_start, pt_now(), -1);
-    double sums[2] = {loss_sum, (double)correct};
+    double sums[2] = {r.loss_sum, (double)r.correct};
     if (exec_allreduce(sums, 2, MPI_DOUBLE, MPI_SUM, e->comm, e->cfg.timeout_s)) return -1;
     *loss = data->count ? sums[0] / data->count : 0;
     *accuracy = data->count ? sums[1] / data->count : 0;
@@ -434,17 +472,29 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
 int exec_gather_params(exec_t *e, float *all)
 {
     int counts[e->size], displs[e->size];
-    int mine = (int)e->st.param_count;
-    if (MPI_Gather(&mine, 1, MPI_INT, counts, 1, MPI_INT, 0, e->comm) != MPI_SUCCESS)
+    float *local = malloc(e->eng->param_count ? e->eng->param_count * sizeof(float) : 1);
+    int ok = local ? engine_read_params(e->eng, local) == 0
+                   : pt_error_set("out of memory for the parameters") == 0;
+    /* A rank whose copy failed sends nothing: rank 0 then sees a short model, and every
+     * rank still takes part in both gathers. */
+    int mine = ok ? (int)e->eng->param_count : 0;
+    if (MPI_Gather(&mine, 1, MPI_INT, counts, 1, MPI_INT, 0, e->comm) != MPI_SUCCESS) {
+        free(local);
         return pt_error_set("MPI_Gather of parameter counts failed");
-    if (e->rank == 0) {
-        displs[0] = 0;
-        for (int r = 1; r < e->size; r++) displs[r] = displs[r - 1] + counts[r - 1];
     }
+    long total = 0;
+    if (e->rank == 0)
+        for (int r = 0; r < e->size; r++) {
+            displs[r] = (int)total;
+            total += counts[r];
+        }
     /* stages hold consecutive layers, so their blocks concatenate into the whole model */
-    if (MPI_Gatherv(e->st.params, mine, MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0, e->comm) !=
-        MPI_SUCCESS)
-        return pt_error_set("MPI_Gatherv of parameters failed");
+    int rc = MPI_Gatherv(local, mine, MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0, e->comm);
+    free(local);
+    if (rc != MPI_SUCCESS) return pt_error_set("MPI_Gatherv of parameters failed");
+    if (!ok) return -1;
+    if (e->rank == 0 && (size_t)total != e->net->param_count)
+        return pt_error_set("gathering the parameters: another stage could not read its own");
     return 0;
 }
 
@@ -456,7 +506,7 @@ void exec_get_stats(const exec_t *e, exec_stats *st)
     st->optimizer_s = e->optimizer_s;
     st->wall_s = e->wall_s;
     st->steps = e->steps;
-    st->peak_act_bytes = (size_t)e->peak_inflight * e->st.slot_bytes;
+    st->peak_act_bytes = (size_t)e->peak_inflight * e->eng->slot_bytes;
     st->peak_microbatches = e->peak_inflight;
 }
 

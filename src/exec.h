@@ -11,6 +11,7 @@
 #include "partition/partition.h"
 #include "schedule/schedule.h"
 #include "src/data.h"
+#include "src/engine.h"
 #include "src/stage.h"
 
 typedef struct exec exec_t; /* opaque: holds MPI requests and buffers */
@@ -23,6 +24,10 @@ typedef struct {
     int stall_rank;        /* testing: this rank stops responding at stall_step (−1: never) */
     long stall_step;
     int stall_kills;       /* testing: ... by dying of SIGKILL instead */
+    engine_device device;  /* where the stage runs */
+    int gpu;               /* CUDA device number (device == ENGINE_CUDA) */
+    int device_messages;   /* CUDA: MPI sends device memory (CUDA-aware MPI) */
+    int debug_ready_delay; /* testing: see engine_config */
 } exec_config;
 
 typedef struct {
@@ -40,15 +45,15 @@ typedef struct {
     int peak_microbatches; /* most micro-batches whose activations were held at once */
 } exec_stats;
 
-/* Builds this rank's stage (stage = rank in comm) from the partition, checks the schedule
- * with the verifier and sizes the activation slots from its peak. The stage's parameters
- * start at zero: initialise or load them through exec_stage(). */
+/* Builds this rank's stage (stage = rank in comm) on its device from the partition, checks
+ * the schedule with the verifier and sizes the activation slots from its peak. The stage's
+ * parameters start undefined: initialise or load them through exec_engine(). */
 int exec_init(exec_t **e, MPI_Comm comm, const net_desc *net, const partition *part,
               const schedule *sched, const exec_config *cfg);
 void exec_free(exec_t *e);
 /* Collective, after every rank's exec_init succeeded: sets the trace's common time origin. */
 int exec_start(exec_t *e);
-stage *exec_stage(exec_t *e);
+engine *exec_engine(exec_t *e);
 int exec_rank(const exec_t *e);
 int exec_stages(const exec_t *e);
 

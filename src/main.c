@@ -9,6 +9,7 @@
 
 #include "partition/partition.h"
 #include "schedule/schedule.h"
+#include "src/devices.h"
 #include "src/error.h"
 #include "src/net.h"
 #include "src/options.h"
@@ -26,6 +27,7 @@ static void usage(FILE *f)
         "  partition  cut a model into pipeline stages and show the balance\n"
         "  schedule   instruction lists and timeline of a pipeline schedule\n"
         "  topo       this machine's (or an XML file's) topology\n"
+        "  devices    the CPU and CUDA devices training can use, and MPI's CUDA support\n"
         "  plan       partition + placement + predicted communication for a machine\n"
         "  diff       compare two safetensors checkpoints tensor by tensor\n");
 }
@@ -248,6 +250,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "partition")) return cmd_partition(argc, argv);
     if (!strcmp(cmd, "schedule")) return cmd_schedule(argc, argv);
     if (!strcmp(cmd, "topo")) return topo_cmd_topo(argc, argv);
+    if (!strcmp(cmd, "devices")) return devices_cmd(argc, argv);
     if (!strcmp(cmd, "plan")) return topo_cmd_plan(argc, argv);
     if (!strcmp(cmd, "diff")) return cmd_diff(argc, argv);
     fprintf(stderr, "pipetrain: unknown command %s\n", cmd);

@@ -15,6 +15,7 @@
 #include "kernels/rng.h"
 #include "src/checkpoint.h"
 #include "src/clock.h"
+#include "src/cuda_plugin.h"
 #include "src/error.h"
 #include "src/exec.h"
 #include "src/options.h"
@@ -26,6 +27,7 @@ void openblas_set_num_threads(int);
 
 typedef struct {
     const char *model, *data, *load, *save, *trace, *schedule, *partition, *bind;
+    engine_device device;
     int epochs, batch, stages, microbatches, threads, val, json, verbose, shuffle;
     long steps, warmup, train_samples, test_samples;
     double timeout;
@@ -33,6 +35,7 @@ typedef struct {
     optimizer_config opt;
     int stall_rank, kill; /* testing: stop responding (or die, with kill) at a step */
     long stall_step;
+    int ready_delay; /* testing: outgoing messages become ready late, as after a GPU copy */
 } train_options;
 
 static void usage(FILE *f)
@@ -67,6 +70,8 @@ static void usage(FILE *f)
         "  --partition METHOD    uniform | params | time | counts like 4,3,4 (default time)\n"
         "  --threads N           worker threads per rank (default: cores / ranks on the node)\n"
         "  --bind MODE           auto | core | none: pin each rank to its cores (default none)\n"
+        "  --device NAME         cpu | cuda: where the stages run; with cuda each rank takes a\n"
+        "                        GPU by local rank (several ranks may share one) (default cpu)\n"
         "  --timeout S           give up when a rank waits longer than S s (default 300)\n"
         "output\n"
         "  --trace FILE          Chrome trace JSON of every rank's events (Perfetto)\n"
@@ -87,7 +92,7 @@ static int parse_options(train_options *o, int argc, char **argv)
     enum { O_MODEL = 256, O_DATA, O_EPOCHS, O_STEPS, O_BATCH, O_LR, O_OPT, O_MOM, O_WD, O_SEED,
            O_SHUFFLE, O_VAL, O_THREADS, O_LOAD, O_SAVE, O_JSON, O_HELP, O_STAGES, O_MICRO,
            O_SCHED, O_PART, O_TRACE, O_TIMEOUT, O_BIND, O_VERBOSE, O_TRAIN_N, O_TEST_N,
-           O_STALL, O_WARMUP, O_KILL };
+           O_STALL, O_WARMUP, O_KILL, O_DEVICE, O_DELAY };
     static const struct option longopts[] = {
         {"model", required_argument, 0, O_MODEL}, {"data", required_argument, 0, O_DATA},
         {"epochs", required_argument, 0, O_EPOCHS}, {"steps", required_argument, 0, O_STEPS},
@@ -106,8 +111,10 @@ static int parse_options(train_options *o, int argc, char **argv)
         {"train-samples", required_argument, 0, O_TRAIN_N},
         {"test-samples", required_argument, 0, O_TEST_N},
         {"warmup", required_argument, 0, O_WARMUP},
+        {"device", required_argument, 0, O_DEVICE},
         {"debug-stall", required_argument, 0, O_STALL}, /* testing: RANK:STEP */
         {"debug-kill", required_argument, 0, O_KILL},   /* testing: RANK:STEP */
+        {"debug-delay-sends", required_argument, 0, O_DELAY}, /* testing: POLLS */
         {0, 0, 0, 0}};
     long v;
     double d;
@@ -127,6 +134,11 @@ static int parse_options(train_options *o, int argc, char **argv)
         case O_JSON: o->json = 1; break;
         case O_VERBOSE: o->verbose = 1; break;
         case O_HELP: return 1;
+        case O_DEVICE:
+            if (!strcmp(optarg, "cpu")) o->device = ENGINE_CPU;
+            else if (!strcmp(optarg, "cuda")) o->device = ENGINE_CUDA;
+            else return pt_error_set("--device must be cpu or cuda, not '%s'", optarg);
+            break;
         case O_EPOCHS:
             if (opt_parse_long("--epochs", optarg, 1, INT_MAX, &v)) return -1;
             o->epochs = (int)v;
@@ -199,6 +211,10 @@ static int parse_options(train_options *o, int argc, char **argv)
             if (strcmp(optarg, "auto") && strcmp(optarg, "core") && strcmp(optarg, "none"))
                 return pt_error_set("--bind %s: expected auto, core or none", optarg);
             o->bind = optarg;
+            break;
+        case O_DELAY:
+            if (opt_parse_long("--debug-delay-sends", optarg, 0, 1000000, &v)) return -1;
+            o->ready_delay = (int)v;
             break;
         case O_STALL:
         case O_KILL:
@@ -286,7 +302,7 @@ static int load_data(const train_options *o, const net_desc *net, dataset *train
 }
 
 static int choose_partition(const train_options *o, const net_desc *net, partition *part,
-                            MPI_Comm comm, int rank)
+                            MPI_Comm comm, int rank, int gpu)
 {
     memset(part, 0, sizeof *part);
     if (partition_check(net->n_layers, o->stages)) return -1;
@@ -302,7 +318,7 @@ static int choose_partition(const train_options *o, const net_desc *net, partiti
         int ok = 1;
         if (rank == 0) {
             int mb = o->batch / o->microbatches;
-            if (partition_profile_measure(&prof, net, mb, 2, 5)) {
+            if (partition_profile_measure_on(&prof, net, mb, 2, 5, o->device, gpu)) {
                 ok = 0;
             } else {
                 memcpy(costs, prof.fwd_s, (size_t)n * sizeof *costs);
@@ -446,6 +462,20 @@ static void abort_job(MPI_Comm comm)
     MPI_Abort(comm, 1);
 }
 
+/* The seed's initialisation, then the checkpoint's values when --load names one. */
+static int init_parameters(engine *eng, const train_options *o, const net_desc *net,
+                           const partition *part, int rank)
+{
+    if (engine_init_params(eng, o->seed)) return -1;
+    if (!o->load) return 0;
+    float *p = malloc(eng->param_count ? eng->param_count * sizeof *p : 1);
+    if (!p) return pt_error_set("out of memory for the checkpoint");
+    int rc = checkpoint_load_layers(o->load, net, part->first[rank], part->first[rank + 1], p);
+    if (!rc) rc = engine_write_params(eng, p);
+    free(p);
+    return rc;
+}
+
 int train_main(int argc, char **argv)
 {
     MPI_Comm comm = MPI_COMM_WORLD;
@@ -492,6 +522,17 @@ int train_main(int argc, char **argv)
      * two thread pools never fight over the cores. */
     openblas_set_num_threads(1);
 
+    /* A GPU per rank: by local rank, or nearest to the rank's cores when it is bound. */
+    int gpu = 0, device_messages = 0;
+    cuda_device_info gpu_info = {0};
+    if (o.device == ENGINE_CUDA) {
+        const cuda_plugin *cp = NULL;
+        if (agree(cuda_plugin_load(&cp), comm, o.timeout)) return 1;
+        if (agree(cuda_pick_device(comm, cp, o.verbose, &gpu, &gpu_info), comm, o.timeout))
+            return 1;
+        device_messages = cuda_mpi_aware();
+    }
+
     net_desc net = {0};
     partition part = {0};
     schedule sched = {0};
@@ -502,18 +543,17 @@ int train_main(int argc, char **argv)
     int rc = 1;
 
     if (agree(net_desc_load(&net, o.model), comm, o.timeout)) goto done;
-    if (agree(choose_partition(&o, &net, &part, comm, rank), comm, o.timeout)) goto done;
+    if (agree(choose_partition(&o, &net, &part, comm, rank, gpu), comm, o.timeout)) goto done;
     if (agree(schedule_init_by_name(&sched, o.schedule, o.stages, o.microbatches), comm,
               o.timeout))
         goto done;
     if (agree(load_data(&o, &net, &train, &val, &test), comm, o.timeout)) goto done;
     exec_config cfg = {o.batch, o.microbatches, o.threads, o.timeout, o.trace != NULL, o.stall_rank,
-                       o.stall_step, o.kill};
+                       o.stall_step, o.kill, o.device, gpu, device_messages, o.ready_delay};
     if (agree(exec_init(&ex, comm, &net, &part, &sched, &cfg), comm, o.timeout)) goto done;
     if (exec_start(ex)) abort_job(comm);
-    stage *st = exec_stage(ex);
-    stage_init_params(st, o.seed);
-    if (agree(o.load ? checkpoint_load_stage(o.load, st) : 0, comm, o.timeout)) goto done;
+    if (agree(init_parameters(exec_engine(ex), &o, &net, &part, rank), comm, o.timeout))
+        goto done;
     order = malloc((size_t)train.count * sizeof *order);
     if (agree(order ? 0 : pt_error_set("out of memory"), comm, o.timeout)) goto done;
 
@@ -527,10 +567,15 @@ int train_main(int argc, char **argv)
                net.param_count, net.classes);
         printf("data: %d training, %d validation, %d test samples; batch %d, %ld steps per "
                "epoch\n", train.count, val.count, test.count, o.batch, steps_per_epoch);
-        printf("layout: %d stage%s, %d micro-batch%s of %d, schedule %s, %d thread%s per "
-               "rank; %s lr %g\n", o.stages, o.stages > 1 ? "s" : "", o.microbatches,
-               o.microbatches > 1 ? "es" : "", o.batch / o.microbatches, sched.name, o.threads,
-               o.threads > 1 ? "s" : "", optimizer_name(o.opt.kind), (double)o.opt.lr);
+        printf("layout: %d stage%s, %d micro-batch%s of %d, schedule %s, ", o.stages,
+               o.stages > 1 ? "s" : "", o.microbatches, o.microbatches > 1 ? "es" : "",
+               o.batch / o.microbatches, sched.name);
+        if (o.device == ENGINE_CUDA)
+            printf("rank 0 on CUDA device %d (%s, %s messages)", gpu, gpu_info.name,
+                   device_messages ? "device-memory" : "host-staged");
+        else
+            printf("%d thread%s per rank", o.threads, o.threads > 1 ? "s" : "");
+        printf("; %s lr %g\n", optimizer_name(o.opt.kind), (double)o.opt.lr);
         if (o.stages > 1 && o.microbatches <= 16) {
             printf("schedule (unit-time timeline, F = forward, B = backward):\n");
             schedule_print(&sched, stdout);
@@ -635,14 +680,16 @@ int train_main(int argc, char **argv)
             printf("{\"model\":\"%s\",\"samples_per_s\":%.3f,\"train_loss\":%.6f,"
                    "\"train_acc\":%.6f,\"test_loss\":%.6f,\"test_acc\":%.6f,\"val_acc\":%.6f,"
                    "\"steps\":%ld,\"epochs\":%d,\"params\":%zu,\"wall_s\":%.3f,"
-                   "\"train_s\":%.3f,\"batch\":%d,\"threads\":%d,\"optimizer\":\"%s\","
+                   "\"train_s\":%.3f,\"batch\":%d,\"threads\":%d,\"device\":\"%s\","
+                   "\"optimizer\":\"%s\","
                    "\"stages\":%d,\"microbatches\":%d,\"schedule\":\"%s\",\"partition\":\"%s\","
                    "\"bubble\":%.6f,\"bubble_theory\":%.6f,\"bubble_simulated\":%.6f",
                    o.model, samples_per_s, epoch_loss,
                    epoch_samples ? (double)epoch_correct / epoch_samples : 0.0,
                    isnan(test_loss) ? -1.0 : test_loss, isnan(test_acc) ? -1.0 : test_acc,
                    isnan(val_acc) ? -1.0 : val_acc, step, epochs, net.param_count,
-                   pt_now() - t_start, t_train, o.batch, o.threads, optimizer_name(o.opt.kind),
+                   pt_now() - t_start, t_train, o.batch, o.threads, o.device == ENGINE_CUDA ? "cuda" : "cpu",
+                   optimizer_name(o.opt.kind),
                    o.stages, o.microbatches, sched.name, o.partition, fig.bubble, theory,
                    simulated);
             print_json_array("stage_compute_s", fig.compute, size);

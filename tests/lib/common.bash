@@ -33,3 +33,8 @@ finish() {
     echo "$((CHECKS - FAILURES)) passed, $FAILURES failed"
     [ "$FAILURES" -eq 0 ]
 }
+
+# json_field KEY <FILE: a top-level field of the JSON object on the input's last line.
+json_field() {
+    tail -n 1 | python3 -c "import json, sys; print(json.loads(sys.stdin.read())[sys.argv[1]])" "$1"
+}

@@ -1,0 +1,214 @@
+/* `pipetrain devices`: the CPU from this machine's topology, the CUDA devices through the
+ * plugin, and MPI's CUDA-awareness, as text or as one JSON object. A machine without a
+ * usable GPU is a normal answer (the reason is printed, the status is 0); only a listing
+ * that could not be made is an error. */
+#include "src/devices.h"
+
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/cuda_plugin.h"
+#include "src/error.h"
+#include "topologies/topo.h"
+
+typedef struct {
+    int ok;               /* the plugin loaded and lists devices */
+    char reason[1024];    /* why not, when !ok */
+    char versions[128];   /* "" when the plugin did not load */
+    int n;                /* devices */
+    cuda_device_info *info;
+    int *failed;          /* per device: its query failed (message in errors) */
+    char (*errors)[512];
+} cuda_listing;
+
+static void json_string(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(out, "\\%c", c);
+        else if (c < 0x20) fprintf(out, "\\u%04x", c);
+        else fputc(c, out);
+    }
+    fputc('"', out);
+}
+
+static double gib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0 * 1024.0); }
+
+/* What the plugin says; the listing keeps going whatever fails. */
+static void cuda_list(cuda_listing *l)
+{
+    memset(l, 0, sizeof *l);
+    const cuda_plugin *p;
+    if (cuda_plugin_load(&p) < 0) {
+        snprintf(l->reason, sizeof l->reason, "%s", pt_error_get());
+        return;
+    }
+    if (p->versions(l->versions, sizeof l->versions) < 0)
+        snprintf(l->versions, sizeof l->versions, "versions unknown: %s", pt_error_get());
+    const int rc = p->device_count(&l->n);
+    if (rc < 0 || l->n <= 0) {
+        snprintf(l->reason, sizeof l->reason, "%s",
+                 rc < 0 ? pt_error_get() : "no CUDA device: the driver lists none");
+        l->n = 0;
+        return;
+    }
+    l->info = calloc((size_t)l->n, sizeof *l->info);
+    l->failed = calloc((size_t)l->n, sizeof *l->failed);
+    l->errors = calloc((size_t)l->n, sizeof *l->errors);
+    if (!l->info || !l->failed || !l->errors) {
+        snprintf(l->reason, sizeof l->reason, "out of memory for %d devices", l->n);
+        l->n = 0;
+        return;
+    }
+    l->ok = 1;
+    for (int d = 0; d < l->n; d++)
+        if (p->device_info(d, &l->info[d]) < 0) {
+            l->failed[d] = 1;
+            snprintf(l->errors[d], sizeof l->errors[d], "%s", pt_error_get());
+        }
+}
+
+static void cuda_listing_free(cuda_listing *l)
+{
+    free(l->info);
+    free(l->failed);
+    free(l->errors);
+    l->info = NULL;
+    l->failed = NULL;
+    l->errors = NULL;
+}
+
+static void print_text(const topo_machine *m, const char *topo_err, const cuda_listing *l,
+                       const char *mpi_lib, int aware)
+{
+    if (m)
+        printf("CPU: %s (%d package%s, %d cores, %d hardware threads, %d NUMA node%s, "
+               "%.1f GiB)\n", *m->cpu_model ? m->cpu_model : "model unknown", m->n_packages,
+               m->n_packages == 1 ? "" : "s", m->n_cores, m->n_pus, m->n_numa,
+               m->n_numa == 1 ? "" : "s", gib(m->memory));
+    else
+        printf("CPU: unknown: %s\n", topo_err);
+    if (!l->ok) {
+        printf("CUDA: not available: %s\n", l->reason);
+        if (*l->versions) printf("      (%s)\n", l->versions);
+    } else {
+        printf("CUDA: %s; %d device%s\n", l->versions, l->n, l->n == 1 ? "" : "s");
+    }
+    for (int d = 0; d < l->n; d++) {
+        const cuda_device_info *g = &l->info[d];
+        if (l->failed[d]) {
+            printf("  device %d: %s\n", d, l->errors[d]);
+            continue;
+        }
+        int estimate;
+        devices_fp32_lanes_per_sm(g->major, g->minor, &estimate);
+        printf("  device %d: %s\n"
+               "    memory %.1f GiB, %.1f GiB free; compute capability %d.%d; %d SMs at "
+               "%d MHz\n"
+               "    PCI bus %s; FP32 peak %.1f TFLOP/s%s\n", d, g->name, gib(g->total_bytes),
+               gib(g->free_bytes), g->major, g->minor, g->multiprocessors, g->clock_khz / 1000,
+               g->pci_bus_id, g->peak_fp32_flops / 1e12, estimate ? " (estimate)" : "");
+    }
+    printf("MPI: %s; CUDA-aware: %s\n", mpi_lib, aware ? "yes" : "no");
+}
+
+static void print_json(const topo_machine *m, const char *topo_err, const cuda_listing *l,
+                       const char *mpi_lib, int aware)
+{
+    printf("{\"cpu\":{");
+    if (m) {
+        printf("\"model\":");
+        json_string(stdout, m->cpu_model);
+        printf(",\"packages\":%d,\"cores\":%d,\"hardware_threads\":%d,\"numa_nodes\":%d,"
+               "\"memory_bytes\":%llu", m->n_packages, m->n_cores, m->n_pus, m->n_numa,
+               m->memory);
+    } else {
+        printf("\"error\":");
+        json_string(stdout, topo_err);
+    }
+    printf("},\"cuda\":{\"available\":%s", l->ok ? "true" : "false");
+    if (*l->versions) {
+        printf(",\"versions\":");
+        json_string(stdout, l->versions);
+    }
+    if (!l->ok) {
+        printf(",\"reason\":");
+        json_string(stdout, l->reason);
+    } else {
+        printf(",\"devices\":[");
+        for (int d = 0; d < l->n; d++) {
+            const cuda_device_info *g = &l->info[d];
+            printf("%s{\"index\":%d,", d ? "," : "", d);
+            if (l->failed[d]) {
+                printf("\"error\":");
+                json_string(stdout, l->errors[d]);
+                printf("}");
+                continue;
+            }
+            int estimate;
+            devices_fp32_lanes_per_sm(g->major, g->minor, &estimate);
+            printf("\"name\":");
+            json_string(stdout, g->name);
+            printf(",\"memory_total_bytes\":%zu,\"memory_free_bytes\":%zu,"
+                   "\"compute_capability\":\"%d.%d\",\"multiprocessors\":%d,\"clock_khz\":%d,"
+                   "\"pci_bus_id\":", g->total_bytes, g->free_bytes, g->major, g->minor,
+                   g->multiprocessors, g->clock_khz);
+            json_string(stdout, g->pci_bus_id);
+            printf(",\"peak_fp32_flops\":%.6g,\"peak_fp32_estimate\":%s}", g->peak_fp32_flops,
+                   estimate ? "true" : "false");
+        }
+        printf("]");
+    }
+    printf("},\"mpi\":{\"library\":");
+    json_string(stdout, mpi_lib);
+    printf(",\"cuda_aware\":%s}}\n", aware ? "true" : "false");
+}
+
+int devices_cmd(int argc, char **argv)
+{
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) {
+            json = 1;
+        } else if (!strcmp(argv[i], "--help")) {
+            printf("usage: pipetrain devices [--json]\n"
+                   "  the CPU, every CUDA device (memory, compute capability, SMs, PCI bus,\n"
+                   "  FP32 peak), the CUDA versions and whether MPI is CUDA-aware; without a\n"
+                   "  usable GPU it says why (exit status 0 all the same)\n");
+            return 0;
+        } else {
+            fprintf(stderr, "pipetrain devices: unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    topo_t *t = NULL;
+    char topo_err[512] = "";
+    if (topo_init(&t, NULL) < 0) snprintf(topo_err, sizeof topo_err, "%s", pt_error_get());
+    cuda_listing l;
+    cuda_list(&l);
+
+    /* MPI only for its CUDA-awareness, which is asked at run time */
+    int was_init = 0, aware, len = 0;
+    MPI_Initialized(&was_init);
+    if (!was_init) MPI_Init(NULL, NULL);
+    char mpi_lib[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+    MPI_Get_library_version(mpi_lib, &len);
+    mpi_lib[strcspn(mpi_lib, "\n")] = '\0'; /* the first line names the library */
+    for (char *c = mpi_lib; *c; c++)
+        if (*c == '\t') *c = ' ';
+    aware = cuda_mpi_aware();
+    if (!was_init) MPI_Finalize();
+
+    const topo_machine *m = t ? topo_get_machine(t) : NULL;
+    if (json) print_json(m, topo_err, &l, mpi_lib, aware);
+    else print_text(m, topo_err, &l, mpi_lib, aware);
+    fflush(stdout);
+    int failed = !m;
+    for (int d = 0; d < l.n; d++) failed |= l.failed[d];
+    cuda_listing_free(&l);
+    topo_free(t);
+    return failed ? 1 : 0;
+}

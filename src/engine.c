@@ -1,0 +1,26 @@
+#include "src/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/cuda_plugin.h"
+#include "src/error.h"
+
+int engine_create(engine **e, engine_device device, const engine_config *cfg)
+{
+    *e = NULL;
+    if (cfg->buffers < 2 || cfg->max_batch < 1 || cfg->n_slots < 1 || cfg->batch < 1 ||
+        cfg->max_ticks < 0)
+        return pt_error_set("engine: %d buffers, batch %d of %d, %d slots, %d ticks: out of "
+                            "range", cfg->buffers, cfg->max_batch, cfg->batch, cfg->n_slots,
+                            cfg->max_ticks);
+    if (device == ENGINE_CPU) return engine_cpu_create(e, cfg);
+    const cuda_plugin *p;
+    if (cuda_plugin_load(&p)) return -1;
+    return p->engine_create(e, cfg);
+}
+
+void engine_destroy(engine *e)
+{
+    if (e) e->ops->destroy(e);
+}

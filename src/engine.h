@@ -1,0 +1,174 @@
+/* The compute side of one rank's pipeline stage: where its parameters, activations and
+ * micro-batch buffers live (host memory for the CPU engine, a GPU for the CUDA engine)
+ * and how they are computed. The executor (src/exec.c) owns the schedule and the MPI
+ * messages and reaches buffers only through this interface, so one executor runs stages
+ * on either device.
+ *
+ * Work may be asynchronous: the CUDA engine queues forward, backward and step on a stream
+ * and returns at once. What the executor may rely on:
+ *   - an outgoing message buffer (ACT_OUT, GRAD_OUT of m) holds its bytes once
+ *     engine_msg_ready says so after engine_msg_prepare;
+ *   - an incoming buffer (ACT_IN, GRAD_IN of m) may be handed to MPI from the return of
+ *     engine_msg_buffer until engine_msg_received is called for it;
+ *   - engine_finish waits for everything queued; only then are the loss sums and the
+ *     times of the timed operations ("ticks") known.
+ * Every function returns 0, or −1 with a message (src/error.h). */
+#ifndef PT_ENGINE_H
+#define PT_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/data.h"
+#include "src/net.h"
+#include "src/stage.h"
+
+typedef enum { ENGINE_CPU = 0, ENGINE_CUDA } engine_device;
+
+typedef enum {
+    ENGINE_MSG_ACT_IN = 0, /* activation of m from the previous stage: the stage's input */
+    ENGINE_MSG_GRAD_IN,    /* gradient of the stage's output of m, from the next stage */
+    ENGINE_MSG_ACT_OUT,    /* the stage's output of m, for the next stage */
+    ENGINE_MSG_GRAD_OUT,   /* gradient of the stage's input of m, for the previous stage */
+} engine_msg;
+
+typedef struct {
+    const net_desc *net;  /* not owned; must outlive the engine */
+    int first, last;      /* layers [first, last) */
+    int buffers;          /* micro-batch buffers: m in [0, buffers) (≥ 2, evaluation
+                             double-buffers) */
+    int max_batch;        /* samples per micro-batch */
+    int n_slots;          /* micro-batches whose activations are held at once */
+    int batch;            /* samples per optimizer step: the loss gradient is scaled 1/batch */
+    int threads;          /* CPU engine: worker threads */
+    int device;           /* CUDA engine: device number */
+    int device_messages;  /* CUDA engine: message buffers in device memory (the MPI library
+                             is CUDA-aware); else pinned host buffers */
+    int max_ticks;        /* timed operations per step: tick in [0, max_ticks) or −1 */
+    int debug_ready_delay; /* testing (CPU engine): an outgoing message reports ready only
+                              at its (1 + this)-th msg_ready poll, as a GPU copy would */
+} engine_config;
+
+typedef struct engine engine;
+
+typedef struct {
+    double loss_sum; /* last stage: summed loss over the samples forwarded since the last
+                        finish; 0 elsewhere */
+    long correct;    /* last stage: samples whose first argmax is the label */
+    int nonfinite;   /* a micro-batch's loss was NaN or infinite */
+} engine_result;
+
+typedef struct {
+    const char *name; /* "cpu", "cuda" */
+    void (*destroy)(engine *);
+    /* PyTorch's default initialisation from the counter-based generator (stage_init_params). */
+    int (*init_params)(engine *, uint64_t seed);
+    /* The stage's parameters in stage order (per layer: weight, then bias), host memory. */
+    int (*read_params)(engine *, float *host);
+    int (*write_params)(engine *, const float *host);
+    /* Micro-batch m's samples `ids` of `d`: stage 0 takes their pixels, the last stage
+     * their labels, a stage with dropout their ids. */
+    int (*load)(engine *, int m, const dataset *d, const int64_t *ids, int n);
+    /* Takes an activation slot for m and runs the forward of n samples (the input being
+     * stage 0's loaded pixels, else ACT_IN of m); training = 0 turns dropout off. The last
+     * stage adds the loss of m to the sums and, training, writes its gradient for the
+     * backward. step numbers the dropout stream. */
+    int (*forward)(engine *, int m, int n, uint64_t seed, uint64_t step, int training, int tick);
+    /* Backward of m from GRAD_IN (the loss gradient on the last stage); parameter gradients
+     * accumulate; GRAD_OUT of m receives the input's gradient (not on stage 0). */
+    int (*backward)(engine *, int m, int tick);
+    /* Frees m's slot (after its backward, or its evaluation forward and send). */
+    int (*release)(engine *, int m);
+    /* One optimizer update from the accumulated gradients, which are then zeroed. */
+    int (*step)(engine *, const optimizer_config *, int tick);
+    /* Where MPI reads or writes message `msg` of m (host memory, or device memory when
+     * msg_on_device). In elements: ACT_IN and GRAD_OUT max_batch·in_count floats, ACT_OUT
+     * and GRAD_IN max_batch·out_count. ACT_OUT is only valid after m's forward. */
+    void *(*msg_buffer)(engine *, engine_msg, int m);
+    /* MPI has written the incoming message (ACT_IN, GRAD_IN) of m. */
+    int (*msg_received)(engine *, engine_msg, int m);
+    /* Starts filling the outgoing buffer (ACT_OUT, GRAD_OUT) of m from its computation. */
+    int (*msg_prepare)(engine *, engine_msg, int m);
+    /* *ready = 1 once the outgoing buffer holds its bytes (never blocks). */
+    int (*msg_ready)(engine *, engine_msg, int m, int *ready);
+    /* Waits for all queued work; returns and resets the loss sums; fills tick_t0/tick_t1. */
+    int (*finish)(engine *, engine_result *);
+} engine_ops;
+
+struct engine {
+    const engine_ops *ops;
+    engine_config cfg;
+    size_t param_count;   /* of the stage */
+    size_t in_count, out_count; /* values per sample of the stage's input and output */
+    size_t slot_bytes;    /* activation bytes one slot holds at max_batch */
+    int msg_on_device;    /* message buffers are device memory (CUDA-aware MPI) */
+    double *tick_t0, *tick_t1; /* [max_ticks], pt_now() seconds, valid after finish; a
+                                  tick not used since the last finish has t1 < t0 */
+    void *impl;
+};
+
+/* Creates the engine for a device. ENGINE_CUDA loads the CUDA plugin (src/cuda_plugin.h)
+ * and fails with a message when it or a usable GPU is missing. */
+int engine_create(engine **e, engine_device device, const engine_config *cfg);
+void engine_destroy(engine *e);
+
+/* The CPU engine (src/engine_cpu.c): a stage (src/stage.h) and its host buffers. */
+int engine_cpu_create(engine **e, const engine_config *cfg);
+
+/* For engine implementations: the common fields and the tick arrays (tick times start
+ * "unused"); engine_base_free releases what engine_base_init allocated. */
+int engine_base_init(engine *e, const engine_ops *ops, const engine_config *cfg);
+void engine_base_free(engine *e);
+/* The stage layout: per-sample input and output counts, parameters, slot bytes. */
+void engine_stage_sizes(const net_desc *net, int first, int last, size_t *in_count,
+                        size_t *out_count, size_t *param_count);
+
+static inline int engine_load(engine *e, int m, const dataset *d, const int64_t *ids, int n)
+{
+    return e->ops->load(e, m, d, ids, n);
+}
+static inline int engine_forward(engine *e, int m, int n, uint64_t seed, uint64_t step,
+                                 int training, int tick)
+{
+    return e->ops->forward(e, m, n, seed, step, training, tick);
+}
+static inline int engine_backward(engine *e, int m, int tick)
+{
+    return e->ops->backward(e, m, tick);
+}
+static inline int engine_release(engine *e, int m) { return e->ops->release(e, m); }
+static inline int engine_step(engine *e, const optimizer_config *o, int tick)
+{
+    return e->ops->step(e, o, tick);
+}
+static inline void *engine_msg_buffer(engine *e, engine_msg k, int m)
+{
+    return e->ops->msg_buffer(e, k, m);
+}
+static inline int engine_msg_received(engine *e, engine_msg k, int m)
+{
+    return e->ops->msg_received(e, k, m);
+}
+static inline int engine_msg_prepare(engine *e, engine_msg k, int m)
+{
+    return e->ops->msg_prepare(e, k, m);
+}
+static inline int engine_msg_ready(engine *e, engine_msg k, int m, int *ready)
+{
+    return e->ops->msg_ready(e, k, m, ready);
+}
+static inline int engine_finish(engine *e, engine_result *r) { return e->ops->finish(e, r); }
+static inline int engine_init_params(engine *e, uint64_t seed)
+{
+    return e->ops->init_params(e, seed);
+}
+static inline int engine_read_params(engine *e, float *host)
+{
+    return e->ops->read_params(e, host);
+}
+static inline int engine_write_params(engine *e, const float *host)
+{
+    return e->ops->write_params(e, host);
+}
+
+#endif

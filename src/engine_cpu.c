@@ -1,0 +1,248 @@
+/* The CPU engine: a stage (src/stage.h) with its micro-batch buffers in host memory.
+ * Everything runs synchronously, so messages are ready as soon as they are prepared (unless
+ * a test delays them) and ticks are host clock readings around each call. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "src/clock.h"
+#include "src/engine.h"
+#include "src/error.h"
+
+typedef struct {
+    stage st;
+    float **in;        /* [buffers] the stage's input: pixels (stage 0) or ACT_IN */
+    float **grad_in;   /* [buffers] GRAD_IN; on the last stage the loss gradient */
+    float **grad_out;  /* [buffers] GRAD_OUT (not on stage 0) */
+    int32_t **labels;  /* [buffers][max_batch] (last stage) */
+    int64_t **ids;     /* [buffers][max_batch] */
+    int *slot_of;
+    int *polls[2];     /* [buffers]: msg_ready polls of ACT_OUT and GRAD_OUT since prepare */
+    int first_stage, last_stage;
+    engine_result sums;
+} cpu_engine;
+
+static cpu_engine *impl(engine *e) { return e->impl; }
+
+static void *alloc_array(size_t bytes)
+{
+    size_t rounded = bytes ? (bytes + 63) / 64 * 64 : 64; /* aligned_alloc wants a multiple */
+    return aligned_alloc(64, rounded);
+}
+
+static void free_arrays(void **a, int n)
+{
+    if (!a) return;
+    for (int i = 0; i < n; i++) free(a[i]);
+    free(a);
+}
+
+static void **alloc_arrays(int n, size_t bytes)
+{
+    void **a = calloc((size_t)n, sizeof *a);
+    if (!a) return NULL;
+    for (int i = 0; i < n; i++) {
+        if (!(a[i] = alloc_array(bytes))) {
+            free_arrays(a, n);
+            return NULL;
+        }
+    }
+    return a;
+}
+
+static void cpu_destroy(engine *e)
+{
+    cpu_engine *c = impl(e);
+    if (c) {
+        int n = e->cfg.buffers;
+        stage_free(&c->st);
+        free_arrays((void **)c->in, n);
+        free_arrays((void **)c->grad_in, n);
+        free_arrays((void **)c->grad_out, n);
+        free_arrays((void **)c->labels, n);
+        free_arrays((void **)c->ids, n);
+        free(c->slot_of);
+        free(c->polls[0]);
+        free(c->polls[1]);
+        free(c);
+    }
+    engine_base_free(e);
+    free(e);
+}
+
+static int cpu_init_params(engine *e, uint64_t seed)
+{
+    stage_init_params(&impl(e)->st, seed);
+    return 0;
+}
+
+static int cpu_read_params(engine *e, float *host)
+{
+    memcpy(host, impl(e)->st.params, e->param_count * sizeof(float));
+    return 0;
+}
+
+static int cpu_write_params(engine *e, const float *host)
+{
+    memcpy(impl(e)->st.params, host, e->param_count * sizeof(float));
+    return 0;
+}
+
+static int cpu_load(engine *e, int m, const dataset *d, const int64_t *ids, int n)
+{
+    cpu_engine *c = impl(e);
+    if (c->first_stage) {
+        size_t px = (size_t)d->rows * d->cols;
+        for (int j = 0; j < n; j++)
+            kernel_bytes_to_float_cpu(c->in[m] + (size_t)j * px, d->pixels + (size_t)ids[j] * px,
+                                      px);
+    }
+    if (c->last_stage)
+        for (int j = 0; j < n; j++) c->labels[m][j] = d->labels[ids[j]];
+    memcpy(c->ids[m], ids, (size_t)n * sizeof *ids);
+    return 0;
+}
+
+static void tick(engine *e, int t, double t0)
+{
+    if (t < 0) return;
+    e->tick_t0[t] = t0;
+    e->tick_t1[t] = pt_now();
+}
+
+static int cpu_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, int training,
+                       int t)
+{
+    cpu_engine *c = impl(e);
+    double t0 = pt_now();
+    int slot = stage_slot_acquire(&c->st);
+    if (slot < 0) return -1;
+    c->slot_of[m] = slot;
+    const float *y = stage_forward(&c->st, slot, c->in[m], n, c->ids[m], seed, step, training);
+    if (c->last_stage) {
+        int ok = 0;
+        double l = kernel_softmax_xent_cpu(training ? c->grad_in[m] : NULL, &ok, y, c->labels[m],
+                                           n, e->cfg.net->classes,
+                                           training ? 1.0f / (float)e->cfg.batch : 1.0f);
+        if (!isfinite(l)) c->sums.nonfinite = 1;
+        c->sums.loss_sum += l;
+        c->sums.correct += ok;
+    }
+    tick(e, t, t0);
+    return 0;
+}
+
+static int cpu_backward(engine *e, int m, int t)
+{
+    cpu_engine *c = impl(e);
+    double t0 = pt_now();
+    stage_backward(&c->st, c->slot_of[m], c->grad_in[m], c->first_stage ? NULL : c->grad_out[m]);
+    tick(e, t, t0);
+    return 0;
+}
+
+static int cpu_release(engine *e, int m)
+{
+    stage_slot_release(&impl(e)->st, impl(e)->slot_of[m]);
+    return 0;
+}
+
+static int cpu_step(engine *e, const optimizer_config *o, int t)
+{
+    double t0 = pt_now();
+    stage_step(&impl(e)->st, o);
+    stage_zero_grad(&impl(e)->st);
+    tick(e, t, t0);
+    return 0;
+}
+
+static void *cpu_msg_buffer(engine *e, engine_msg k, int m)
+{
+    cpu_engine *c = impl(e);
+    switch (k) {
+    case ENGINE_MSG_ACT_IN: return c->in[m];
+    case ENGINE_MSG_GRAD_IN: return c->grad_in[m];
+    case ENGINE_MSG_ACT_OUT:
+        /* the last layer's output, which may alias the input (an all-identity stage) */
+        return (void *)c->st.slots[c->slot_of[m]].out[c->st.last - c->st.first - 1];
+    case ENGINE_MSG_GRAD_OUT: return c->grad_out[m];
+    }
+    return NULL;
+}
+
+static int cpu_msg_received(engine *e, engine_msg k, int m)
+{
+    (void)e, (void)k, (void)m;
+    return 0;
+}
+
+static int cpu_msg_prepare(engine *e, engine_msg k, int m)
+{
+    impl(e)->polls[k == ENGINE_MSG_GRAD_OUT][m] = 0;
+    return 0;
+}
+
+/* Ready at once, unless a test asks for the delays of a device copy. */
+static int cpu_msg_ready(engine *e, engine_msg k, int m, int *ready)
+{
+    *ready = impl(e)->polls[k == ENGINE_MSG_GRAD_OUT][m]++ >= e->cfg.debug_ready_delay;
+    return 0;
+}
+
+static int cpu_finish(engine *e, engine_result *r)
+{
+    *r = impl(e)->sums;
+    memset(&impl(e)->sums, 0, sizeof impl(e)->sums);
+    return 0;
+}
+
+static const engine_ops cpu_ops = {
+    "cpu",          cpu_destroy,    cpu_init_params, cpu_read_params, cpu_write_params,
+    cpu_load,       cpu_forward,    cpu_backward,    cpu_release,     cpu_step,
+    cpu_msg_buffer, cpu_msg_received, cpu_msg_prepare, cpu_msg_ready, cpu_finish,
+};
+
+int engine_cpu_create(engine **out, const engine_config *cfg)
+{
+    *out = NULL;
+    engine *e = calloc(1, sizeof *e);
+    if (!e) return pt_error_set("out of memory");
+    if (engine_base_init(e, &cpu_ops, cfg)) {
+        free(e);
+        return -1;
+    }
+    cpu_engine *c = calloc(1, sizeof *c);
+    e->impl = c;
+    if (!c) {
+        cpu_destroy(e);
+        return pt_error_set("out of memory");
+    }
+    if (stage_init(&c->st, cfg->net, cfg->first, cfg->last, cfg->max_batch, cfg->n_slots,
+                   cfg->threads > 0 ? cfg->threads : 1)) {
+        cpu_destroy(e);
+        return -1;
+    }
+    e->slot_bytes = c->st.slot_bytes;
+    c->first_stage = cfg->first == 0;
+    c->last_stage = cfg->last == cfg->net->n_layers;
+    int nb = cfg->buffers;
+    size_t mb = (size_t)cfg->max_batch;
+    c->in = (float **)alloc_arrays(nb, mb * e->in_count * sizeof(float));
+    c->grad_in = (float **)alloc_arrays(nb, mb * e->out_count * sizeof(float));
+    c->grad_out = c->first_stage ? NULL
+                                 : (float **)alloc_arrays(nb, mb * e->in_count * sizeof(float));
+    c->labels = (int32_t **)alloc_arrays(nb, mb * sizeof(int32_t));
+    c->ids = (int64_t **)alloc_arrays(nb, mb * sizeof(int64_t));
+    c->slot_of = calloc((size_t)nb, sizeof *c->slot_of);
+    c->polls[0] = calloc((size_t)nb, sizeof *c->polls[0]);
+    c->polls[1] = calloc((size_t)nb, sizeof *c->polls[1]);
+    if (!c->in || !c->grad_in || (!c->first_stage && !c->grad_out) || !c->labels || !c->ids ||
+        !c->slot_of || !c->polls[0] || !c->polls[1]) {
+        cpu_destroy(e);
+        return pt_error_set("out of memory for %d micro-batch buffers of %d samples", nb,
+                            cfg->max_batch);
+    }
+    *out = e;
+    return 0;
+}
