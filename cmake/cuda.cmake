@@ -1,4 +1,5 @@
-# The CUDA backend (kernels/cuda/): a static library `ptcuda` and its GPU test.
+# The CUDA backend (kernels/cuda/): a static library `ptcuda`, its GPU test, and the plugin
+# libpipetrain-cuda.so that pipetrain loads at run time (src/cuda_plugin.h).
 # Included by the top-level CMakeLists.txt after the CPU targets. Only binaries that link
 # ptcuda pay for CUDA (loading cuBLAS costs about 0.5 s per process start).
 #
@@ -69,7 +70,40 @@ if(PT_HAVE_CUDA)
   endif()
   target_compile_options(ptcuda PRIVATE "$<$<COMPILE_LANGUAGE:CUDA>:${pt_cuda_flags}>")
 
+  # The CUDA plugin (src/cuda_plugin.h): libpipetrain-cuda.so beside the pipetrain binary,
+  # dlopen'ed for --device cuda and `pipetrain devices`, so that neither pipetrain nor any
+  # test binary links cudart or cuBLAS. It holds src/cuda/*.c (entry, error forwarding,
+  # CUDA engine) with the kernels and the parts of ptcore they use, hence PIC for both.
+  # Only pt_cuda_plugin_entry is exported: hidden visibility for its own objects and
+  # --exclude-libs for the static libraries' (the plugin's ptcore copy must not interpose
+  # on the host's). --no-undefined: a missing symbol is a link error here, not a dlopen
+  # error at run time.
+  set_target_properties(ptcore ptcuda PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  file(GLOB PT_CUDA_PLUGIN_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/cuda/*.c)
+  add_library(pipetrain_cuda MODULE ${PT_CUDA_PLUGIN_SOURCES})
+  target_link_libraries(pipetrain_cuda PRIVATE ptcuda ptcore)
+  set_target_properties(pipetrain_cuda PROPERTIES OUTPUT_NAME pipetrain-cuda PREFIX lib
+    LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR} C_VISIBILITY_PRESET hidden
+    CUDA_RUNTIME_LIBRARY Shared)
+  target_link_options(pipetrain_cuda PRIVATE -Wl,--exclude-libs,ALL -Wl,--no-undefined)
+  add_dependencies(pipetrain pipetrain_cuda)
+  # The host's "plugin missing" message: this build makes one, so it was not built without.
+  set_property(SOURCE ${CMAKE_SOURCE_DIR}/src/cuda_plugin.c APPEND PROPERTY
+    COMPILE_DEFINITIONS PT_CUDA_PLUGIN_BUILT=1)
+
   if(PT_TESTS)
+    # The CUDA engine over a mock CUDA runtime (streams as deferred queues run in eager, lazy
+    # and random orders, kernels by their CPU twins), against the CPU engine bit for bit:
+    # its stream and event ordering is tested on every machine, GPU or not. Only the CUDA
+    # headers are used; nothing links cudart.
+    add_executable(test_engine_cuda_mock ${CMAKE_SOURCE_DIR}/tests/cuda/test_engine_cuda_mock.c
+      ${CMAKE_SOURCE_DIR}/tests/cuda/mock_cuda.c ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda.c
+      ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_run.c)
+    target_include_directories(test_engine_cuda_mock PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+    target_link_libraries(test_engine_cuda_mock PRIVATE ptcore)
+    add_test(NAME test_engine_cuda_mock COMMAND test_engine_cuda_mock)
+    set_tests_properties(test_engine_cuda_mock PROPERTIES LABELS "unit;cuda" TIMEOUT 300)
+
     # A plain program (not Criterion): exits 77, which ctest reports as skipped, when the
     # machine has no usable GPU.
     add_executable(test_cuda_kernels ${CMAKE_SOURCE_DIR}/tests/cuda/test_cuda_kernels.c)

@@ -1,0 +1,148 @@
+/* The CUDA engine's private state, shared by engine_cuda.c (memory, parameters, samples,
+ * finish) and engine_cuda_run.c (forward, backward, messages). Not for other modules.
+ *
+ * The CUDA engine (src/engine.h) is one pipeline stage resident on one GPU.
+ * Parameters, gradients, optimizer state, every slot's activations and every micro-batch
+ * buffer live in ONE device allocation, and every host staging buffer in one pinned
+ * allocation, both made at creation (nothing is allocated while training). Work is queued
+ * on three non-blocking streams: compute (the kernels and cuBLAS), h2d (samples and
+ * incoming messages) and d2h (outgoing messages), so that copies overlap compute. Each
+ * operation returns as soon as its work is queued; events (the ev_ fields) order the
+ * streams:
+ *
+ *   per micro-batch m   loaded    h2d      samples of m copied        → forward of m waits
+ *                       act_in    h2d      ACT_IN copied              → forward of m waits
+ *                       grad_in   h2d      GRAD_IN copied             → backward of m waits
+ *                       fwd       compute  forward of m done          → D2H of ACT_OUT waits;
+ *                                                                       h2d waits before
+ *                                                                       overwriting m's inputs
+ *                       bwd       compute  backward of m done         → D2H of GRAD_OUT waits;
+ *                                                                       h2d waits likewise
+ *                       act_out   d2h      ACT_OUT copied to the host → msg_ready; m's input
+ *                                                                       (which the output may
+ *                                                                       alias) is rewritten
+ *                                                                       only after it
+ *                       grad_out  d2h      GRAD_OUT copied            → msg_ready; the next
+ *                                                                       backward of m waits
+ *   per slot            read      d2h      last copy out of the slot  → a forward reusing it
+ *
+ * With device messages (a CUDA-aware MPI reads and writes the device buffers) nothing is
+ * copied: msg_ready queries fwd or bwd, and msg_buffer of an incoming message first waits
+ * on the host for the kernels that still read that buffer (fwd, bwd of m).
+ *
+ * cudaStreamWaitEvent and cudaEventSynchronize on an event never recorded do not wait, so
+ * the first use of every buffer needs no special case. Some waits (slot read, GRAD_OUT,
+ * and h2d on fwd and bwd) are implied by the executor's protocol (a send completes before
+ * its buffer is reused) and by the pipeline's data dependencies; they are kept so that the
+ * engine stays correct for any order the interface allows.
+ *
+ * The layer loops mirror src/stage.c (forward_chunk, backward_chunk) with the whole
+ * micro-batch as one chunk: a GPU kernel fills the chip, and each layer then sees the same
+ * shapes in every pipeline layout, so a layout does not change the bits. */
+#ifndef PT_ENGINE_CUDA_IMPL_H
+#define PT_ENGINE_CUDA_IMPL_H
+
+#include "kernels/cuda/kernels_cuda.h"
+#include "src/engine.h"
+
+/* LOSS_CAPACITY: per-micro-batch loss entries held on the device between two reads;
+ * evaluation forwards thousands of chunks between finishes and drains them when full. */
+enum { ENGINE_CUDA_ALIGN = 64, LOSS_CAPACITY = 1024 };
+
+typedef struct {
+    float *buf;      /* device: the layer's output storage (NULL for flatten) */
+    const float *out; /* its output of the last forward: buf, or the layer's input */
+    int32_t *argmax; /* maxpool */
+    uint8_t *mask;   /* dropout */
+    int identity;    /* the last forward passed the input through (out aliases it) */
+} slot_layer;
+
+typedef struct {
+    int busy, m, n;     /* held by micro-batch m since its forward of n samples */
+    int training;       /* that forward trained (dropout on, loss gradient written) */
+    slot_layer *layers; /* [last − first] */
+    cudaEvent_t ev_read; /* the last copy out of the slot's memory */
+} cuda_slot;
+
+typedef struct {
+    /* device */
+    float *in;       /* the stage's input: converted pixels (stage 0) or ACT_IN */
+    float *grad_in;  /* GRAD_IN; on the last stage the loss gradient */
+    float *grad_out; /* GRAD_OUT (not on stage 0) */
+    uint8_t *pixels;
+    int32_t *labels;
+    int64_t *ids;
+    /* pinned host */
+    uint8_t *h_pixels;
+    int32_t *h_labels;
+    int64_t *h_ids;
+    float *h_act_in, *h_grad_in, *h_act_out, *h_grad_out; /* host-staged messages only */
+    cudaEvent_t ev_loaded, ev_act_in, ev_grad_in, ev_fwd, ev_bwd, ev_act_out, ev_grad_out;
+    int slot;          /* −1: none */
+    int n;             /* samples of the last forward */
+    int loaded_n;      /* samples of the last load */
+    int has_grad_out;  /* a backward has written GRAD_OUT since the last forward */
+    int act_out_prepared, grad_out_prepared;
+} cuda_mb;
+
+typedef struct {
+    int device;
+    kernel_cuda_ctx ctx; /* the compute stream and its cuBLAS handle */
+    cudaStream_t h2d, d2h;
+    const net_desc *net;
+    int first, last, nl;
+    int is_first, is_last, has_dropout, needs_load;
+    int dm; /* device messages (CUDA-aware MPI) */
+    void *dmem, *hmem; /* the device and the pinned allocations */
+    size_t dmem_bytes, hmem_bytes;
+    float *params, *grads, *opt_m, *opt_v;
+    size_t *param_off; /* per local layer: its weight's offset in params and grads */
+    size_t work_floats, widest;
+    float *work, *scratch[2];
+    double *d_loss, *h_loss; /* [LOSS_CAPACITY], last stage */
+    int *d_correct, *h_correct;
+    int n_loss;         /* entries queued since the last drain */
+    engine_result sums; /* drained entries, in forward order */
+    long step;          /* optimizer steps since init_params */
+    cuda_slot *slots;
+    slot_layer *slot_layers; /* [n_slots · nl] */
+    cuda_mb *mb;             /* [buffers] */
+    cudaEvent_t anchor;      /* timing origin: first timed op after a finish */
+    double anchor_host;
+    int anchored;
+    cudaEvent_t *tick_ev; /* [2 · max_ticks]: begin, end */
+    unsigned char *tick_used;
+} cuda_engine;
+
+static inline cuda_engine *engine_cuda_impl(engine *e) { return e->impl; }
+
+static inline kernel_conv2d_dims engine_cuda_conv_dims(const layer_desc *L, int n)
+{
+    kernel_conv2d_dims d = {n, L->in.c, L->in.h, L->in.w, L->u.conv.filters, L->u.conv.size,
+                            L->u.conv.stride, L->u.conv.pad};
+    return d;
+}
+
+/* engine_cuda.c: helpers of both files. Each returns 0, or −1 with a message. */
+int engine_cuda_check_m(const engine *e, int m, const char *what);
+/* Prefixes the kernel's message with the operation, layer and micro-batch (m < 0: none). */
+int engine_cuda_layer_fail(const char *what, int layer, int m);
+/* Timed operations (tick ≥ 0): tick_check first (range; the anchor after a finish), then
+ * tick_begin once the operation's waits are queued, tick_end after its work. */
+int engine_cuda_tick_check(engine *e, int tick);
+int engine_cuda_tick_begin(engine *e, int tick);
+int engine_cuda_tick_end(engine *e, int tick);
+/* Synchronises the compute stream and adds the queued losses to c->sums in order. */
+int engine_cuda_loss_drain(cuda_engine *c);
+
+/* engine_cuda_run.c: the engine_ops entries of the same names. */
+int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, int training,
+                        int tick);
+int engine_cuda_backward(engine *e, int m, int tick);
+int engine_cuda_release(engine *e, int m);
+void *engine_cuda_msg_buffer(engine *e, engine_msg k, int m);
+int engine_cuda_msg_received(engine *e, engine_msg k, int m);
+int engine_cuda_msg_prepare(engine *e, engine_msg k, int m);
+int engine_cuda_msg_ready(engine *e, engine_msg k, int m, int *ready);
+
+#endif
