@@ -3,60 +3,137 @@
 #
 #   bash experiments/cuda/validate.sh          (from anywhere; works in the repository root)
 #
-# 1. prints the machine (nvidia-smi, nvcc, cmake, gcc);
-# 2. builds with -DPT_CUDA=ON in build-cuda/ (the project's own CMake build). If that
-#    configure fails because the CPU-side dependencies (MPI, hwloc, OpenBLAS, inih, zlib,
-#    Criterion) are not installed, as on a GPU image that has only the CUDA toolkit, it
-#    builds test_cuda_kernels alone from its sources (kernels/*.c, src/error.c,
-#    kernels/cuda/*.cu, tests/cuda/) with nvcc and gcc, against OpenBLAS if present, else
-#    against a plain triple-loop sgemm written below (the CPU reference then computes its
-#    products in double: a stricter reference, same tolerance);
-# 3. runs test_cuda_kernels (every kernel against the CPU kernels; a per-kernel table);
-# 4. runs it again under compute-sanitizer memcheck, when that tool is there.
-# Exits non-zero if a step fails; "no GPU" (the test's exit 77) is a failure here.
-# Warnings are not errors here (CI checks them); a newer host compiler must not stop the
-# validation. Logs go to $OUT (set by the device tool) or build-cuda/. Takes 1–4 minutes.
+# Binaries. When .gpu-bundle/bundle.tar.xz is there (made by experiments/cuda/bundle.sh on
+# the CPU machine and carried with the working tree), it is unpacked under /tmp and its
+# pipetrain, CUDA plugin, test_cuda_kernels, mpiexec, libraries and reduced Fashion-MNIST
+# are used. Otherwise they are built here: the project's CMake build in build-cuda/, or,
+# when its configure fails because the CPU dependencies (MPI, hwloc, OpenBLAS, inih, zlib,
+# Criterion) are missing, as on a GPU image that has only the CUDA toolkit, test_cuda_kernels
+# alone from its sources with nvcc and gcc, against OpenBLAS if present, else against a
+# plain triple-loop sgemm written below (the CPU reference then sums in double: a stricter
+# reference, same tolerance). Without pipetrain, steps 3 to 6 fail.
+#
+# Steps, each PASS or FAIL in the table printed last (exit 1 if a counted step fails):
+#  1  machine: nvidia-smi, nvcc, CPU; `pipetrain devices --json` lists a GPU and its FP32 peak
+#  2  test_cuda_kernels: every CUDA kernel against its CPU twin
+#  3  end to end, CPU (1 thread) against GPU: 5 steps of seed-cnn from the same checkpoint,
+#     same data order and dropout masks. 3a SGD: parameters within rtol 1e-5 (pipetrain
+#     diff) and the updates (trained − start) within 1e-3 of the CPU's; 3b Adam: parameters
+#     within rtol 2e-3. Why these numbers: README.md in this directory.
+#  4  a 2-stage pipeline on the one GPU (mpiexec -n 2 ... --stages 2 --microbatches 4)
+#     against 1 rank with the same 4 micro-batches, bit for bit: 4a 1F1B, 4b GPipe
+#  5  compute-sanitizer on a 3-step GPU training run: 5a memcheck with the leak check,
+#     5b initcheck (a timeout there is inconclusive, not a failure); 5c memcheck of
+#     test_cuda_kernels, run last when time is left (information)
+#  6  throughput at batch 128 and 512: pipetrain --device cuda --json and
+#     bench_torch_gpu.py (eager, TF32 off) alternating, VALIDATE_REPEATS times each;
+#     samples/s (median, min-max), their ratio, and the fraction of the GPU's FP32 peak
+#     reached (flops.py's training FLOPs per sample × samples/s / peak). 6c: the PyTorch
+#     peer with torch.compile, when time is left (information)
+# Run order: 1 2 3 4 6 5a 5b 5c 6c, so that the slow sanitizers come after the figures.
+#
+# Output: a line per check here; logs and results.json in $OUT (set by the device tool; 8
+# files at most: validate.log, machine.log, build.log, test_cuda_kernels.log, e2e.log,
+# sanitizer.log, throughput.log, results.json) or build-cuda/validate/. The run keeps within
+# VALIDATE_BUDGET_S seconds (default 560; the device tool stops a command at 600): a step
+# that no longer fits is reported NOT RUN, a failure for a counted step.
+# Warnings are not errors here (CI checks them); a newer host compiler must not stop it.
+#
+# Dry run without a GPU: VALIDATE_DEVICE=cpu runs steps 3 to 6 with --device cpu (so the
+# comparisons are CPU against CPU), VALIDATE_TIMED_STEPS (default 300) and VALIDATE_REPEATS
+# (default 3) shorten step 6. Steps 1 and 2 fail there, as they must.
 set -u -o pipefail
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
 BUILD=$ROOT/build-cuda
-LOGS=${OUT:-$BUILD}
-mkdir -p "$BUILD" "$LOGS"
+LOGS=${OUT:-$BUILD/validate}
+BUDGET=${VALIDATE_BUDGET_S:-560}
+REPEATS=${VALIDATE_REPEATS:-3}
+TIMED=${VALIDATE_TIMED_STEPS:-300}
+DEV=${VALIDATE_DEVICE:-cuda}
 JOBS=$(nproc 2>/dev/null || echo 4)
-status=0
+mkdir -p "$BUILD" "$LOGS" || exit 1
+WORK=$(mktemp -d /tmp/pt-validate.XXXXXX) || exit 1
+trap 'rm -rf --one-file-system "$WORK"' EXIT
 
+STEPS=$WORK/steps.tsv
+TP=$WORK/throughput.jsonl
 section() { printf '\n==== %s\n' "$*"; }
+# record ID STATUS NAME DETAIL; STATUS is PASS, FAIL, NOT RUN (a failure) or INFO
+record() {
+    printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$STEPS"
+    printf -- '-> step %s, %s: %s (%s)\n' "$1" "$3" "$2" "$4"
+}
+# The time a command may take: at most $1 s, and never past the budget.
+cap() {
+    local l=$((BUDGET - SECONDS - 5))
+    if [ "$l" -lt "$1" ]; then echo $((l > 1 ? l : 1)); else echo "$1"; fi
+}
+fits() { [ $((BUDGET - SECONDS)) -ge "$1" ]; }
+# logged LOG SECONDS CMD...: runs CMD under a timeout, its output appended to LOG.
+logged() {
+    local log=$1 t=$2
+    shift 2
+    printf '\n$ %s\n' "$*" >>"$log"
+    timeout -k 10 "$t" "$@" >>"$log" 2>&1
+}
+# A python3 that can import $1 (python3 on the GPU machine; Debian's on the CPU machine).
+pick_python() {
+    local p
+    for p in python3 /usr/bin/python3; do
+        if command -v "$p" >/dev/null && "$p" -c "import $1" 2>/dev/null; then
+            echo "$p"
+            return 0
+        fi
+    done
+    return 1
+}
+# The same fingerprint of the sources as bundle.sh writes into the bundle's MANIFEST.
+source_hash() {
+    (cd "$1" && find CMakeLists.txt cmake src kernels partition schedule topologies tests/cuda \
+        -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cmake' \
+        -o -name CMakeLists.txt \) 2>/dev/null | LC_ALL=C sort | xargs sha256sum |
+        sha256sum | cut -c1-16)
+}
 
-section "machine"
-nvidia-smi || echo "nvidia-smi failed (no GPU or no driver?)"
-command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
-nvcc --version | tail -2
-cmake --version | head -1
-gcc --version | head -1
-
-# ---------------------------------------------------------------- build
-TEST_BIN=""
-section "configure + build (cmake -DPT_CUDA=ON, build-cuda)"
-if cmake -S "$ROOT" -B "$BUILD" -DPT_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-        >"$LOGS/configure.log" 2>&1; then
-    grep -E '^-- +\[' "$LOGS/configure.log"
-    start=$(date +%s)
-    if cmake --build "$BUILD" -j "$JOBS" --target ptcuda test_cuda_kernels \
-            >"$LOGS/build.log" 2>&1; then
-        echo "built ptcuda and test_cuda_kernels in $(( $(date +%s) - start )) s"
-        TEST_BIN=$BUILD/test_cuda_kernels
-    else
-        tail -40 "$LOGS/build.log"
-        echo "FAIL: CMake build (log: $LOGS/build.log)"
-        exit 1
+# ---------------------------------------------------------------- build here (no bundle)
+# The CMake build, else test_cuda_kernels alone (sets TEST_BIN, and PT when it can).
+build_here() {
+    local blog=$LOGS/build.log
+    : >"$blog"
+    command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+    section "configure + build (cmake -DPT_CUDA=ON, build-cuda)"
+    if cmake -S "$ROOT" -B "$BUILD" -DPT_CUDA=ON -DPT_TESTS=ON -DCMAKE_BUILD_TYPE=Release \
+            >>"$blog" 2>&1; then
+        grep -E '^-- +\[' "$blog"
+        local targets="ptcuda test_cuda_kernels pipetrain" start=$SECONDS
+        # (whole output first: grep -q would close the pipe early, and pipefail see that)
+        local help
+        help=$(cmake --build "$BUILD" --target help 2>&1)
+        if grep -q '^\.\.\. pipetrain_cuda' <<<"$help"; then
+            targets="$targets pipetrain_cuda"
+        fi
+        # shellcheck disable=SC2086
+        if cmake --build "$BUILD" -j "$JOBS" --target $targets >>"$blog" 2>&1; then
+            echo "built $targets in $((SECONDS - start)) s"
+            TEST_BIN=$BUILD/test_cuda_kernels
+            PT=$BUILD/pipetrain
+            MPIEXEC=$(command -v mpiexec || true)
+            DATA=${PT_DATA:-/usr/share/datasets/fashion-mnist}
+        else
+            tail -40 "$blog"
+            echo "FAIL: CMake build (log: $blog)"
+        fi
+        return 0
     fi
-else
-    grep -E '^-- +\[|Error|required' "$LOGS/configure.log" | head -20
-    echo "CMake configure failed (log: $LOGS/configure.log): building the test directly"
-    D=$BUILD/direct
+    grep -E '^-- +\[|Error|required' "$blog" | head -20
+    echo "CMake configure failed (log: $blog): building test_cuda_kernels directly;" \
+        "steps 3-6 need pipetrain: run experiments/cuda/bundle.sh on the CPU machine"
+    local D=$BUILD/direct
     mkdir -p "$D/obj" "$D/shim"
+    local CUDA_ROOT
     CUDA_ROOT=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
-    BLAS_CFLAGS="" BLAS_LIBS=""
+    local BLAS_CFLAGS="" BLAS_LIBS=""
     if pkg-config --exists openblas 2>/dev/null; then
         BLAS_CFLAGS=$(pkg-config --cflags openblas) BLAS_LIBS=$(pkg-config --libs openblas)
         echo "CPU reference BLAS: OpenBLAS $(pkg-config --modversion openblas)"
@@ -100,70 +177,528 @@ void cblas_sgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRA
 }
 EOF
         BLAS_CFLAGS="-I$D/shim"
-        gcc -std=c11 -O2 -c "$D/shim/cblas_naive.c" -o "$D/obj/cblas_naive.o" || exit 1
+        gcc -std=c11 -O2 -c "$D/shim/cblas_naive.c" -o "$D/obj/cblas_naive.o" || return 0
     fi
-    CFLAGS="-std=c11 -D_GNU_SOURCE -O3 -march=native -Wall -Wextra -Wno-unused-parameter"
+    local CFLAGS="-std=c11 -D_GNU_SOURCE -O3 -march=native -Wall -Wextra -Wno-unused-parameter"
     CFLAGS="$CFLAGS -I$ROOT -I$CUDA_ROOT/include $BLAS_CFLAGS"
-    NVFLAGS="-std=c++17 -O3 -I$ROOT -lineinfo -Xcompiler=-Wall"
+    local NVFLAGS="-std=c++17 -O3 -I$ROOT -lineinfo -Xcompiler=-Wall"
     NVFLAGS="$NVFLAGS -gencode=arch=compute_80,code=sm_80"
     NVFLAGS="$NVFLAGS -gencode=arch=compute_90,code=[sm_90,compute_90]"
-    start=$(date +%s)
-    ok=1
+    local start=$SECONDS ok=1 f job
     for f in "$ROOT"/kernels/cuda/*.cu; do
-        nvcc $NVFLAGS -c "$f" -o "$D/obj/cuda_$(basename "$f" .cu).o" &
+        # shellcheck disable=SC2086
+        nvcc $NVFLAGS -c "$f" -o "$D/obj/cuda_$(basename "$f" .cu).o" >>"$blog" 2>&1 &
     done
     for f in "$ROOT"/kernels/*.c "$ROOT"/src/error.c "$ROOT"/tests/cuda/test_cuda_kernels.c; do
-        gcc $CFLAGS -c "$f" -o "$D/obj/c_$(basename "$(dirname "$f")")_$(basename "$f" .c).o" &
+        # shellcheck disable=SC2086
+        gcc $CFLAGS -c "$f" -o "$D/obj/c_$(basename "$(dirname "$f")")_$(basename "$f" .c).o" \
+            >>"$blog" 2>&1 &
     done
     for job in $(jobs -p); do wait "$job" || ok=0; done
     # rpath: the image's loader configuration need not list the toolkit's libraries.
+    # shellcheck disable=SC2086
     if [ $ok = 1 ] && nvcc -o "$D/test_cuda_kernels" "$D"/obj/*.o -lcublas $BLAS_LIBS -lm \
-            -Xlinker -rpath="$CUDA_ROOT/lib64:$CUDA_ROOT/targets/x86_64-linux/lib"; then
-        echo "built test_cuda_kernels directly in $(( $(date +%s) - start )) s"
+            -Xlinker -rpath="$CUDA_ROOT/lib64:$CUDA_ROOT/targets/x86_64-linux/lib" >>"$blog" 2>&1
+    then
+        echo "built test_cuda_kernels directly in $((SECONDS - start)) s"
         TEST_BIN=$D/test_cuda_kernels
     else
-        echo "FAIL: direct build"
-        exit 1
+        tail -30 "$blog"
+        echo "FAIL: direct build (log: $blog)"
     fi
-fi
+}
 
-# ---------------------------------------------------------------- run
-# The full output (a line per check) goes to the log; shown here: the device, any failed
-# check, and the per-kernel table with the closing "N passed, N failed" line.
-section "test_cuda_kernels"
-timeout 120 "$TEST_BIN" >"$LOGS/test_cuda_kernels.log" 2>&1
-rc=$?
-grep -E "^(device|FATAL|SKIP)" "$LOGS/test_cuda_kernels.log"
-grep -E "^FAIL" "$LOGS/test_cuda_kernels.log" | head -40
-if grep -q "^kernel  *checks" "$LOGS/test_cuda_kernels.log"; then
-    sed -n '/^kernel  *checks/,$p' "$LOGS/test_cuda_kernels.log"
-else
-    tail -20 "$LOGS/test_cuda_kernels.log"
-fi
-case $rc in
-    0) echo "test_cuda_kernels: PASS" ;;
-    77) echo "test_cuda_kernels: FAIL (skipped: no usable GPU on a machine that should have one)"
-        status=1 ;;
-    124) echo "test_cuda_kernels: FAIL (timed out after 120 s)"; status=1 ;;
-    *) echo "test_cuda_kernels: FAIL (exit $rc; log: $LOGS/test_cuda_kernels.log)"; status=1 ;;
-esac
+# ---------------------------------------------------------------- the steps
+main() {
+    : >"$STEPS"
+    : >"$TP"
+    PT="" TEST_BIN="" MPIEXEC="" DATA="" MODEL=$ROOT/models/seed-cnn.cfg
+    local ML=$LOGS/machine.log E2E=$LOGS/e2e.log SAN=$LOGS/sanitizer.log TPL=$LOGS/throughput.log
+    : >"$ML"; : >"$E2E"; : >"$SAN"; : >"$TPL"
+    local PYNP PYTORCH PYANY
+    PYNP=$(pick_python numpy) || PYNP=""
+    PYTORCH=$(pick_python torch) || PYTORCH=""
+    PYANY=$(pick_python json) || PYANY=python3
 
-section "compute-sanitizer memcheck"
-if command -v compute-sanitizer >/dev/null && [ $rc != 77 ]; then
-    timeout 150 compute-sanitizer --tool memcheck --error-exitcode 99 "$TEST_BIN" \
-        >"$LOGS/memcheck.log" 2>&1
-    mrc=$?
-    grep -E "ERROR SUMMARY|passed, .* failed|^=========.*(Invalid|Error|error)" \
-        "$LOGS/memcheck.log" | head -20
-    case $mrc in
-        0) echo "memcheck: PASS" ;;
-        124) echo "memcheck: not finished in 150 s (inconclusive; not counted as a failure)" ;;
-        *) echo "memcheck: FAIL (exit $mrc; log: $LOGS/memcheck.log)"; status=1 ;;
-    esac
-else
-    echo "compute-sanitizer not available: skipped"
-fi
+    # ---- binaries
+    local bundle=$ROOT/.gpu-bundle/bundle.tar.xz stale=""
+    if [ -f "$bundle" ]; then
+        section "bundle $bundle"
+        mkdir -p "$WORK/bundle"
+        if command -v xz >/dev/null; then
+            xz -dc "$bundle" | tar -C "$WORK/bundle" -xf -
+        else # the image may lack xz; Python reads it too
+            "$PYANY" -c 'import sys, tarfile
+t = tarfile.open(sys.argv[1])
+t.extractall(sys.argv[2], **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))' \
+                "$bundle" "$WORK/bundle"
+        fi || echo "FAIL: cannot unpack $bundle"
+        if [ -f "$WORK/bundle/pipetrain-gpu/env.sh" ]; then
+            # shellcheck disable=SC1091
+            source "$WORK/bundle/pipetrain-gpu/env.sh"
+            PT=$PT_BUNDLE/bin/pipetrain TEST_BIN=$PT_BUNDLE/bin/test_cuda_kernels
+            MPIEXEC=$PT_BUNDLE/bin/mpiexec DATA=$PT_BUNDLE_DATA MODEL=$PT_BUNDLE_MODEL
+            sed -n '1,9p' "$PT_BUNDLE/MANIFEST"
+            local theirs ours
+            theirs=$(sed -n 's/^source-hash //p' "$PT_BUNDLE/MANIFEST")
+            ours=$(source_hash "$ROOT")
+            if [ "$theirs" != "$ours" ]; then
+                stale="bundle built from other sources (hash $theirs, this tree $ours)"
+                echo "WARNING: the $stale: rerun experiments/cuda/bundle.sh"
+            fi
+            [ -f "$PT_BUNDLE/bin/libpipetrain-cuda.so" ] ||
+                echo "WARNING: a partial bundle without libpipetrain-cuda.so"
+        fi
+    else
+        build_here
+    fi
 
-section "result"
-[ $status = 0 ] && echo "validate.sh: PASS" || echo "validate.sh: FAIL"
-exit $status
+    # ---- 1 machine
+    section "1 machine"
+    {
+        command -v nvidia-smi >/dev/null && nvidia-smi
+        command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.sm,power.limit \
+            --format=csv
+        command -v nvcc >/dev/null && nvcc --version | tail -2
+        command -v compute-sanitizer >/dev/null && compute-sanitizer --version | tail -1
+        lscpu 2>/dev/null | grep -E '^(Model name|CPU\(s\)|Flags)' | cut -c1-200
+        ldd --version | head -1
+        [ -n "$PYTORCH" ] && "$PYTORCH" -c 'import torch; print("torch", torch.__version__,
+            "cuda", torch.version.cuda, "gpu", torch.cuda.is_available())'
+        [ -n "${PT_BUNDLE:-}" ] && cat "$PT_BUNDLE/MANIFEST"
+        if [ -n "${PT_BUNDLE:-}" ] && [ -f "$PT_BUNDLE/bin/libpipetrain-cuda.so" ]; then
+            echo "the plugin's CUDA libraries:"
+            ldd "$PT_BUNDLE/bin/libpipetrain-cuda.so" | grep -E 'cuda|cublas|curand|not found'
+        fi
+    } >>"$ML" 2>&1
+    local gpu_line="" ok1=1 why1=""
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader >"$WORK/smi.csv" 2>/dev/null
+        nvidia-smi -L 2>&1 | head -4
+        grep -q '^GPU ' <<<"$(nvidia-smi -L 2>/dev/null)" || { ok1=0; why1="nvidia-smi lists no GPU"; }
+    else
+        ok1=0; why1="no nvidia-smi"
+    fi
+    grep -E 'not found' "$ML" | head -5
+    if [ -n "$PT" ]; then
+        "$PT" devices 2>&1 | tee -a "$ML"
+        "$PT" devices --json >"$WORK/devices.json" 2>>"$ML" || true
+        gpu_line=$("$PYANY" -c 'import json, sys
+c = json.load(open(sys.argv[1])).get("cuda", {})
+d = (c.get("devices") or [{}])[0]
+if not c.get("available") or not d.get("peak_fp32_flops"):
+    sys.exit("pipetrain devices: no usable GPU: " + str(c.get("reason", d.get("error", "?"))))
+print("%s, FP32 peak %.1f TFLOP/s, %s" % (d.get("name"), d["peak_fp32_flops"] / 1e12,
+                                        c.get("versions")))' \
+            "$WORK/devices.json" 2>&1) || { ok1=0; why1="${why1:+$why1; }$gpu_line"; gpu_line=""; }
+    else
+        ok1=0; why1="${why1:+$why1; }no pipetrain binary"
+    fi
+    if [ $ok1 = 1 ]; then record 1 PASS "machine" "$gpu_line${stale:+; WARNING: $stale}"
+    else record 1 FAIL "machine" "$why1${stale:+; WARNING: $stale}"; fi
+
+    # ---- 2 test_cuda_kernels
+    # The full output (a line per check) goes to the log; shown here: the device, any failed
+    # check, and the per-kernel table with the closing "N passed, N failed" line.
+    section "2 test_cuda_kernels"
+    local KL=$LOGS/test_cuda_kernels.log rc=1
+    if [ -z "$TEST_BIN" ]; then
+        record 2 FAIL "test_cuda_kernels" "not built"
+    else
+        timeout -k 10 "$(cap 120)" "$TEST_BIN" >"$KL" 2>&1
+        rc=$?
+        grep -E "^(device|FATAL|SKIP)" "$KL"
+        grep -E "^FAIL" "$KL" | head -40
+        if grep -q "^kernel  *checks" "$KL"; then
+            sed -n '/^kernel  *checks/,$p' "$KL"
+        else
+            tail -20 "$KL"
+        fi
+        local summary
+        summary=$(grep -E 'passed, .* failed' "$KL" | tail -1)
+        case $rc in
+            0) record 2 PASS "test_cuda_kernels" "${summary:-exit 0}" ;;
+            77) record 2 FAIL "test_cuda_kernels" "skipped: no usable GPU on a machine that should have one" ;;
+            124|137) record 2 FAIL "test_cuda_kernels" "timed out" ;;
+            *) record 2 FAIL "test_cuda_kernels" "exit $rc; ${summary:-see test_cuda_kernels.log}" ;;
+        esac
+    fi
+    local kernels_rc=$rc
+
+    # ---- 3 CPU against GPU
+    section "3 end to end: CPU (1 thread) against GPU ($DEV), 5 steps of seed-cnn"
+    local C=(--model "$MODEL" --data "$DATA" --test-samples 0 --batch 128 --seed 1 --timeout 120)
+    local init=$WORK/init.safetensors have_init=0
+    if [ -z "$PT" ]; then
+        for id in 3a 3b 4a 4b 5a 5b 6; do record $id FAIL "needs pipetrain" "no pipetrain binary"; done
+    else
+        # any CPU run serves as the common start; one step makes it differ from the seed's init
+        if logged "$E2E" "$(cap 60)" "$PT" train "${C[@]}" --steps 1 --threads 1 --save "$init"; then
+            have_init=1
+        else
+            echo "FAIL: the CPU run that writes the start checkpoint (log: $E2E)"
+            tail -5 "$E2E"
+        fi
+        e2e_compare 3a "SGD lr 0.05, CPU vs GPU" 1e-5 1e-3 --optimizer sgd --lr 0.05
+        e2e_compare 3b "Adam lr 1e-3, CPU vs GPU" 2e-3 "" --optimizer adam --lr 0.001
+
+        # ---- 4 pipeline on one GPU against one rank
+        section "4 2-stage pipeline on one GPU against 1 rank, 4 micro-batches, bit for bit"
+        local ref=$WORK/one_rank.safetensors ref_ok=0
+        if [ $have_init = 1 ] && fits 30 &&
+            logged "$E2E" "$(cap 90)" "$PT" train "${C[@]}" --load "$init" --steps 5 \
+                --device "$DEV" --microbatches 4 --save "$ref"; then
+            ref_ok=1
+        fi
+        local sched id
+        for sched in 1f1b gpipe; do
+            id=4a; [ $sched = gpipe ] && id=4b
+            if [ $ref_ok = 0 ]; then
+                record $id FAIL "pipeline $sched" "the 1-rank reference run failed (e2e.log)"
+                continue
+            fi
+            if ! fits 30; then record $id "NOT RUN" "pipeline $sched" "time budget"; continue; fi
+            local launcher=()
+            # hydra: fork the ranks (no ssh there); captured first, as grep -q ends pipes early
+            grep -qi hydra <<<"$("$MPIEXEC" --version 2>&1)" && launcher=(-launcher fork)
+            if ! logged "$E2E" "$(cap 120)" "$MPIEXEC" "${launcher[@]}" -n 2 "$PT" train \
+                "${C[@]}" --load "$init" --steps 5 --device "$DEV" --stages 2 --microbatches 4 \
+                --schedule $sched --save "$WORK/pipe_$sched.safetensors"; then
+                record $id FAIL "pipeline $sched" "the 2-rank run failed: $(tail -1 "$E2E")"
+                continue
+            fi
+            local verdict
+            verdict=$("$PT" diff "$WORK/pipe_$sched.safetensors" "$ref" 2>&1 | tee -a "$E2E" | tail -1)
+            if [[ $verdict == IDENTICAL* ]]; then
+                record $id PASS "pipeline $sched = 1 rank" "$verdict"
+            else
+                record $id FAIL "pipeline $sched = 1 rank" "$verdict"
+            fi
+        done
+
+        # ---- 6 throughput (before the sanitizers: figures first)
+        throughput "$TPL"
+
+        # ---- 5 compute-sanitizer
+        section "5 compute-sanitizer on a 3-step training run"
+        local tool
+        for tool in memcheck initcheck; do
+            id=5a; [ $tool = initcheck ] && id=5b
+            if ! command -v compute-sanitizer >/dev/null; then
+                record $id FAIL "$tool, training" "compute-sanitizer not found"; continue
+            fi
+            if [ $have_init = 0 ]; then record $id FAIL "$tool, training" "no start checkpoint"; continue; fi
+            if ! fits 40; then
+                [ $id = 5a ] && record $id "NOT RUN" "$tool, training" "time budget"
+                [ $id = 5b ] && record $id INFO "$tool, training" "not run: time budget"
+                continue
+            fi
+            local extra=()
+            [ $tool = memcheck ] && extra=(--leak-check full)
+            logged "$SAN" "$(cap 150)" compute-sanitizer --tool $tool "${extra[@]}" \
+                --error-exitcode 99 --print-limit 20 "$PT" train "${C[@]}" --load "$init" \
+                --steps 3 --device "$DEV"
+            rc=$?
+            local errs
+            errs=$(grep -E 'ERROR SUMMARY' "$SAN" | tail -1)
+            grep -E '^=========  *(Invalid|Uninitialized|Leaked|Program hit|Error)' "$SAN" | sort |
+                uniq -c | sort -rn | head -5
+            case $rc in
+                0) record $id PASS "$tool, training" "${errs:-exit 0}" ;;
+                124|137) if [ $id = 5a ]; then record $id FAIL "$tool, training" "timed out"
+                         else record $id INFO "$tool, training" "timed out: inconclusive"; fi ;;
+                *) record $id FAIL "$tool, training" "exit $rc; ${errs:-see sanitizer.log}" ;;
+            esac
+        done
+    fi
+
+    # ---- 5c memcheck of the kernel test (the original validation's last part)
+    section "5c compute-sanitizer memcheck of test_cuda_kernels"
+    if ! command -v compute-sanitizer >/dev/null || [ -z "$TEST_BIN" ] || [ "$kernels_rc" = 77 ]; then
+        record 5c INFO "memcheck, kernel test" "not run: no compute-sanitizer, test or GPU"
+    elif ! fits 60; then
+        record 5c INFO "memcheck, kernel test" "not run: time budget"
+    else
+        logged "$SAN" "$(cap 150)" compute-sanitizer --tool memcheck --error-exitcode 99 \
+            --print-limit 20 "$TEST_BIN"
+        rc=$?
+        local errs
+        errs=$(grep -E "ERROR SUMMARY" "$SAN" | tail -1)
+        grep -E "passed, .* failed|^=========.*(Invalid|Error|error)" "$SAN" | tail -5
+        case $rc in
+            0) record 5c PASS "memcheck, kernel test" "${errs:-exit 0}" ;;
+            124|137) record 5c INFO "memcheck, kernel test" "timed out: inconclusive" ;;
+            *) record 5c FAIL "memcheck, kernel test" "exit $rc; ${errs:-see sanitizer.log}" ;;
+        esac
+    fi
+
+    # ---- 6c torch.compile, for information
+    if [ -n "$PT" ]; then
+        section "6c PyTorch peer with torch.compile (information)"
+        if [ -z "$PYTORCH" ]; then
+            record 6c INFO "torch.compile peer" "no python3 with torch"
+        elif ! fits 150; then
+            record 6c INFO "torch.compile peer" "not run: time budget"
+        else
+            local b n=0
+            for b in 128 512; do
+                fits 60 || break
+                tp_run torch_compile "$b" 1 "$TPL" "$(cap 120)" "$PYTORCH" \
+                    "$ROOT/experiments/cuda/bench_torch_gpu.py" --device "$DEV" --batch "$b" \
+                    --warmup 30 --steps "$TIMED" --data-dir "$DATA" --compile && n=$((n + 1))
+            done
+            record 6c INFO "torch.compile peer" "$n of 2 batch sizes measured"
+        fi
+    fi
+
+    report
+}
+
+# e2e_compare ID NAME PARAM_RTOL UPDATE_RTOL OPTIMIZER-ARGS...: 5 steps on the CPU (1 thread)
+# and on $DEV from the start checkpoint; pipetrain diff on the parameters, and, when
+# UPDATE_RTOL is given, the updates compared (see update_check).
+e2e_compare() {
+    local id=$1 name=$2 rtol=$3 urtol=$4
+    shift 4
+    if [ "$have_init" = 0 ]; then record "$id" FAIL "$name" "no start checkpoint"; return; fi
+    if ! fits 30; then record "$id" "NOT RUN" "$name" "time budget"; return; fi
+    local cpu=$WORK/cpu_$id.safetensors gpu=$WORK/gpu_$id.safetensors
+    if ! logged "$E2E" "$(cap 60)" "$PT" train "${C[@]}" --load "$init" --steps 5 --threads 1 \
+        "$@" --save "$cpu"; then
+        record "$id" FAIL "$name" "the CPU run failed: $(tail -1 "$E2E")"; return
+    fi
+    if ! logged "$E2E" "$(cap 90)" "$PT" train "${C[@]}" --load "$init" --steps 5 \
+        --device "$DEV" "$@" --save "$gpu"; then
+        record "$id" FAIL "$name" "the GPU run failed: $(tail -1 "$E2E")"; return
+    fi
+    local verdict vrc urc=0 uverdict=""
+    verdict=$("$PT" diff "$gpu" "$cpu" --rtol "$rtol" 2>&1 | tee -a "$E2E" | tail -1)
+    vrc=${PIPESTATUS[0]}
+    if [ -n "$urtol" ]; then
+        if [ -z "$PYNP" ]; then
+            uverdict="no python3 with numpy for the update check"; urc=1
+        else
+            uverdict=$(update_check "$init" "$gpu" "$cpu" "$urtol" 2>&1 | tee -a "$E2E" | tail -1)
+            urc=${PIPESTATUS[0]}
+        fi
+    fi
+    local detail="parameters: ${verdict#*: }${uverdict:+; updates: ${uverdict}}"
+    if [ "$vrc" = 0 ] && [ "$urc" = 0 ]; then record "$id" PASS "$name" "$detail"
+    else record "$id" FAIL "$name" "$detail"; fi
+}
+
+# update_check START A B RTOL: per tensor, max |(A − START) − (B − START)| / max |B − START|.
+# With SGD the parameters move by lr × gradient, a small fraction of their size, so the
+# parameter diff above mostly sees rounding of the parameters; this one sees the gradients.
+update_check() {
+    "$PYNP" - "$@" <<'EOF'
+import json, struct, sys
+import numpy as np
+def load(path):
+    with open(path, 'rb') as f:
+        n, = struct.unpack('<Q', f.read(8))
+        head = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for k, v in head.items():
+        if k == '__metadata__':
+            continue
+        if v['dtype'] != 'F32':
+            sys.exit(f'{path}: {k} is {v["dtype"]}, expected F32')
+        a, b = v['data_offsets']
+        out[k] = np.frombuffer(data[a:b], dtype='<f4').reshape(v['shape']).astype(np.float64)
+    return out
+p0, a, b = (load(x) for x in sys.argv[1:4])
+tol = float(sys.argv[4])
+if set(p0) != set(a) or set(p0) != set(b):
+    sys.exit('the checkpoints hold different tensors')
+worst, where = 0.0, ''
+for k in sorted(p0):
+    da, db = a[k] - p0[k], b[k] - p0[k]
+    ref, err = float(np.abs(db).max()), float(np.abs(da - db).max())
+    rel = err / ref if ref > 0 else (0.0 if err == 0 else float('inf'))
+    if not np.isfinite(rel):
+        rel = float('inf')
+    if rel > worst or not where:
+        worst, where = max(worst, rel), k
+    print(f'{k:24s} max |update| {ref:.3e}  max |difference| {err:.3e}  relative {rel:.3e}')
+verdict = 'WITHIN TOLERANCE' if worst <= tol else 'DIFFERENT'
+print(f'{verdict}: largest relative difference {worst:.3e} in {where} (tolerance {tol:.1e})')
+sys.exit(0 if worst <= tol else 1)
+EOF
+}
+
+# tp_run TOOL BATCH REP LOG SECONDS CMD...: one throughput run; its JSON (the last line of
+# stdout) goes to $TP wrapped with tool, batch, repetition and exit status.
+tp_run() {
+    local tool=$1 batch=$2 rep=$3 log=$4 t=$5
+    shift 5
+    printf '\n$ %s\n' "$*" >>"$log"
+    timeout -k 10 "$t" "$@" >"$WORK/tp.out" 2>"$WORK/tp.err"
+    local rc=$?
+    cat "$WORK/tp.out" "$WORK/tp.err" >>"$log"
+    local line
+    line=$(grep '^{' "$WORK/tp.out" | tail -1)
+    "$PYANY" -c 'import json, sys
+tool, batch, rep, rc, line = sys.argv[1:6]
+try:
+    res = json.loads(line) if line else None
+except ValueError:
+    res = None
+ok = rc == "0" and res is not None and float(res.get("samples_per_s", 0)) > 0
+print(json.dumps({"tool": tool, "batch": int(batch), "rep": int(rep), "rc": int(rc),
+                  "ok": ok, "result": res}))
+sys.exit(0 if ok else 1)' "$tool" "$batch" "$rep" "$rc" "$line" >>"$TP"
+    local ok=$?
+    local sps
+    sps=$(tail -1 "$TP" | "$PYANY" -c 'import json, sys
+r = json.load(sys.stdin)["result"] or {}
+print(r.get("samples_per_s", "-"))')
+    printf '  %-14s batch %4d  run %d: %s samples/s%s\n' "$tool" "$batch" "$rep" "$sps" \
+        "$([ $ok = 0 ] || echo "  FAILED (exit $rc): $(tail -2 "$WORK/tp.err" | tr '\n' ' ')")"
+    return $ok
+}
+
+# Step 6: pipetrain and the PyTorch peer, alternating, at batch 128 and 512.
+throughput() {
+    local log=$1 b r fails=0 runs=0 cut=0
+    section "6 throughput on $DEV: batch 128 and 512, $TIMED timed steps after 20, $REPEATS runs each"
+    "$PYANY" "$ROOT/experiments/cuda/flops.py" "$MODEL" --json >"$WORK/flops.json" 2>>"$log" ||
+        echo "flops.py failed (log: $log)"
+    for b in 128 512; do
+        for r in $(seq 1 "$REPEATS"); do
+            if ! fits 40; then cut=1; echo "  (time budget: stopping)"; break 2; fi
+            runs=$((runs + 1))
+            tp_run pipetrain "$b" "$r" "$log" "$(cap 90)" "$PT" train --model "$MODEL" \
+                --data "$DATA" --test-samples 0 --batch "$b" --seed 1 --device "$DEV" --json \
+                --warmup 20 --steps $((TIMED + 20)) --epochs 100000 || fails=$((fails + 1))
+            runs=$((runs + 1))
+            if [ -z "$PYTORCH" ]; then
+                echo "  torch: no python3 with torch"; fails=$((fails + 1)); continue
+            fi
+            tp_run torch "$b" "$r" "$log" "$(cap 90)" "$PYTORCH" \
+                "$ROOT/experiments/cuda/bench_torch_gpu.py" --device "$DEV" --batch "$b" \
+                --warmup 20 --steps "$TIMED" --data-dir "$DATA" || fails=$((fails + 1))
+        done
+    done
+    if [ $runs = 0 ]; then record 6 "NOT RUN" "throughput" "time budget"
+    elif [ $fails = 0 ] && [ $cut = 0 ]; then
+        record 6 PASS "throughput" "$runs runs measured (table below)"
+    else
+        record 6 FAIL "throughput" "$fails of $runs runs failed$([ $cut = 0 ] ||
+            echo ", cut short by the time budget") (throughput.log)"
+    fi
+}
+
+# The throughput table, results.json and the step table (printed last).
+report() {
+    section "results"
+    "$PYANY" - "$STEPS" "$TP" "$WORK/devices.json" "$WORK/flops.json" "$WORK/smi.csv" \
+        "$LOGS/results.json" "${PT_BUNDLE:-}" "$DEV" <<'EOF'
+import json, os, statistics, sys
+steps_f, tp_f, dev_f, flops_f, smi_f, out_f, bundle, device = sys.argv[1:9]
+def load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+steps = []
+for line in open(steps_f):
+    sid, status, name, detail = line.rstrip('\n').split('\t', 3)
+    steps.append({'id': sid, 'status': status, 'name': name, 'detail': detail})
+runs = [json.loads(l) for l in open(tp_f) if l.strip()]
+devices, flops = load_json(dev_f), load_json(flops_f)
+train_flops = flops['train_flops_per_sample'] if flops else None
+
+# FP32 peak: pipetrain devices; else SMs × FP32 lanes × 2 × the largest SM clock
+peak, peak_src = None, None
+try:
+    d0 = devices['cuda']['devices'][0]
+    if d0.get('peak_fp32_flops'):
+        peak, peak_src = float(d0['peak_fp32_flops']), 'pipetrain devices'
+except (TypeError, KeyError, IndexError):
+    pass
+if peak is None:
+    try:
+        name, mhz = open(smi_f).readline().rsplit(',', 1)
+        mhz = float(mhz.split()[0])
+        tr = next(r['result'] for r in runs if r['tool'] == 'torch' and r['ok']
+                  and r['result'].get('multiprocessors'))
+        major = int(tr['capability'].split('.')[0]); minor = int(tr['capability'].split('.')[1])
+        lanes = 64 if (major, minor) in ((7, 0), (7, 5), (8, 0)) or major < 7 else 128
+        peak = tr['multiprocessors'] * lanes * 2 * mhz * 1e6
+        peak_src = f'{tr["multiprocessors"]} SMs × {lanes} lanes × 2 × {mhz:.0f} MHz (nvidia-smi)'
+    except (OSError, ValueError, StopIteration, KeyError):
+        pass
+
+rows = {}
+for r in runs:
+    if r['ok']:
+        rows.setdefault((r['batch'], r['tool']), []).append(float(r['result']['samples_per_s']))
+table = []
+for batch in sorted({b for b, _ in rows}):
+    row = {'batch': batch}
+    for tool in ('pipetrain', 'torch', 'torch_compile'):
+        v = rows.get((batch, tool))
+        if not v:
+            continue
+        med = statistics.median(v)
+        row[tool] = {'samples_per_s_median': med, 'min': min(v), 'max': max(v), 'runs': len(v)}
+        if train_flops:
+            row[tool]['tflops'] = med * train_flops / 1e12
+            if peak:
+                row[tool]['fraction_of_fp32_peak'] = med * train_flops / peak
+    if 'pipetrain' in row and 'torch' in row:
+        row['ratio_pipetrain_to_torch'] = (row['pipetrain']['samples_per_s_median'] /
+                                          row['torch']['samples_per_s_median'])
+    table.append(row)
+
+if table:
+    print(f'throughput on {device}, samples/s: median [min-max] of the runs; '
+          f'{train_flops / 1e6:.2f} MFLOP per training sample (flops.py); '
+          + (f'FP32 peak {peak / 1e12:.1f} TFLOP/s ({peak_src})' if peak else 'FP32 peak unknown')
+          if train_flops else 'throughput (flops.py failed: no FLOP figures)')
+    print(f'{"batch":>5}  {"tool":<14}{"samples/s":>12}  {"[min - max]":<22}{"TFLOP/s":>8}'
+          f'{"% peak":>8}')
+    for row in table:
+        for tool in ('pipetrain', 'torch', 'torch_compile'):
+            if tool not in row:
+                continue
+            t = row[tool]
+            rng = f'[{t["min"]:.0f} - {t["max"]:.0f}]'
+            tf = f'{t["tflops"]:.2f}' if 'tflops' in t else '-'
+            pk = f'{100 * t["fraction_of_fp32_peak"]:.2f}' if 'fraction_of_fp32_peak' in t else '-'
+            print(f'{row["batch"]:>5}  {tool:<14}{t["samples_per_s_median"]:>12.0f}  {rng:<22}'
+                  f'{tf:>8}{pk:>8}')
+        if 'ratio_pipetrain_to_torch' in row:
+            print(f'{"":>5}  pipetrain / torch (eager) = {row["ratio_pipetrain_to_torch"]:.3f}')
+
+manifest = None
+if bundle and os.path.exists(os.path.join(bundle, 'MANIFEST')):
+    manifest = open(os.path.join(bundle, 'MANIFEST')).read().split('\norigins:')[0]
+counted_bad = [s for s in steps if s['status'] in ('FAIL', 'NOT RUN')]
+res = {'device': device, 'passed': not counted_bad, 'steps': steps, 'throughput': table,
+       'throughput_runs': runs, 'flops': ({k: v for k, v in flops.items() if k != 'layers'}
+                                          if flops else None),
+       'peak_fp32_flops': peak, 'peak_source': peak_src, 'devices': devices,
+       'bundle_manifest': manifest}
+with open(out_f, 'w') as f:
+    json.dump(res, f, indent=1)
+
+order = ['1', '2', '3a', '3b', '4a', '4b', '5a', '5b', '5c', '6', '6c']
+steps.sort(key=lambda s: order.index(s['id']) if s['id'] in order else 99)
+print()
+print(f'{"step":<5}{"check":<34}{"result":<9}detail')
+for s in steps:
+    detail = s['detail'] if len(s['detail']) <= 150 else s['detail'][:147] + '...'
+    print(f'{s["id"]:<5}{s["name"][:33]:<34}{s["status"]:<9}{detail}')
+print(f'\nvalidate.sh: {"PASS" if not counted_bad else "FAIL"}'
+      f' ({len(counted_bad)} of {len([s for s in steps if s["status"] != "INFO"])} counted checks'
+      f' failed or not run); results in {out_f}')
+sys.exit(1 if counted_bad else 0)
+EOF
+}
+
+main 2>&1 | tee "$LOGS/validate.log"
+exit "${PIPESTATUS[0]}"
