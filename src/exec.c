@@ -42,6 +42,9 @@ struct exec {
     /* sends whose buffers are not filled yet, posted in order as they become ready */
     pending_send *pending;
     int n_pending, pending_cap;
+    /* Steps alternate between two halves of the engine's micro-batch buffers, so that the
+     * next step's samples can be loaded (copied to a GPU) while this step computes. */
+    int half, prefetched;
     /* statistics */
     double t_origin;
     double compute_s, wall_s, forward_s, backward_s, optimizer_s;
@@ -165,7 +168,7 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     }
     engine_config ec = {
         .net = net, .first = part->first[rank], .last = part->first[rank + 1],
-        .buffers = M > 2 ? M : 2, /* evaluation double-buffers */
+        .buffers = 2 * M, /* two halves, see exec.half; evaluation uses 0 and 1 */
         .max_batch = e->mb, .n_slots = slots > 0 ? slots : 1, .batch = cfg->batch,
         .threads = cfg->threads > 0 ? cfg->threads : 1, .device = cfg->gpu,
         .device_messages = cfg->device_messages,
@@ -315,11 +318,12 @@ static double account_ticks(exec_t *e, const schedule_list *list)
     return compute;
 }
 
-int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint64_t seed,
-                    uint64_t step, const optimizer_config *opt, exec_step_result *res)
+int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
+                    const int64_t *next_indices, uint64_t seed, uint64_t step,
+                    const optimizer_config *opt, exec_step_result *res)
 {
     const schedule_list *list = &e->sched->lists[e->rank];
-    int mb = e->mb, M = e->cfg.microbatches;
+    int mb = e->mb, M = e->cfg.microbatches, base = e->half * M;
     engine *g = e->eng;
     double t_step = pt_now();
     if (e->cfg.stall_rank == e->rank && (long)step == e->cfg.stall_step)
@@ -328,53 +332,53 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint
     /* Post every receive of the step up front: a message may arrive before we wait. */
     for (int i = 0; i < list->n_ops; i++) {
         const schedule_op *op = &list->ops[i];
-        int m = op->microbatch;
+        int m = op->microbatch, b = base + m;
         if (op->kind == SCHED_OP_RECV_ACT)
-            MPI_Irecv(engine_msg_buffer(g, ENGINE_MSG_ACT_IN, m), (int)(mb * e->in_count),
+            MPI_Irecv(engine_msg_buffer(g, ENGINE_MSG_ACT_IN, b), (int)(mb * e->in_count),
                       MPI_FLOAT, op->peer, tag_of(TAG_ACT, m), e->comm, &e->req_act[m]);
         else if (op->kind == SCHED_OP_RECV_GRAD)
-            MPI_Irecv(engine_msg_buffer(g, ENGINE_MSG_GRAD_IN, m), (int)(mb * e->out_count),
+            MPI_Irecv(engine_msg_buffer(g, ENGINE_MSG_GRAD_IN, b), (int)(mb * e->out_count),
                       MPI_FLOAT, op->peer, tag_of(TAG_GRAD, m), e->comm, &e->req_grad[m]);
     }
-    /* Every micro-batch's samples: pixels on stage 0 (copied to a GPU while it computes),
-     * labels on the last stage. */
-    for (int m = 0; m < M; m++)
-        if (engine_load(g, m, data, indices + (size_t)m * mb, mb)) return -1;
+    /* Every micro-batch's samples: pixels on stage 0, labels on the last stage; already
+     * there when the previous step loaded them. */
+    for (int m = 0; m < M && !e->prefetched; m++)
+        if (engine_load(g, base + m, data, indices + (size_t)m * mb, mb)) return -1;
     for (int i = 0; i < list->n_ops; i++) {
         const schedule_op *op = &list->ops[i];
-        int m = op->microbatch;
+        int m = op->microbatch, b = base + m;
         double t0 = pt_now();
         switch (op->kind) {
         case SCHED_OP_RECV_ACT:
             if (wait_request(e, &e->req_act[m], "the activation", m, op->peer)) return -1;
-            if (engine_msg_received(g, ENGINE_MSG_ACT_IN, m)) return -1;
+            if (engine_msg_received(g, ENGINE_MSG_ACT_IN, b)) return -1;
             record(e, TRACE_WAIT_ACT, t0, pt_now(), m);
             break;
         case SCHED_OP_RECV_GRAD:
             if (wait_request(e, &e->req_grad[m], "the gradient", m, op->peer)) return -1;
-            if (engine_msg_received(g, ENGINE_MSG_GRAD_IN, m)) return -1;
+            if (engine_msg_received(g, ENGINE_MSG_GRAD_IN, b)) return -1;
             record(e, TRACE_WAIT_GRAD, t0, pt_now(), m);
             break;
         case SCHED_OP_FORWARD:
-            if (engine_forward(g, m, mb, seed, step, 1, i)) return -1;
+            if (engine_forward(g, b, mb, seed, step, 1, i)) return -1;
             if (++e->inflight > e->peak_inflight) e->peak_inflight = e->inflight;
             break;
         case SCHED_OP_SEND_ACT:
-            if (start_send(e, ENGINE_MSG_ACT_OUT, m, (int)(mb * e->out_count), op->peer,
+            if (start_send(e, ENGINE_MSG_ACT_OUT, b, (int)(mb * e->out_count), op->peer,
                            tag_of(TAG_ACT, m), &e->req_send_act[m]))
                 return -1;
             record(e, TRACE_SEND_ACT, t0, pt_now(), m);
             break;
         case SCHED_OP_BACKWARD:
-            if (engine_backward(g, m, i)) return -1;
+            if (engine_backward(g, b, i)) return -1;
             /* the slot's output may still be on its way to the next stage */
             if (wait_send(e, &e->req_send_act[m], "send of the activation", m, e->rank + 1))
                 return -1;
-            if (engine_release(g, m)) return -1;
+            if (engine_release(g, b)) return -1;
             e->inflight--;
             break;
         case SCHED_OP_SEND_GRAD:
-            if (start_send(e, ENGINE_MSG_GRAD_OUT, m, (int)(mb * e->in_count), op->peer,
+            if (start_send(e, ENGINE_MSG_GRAD_OUT, b, (int)(mb * e->in_count), op->peer,
                            tag_of(TAG_GRAD, m), &e->req_send_grad[m]))
                 return -1;
             record(e, TRACE_SEND_GRAD, t0, pt_now(), m);
@@ -392,6 +396,12 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint
                                 e->rank, schedule_op_name(op->kind));
         }
     }
+    /* Everything of this step is queued (on a GPU it is still running): load the next
+     * step's samples into the other half now. */
+    e->half = 1 - e->half;
+    e->prefetched = next_indices != NULL;
+    for (int m = 0; m < M && next_indices; m++)
+        if (engine_load(g, e->half * M + m, data, next_indices + (size_t)m * mb, mb)) return -1;
     engine_result r;
     if (engine_finish(g, &r)) return -1;
     e->compute_s += account_ticks(e, list);
@@ -419,6 +429,7 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
     engine *g = e->eng;
     double t_start = pt_now();
     int64_t ids[mb];
+    e->prefetched = 0; /* evaluation reuses buffers 0 and 1 */
     /* Double-buffered in buffers 0 and 1: the next chunk's receive is posted before this
      * chunk's compute. */
     int in_floats = (int)(mb * e->in_count);

@@ -62,10 +62,13 @@ int exec_stages(const exec_t *e);
 #define EXEC_FAILED_EVERYWHERE (-2)
 
 /* One optimizer step on `batch` samples of `data` given by `indices` (data-set indices,
- * the same array on every rank). step numbers the dropout stream. Fails with a message on
- * a timeout or a non-finite loss (then every rank that can still talk fails too). */
-int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices, uint64_t seed,
-                    uint64_t step, const optimizer_config *opt, exec_step_result *res);
+ * the same array on every rank). next_indices (may be NULL) are the next step's: they are
+ * loaded once this step is queued, so a GPU copies them in while it computes. step numbers
+ * the dropout stream. Fails with a message on a timeout or a non-finite loss (then every
+ * rank that can still talk fails too). */
+int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
+                    const int64_t *next_indices, uint64_t seed, uint64_t step,
+                    const optimizer_config *opt, exec_step_result *res);
 /* Forward only, dropout off, over the whole data set in chunks of the micro-batch size.
  * Loss (mean) and accuracy on every rank. */
 int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy);

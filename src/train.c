@@ -595,8 +595,12 @@ int train_main(int argc, char **argv)
             exec_step_result r;
             if (step == o.warmup) exec_reset_stats(ex);
             double ts = pt_now();
-            int src = exec_train_step(ex, &train, order + s * o.batch, o.seed, (uint64_t)step,
-                                      &o.opt, &r);
+            /* the next step's samples, loaded while this one computes (not across epochs:
+             * the next order is drawn after evaluation) */
+            const int64_t *next = s + 1 < steps_per_epoch && step + 1 < total_steps
+                                      ? order + (s + 1) * o.batch : NULL;
+            int src = exec_train_step(ex, &train, order + s * o.batch, next, o.seed,
+                                      (uint64_t)step, &o.opt, &r);
             if (src == EXEC_FAILED_EVERYWHERE) {
                 if (tty) printf("\n");
                 if (rank == 0) fprintf(stderr, "pipetrain: %s\n", pt_error_get());
