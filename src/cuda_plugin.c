@@ -101,7 +101,8 @@ static void load_plugin(void)
                   path, p->abi, p->engine_size, p->engine_config_size, p->device_info_size,
                   PT_CUDA_PLUGIN_ABI, sizeof(engine), sizeof(engine_config),
                   sizeof(cuda_device_info));
-    } else if (!p->versions || !p->device_count || !p->device_info || !p->engine_create) {
+    } else if (!p->versions || !p->device_count || !p->device_info || !p->device_bus_id ||
+               !p->engine_create) {
         load_fail("the CUDA plugin %s lacks a function", path);
     } else {
         loaded = p;
@@ -166,9 +167,8 @@ static unsigned near_devices(const cuda_plugin *p, int n, char *why, size_t len,
     if (!skip && (n_mine == 0 || n_mine == m->n_cores)) skip = not_bound;
     else if (!skip && !topo_count_cuda_gpus(m)) skip = "the topology shows no NVIDIA GPU";
     for (int d = 0; !skip && d < n; d++) {
-        cuda_device_info info;
-        if (p->device_info(d, &info) < 0) skip = pt_error_get();
-        else snprintf(ids[d], sizeof ids[d], "%s", info.pci_bus_id);
+        /* the bus id alone: a full device_info would open every GPU's context */
+        if (p->device_bus_id(d, ids[d], (int)sizeof ids[d]) < 0) skip = pt_error_get();
         ptrs[d] = ids[d];
     }
     /* not fatal: a container may hide PCI devices from hwloc */

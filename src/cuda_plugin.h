@@ -15,7 +15,7 @@
 
 #include "src/engine.h"
 
-#define PT_CUDA_PLUGIN_ABI 1
+#define PT_CUDA_PLUGIN_ABI 2
 #define PT_CUDA_PLUGIN_ENTRY "pt_cuda_plugin_entry"
 #define PT_CUDA_PLUGIN_FILE "libpipetrain-cuda.so"
 
@@ -45,7 +45,10 @@ typedef struct {
     /* Usable devices; −1 with the reason ("no CUDA device: cudaGetDeviceCount: ...")
      * when there is no driver or no GPU. */
     int (*device_count)(int *n);
+    /* Everything above; the memory query opens the device's context for a moment. */
     int (*device_info)(int device, cuda_device_info *info);
+    /* Only the PCI bus id ("0000:3B:00.0"): no context is created. */
+    int (*device_bus_id)(int device, char *buf, int len);
     /* The CUDA engine on cfg->device (src/engine.h). */
     int (*engine_create)(engine **e, const engine_config *cfg);
 } cuda_plugin;

@@ -237,19 +237,43 @@ static void record(exec_t *e, trace_kind kind, double t0, double t1, int m)
 static int progress_sends(exec_t *e)
 {
     int done = 0;
+    int rc = 0;
     while (done < e->n_pending) {
         pending_send *p = &e->pending[done];
         int ready = 0;
-        if (engine_msg_ready(e->eng, p->kind, p->m, &ready)) return -1;
+        if (engine_msg_ready(e->eng, p->kind, p->m, &ready)) {
+            rc = -1;
+            break;
+        }
         if (!ready) break;
-        MPI_Isend(engine_msg_buffer(e->eng, p->kind, p->m), p->count, MPI_FLOAT, p->peer,
-                  p->tag, e->comm, p->req);
+        void *buf = engine_msg_buffer(e->eng, p->kind, p->m);
+        if (!buf) {
+            rc = -1;
+            break;
+        }
+        if (MPI_Isend(buf, p->count, MPI_FLOAT, p->peer, p->tag, e->comm, p->req) !=
+            MPI_SUCCESS) {
+            rc = pt_error_set("rank %d: MPI_Isend to rank %d failed", e->rank, p->peer);
+            break;
+        }
         done++;
     }
     if (done) {
         e->n_pending -= done;
         memmove(e->pending, e->pending + done, (size_t)e->n_pending * sizeof *e->pending);
     }
+    return rc;
+}
+
+/* MPI_Irecv into the engine's buffer for message `kind` of buffer b (NULL: the engine
+ * failed, its message is set). */
+static int post_recv(exec_t *e, engine_msg kind, int b, int count, int peer, int tag,
+                     MPI_Request *req)
+{
+    void *buf = engine_msg_buffer(e->eng, kind, b);
+    if (!buf) return -1;
+    if (MPI_Irecv(buf, count, MPI_FLOAT, peer, tag, e->comm, req) != MPI_SUCCESS)
+        return pt_error_set("rank %d: MPI_Irecv from rank %d failed", e->rank, peer);
     return 0;
 }
 
@@ -333,12 +357,14 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
     for (int i = 0; i < list->n_ops; i++) {
         const schedule_op *op = &list->ops[i];
         int m = op->microbatch, b = base + m;
-        if (op->kind == SCHED_OP_RECV_ACT)
-            MPI_Irecv(engine_msg_buffer(g, ENGINE_MSG_ACT_IN, b), (int)(mb * e->in_count),
-                      MPI_FLOAT, op->peer, tag_of(TAG_ACT, m), e->comm, &e->req_act[m]);
-        else if (op->kind == SCHED_OP_RECV_GRAD)
-            MPI_Irecv(engine_msg_buffer(g, ENGINE_MSG_GRAD_IN, b), (int)(mb * e->out_count),
-                      MPI_FLOAT, op->peer, tag_of(TAG_GRAD, m), e->comm, &e->req_grad[m]);
+        if (op->kind == SCHED_OP_RECV_ACT &&
+            post_recv(e, ENGINE_MSG_ACT_IN, b, (int)(mb * e->in_count), op->peer,
+                      tag_of(TAG_ACT, m), &e->req_act[m]))
+            return -1;
+        if (op->kind == SCHED_OP_RECV_GRAD &&
+            post_recv(e, ENGINE_MSG_GRAD_IN, b, (int)(mb * e->out_count), op->peer,
+                      tag_of(TAG_GRAD, m), &e->req_grad[m]))
+            return -1;
     }
     /* Every micro-batch's samples: pixels on stage 0, labels on the last stage; already
      * there when the previous step loaded them. */
@@ -433,9 +459,10 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
     /* Double-buffered in buffers 0 and 1: the next chunk's receive is posted before this
      * chunk's compute. */
     int in_floats = (int)(mb * e->in_count);
-    if (!first && chunks > 0)
-        MPI_Irecv(engine_msg_buffer(g, ENGINE_MSG_ACT_IN, 0), in_floats, MPI_FLOAT,
-                  e->rank - 1, tag_of(TAG_EVAL, 0), e->comm, &e->eval_recv[0]);
+    if (!first && chunks > 0 &&
+        post_recv(e, ENGINE_MSG_ACT_IN, 0, in_floats, e->rank - 1, tag_of(TAG_EVAL, 0),
+                  &e->eval_recv[0]))
+        return -1;
     for (int c = 0; c < chunks; c++) {
         int n = c == chunks - 1 ? data->count - c * mb : mb, m = c & 1;
         for (int j = 0; j < n; j++) ids[j] = (int64_t)c * mb + j;
@@ -452,9 +479,10 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
             if (wait_request(e, &e->eval_recv[m], "the evaluation activation", c, e->rank - 1))
                 return -1;
             if (engine_msg_received(g, ENGINE_MSG_ACT_IN, m)) return -1;
-            if (c + 1 < chunks)
-                MPI_Irecv(engine_msg_buffer(g, ENGINE_MSG_ACT_IN, 1 - m), in_floats, MPI_FLOAT,
-                          e->rank - 1, tag_of(TAG_EVAL, c + 1), e->comm, &e->eval_recv[1 - m]);
+            if (c + 1 < chunks &&
+                post_recv(e, ENGINE_MSG_ACT_IN, 1 - m, in_floats, e->rank - 1,
+                          tag_of(TAG_EVAL, c + 1), &e->eval_recv[1 - m]))
+                return -1;
         }
         if (engine_forward(g, m, n, 0, 0, 0, -1)) return -1;
         if (last) {

@@ -21,6 +21,14 @@ static int ctx_create(kernel_cuda_ctx *c, int device)
         return pt_error_set("CUDA device %d requested, but the devices are 0..%d", device,
                             count - 1);
     CUDA_CHECK(cudaSetDevice(device));
+    /* Host waits for the device sleep instead of spinning a core: ranks may share cores
+     * (and GPUs), as the executor's polite MPI waits assume. Allowed on an initialised
+     * device; it replaces the flags. */
+    const cudaError_t fe = cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
+    if (fe == cudaErrorSetOnActiveProcess)
+        (void)cudaGetLastError(); /* an older runtime keeps the active flags: fine */
+    else
+        CUDA_CHECK(fe);
     /* Non-blocking: the stream must not serialise with the legacy default stream that
      * other libraries (MPI implementations, for one) may use. */
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));

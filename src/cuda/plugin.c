@@ -131,6 +131,12 @@ static int plugin_device_info(int device, cuda_device_info *info)
     return 0;
 }
 
+static int plugin_device_bus_id(int device, char *buf, int len)
+{
+    CHECK(cudaDeviceGetPCIBusId(buf, len, device));
+    return 0;
+}
+
 static const cuda_plugin plugin = {
     .abi = PT_CUDA_PLUGIN_ABI,
     .engine_size = sizeof(engine),
@@ -139,6 +145,7 @@ static const cuda_plugin plugin = {
     .versions = plugin_versions,
     .device_count = plugin_device_count,
     .device_info = plugin_device_info,
+    .device_bus_id = plugin_device_bus_id,
     .engine_create = engine_cuda_create,
 };
 
