@@ -112,6 +112,16 @@ if(PT_HAVE_CUDA)
     add_test(NAME test_engine_cuda_mock COMMAND test_engine_cuda_mock)
     set_tests_properties(test_engine_cuda_mock PROPERTIES LABELS "unit;cuda" TIMEOUT 300)
 
+    # The whole plugin over the mock runtime, for tests/cuda_mock_e2e.sh: pipetrain's real
+    # --device cuda path (loading, GPU choice, executor, CUDA engine) on any machine.
+    add_library(pipetrain_cuda_mock MODULE ${PT_CUDA_PLUGIN_SOURCES}
+      ${CMAKE_SOURCE_DIR}/tests/cuda/mock_cuda.c ${CMAKE_SOURCE_DIR}/tests/cuda/mock_cuda_device.c)
+    target_include_directories(pipetrain_cuda_mock PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+    target_link_libraries(pipetrain_cuda_mock PRIVATE ptcore)
+    set_target_properties(pipetrain_cuda_mock PROPERTIES OUTPUT_NAME pipetrain-cuda-mock
+      PREFIX lib LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests C_VISIBILITY_PRESET hidden)
+    target_link_options(pipetrain_cuda_mock PRIVATE -Wl,--exclude-libs,ALL -Wl,--no-undefined)
+
     # A plain program (not Criterion): exits 77, which ctest reports as skipped, when the
     # machine has no usable GPU.
     add_executable(test_cuda_kernels ${CMAKE_SOURCE_DIR}/tests/cuda/test_cuda_kernels.c)

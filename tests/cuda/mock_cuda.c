@@ -32,7 +32,7 @@ static void die(const char *msg)
 
 /* ---- memory registry ---- */
 typedef struct { char *p; size_t n; int device; } region;
-static region regions[256];
+static region regions[4096];
 static int n_regions;
 
 static int find_region(const void *p)
@@ -56,7 +56,7 @@ static void need_dev(const void *p, const char *what)
 }
 static void add_region(void *p, size_t n, int dev)
 {
-    if (n_regions == 256) die("too many regions");
+    if (n_regions == 4096) die("too many regions");
     regions[n_regions++] = (region){p, n, dev};
 }
 static void del_region(void *p)
@@ -315,6 +315,8 @@ int kernel_cuda_ctx_init(kernel_cuda_ctx *c, int device)
     memset(c, 0, sizeof *c);
     if (mock_no_device) return pt_error_set("no CUDA device: mock");
     (void)device;
+    const char *mode = getenv("PT_MOCK_CUDA_MODE"); /* the mock plugin's runs */
+    if (mode) mock_mode = atoi(mode);
     cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     return 0;
 }

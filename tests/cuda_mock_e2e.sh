@@ -1,0 +1,73 @@
+# pipetrain's --device cuda path end to end, on any machine: the CUDA plugin built over a
+# mock CUDA runtime (tests/cuda/mock_cuda.c: streams are queues that progress in a random
+# order at every runtime call, kernels are the CPU kernels). Plugin loading, the GPU
+# choice, the executor's deferred sends and prefetch, and the CUDA engine's buffers, copies
+# and events must give parameters and test loss bit-identical to the CPU engine, as one
+# stage and as pipelines. Micro-batches of ≤ 16 samples: the CPU stage then runs each as
+# one chunk, so both compute the same sums. Skipped without a CUDA toolkit.
+source "$(dirname "$0")/lib/common.bash"
+if [ -z "${CUDA_MOCK_PLUGIN:-}" ]; then
+    echo "skipped: no CUDA toolkit at configure time, so no mock plugin"
+    exit 0
+fi
+COMMON=(--model "$MODELS/seed-cnn.cfg" --batch 16 --steps 4 --train-samples 256
+        --test-samples 64 --seed 3 --threads 1 --json)
+cuda() { PIPETRAIN_CUDA_PLUGIN=$CUDA_MOCK_PLUGIN PT_MOCK_CUDA_MODE=2 "$@"; }
+
+# compare NAME A.st A.json B.st B.json: same parameters, same test loss
+compare() {
+    local a b
+    a=$(json_field test_loss <"$3"); b=$(json_field test_loss <"$5")
+    if "$PIPETRAIN" diff "$2" "$4" >"$WORK/diff" 2>&1 && [ -n "$a" ] && [ "$a" = "$b" ]; then
+        pass "$1: bit-identical, test loss $a"
+    else
+        failed "$1: test loss '$a' vs '$b'"; tail -n 3 "$WORK/diff"
+    fi
+}
+
+cuda "$PIPETRAIN" devices >"$WORK/devices" 2>&1
+grep -q "Mock GPU" "$WORK/devices" && pass "devices lists the mock GPU" \
+    || { failed "devices does not list the mock GPU"; cat "$WORK/devices"; }
+
+for opt in sgd adam; do
+    lr=0.05; [ $opt = adam ] && lr=0.001
+    for M in 2 4; do
+        "$PIPETRAIN" train "${COMMON[@]}" --optimizer $opt --lr $lr --microbatches $M \
+            --save "$WORK/cpu_${opt}_$M.st" >"$WORK/cpu_${opt}_$M.json"
+    done
+    if cuda "$PIPETRAIN" train "${COMMON[@]}" --optimizer $opt --lr $lr --microbatches 2 \
+        --device cuda --save "$WORK/gpu_$opt.st" >"$WORK/gpu_$opt.json" 2>"$WORK/err"; then
+        compare "$opt, one stage on the mock GPU vs CPU" "$WORK/gpu_$opt.st" \
+            "$WORK/gpu_$opt.json" "$WORK/cpu_${opt}_2.st" "$WORK/cpu_${opt}_2.json"
+    else
+        failed "$opt, one stage on the mock GPU: run failed"; cat "$WORK/err"
+    fi
+done
+
+# Pipelines: both ranks share the one (mock) GPU, messages are host-staged.
+for layout in "2 2 1f1b sgd" "3 4 gpipe adam" "2 4 1f1b adam"; do
+    read -r K M sched opt <<<"$layout"
+    lr=0.05; [ $opt = adam ] && lr=0.001
+    out="$WORK/pipe_${K}_${M}_$sched"
+    if cuda timeout 120 "$MPIEXEC" -n "$K" "$PIPETRAIN" train "${COMMON[@]}" --device cuda \
+        --stages "$K" --microbatches "$M" --schedule "$sched" --optimizer $opt --lr $lr \
+        --save "$out.st" >"$out.json" 2>"$WORK/err"; then
+        compare "K=$K M=$M $sched $opt on the mock GPU vs CPU" "$out.st" "$out.json" \
+            "$WORK/cpu_${opt}_$M.st" "$WORK/cpu_${opt}_$M.json"
+    else
+        failed "K=$K M=$M $sched on the mock GPU: run failed"; cat "$WORK/err"
+    fi
+done
+
+# --load onto the device, and the comparison can fail: another seed differs.
+cuda "$PIPETRAIN" train "${COMMON[@]}" --optimizer sgd --lr 0.05 --microbatches 2 \
+    --device cuda --load "$WORK/cpu_sgd_4.st" --save "$WORK/loaded.st" >/dev/null
+"$PIPETRAIN" train "${COMMON[@]}" --optimizer sgd --lr 0.05 --microbatches 2 \
+    --load "$WORK/cpu_sgd_4.st" --save "$WORK/loaded_cpu.st" >/dev/null
+"$PIPETRAIN" diff "$WORK/loaded.st" "$WORK/loaded_cpu.st" >/dev/null \
+    && pass "--load onto the mock GPU: bit-identical to the CPU" \
+    || failed "--load onto the mock GPU differs from the CPU"
+"$PIPETRAIN" diff "$WORK/loaded.st" "$WORK/gpu_sgd.st" >/dev/null \
+    && failed "different starting points gave identical parameters: the comparison is blind" \
+    || pass "a different starting point differs (the comparison can fail)"
+finish
