@@ -59,6 +59,28 @@ for layout in "2 2 1f1b sgd" "3 4 gpipe adam" "2 4 1f1b adam"; do
     fi
 done
 
+# Messages straight from device memory, as with a CUDA-aware MPI (the mock's device memory
+# is host memory, so MPICH can carry it), and a trace built from device events.
+out="$WORK/aware"
+if PIPETRAIN_CUDA_AWARE_MPI=1 cuda timeout 120 "$MPIEXEC" -n 2 "$PIPETRAIN" train \
+    "${COMMON[@]}" --device cuda --stages 2 --microbatches 4 --optimizer adam --lr 0.001 \
+    --trace "$out.trace.json" --save "$out.st" >"$out.json" 2>"$WORK/err"; then
+    compare "K=2 M=4, device-memory messages (CUDA-aware MPI)" "$out.st" "$out.json" \
+        "$WORK/cpu_adam_4.st" "$WORK/cpu_adam_4.json"
+    python3 - "$out.trace.json" <<'PY' && pass "trace from device events: forward and backward of every micro-batch on both stages" || failed "trace of the mock GPU run"
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
+assert {e.get("tid") for e in ev} == {0, 1}, "ranks"
+for rank in (0, 1):
+    for cat in ("forward", "backward"):
+        ms = {e["args"]["microbatch"] for e in ev
+              if e.get("tid") == rank and e.get("cat") == cat and e["dur"] >= 0}
+        assert ms == {0, 1, 2, 3}, (rank, cat, ms)
+PY
+else
+    failed "K=2 with device-memory messages: run failed"; cat "$WORK/err"
+fi
+
 # --load onto the device, and the comparison can fail: another seed differs.
 cuda "$PIPETRAIN" train "${COMMON[@]}" --optimizer sgd --lr 0.05 --microbatches 2 \
     --device cuda --load "$WORK/cpu_sgd_4.st" --save "$WORK/loaded.st" >/dev/null
