@@ -35,8 +35,8 @@ typedef enum {
 typedef struct {
     const net_desc *net;  /* not owned; must outlive the engine */
     int first, last;      /* layers [first, last) */
-    int buffers;          /* micro-batch buffers: m in [0, buffers) (≥ 2, evaluation
-                             double-buffers) */
+    int buffers;          /* micro-batch buffers: m in [0, buffers) (the executor uses
+                             two per micro-batch, and at least 3 to evaluate) */
     int max_batch;        /* samples per micro-batch */
     int n_slots;          /* micro-batches whose activations are held at once */
     int batch;            /* samples per optimizer step: the loss gradient is scaled 1/batch */

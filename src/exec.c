@@ -18,6 +18,7 @@
  * MPI_TAG_UB the standard allows: two messages with one tag between one pair of ranks are
  * matched in the order they were sent, and both sides go through micro-batches in order. */
 enum { TAG_ACT = 0, TAG_GRAD = 1, TAG_EVAL = 2, TAG_WRAP = 8192 };
+enum { EVAL_BUFFERS = 3 }; /* micro-batch buffers evaluation cycles through */
 static int tag_of(int kind, int m) { return (m % TAG_WRAP) * 4 + kind; }
 
 /* An outgoing message waiting for its bytes (a GPU copy) before MPI_Isend. */
@@ -38,7 +39,7 @@ struct exec {
     size_t in_count, out_count;
     engine *eng;
     MPI_Request *req_act, *req_grad, *req_send_act, *req_send_grad;
-    MPI_Request eval_send, eval_recv[2];
+    MPI_Request eval_send, eval_recv[3];
     /* sends whose buffers are not filled yet, posted in order as they become ready */
     pending_send *pending;
     int n_pending, pending_cap;
@@ -168,7 +169,8 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     }
     engine_config ec = {
         .net = net, .first = part->first[rank], .last = part->first[rank + 1],
-        .buffers = 2 * M, /* two halves, see exec.half; evaluation uses 0 and 1 */
+        /* two halves, see exec.half; evaluation cycles through 0, 1 and 2 */
+        .buffers = 2 * M > EVAL_BUFFERS ? 2 * M : EVAL_BUFFERS,
         .max_batch = e->mb, .n_slots = slots > 0 ? slots : 1, .batch = cfg->batch,
         .threads = cfg->threads > 0 ? cfg->threads : 1, .device = cfg->gpu,
         .device_messages = cfg->device_messages,
@@ -193,7 +195,7 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     for (int m = 0; m < M; m++)
         e->req_act[m] = e->req_grad[m] = e->req_send_act[m] = e->req_send_grad[m] =
             MPI_REQUEST_NULL;
-    e->eval_send = e->eval_recv[0] = e->eval_recv[1] = MPI_REQUEST_NULL;
+    e->eval_send = e->eval_recv[0] = e->eval_recv[1] = e->eval_recv[2] = MPI_REQUEST_NULL;
     /* the default 50 µs timer slack would double every polite pause */
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     e->t_origin = pt_now();
@@ -455,16 +457,19 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
     engine *g = e->eng;
     double t_start = pt_now();
     int64_t ids[mb];
-    e->prefetched = 0; /* evaluation reuses buffers 0 and 1 */
-    /* Double-buffered in buffers 0 and 1: the next chunk's receive is posted before this
-     * chunk's compute. */
+    e->prefetched = 0; /* evaluation reuses the first buffers */
+    /* Chunk c in buffer c mod 3: the next chunk's receive is posted before this chunk's
+     * compute, into a buffer whose forward (c − 2) a GPU has most likely finished, so the
+     * host need not wait for it. */
     int in_floats = (int)(mb * e->in_count);
     if (!first && chunks > 0 &&
         post_recv(e, ENGINE_MSG_ACT_IN, 0, in_floats, e->rank - 1, tag_of(TAG_EVAL, 0),
                   &e->eval_recv[0]))
         return -1;
     for (int c = 0; c < chunks; c++) {
-        int n = c == chunks - 1 ? data->count - c * mb : mb, m = c & 1;
+        int n = c == chunks - 1 ? data->count - c * mb : mb;
+        int m = c % EVAL_BUFFERS, next = (c + 1) % EVAL_BUFFERS,
+            prev = (c + EVAL_BUFFERS - 1) % EVAL_BUFFERS;
         for (int j = 0; j < n; j++) ids[j] = (int64_t)c * mb + j;
         /* the previous chunk's output (which may alias its input buffer, when every layer
          * of the stage is the identity) must be gone before its buffers are reused */
@@ -472,7 +477,7 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
             if (wait_send(e, &e->eval_send, "send of the evaluation activation", c - 1,
                           e->rank + 1))
                 return -1;
-            if (engine_release(g, 1 - m)) return -1;
+            if (engine_release(g, prev)) return -1;
         }
         if (engine_load(g, m, data, ids, n)) return -1;
         if (!first) {
@@ -480,8 +485,8 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
                 return -1;
             if (engine_msg_received(g, ENGINE_MSG_ACT_IN, m)) return -1;
             if (c + 1 < chunks &&
-                post_recv(e, ENGINE_MSG_ACT_IN, 1 - m, in_floats, e->rank - 1,
-                          tag_of(TAG_EVAL, c + 1), &e->eval_recv[1 - m]))
+                post_recv(e, ENGINE_MSG_ACT_IN, next, in_floats, e->rank - 1,
+                          tag_of(TAG_EVAL, c + 1), &e->eval_recv[next]))
                 return -1;
         }
         if (engine_forward(g, m, n, 0, 0, 0, -1)) return -1;
@@ -496,7 +501,7 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
         if (wait_send(e, &e->eval_send, "send of the evaluation activation", chunks - 1,
                       e->rank + 1))
             return -1;
-        if (engine_release(g, (chunks - 1) & 1)) return -1;
+        if (engine_release(g, (chunks - 1) % EVAL_BUFFERS)) return -1;
     }
     engine_result r;
     if (engine_finish(g, &r)) return -1;
