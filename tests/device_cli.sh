@@ -108,31 +108,24 @@ for bogus in "$WORK/missing.so:No such file" "$WORK/junk.so:junk.so" \
 done
 
 # ---- train --device cuda fails cleanly without a GPU ----
-# (into a file: grep -q may end the pipe early, and pipefail would count that)
-"$PIPETRAIN" train --help >"$WORK/help" 2>&1 || true
-if ! grep -q -- '--device' "$WORK/help"; then
-    # TODO(lead): remove this skip once train has --device
-    echo "SKIP: pipetrain train has no --device option yet"
+if [ "$have_gpu" -eq 0 ]; then
+    expect_fail "train --device cuda without a GPU, 1 rank" \
+        "no CUDA device\|built without the CUDA backend\|CUDA plugin .* is missing" \
+        "$PIPETRAIN" train "${T[@]}" --device cuda
+    expect_fail "train --device cuda without a GPU, 2 ranks" \
+        "no CUDA device\|built without the CUDA backend\|CUDA plugin .* is missing" \
+        "$MPIEXEC" -n 2 "$PIPETRAIN" train "${T[@]}" --device cuda --stages 2
+fi
+expect_fail "train --device cuda with a bogus plugin, 1 rank" "$WORK/missing.so" \
+    env PIPETRAIN_CUDA_PLUGIN="$WORK/missing.so" "$PIPETRAIN" train "${T[@]}" --device cuda
+expect_fail "train --device cuda with a bogus plugin, 2 ranks" "$WORK/missing.so" \
+    "$MPIEXEC" -n 2 env PIPETRAIN_CUDA_PLUGIN="$WORK/missing.so" "$PIPETRAIN" train \
+    "${T[@]}" --device cuda --stages 2
+rc=0
+timeout 60 "$PIPETRAIN" train "${T[@]}" --device bogus >"$WORK/out" 2>"$WORK/err" || rc=$?
+if [ "$rc" -eq 2 ] && grep -q -- "--device" "$WORK/err"; then
+    pass "--device bogus is a usage error: $(head -1 "$WORK/err")"
 else
-    if [ "$have_gpu" -eq 0 ]; then
-        expect_fail "train --device cuda without a GPU, 1 rank" \
-            "no CUDA device\|built without the CUDA backend\|CUDA plugin .* is missing" \
-            "$PIPETRAIN" train "${T[@]}" --device cuda
-        expect_fail "train --device cuda without a GPU, 2 ranks" \
-            "no CUDA device\|built without the CUDA backend\|CUDA plugin .* is missing" \
-            "$MPIEXEC" -n 2 "$PIPETRAIN" train "${T[@]}" --device cuda --stages 2
-    fi
-    expect_fail "train --device cuda with a bogus plugin, 1 rank" "$WORK/missing.so" \
-        env PIPETRAIN_CUDA_PLUGIN="$WORK/missing.so" "$PIPETRAIN" train "${T[@]}" --device cuda
-    expect_fail "train --device cuda with a bogus plugin, 2 ranks" "$WORK/missing.so" \
-        "$MPIEXEC" -n 2 env PIPETRAIN_CUDA_PLUGIN="$WORK/missing.so" "$PIPETRAIN" train \
-        "${T[@]}" --device cuda --stages 2
-    rc=0
-    timeout 60 "$PIPETRAIN" train "${T[@]}" --device bogus >"$WORK/out" 2>"$WORK/err" || rc=$?
-    if [ "$rc" -eq 2 ] && grep -q -- "--device" "$WORK/err"; then
-        pass "--device bogus is a usage error: $(head -1 "$WORK/err")"
-    else
-        failed "--device bogus: exit $rc (expected 2), stderr: $(cat "$WORK/err")"
-    fi
+    failed "--device bogus: exit $rc (expected 2), stderr: $(cat "$WORK/err")"
 fi
 finish
