@@ -66,7 +66,7 @@ if(PT_HAVE_CUDA)
   # as well to every CUDA link).
   set_target_properties(ptcuda PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
     CUDA_RUNTIME_LIBRARY Shared)
-  target_link_libraries(ptcuda PUBLIC ptcore CUDA::cudart CUDA::cublas CUDA::curand)
+  target_link_libraries(ptcuda PUBLIC ptkernels CUDA::cudart CUDA::cublas CUDA::curand)
   target_compile_definitions(ptcuda PUBLIC PT_HAVE_CUDA=1)
   # The top-level's C flags are C-only ($<COMPILE_LANGUAGE:C>); the CUDA sources get their
   # own: host-compiler warnings, line tables for compute-sanitizer and ncu (no effect on
@@ -86,7 +86,7 @@ if(PT_HAVE_CUDA)
   # --exclude-libs for the static libraries' (the plugin's ptcore copy must not interpose
   # on the host's). --no-undefined: a missing symbol is a link error here, not a dlopen
   # error at run time.
-  set_target_properties(ptcore ptcuda PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  set_target_properties(${PT_MODULES} ptcuda PROPERTIES POSITION_INDEPENDENT_CODE ON)
   file(GLOB PT_CUDA_PLUGIN_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/cuda/*.c)
   add_library(pipetrain_cuda MODULE ${PT_CUDA_PLUGIN_SOURCES})
   target_link_libraries(pipetrain_cuda PRIVATE ptcuda ptcore)

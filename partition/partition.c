@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/error.h"
+#include "src/base/error.h"
 
 /* Long user-supplied lists are cut in messages so that the reason still fits. */
 #define LIST_SHOWN 200

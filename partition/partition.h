@@ -4,7 +4,7 @@
 
 #include <stdio.h>
 
-#include "src/net.h"
+#include "src/model/net.h"
 
 typedef struct {
     int stages;
@@ -31,14 +31,6 @@ typedef struct {
     int n_layers;
 } partition_profile;
 
-/* Measures each layer of `net` on this machine with the CPU kernels (batch `batch`,
- * `warmup` untimed runs, then the median of `repeats`), in seconds per sample.
- * Implemented in partition/profile.c. */
-int partition_profile_measure(partition_profile *prof, const net_desc *net, int batch,
-                              int warmup, int repeats);
-/* The same on a device (src/engine.h: ENGINE_CPU, or ENGINE_CUDA on GPU `gpu`). */
-int partition_profile_measure_on(partition_profile *prof, const net_desc *net, int batch,
-                                 int warmup, int repeats, int device, int gpu);
 void partition_profile_free(partition_profile *prof);
 
 /* Chooses a partition by method: "uniform", "params" (balanced parameter bytes), "time"

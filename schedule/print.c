@@ -3,7 +3,7 @@
  * describes. */
 #include "schedule/schedule.h"
 
-#include "src/error.h"
+#include "src/base/error.h"
 
 #include <math.h>
 #include <stdlib.h>

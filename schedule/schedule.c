@@ -5,7 +5,7 @@
  * the list only marks the point where the stage must have the data. */
 #include "schedule/schedule.h"
 
-#include "src/error.h"
+#include "src/base/error.h"
 
 #include <limits.h>
 #include <stdlib.h>

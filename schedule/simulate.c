@@ -5,7 +5,7 @@
  * deadlock-free. */
 #include "schedule/schedule.h"
 
-#include "src/error.h"
+#include "src/base/error.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -10,7 +10,7 @@
  */
 #include "schedule/schedule.h"
 
-#include "src/error.h"
+#include "src/base/error.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/error.h"
+#include "src/base/error.h"
 #include "src/safetensors.h"
 
 /* Shapes in PyTorch's layout: dense [out, in], conv [out, in, k, k], bias [out]. */

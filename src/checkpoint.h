@@ -3,7 +3,7 @@
 #ifndef PT_CHECKPOINT_H
 #define PT_CHECKPOINT_H
 
-#include "src/net.h"
+#include "src/model/net.h"
 
 /* Writes the whole model from `all` (every parameter in layer order, as a stage holding
  * every layer stores them). */

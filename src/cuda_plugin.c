@@ -17,7 +17,7 @@
 #include <mpi-ext.h> /* MPIX_CUDA_AWARE_SUPPORT, MPIX_Query_cuda_support */
 #endif
 
-#include "src/error.h"
+#include "src/base/error.h"
 #include "topologies/topo.h"
 
 /* The outcome of the one load attempt: a second call gets the same plugin or message. */

@@ -14,7 +14,7 @@
 
 #include <zlib.h>
 
-#include "src/error.h"
+#include "src/base/error.h"
 
 #define IDX_MAGIC_IMAGES 0x00000803u /* unsigned bytes, 3 dimensions */
 #define IDX_MAGIC_LABELS 0x00000801u /* unsigned bytes, 1 dimension */

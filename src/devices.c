@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "src/cuda_plugin.h"
-#include "src/error.h"
+#include "src/base/error.h"
 #include "topologies/topo.h"
 
 typedef struct {

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "src/cuda_plugin.h"
-#include "src/error.h"
+#include "src/base/error.h"
 
 int engine_create(engine **e, engine_device device, const engine_config *cfg)
 {

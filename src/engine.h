@@ -12,7 +12,7 @@
  *     engine_msg_buffer until engine_msg_received is called for it;
  *   - engine_finish waits for everything queued; only then are the loss sums and the
  *     times of the timed operations ("ticks") known.
- * Every function returns 0, or −1 with a message (src/error.h). */
+ * Every function returns 0, or −1 with a message (src/base/error.h). */
 #ifndef PT_ENGINE_H
 #define PT_ENGINE_H
 
@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #include "src/data.h"
-#include "src/net.h"
+#include "src/model/net.h"
 #include "src/stage.h"
 
 typedef enum { ENGINE_CPU = 0, ENGINE_CUDA } engine_device;

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "src/engine.h"
-#include "src/error.h"
+#include "src/base/error.h"
 
 void engine_stage_sizes(const net_desc *net, int first, int last, size_t *in_count,
                         size_t *out_count, size_t *param_count)

@@ -6,9 +6,9 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
-#include "src/clock.h"
+#include "src/base/clock.h"
 #include "src/engine.h"
-#include "src/error.h"
+#include "src/base/error.h"
 
 typedef struct {
     stage st;

@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include "kernels/kernels.h"
-#include "src/clock.h"
-#include "src/error.h"
+#include "src/base/clock.h"
+#include "src/base/error.h"
 #include "src/trace.h"
 
 /* Message tags name the micro-batch and the direction. They wrap below 32767, the least

@@ -9,9 +9,11 @@
 
 #include "partition/partition.h"
 #include "schedule/schedule.h"
+#include "src/profile.h"
+#include "src/cmd_topo.h"
 #include "src/devices.h"
-#include "src/error.h"
-#include "src/net.h"
+#include "src/base/error.h"
+#include "src/model/net.h"
 #include "src/options.h"
 #include "src/safetensors.h"
 #include "src/train.h"

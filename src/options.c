@@ -4,7 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "src/error.h"
+#include "src/base/error.h"
 
 int opt_parse_long(const char *name, const char *text, long min, long max, long *out)
 {

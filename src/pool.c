@@ -3,7 +3,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "src/error.h"
+#include "src/base/error.h"
 
 struct pool {
     int threads;

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "kernels/rng.h"
-#include "src/error.h"
+#include "src/base/error.h"
 #include "src/pool.h"
 
 enum { ALIGN = 64 };

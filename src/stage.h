@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "src/net.h"
+#include "src/model/net.h"
 
 typedef enum { OPT_SGD = 0, OPT_MOMENTUM, OPT_ADAM } optimizer_kind;
 

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/error.h"
+#include "src/base/error.h"
 
 static const char *const names[TRACE_KIND_COUNT] = {
     "forward", "backward", "send_act", "send_grad", "wait_act",

@@ -14,11 +14,12 @@
 
 #include "kernels/rng.h"
 #include "src/checkpoint.h"
-#include "src/clock.h"
+#include "src/base/clock.h"
 #include "src/cuda_plugin.h"
-#include "src/error.h"
+#include "src/base/error.h"
 #include "src/exec.h"
 #include "src/options.h"
+#include "src/profile.h"
 #include "topologies/topo.h"
 
 void openblas_set_num_threads(int);

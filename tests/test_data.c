@@ -10,7 +10,7 @@
 #include <zlib.h>
 
 #include "src/data.h"
-#include "src/error.h"
+#include "src/base/error.h"
 
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
 

@@ -6,8 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "src/error.h"
-#include "src/net.h"
+#include "src/base/error.h"
+#include "src/model/net.h"
 #include "tests/check.h"
 
 static void load_model(net_desc *net, const char *name)

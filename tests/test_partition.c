@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "partition/partition.h"
-#include "src/error.h"
+#include "src/base/error.h"
 #include "tests/check.h"
 
 static void expect_first(const partition *p, const int *want, int stages, const char *what)

@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "src/error.h"
+#include "src/base/error.h"
 #include "src/safetensors.h"
 #include "tests/check.h"
 

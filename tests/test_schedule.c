@@ -1,7 +1,7 @@
 /* Schedule IR: generators, verifier, simulator and printer. */
 #include "schedule/schedule.h"
 
-#include "src/error.h"
+#include "src/base/error.h"
 #include "tests/check.h"
 
 #include <criterion/criterion.h>

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "src/error.h"
+#include "src/base/error.h"
 #include "tests/check.h"
 #include "topologies/topo.h"
 

@@ -118,6 +118,11 @@ expect 1 "^pipetrain: .*bad.xml: not a valid hwloc XML topology" \
     "$PIPETRAIN" topo --topology "$TMP/bad.xml"
 expect 1 "not a valid hwloc XML topology" \
     "$PIPETRAIN" plan --model "$MODEL" --stages 2 --topology "$TMP/bad.xml"
+# hwloc without its libxml2 reader (Debian's libhwloc-plugins) rejects every hand-written
+# file: the message must name the package, not blame the file.
+mkdir -p "$TMP/no-plugins"
+expect 1 "hwloc cannot read XML topologies on this machine.*apt-get install libhwloc-plugins" \
+    env HWLOC_PLUGINS_PATH="$TMP/no-plugins" "$PIPETRAIN" topo --topology "$TWO"
 expect 1 "missing.xml: No such file" "$PIPETRAIN" topo --topology "$TMP/missing.xml"
 expect 1 "no NVIDIA GPU in .*local-2core.xml" \
     "$PIPETRAIN" plan --model "$MODEL" --stages 2 --device cuda --topology "$TWO"

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "src/error.h"
+#include "src/base/error.h"
 #include "topologies/topo.h"
 
 /* Every rank must learn whether any rank failed, or the ones that succeeded would go on

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/error.h"
+#include "src/base/error.h"
 #include "topologies/internal.h"
 #include "topologies/topo.h"
 

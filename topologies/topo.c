@@ -11,9 +11,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <strings.h>
 
-#include "src/error.h"
+#include "src/base/error.h"
 
 struct topo_s {
     hwloc_topology_t hw;
@@ -309,6 +310,24 @@ static void machine_free(topo_machine *m)
     memset(m, 0, sizeof *m);
 }
 
+/* Debian ships hwloc's libxml2 XML reader (and its PCI discovery) as plugins in
+ * libhwloc-plugins, a Recommends that minimal installs skip. Without it hwloc falls back to
+ * a minimalistic parser that rejects any file hwloc did not write itself, so a failed parse
+ * names the missing package rather than blaming the file. */
+static int topo_xml_support(void)
+{
+    const char *dirs = getenv("HWLOC_PLUGINS_PATH"); /* hwloc's override: ':'-separated */
+    if (!dirs || !*dirs) return access(PT_HWLOC_XML_PLUGIN, R_OK) == 0;
+    char path[4096];
+    for (const char *d = dirs; *d;) {
+        size_t n = strcspn(d, ":");
+        snprintf(path, sizeof path, "%.*s/hwloc_xml_libxml.so", (int)n, d);
+        if (access(path, R_OK) == 0) return 1;
+        d += n + (d[n] == ':');
+    }
+    return 0;
+}
+
 int topo_init(topo_t **out, const char *xml_path)
 {
     *out = NULL;
@@ -336,6 +355,10 @@ int topo_init(topo_t **out, const char *xml_path)
         int e = errno;
         hwloc_topology_destroy(t->hw);
         free(t);
+        if (xml_path && !topo_xml_support())
+            return pt_error_set("%s: hwloc cannot read XML topologies on this machine: its "
+                                "libxml2 reader (" PT_HWLOC_XML_PLUGIN ") is missing; install "
+                                "it with: apt-get install libhwloc-plugins", xml_path);
         if (xml_path)
             return pt_error_set("%s: not a valid hwloc XML topology (HWLOC_XML_VERBOSE=1 "
                                 "lstopo-no-graphics -i FILE shows why)", xml_path);

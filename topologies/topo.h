@@ -19,7 +19,7 @@
 #include <stdio.h>
 
 #include "partition/partition.h"
-#include "src/net.h"
+#include "src/model/net.h"
 
 /* ---- discovery ---------------------------------------------------------------------- */
 
@@ -233,10 +233,15 @@ int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, int *blas_threa
 
 /* ---- command line ------------------------------------------------------------------- */
 
-/* `pipetrain topo` and `pipetrain plan`: argv[0] is the sub-command's name. They print to
- * stdout, errors as "pipetrain: message" to stderr, and return the exit status (0 ok,
- * 1 error, 2 usage). No MPI. */
-int topo_cmd_topo(int argc, char **argv);
-int topo_cmd_plan(int argc, char **argv);
+
+/* Text helpers for the topo and plan commands (src/cmd_topo.c). */
+/* Writes s as a JSON string literal, quotes included. */
+void topo_json_string(FILE *out, const char *s);
+/* "1.5 GiB" style, binary units, for sizes. */
+void topo_format_size(char *buf, size_t size, double bytes);
+/* "12.3 MB" style, decimal units, for traffic (bytes/s figures are decimal too). */
+void topo_format_bytes(char *buf, size_t size, double bytes);
+/* "1.23 ms" style. */
+void topo_format_seconds(char *buf, size_t size, double s);
 
 #endif

@@ -15,7 +15,7 @@ first layer's input gradient. Bias adds, activations, pooling, dropout, the loss
 optimizer update are elementwise (under 1% here) and are left out, as FLOP counts of
 networks usually do.
 
-Parses the model file the way src/net.c does ([net] input=C,H,W, default 1,28,28; [conv]
+Parses the model file the way src/model/net.c does ([net] input=C,H,W, default 1,28,28; [conv]
 filters, size, stride 1, pad 0; [maxpool]/[avgpool] size 2, stride = size; [dense] units,
 flattening a spatial input; [dropout]; [flatten]; ';' and '#' start comments). With
 --pipetrain it also runs `pipetrain summary` and fails if the parameter counts disagree,

@@ -14,7 +14,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "src/error.h"
+#include "src/base/error.h"
 #ifdef __cplusplus
 }
 #endif

@@ -9,7 +9,7 @@
  * - The work is queued on ctx->stream and has not run when the call returns: synchronise
  *   the stream before reading results on the host or reusing inputs for something else.
  * - The functions return 0, or −1 with a message (file:line and the CUDA/cuBLAS error) left
- *   by pt_error_set (src/error.h). An error of a kernel that already ran may surface at a
+ *   by pt_error_set (src/base/error.h). An error of a kernel that already ran may surface at a
  *   later call on the same stream, as CUDA reports it.
  * - The calling thread's current device must be the context's (cudaSetDevice); the
  *   context does not switch devices itself.

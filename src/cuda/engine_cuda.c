@@ -10,9 +10,9 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/rng.h"
-#include "src/clock.h"
+#include "src/base/clock.h"
 #include "src/cuda/engine_cuda_impl.h"
-#include "src/error.h"
+#include "src/base/error.h"
 
 static size_t round_up(size_t x)
 {

@@ -5,7 +5,7 @@
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/rng.h"
 #include "src/cuda/engine_cuda_impl.h"
-#include "src/error.h"
+#include "src/base/error.h"
 
 /* ------------------------------------------------------------ forward, backward ---- */
 

@@ -10,7 +10,7 @@
 
 #include "src/cuda/engine_cuda.h"
 #include "src/devices.h"
-#include "src/error.h"
+#include "src/base/error.h"
 
 /* src/cuda/plugin_error.c: routes this plugin's pt_error_set to the host's. */
 void plugin_error_connect(const cuda_plugin_host *host);

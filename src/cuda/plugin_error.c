@@ -1,10 +1,10 @@
-/* src/error.h inside the CUDA plugin: messages go to the host's pt_error_set, so that the
+/* src/base/error.h inside the CUDA plugin: messages go to the host's pt_error_set, so that the
  * front end (which only reads the host's thread-local message) sees them.
  *
  * These definitions are linked before the static libraries (ptcuda, ptcore), so the linker
- * never pulls src/error.o into the plugin: the kernels' and the engine's pt_error_set
+ * never pulls src/base/error.o into the plugin: the kernels' and the engine's pt_error_set
  * calls land here. Before the entry has run (it never should) messages stay local. */
-#include "src/error.h"
+#include "src/base/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>

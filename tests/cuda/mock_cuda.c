@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "kernels/cuda/kernels_cuda.h"
-#include "src/error.h"
+#include "src/base/error.h"
 
 int mock_mode = 0;          /* 0 eager, 1 lazy, 2 random */
 unsigned mock_seed = 1;

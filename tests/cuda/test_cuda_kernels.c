@@ -15,7 +15,7 @@
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/kernels.h"
 #include "kernels/rng.h"
-#include "src/error.h"
+#include "src/base/error.h"
 
 #include <math.h>
 #include <stdio.h>

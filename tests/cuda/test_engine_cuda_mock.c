@@ -8,7 +8,7 @@
 
 #include "src/cuda/engine_cuda.h"
 #include "src/engine.h"
-#include "src/error.h"
+#include "src/base/error.h"
 
 extern int mock_mode, mock_no_device;
 extern unsigned mock_seed;

@@ -8,7 +8,7 @@
  * and two consecutive [conv] sections are then distinct layers. The reader also hands inih
  * normalised lines (no leading blanks, no comments), so inih's multi-line continuation
  * never triggers and "#" works as an inline comment like ";". */
-#include "src/net.h"
+#include "src/model/net.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -20,7 +20,7 @@
 
 #include <ini.h>
 
-#include "src/error.h"
+#include "src/base/error.h"
 
 /* A model file is a few dozen lines; anything this big is not one. */
 #define NET_MAX_FILE_BYTES (1 << 20)

@@ -8,9 +8,10 @@
 #include <string.h>
 
 #include "partition/partition.h"
-#include "src/error.h"
-#include "src/net.h"
-#include "topologies/internal.h"
+#include "src/profile.h"
+#include "src/cmd_topo.h"
+#include "src/base/error.h"
+#include "src/model/net.h"
 #include "topologies/topo.h"
 
 #define EXIT_USAGE 2

@@ -6,9 +6,9 @@
 #include <time.h>
 
 #include "kernels/rng.h"
-#include "partition/partition.h"
-#include "src/clock.h"
-#include "src/error.h"
+#include "src/profile.h"
+#include "src/base/clock.h"
+#include "src/base/error.h"
 #include "src/engine.h"
 
 static int cmp_double(const void *a, const void *b)

@@ -1,4 +1,4 @@
-#include "src/error.h"
+#include "src/base/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>
