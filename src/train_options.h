@@ -1,0 +1,29 @@
+/* Options of `pipetrain train`: what they hold, their parsing and their help text. */
+#ifndef PT_TRAIN_OPTIONS_H
+#define PT_TRAIN_OPTIONS_H
+
+#include <stdio.h>
+
+#include "kernels/kernels.h"
+#include "src/engine.h"
+
+#define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"
+
+typedef struct {
+    const char *model, *data, *load, *save, *trace, *schedule, *partition, *bind;
+    engine_device device;
+    int epochs, batch, stages, microbatches, threads, val, json, verbose, shuffle;
+    long steps, warmup, train_samples, test_samples;
+    double timeout;
+    unsigned long long seed;
+    optimizer_config opt;
+    int stall_rank, kill; /* testing: stop responding (or die, with kill) at a step */
+    long stall_step;
+    int ready_delay; /* testing: outgoing messages become ready late, as after a GPU copy */
+} train_options;
+
+/* Fills o from argv (defaults first). Returns 0, 1 for --help, or −1 with a message. */
+int train_options_parse(train_options *o, int argc, char **argv);
+void train_options_usage(FILE *f);
+
+#endif
