@@ -86,6 +86,9 @@ void kernel_dropout_backward_cpu(float *din, const float *dout, const uint8_t *m
 double kernel_softmax_xent_cpu(float *dlogits, int *correct, const float *logits,
                                const int32_t *labels, int n, int classes, float grad_scale);
 
+/* dst += src, element by element: a micro-batch's gradient added to the step's sum. */
+void kernel_add_cpu(float *dst, const float *src, size_t count);
+
 /* ---- optimizers, exactly as torch.optim (1.13, single-tensor path) ----
  * weight_decay adds wd·p to the gradient first (L2). step is 1 on the first update. */
 void kernel_sgd_update_cpu(float *param, const float *grad, size_t count, float lr,

@@ -68,6 +68,11 @@ kernel_adam_scalars kernel_adam_scalars_at(float lr, float beta1, float beta2, l
     return k;
 }
 
+void kernel_add_cpu(float *restrict dst, const float *restrict src, size_t count)
+{
+    for (size_t i = 0; i < count; i++) dst[i] += src[i];
+}
+
 OPTIM_EXACT
 void kernel_sgd_update_cpu(float *param, const float *grad, size_t count, float lr,
                            float weight_decay)

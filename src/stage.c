@@ -125,11 +125,14 @@ int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch
         for (int k = 0; k < 2; k++) wk->scratch[k] = alloc_zeroed(widest * chunk * sizeof(float));
         if (!wk->work || !wk->scratch[0] || !wk->scratch[1]) goto oom;
     }
-    /* group 0 accumulates straight into the stage's gradients; the others need their own
-     * only when a micro-batch can have more than one chunk */
+    /* group 0 of the first micro-batch sums straight into the stage's gradients, of later
+     * ones into mb_grads; the other groups need their own only when a micro-batch can have
+     * more than one chunk */
     int used_groups = (max_batch + chunk - 1) / chunk;
     if (used_groups > s->groups) used_groups = s->groups;
     s->group_grads[0] = s->grads;
+    s->mb_grads = alloc_zeroed(P * sizeof(float));
+    if (!s->mb_grads) goto oom;
     for (int g = 1; g < used_groups; g++) {
         s->group_grads[g] = alloc_zeroed(P * sizeof(float));
         if (!s->group_grads[g]) goto oom;
@@ -194,6 +197,7 @@ void stage_free(stage *s)
     }
     if (s->group_grads)
         for (int g = 1; g < s->groups; g++) free(s->group_grads[g]);
+    free(s->mb_grads);
     free(s->group_grads);
     free(s->workers);
     free(s->param_off);
@@ -392,7 +396,8 @@ static void backward_worker(void *arg, int t)
     stage *s = j->s;
     size_t in_count = stage_in_count(s), out_count = stage_out_count(s);
     for (int g = t; g < s->groups && g * j->chunk < j->n; g += s->threads) {
-        if (g > 0) memset(s->group_grads[g], 0, s->param_count * sizeof(float));
+        if (s->group_grads[g] != s->grads)
+            memset(s->group_grads[g], 0, s->param_count * sizeof(float));
         for (int off = g * j->chunk; off < j->n; off += s->groups * j->chunk)
             backward_chunk(s, &s->workers[t], s->group_grads[g], j->sl, off, chunk_len(j, off),
                            j->dout + (size_t)off * out_count,
@@ -405,31 +410,53 @@ typedef struct {
     int used; /* groups that received chunks */
 } reduce_job;
 
-/* grads += group 1 + group 2 + ... in that order; each thread sums one range of elements. */
+/* The micro-batch's gradient g0 + g1 + ... in group order, added to grads when group 0 was
+ * summed apart (grads += that sum, so the micro-batch's gradient is rounded on its own
+ * first); each thread sums one range of elements. */
 static void reduce_worker(void *arg, int t)
 {
     reduce_job *r = arg;
     stage *s = r->s;
     size_t P = s->param_count, per = (P + s->threads - 1) / s->threads;
     size_t lo = (size_t)t * per, hi = lo + per < P ? lo + per : P;
-    for (int g = 1; g < r->used; g++) {
-        float *restrict dst = s->grads;
-        const float *restrict src = s->group_grads[g];
-        for (size_t i = lo; i < hi; i++) dst[i] += src[i];
+    float *restrict dst = s->grads;
+    if (s->group_grads[0] == dst) {
+        for (int g = 1; g < r->used; g++) {
+            const float *restrict src = s->group_grads[g];
+            for (size_t i = lo; i < hi; i++) dst[i] += src[i];
+        }
+        return;
+    }
+    enum { BLOCK = 1024 }; /* a block of partial sums stays in the L1 cache across groups */
+    float sum[BLOCK];
+    for (size_t b = lo; b < hi; b += BLOCK) {
+        size_t n = hi - b < BLOCK ? hi - b : BLOCK;
+        memcpy(sum, s->group_grads[0] + b, n * sizeof(float));
+        for (int g = 1; g < r->used; g++) {
+            const float *restrict src = s->group_grads[g] + b;
+            for (size_t i = 0; i < n; i++) sum[i] += src[i];
+        }
+        for (size_t i = 0; i < n; i++) dst[b + i] += sum[i];
     }
 }
 
 void stage_backward(stage *s, int slot, const float *dout, float *din)
 {
     stage_slot *sl = &s->slots[slot];
+    s->group_grads[0] = s->accumulated ? s->mb_grads : s->grads;
     chunk_job j = {s, sl, sl->n, stage_chunk(s, sl->n), NULL, 0, 0, dout, din};
     pool_run(s->pool, backward_worker, &j);
     reduce_job r = {s, (sl->n + j.chunk - 1) / j.chunk};
     if (r.used > s->groups) r.used = s->groups;
-    if (r.used > 1) pool_run(s->pool, reduce_worker, &r);
+    if (r.used > 1 || s->accumulated) pool_run(s->pool, reduce_worker, &r);
+    s->accumulated = 1;
 }
 
-void stage_zero_grad(stage *s) { memset(s->grads, 0, s->param_count * sizeof(float)); }
+void stage_zero_grad(stage *s)
+{
+    memset(s->grads, 0, s->param_count * sizeof(float));
+    s->accumulated = 0;
+}
 
 void stage_step(stage *s, const optimizer_config *o)
 {

@@ -37,9 +37,13 @@ typedef struct {
 } stage_worker;
 
 /* Chunks are dealt to G = max(threads, STAGE_MIN_GROUPS) gradient groups (chunk c to group
- * c mod G); group 0 accumulates into the stage's gradients, the others into their own
- * buffers, added in group order after each backward. Results are therefore the same for
- * every thread count up to STAGE_MIN_GROUPS, and in every layout. */
+ * c mod G), each summed into its own zeroed buffer; a micro-batch's gradient is then
+ * g0 + g1 + ... in group order. Results are therefore the same for every thread count up to
+ * STAGE_MIN_GROUPS, and in every layout. The first micro-batch after stage_zero_grad forms
+ * its gradient in place (group 0 is the stage's gradients); each later one forms it apart
+ * and adds it: grads += (g0 + g1 + ...). So the step's gradient is G0 + G1 + ... over
+ * micro-batches, each Gm independent of the others, which lets data-parallel replicas
+ * reproduce one process bit for bit (src/reduce.h, method "ordered"). */
 enum { STAGE_MIN_GROUPS = 4 };
 
 struct pool;
@@ -57,7 +61,9 @@ typedef struct {
     int threads, chunk_max; /* worker threads; samples per chunk (0: from the batch) */
     int groups;             /* gradient groups, see STAGE_MIN_GROUPS */
     stage_worker *workers;  /* owned, one per thread */
-    float **group_grads;    /* owned (but [0], the stage's grads): one per group */
+    float **group_grads;    /* owned (but [0] may be the stage's grads): one per group */
+    float *mb_grads;        /* owned: group 0 of a micro-batch after the first */
+    int accumulated;        /* grads hold a micro-batch's gradient since stage_zero_grad */
     struct pool *pool;      /* owned */
     size_t *param_off;      /* per local layer: offset of its weight in params/grads */
     size_t slot_bytes;      /* activation bytes one slot holds at max_batch */

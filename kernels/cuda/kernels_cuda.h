@@ -107,6 +107,9 @@ int kernel_softmax_xent_cuda(float *dlogits, int *correct, double *loss_sum,
                              const float *logits, const int32_t *labels, int n, int classes,
                              float grad_scale, const kernel_cuda_ctx *ctx);
 
+/* dst += src (kernel_add_cpu). */
+int kernel_add_cuda(float *dst, const float *src, size_t count, const kernel_cuda_ctx *ctx);
+
 /* ---- optimizers: the CPU kernels' operations and roundings, so the same bits ---- */
 int kernel_sgd_update_cuda(float *param, const float *grad, size_t count, float lr,
                            float weight_decay, const kernel_cuda_ctx *ctx);

@@ -54,6 +54,21 @@ __global__ static void optim_adam(float *param, float *m, float *v, const float 
 }
 
 
+__global__ static void add_inplace(float *dst, const float *src, size_t count)
+{
+    CUDA_GRID_STRIDE(i, count) { dst[i] = __fadd_rn(dst[i], src[i]); }
+}
+
+extern "C" int kernel_add_cuda(float *dst, const float *src, size_t count,
+                               const kernel_cuda_ctx *ctx)
+{
+    if (count == 0)
+        return 0;
+    add_inplace<<<cuda_grid(count), CUDA_THREADS, 0, ctx->stream>>>(dst, src, count);
+    CUDA_CHECK_LAUNCH("add_inplace");
+    return 0;
+}
+
 extern "C" int kernel_sgd_update_cuda(float *param, const float *grad, size_t count, float lr,
                                       float weight_decay, const kernel_cuda_ctx *ctx)
 {

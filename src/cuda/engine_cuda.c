@@ -52,13 +52,14 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
 {
     const engine_config *cfg = &e->cfg;
     size_t mbs = (size_t)cfg->max_batch, fl = sizeof(float);
-    /* params | grads | m | v, each block rounded so every block stays aligned */
+    /* params | grads | m | v | mb_grads, each block rounded so every block stays aligned */
     size_t block = round_up(e->param_count * fl);
-    char *p = arena_take(d, 4 * block);
+    char *p = arena_take(d, 5 * block);
     c->params = p ? (float *)p : NULL;
     c->grads = p ? (float *)(p + block) : NULL;
     c->opt_m = p ? (float *)(p + 2 * block) : NULL;
     c->opt_v = p ? (float *)(p + 3 * block) : NULL;
+    c->mb_grads = p ? (float *)(p + 4 * block) : NULL;
     for (int k = 0; k < cfg->n_slots; k++) {
         for (int l = c->first; l < c->last; l++) {
             slot_layer *sl = &c->slots[k].layers[l - c->first];
@@ -386,6 +387,7 @@ static int cuda_step(engine *e, const optimizer_config *o, int tick)
     }
     if (rc) return -1;
     if (P) CUDA_CHECK(cudaMemsetAsync(c->grads, 0, P * sizeof(float), c->ctx.stream));
+    c->accumulated = 0;
     return engine_cuda_tick_end(e, tick);
 }
 

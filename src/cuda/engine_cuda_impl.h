@@ -96,6 +96,8 @@ typedef struct {
     void *dmem, *hmem; /* the device and the pinned allocations */
     size_t dmem_bytes, hmem_bytes;
     float *params, *grads, *opt_m, *opt_v;
+    float *mb_grads;   /* a micro-batch's gradient after the first (src/stage.h) */
+    int accumulated;   /* grads hold a micro-batch's gradient since the last step */
     size_t *param_off; /* per local layer: its weight's offset in params and grads */
     size_t work_floats, widest;
     float *work, *scratch[2];

@@ -124,7 +124,9 @@ int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, i
     return 0;
 }
 
-static int backward_layers(engine *e, const cuda_slot *s, int m, const float *dout, float *din)
+/* Parameter gradients go to `grads` (the stage's, or mb_grads: see engine_cuda_backward). */
+static int backward_layers(engine *e, const cuda_slot *s, int m, const float *dout, float *din,
+                           float *grads)
 {
     cuda_engine *c = engine_cuda_impl(e);
     const float *g = dout;
@@ -148,7 +150,7 @@ static int backward_layers(engine *e, const cuda_slot *s, int m, const float *do
         int ti = gi < 0 ? 0 : 1 - gi;
         float *dx = i == 0 ? din : c->scratch[ti];
         const float *w = c->params + c->param_off[i];
-        float *dw = c->grads + c->param_off[i], *db = dw + L->weight_count;
+        float *dw = grads + c->param_off[i], *db = dw + L->weight_count;
         switch (L->type) {
         case LAYER_CONV: {
             kernel_conv2d_dims d = engine_cuda_conv_dims(L, n);
@@ -212,7 +214,17 @@ int engine_cuda_backward(engine *e, int m, int tick)
         if (!c->is_first) CUDA_CHECK(cudaStreamWaitEvent(cs, b->ev_grad_out, 0));
     }
     if (engine_cuda_tick_begin(e, tick)) return -1;
-    if (backward_layers(e, s, m, b->grad_in, c->is_first ? NULL : b->grad_out)) return -1;
+    /* As the CPU stage (src/stage.h): the first micro-batch since the step sums into the
+     * gradients, each later one into mb_grads, which is then added. */
+    size_t P = e->param_count;
+    float *grads = c->grads;
+    if (c->accumulated && P) {
+        grads = c->mb_grads;
+        CUDA_CHECK(cudaMemsetAsync(grads, 0, P * sizeof(float), cs));
+    }
+    if (backward_layers(e, s, m, b->grad_in, c->is_first ? NULL : b->grad_out, grads)) return -1;
+    if (grads != c->grads && kernel_add_cuda(c->grads, grads, P, &c->ctx)) return -1;
+    c->accumulated = 1;
     CUDA_CHECK(cudaEventRecord(b->ev_bwd, cs));
     if (engine_cuda_tick_end(e, tick)) return -1;
     b->has_grad_out = !c->is_first;

@@ -476,6 +476,14 @@ int kernel_softmax_xent_cuda(float *dlogits, int *correct, double *loss_sum,
     o->i[0] = n; o->i[1] = classes; o->f[0] = grad_scale;
     DONE();
 }
+static void r_add(op *o) { kernel_add_cpu(o->p[0], o->p[1], o->z[0]); }
+int kernel_add_cuda(float *dst, const float *src, size_t count, const kernel_cuda_ctx *ctx)
+{
+    need_dev(dst, "dst"); need_dev(src, "src");
+    KOP(r_add);
+    o->p[0] = dst; o->p[1] = (void *)src; o->z[0] = count;
+    DONE();
+}
 static void r_sgd(op *o) { kernel_sgd_update_cpu(o->p[0], o->p[1], o->z[0], o->f[0], o->f[1]); }
 int kernel_sgd_update_cuda(float *param, const float *grad, size_t count, float lr,
                            float weight_decay, const kernel_cuda_ctx *ctx)
