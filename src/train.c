@@ -1,6 +1,7 @@
 /* `pipetrain train`: sequential or pipelined training on Fashion-MNIST-style IDX data.
  * Every rank parses the same options and loads the same files; setup errors are gathered
- * with a collective so that every rank exits non-zero and one of them says why. */
+ * with a collective so that every rank exits non-zero and one of them says why. The
+ * banner, progress and reports are in src/train_report.c. */
 #include "src/train.h"
 
 #include <getopt.h>
@@ -20,6 +21,7 @@
 #include "src/exec.h"
 #include "src/options.h"
 #include "src/train_options.h"
+#include "src/train_report.h"
 #include "src/profile.h"
 #include "topologies/topo.h"
 
@@ -56,7 +58,7 @@ static int agree(int status, MPI_Comm comm, double timeout)
 
 /* ---- pieces of the run ---- */
 
-static void shuffle_indices(int64_t *idx, int n, uint64_t seed, int epoch, int shuffle)
+static void shuffle_indices(int64_t *idx, int n, uint64_t seed, long epoch, int shuffle)
 {
     for (int i = 0; i < n; i++) idx[i] = i;
     if (!shuffle) return;
@@ -145,29 +147,7 @@ static int choose_partition(const train_options *o, const net_desc *net, partiti
     return rc;
 }
 
-static void progress(int epoch, int epochs, long step, long steps, double loss)
-{
-    int width = 30, done = steps ? (int)(width * step / steps) : width;
-    char bar[64];
-    for (int i = 0; i < width; i++) bar[i] = i < done ? '#' : '.';
-    bar[width] = '\0';
-    printf("\r  epoch %d/%d [%s] %ld/%ld loss %.4f", epoch, epochs, bar, step, steps, loss);
-    fflush(stdout);
-}
-
-static const char *optimizer_name(optimizer_kind k)
-{
-    return k == OPT_SGD ? "sgd" : k == OPT_MOMENTUM ? "momentum" : "adam";
-}
-
 /* ---- per-stage figures at the end of a run ---- */
-
-typedef struct {
-    int stages;
-    double *compute, *wall, *forward, *backward, *optimizer, *peak_bytes, *peak_mb; /* one block */
-    double bubble; /* measured: mean over stages of the idle fraction of the step time */
-    long steps;
-} stage_figures;
 
 static void figures_free(stage_figures *f)
 {
@@ -206,37 +186,6 @@ static int gather_figures(exec_t *ex, MPI_Comm comm, double timeout, stage_figur
     return 0;
 }
 
-/* The simulator's bubble for the measured mean forward/backward time of each stage: what
- * the schedule costs with these (possibly unbalanced) stages and free messages. */
-static double simulated_bubble(const schedule *sched, const stage_figures *f, int micro)
-{
-    if (f->steps < 1) return NAN;
-    int K = f->stages;
-    double *costs = calloc(2 * (size_t)K, sizeof *costs);
-    if (!costs) return NAN;
-    double step = 0;
-    for (int r = 0; r < K; r++) {
-        costs[r] = f->forward[r] / ((double)f->steps * micro);
-        costs[K + r] = f->backward[r] / ((double)f->steps * micro);
-        if (f->optimizer[r] / f->steps > step) step = f->optimizer[r] / f->steps;
-    }
-    schedule_sim sim;
-    double b = NAN;
-    if (!schedule_simulate(sched, costs, costs + K, 0.0, step, &sim)) {
-        b = sim.bubble;
-        schedule_sim_free(&sim);
-    }
-    free(costs);
-    return b;
-}
-
-static void print_json_array(const char *name, const double *v, int n)
-{
-    printf(",\"%s\":[", name);
-    for (int i = 0; i < n; i++) printf(i ? ",%.9g" : "%.9g", v[i]);
-    printf("]");
-}
-
 /* Ends the job on every rank: a rank that timed out cannot count on the others. */
 static void abort_job(MPI_Comm comm)
 {
@@ -266,247 +215,274 @@ static int init_parameters(engine *eng, const train_options *o, const net_desc *
     return rc;
 }
 
-int train_main(int argc, char **argv)
+/* ---- set-up ---- */
+
+/* Where and when: the host and start time of the run's metadata. */
+static void stamp_start(train_run *run)
 {
-    MPI_Comm comm = MPI_COMM_WORLD;
-    int rank, size;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
+    if (gethostname(run->host, sizeof run->host - 1)) run->host[0] = '\0';
+    time_t now = time(NULL);
+    struct tm utc;
+    if (gmtime_r(&now, &utc))
+        strftime(run->start_time, sizeof run->start_time, "%Y-%m-%dT%H:%M:%SZ", &utc);
+}
 
-    train_options o;
-    int prc = train_options_parse(&o, argc, argv);
-    if (prc == 1) {
-        if (rank == 0) train_options_usage(stdout);
-        return 0;
-    }
-    if (prc) {
-        if (rank == 0) fprintf(stderr, "pipetrain: %s\n", pt_error_get());
-        return 2;
-    }
-    if (size != o.stages) {
-        if (rank == 0)
-            fprintf(stderr, "pipetrain: --stages %d needs exactly %d MPI rank%s, the job has %d "
-                    "(run: mpiexec -n %d pipetrain train ... --stages %d)\n", o.stages,
-                    o.stages, o.stages > 1 ? "s" : "", size, o.stages, o.stages);
-        return 2;
-    }
+/* One rank per stage; the message says how to launch the job. */
+static int check_ranks(const train_run *run)
+{
+    int stages = run->o.stages;
+    if (run->size == stages) return 0;
+    if (run->rank == 0)
+        fprintf(stderr, "pipetrain: --stages %d needs exactly %d MPI rank%s, the job has %d "
+                "(run: mpiexec -n %d pipetrain train ... --stages %d)\n", stages, stages,
+                stages > 1 ? "s" : "", run->size, stages, stages);
+    return -1;
+}
 
-    /* Threads: each rank gets its share of the node's cores unless told otherwise. */
+/* Threads: each rank gets its share of the node's cores unless told otherwise. */
+static int setup_threads(train_run *run)
+{
+    train_options *o = &run->o;
+    MPI_Comm comm = run->comm;
     int blas_threads = 0;
-    if (agree(topo_bind_rank(comm, o.bind, o.verbose, &blas_threads), comm, o.timeout))
-        return 1;
-    if (!o.threads) {
+    if (agree(topo_bind_rank(comm, o->bind, o->verbose, &blas_threads), comm, o->timeout))
+        return -1;
+    if (!o->threads) {
         if (blas_threads > 0) {
-            o.threads = blas_threads;
+            o->threads = blas_threads;
         } else {
             MPI_Comm node;
             int local = 1;
-            MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+            MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, run->rank, MPI_INFO_NULL, &node);
             MPI_Comm_size(node, &local);
             MPI_Comm_free(&node);
             long cores = sysconf(_SC_NPROCESSORS_ONLN);
-            o.threads = cores / local > 0 ? (int)(cores / local) : 1;
+            o->threads = cores / local > 0 ? (int)(cores / local) : 1;
         }
     }
     /* The stage's own workers split each micro-batch; BLAS stays single-threaded so that
      * two thread pools never fight over the cores. */
     openblas_set_num_threads(1);
+    return 0;
+}
 
-    /* A GPU per rank: by local rank, or nearest to the rank's cores when it is bound. */
-    int gpu = 0, device_messages = 0;
-    cuda_device_info gpu_info = {0};
-    if (o.device == ENGINE_CUDA) {
-        const cuda_plugin *cp = NULL;
-        if (agree(cuda_plugin_load(&cp), comm, o.timeout)) return 1;
-        if (agree(cuda_pick_device(comm, cp, o.verbose, &gpu, &gpu_info), comm, o.timeout))
-            return 1;
-        device_messages = cuda_mpi_aware();
+/* A GPU per rank: by local rank, or nearest to the rank's cores when it is bound. */
+static int setup_gpu(train_run *run)
+{
+    if (run->o.device != ENGINE_CUDA) return 0;
+    const cuda_plugin *cp = NULL;
+    if (agree(cuda_plugin_load(&cp), run->comm, run->o.timeout)) return -1;
+    if (agree(cuda_pick_device(run->comm, cp, run->o.verbose, &run->gpu, &run->gpu_info),
+              run->comm, run->o.timeout))
+        return -1;
+    run->device_messages = cuda_mpi_aware();
+    return 0;
+}
+
+/* --steps alone runs that many steps, crossing epochs; --epochs alone (or neither: 1) runs
+ * whole epochs; both stop at whichever limit comes first. */
+static void plan_steps(train_run *run)
+{
+    const train_options *o = &run->o;
+    long per_epoch = run->train.count / o->batch; /* ≥ 1: load_data checked */
+    long total = per_epoch * o->epochs;
+    if (o->steps > 0 && (!o->epochs_given || o->steps < total)) total = o->steps;
+    run->steps_per_epoch = per_epoch;
+    run->total_steps = total;
+    run->epochs = total / per_epoch + (total % per_epoch != 0);
+}
+
+/* Model, partition, schedule, data, executor and parameters, agreed on by every rank. */
+static int setup_run(train_run *run)
+{
+    const train_options *o = &run->o;
+    MPI_Comm comm = run->comm;
+    if (agree(net_desc_load(&run->net, o->model), comm, o->timeout)) return -1;
+    if (agree(choose_partition(o, &run->net, &run->part, comm, run->rank, run->gpu), comm,
+              o->timeout))
+        return -1;
+    if (agree(schedule_init_by_name(&run->sched, o->schedule, o->stages, o->microbatches), comm,
+              o->timeout))
+        return -1;
+    if (agree(load_data(o, &run->net, &run->train, &run->val, &run->test), comm, o->timeout))
+        return -1;
+    exec_config cfg = {
+        .batch = o->batch,
+        .microbatches = o->microbatches,
+        .threads = o->threads,
+        .timeout_s = o->timeout,
+        .trace = o->trace != NULL,
+        .stall_rank = o->stall_rank,
+        .stall_step = o->stall_step,
+        .stall_kills = o->kill,
+        .device = o->device,
+        .gpu = run->gpu,
+        .device_messages = run->device_messages,
+        .debug_ready_delay = o->ready_delay,
+    };
+    if (agree(exec_init(&run->ex, comm, &run->net, &run->part, &run->sched, &cfg), comm,
+              o->timeout))
+        return -1;
+    if (exec_start(run->ex)) abort_job(comm);
+    if (agree(init_parameters(exec_engine(run->ex), o, &run->net, &run->part, run->rank), comm,
+              o->timeout))
+        return -1;
+    run->order = malloc((size_t)run->train.count * sizeof *run->order);
+    if (agree(run->order ? 0 : pt_error_set("out of memory"), comm, o->timeout)) return -1;
+    plan_steps(run);
+    return 0;
+}
+
+static void run_free(train_run *run)
+{
+    free(run->order);
+    exec_free(run->ex);
+    data_free(&run->train);
+    data_free(&run->val);
+    data_free(&run->test);
+    schedule_free(&run->sched);
+    partition_free(&run->part);
+    net_desc_free(&run->net);
+}
+
+/* ---- training ---- */
+
+/* Validation and test figures, on every rank (evaluation is collective). */
+static void evaluate(train_run *run, train_results *res)
+{
+    if (run->val.count && exec_evaluate(run->ex, &run->val, &res->val_loss, &res->val_acc))
+        abort_job(run->comm);
+    if (run->test.count && exec_evaluate(run->ex, &run->test, &res->test_loss, &res->test_acc))
+        abort_job(run->comm);
+}
+
+/* One epoch: its steps (all, or what is left of the run's), then evaluation. −1 when the
+ * run must stop on a failure that every rank knows of (its message printed). */
+static int train_epoch(train_run *run, long ep, train_progress *prog, train_results *res)
+{
+    const train_options *o = &run->o;
+    long left = run->total_steps - res->steps;
+    long n = left < run->steps_per_epoch ? left : run->steps_per_epoch;
+    shuffle_indices(run->order, run->train.count, o->seed, ep, o->shuffle);
+    double loss_sum = 0, t0 = pt_now();
+    long correct = 0, samples = 0;
+    for (long s = 0; s < n; s++) {
+        long step = res->steps;
+        if (step == o->warmup) exec_reset_stats(run->ex);
+        double ts = pt_now();
+        /* the next step's samples, loaded while this one computes (not across epochs: the
+         * next order is drawn after evaluation) */
+        const int64_t *next = s + 1 < n ? run->order + (s + 1) * o->batch : NULL;
+        exec_step_result r;
+        int src = exec_train_step(run->ex, &run->train, run->order + s * o->batch, next,
+                                  o->seed, (uint64_t)step, &o->opt, &r);
+        if (src == EXEC_FAILED_EVERYWHERE) {
+            train_progress_clear(prog);
+            if (run->rank == 0) fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+            return -1;
+        }
+        if (src) abort_job(run->comm);
+        double dt = pt_now() - ts;
+        if (step >= o->warmup) {
+            res->timed_s += dt;
+            res->timed_steps++;
+        }
+        res->steps++;
+        loss_sum += r.loss_sum;
+        correct += r.correct;
+        samples += o->batch;
+        train_progress_step(prog, run, ep + 1, dt, loss_sum / samples);
     }
+    double epoch_s = pt_now() - t0;
+    res->train_s += epoch_s;
+    res->epochs = ep + 1;
+    res->train_loss = loss_sum / samples;
+    res->train_acc = (double)correct / samples;
+    evaluate(run, res);
+    train_progress_clear(prog);
+    train_report_epoch(run, res, epoch_s, samples);
+    return 0;
+}
 
-    net_desc net = {0};
-    partition part = {0};
-    schedule sched = {0};
-    dataset train = {0}, val = {0}, test = {0};
-    exec_t *ex = NULL;
-    int64_t *order = NULL;
+static int train_loop(train_run *run, train_results *res)
+{
+    *res = (train_results){
+        .train_loss = NAN, .train_acc = NAN,
+        .val_loss = NAN, .val_acc = NAN, .test_loss = NAN, .test_acc = NAN,
+        .t_begin = pt_now(),
+    };
+    train_progress prog;
+    train_progress_init(&prog, run);
+    for (long ep = 0; ep < run->epochs; ep++)
+        if (train_epoch(run, ep, &prog, res)) return -1;
+    return 0;
+}
+
+/* ---- outputs ---- */
+
+/* Collective: the whole model gathered on rank 0, which writes it. */
+static int save_checkpoint(train_run *run)
+{
     float *all = NULL;
-    int rc = 1;
+    if (run->rank == 0) all = malloc(run->net.param_count * sizeof *all + 1);
+    if (agree(run->rank == 0 && !all ? pt_error_set("out of memory for the checkpoint") : 0,
+              run->comm, run->o.timeout))
+        return -1;
+    int err = exec_gather_params(run->ex, all);
+    if (!err && run->rank == 0) err = checkpoint_save(run->o.save, &run->net, all);
+    free(all);
+    return agree(err, run->comm, run->o.timeout);
+}
 
-    if (agree(net_desc_load(&net, o.model), comm, o.timeout)) goto done;
-    if (agree(choose_partition(&o, &net, &part, comm, rank, gpu), comm, o.timeout)) goto done;
-    if (agree(schedule_init_by_name(&sched, o.schedule, o.stages, o.microbatches), comm,
-              o.timeout))
-        goto done;
-    if (agree(load_data(&o, &net, &train, &val, &test), comm, o.timeout)) goto done;
-    exec_config cfg = {o.batch, o.microbatches, o.threads, o.timeout, o.trace != NULL, o.stall_rank,
-                       o.stall_step, o.kill, o.device, gpu, device_messages, o.ready_delay};
-    if (agree(exec_init(&ex, comm, &net, &part, &sched, &cfg), comm, o.timeout)) goto done;
-    if (exec_start(ex)) abort_job(comm);
-    if (agree(init_parameters(exec_engine(ex), &o, &net, &part, rank), comm, o.timeout))
-        goto done;
-    order = malloc((size_t)train.count * sizeof *order);
-    if (agree(order ? 0 : pt_error_set("out of memory"), comm, o.timeout)) goto done;
-
-    long steps_per_epoch = train.count / o.batch;
-    long total_steps = steps_per_epoch * o.epochs;
-    if (o.steps > 0 && o.steps < total_steps) total_steps = o.steps;
-    int epochs = (int)((total_steps + steps_per_epoch - 1) / steps_per_epoch);
-    int tty = rank == 0 && !o.json && isatty(STDOUT_FILENO);
-    if (rank == 0 && !o.json) {
-        printf("model %s: %d layers, %zu parameters, %d classes\n", o.model, net.n_layers,
-               net.param_count, net.classes);
-        printf("data: %d training, %d validation, %d test samples; batch %d, %ld steps per "
-               "epoch\n", train.count, val.count, test.count, o.batch, steps_per_epoch);
-        printf("layout: %d stage%s, %d micro-batch%s of %d, schedule %s, ", o.stages,
-               o.stages > 1 ? "s" : "", o.microbatches, o.microbatches > 1 ? "es" : "",
-               o.batch / o.microbatches, sched.name);
-        if (o.device == ENGINE_CUDA)
-            printf("rank 0 on CUDA device %d (%s, %s messages)", gpu, gpu_info.name,
-                   device_messages ? "device-memory" : "host-staged");
-        else
-            printf("%d thread%s per rank", o.threads, o.threads > 1 ? "s" : "");
-        printf("; %s lr %g\n", optimizer_name(o.opt.kind), (double)o.opt.lr);
-        if (o.stages > 1 && o.microbatches <= 16) {
-            printf("schedule (unit-time timeline, F = forward, B = backward):\n");
-            schedule_print(&sched, stdout);
-        }
-        fflush(stdout);
-    }
-
-    double t_train = 0, t_timed = 0, t_start = pt_now();
-    long timed_steps = 0;
-    double epoch_loss = 0, test_loss = NAN, test_acc = NAN, val_acc = NAN;
-    long step = 0, epoch_correct = 0, epoch_samples = 0;
-    for (int ep = 0; ep < epochs; ep++) {
-        shuffle_indices(order, train.count, o.seed, ep, o.shuffle);
-        double loss_sum = 0, t0 = pt_now(), last_bar = 0;
-        long correct = 0, samples = 0;
-        for (long s = 0; s < steps_per_epoch && step < total_steps; s++, step++) {
-            exec_step_result r;
-            if (step == o.warmup) exec_reset_stats(ex);
-            double ts = pt_now();
-            /* the next step's samples, loaded while this one computes (not across epochs:
-             * the next order is drawn after evaluation) */
-            const int64_t *next = s + 1 < steps_per_epoch && step + 1 < total_steps
-                                      ? order + (s + 1) * o.batch : NULL;
-            int src = exec_train_step(ex, &train, order + s * o.batch, next, o.seed,
-                                      (uint64_t)step, &o.opt, &r);
-            if (src == EXEC_FAILED_EVERYWHERE) {
-                if (tty) printf("\n");
-                if (rank == 0) fprintf(stderr, "pipetrain: %s\n", pt_error_get());
-                goto done;
-            }
-            if (src) abort_job(comm);
-            if (step >= o.warmup) {
-                t_timed += pt_now() - ts;
-                timed_steps++;
-            }
-            loss_sum += r.loss_sum;
-            correct += r.correct;
-            samples += o.batch;
-            if (tty && pt_now() - last_bar > 0.2) {
-                last_bar = pt_now();
-                progress(ep + 1, epochs, s + 1, steps_per_epoch, loss_sum / samples);
-            }
-        }
-        double dt = pt_now() - t0;
-        t_train += dt;
-        epoch_loss = loss_sum / samples;
-        epoch_correct = correct;
-        epoch_samples = samples;
-        double val_loss;
-        if (val.count && exec_evaluate(ex, &val, &val_loss, &val_acc)) abort_job(comm);
-        if (test.count && exec_evaluate(ex, &test, &test_loss, &test_acc)) abort_job(comm);
-        if (tty) printf("\r%*s\r", 80, "");
-        if (rank == 0 && !o.json) {
-            printf("epoch %d/%d  train loss %.4f acc %.4f", ep + 1, epochs, epoch_loss,
-                   (double)correct / samples);
-            if (val.count) printf("  val acc %.4f", val_acc);
-            if (test.count) printf("  test loss %.4f acc %.4f", test_loss, test_acc);
-            printf("  %.1f s  %.0f samples/s\n", dt, samples / dt);
-            fflush(stdout);
-        }
-    }
-
-    /* Per-stage figures, on every rank. */
+/* Figures, checkpoint, trace and report. Each output is attempted even when another one
+ * failed (a trace that cannot be written must not cost the checkpoint); every failure is
+ * reported. Returns the exit status. */
+static int finish_run(train_run *run, train_results *res)
+{
     stage_figures fig;
-    if (gather_figures(ex, comm, o.timeout, &fig)) abort_job(comm);
-    if (o.trace && exec_write_trace(ex, o.trace)) {
-        if (rank == 0) fprintf(stderr, "pipetrain: %s\n", pt_error_get());
-        figures_free(&fig);
-        goto done;
+    if (gather_figures(run->ex, run->comm, run->o.timeout, &fig)) abort_job(run->comm);
+    int failed = 0;
+    if (run->o.save) {
+        if (save_checkpoint(run)) failed++;
+        else res->saved = run->o.save;
     }
-    if (o.save) {
-        if (rank == 0) all = malloc(net.param_count * sizeof *all + 1);
-        if (agree(rank == 0 && !all ? pt_error_set("out of memory for the checkpoint") : 0,
-                  comm, o.timeout)) {
-            figures_free(&fig);
-            goto done;
-        }
-        int ok = exec_gather_params(ex, all);
-        if (!ok && rank == 0) ok = checkpoint_save(o.save, &net, all);
-        if (agree(ok, comm, o.timeout)) {
-            figures_free(&fig);
-            goto done;
-        }
+    if (run->o.trace) {
+        if (agree(exec_write_trace(run->ex, run->o.trace), run->comm, run->o.timeout)) failed++;
+        else res->traced = run->o.trace;
     }
-    double samples_per_s = t_timed > 0 ? (double)timed_steps * o.batch / t_timed : 0;
-    if (rank == 0) {
-        double theory = schedule_bubble_theory(o.stages, o.microbatches);
-        double simulated = simulated_bubble(&sched, &fig, o.microbatches);
-        if (!o.json) {
-            printf("done: %ld steps in %.1f s, %.0f samples/s", step, t_train, samples_per_s);
-            if (size > 1) {
-                printf("; bubble %.3f measured, %.3f simulated from the measured stage times, "
-                       "%.3f for balanced stages ((K-1)/(M+K-1))\n", fig.bubble, simulated,
-                       theory);
-                for (int r = 0; r < size; r++)
-                    printf("  stage %d: compute %.2f s of %.2f s, peak activations %.2f MB "
-                           "(%.0f micro-batch%s)\n", r, fig.compute[r], fig.wall[r],
-                           fig.peak_bytes[r] / 1e6, fig.peak_mb[r],
-                           fig.peak_mb[r] == 1 ? "" : "es");
-            } else {
-                printf("\n");
-            }
-            if (o.save) printf("saved %s\n", o.save);
-            if (o.trace) printf("trace %s\n", o.trace);
-        } else {
-            printf("{\"model\":\"%s\",\"samples_per_s\":%.3f,\"train_loss\":%.6f,"
-                   "\"train_acc\":%.6f,\"test_loss\":%.6f,\"test_acc\":%.6f,\"val_acc\":%.6f,"
-                   "\"steps\":%ld,\"epochs\":%d,\"params\":%zu,\"wall_s\":%.3f,"
-                   "\"train_s\":%.3f,\"batch\":%d,\"threads\":%d,\"device\":\"%s\","
-                   "\"optimizer\":\"%s\","
-                   "\"stages\":%d,\"microbatches\":%d,\"schedule\":\"%s\",\"partition\":\"%s\","
-                   "\"bubble\":%.6f,\"bubble_theory\":%.6f,\"bubble_simulated\":%.6f",
-                   o.model, samples_per_s, epoch_loss,
-                   epoch_samples ? (double)epoch_correct / epoch_samples : 0.0,
-                   isnan(test_loss) ? -1.0 : test_loss, isnan(test_acc) ? -1.0 : test_acc,
-                   isnan(val_acc) ? -1.0 : val_acc, step, epochs, net.param_count,
-                   pt_now() - t_start, t_train, o.batch, o.threads, o.device == ENGINE_CUDA ? "cuda" : "cpu",
-                   optimizer_name(o.opt.kind),
-                   o.stages, o.microbatches, sched.name, o.partition, fig.bubble, theory,
-                   simulated);
-            print_json_array("stage_compute_s", fig.compute, size);
-            print_json_array("stage_wall_s", fig.wall, size);
-            print_json_array("stage_forward_s", fig.forward, size);
-            print_json_array("stage_backward_s", fig.backward, size);
-            print_json_array("stage_peak_act_bytes", fig.peak_bytes, size);
-            print_json_array("stage_peak_microbatches", fig.peak_mb, size);
-            printf("}\n");
-        }
-        fflush(stdout);
+    if (run->rank == 0 && train_report_final(run, res, &fig)) {
+        fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+        failed++;
     }
     figures_free(&fig);
-    rc = 0;
-done:
-    free(all);
-    free(order);
-    exec_free(ex);
-    data_free(&train);
-    data_free(&val);
-    data_free(&test);
-    schedule_free(&sched);
-    partition_free(&part);
-    net_desc_free(&net);
+    return failed ? 1 : 0;
+}
+
+int train_main(int argc, char **argv)
+{
+    train_run run = {.comm = MPI_COMM_WORLD};
+    MPI_Comm_rank(run.comm, &run.rank);
+    MPI_Comm_size(run.comm, &run.size);
+    stamp_start(&run);
+
+    int prc = train_options_parse(&run.o, argc, argv);
+    if (prc == 1) {
+        if (run.rank == 0) train_options_usage(stdout);
+        return 0;
+    }
+    if (prc) {
+        if (run.rank == 0) fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+        return 2;
+    }
+    if (check_ranks(&run)) return 2;
+    if (setup_threads(&run) || setup_gpu(&run)) return 1;
+
+    int rc = 1;
+    train_results res;
+    if (!setup_run(&run)) {
+        train_report_banner(&run);
+        if (!train_loop(&run, &res)) rc = finish_run(&run, &res);
+    }
+    run_free(&run);
     return rc;
 }

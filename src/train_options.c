@@ -25,7 +25,8 @@ void train_options_usage(FILE *f)
         "  --save FILE           write the final parameters as safetensors\n"
         "training\n"
         "  --epochs N            passes over the training set (default 1)\n"
-        "  --steps N             stop after N optimizer steps\n"
+        "  --steps N             run N optimizer steps, crossing epochs; with --epochs, stop\n"
+        "                        at whichever limit comes first\n"
         "  --warmup N            leave the first N steps out of speed and bubble figures\n"
         "  --batch N             samples per optimizer step (default 128)\n"
         "  --optimizer NAME      sgd | momentum | adam (default adam)\n"
@@ -47,6 +48,8 @@ void train_options_usage(FILE *f)
         "output\n"
         "  --trace FILE          Chrome trace JSON of every rank's events (Perfetto)\n"
         "  --json                last line of stdout: one JSON object of results\n"
+        "  --progress S          when stdout is no terminal, a progress line every S s\n"
+        "                        (default 5; 0: none)\n"
         "  --verbose             more detail (binding of every rank)\n"
         "  --help                this text\n");
 }
@@ -56,14 +59,14 @@ int train_options_parse(train_options *o, int argc, char **argv)
     *o = (train_options){
         .data = DEFAULT_DATA_DIR, .schedule = "1f1b", .partition = "time", .bind = "none",
         .epochs = 1, .batch = 128, .stages = 1, .microbatches = 1, .shuffle = 1,
-        .steps = -1, .train_samples = -1, .test_samples = -1, .timeout = 300,
+        .steps = -1, .train_samples = -1, .test_samples = -1, .timeout = 300, .progress = 5,
         .opt = {OPT_ADAM, 1e-3f, 0.9f, 0.0f, 0.9f, 0.999f, 1e-8f},
         .stall_rank = -1, .stall_step = -1,
     };
     enum { O_MODEL = 256, O_DATA, O_EPOCHS, O_STEPS, O_BATCH, O_LR, O_OPT, O_MOM, O_WD, O_SEED,
            O_SHUFFLE, O_VAL, O_THREADS, O_LOAD, O_SAVE, O_JSON, O_HELP, O_STAGES, O_MICRO,
            O_SCHED, O_PART, O_TRACE, O_TIMEOUT, O_BIND, O_VERBOSE, O_TRAIN_N, O_TEST_N,
-           O_STALL, O_WARMUP, O_KILL, O_DEVICE, O_DELAY };
+           O_STALL, O_WARMUP, O_KILL, O_DEVICE, O_DELAY, O_PROGRESS };
     static const struct option longopts[] = {
         {"model", required_argument, 0, O_MODEL}, {"data", required_argument, 0, O_DATA},
         {"epochs", required_argument, 0, O_EPOCHS}, {"steps", required_argument, 0, O_STEPS},
@@ -83,6 +86,7 @@ int train_options_parse(train_options *o, int argc, char **argv)
         {"test-samples", required_argument, 0, O_TEST_N},
         {"warmup", required_argument, 0, O_WARMUP},
         {"device", required_argument, 0, O_DEVICE},
+        {"progress", required_argument, 0, O_PROGRESS},
         {"debug-stall", required_argument, 0, O_STALL}, /* testing: RANK:STEP */
         {"debug-kill", required_argument, 0, O_KILL},   /* testing: RANK:STEP */
         {"debug-delay-sends", required_argument, 0, O_DELAY}, /* testing: POLLS */
@@ -113,6 +117,7 @@ int train_options_parse(train_options *o, int argc, char **argv)
         case O_EPOCHS:
             if (opt_parse_long("--epochs", optarg, 1, INT_MAX, &v)) return -1;
             o->epochs = (int)v;
+            o->epochs_given = 1;
             break;
         case O_STEPS:
             if (opt_parse_long("--steps", optarg, 1, LONG_MAX, &o->steps)) return -1;
@@ -163,6 +168,9 @@ int train_options_parse(train_options *o, int argc, char **argv)
         case O_WD:
             if (opt_parse_double("--weight-decay", optarg, 0, 1e6, &d)) return -1;
             o->opt.weight_decay = (float)d;
+            break;
+        case O_PROGRESS:
+            if (opt_parse_double("--progress", optarg, 0, 1e9, &o->progress)) return -1;
             break;
         case O_TIMEOUT:
             if (opt_parse_double("--timeout", optarg, 0.001, 1e9, &o->timeout)) return -1;

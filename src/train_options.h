@@ -13,6 +13,8 @@ typedef struct {
     const char *model, *data, *load, *save, *trace, *schedule, *partition, *bind;
     engine_device device;
     int epochs, batch, stages, microbatches, threads, val, json, verbose, shuffle;
+    int epochs_given;    /* --epochs was on the command line (else --steps alone decides) */
+    double progress;     /* seconds between progress lines when stdout is no terminal */
     long steps, warmup, train_samples, test_samples;
     double timeout;
     unsigned long long seed;

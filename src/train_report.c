@@ -1,0 +1,361 @@
+/* What `pipetrain train` prints (src/train_report.h): banner, progress, per-stage figures,
+ * and the final report as text or as one JSON object (jansson, so that every string is
+ * escaped and a figure that does not exist is null). */
+#include "src/train_report.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "src/base/clock.h"
+#include "src/base/error.h"
+
+/* CMakeLists.txt defines both on ptcore; PT_GIT_COMMIT is "" when the source is no git
+ * checkout. */
+#ifndef PT_VERSION
+#error "PT_VERSION must be defined by the build (CMakeLists.txt)"
+#endif
+#ifndef PT_GIT_COMMIT
+#error "PT_GIT_COMMIT must be defined by the build (CMakeLists.txt)"
+#endif
+
+static const char *optimizer_name(optimizer_kind k)
+{
+    return k == OPT_SGD ? "sgd" : k == OPT_MOMENTUM ? "momentum" : "adam";
+}
+
+/* ---- banner and epoch lines ---- */
+
+void train_report_banner(const train_run *run)
+{
+    const train_options *o = &run->o;
+    if (run->rank != 0 || o->json) return;
+    printf("model %s: %d layers, %zu parameters, %d classes\n", o->model, run->net.n_layers,
+           run->net.param_count, run->net.classes);
+    printf("data: %d training, %d validation, %d test samples; batch %d, %ld steps per "
+           "epoch; %ld steps over %ld epoch%s\n", run->train.count, run->val.count,
+           run->test.count, o->batch, run->steps_per_epoch, run->total_steps, run->epochs,
+           run->epochs > 1 ? "s" : "");
+    printf("layout: %d stage%s, %d micro-batch%s of %d, schedule %s, ", o->stages,
+           o->stages > 1 ? "s" : "", o->microbatches, o->microbatches > 1 ? "es" : "",
+           o->batch / o->microbatches, run->sched.name);
+    if (o->device == ENGINE_CUDA)
+        printf("rank 0 on CUDA device %d (%s, %s messages)", run->gpu, run->gpu_info.name,
+               run->device_messages ? "device-memory" : "host-staged");
+    else
+        printf("%d thread%s per rank", o->threads, o->threads > 1 ? "s" : "");
+    printf("; %s lr %g\n", optimizer_name(o->opt.kind), (double)o->opt.lr);
+    if (o->stages > 1 && o->microbatches <= 16) {
+        printf("schedule (unit-time timeline, F = forward, B = backward):\n");
+        schedule_print(&run->sched, stdout);
+    }
+    fflush(stdout);
+}
+
+void train_report_epoch(const train_run *run, const train_results *res, double epoch_s,
+                        long epoch_samples)
+{
+    if (run->rank != 0 || run->o.json) return;
+    printf("epoch %ld/%ld  train loss %.4f acc %.4f", res->epochs, run->epochs, res->train_loss,
+           res->train_acc);
+    if (run->val.count) printf("  val acc %.4f", res->val_acc);
+    if (run->test.count) printf("  test loss %.4f acc %.4f", res->test_loss, res->test_acc);
+    printf("  %.1f s  %.0f samples/s\n", epoch_s, epoch_samples / epoch_s);
+    fflush(stdout);
+}
+
+/* ---- progress ---- */
+
+void train_progress_init(train_progress *p, const train_run *run)
+{
+    *p = (train_progress){.mode = PROGRESS_OFF, .interval = run->o.progress, .last = pt_now()};
+    p->start = p->last;
+    if (run->rank != 0 || run->o.json) return;
+    if (isatty(STDOUT_FILENO)) {
+        p->mode = PROGRESS_BAR;
+        p->interval = 0.2;
+    } else if (run->o.progress > 0) {
+        p->mode = PROGRESS_LINES;
+    }
+}
+
+/* h:mm:ss, or m:ss under an hour. */
+static void format_eta(char *buf, size_t n, double s)
+{
+    if (!isfinite(s) || s < 0 || s > 1e9) {
+        snprintf(buf, n, "?");
+        return;
+    }
+    long t = lround(s);
+    if (t >= 3600) snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
+}
+
+void train_progress_step(train_progress *p, const train_run *run, long epoch, double step_s,
+                         double loss)
+{
+    if (p->mode == PROGRESS_OFF) return;
+    p->steps++;
+    p->step_s += step_s;
+    double now = pt_now();
+    if (p->steps > 1 && now - p->last < p->interval) return;
+    p->last = now;
+    long total = run->total_steps;
+    /* samples/s over the steps alone; the ETA over the wall clock, evaluation included */
+    double rate = p->step_s > 0 ? (double)p->steps * run->o.batch / p->step_s : 0;
+    char eta[32];
+    format_eta(eta, sizeof eta, (now - p->start) / (double)p->steps * (double)(total - p->steps));
+    if (p->mode == PROGRESS_LINES) {
+        printf("  step %ld/%ld  epoch %ld/%ld  loss %.4f  %.0f samples/s  ETA %s\n", p->steps,
+               total, epoch, run->epochs, loss, rate, eta);
+    } else {
+        /* under 80 columns (the epoch is in the epoch lines), or \r cannot erase it */
+        enum { WIDTH = 20 };
+        char bar[WIDTH + 1];
+        int done = (int)(WIDTH * p->steps / total);
+        for (int i = 0; i < WIDTH; i++) bar[i] = i < done ? '#' : '.';
+        bar[WIDTH] = '\0';
+        int len = printf("\r  [%s] %ld/%ld  loss %.4f  %.0f samples/s  ETA %s", bar, p->steps,
+                         total, loss, rate, eta);
+        if (len > 1 + p->bar_width) p->bar_width = len - 1;
+    }
+    fflush(stdout);
+}
+
+void train_progress_clear(train_progress *p)
+{
+    if (p->mode != PROGRESS_BAR || !p->bar_width) return;
+    printf("\r%*s\r", p->bar_width, "");
+    fflush(stdout);
+    p->bar_width = 0;
+}
+
+/* ---- final report ---- */
+
+/* The simulator's bubble for the measured mean forward/backward time of each stage: what
+ * the schedule costs with these (possibly unbalanced) stages and free messages. */
+static double simulated_bubble(const schedule *sched, const stage_figures *f, int micro)
+{
+    if (f->steps < 1) return NAN;
+    int K = f->stages;
+    double *costs = calloc(2 * (size_t)K, sizeof *costs);
+    if (!costs) return NAN;
+    double step = 0;
+    for (int r = 0; r < K; r++) {
+        costs[r] = f->forward[r] / ((double)f->steps * micro);
+        costs[K + r] = f->backward[r] / ((double)f->steps * micro);
+        if (f->optimizer[r] / f->steps > step) step = f->optimizer[r] / f->steps;
+    }
+    schedule_sim sim;
+    double b = NAN;
+    if (!schedule_simulate(sched, costs, costs + K, 0.0, step, &sim)) {
+        b = sim.bubble;
+        schedule_sim_free(&sim);
+    }
+    free(costs);
+    return b;
+}
+
+/* The bubble figures; NAN with one stage (there is no pipeline to idle in). */
+typedef struct {
+    double measured, simulated, theory;
+} bubble_figures;
+
+static bubble_figures bubbles(const train_run *run, const stage_figures *fig)
+{
+    if (run->size < 2) return (bubble_figures){.measured = NAN, .simulated = NAN, .theory = NAN};
+    return (bubble_figures){
+        .measured = fig->bubble,
+        .simulated = simulated_bubble(&run->sched, fig, run->o.microbatches),
+        .theory = schedule_bubble_theory(run->o.stages, run->o.microbatches),
+    };
+}
+
+static double samples_per_s(const train_run *run, const train_results *res)
+{
+    return res->timed_s > 0 ? (double)res->timed_steps * run->o.batch / res->timed_s : NAN;
+}
+
+static void report_text(const train_run *run, const train_results *res,
+                        const stage_figures *fig)
+{
+    double rate = samples_per_s(run, res);
+    printf("done: %ld steps in %.1f s, ", res->steps, res->train_s);
+    if (isnan(rate)) printf("no step after --warmup %ld to time", run->o.warmup);
+    else printf("%.0f samples/s", rate);
+    if (run->size > 1) {
+        bubble_figures b = bubbles(run, fig);
+        printf("; bubble %.3f measured, %.3f simulated from the measured stage times, "
+               "%.3f for balanced stages ((K-1)/(M+K-1))\n", b.measured, b.simulated, b.theory);
+        for (int r = 0; r < run->size; r++)
+            printf("  stage %d: compute %.2f s of %.2f s, peak activations %.2f MB "
+                   "(%.0f micro-batch%s)\n", r, fig->compute[r], fig->wall[r],
+                   fig->peak_bytes[r] / 1e6, fig->peak_mb[r], fig->peak_mb[r] == 1 ? "" : "es");
+    } else {
+        printf("\n");
+    }
+    if (res->saved) printf("saved %s\n", res->saved);
+    if (res->traced) printf("trace %s\n", res->traced);
+}
+
+/* JSON strings must be UTF-8: a name that is not (a path in another encoding) keeps its
+ * ASCII and shows '?' for the other bytes. */
+static json_t *json_text(const char *s)
+{
+    if (!s) return json_null();
+    json_t *j = json_string(s);
+    if (j) return j;
+    char *copy = strdup(s);
+    if (!copy) return NULL;
+    for (char *c = copy; *c; c++)
+        if ((unsigned char)*c >= 0x80) *c = '?';
+    j = json_string(copy);
+    free(copy);
+    return j;
+}
+
+static json_t *json_number(double v)
+{
+    return isfinite(v) ? json_real(v) : json_null();
+}
+
+/* A float option as its decimal (0.001, not 0.00100000005). */
+static json_t *json_float(float v)
+{
+    char text[32];
+    snprintf(text, sizeof text, "%.7g", (double)v);
+    return json_number(strtod(text, NULL));
+}
+
+static json_t *json_reals(const double *v, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        if (json_array_append_new(a, json_number(v[i]))) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
+/* Whole numbers held in doubles (bytes, micro-batch counts), as JSON integers. */
+static json_t *json_counts(const double *v, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        if (json_array_append_new(a, json_integer((json_int_t)llround(v[i])))) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
+static json_t *json_stage_layers(const partition *part)
+{
+    json_t *a = json_array();
+    for (int s = 0; a && s < part->stages; s++)
+        if (json_array_append_new(a, json_integer(part->first[s + 1] - part->first[s]))) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
+static json_t *results_json(const train_run *run, const train_results *res,
+                            const stage_figures *fig)
+{
+    const train_options *o = &run->o;
+    bubble_figures b = bubbles(run, fig);
+    int cuda = o->device == ENGINE_CUDA, K = run->size;
+    struct {
+        const char *key;
+        json_t *value; /* NULL: could not be built (out of memory) */
+    } fields[] = {
+        /* results */
+        {"model", json_text(o->model)},
+        {"samples_per_s", json_number(samples_per_s(run, res))},
+        {"train_loss", json_number(res->train_loss)},
+        {"train_acc", json_number(res->train_acc)},
+        {"test_loss", json_number(res->test_loss)},
+        {"test_acc", json_number(res->test_acc)},
+        {"val_loss", json_number(res->val_loss)},
+        {"val_acc", json_number(res->val_acc)},
+        {"steps", json_integer(res->steps)},
+        {"epochs", json_integer(res->epochs)},
+        {"steps_per_epoch", json_integer(run->steps_per_epoch)},
+        {"params", json_integer((json_int_t)run->net.param_count)},
+        {"wall_s", json_number(pt_now() - res->t_begin)},
+        {"train_s", json_number(res->train_s)},
+        /* the run: what, where, when, how */
+        {"version", json_string(PT_VERSION)},
+        {"commit", PT_GIT_COMMIT[0] ? json_string(PT_GIT_COMMIT) : json_null()},
+        {"host", json_text(run->host)},
+        {"start_time", run->start_time[0] ? json_string(run->start_time) : json_null()},
+        {"seed", json_integer((json_int_t)o->seed)},
+        {"train_samples", json_integer(run->train.count)},
+        {"val_samples", json_integer(run->val.count)},
+        {"test_samples", json_integer(run->test.count)},
+        {"batch", json_integer(o->batch)},
+        {"optimizer", json_string(optimizer_name(o->opt.kind))},
+        {"lr", json_float(o->opt.lr)},
+        {"weight_decay", json_float(o->opt.weight_decay)},
+        {"warmup", json_integer(o->warmup)},
+        {"threads", json_integer(o->threads)},
+        {"device", json_string(cuda ? "cuda" : "cpu")},
+        {"gpu", cuda ? json_integer(run->gpu) : json_null()},
+        {"gpu_name", cuda ? json_text(run->gpu_info.name) : json_null()},
+        /* the layout */
+        {"stages", json_integer(o->stages)},
+        {"microbatches", json_integer(o->microbatches)},
+        {"schedule", json_text(run->sched.name)},
+        {"partition", json_text(o->partition)},
+        {"stage_layers", json_stage_layers(&run->part)},
+        /* per-stage figures */
+        {"bubble", json_number(b.measured)},
+        {"bubble_theory", json_number(b.theory)},
+        {"bubble_simulated", json_number(b.simulated)},
+        {"stage_compute_s", json_reals(fig->compute, K)},
+        {"stage_wall_s", json_reals(fig->wall, K)},
+        {"stage_forward_s", json_reals(fig->forward, K)},
+        {"stage_backward_s", json_reals(fig->backward, K)},
+        {"stage_optimizer_s", json_reals(fig->optimizer, K)},
+        {"stage_peak_act_bytes", json_counts(fig->peak_bytes, K)},
+        {"stage_peak_microbatches", json_counts(fig->peak_mb, K)},
+        /* outputs written */
+        {"checkpoint", json_text(res->saved)},
+        {"trace", json_text(res->traced)},
+    };
+    json_t *obj = json_object();
+    int bad = !obj;
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
+        /* json_object_set_new takes the value's reference even when it fails */
+        if (!bad) bad = json_object_set_new(obj, fields[i].key, fields[i].value) != 0;
+        else json_decref(fields[i].value);
+    }
+    if (bad) {
+        json_decref(obj);
+        return NULL;
+    }
+    return obj;
+}
+
+int train_report_final(const train_run *run, const train_results *res,
+                       const stage_figures *fig)
+{
+    if (!run->o.json) {
+        report_text(run, res, fig);
+        fflush(stdout);
+        return 0;
+    }
+    json_t *obj = results_json(run, res, fig);
+    char *text = obj ? json_dumps(obj, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
+    json_decref(obj);
+    if (!text) return pt_error_set("out of memory for the JSON results");
+    printf("%s\n", text);
+    fflush(stdout);
+    free(text);
+    return 0;
+}

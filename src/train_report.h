@@ -1,0 +1,90 @@
+/* What `pipetrain train` tells its user (src/train_report.c): the banner, the progress while
+ * it trains, the per-stage figures and the final report as text or one JSON object. The run
+ * itself (src/train.c) fills train_run and train_results; these functions only read them. */
+#ifndef PT_TRAIN_REPORT_H
+#define PT_TRAIN_REPORT_H
+
+#include <mpi.h>
+
+#include "partition/partition.h"
+#include "schedule/schedule.h"
+#include "src/cuda_plugin.h"
+#include "src/data.h"
+#include "src/exec.h"
+#include "src/model/net.h"
+#include "src/train_options.h"
+
+/* One run of `train` on this rank: its options (threads resolved), where it runs, and what
+ * its set-up built. */
+typedef struct {
+    train_options o;
+    MPI_Comm comm;
+    int rank, size;
+    char host[256];
+    char start_time[32];        /* ISO 8601 UTC, e.g. 2026-11-23T10:04:05Z */
+    int gpu, device_messages;   /* --device cuda: the rank's GPU and how MPI sends from it */
+    cuda_device_info gpu_info;
+    net_desc net;
+    partition part;
+    schedule sched;
+    dataset train, val, test;
+    exec_t *ex;
+    int64_t *order;             /* this epoch's sample order */
+    long steps_per_epoch;
+    long total_steps;           /* what --steps and --epochs ask for together */
+    long epochs;                /* epochs the run touches (the last may be partial) */
+} train_run;
+
+/* What the training loop measured; NAN where a figure does not exist (no --val, no test
+ * samples). Then which outputs were written. */
+typedef struct {
+    long steps;
+    long epochs;
+    double t_begin;             /* pt_now() when training began (wall_s counts from it) */
+    double train_s;             /* inside the epochs' steps, evaluation left out */
+    double timed_s;             /* steps after --warmup */
+    long timed_steps;
+    double train_loss, train_acc; /* the last epoch's (or partial epoch's) means */
+    double val_loss, val_acc, test_loss, test_acc;
+    const char *saved, *traced; /* the checkpoint and trace written (NULL: none) */
+} train_results;
+
+/* Per-stage figures of the whole job, gathered on every rank (src/train.c). */
+typedef struct {
+    int stages;
+    double *compute, *wall, *forward, *backward, *optimizer, *peak_bytes, *peak_mb; /* one block */
+    double bubble; /* measured: mean over stages of the idle fraction of the step time */
+    long steps;
+} stage_figures;
+
+/* Rank 0, unless --json: model, data, layout and (for a pipeline) the schedule's timeline. */
+void train_report_banner(const train_run *run);
+/* Rank 0, unless --json: the line of the epoch that just ended (res->epochs). */
+void train_report_epoch(const train_run *run, const train_results *res, double epoch_s,
+                        long epoch_samples);
+/* Rank 0: the final report, as text or (--json) as the last line of stdout. −1 with a
+ * message when the JSON object cannot be built. */
+int train_report_final(const train_run *run, const train_results *res,
+                       const stage_figures *fig);
+
+/* Progress between the epoch lines, on rank 0 without --json: a bar redrawn in place on a
+ * terminal, otherwise (under mpiexec, into a file) a line at the first step and then every
+ * --progress seconds. Both show steps of the whole run, loss, samples/s and ETA. */
+typedef struct {
+    enum { PROGRESS_OFF, PROGRESS_BAR, PROGRESS_LINES } mode;
+    double interval;            /* seconds between outputs */
+    double start;               /* pt_now() before the first step */
+    double last;                /* pt_now() of the last output */
+    double step_s;              /* time inside steps so far */
+    long steps;                 /* steps so far */
+    int bar_width;              /* characters of the bar line on screen, to erase it */
+} train_progress;
+
+void train_progress_init(train_progress *p, const train_run *run);
+/* After each step: step_s its duration, loss the epoch's mean loss so far. */
+void train_progress_step(train_progress *p, const train_run *run, long epoch, double step_s,
+                         double loss);
+/* Erases the bar (before other output); nothing in the other modes. */
+void train_progress_clear(train_progress *p);
+
+#endif

@@ -1,0 +1,168 @@
+# `pipetrain train`'s run logic on tiny runs (seconds): --json is valid JSON for any model
+# path, has null where a figure does not exist and the run's metadata; --steps crosses
+# epochs; progress lines appear when stdout is no terminal; a failed output (trace,
+# checkpoint) does not stop the others from being written, and the exit status says so.
+source "$(dirname "$0")/lib/common.bash"
+T=(--train-samples 256 --batch 32 --threads 1)   # 8 steps per epoch
+MLP=$MODELS/seed-mlp.cfg
+
+# ok_run CMD...: a run that must succeed (a failure is counted, the script goes on).
+ok_run() { "$@" || { local rc=$?; failed "exit $rc from: $*" >&2; }; }
+
+# check NAME FILE PYTHON: runs PYTHON with r = the JSON object on FILE's last line.
+check() {
+    local name=$1 file=$2 code=$3
+    if python3 - "$file" >"$WORK/check" 2>&1 <<PY
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+r = json.loads(lines[-1])
+$code
+PY
+    then pass "$name"; else failed "$name"; cat "$WORK/check"; tail -n 1 "$file"; fi
+}
+
+# --- JSON for any model path: a double quote and a backslash in it ---
+dir="$WORK/my \"models\"\\x"
+mkdir -p "$dir"
+cp "$MLP" "$dir/mlp.cfg"
+ok_run "$PIPETRAIN" train --model "$dir/mlp.cfg" "${T[@]}" --steps 3 --test-samples 0 --json \
+    >"$WORK/quote.json"
+MODEL="$dir/mlp.cfg" check "JSON valid with a quote and a backslash in --model" \
+    "$WORK/quote.json" 'import os
+assert r["model"] == os.environ["MODEL"], r["model"]'
+
+# --- what does not exist is null; what does, is a number ---
+check "--test-samples 0, no --val, one stage: those figures are null" "$WORK/quote.json" '
+for k in ("test_loss", "test_acc", "val_loss", "val_acc", "bubble", "bubble_theory",
+          "bubble_simulated", "gpu", "gpu_name", "checkpoint", "trace"):
+    assert r[k] is None, (k, r[k])
+for k in ("samples_per_s", "train_loss", "train_acc", "wall_s", "train_s"):
+    assert isinstance(r[k], float) and r[k] >= 0, (k, r[k])'
+
+ok_run "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 3 --test-samples 100 --val 64 \
+    --seed 5 --optimizer sgd --lr 0.05 --json >"$WORK/meta.json"
+VERSION=$(sed -n 's/^project(pipetrain.*VERSION \([0-9.]*\).*/\1/p' "$PT_SOURCE_DIR/CMakeLists.txt")
+GIT=0; git -C "$PT_SOURCE_DIR" rev-parse --short HEAD >/dev/null 2>&1 && GIT=1
+VERSION=$VERSION GIT=$GIT check "test and validation figures are numbers" "$WORK/meta.json" '
+for k in ("test_loss", "test_acc", "val_loss", "val_acc"):
+    assert isinstance(r[k], float) and r[k] >= 0, (k, r[k])
+assert r["test_samples"] == 100 and r["val_samples"] == 64, r'
+
+# --- run metadata ---
+VERSION=$VERSION GIT=$GIT check "metadata: version, commit, host, time, seed, optimizer, layout" \
+    "$WORK/meta.json" '
+import datetime, os, re, socket
+old = ["model", "samples_per_s", "train_loss", "train_acc", "test_loss", "test_acc", "val_acc",
+       "steps", "epochs", "params", "wall_s", "train_s", "batch", "threads", "device",
+       "optimizer", "stages", "microbatches", "schedule", "partition", "bubble",
+       "bubble_theory", "bubble_simulated", "stage_compute_s", "stage_wall_s",
+       "stage_forward_s", "stage_backward_s", "stage_peak_act_bytes",
+       "stage_peak_microbatches"]
+missing = [k for k in old if k not in r]
+assert not missing, ("keys lost", missing)
+assert r["version"] == os.environ["VERSION"], r["version"]
+if os.environ["GIT"] == "1":
+    assert re.fullmatch("[0-9a-f]{4,40}", r["commit"]), r["commit"]
+else:
+    assert r["commit"] is None, r["commit"]
+assert r["host"] == socket.gethostname(), r["host"]
+t = datetime.datetime.strptime(r["start_time"], "%Y-%m-%dT%H:%M:%SZ")
+age = datetime.datetime.utcnow() - t
+assert datetime.timedelta(0) <= age < datetime.timedelta(minutes=10), r["start_time"]
+assert r["seed"] == 5 and r["optimizer"] == "sgd" and r["lr"] == 0.05, r
+assert r["batch"] == 32 and r["threads"] == 1 and r["device"] == "cpu", r
+assert r["stages"] == 1 and r["microbatches"] == 1 and r["schedule"] == "1f1b", r
+assert r["partition"] == "time" and r["stage_layers"] == [3], r'
+
+ok_run "$MPIEXEC" -n 2 "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 4 --test-samples 0 \
+    --stages 2 --microbatches 2 --partition 1,2 --json >"$WORK/pipe.json"
+check "two stages: partition per stage, bubble figures are numbers" "$WORK/pipe.json" '
+assert r["stages"] == 2 and r["stage_layers"] == [1, 2] and r["partition"] == "1,2", r
+for k in ("bubble", "bubble_theory", "bubble_simulated"):
+    assert isinstance(r[k], float), (k, r[k])
+assert len(r["stage_compute_s"]) == 2 and len(r["stage_peak_act_bytes"]) == 2, r'
+
+# --- --steps crosses epochs; with --epochs, the first limit wins ---
+steps_of() {
+    "$PIPETRAIN" train --model "$MLP" "${T[@]}" --test-samples 0 --json "$@" \
+        >"$WORK/steps.json" 2>&1 || { echo "exit $?"; return; }
+    tail -n 1 "$WORK/steps.json" | python3 -c \
+        'import json, sys; r = json.load(sys.stdin); print(r["steps"], r["epochs"])' || true
+}
+expect_steps() {
+    local want=$1; shift
+    local got
+    got=$(steps_of "$@")
+    [ "$got" = "$want" ] && pass "${*:-no --steps, no --epochs}: $want (steps epochs)" \
+        || failed "${*:-no --steps, no --epochs}: '$got' (steps epochs), expected $want"
+}
+expect_steps "20 3" --steps 20
+expect_steps "16 2" --epochs 2
+expect_steps "16 2" --steps 20 --epochs 2
+expect_steps "5 1" --steps 5 --epochs 2
+expect_steps "8 1"
+
+# --- progress when stdout is no terminal ---
+ok_run "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 20 --test-samples 0 >"$WORK/plain.txt"
+if grep -Eq '^  step 1/20  epoch 1/3  loss [0-9.]+  [0-9]+ samples/s  ETA [0-9:]+$' \
+        "$WORK/plain.txt"; then
+    pass "a progress line at the first step: $(grep -m1 'step 1/20' "$WORK/plain.txt")"
+else
+    failed "no progress line at the first step"; cat "$WORK/plain.txt"
+fi
+ok_run "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 20 --test-samples 0 --progress 1e-9 \
+    >"$WORK/every.txt"
+n=$(grep -c '^  step [0-9]*/20 ' "$WORK/every.txt" || true)
+[ "$n" -eq 20 ] && grep -q '^  step 20/20  epoch 3/3 ' "$WORK/every.txt" \
+    && pass "--progress 1e-9: a line for each of the 20 steps" \
+    || { failed "--progress 1e-9: $n progress lines, expected 20"; cat "$WORK/every.txt"; }
+ok_run "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 20 --test-samples 0 --progress 0 \
+    >"$WORK/none.txt"
+! grep -q '^  step ' "$WORK/none.txt" && pass "--progress 0: no progress lines" \
+    || failed "--progress 0 printed progress"
+ok_run "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 20 --test-samples 0 --json >"$WORK/j.txt"
+[ "$(wc -l <"$WORK/j.txt")" -eq 1 ] && pass "--json: one line, no progress" \
+    || { failed "--json printed more than its line"; cat "$WORK/j.txt"; }
+
+# --- a failed output costs no other output ---
+# run_outputs NAME STAGES ARGS...: must exit non-zero (no hang) and write what it can.
+run_outputs() {
+    local name=$1 k=$2 rc=0
+    shift 2
+    local launch=("$PIPETRAIN")
+    [ "$k" -gt 1 ] && launch=("$MPIEXEC" -n "$k" "$PIPETRAIN")
+    rm -f "$WORK"/keep*.st
+    timeout 120 "${launch[@]}" train --model "$MLP" "${T[@]}" --steps 20 --test-samples 0 \
+        --stages "$k" "$@" >"$WORK/out" 2>"$WORK/err" || rc=$?
+    if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then
+        failed "$name: exit $rc"; cat "$WORK/err"; return 1
+    fi
+    pass "$name: exit $rc"
+}
+if run_outputs "unwritable --trace" 1 --trace "$WORK/FULL/t.json" --save "$WORK/keep.st"; then
+    grep -q "trace.*FULL/t.json" "$WORK/err" && pass "the trace failure is reported" \
+        || { failed "the trace failure is not reported"; cat "$WORK/err"; }
+    [ -s "$WORK/keep.st" ] && "$PIPETRAIN" diff "$WORK/keep.st" "$WORK/keep.st" >/dev/null \
+        && pass "the checkpoint is still written" || failed "no checkpoint after a failed trace"
+    grep -q "^saved $WORK/keep.st" "$WORK/out" && ! grep -q "^trace " "$WORK/out" \
+        && pass "the report names the checkpoint, not the trace" \
+        || { failed "the report claims the wrong outputs"; cat "$WORK/out"; }
+fi
+if run_outputs "unwritable --trace and --save" 1 --trace "$WORK/FULL/t.json" \
+        --save "$WORK/FULL/keep.st" --json; then
+    [ "$(grep -c "FULL/" "$WORK/err")" -ge 2 ] && pass "both failures are reported" \
+        || { failed "not every failure is reported"; cat "$WORK/err"; }
+    check "the results are still printed, with no outputs" "$WORK/out" '
+assert r["steps"] == 20 and r["checkpoint"] is None and r["trace"] is None, r'
+fi
+if run_outputs "unwritable --save, writable --trace" 1 --save "$WORK/FULL/keep.st" \
+        --trace "$WORK/t.json"; then
+    python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$WORK/t.json" \
+        && pass "the trace is still written" || failed "no trace after a failed checkpoint"
+fi
+if run_outputs "two stages, unwritable --trace" 2 --microbatches 2 \
+        --trace "$WORK/FULL/t.json" --save "$WORK/keep2.st"; then
+    [ -s "$WORK/keep2.st" ] && pass "two stages: the checkpoint is still written" \
+        || failed "two stages: no checkpoint after a failed trace"
+fi
+finish
