@@ -396,7 +396,7 @@ static void backward_worker(void *arg, int t)
     stage *s = j->s;
     size_t in_count = stage_in_count(s), out_count = stage_out_count(s);
     for (int g = t; g < s->groups && g * j->chunk < j->n; g += s->threads) {
-        if (s->group_grads[g] != s->grads)
+        if (g > 0 || s->group_grads[0] == s->mb_grads)
             memset(s->group_grads[g], 0, s->param_count * sizeof(float));
         for (int off = g * j->chunk; off < j->n; off += s->groups * j->chunk)
             backward_chunk(s, &s->workers[t], s->group_grads[g], j->sl, off, chunk_len(j, off),
@@ -407,7 +407,8 @@ static void backward_worker(void *arg, int t)
 
 typedef struct {
     stage *s;
-    int used; /* groups that received chunks */
+    int used;   /* groups that received chunks */
+    float *dst; /* where the micro-batch's gradient goes (or is added) */
 } reduce_job;
 
 /* The micro-batch's gradient g0 + g1 + ... in group order, added to grads when group 0 was
@@ -419,7 +420,7 @@ static void reduce_worker(void *arg, int t)
     stage *s = r->s;
     size_t P = s->param_count, per = (P + s->threads - 1) / s->threads;
     size_t lo = (size_t)t * per, hi = lo + per < P ? lo + per : P;
-    float *restrict dst = s->grads;
+    float *restrict dst = r->dst;
     if (s->group_grads[0] == dst) {
         for (int g = 1; g < r->used; g++) {
             const float *restrict src = s->group_grads[g];
@@ -442,14 +443,23 @@ static void reduce_worker(void *arg, int t)
 
 void stage_backward(stage *s, int slot, const float *dout, float *din)
 {
+    stage_backward_to(s, slot, dout, din, NULL);
+}
+
+void stage_backward_to(stage *s, int slot, const float *dout, float *din, float *grads)
+{
     stage_slot *sl = &s->slots[slot];
-    s->group_grads[0] = s->accumulated ? s->mb_grads : s->grads;
+    /* `grads` alone is the first micro-batch's case: its gradient is formed in place */
+    float *target = grads ? grads : s->grads;
+    int add = !grads && s->accumulated;
+    if (grads) memset(grads, 0, s->param_count * sizeof(float));
+    s->group_grads[0] = add ? s->mb_grads : target;
     chunk_job j = {s, sl, sl->n, stage_chunk(s, sl->n), NULL, 0, 0, dout, din};
     pool_run(s->pool, backward_worker, &j);
-    reduce_job r = {s, (sl->n + j.chunk - 1) / j.chunk};
+    reduce_job r = {s, (sl->n + j.chunk - 1) / j.chunk, target};
     if (r.used > s->groups) r.used = s->groups;
-    if (r.used > 1 || s->accumulated) pool_run(s->pool, reduce_worker, &r);
-    s->accumulated = 1;
+    if (r.used > 1 || add) pool_run(s->pool, reduce_worker, &r);
+    if (!grads) s->accumulated = 1;
 }
 
 void stage_zero_grad(stage *s)

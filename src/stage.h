@@ -102,6 +102,11 @@ const float *stage_forward(stage *s, int slot, const float *in, int n,
 /* Backward of the slot's micro-batch from the gradient of its output; parameter gradients
  * accumulate. din (may be NULL) receives the gradient of the stage's input. */
 void stage_backward(stage *s, int slot, const float *dout, float *din);
+/* The same, but the micro-batch's gradient alone goes to `grads` (param_count floats, any
+ * contents before), bit for bit what stage_backward would add for it; the stage's own
+ * gradients are left alone. NULL: stage_backward. Replicas that reduce in a fixed order
+ * keep each micro-batch's gradient apart this way (src/reduce.h). */
+void stage_backward_to(stage *s, int slot, const float *dout, float *din, float *grads);
 
 void stage_zero_grad(stage *s);
 /* One optimizer update of every parameter from the accumulated gradients. */
