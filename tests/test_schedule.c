@@ -999,3 +999,42 @@ Test(schedule, simulate_overlap_hides_reductions)
                     CHECK_CLOSE("instant backward makespan", &span_on, &span_off, 1, 1e-9, 0);
                 }
 }
+
+Test(schedule, print_reductions)
+{
+    schedule s;
+    cr_assert_eq(schedule_init_gpipe(&s, 2, 2), 0);
+    cr_assert_eq(schedule_add_reductions(&s, 2, 1), 0);
+    char *text = print_to_string(&s);
+    const char *want[] = {
+        "Bm/b backward of m through bucket b's layers only, Ab start reducing bucket b",
+        "\ns0: F0 >a0 F1 >a1 <g0 B0 <g1 B1/0 A0 B1/1 A1 W0 W1 STEP\n",
+        "\ns1: <a0 F0 <a1 F1 B0 >g0 B1/0 A0 B1/1 >g1 A1 W0 W1 STEP\n",
+        "\n t |  0  1  2  3  4  5  6\n",
+        "\ns0 | F0 F1  .  . B0 B1  W\n",
+        "\nn0 |  .  .  .  .  . A0 A1\n",
+        "\ns1 |  . F0 F1 B0 B1  W  .\n",
+        "\nn1 |  .  .  .  . A0 A1  .\n",
+        "makespan 6.50 slots\n",
+        "reductions (unit costs), exposed / total per stage: 0.50/1.00 0.50/1.00\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        cr_assert(strstr(text, want[i]), "output lacks '%s':\n%s", want[i], text);
+    free(text);
+    schedule_free(&s);
+
+    cr_assert_eq(schedule_init_1f1b(&s, 1, 2), 0);
+    cr_assert_eq(schedule_add_reductions(&s, 3, 0), 0);
+    text = print_to_string(&s);
+    const char *want_off[] = {
+        "\ns0: F0 B0 F1 B1 A0 A1 A2 W0 W1 W2 STEP\n",
+        "\ns0 |   F0   B0   F1   B1    W\n",
+        "\nn0 |    .    .    .    . A0-2\n",
+        "makespan 5 slots\n",
+        "exposed / total per stage: 1.00/1.00\n",
+    };
+    for (size_t i = 0; i < sizeof want_off / sizeof *want_off; i++)
+        cr_assert(strstr(text, want_off[i]), "output lacks '%s':\n%s", want_off[i], text);
+    free(text);
+    schedule_free(&s);
+}
