@@ -1,6 +1,7 @@
 /* Printer: each stage's list in a compact notation, then the unit-cost timeline (F = B = R
  * = 1 slot, messages and the optimizer step free), which is the picture the bubble formula
- * describes. */
+ * describes. A stage's reductions together cost one slot there (as much as one backward),
+ * enough to show what overlap hides and what it leaves exposed. */
 #include "schedule/schedule.h"
 
 #include "src/base/error.h"
@@ -9,19 +10,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Compact token for one op: "F3", "B3", "R3", "<a3", ">a3", "<g3", ">g3", "AR", "STEP". */
+/* Compact token for one op: "F3", "B3", "B3/1" (part 1), "R3", "<a3", ">a3", "<g3", ">g3",
+ * "A1" (start reducing bucket 1), "W1" (wait for it), "STEP". */
 static void op_token(const schedule_op *op, char *buf, size_t n)
 {
     int m = op->microbatch;
     switch (op->kind) {
     case SCHED_OP_FORWARD: snprintf(buf, n, "F%d", m); break;
-    case SCHED_OP_BACKWARD: snprintf(buf, n, "B%d", m); break;
+    case SCHED_OP_BACKWARD:
+        if (op->bucket >= 0)
+            snprintf(buf, n, "B%d/%d", m, op->bucket);
+        else
+            snprintf(buf, n, "B%d", m);
+        break;
     case SCHED_OP_RECOMPUTE: snprintf(buf, n, "R%d", m); break;
     case SCHED_OP_RECV_ACT: snprintf(buf, n, "<a%d", m); break;
     case SCHED_OP_SEND_ACT: snprintf(buf, n, ">a%d", m); break;
     case SCHED_OP_RECV_GRAD: snprintf(buf, n, "<g%d", m); break;
     case SCHED_OP_SEND_GRAD: snprintf(buf, n, ">g%d", m); break;
-    case SCHED_OP_ALLREDUCE: snprintf(buf, n, "AR"); break;
+    case SCHED_OP_ALLREDUCE: snprintf(buf, n, "A%d", op->bucket); break;
+    case SCHED_OP_REDUCE_WAIT: snprintf(buf, n, "W%d", op->bucket); break;
     case SCHED_OP_OPTIMIZER_STEP: snprintf(buf, n, "STEP"); break;
     default: snprintf(buf, n, "?%d", (int)op->kind); break;
     }
@@ -37,6 +45,14 @@ static int digits(int v)
     return d;
 }
 
+static int has_reductions(const schedule *s)
+{
+    for (int st = 0; st < s->stages; st++)
+        if (s->lists[st].buckets > 0)
+            return 1;
+    return 0;
+}
+
 static void print_lists(const schedule *s, FILE *out)
 {
     char tok[32];
@@ -44,8 +60,11 @@ static void print_lists(const schedule *s, FILE *out)
     fprintf(out, "schedule '%s': %d stages, %d micro-batches\n", s->name, s->stages,
             s->microbatches);
     fprintf(out, "legend: Fm forward, Bm backward, Rm recompute, <am/>am receive/send "
-                 "activation, <gm/>gm receive/send gradient, AR allreduce, STEP optimizer "
-                 "step\n");
+                 "activation, <gm/>gm receive/send gradient, STEP optimizer step\n");
+    if (has_reductions(s))
+        fprintf(out, "        Bm/b backward of m through bucket b's layers only, Ab start "
+                     "reducing bucket b (bucket 0 = the stage's last layers), Wb wait for "
+                     "it\n");
     for (int st = 0; st < s->stages; st++) {
         fprintf(out, "s%-*d:", w, st);
         for (int i = 0; i < s->lists[st].n_ops; i++) {
@@ -56,35 +75,102 @@ static void print_lists(const schedule *s, FILE *out)
     }
 }
 
-/* Grid of the unit-cost simulation: cell[st * slots + t] is the op index that occupies slot
- * t on stage st, or −1. Only F, B and R take time there, one slot each. */
+static double overlap(double a0, double a1, double t)
+{
+    double lo = a0 > t ? a0 : t, hi = a1 < t + 1 ? a1 : t + 1;
+    return hi - lo > 1e-9 ? hi - lo : 0.0;
+}
+
+/* Timeline token of op i of stage st: what occupies compute ("F3", "B3" also for a part,
+ * "R3", "W" for a wait), or "" for an op that takes no time there. */
+static void cell_token(const schedule_op *op, char *buf, size_t n)
+{
+    switch (op->kind) {
+    case SCHED_OP_FORWARD:
+    case SCHED_OP_RECOMPUTE:
+        op_token(op, buf, n);
+        break;
+    case SCHED_OP_BACKWARD: snprintf(buf, n, "B%d", op->microbatch); break;
+    case SCHED_OP_REDUCE_WAIT: snprintf(buf, n, "W"); break;
+    default: snprintf(buf, n, "%s", ""); break;
+    }
+}
+
+/* Network row token of slot t: the buckets whose reductions run during it, "A0" or
+ * "A0-2" (they run one after another, so a range); "." when none. */
+static void net_token(const schedule *s, const schedule_sim *sim, int st, int t, char *buf,
+                      size_t n)
+{
+    int lo = -1, hi = -1;
+    for (int i = 0; i < s->lists[st].n_ops; i++) {
+        size_t k = (size_t)sim->offset[st] + (size_t)i;
+        if (s->lists[st].ops[i].kind != SCHED_OP_ALLREDUCE ||
+            !overlap(sim->net_start[k], sim->net_end[k], t))
+            continue;
+        int b = s->lists[st].ops[i].bucket;
+        if (lo < 0 || b < lo)
+            lo = b;
+        if (b > hi)
+            hi = b;
+    }
+    if (lo < 0)
+        snprintf(buf, n, ".");
+    else if (lo == hi)
+        snprintf(buf, n, "A%d", lo);
+    else
+        snprintf(buf, n, "A%d-%d", lo, hi);
+}
+
+/* Grid of the unit-cost simulation: cell[st * slots + t] is the op index that occupies the
+ * most of slot t on stage st (F, B or its parts, R, or a wait for a reduction), or −1. */
 static void print_timeline(const schedule *s, const schedule_sim *sim, FILE *out)
 {
-    int slots = (int)lround(sim->makespan);
-    int *cell = malloc((size_t)s->stages * (size_t)(slots ? slots : 1) * sizeof *cell);
-    if (!cell) {
+    int slots = (int)ceil(sim->makespan - 1e-9);
+    if (slots < 0)
+        slots = 0;
+    size_t cells = (size_t)s->stages * (size_t)(slots ? slots : 1);
+    int *cell = malloc(cells * sizeof *cell);
+    double *best = calloc(cells, sizeof *best);
+    if (!cell || !best) {
         fprintf(out, "timeline: not available (out of memory for %d slots)\n", slots);
+        free(cell);
+        free(best);
         return;
     }
-    for (size_t i = 0; i < (size_t)s->stages * (size_t)slots; i++)
+    for (size_t i = 0; i < cells; i++)
         cell[i] = -1;
     char tok[32];
     int width = digits(slots > 0 ? slots - 1 : 0);
     for (int st = 0; st < s->stages; st++) {
         for (int i = 0; i < s->lists[st].n_ops; i++) {
             size_t k = (size_t)sim->offset[st] + (size_t)i;
-            if (sim->end[k] - sim->start[k] < 0.5)
+            cell_token(&s->lists[st].ops[i], tok, sizeof tok);
+            if (!tok[0])
                 continue;
-            int t = (int)lround(sim->start[k]);
-            if (t >= 0 && t < slots)
-                cell[(size_t)st * (size_t)slots + (size_t)t] = i;
-            op_token(&s->lists[st].ops[i], tok, sizeof tok);
+            for (int t = (int)floor(sim->start[k]); t < slots && t < sim->end[k]; t++) {
+                double o = overlap(sim->start[k], sim->end[k], t);
+                size_t c = (size_t)st * (size_t)slots + (size_t)t;
+                if (t >= 0 && o > best[c]) {
+                    best[c] = o;
+                    cell[c] = i;
+                    if ((int)strlen(tok) > width)
+                        width = (int)strlen(tok);
+                }
+            }
+        }
+        for (int t = 0; t < slots && s->lists[st].buckets > 0; t++) {
+            net_token(s, sim, st, t, tok, sizeof tok);
             if ((int)strlen(tok) > width)
                 width = (int)strlen(tok);
         }
     }
     int w = digits(s->stages > 0 ? s->stages - 1 : 0);
-    fprintf(out, "timeline (unit costs: F = B = R = 1 slot, messages and step free):\n");
+    if (has_reductions(s))
+        fprintf(out, "timeline (unit costs: F = B = R = 1 slot, a stage's reductions 1 slot "
+                     "together, messages and step free; row nK: stage K's network, W: "
+                     "compute waits for it):\n");
+    else
+        fprintf(out, "timeline (unit costs: F = B = R = 1 slot, messages and step free):\n");
     fprintf(out, "%*s |", w + 1, "t");
     for (int t = 0; t < slots; t++)
         fprintf(out, " %*d", width, t);
@@ -94,14 +180,57 @@ static void print_timeline(const schedule *s, const schedule_sim *sim, FILE *out
         for (int t = 0; t < slots; t++) {
             int i = cell[(size_t)st * (size_t)slots + (size_t)t];
             if (i >= 0)
-                op_token(&s->lists[st].ops[i], tok, sizeof tok);
+                cell_token(&s->lists[st].ops[i], tok, sizeof tok);
             else
                 strcpy(tok, ".");
             fprintf(out, " %*s", width, tok);
         }
         fputc('\n', out);
+        if (s->lists[st].buckets == 0)
+            continue;
+        fprintf(out, "n%-*d |", w, st);
+        for (int t = 0; t < slots; t++) {
+            net_token(s, sim, st, t, tok, sizeof tok);
+            fprintf(out, " %*s", width, tok);
+        }
+        fputc('\n', out);
     }
     free(cell);
+    free(best);
+}
+
+/* The unit-cost simulation the timeline draws: each bucket's reduction 1/B slot. */
+static int simulate_units(const schedule *s, schedule_sim *sim)
+{
+    if (s->stages < 1)
+        return pt_error_set("schedule '%s' has %d stages", s->name, s->stages);
+    double **rows = calloc((size_t)s->stages, sizeof *rows);
+    int rc = -1;
+    if (!rows) {
+        pt_error_set("out of memory");
+        return -1;
+    }
+    for (int st = 0; st < s->stages; st++) {
+        int B = s->lists[st].buckets;
+        if (B <= 0)
+            continue;
+        rows[st] = malloc((size_t)B * sizeof *rows[st]);
+        if (!rows[st]) {
+            pt_error_set("out of memory");
+            goto done;
+        }
+        for (int b = 0; b < B; b++)
+            rows[st][b] = 1.0 / B;
+    }
+    /* ring all-reduce among 2 replicas with alpha 0: time = bytes / beta */
+    schedule_costs c = {.replicas = 2, .alpha = 0.0, .beta = 1.0,
+                        .bucket_bytes = (const double *const *)rows};
+    rc = schedule_simulate_costs(s, &c, sim);
+done:
+    for (int st = 0; st < s->stages; st++)
+        free(rows[st]);
+    free(rows);
+    return rc;
 }
 
 void schedule_print(const schedule *s, FILE *out)
@@ -114,14 +243,25 @@ void schedule_print(const schedule *s, FILE *out)
     }
     print_lists(s, out);
     schedule_sim sim;
-    if (schedule_simulate(s, NULL, NULL, 0.0, 0.0, &sim)) {
+    if (simulate_units(s, &sim)) {
         fprintf(out, "timeline: not available (%s)\n", pt_error_get());
         return;
     }
     print_timeline(s, &sim, out);
+    char span[32];
+    if (fabs(sim.makespan - round(sim.makespan)) < 1e-9)
+        snprintf(span, sizeof span, "%d", (int)lround(sim.makespan));
+    else
+        snprintf(span, sizeof span, "%.2f", sim.makespan);
     fprintf(out, "bubble: %.4f simulated (unit costs), %.4f GPipe formula (K-1)/(M+K-1) "
-                 "with K=%d M=%d; makespan %d slots\n",
+                 "with K=%d M=%d; makespan %s slots\n",
             sim.bubble, schedule_bubble_theory(s->stages, s->microbatches), s->stages,
-            s->microbatches, (int)lround(sim.makespan));
+            s->microbatches, span);
+    if (has_reductions(s)) {
+        fprintf(out, "reductions (unit costs), exposed / total per stage:");
+        for (int st = 0; st < s->stages; st++)
+            fprintf(out, " %.2f/%.2f", sim.exposed[st], sim.reduce[st]);
+        fputc('\n', out);
+    }
     schedule_sim_free(&sim);
 }

@@ -21,6 +21,7 @@ static const char *const op_names[SCHED_OP_COUNT] = {
     [SCHED_OP_ALLREDUCE] = "allreduce",
     [SCHED_OP_RECOMPUTE] = "R",
     [SCHED_OP_OPTIMIZER_STEP] = "optimizer_step",
+    [SCHED_OP_REDUCE_WAIT] = "reduce_wait",
 };
 
 const char *schedule_op_name(schedule_op_kind kind)
@@ -53,17 +54,9 @@ int schedule_init_empty(schedule *s, const char *name, int stages, int microbatc
     return 0;
 }
 
-/* Appends without judging the op: hand-built lists may be wrong on purpose, and
- * schedule_verify is the one place that says what is wrong with them. Only the stage index
- * is checked, because it guards memory. */
-int schedule_append(schedule *s, int stage, schedule_op_kind kind, int microbatch, int peer)
+/* Grows a list by one op. */
+static int list_push(schedule_list *l, int stage, schedule_op op)
 {
-    if (!s || !s->lists)
-        return pt_error_set("schedule_append: schedule is not initialised");
-    if (stage < 0 || stage >= s->stages)
-        return pt_error_set("schedule_append: stage %d out of range [0, %d)", stage,
-                            s->stages);
-    schedule_list *l = &s->lists[stage];
     if (l->n_ops == l->cap) {
         if (l->cap > INT_MAX / 2)
             return pt_error_set("schedule_append: stage %d list is too long", stage);
@@ -75,8 +68,27 @@ int schedule_append(schedule *s, int stage, schedule_op_kind kind, int microbatc
         l->ops = ops;
         l->cap = cap;
     }
-    l->ops[l->n_ops++] = (schedule_op){.kind = kind, .microbatch = microbatch, .peer = peer};
+    l->ops[l->n_ops++] = op;
     return 0;
+}
+
+/* Appends without judging the op: hand-built lists may be wrong on purpose, and
+ * schedule_verify is the one place that says what is wrong with them. Only the stage index
+ * is checked, because it guards memory. */
+int schedule_append_op(schedule *s, int stage, schedule_op op)
+{
+    if (!s || !s->lists)
+        return pt_error_set("schedule_append: schedule is not initialised");
+    if (stage < 0 || stage >= s->stages)
+        return pt_error_set("schedule_append: stage %d out of range [0, %d)", stage,
+                            s->stages);
+    return list_push(&s->lists[stage], stage, op);
+}
+
+int schedule_append(schedule *s, int stage, schedule_op_kind kind, int microbatch, int peer)
+{
+    return schedule_append_op(s, stage, (schedule_op){.kind = kind, .microbatch = microbatch,
+                                                      .peer = peer, .bucket = -1});
 }
 
 void schedule_free(schedule *s)
@@ -181,4 +193,124 @@ int schedule_init_by_name(schedule *s, const char *name, int stages, int microba
     if (strcmp(name, "1f1b") == 0)
         return schedule_init_1f1b(s, stages, microbatches);
     return pt_error_set("unknown schedule '%s' (known: gpipe, 1f1b)", name);
+}
+
+static schedule_op reduction_op(schedule_op_kind kind, int bucket)
+{
+    return (schedule_op){.kind = kind, .microbatch = -1, .peer = -1, .bucket = bucket};
+}
+
+/* Stage st's list with its B buckets' reductions, built into `out` (empty on entry). */
+static int rewrite_with_reductions(const schedule_list *in, int st, int B, int overlap,
+                                   schedule_list *out)
+{
+    int split = -1, step = -1;
+    for (int i = 0; i < in->n_ops; i++) {
+        const schedule_op *op = &in->ops[i];
+        if (op->kind == SCHED_OP_ALLREDUCE || op->kind == SCHED_OP_REDUCE_WAIT ||
+            (op->kind == SCHED_OP_BACKWARD && op->bucket != -1))
+            return pt_error_set("schedule_add_reductions: stage %d op %d (%s) is a reduction "
+                                "or a backward part already; add reductions to a schedule "
+                                "without them", st, i, schedule_op_name(op->kind));
+        if (op->kind == SCHED_OP_BACKWARD)
+            split = i;
+        if (op->kind == SCHED_OP_OPTIMIZER_STEP && step < 0)
+            step = i;
+    }
+    if (step < 0)
+        return pt_error_set("schedule_add_reductions: stage %d has no optimizer_step to "
+                            "reduce the gradients before", st);
+    if (B > 0 && split < 0)
+        return pt_error_set("schedule_add_reductions: stage %d has no backward to reduce "
+                            "the gradients of", st);
+    if (B == 0 || !overlap)
+        split = -1;
+    /* The ops that follow the split backward and belong to it (its gradient's send) come
+     * before the last bucket's start: the previous stage waits for that gradient. */
+    int tail = split;
+    while (tail >= 0 && tail + 1 < step && in->ops[tail + 1].kind == SCHED_OP_SEND_GRAD &&
+           in->ops[tail + 1].microbatch == in->ops[split].microbatch)
+        tail++;
+    for (int i = 0; i < in->n_ops; i++) {
+        const schedule_op *op = &in->ops[i];
+        if (i == step) {
+            for (int b = 0; b < B && !overlap; b++)
+                if (list_push(out, st, reduction_op(SCHED_OP_ALLREDUCE, b)))
+                    return -1;
+            for (int b = 0; b < B; b++)
+                if (list_push(out, st, reduction_op(SCHED_OP_REDUCE_WAIT, b)))
+                    return -1;
+        }
+        if (i == split && B > 1) {
+            for (int b = 0; b < B - 1; b++) {
+                schedule_op part = *op;
+                part.bucket = b;
+                if (list_push(out, st, part) ||
+                    list_push(out, st, reduction_op(SCHED_OP_ALLREDUCE, b)))
+                    return -1;
+            }
+            schedule_op part = *op;
+            part.bucket = B - 1;
+            if (list_push(out, st, part))
+                return -1;
+        } else if (list_push(out, st, *op)) {
+            return -1;
+        }
+        if (i == tail && list_push(out, st, reduction_op(SCHED_OP_ALLREDUCE, B - 1)))
+            return -1;
+    }
+    return 0;
+}
+
+int schedule_add_reductions_per_stage(schedule *s, const int *buckets, int overlap)
+{
+    if (!s || !s->lists)
+        return pt_error_set("schedule_add_reductions: schedule is not initialised");
+    if (s->stages < 1)
+        return pt_error_set("schedule_add_reductions: schedule has %d stages", s->stages);
+    if (!buckets)
+        return pt_error_set("schedule_add_reductions: no bucket counts given");
+    for (int st = 0; st < s->stages; st++) {
+        if (buckets[st] < 0)
+            return pt_error_set("schedule_add_reductions: stage %d has %d buckets; need >= 0",
+                                st, buckets[st]);
+        if (s->lists[st].buckets != 0)
+            return pt_error_set("schedule_add_reductions: stage %d has reductions already "
+                                "(%d buckets)", st, s->lists[st].buckets);
+    }
+    schedule_list *fresh = calloc((size_t)s->stages, sizeof *fresh);
+    if (!fresh)
+        return pt_error_set("schedule_add_reductions: out of memory");
+    for (int st = 0; st < s->stages; st++) {
+        fresh[st].buckets = buckets[st];
+        if (rewrite_with_reductions(&s->lists[st], st, buckets[st], overlap, &fresh[st])) {
+            for (int k = 0; k <= st; k++)
+                free(fresh[k].ops);
+            free(fresh);
+            return -1;
+        }
+    }
+    for (int st = 0; st < s->stages; st++)
+        free(s->lists[st].ops);
+    free(s->lists);
+    s->lists = fresh;
+    return 0;
+}
+
+int schedule_add_reductions(schedule *s, int buckets, int overlap)
+{
+    if (!s || !s->lists)
+        return pt_error_set("schedule_add_reductions: schedule is not initialised");
+    if (s->stages < 1)
+        return pt_error_set("schedule_add_reductions: schedule has %d stages", s->stages);
+    if (buckets < 1)
+        return pt_error_set("schedule_add_reductions: need buckets >= 1 (got %d)", buckets);
+    int *per = malloc((size_t)s->stages * sizeof *per);
+    if (!per)
+        return pt_error_set("schedule_add_reductions: out of memory");
+    for (int st = 0; st < s->stages; st++)
+        per[st] = buckets;
+    int rc = schedule_add_reductions_per_stage(s, per, overlap);
+    free(per);
+    return rc;
 }

@@ -2,11 +2,14 @@
  * cannot deadlock, before the executor bets MPI ranks on it.
  *
  * Checks run from local to global, so that the first message names the simplest cause:
- *   1. each op on its own (kind, micro-batch, peer, nothing after OPTIMIZER_STEP, no
- *      duplicates), and every list has its OPTIMIZER_STEP;
+ *   1. each op on its own (kind, micro-batch, peer, bucket, nothing after OPTIMIZER_STEP,
+ *      no duplicates, backward parts in order), and every list has its OPTIMIZER_STEP;
  *   2. every send has its receive on the peer and vice versa;
- *   3. per stage and micro-batch: everything present and in dependency order;
+ *   3. per stage and micro-batch: everything present and in dependency order; per stage
+ *      and bucket: reduced once, after its last gradient contribution, waited for;
  *   4. the lists run together to completion (receives block, sends never do).
+ * schedule_verify_replicas runs them on each replica's schedule, then compares the order in
+ * which the replicas of a stage start their collectives.
  */
 #include "schedule/schedule.h"
 
@@ -17,11 +20,15 @@
 #include <string.h>
 
 /* pos[(stage * SCHED_OP_COUNT + kind) * M + m]: index of the op (kind, m) in the stage's
- * list, or −1. Only per-micro-batch kinds are stored; duplicates are rejected before. */
+ * list, or −1. Only per-micro-batch kinds are stored; duplicates are rejected before. For
+ * BACKWARD it is m's first backward op (the whole one or part 0). */
 typedef struct {
     const schedule *s;
     int *pos;
-    int *allreduce; /* per stage: index of its ALLREDUCE or −1 */
+    int *bwd_last;  /* [stage * M + m]: m's last backward op (whole, or its last part) */
+    int *bwd_parts; /* [stage * M + m]: parts of m seen; −1 once m is backwarded whole */
+    size_t *boff;   /* [stage]: the stage's first bucket in ar/wait; boff[K]: all buckets */
+    int *ar, *wait; /* [boff[stage] + b]: index of ALLREDUCE b / REDUCE_WAIT b, or −1 */
 } verify_ctx;
 
 static int *pos_at(const verify_ctx *c, int stage, schedule_op_kind kind, int m)
@@ -32,7 +39,13 @@ static int *pos_at(const verify_ctx *c, int stage, schedule_op_kind kind, int m)
 
 static int has_microbatch(schedule_op_kind kind)
 {
-    return kind != SCHED_OP_ALLREDUCE && kind != SCHED_OP_OPTIMIZER_STEP;
+    return kind != SCHED_OP_ALLREDUCE && kind != SCHED_OP_REDUCE_WAIT &&
+           kind != SCHED_OP_OPTIMIZER_STEP;
+}
+
+static int is_reduction(schedule_op_kind kind)
+{
+    return kind == SCHED_OP_ALLREDUCE || kind == SCHED_OP_REDUCE_WAIT;
 }
 
 /* "send_act m=3 to stage 2", "F m=0", "optimizer_step": what the messages call an op. */
@@ -48,12 +61,20 @@ static void op_describe(const schedule_op *op, char *buf, size_t n)
     case SCHED_OP_RECV_GRAD:
         snprintf(buf, n, "%s m=%d from stage %d", name, op->microbatch, op->peer);
         break;
-    case SCHED_OP_FORWARD:
     case SCHED_OP_BACKWARD:
+        if (op->bucket != -1) {
+            snprintf(buf, n, "%s m=%d part %d", name, op->microbatch, op->bucket);
+            break;
+        }
+        /* fall through */
+    case SCHED_OP_FORWARD:
     case SCHED_OP_RECOMPUTE:
         snprintf(buf, n, "%s m=%d", name, op->microbatch);
         break;
     case SCHED_OP_ALLREDUCE:
+    case SCHED_OP_REDUCE_WAIT:
+        snprintf(buf, n, "%s bucket %d", name, op->bucket);
+        break;
     case SCHED_OP_OPTIMIZER_STEP:
         snprintf(buf, n, "%s", name);
         break;
@@ -79,6 +100,61 @@ static int expected_peer(schedule_op_kind kind, int stage, int stages)
     }
 }
 
+/* The bucket field of one op: a bucket of the stage for reductions, −1 or a bucket for a
+ * backward (a part), −1 for everything else. */
+static int check_bucket(const verify_ctx *c, int st, int i, const schedule_op *op,
+                        const char *d)
+{
+    const schedule *s = c->s;
+    int B = s->lists[st].buckets;
+    int may_split = op->kind == SCHED_OP_BACKWARD;
+    if (!is_reduction(op->kind) && !may_split) {
+        if (op->bucket != -1)
+            return pt_error_set("schedule '%s' stage %d op %d (%s): bucket must be -1, got "
+                                "%d", s->name, st, i, d, op->bucket);
+        return 0;
+    }
+    if (may_split && op->bucket == -1)
+        return 0;
+    if (B == 0)
+        return pt_error_set("schedule '%s' stage %d op %d (%s): the stage has no buckets "
+                            "(its list's buckets is 0), so no %s", s->name, st, i, d,
+                            may_split ? "backward parts" : "reductions");
+    if (op->bucket < 0 || op->bucket >= B)
+        return pt_error_set("schedule '%s' stage %d op %d (%s): bucket %d out of range "
+                            "[0, %d)", s->name, st, i, d, op->bucket, B);
+    return 0;
+}
+
+/* A backward of m, whole or part b: the only backward of m, or the next of its parts. */
+static int note_backward(verify_ctx *c, int st, int i, const schedule_op *op, const char *d)
+{
+    const schedule *s = c->s;
+    size_t k = (size_t)st * (size_t)s->microbatches + (size_t)op->microbatch;
+    int *first = pos_at(c, st, SCHED_OP_BACKWARD, op->microbatch);
+    int parts = c->bwd_parts[k];
+    if (op->bucket == -1 && *first >= 0)
+        return pt_error_set("schedule '%s' stage %d op %d: duplicate %s (first at op %d)",
+                            s->name, st, i, d, *first);
+    if (op->bucket != -1 && parts < 0)
+        return pt_error_set("schedule '%s' stage %d op %d (%s): micro-batch %d was "
+                            "backwarded whole at op %d; a backward is either whole or split "
+                            "into parts 0..%d", s->name, st, i, d, op->microbatch, *first,
+                            s->lists[st].buckets - 1);
+    if (op->bucket != -1 && op->bucket < parts)
+        return pt_error_set("schedule '%s' stage %d op %d: duplicate %s", s->name, st, i, d);
+    if (op->bucket != -1 && op->bucket > parts)
+        return pt_error_set("schedule '%s' stage %d op %d (%s): part %d is due first; the "
+                            "parts of a backward run in order 0..%d (bucket 0 holds the "
+                            "stage's last layers)", s->name, st, i, d, parts,
+                            s->lists[st].buckets - 1);
+    if (*first < 0)
+        *first = i;
+    c->bwd_last[k] = i;
+    c->bwd_parts[k] = op->bucket == -1 ? -1 : parts + 1;
+    return 0;
+}
+
 /* Pass 1: each op on its own, plus the position tables the later passes use. */
 static int check_ops(verify_ctx *c)
 {
@@ -96,6 +172,10 @@ static int check_ops(verify_ctx *c)
             if ((int)op->kind < 0 || op->kind >= SCHED_OP_COUNT)
                 return pt_error_set("schedule '%s' stage %d op %d: unknown op kind %d",
                                     s->name, st, i, (int)op->kind);
+            if (step >= 0 && op->kind == SCHED_OP_REDUCE_WAIT)
+                return pt_error_set("schedule '%s' stage %d op %d (%s): comes after the "
+                                    "optimizer_step at op %d, which needs every bucket "
+                                    "reduced", s->name, st, i, d, step);
             if (step >= 0)
                 return pt_error_set("schedule '%s' stage %d op %d (%s): comes after the "
                                     "optimizer_step at op %d; the list must end with it",
@@ -131,13 +211,21 @@ static int check_ops(verify_ctx *c)
                                     "gradients from s+1 to s)", s->name, st, i, d, op->peer,
                                     want);
             }
+            if (check_bucket(c, st, i, op, d))
+                return -1;
             if (op->kind == SCHED_OP_OPTIMIZER_STEP) {
                 step = i;
-            } else if (op->kind == SCHED_OP_ALLREDUCE) {
-                if (c->allreduce[st] >= 0)
-                    return pt_error_set("schedule '%s' stage %d op %d: duplicate allreduce "
-                                        "(first at op %d)", s->name, st, i, c->allreduce[st]);
-                c->allreduce[st] = i;
+            } else if (is_reduction(op->kind)) {
+                int *p = &(op->kind == SCHED_OP_ALLREDUCE ? c->ar : c->wait)[c->boff[st] +
+                                                                            op->bucket];
+                if (*p >= 0)
+                    return pt_error_set("schedule '%s' stage %d op %d: duplicate %s (first "
+                                        "at op %d); a bucket is reduced exactly once",
+                                        s->name, st, i, d, *p);
+                *p = i;
+            } else if (op->kind == SCHED_OP_BACKWARD) {
+                if (note_backward(c, st, i, op, d))
+                    return -1;
             } else {
                 int *p = pos_at(c, st, op->kind, op->microbatch);
                 if (*p >= 0)
@@ -200,6 +288,57 @@ static int check_matching(const verify_ctx *c)
     return 0;
 }
 
+/* Per bucket of stage st: one ALLREDUCE after every gradient contribution to the bucket
+ * (each micro-batch's whole backward, or its part b), one REDUCE_WAIT after it (pass 1
+ * saw that nothing follows the step). */
+static int check_reductions(const verify_ctx *c, int st)
+{
+    const schedule *s = c->s;
+    const schedule_list *l = &s->lists[st];
+    int B = l->buckets;
+    if (B == 0)
+        return 0;
+    int *contrib = malloc((size_t)B * sizeof *contrib);
+    if (!contrib)
+        return pt_error_set("schedule_verify: out of memory");
+    int whole = -1;
+    for (int b = 0; b < B; b++)
+        contrib[b] = -1;
+    for (int i = 0; i < l->n_ops; i++)
+        if (l->ops[i].kind == SCHED_OP_BACKWARD) {
+            if (l->ops[i].bucket == -1)
+                whole = i;
+            else
+                contrib[l->ops[i].bucket] = i;
+        }
+    int rc = 0;
+    char d[96];
+    for (int b = 0; b < B && !rc; b++) {
+        int ar = c->ar[c->boff[st] + b], w = c->wait[c->boff[st] + b];
+        int last = contrib[b] > whole ? contrib[b] : whole;
+        if (ar < 0) {
+            rc = pt_error_set("schedule '%s' stage %d: bucket %d of %d is never reduced (no "
+                              "allreduce bucket %d in %d ops)", s->name, st, b, B, b,
+                              l->n_ops);
+        } else if (w < 0) {
+            rc = pt_error_set("schedule '%s' stage %d: the reduction of bucket %d (op %d) is "
+                              "never waited for (no reduce_wait bucket %d before the "
+                              "optimizer_step)", s->name, st, b, ar, b);
+        } else if (w < ar) {
+            rc = pt_error_set("schedule '%s' stage %d op %d: reduce_wait bucket %d comes "
+                              "before its allreduce (op %d)", s->name, st, w, b, ar);
+        } else if (ar < last) {
+            op_describe(&l->ops[last], d, sizeof d);
+            rc = pt_error_set("schedule '%s' stage %d op %d: allreduce bucket %d comes "
+                              "before %s (op %d), which adds to its gradients; a bucket is "
+                              "reduced after its last contribution", s->name, st, ar, b, d,
+                              last);
+        }
+    }
+    free(contrib);
+    return rc;
+}
+
 /* Pass 3: per stage and micro-batch, each op present exactly once and in dependency order. */
 static int check_order(const verify_ctx *c)
 {
@@ -211,6 +350,8 @@ static int check_order(const verify_ctx *c)
         for (int m = 0; m < s->microbatches; m++) {
             int f = *pos_at(c, st, SCHED_OP_FORWARD, m);
             int b = *pos_at(c, st, SCHED_OP_BACKWARD, m);
+            int bl = c->bwd_last[(size_t)st * (size_t)s->microbatches + (size_t)m];
+            int parts = c->bwd_parts[(size_t)st * (size_t)s->microbatches + (size_t)m];
             int ra = *pos_at(c, st, SCHED_OP_RECV_ACT, m);
             int sa = *pos_at(c, st, SCHED_OP_SEND_ACT, m);
             int rg = *pos_at(c, st, SCHED_OP_RECV_GRAD, m);
@@ -222,6 +363,11 @@ static int check_order(const verify_ctx *c)
             if (b < 0)
                 return pt_error_set("schedule '%s' stage %d: micro-batch %d is never "
                                     "backwarded (no B m=%d in %d ops)", n, st, m, m, end);
+            if (parts > 0 && parts < s->lists[st].buckets)
+                return pt_error_set("schedule '%s' stage %d op %d: the backward of m=%d is "
+                                    "split but stops after part %d (no B m=%d part %d of "
+                                    "%d)", n, st, bl, m, parts - 1, m, parts,
+                                    s->lists[st].buckets);
             if (b < f)
                 return pt_error_set("schedule '%s' stage %d op %d: backward before forward "
                                     "(B m=%d comes before F m=%d at op %d)", n, st, b, m, m,
@@ -247,27 +393,26 @@ static int check_order(const verify_ctx *c)
                                     b);
             if (st > 0 && sg < 0)
                 return pt_error_set("schedule '%s' stage %d op %d: input gradient of B m=%d "
-                                    "is never sent (no send_grad m=%d)", n, st, b, m, m);
-            if (st > 0 && sg < b)
+                                    "is never sent (no send_grad m=%d)", n, st, bl, m, m);
+            if (st > 0 && sg < bl)
                 return pt_error_set("schedule '%s' stage %d op %d: send_grad m=%d comes "
-                                    "before the B m=%d that produces it (op %d)", n, st, sg,
-                                    m, m, b);
+                                    "before the %sB m=%d that produces it (op %d)", n, st,
+                                    sg, m, bl == b ? "" : "last part of ", m, bl);
             if (r >= 0 && (r < f || r > b))
                 return pt_error_set("schedule '%s' stage %d op %d: R m=%d must lie between "
                                     "F m=%d (op %d) and B m=%d (op %d)", n, st, r, m, m, f, m,
                                     b);
-            int ar = c->allreduce[st];
-            if (ar >= 0 && ar < b)
-                return pt_error_set("schedule '%s' stage %d op %d: allreduce comes before "
-                                    "B m=%d (op %d); gradients are complete only after the "
-                                    "last backward", n, st, ar, m, b);
         }
+        if (check_reductions(c, st))
+            return -1;
     }
     return 0;
 }
 
 /* Pass 4: run all lists with a program counter each. A receive may pass once the peer's
- * matching send has executed (its program counter is past it); sends never wait. */
+ * matching send has executed (its program counter is past it); sends never wait. Neither
+ * do ALLREDUCE (a non-blocking start) and REDUCE_WAIT: the other replicas of the stage run
+ * this same list, so they start the bucket as this one did (pass 3: before the wait). */
 static int check_deadlock(const verify_ctx *c)
 {
     const schedule *s = c->s;
@@ -316,9 +461,13 @@ static int compute_peaks(const schedule *s, schedule_report *r)
     r->stages = s->stages;
     for (int st = 0; st < s->stages; st++) {
         int held = 0, peak = 0;
-        for (int i = 0; i < s->lists[st].n_ops; i++) {
-            schedule_op_kind k = s->lists[st].ops[i].kind;
-            held += (k == SCHED_OP_FORWARD) - (k == SCHED_OP_BACKWARD);
+        const schedule_list *l = &s->lists[st];
+        for (int i = 0; i < l->n_ops; i++) {
+            const schedule_op *op = &l->ops[i];
+            /* a split backward releases the micro-batch after its last part */
+            int released = op->kind == SCHED_OP_BACKWARD &&
+                           (op->bucket == -1 || op->bucket == l->buckets - 1);
+            held += (op->kind == SCHED_OP_FORWARD) - released;
             if (held > peak)
                 peak = held;
         }
@@ -327,10 +476,22 @@ static int compute_peaks(const schedule *s, schedule_report *r)
     return 0;
 }
 
-int schedule_verify(const schedule *s, schedule_report *report)
+static void ctx_free(verify_ctx *c)
 {
-    if (report)
-        memset(report, 0, sizeof *report);
+    free(c->pos);
+    free(c->bwd_last);
+    free(c->bwd_parts);
+    free(c->boff);
+    free(c->ar);
+    free(c->wait);
+    memset(c, 0, sizeof *c);
+}
+
+/* Tables for s, then passes 1–3. */
+static int ctx_check(verify_ctx *c, const schedule *s)
+{
+    memset(c, 0, sizeof *c);
+    c->s = s;
     if (!s || !s->lists)
         return pt_error_set("schedule_verify: schedule is not initialised");
     if (s->stages < 1 || s->microbatches < 1)
@@ -340,27 +501,128 @@ int schedule_verify(const schedule *s, schedule_report *report)
     if ((size_t)s->microbatches > SIZE_MAX / sizeof(int) / rows)
         return pt_error_set("schedule '%s': %d stages x %d micro-batches is too large",
                             s->name, s->stages, s->microbatches);
-    size_t cells = rows * (size_t)s->microbatches;
-    verify_ctx c = {.s = s,
-                    .pos = malloc(cells * sizeof *c.pos),
-                    .allreduce = malloc((size_t)s->stages * sizeof *c.allreduce)};
-    int rc = -1;
-    if (!c.pos || !c.allreduce) {
-        pt_error_set("schedule_verify: out of memory for %zu positions", cells);
-        goto done;
+    /* A stage needs two ops per bucket, so more buckets than ops cannot be right; checking
+     * here keeps a corrupt count from sizing the tables. */
+    size_t buckets = 0;
+    for (int st = 0; st < s->stages; st++) {
+        const schedule_list *l = &s->lists[st];
+        if (l->n_ops < 0 || (l->n_ops > 0 && !l->ops))
+            return pt_error_set("schedule '%s' stage %d: list is corrupt (n_ops=%d, ops=%p)",
+                                s->name, st, l->n_ops, (void *)l->ops);
+        if (l->buckets < 0 || l->buckets > l->n_ops)
+            return pt_error_set("schedule '%s' stage %d: %d buckets for a list of %d ops (it "
+                                "needs an allreduce and a reduce_wait per bucket)", s->name,
+                                st, l->buckets, l->n_ops);
+        buckets += (size_t)l->buckets;
     }
+    size_t cells = rows * (size_t)s->microbatches;
+    size_t per_mb = (size_t)s->stages * (size_t)s->microbatches;
+    c->pos = malloc(cells * sizeof *c->pos);
+    c->bwd_last = malloc(per_mb * sizeof *c->bwd_last);
+    c->bwd_parts = calloc(per_mb, sizeof *c->bwd_parts);
+    c->boff = malloc(((size_t)s->stages + 1) * sizeof *c->boff);
+    c->ar = malloc((buckets ? buckets : 1) * sizeof *c->ar);
+    c->wait = malloc((buckets ? buckets : 1) * sizeof *c->wait);
+    if (!c->pos || !c->bwd_last || !c->bwd_parts || !c->boff || !c->ar || !c->wait)
+        return pt_error_set("schedule_verify: out of memory for %zu positions", cells);
     for (size_t i = 0; i < cells; i++)
-        c.pos[i] = -1;
+        c->pos[i] = -1;
+    for (size_t i = 0; i < per_mb; i++)
+        c->bwd_last[i] = -1;
+    for (size_t i = 0; i < buckets; i++)
+        c->ar[i] = c->wait[i] = -1;
+    c->boff[0] = 0;
     for (int st = 0; st < s->stages; st++)
-        c.allreduce[st] = -1;
-    if (check_ops(&c) || check_matching(&c) || check_order(&c) || check_deadlock(&c))
+        c->boff[st + 1] = c->boff[st] + (size_t)s->lists[st].buckets;
+    if (check_ops(c) || check_matching(c) || check_order(c))
+        return -1;
+    return 0;
+}
+
+int schedule_verify(const schedule *s, schedule_report *report)
+{
+    if (report)
+        memset(report, 0, sizeof *report);
+    verify_ctx c;
+    int rc = -1;
+    if (ctx_check(&c, s) || check_deadlock(&c))
         goto done;
     if (report && compute_peaks(s, report))
         goto done;
     rc = 0;
 done:
-    free(c.pos);
-    free(c.allreduce);
+    ctx_free(&c);
+    return rc;
+}
+
+/* Replica r's failure, with the verifier's message behind it. */
+static int replica_error(int r)
+{
+    char why[1024];
+    snprintf(why, sizeof why, "%s", pt_error_get());
+    return pt_error_set("replica %d: %s", r, why);
+}
+
+/* Per stage, the replicas start the same buckets in the same order as replica 0. */
+static int check_collective_order(const verify_ctx *cs, int replicas)
+{
+    const schedule *s0 = cs[0].s;
+    for (int r = 1; r < replicas; r++) {
+        const schedule *s = cs[r].s;
+        for (int st = 0; st < s0->stages; st++) {
+            const schedule_list *l0 = &s0->lists[st], *l = &s->lists[st];
+            if (l->buckets != l0->buckets)
+                return pt_error_set("replica %d stage %d: %d buckets, replica 0 has %d; the "
+                                    "replicas of a stage must reduce the same buckets", r,
+                                    st, l->buckets, l0->buckets);
+            int i0 = 0, i = 0;
+            for (int k = 0; k < l0->buckets; k++) {
+                while (l0->ops[i0].kind != SCHED_OP_ALLREDUCE) /* verified: B of each */
+                    i0++;
+                while (l->ops[i].kind != SCHED_OP_ALLREDUCE)
+                    i++;
+                if (l->ops[i].bucket != l0->ops[i0].bucket)
+                    return pt_error_set("replica %d stage %d op %d: starts the reduction of "
+                                        "bucket %d where replica 0 starts bucket %d (op %d, "
+                                        "its collective number %d); the replicas of a stage "
+                                        "must start their collectives in the same order, or "
+                                        "MPI pairs different buckets and hangs", r, st, i,
+                                        l->ops[i].bucket, l0->ops[i0].bucket, i0, k);
+                i0++;
+                i++;
+            }
+        }
+    }
+    return 0;
+}
+
+int schedule_verify_replicas(const schedule *const *per_replica, int replicas)
+{
+    if (!per_replica || replicas < 1)
+        return pt_error_set("schedule_verify_replicas: need at least one replica's schedule "
+                            "(got %d)", replicas);
+    verify_ctx *cs = calloc((size_t)replicas, sizeof *cs);
+    if (!cs)
+        return pt_error_set("schedule_verify_replicas: out of memory");
+    int rc = -1, r = 0;
+    for (; r < replicas; r++) {
+        if (ctx_check(&cs[r], per_replica[r]) || check_deadlock(&cs[r])) {
+            replica_error(r);
+            goto done;
+        }
+        if (cs[r].s->stages != cs[0].s->stages) {
+            pt_error_set("replica %d: %d stages, replica 0 has %d; the replicas must run the "
+                         "same pipeline", r, cs[r].s->stages, cs[0].s->stages);
+            goto done;
+        }
+    }
+    if (check_collective_order(cs, replicas))
+        goto done;
+    rc = 0;
+done:
+    for (int q = 0; q < replicas; q++)
+        ctx_free(&cs[q]);
+    free(cs);
     return rc;
 }
 

@@ -418,6 +418,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
             if (engine_step(g, opt, i)) return -1;
             break;
         case SCHED_OP_ALLREDUCE:
+        case SCHED_OP_REDUCE_WAIT:
         case SCHED_OP_RECOMPUTE:
         case SCHED_OP_COUNT:
             return pt_error_set("rank %d: instruction %s is not supported by this executor",
