@@ -17,6 +17,7 @@
 #include "src/base/clock.h"
 #include "src/cuda_plugin.h"
 #include "src/base/error.h"
+#include "src/base/mpi_check.h"
 #include "src/exec.h"
 #include "src/options.h"
 #include "src/train_options.h"
@@ -32,11 +33,13 @@ void openblas_set_num_threads(int);
  * every rank returns −1, so that all of them exit non-zero. */
 static int agree(int status, MPI_Comm comm, double timeout)
 {
-    int rank, size;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
+    int rank = 0, size = 1;
+    if (PT_MPI_CALL(MPI_Comm_rank(comm, &rank)) || PT_MPI_CALL(MPI_Comm_size(comm, &size)))
+        status = -1;
     int first_bad = status ? rank : INT_MAX;
-    if (exec_allreduce(&first_bad, 1, MPI_INT, MPI_MIN, comm, timeout)) {
+    /* after an MPI error the others may wait in another collective: end the job */
+    if ((status && pt_mpi_failed()) ||
+        exec_allreduce(&first_bad, 1, MPI_INT, MPI_MIN, comm, timeout)) {
         /* a rank that never arrives may be hung: only ending the job helps */
         fprintf(stderr, "pipetrain: %s\n", pt_error_get());
         fflush(stderr);
@@ -117,7 +120,10 @@ static int choose_partition(const train_options *o, const net_desc *net, partiti
             }
         }
         MPI_Request req;
-        MPI_Ibcast(costs, 2 * n, MPI_DOUBLE, 0, comm, &req);
+        if (PT_MPI_CALL(MPI_Ibcast(costs, 2 * n, MPI_DOUBLE, 0, comm, &req))) {
+            free(costs);
+            return -1;
+        }
         if (exec_allreduce(&ok, 1, MPI_INT, MPI_MIN, comm, o->timeout)) rc = -1;
         if (exec_wait_collective(&req, comm, o->timeout)) rc = -1;
         if (!rc && !ok) rc = rank == 0 ? -1 : pt_error_set("rank 0 could not profile the layers");
@@ -178,8 +184,8 @@ static void figures_free(stage_figures *f)
 static int gather_figures(exec_t *ex, MPI_Comm comm, double timeout, stage_figures *f)
 {
     int rank, size;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
+    PT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    PT_MPI_CHECK(MPI_Comm_size(comm, &size));
     memset(f, 0, sizeof *f);
     double *block = calloc(7 * (size_t)size, sizeof *block);
     if (!block) return pt_error_set("out of memory");
@@ -240,12 +246,13 @@ static void print_json_array(const char *name, const double *v, int n)
 /* Ends the job on every rank: a rank that timed out cannot count on the others. */
 static void abort_job(MPI_Comm comm)
 {
-    int rank;
-    char host[64] = "";
-    MPI_Comm_rank(comm, &rank);
+    int rank = -1;
+    char host[64] = "", msg[1024];
+    snprintf(msg, sizeof msg, "%s", pt_error_get()); /* a failing MPI call records its own */
+    if (PT_MPI_CALL(MPI_Comm_rank(comm, &rank)))
+        fprintf(stderr, "pipetrain: %s\n", pt_error_get());
     gethostname(host, sizeof host - 1);
     /* executor messages already name the rank and host */
-    const char *msg = pt_error_get();
     if (strncmp(msg, "rank ", 5) == 0) fprintf(stderr, "pipetrain: %s\n", msg);
     else fprintf(stderr, "pipetrain: rank %d (%s): %s\n", rank, host, msg);
     fflush(stderr);
@@ -270,8 +277,8 @@ int train_main(int argc, char **argv)
 {
     MPI_Comm comm = MPI_COMM_WORLD;
     int rank, size;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
+    if (PT_MPI_CALL(MPI_Comm_rank(comm, &rank)) || PT_MPI_CALL(MPI_Comm_size(comm, &size)))
+        abort_job(comm);
 
     train_options o;
     int prc = train_options_parse(&o, argc, argv);
@@ -301,9 +308,10 @@ int train_main(int argc, char **argv)
         } else {
             MPI_Comm node;
             int local = 1;
-            MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-            MPI_Comm_size(node, &local);
-            MPI_Comm_free(&node);
+            if (PT_MPI_CALL(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank,
+                                                MPI_INFO_NULL, &node)) ||
+                PT_MPI_CALL(MPI_Comm_size(node, &local)) || PT_MPI_CALL(MPI_Comm_free(&node)))
+                abort_job(comm);
             long cores = sysconf(_SC_NPROCESSORS_ONLN);
             o.threads = cores / local > 0 ? (int)(cores / local) : 1;
         }
@@ -432,6 +440,7 @@ int train_main(int argc, char **argv)
     stage_figures fig;
     if (gather_figures(ex, comm, o.timeout, &fig)) abort_job(comm);
     if (o.trace && exec_write_trace(ex, o.trace)) {
+        if (pt_mpi_failed()) abort_job(comm);
         if (rank == 0) fprintf(stderr, "pipetrain: %s\n", pt_error_get());
         figures_free(&fig);
         goto done;
