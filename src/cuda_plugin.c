@@ -18,6 +18,7 @@
 #endif
 
 #include "src/base/error.h"
+#include "src/base/mpi_check.h"
 #include "topologies/topo.h"
 
 /* The outcome of the one load attempt: a second call gets the same plugin or message. */
@@ -125,7 +126,7 @@ int cuda_mpi_aware(void)
     if (env && (!strcmp(env, "0") || !strcmp(env, "1"))) return env[0] == '1';
     int aware = 0;
 #if defined(MPIX_GPU_SUPPORT_CUDA)
-    int supported = 0; /* MPICH ≥ 4 */
+    int supported = 0; /* MPICH ≥ 4; a failed query means no (host-staged messages) */
     if (MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &supported) == MPI_SUCCESS)
         aware = supported != 0;
 #elif defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
@@ -201,15 +202,14 @@ int cuda_pick_device(MPI_Comm comm, const cuda_plugin *p, int verbose, int *devi
 {
     *device = -1;
     int rank, size, lrank, lsize, n = 0, ok = 1, pos = 0, sharing = 0;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
+    PT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    PT_MPI_CHECK(MPI_Comm_size(comm, &size));
     char host[64] = "?", err[512] = "", why[512] = "", cores[128] = "", how[1024] = "";
     gethostname(host, sizeof host - 1);
     MPI_Comm local, group;
-    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local))
-        return pt_error_set("rank %d on %s: MPI_Comm_split_type failed", rank, host);
-    MPI_Comm_rank(local, &lrank);
-    MPI_Comm_size(local, &lsize);
+    PT_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));
+    PT_MPI_CHECK(MPI_Comm_rank(local, &lrank));
+    PT_MPI_CHECK(MPI_Comm_size(local, &lsize));
     const int rc = p->device_count(&n);
     if (rc < 0 || n <= 0) {
         snprintf(err, sizeof err, "%s", rc < 0 ? pt_error_get()
@@ -219,13 +219,13 @@ int cuda_pick_device(MPI_Comm comm, const cuda_plugin *p, int verbose, int *devi
     /* Whatever happened, every rank takes part in the same collectives below. The ranks
      * with the same nearest GPUs take them in turn, in local rank order. */
     unsigned mask = ok ? near_devices(p, n, why, sizeof why, cores, sizeof cores) : 0;
-    MPI_Comm_split(local, mask ? (int)mask : MPI_UNDEFINED, lrank, &group);
+    PT_MPI_CHECK(MPI_Comm_split(local, mask ? (int)mask : MPI_UNDEFINED, lrank, &group));
     if (group != MPI_COMM_NULL) {
-        MPI_Comm_rank(group, &pos);
-        MPI_Comm_size(group, &sharing);
-        MPI_Comm_free(&group);
+        PT_MPI_CHECK(MPI_Comm_rank(group, &pos));
+        PT_MPI_CHECK(MPI_Comm_size(group, &sharing));
+        PT_MPI_CHECK(MPI_Comm_free(&group));
     }
-    MPI_Comm_free(&local);
+    PT_MPI_CHECK(MPI_Comm_free(&local));
 
     if (ok && mask) {
         char list[MAX_DEVICES * 4] = "";
@@ -258,10 +258,10 @@ int cuda_pick_device(MPI_Comm comm, const cuda_plugin *p, int verbose, int *devi
         else
             snprintf(line, sizeof line, "rank %d on %s: %s", rank, host, err);
         enum { TAG = 0x7c0d };
-        if (rank != 0)
-            MPI_Send(line, sizeof line, MPI_CHAR, 0, TAG, comm);
+        if (rank != 0) PT_MPI_CHECK(MPI_Send(line, sizeof line, MPI_CHAR, 0, TAG, comm));
         for (int r = 0; rank == 0 && r < size; r++) {
-            if (r) MPI_Recv(line, sizeof line, MPI_CHAR, r, TAG, comm, MPI_STATUS_IGNORE);
+            if (r) PT_MPI_CHECK(MPI_Recv(line, sizeof line, MPI_CHAR, r, TAG, comm,
+                                         MPI_STATUS_IGNORE));
             printf("%s\n", line);
         }
         fflush(stdout);

@@ -11,6 +11,7 @@
 
 #include "src/cuda_plugin.h"
 #include "src/base/error.h"
+#include "src/base/mpi_check.h"
 #include "topologies/topo.h"
 
 typedef struct {
@@ -191,22 +192,26 @@ int devices_cmd(int argc, char **argv)
     cuda_list(&l);
 
     /* MPI only for its CUDA-awareness, which is asked at run time */
-    int was_init = 0, aware, len = 0;
-    MPI_Initialized(&was_init);
-    if (!was_init) MPI_Init(NULL, NULL);
-    char mpi_lib[MPI_MAX_LIBRARY_VERSION_STRING] = "";
-    MPI_Get_library_version(mpi_lib, &len);
-    mpi_lib[strcspn(mpi_lib, "\n")] = '\0'; /* the first line names the library */
-    for (char *c = mpi_lib; *c; c++)
-        if (*c == '\t') *c = ' ';
-    aware = cuda_mpi_aware();
-    if (!was_init) MPI_Finalize();
+    int was_init = 0, we_init = 0, aware = 0, len = 0;
+    char mpi_lib[MPI_MAX_LIBRARY_VERSION_STRING] = "unknown (MPI failed)";
+    int mpi_ok = !PT_MPI_CALL(MPI_Initialized(&was_init));
+    if (mpi_ok && !was_init) mpi_ok = we_init = !PT_MPI_CALL(MPI_Init(NULL, NULL));
+    if (mpi_ok && we_init) mpi_ok = !pt_mpi_errors_return();
+    if (mpi_ok) mpi_ok = !PT_MPI_CALL(MPI_Get_library_version(mpi_lib, &len));
+    if (mpi_ok) {
+        mpi_lib[strcspn(mpi_lib, "\n")] = '\0'; /* the first line names the library */
+        for (char *c = mpi_lib; *c; c++)
+            if (*c == '\t') *c = ' ';
+        aware = cuda_mpi_aware();
+    }
+    if (mpi_ok && we_init) mpi_ok = !PT_MPI_CALL(MPI_Finalize());
+    if (!mpi_ok) fprintf(stderr, "pipetrain devices: %s\n", pt_error_get());
 
     const topo_machine *m = t ? topo_get_machine(t) : NULL;
     if (json) print_json(m, topo_err, &l, mpi_lib, aware);
     else print_text(m, topo_err, &l, mpi_lib, aware);
     fflush(stdout);
-    int failed = !m;
+    int failed = !m || !mpi_ok;
     for (int d = 0; d < l.n; d++) failed |= l.failed[d];
     cuda_listing_free(&l);
     topo_free(t);

@@ -198,9 +198,21 @@ static int cpu_finish(engine *e, engine_result *r)
 }
 
 static const engine_ops cpu_ops = {
-    "cpu",          cpu_destroy,    cpu_init_params, cpu_read_params, cpu_write_params,
-    cpu_load,       cpu_forward,    cpu_backward,    cpu_release,     cpu_step,
-    cpu_msg_buffer, cpu_msg_received, cpu_msg_prepare, cpu_msg_ready, cpu_finish,
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .init_params = cpu_init_params,
+    .read_params = cpu_read_params,
+    .write_params = cpu_write_params,
+    .load = cpu_load,
+    .forward = cpu_forward,
+    .backward = cpu_backward,
+    .release = cpu_release,
+    .step = cpu_step,
+    .msg_buffer = cpu_msg_buffer,
+    .msg_received = cpu_msg_received,
+    .msg_prepare = cpu_msg_prepare,
+    .msg_ready = cpu_msg_ready,
+    .finish = cpu_finish,
 };
 
 int engine_cpu_create(engine **out, const engine_config *cfg)

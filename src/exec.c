@@ -12,6 +12,7 @@
 #include "kernels/kernels.h"
 #include "src/base/clock.h"
 #include "src/base/error.h"
+#include "src/base/mpi_check.h"
 #include "src/trace.h"
 
 /* Message tags name the micro-batch and the direction. They wrap below 32767, the least
@@ -73,15 +74,15 @@ static int test_politely(exec_t *e, MPI_Request *req, double t0, double timeout_
     enum { SPIN_TESTS = 64 };
     int done = 0;
     for (int i = 0; i < SPIN_TESTS && !done; i++)
-        if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return -1;
+        PT_MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
     while (!done) {
         if (pt_now() - t0 > timeout_s) {
             *timed_out = 1;
             return 0;
         }
-        if (e && e->n_pending && progress_sends(e)) return -2;
+        if (e && e->n_pending && progress_sends(e)) return -1;
         polite_pause();
-        if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return -1;
+        PT_MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
     }
     return 0;
 }
@@ -90,11 +91,7 @@ static int wait_request(exec_t *e, MPI_Request *req, const char *what, int m, in
 {
     if (*req == MPI_REQUEST_NULL) return 0;
     int timed_out = 0;
-    int rc = test_politely(e, req, pt_now(), e->cfg.timeout_s, &timed_out);
-    if (rc == -2) return -1;
-    if (rc)
-        return pt_error_set("rank %d (%s): MPI_Test failed waiting for %s", e->rank, e->host,
-                            what);
+    if (test_politely(e, req, pt_now(), e->cfg.timeout_s, &timed_out)) return -1;
     if (timed_out)
         return pt_error_set("rank %d (%s, stage %d): no progress for %.0f s waiting for %s "
                                 "of micro-batch %d %s stage %d (--timeout); a peer has died or "
@@ -107,19 +104,17 @@ int exec_allreduce(void *buf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm 
                    double timeout_s)
 {
     MPI_Request req;
-    if (MPI_Iallreduce(MPI_IN_PLACE, buf, count, type, op, comm, &req) != MPI_SUCCESS)
-        return pt_error_set("MPI_Iallreduce failed");
+    PT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, count, type, op, comm, &req));
     return exec_wait_collective(&req, comm, timeout_s);
 }
 
 int exec_wait_collective(MPI_Request *req, MPI_Comm comm, double timeout_s)
 {
     int timed_out = 0;
-    if (test_politely(NULL, req, pt_now(), timeout_s, &timed_out))
-        return pt_error_set("MPI_Test failed in a collective");
+    if (test_politely(NULL, req, pt_now(), timeout_s, &timed_out)) return -1;
     if (timed_out) {
         int rank;
-        MPI_Comm_rank(comm, &rank);
+        PT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
         return pt_error_set("rank %d: no progress for %.0f s in a collective (--timeout); "
                             "another rank has died or stalled", rank, timeout_s);
     }
@@ -131,8 +126,8 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
 {
     *out = NULL;
     int rank, size;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
+    PT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    PT_MPI_CHECK(MPI_Comm_size(comm, &size));
     if (part->stages != size || sched->stages != size)
         return pt_error_set("the job has %d ranks but the layout has %d stages: run with "
                             "mpiexec -n %d", size, part->stages, part->stages);
@@ -253,9 +248,9 @@ static int progress_sends(exec_t *e)
             rc = -1;
             break;
         }
-        if (MPI_Isend(buf, p->count, MPI_FLOAT, p->peer, p->tag, e->comm, p->req) !=
-            MPI_SUCCESS) {
-            rc = pt_error_set("rank %d: MPI_Isend to rank %d failed", e->rank, p->peer);
+        if (PT_MPI_CALL(MPI_Isend(buf, p->count, MPI_FLOAT, p->peer, p->tag, e->comm,
+                                  p->req))) {
+            rc = -1;
             break;
         }
         done++;
@@ -274,8 +269,7 @@ static int post_recv(exec_t *e, engine_msg kind, int b, int count, int peer, int
 {
     void *buf = engine_msg_buffer(e->eng, kind, b);
     if (!buf) return -1;
-    if (MPI_Irecv(buf, count, MPI_FLOAT, peer, tag, e->comm, req) != MPI_SUCCESS)
-        return pt_error_set("rank %d: MPI_Irecv from rank %d failed", e->rank, peer);
+    PT_MPI_CHECK(MPI_Irecv(buf, count, MPI_FLOAT, peer, tag, e->comm, req));
     return 0;
 }
 
@@ -320,6 +314,14 @@ static void stall_forever(int die)
     for (;;) pause();
 }
 
+/* Testing: an invalid MPI call in the middle of a step, which MPI refuses. */
+static int post_invalid_send(exec_t *e)
+{
+    MPI_Request req;
+    PT_MPI_CHECK(MPI_Isend(e->pending, -1, MPI_FLOAT, e->rank, TAG_ACT, e->comm, &req));
+    return pt_error_set("rank %d: MPI accepted a send of -1 floats", e->rank);
+}
+
 /* After the engine has finished the step: its timed operations into the figures and the
  * trace. */
 static double account_ticks(exec_t *e, const schedule_list *list)
@@ -352,8 +354,9 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
     int mb = e->mb, M = e->cfg.microbatches, base = e->half * M;
     engine *g = e->eng;
     double t_step = pt_now();
-    if (e->cfg.stall_rank == e->rank && (long)step == e->cfg.stall_step)
-        stall_forever(e->cfg.stall_kills);
+    int fault = e->cfg.stall_rank == e->rank && (long)step == e->cfg.stall_step;
+    if (fault && e->cfg.stall_kills != EXEC_STALL_MPI_ERROR)
+        stall_forever(e->cfg.stall_kills == EXEC_STALL_KILL);
 
     /* Post every receive of the step up front: a message may arrive before we wait. */
     for (int i = 0; i < list->n_ops; i++) {
@@ -368,6 +371,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
                       tag_of(TAG_GRAD, m), &e->req_grad[m]))
             return -1;
     }
+    if (fault && post_invalid_send(e)) return -1;
     /* Every micro-batch's samples: pixels on stage 0, labels on the last stage; already
      * there when the previous step loaded them. */
     for (int m = 0; m < M && !e->prefetched; m++)
@@ -523,9 +527,9 @@ int exec_gather_params(exec_t *e, float *all)
     /* A rank whose copy failed sends nothing: rank 0 then sees a short model, and every
      * rank still takes part in both gathers. */
     int mine = ok ? (int)e->eng->param_count : 0;
-    if (MPI_Gather(&mine, 1, MPI_INT, counts, 1, MPI_INT, 0, e->comm) != MPI_SUCCESS) {
+    if (PT_MPI_CALL(MPI_Gather(&mine, 1, MPI_INT, counts, 1, MPI_INT, 0, e->comm))) {
         free(local);
-        return pt_error_set("MPI_Gather of parameter counts failed");
+        return -1;
     }
     long total = 0;
     if (e->rank == 0)
@@ -534,9 +538,10 @@ int exec_gather_params(exec_t *e, float *all)
             total += counts[r];
         }
     /* stages hold consecutive layers, so their blocks concatenate into the whole model */
-    int rc = MPI_Gatherv(local, mine, MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0, e->comm);
+    int rc = PT_MPI_CALL(MPI_Gatherv(local, mine, MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0,
+                                     e->comm));
     free(local);
-    if (rc != MPI_SUCCESS) return pt_error_set("MPI_Gatherv of parameters failed");
+    if (rc) return -1;
     if (!ok) return -1;
     if (e->rank == 0 && (size_t)total != e->net->param_count)
         return pt_error_set("gathering the parameters: another stage could not read its own");
@@ -567,7 +572,7 @@ int exec_write_trace(exec_t *e, const char *path)
     /* Events travel as raw bytes: every rank runs the same binary on one architecture. */
     int bytes = (int)(e->trace.n * sizeof(trace_event));
     int counts[e->size], displs[e->size];
-    MPI_Gather(&bytes, 1, MPI_INT, counts, 1, MPI_INT, 0, e->comm);
+    PT_MPI_CHECK(MPI_Gather(&bytes, 1, MPI_INT, counts, 1, MPI_INT, 0, e->comm));
     char *all = NULL;
     long total = 0;
     if (e->rank == 0) {
@@ -578,15 +583,22 @@ int exec_write_trace(exec_t *e, const char *path)
         all = malloc(total ? (size_t)total : 1);
     }
     int ok = e->rank != 0 || all != NULL;
-    MPI_Bcast(&ok, 1, MPI_INT, 0, e->comm);
+    if (PT_MPI_CALL(MPI_Bcast(&ok, 1, MPI_INT, 0, e->comm))) {
+        free(all);
+        return -1;
+    }
     if (!ok) return pt_error_set("out of memory for the trace (%ld bytes)", total);
-    MPI_Gatherv(e->trace.events, bytes, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, e->comm);
+    if (PT_MPI_CALL(MPI_Gatherv(e->trace.events, bytes, MPI_BYTE, all, counts, displs, MPI_BYTE,
+                                0, e->comm))) {
+        free(all);
+        return -1;
+    }
     int rc = 0;
     if (e->rank == 0) {
         rc = trace_write_json(path, (trace_event *)all, (int)(total / sizeof(trace_event)),
                               e->size);
         free(all);
     }
-    MPI_Bcast(&rc, 1, MPI_INT, 0, e->comm);
+    PT_MPI_CHECK(MPI_Bcast(&rc, 1, MPI_INT, 0, e->comm));
     return rc;
 }

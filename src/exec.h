@@ -23,12 +23,16 @@ typedef struct {
     int trace;             /* record events for exec_write_trace */
     int stall_rank;        /* testing: this rank stops responding at stall_step (−1: never) */
     long stall_step;
-    int stall_kills;       /* testing: ... by dying of SIGKILL instead */
+    int stall_kills;       /* testing: ... or another fault there (EXEC_STALL_*) */
     engine_device device;  /* where the stage runs */
     int gpu;               /* CUDA device number (device == ENGINE_CUDA) */
     int device_messages;   /* CUDA: MPI sends device memory (CUDA-aware MPI) */
     int debug_ready_delay; /* testing: see engine_config */
 } exec_config;
+
+/* Testing faults at stall_rank:stall_step (exec_config.stall_kills): stop responding, die
+ * of SIGKILL, or make one invalid MPI call (a send of −1 floats) as a bug would. */
+enum { EXEC_STALL_HANG = 0, EXEC_STALL_KILL = 1, EXEC_STALL_MPI_ERROR = 2 };
 
 typedef struct {
     double loss_sum;       /* summed over the batch's samples (every rank gets it) */

@@ -13,6 +13,7 @@
 #include "src/cmd_topo.h"
 #include "src/devices.h"
 #include "src/base/error.h"
+#include "src/base/mpi_check.h"
 #include "src/model/net.h"
 #include "src/options.h"
 #include "src/safetensors.h"
@@ -238,14 +239,25 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "train")) {
         /* the stage's worker threads never call MPI; only this one does */
         int provided = MPI_THREAD_SINGLE;
-        MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+        if (PT_MPI_CALL(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided))) {
+            fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+            return 1;
+        }
+        /* MPI errors return to the caller, which says where (src/base/mpi_check.h) */
+        if (pt_mpi_errors_return()) {
+            fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
         if (provided < MPI_THREAD_FUNNELED) {
             fprintf(stderr, "pipetrain: this MPI cannot run threads beside MPI (level %d)\n",
                     provided);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
         int rc = train_main(argc, argv);
-        MPI_Finalize();
+        if (PT_MPI_CALL(MPI_Finalize())) {
+            fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+            if (!rc) rc = 1;
+        }
         return rc;
     }
     if (!strcmp(cmd, "summary")) return cmd_summary(argc, argv);

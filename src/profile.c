@@ -82,7 +82,8 @@ int partition_profile_measure_on(partition_profile *prof, const net_desc *net, i
     int64_t *ids = calloc((size_t)batch, sizeof *ids);
     /* a data set of random images for the first layer, labels for the last */
     size_t px = layer_shape_count(net->input);
-    dataset fake = {batch, (int)px, 1, malloc((size_t)batch * px), calloc((size_t)batch, 4)};
+    dataset fake = {.count = batch, .rows = (int)px, .cols = 1,
+                    .pixels = malloc((size_t)batch * px), .labels = calloc((size_t)batch, 4)};
     if (!prof->fwd_s || !prof->bwd_s || !tf || !tb || !ids || !fake.pixels || !fake.labels) {
         pt_error_set("profile: out of memory");
         goto fail;

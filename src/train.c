@@ -18,6 +18,7 @@
 #include "src/base/clock.h"
 #include "src/cuda_plugin.h"
 #include "src/base/error.h"
+#include "src/base/mpi_check.h"
 #include "src/exec.h"
 #include "src/options.h"
 #include "src/train_options.h"
@@ -34,11 +35,13 @@ void openblas_set_num_threads(int);
  * every rank returns −1, so that all of them exit non-zero. */
 static int agree(int status, MPI_Comm comm, double timeout)
 {
-    int rank, size;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
+    int rank = 0, size = 1;
+    if (PT_MPI_CALL(MPI_Comm_rank(comm, &rank)) || PT_MPI_CALL(MPI_Comm_size(comm, &size)))
+        status = -1;
     int first_bad = status ? rank : INT_MAX;
-    if (exec_allreduce(&first_bad, 1, MPI_INT, MPI_MIN, comm, timeout)) {
+    /* after an MPI error the others may wait in another collective: end the job */
+    if ((status && pt_mpi_failed()) ||
+        exec_allreduce(&first_bad, 1, MPI_INT, MPI_MIN, comm, timeout)) {
         /* a rank that never arrives may be hung: only ending the job helps */
         fprintf(stderr, "pipetrain: %s\n", pt_error_get());
         fflush(stderr);
@@ -119,7 +122,10 @@ static int choose_partition(const train_options *o, const net_desc *net, partiti
             }
         }
         MPI_Request req;
-        MPI_Ibcast(costs, 2 * n, MPI_DOUBLE, 0, comm, &req);
+        if (PT_MPI_CALL(MPI_Ibcast(costs, 2 * n, MPI_DOUBLE, 0, comm, &req))) {
+            free(costs);
+            return -1;
+        }
         if (exec_allreduce(&ok, 1, MPI_INT, MPI_MIN, comm, o->timeout)) rc = -1;
         if (exec_wait_collective(&req, comm, o->timeout)) rc = -1;
         if (!rc && !ok) rc = rank == 0 ? -1 : pt_error_set("rank 0 could not profile the layers");
@@ -158,8 +164,8 @@ static void figures_free(stage_figures *f)
 static int gather_figures(exec_t *ex, MPI_Comm comm, double timeout, stage_figures *f)
 {
     int rank, size;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
+    PT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    PT_MPI_CHECK(MPI_Comm_size(comm, &size));
     memset(f, 0, sizeof *f);
     double *block = calloc(7 * (size_t)size, sizeof *block);
     if (!block) return pt_error_set("out of memory");
@@ -189,12 +195,13 @@ static int gather_figures(exec_t *ex, MPI_Comm comm, double timeout, stage_figur
 /* Ends the job on every rank: a rank that timed out cannot count on the others. */
 static void abort_job(MPI_Comm comm)
 {
-    int rank;
-    char host[64] = "";
-    MPI_Comm_rank(comm, &rank);
+    int rank = -1;
+    char host[64] = "", msg[1024];
+    snprintf(msg, sizeof msg, "%s", pt_error_get()); /* a failing MPI call records its own */
+    if (PT_MPI_CALL(MPI_Comm_rank(comm, &rank)))
+        fprintf(stderr, "pipetrain: %s\n", pt_error_get());
     gethostname(host, sizeof host - 1);
     /* executor messages already name the rank and host */
-    const char *msg = pt_error_get();
     if (strncmp(msg, "rank ", 5) == 0) fprintf(stderr, "pipetrain: %s\n", msg);
     else fprintf(stderr, "pipetrain: rank %d (%s): %s\n", rank, host, msg);
     fflush(stderr);
@@ -253,9 +260,10 @@ static int setup_threads(train_run *run)
         } else {
             MPI_Comm node;
             int local = 1;
-            MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, run->rank, MPI_INFO_NULL, &node);
-            MPI_Comm_size(node, &local);
-            MPI_Comm_free(&node);
+            if (PT_MPI_CALL(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, run->rank,
+                                                MPI_INFO_NULL, &node)) ||
+                PT_MPI_CALL(MPI_Comm_size(node, &local)) || PT_MPI_CALL(MPI_Comm_free(&node)))
+                abort_job(comm);
             long cores = sysconf(_SC_NPROCESSORS_ONLN);
             o->threads = cores / local > 0 ? (int)(cores / local) : 1;
         }
@@ -461,8 +469,9 @@ static int finish_run(train_run *run, train_results *res)
 int train_main(int argc, char **argv)
 {
     train_run run = {.comm = MPI_COMM_WORLD};
-    MPI_Comm_rank(run.comm, &run.rank);
-    MPI_Comm_size(run.comm, &run.size);
+    if (PT_MPI_CALL(MPI_Comm_rank(run.comm, &run.rank)) ||
+        PT_MPI_CALL(MPI_Comm_size(run.comm, &run.size)))
+        abort_job(run.comm);
     stamp_start(&run);
 
     int prc = train_options_parse(&run.o, argc, argv);

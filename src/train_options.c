@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "src/base/error.h"
+#include "src/exec.h"
 #include "src/options.h"
 
 void train_options_usage(FILE *f)
@@ -66,7 +67,7 @@ int train_options_parse(train_options *o, int argc, char **argv)
     enum { O_MODEL = 256, O_DATA, O_EPOCHS, O_STEPS, O_BATCH, O_LR, O_OPT, O_MOM, O_WD, O_SEED,
            O_SHUFFLE, O_VAL, O_THREADS, O_LOAD, O_SAVE, O_JSON, O_HELP, O_STAGES, O_MICRO,
            O_SCHED, O_PART, O_TRACE, O_TIMEOUT, O_BIND, O_VERBOSE, O_TRAIN_N, O_TEST_N,
-           O_STALL, O_WARMUP, O_KILL, O_DEVICE, O_DELAY, O_PROGRESS };
+           O_STALL, O_WARMUP, O_KILL, O_DEVICE, O_DELAY, O_PROGRESS, O_MPI_ERROR };
     static const struct option longopts[] = {
         {"model", required_argument, 0, O_MODEL}, {"data", required_argument, 0, O_DATA},
         {"epochs", required_argument, 0, O_EPOCHS}, {"steps", required_argument, 0, O_STEPS},
@@ -90,6 +91,7 @@ int train_options_parse(train_options *o, int argc, char **argv)
         {"debug-stall", required_argument, 0, O_STALL}, /* testing: RANK:STEP */
         {"debug-kill", required_argument, 0, O_KILL},   /* testing: RANK:STEP */
         {"debug-delay-sends", required_argument, 0, O_DELAY}, /* testing: POLLS */
+        {"debug-mpi-error", required_argument, 0, O_MPI_ERROR}, /* testing: RANK:STEP */
         {0, 0, 0, 0}};
     long v;
     double d;
@@ -197,9 +199,11 @@ int train_options_parse(train_options *o, int argc, char **argv)
             break;
         case O_STALL:
         case O_KILL:
+        case O_MPI_ERROR:
             if (sscanf(optarg, "%d:%ld", &o->stall_rank, &o->stall_step) != 2)
                 return pt_error_set("%s %s: expected RANK:STEP", argv[optind - 2], optarg);
-            o->kill = c == O_KILL;
+            o->kill = c == O_KILL ? EXEC_STALL_KILL
+                      : c == O_MPI_ERROR ? EXEC_STALL_MPI_ERROR : EXEC_STALL_HANG;
             break;
         default:
             return pt_error_set("unknown or incomplete option %s (see pipetrain train --help)",

@@ -19,7 +19,7 @@ typedef struct {
     double timeout;
     unsigned long long seed;
     optimizer_config opt;
-    int stall_rank, kill; /* testing: stop responding (or die, with kill) at a step */
+    int stall_rank, kill; /* testing: stop responding, or another fault (EXEC_STALL_*) */
     long stall_step;
     int ready_delay; /* testing: outgoing messages become ready late, as after a GPU copy */
 } train_options;

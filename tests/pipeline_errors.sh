@@ -44,4 +44,12 @@ expect_fail "non-finite loss names the step" "not finite" \
     --optimizer sgd --lr 1e6
 expect_fail "bad option value" "--batch" \
     "$MPIEXEC" -n 2 "$PIPETRAIN" train --model "$CNN" --stages 2 --batch 12x
+# An MPI call that fails in the middle of a step (an invalid send, on rank 1 at step 2)
+# ends every rank within seconds, with the rank, pipetrain's line and MPI's own text.
+SECONDS=0
+expect_fail "MPI error in a step" "rank 1 (.*): MPI_Isend failed at src/exec.c:[0-9]*: Invalid count" \
+    "$MPIEXEC" -n 2 "$PIPETRAIN" train --model "$CNN" --stages 2 "${T[@]}" --steps 5 \
+    --partition params --debug-mpi-error 1:2
+if [ "$SECONDS" -le 20 ]; then pass "MPI error ends the job in $SECONDS s"
+else failed "MPI error: the job took $SECONDS s to end"; fi
 finish

@@ -7,15 +7,15 @@
 #include <unistd.h>
 
 #include "src/base/error.h"
+#include "src/base/mpi_check.h"
 #include "topologies/topo.h"
 
 /* Every rank must learn whether any rank failed, or the ones that succeeded would go on
- * into a job that the others have left. */
+ * into a job that the others have left. 1: all ok, 0: not, −1: the collective failed. */
 static int agree(MPI_Comm comm, int ok)
 {
     int all = 0;
-    if (MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_LAND, comm) != MPI_SUCCESS)
-        return 0;
+    PT_MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_LAND, comm));
     return all;
 }
 
@@ -25,19 +25,19 @@ static int print_lines(MPI_Comm comm, const char *line)
 {
     enum { LEN = 1024 };
     int rank, size;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
+    PT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    PT_MPI_CHECK(MPI_Comm_size(comm, &size));
     char mine[LEN];
     snprintf(mine, sizeof mine, "%s", line);
     char *all = rank == 0 ? malloc((size_t)size * LEN) : NULL;
-    int have = rank != 0 || all;
-    if (!agree(comm, have)) {
+    int have = agree(comm, rank != 0 || all);
+    if (have <= 0) {
         free(all);
-        return pt_error_set("rank %d: out of memory for the binding report", rank);
+        return have ? -1 : pt_error_set("rank %d: out of memory for the binding report", rank);
     }
-    if (MPI_Gather(mine, LEN, MPI_CHAR, all, LEN, MPI_CHAR, 0, comm) != MPI_SUCCESS) {
+    if (PT_MPI_CALL(MPI_Gather(mine, LEN, MPI_CHAR, all, LEN, MPI_CHAR, 0, comm))) {
         free(all);
-        return pt_error_set("rank %d: MPI_Gather of the binding report failed", rank);
+        return -1;
     }
     if (rank == 0) {
         for (int r = 0; r < size; r++)
@@ -52,15 +52,14 @@ int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, int *blas_threa
 {
     *blas_threads_out = 0;
     int rank, local_rank, local_size;
-    MPI_Comm_rank(comm, &rank);
+    PT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
     char host[64] = "?";
     gethostname(host, sizeof host - 1);
     MPI_Comm local;
-    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local) != MPI_SUCCESS)
-        return pt_error_set("rank %d on %s: MPI_Comm_split_type failed", rank, host);
-    MPI_Comm_rank(local, &local_rank);
-    MPI_Comm_size(local, &local_size);
-    MPI_Comm_free(&local);
+    PT_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));
+    PT_MPI_CHECK(MPI_Comm_rank(local, &local_rank));
+    PT_MPI_CHECK(MPI_Comm_size(local, &local_size));
+    PT_MPI_CHECK(MPI_Comm_free(&local));
 
     topo_t *t = NULL;
     int *cores = NULL, n = 0, shared = 0, ok = 1;
@@ -73,6 +72,11 @@ int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, int *blas_threa
     }
     /* every rank takes part in the collectives below, failed or not */
     int all_ok = agree(comm, ok);
+    if (all_ok < 0) {
+        free(cores);
+        topo_free(t);
+        return -1;
+    }
     if (all_ok && verbose) {
         char line[1024], list[128], aff[256];
         topo_format_list(list, sizeof list, cores, n);
