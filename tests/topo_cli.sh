@@ -123,7 +123,7 @@ expect 1 "not a valid hwloc XML topology" \
 mkdir -p "$TMP/no-plugins"
 expect 1 "hwloc cannot read XML topologies on this machine.*apt-get install libhwloc-plugins" \
     env HWLOC_PLUGINS_PATH="$TMP/no-plugins" "$PIPETRAIN" topo --topology "$TWO"
-expect 1 "missing.xml: No such file" "$PIPETRAIN" topo --topology "$TMP/missing.xml"
+expect 1 "missing.xml: cannot open: No such file" "$PIPETRAIN" topo --topology "$TMP/missing.xml"
 expect 1 "no NVIDIA GPU in .*local-2core.xml" \
     "$PIPETRAIN" plan --model "$MODEL" --stages 2 --device cuda --topology "$TWO"
 expect 1 "9 ranks need a GPU each, but 1 node of .* has 8 NVIDIA GPUs" \
