@@ -11,6 +11,8 @@
 
 #include "src/cuda_plugin.h"
 #include "src/base/error.h"
+#include "src/base/io.h"
+#include "src/options.h"
 #include "topologies/topo.h"
 
 typedef struct {
@@ -167,22 +169,36 @@ static void print_json(const topo_machine *m, const char *topo_err, const cuda_l
     printf(",\"cuda_aware\":%s}}\n", aware ? "true" : "false");
 }
 
+enum { O_JSON = 1, O_HELP };
+static const opt_spec devices_opts[] = {
+    {.id = O_JSON, .name = "json", .shared = 1},
+    {.id = O_HELP, .name = "help", .shared = 1},
+    {0},
+};
+static const opt_command devices_command = {
+    .name = "devices",
+    .usage = "pipetrain devices [--json]",
+    .about = "The CPU, every CUDA device (memory, compute capability, SMs, PCI bus, FP32 peak), "
+             "the CUDA versions and whether MPI is CUDA-aware; without a usable GPU it says why "
+             "(exit status 0 all the same).",
+    .opts = devices_opts,
+};
+
 int devices_cmd(int argc, char **argv)
 {
     int json = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) {
-            json = 1;
-        } else if (!strcmp(argv[i], "--help")) {
-            printf("usage: pipetrain devices [--json]\n"
-                   "  the CPU, every CUDA device (memory, compute capability, SMs, PCI bus,\n"
-                   "  FP32 peak), the CUDA versions and whether MPI is CUDA-aware; without a\n"
-                   "  usable GPU it says why (exit status 0 all the same)\n");
-            return 0;
-        } else {
-            fprintf(stderr, "pipetrain devices: unknown option %s\n", argv[i]);
-            return 2;
+    opt_parser p;
+    int id = opt_parser_init(&p, &devices_command, argc, argv) ? OPT_ERROR : OPT_END;
+    while (id != OPT_ERROR && (id = opt_next(&p)) > 0) {
+        if (id == O_JSON) json = 1;
+        if (id == O_HELP) {
+            opt_print_help(&devices_command, stdout);
+            return PT_EXIT_OK;
         }
+    }
+    if (id == OPT_ERROR) {
+        fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+        return PT_EXIT_USAGE;
     }
     topo_t *t = NULL;
     char topo_err[512] = "";
@@ -193,7 +209,10 @@ int devices_cmd(int argc, char **argv)
     /* MPI only for its CUDA-awareness, which is asked at run time */
     int was_init = 0, aware, len = 0;
     MPI_Initialized(&was_init);
-    if (!was_init) MPI_Init(NULL, NULL);
+    if (!was_init) {
+        MPI_Init(NULL, NULL);
+        pt_stdio_whole_lines(); /* MPICH's MPI_Init made stdout unbuffered */
+    }
     char mpi_lib[MPI_MAX_LIBRARY_VERSION_STRING] = "";
     MPI_Get_library_version(mpi_lib, &len);
     mpi_lib[strcspn(mpi_lib, "\n")] = '\0'; /* the first line names the library */
