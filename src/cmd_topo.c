@@ -1,9 +1,6 @@
 /* `pipetrain topo` and `pipetrain plan`: the command-line front ends of the module. They
  * print results to stdout, errors as "pipetrain: message" to stderr, and return the exit
  * status (0 ok, 1 error, 2 usage). */
-#include <errno.h>
-#include <getopt.h>
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,43 +9,66 @@
 #include "src/cmd_topo.h"
 #include "src/base/error.h"
 #include "src/model/net.h"
+#include "src/options.h"
 #include "topologies/topo.h"
 
-#define EXIT_USAGE 2
+enum { O_TOPOLOGY = 1, O_JSON, O_HELP, O_MODEL, O_STAGES, O_REPLICAS, O_NODES, O_PARTITION,
+       O_BATCH, O_MICRO, O_DEVICE, O_GPUS, O_EXCLUSIVE, O_BANDWIDTH, O_LATENCY };
 
-static const char topo_usage[] =
-    "usage: pipetrain topo [--topology FILE] [--json]\n"
-    "Shows the topology of this machine, or of the machine an hwloc XML file describes:\n"
-    "packages, NUMA nodes, cores, hardware threads, caches, GPUs (PCI display / 3D devices)\n"
-    "with the cores near each, and NUMA distance and GPU bandwidth matrices where present.\n"
-    "  -t, --topology FILE  hwloc XML file (see topologies/*.xml) instead of this machine\n"
-    "  -j, --json           print JSON instead of the summary\n"
-    "  -h, --help           this text\n";
+static const opt_spec topo_opts[] = {
+    {.id = O_TOPOLOGY, .name = "topology", .shared = 1},
+    {.id = O_JSON, .name = "json", .shared = 1},
+    {.id = O_HELP, .name = "help", .shared = 1},
+    {0},
+};
+static const opt_command topo_command = {
+    .name = "topo",
+    .usage = "pipetrain topo [--topology FILE] [--json]",
+    .about = "Shows the topology of this machine, or of the machine an hwloc XML file "
+             "describes: packages, NUMA nodes, cores, hardware threads, caches, GPUs (PCI "
+             "display / 3D devices) with the cores near each, and NUMA distance and GPU "
+             "bandwidth matrices where present.",
+    .opts = topo_opts,
+};
 
-static const char plan_usage[] =
-    "usage: pipetrain plan --model FILE --stages K [options]\n"
-    "Partitions the model into K pipeline stages, places the ranks (stage, replica) on the\n"
-    "machine's nodes, GPUs and cores, and predicts the communication time per step of the\n"
-    "chosen placement and of rank order. No MPI launch needed.\n"
-    "  -m, --model FILE        model file (models/*.cfg)\n"
-    "  -k, --stages K          pipeline stages (default 2)\n"
-    "  -r, --replicas R        data-parallel replicas of the pipeline (default 1)\n"
-    "  -n, --nodes N           copies of the machine (default 1)\n"
-    "  -t, --topology FILE     hwloc XML file instead of this machine\n"
-    "  -p, --partition METHOD  uniform | params | time | counts like 4,3,4 (default params)\n"
-    "  -b, --batch B           samples per step per replica (default 128)\n"
-    "  -M, --microbatches M    micro-batches per step (default K); bytes per step do not\n"
-    "                          depend on M, the message size (bytes / M) does\n"
-    "  -d, --device cpu|cuda   cuda: one NVIDIA GPU per rank, cores near it (default cpu)\n"
-    "  -g, --gpus-per-stage G  GPUs per stage: --device cuda with G replicas\n"
-    "  -x, --exclusive         CPU: more ranks than cores is an error, not shared cores\n"
-    "      --bandwidth SPEC    override link bandwidths in bytes/s, e.g.\n"
-    "                          same-package=20e9,cross-package=10e9,cross-node=12.5e9\n"
-    "      --latency SPEC      override link latencies in seconds, e.g. cross-node=2e-6\n"
-    "                          links: same-core same-l3 same-numa same-package cross-package\n"
-    "                          gpu-link pcie cross-node\n"
-    "  -j, --json              print JSON instead of tables\n"
-    "  -h, --help              this text\n";
+static const opt_spec plan_opts[] = {
+    {.id = O_MODEL, .name = "model", .shared = 1},
+    {.id = O_STAGES, .name = "stages", .shared = 1, .required = 1},
+    {.id = O_REPLICAS, .name = "replicas", .letter = 'r', .kind = OPT_INT, .arg = "R",
+     .min = 1, .max = 65536, .def = "1", .help = "data-parallel replicas of the pipeline"},
+    {.id = O_NODES, .name = "nodes", .letter = 'n', .kind = OPT_INT, .arg = "N", .min = 1,
+     .max = 65536, .def = "1", .help = "copies of the machine"},
+    {.id = O_TOPOLOGY, .name = "topology", .shared = 1},
+    {.id = O_PARTITION, .name = "partition", .shared = 1},
+    {.id = O_BATCH, .name = "batch", .shared = 1},
+    {.id = O_MICRO, .name = "microbatches", .shared = 1},
+    {.id = O_DEVICE, .name = "device", .shared = 1},
+    {.id = O_GPUS, .name = "gpus-per-stage", .letter = 'g', .kind = OPT_INT, .arg = "G",
+     .min = 1, .max = 65536, .help = "GPUs per stage: --device cuda with G replicas"},
+    {.id = O_EXCLUSIVE, .name = "exclusive", .letter = 'x', .kind = OPT_FLAG,
+     .help = "CPU: more ranks than cores is an error, not shared cores"},
+    {.id = O_BANDWIDTH, .name = "bandwidth", .kind = OPT_TEXT, .arg = "SPEC",
+     .help = "override link bandwidths in bytes/s, e.g.\n"
+             "same-package=20e9,cross-package=10e9,cross-node=12.5e9"},
+    {.id = O_LATENCY, .name = "latency", .kind = OPT_TEXT, .arg = "SPEC",
+     .help = "override link latencies in seconds, e.g. cross-node=2e-6"},
+    {.id = O_JSON, .name = "json", .shared = 1},
+    {.id = O_HELP, .name = "help", .shared = 1},
+    {0},
+};
+static const opt_command plan_command = {
+    .name = "plan",
+    .usage = "pipetrain plan --model FILE --stages K [options]",
+    .about = "Partitions the model into K pipeline stages, places the ranks (stage, replica) on "
+             "the machine's nodes, GPUs and cores, and predicts the communication time per step "
+             "of the chosen placement and of rank order. No MPI launch needed. The options mean "
+             "what they mean to train: each replica gets batch / R samples per step, in M "
+             "micro-batches; bytes per step do not depend on M, the message size (bytes / M) "
+             "does.",
+    .notes = "Links for --bandwidth and --latency: same-core same-l3 same-numa same-package "
+             "cross-package gpu-link pcie cross-node.",
+    .opts = plan_opts,
+};
 
 static int fail(const char *what)
 {
@@ -56,55 +76,27 @@ static int fail(const char *what)
     return 1;
 }
 
-static int usage_error(const char *cmd, const char *fmt, const char *arg)
+/* A wrong command line; the message says "(see pipetrain CMD --help)". */
+static int usage_fail(void)
 {
-    fprintf(stderr, "pipetrain: %s: ", cmd);
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, " (see pipetrain %s --help)\n", cmd);
-    return EXIT_USAGE;
-}
-
-/* getopt_long's own messages name argv[0]; ours say pipetrain and the sub-command. */
-static int bad_option(const char *cmd, char **argv, int c)
-{
-    if (c == ':')
-        return usage_error(cmd, "option %s needs a value", argv[optind - 1]);
-    return usage_error(cmd, "unknown option %s", argv[optind - 1]);
-}
-
-static int parse_int(const char *s, int min, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < min || v > INT_MAX)
-        return -1;
-    *out = (int)v;
-    return 0;
+    fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+    return PT_EXIT_USAGE;
 }
 
 int topo_cmd_topo(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"topology", required_argument, NULL, 't'},
-        {"json", no_argument, NULL, 'j'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
     const char *xml = NULL;
-    int json = 0, c;
-    optind = 0; /* glibc: rescan from the start, whatever was parsed before */
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":t:jh", opts, NULL)) != -1) {
-        switch (c) {
-        case 't': xml = optarg; break;
-        case 'j': json = 1; break;
-        case 'h': fputs(topo_usage, stdout); return 0;
-        default: return bad_option("topo", argv, c);
+    int json = 0, id;
+    opt_parser p;
+    if (opt_parser_init(&p, &topo_command, argc, argv)) return usage_fail();
+    while ((id = opt_next(&p)) > 0) {
+        switch (id) {
+        case O_TOPOLOGY: xml = p.arg; break;
+        case O_JSON: json = 1; break;
+        case O_HELP: opt_print_help(&topo_command, stdout); return PT_EXIT_OK;
         }
     }
-    if (optind < argc)
-        return usage_error("topo", "unexpected argument %s", argv[optind]);
+    if (id == OPT_ERROR) return usage_fail();
     topo_t *t;
     if (topo_init(&t, xml) < 0)
         return fail(pt_error_get());
@@ -119,89 +111,57 @@ int topo_cmd_topo(int argc, char **argv)
 typedef struct {
     const char *model, *xml, *method, *bandwidth, *latency;
     int stages, replicas, nodes, batch, microbatches, gpus_per_stage, exclusive, json;
+    int replica_batch; /* batch / replicas: the samples each replica sees per step */
     topo_device device;
 } plan_args;
 
+/* Returns 0, 1 when the help was shown, or −1 with a message. */
 static int plan_parse(plan_args *a, int argc, char **argv)
 {
-    enum { OPT_BANDWIDTH = 256, OPT_LATENCY };
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'},
-        {"stages", required_argument, NULL, 'k'},
-        {"replicas", required_argument, NULL, 'r'},
-        {"nodes", required_argument, NULL, 'n'},
-        {"topology", required_argument, NULL, 't'},
-        {"partition", required_argument, NULL, 'p'},
-        {"batch", required_argument, NULL, 'b'},
-        {"microbatches", required_argument, NULL, 'M'},
-        {"device", required_argument, NULL, 'd'},
-        {"gpus-per-stage", required_argument, NULL, 'g'},
-        {"exclusive", no_argument, NULL, 'x'},
-        {"bandwidth", required_argument, NULL, OPT_BANDWIDTH},
-        {"latency", required_argument, NULL, OPT_LATENCY},
-        {"json", no_argument, NULL, 'j'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    *a = (plan_args){.method = "params", .stages = 2, .replicas = 1, .nodes = 1, .batch = 128};
-    int c, replicas_given = 0, device_given = 0;
-    optind = 0;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":m:k:r:n:t:p:b:M:d:g:xjh", opts, NULL)) != -1) {
-        int *target = NULL;
-        const char *name = NULL;
-        switch (c) {
-        case 'm': a->model = optarg; break;
-        case 't': a->xml = optarg; break;
-        case 'p': a->method = optarg; break;
-        case 'x': a->exclusive = 1; break;
-        case 'j': a->json = 1; break;
-        case OPT_BANDWIDTH: a->bandwidth = optarg; break;
-        case OPT_LATENCY: a->latency = optarg; break;
-        case 'h': fputs(plan_usage, stdout); return 1;
-        case 'k': name = "--stages"; target = &a->stages; break;
-        case 'r': name = "--replicas"; target = &a->replicas; replicas_given = 1; break;
-        case 'n': name = "--nodes"; target = &a->nodes; break;
-        case 'b': name = "--batch"; target = &a->batch; break;
-        case 'M': name = "--microbatches"; target = &a->microbatches; break;
-        case 'g': name = "--gpus-per-stage"; target = &a->gpus_per_stage; break;
-        case 'd':
-            device_given = 1;
-            if (!strcmp(optarg, "cpu"))
-                a->device = TOPO_DEVICE_CPU;
-            else if (!strcmp(optarg, "cuda"))
-                a->device = TOPO_DEVICE_CUDA;
-            else
-                return usage_error("plan", "--device is cpu or cuda, not %s", optarg);
-            break;
-        default: return bad_option("plan", argv, c);
-        }
-        if (target && parse_int(optarg, 1, target) < 0) {
-            fprintf(stderr, "pipetrain: plan: %s needs a positive integer, not \"%s\"\n", name, optarg);
-            return EXIT_USAGE;
+    *a = (plan_args){0};
+    opt_parser p;
+    if (opt_parser_init(&p, &plan_command, argc, argv)) return -1;
+    int id;
+    while ((id = opt_next(&p)) > 0) {
+        switch (id) {
+        case O_MODEL: a->model = p.arg; break;
+        case O_TOPOLOGY: a->xml = p.arg; break;
+        case O_PARTITION: a->method = p.arg; break;
+        case O_EXCLUSIVE: a->exclusive = 1; break;
+        case O_JSON: a->json = 1; break;
+        case O_BANDWIDTH: a->bandwidth = p.arg; break;
+        case O_LATENCY: a->latency = p.arg; break;
+        case O_HELP: opt_print_help(&plan_command, stdout); return 1;
+        case O_STAGES: a->stages = (int)p.num; break;
+        case O_REPLICAS: a->replicas = (int)p.num; break;
+        case O_NODES: a->nodes = (int)p.num; break;
+        case O_BATCH: a->batch = (int)p.num; break;
+        case O_MICRO: a->microbatches = (int)p.num; break;
+        case O_GPUS: a->gpus_per_stage = (int)p.num; break;
+        case O_DEVICE: a->device = p.choice ? TOPO_DEVICE_CUDA : TOPO_DEVICE_CPU; break;
         }
     }
-    if (optind < argc)
-        return usage_error("plan", "unexpected argument %s", argv[optind]);
-    if (a->nodes > 65536)
-        return usage_error("plan", "%s", "--nodes: at most 65536 nodes");
-    if (!a->model)
-        return usage_error("plan", "%s", "--model FILE is required");
+    if (id == OPT_ERROR) return -1;
     if (a->gpus_per_stage) {
-        if (device_given && a->device != TOPO_DEVICE_CUDA)
-            return usage_error("plan", "%s", "--gpus-per-stage needs --device cuda");
-        if (replicas_given && a->replicas != a->gpus_per_stage)
-            return usage_error("plan", "%s", "--gpus-per-stage G means G replicas; it "
-                                             "contradicts --replicas");
+        if (opt_given(&p, O_DEVICE) && a->device != TOPO_DEVICE_CUDA)
+            return opt_error(&p, "--gpus-per-stage needs --device cuda");
+        if (opt_given(&p, O_REPLICAS) && a->replicas != a->gpus_per_stage)
+            return opt_error(&p, "--gpus-per-stage G means G replicas; it contradicts "
+                                 "--replicas");
         a->device = TOPO_DEVICE_CUDA;
         a->replicas = a->gpus_per_stage;
     }
     if (a->exclusive && a->device == TOPO_DEVICE_CUDA)
         a->exclusive = 0; /* GPUs are never shared anyway */
-    if (!a->microbatches)
-        a->microbatches = a->stages;
-    if (a->microbatches > a->batch)
-        return usage_error("plan", "%s", "more micro-batches than samples in the batch");
+    /* as in train: --batch is per optimizer step; each replica takes its share */
+    if (a->batch % a->replicas)
+        return opt_error(&p, "--batch %d does not split evenly over %d replicas", a->batch,
+                         a->replicas);
+    a->replica_batch = a->batch / a->replicas;
+    if (a->replica_batch % a->microbatches)
+        return opt_error(&p, "--microbatches %d does not divide the %d samples per replica "
+                             "(--batch %d over %d replica%s)", a->microbatches,
+                         a->replica_batch, a->batch, a->replicas, a->replicas > 1 ? "s" : "");
     return 0;
 }
 
@@ -240,7 +200,7 @@ static double message_bytes(const plan_result *r, int s)
     if (s + 1 >= r->part->stages)
         return 0;
     const layer_desc *l = &r->net->layers[r->part->first[s + 1] - 1];
-    return (double)layer_shape_count(l->out) * 4.0 * r->a->batch / r->a->microbatches;
+    return (double)layer_shape_count(l->out) * 4.0 * r->a->replica_batch / r->a->microbatches;
 }
 
 static void print_plan_text(const plan_result *r)
@@ -253,8 +213,8 @@ static void print_plan_text(const plan_result *r)
            a->model, S, S > 1 ? "s" : "", a->replicas, a->replicas > 1 ? "s" : "",
            pl->n_ranks, a->nodes, a->nodes > 1 ? "s" : "", m->source,
            a->device == TOPO_DEVICE_CUDA ? "cuda" : "cpu");
-    printf("Batch %d per replica in %d micro-batches; partition \"%s\"\n\n", a->batch,
-           a->microbatches, a->method);
+    printf("Batch %d per step (%d per replica) in %d micro-batches; partition \"%s\"\n\n",
+           a->batch, a->replica_batch, a->microbatches, a->method);
     printf("Placement (%s):\n", pl->method);
     printf("%4s %5s %7s %-7s %4s %-10s %-12s %11s %11s %-24s %11s\n", "rank", "stage", "replica",
            "layers", "node", "GPU", "cores", "sent/step", "msg/ubatch", "link to next stage",
@@ -387,13 +347,13 @@ int topo_cmd_plan(int argc, char **argv)
     plan_args a;
     int rc = plan_parse(&a, argc, argv);
     if (rc)
-        return rc == 1 ? 0 : rc; /* 1 = --help shown */
+        return rc == 1 ? PT_EXIT_OK : usage_fail(); /* 1 = --help shown */
     topo_cost_model cm;
     topo_cost_model_default(&cm);
     if ((a.bandwidth && topo_cost_model_parse(&cm, a.bandwidth, 0) < 0) ||
         (a.latency && topo_cost_model_parse(&cm, a.latency, 1) < 0)) {
-        fprintf(stderr, "pipetrain: plan: %s\n", pt_error_get());
-        return EXIT_USAGE;
+        fprintf(stderr, "pipetrain: %s (see pipetrain plan --help)\n", pt_error_get());
+        return PT_EXIT_USAGE;
     }
     net_desc net = {0};
     partition part = {0};
@@ -407,8 +367,9 @@ int topo_cmd_plan(int argc, char **argv)
     if (net_desc_load(&net, a.model) < 0 || partition_check(net.n_layers, a.stages) < 0)
         goto out;
     if (!strcmp(a.method, "time")) {
-        /* profiled on this machine with the CPU kernels, whatever --topology says */
-        if (partition_profile_measure(&prof, &net, a.batch, 1, 3) < 0)
+        /* profiled on this machine with the CPU kernels, whatever --topology says, at the
+         * micro-batch size train would profile at */
+        if (partition_profile_measure(&prof, &net, a.replica_batch / a.microbatches, 1, 3) < 0)
             goto out;
         have_prof = 1;
     }
@@ -417,7 +378,8 @@ int topo_cmd_plan(int argc, char **argv)
         goto out;
     const topo_machine *m = topo_get_machine(t);
     topo_place_options opt = {.device = a.device, .nodes = a.nodes, .exclusive = a.exclusive};
-    if (topo_traffic_from_partition(&tr, &net, &part, a.replicas, a.batch, a.microbatches) < 0 ||
+    if (topo_traffic_from_partition(&tr, &net, &part, a.replicas, a.replica_batch,
+                                    a.microbatches) < 0 ||
         topo_place_ranks(&pl, m, &tr, &cm, &opt) < 0)
         goto out;
     rank_time = calloc((size_t)pl.n_ranks, sizeof *rank_time);

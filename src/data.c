@@ -15,6 +15,7 @@
 #include <zlib.h>
 
 #include "src/base/error.h"
+#include "src/base/io.h"
 
 #define IDX_MAGIC_IMAGES 0x00000803u /* unsigned bytes, 3 dimensions */
 #define IDX_MAGIC_LABELS 0x00000801u /* unsigned bytes, 1 dimension */
@@ -36,9 +37,9 @@ static int idx_open(idx_file *f, const char *path)
     f->path = path;
     f->gz_problem[0] = '\0';
     /* open() ourselves so that errno reliably says why it failed */
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = pt_open_regular(path);
     if (fd < 0)
-        return pt_error_set("%s: cannot open: %s", path, strerror(errno));
+        return -1;
     f->gz = gzdopen(fd, "rb");
     if (!f->gz) {
         close(fd);

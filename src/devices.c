@@ -11,7 +11,9 @@
 
 #include "src/cuda_plugin.h"
 #include "src/base/error.h"
+#include "src/base/io.h"
 #include "src/base/mpi_check.h"
+#include "src/options.h"
 #include "topologies/topo.h"
 
 typedef struct {
@@ -168,22 +170,36 @@ static void print_json(const topo_machine *m, const char *topo_err, const cuda_l
     printf(",\"cuda_aware\":%s}}\n", aware ? "true" : "false");
 }
 
+enum { O_JSON = 1, O_HELP };
+static const opt_spec devices_opts[] = {
+    {.id = O_JSON, .name = "json", .shared = 1},
+    {.id = O_HELP, .name = "help", .shared = 1},
+    {0},
+};
+static const opt_command devices_command = {
+    .name = "devices",
+    .usage = "pipetrain devices [--json]",
+    .about = "The CPU, every CUDA device (memory, compute capability, SMs, PCI bus, FP32 peak), "
+             "the CUDA versions and whether MPI is CUDA-aware; without a usable GPU it says why "
+             "(exit status 0 all the same).",
+    .opts = devices_opts,
+};
+
 int devices_cmd(int argc, char **argv)
 {
     int json = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) {
-            json = 1;
-        } else if (!strcmp(argv[i], "--help")) {
-            printf("usage: pipetrain devices [--json]\n"
-                   "  the CPU, every CUDA device (memory, compute capability, SMs, PCI bus,\n"
-                   "  FP32 peak), the CUDA versions and whether MPI is CUDA-aware; without a\n"
-                   "  usable GPU it says why (exit status 0 all the same)\n");
-            return 0;
-        } else {
-            fprintf(stderr, "pipetrain devices: unknown option %s\n", argv[i]);
-            return 2;
+    opt_parser p;
+    int id = opt_parser_init(&p, &devices_command, argc, argv) ? OPT_ERROR : OPT_END;
+    while (id != OPT_ERROR && (id = opt_next(&p)) > 0) {
+        if (id == O_JSON) json = 1;
+        if (id == O_HELP) {
+            opt_print_help(&devices_command, stdout);
+            return PT_EXIT_OK;
         }
+    }
+    if (id == OPT_ERROR) {
+        fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+        return PT_EXIT_USAGE;
     }
     topo_t *t = NULL;
     char topo_err[512] = "";
@@ -195,7 +211,10 @@ int devices_cmd(int argc, char **argv)
     int was_init = 0, we_init = 0, aware = 0, len = 0;
     char mpi_lib[MPI_MAX_LIBRARY_VERSION_STRING] = "unknown (MPI failed)";
     int mpi_ok = !PT_MPI_CALL(MPI_Initialized(&was_init));
-    if (mpi_ok && !was_init) mpi_ok = we_init = !PT_MPI_CALL(MPI_Init(NULL, NULL));
+    if (mpi_ok && !was_init) {
+        mpi_ok = we_init = !PT_MPI_CALL(MPI_Init(NULL, NULL));
+        pt_stdio_whole_lines(); /* MPICH's MPI_Init made stdout unbuffered */
+    }
     if (mpi_ok && we_init) mpi_ok = !pt_mpi_errors_return();
     if (mpi_ok) mpi_ok = !PT_MPI_CALL(MPI_Get_library_version(mpi_lib, &len));
     if (mpi_ok) {

@@ -1,6 +1,4 @@
 /* pipetrain's command-line front end: the only place that decides to end the process. */
-#include <getopt.h>
-#include <limits.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -13,6 +11,7 @@
 #include "src/cmd_topo.h"
 #include "src/devices.h"
 #include "src/base/error.h"
+#include "src/base/io.h"
 #include "src/base/mpi_check.h"
 #include "src/model/net.h"
 #include "src/options.h"
@@ -25,88 +24,118 @@ static void usage(FILE *f)
     fprintf(f,
         "usage: pipetrain COMMAND [options]   (pipetrain COMMAND --help for details)\n"
         "\n"
-        "  train      train a model, sequentially or as a pipeline (mpiexec -n K ... --stages K)\n"
+        "  train      train a model, sequentially or as a pipeline:\n"
+        "             mpiexec -n K pipetrain train ... --stages K\n"
         "  summary    layers, output shapes and parameters of a model file\n"
         "  partition  cut a model into pipeline stages and show the balance\n"
         "  schedule   instruction lists and timeline of a pipeline schedule\n"
         "  topo       this machine's (or an XML file's) topology\n"
         "  devices    the CPU and CUDA devices training can use, and MPI's CUDA support\n"
         "  plan       partition + placement + predicted communication for a machine\n"
-        "  diff       compare two safetensors checkpoints tensor by tensor\n");
+        "  diff       compare two safetensors checkpoints tensor by tensor\n"
+        "  version    the version of pipetrain (also --version)\n");
 }
 
 static int fail(const char *what)
 {
     fprintf(stderr, "pipetrain: %s\n", what);
-    return 1;
+    return PT_EXIT_FAIL;
 }
+
+/* A wrong command line: the message ends with "(see pipetrain CMD --help)". */
+static int usage_fail(void)
+{
+    fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+    return PT_EXIT_USAGE;
+}
+
+enum { O_MODEL = 1, O_STAGES, O_MICRO, O_BATCH, O_SCHED, O_PART, O_METHOD, O_RTOL, O_HELP };
+
+static const opt_spec summary_opts[] = {
+    {.id = O_MODEL, .name = "model", .shared = 1},
+    {.id = O_HELP, .name = "help", .shared = 1},
+    {0},
+};
+static const opt_command summary_command = {
+    .name = "summary",
+    .usage = "pipetrain summary --model FILE",
+    .about = "Layers, output shapes and parameters of a model file.",
+    .opts = summary_opts,
+};
 
 static int cmd_summary(int argc, char **argv)
 {
     const char *model = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
-        else if (!strcmp(argv[i], "--help")) {
-            printf("usage: pipetrain summary --model FILE\n");
-            return 0;
-        } else {
-            fprintf(stderr, "pipetrain summary: unexpected argument %s\n", argv[i]);
-            return 2;
+    opt_parser p;
+    if (opt_parser_init(&p, &summary_command, argc, argv)) return usage_fail();
+    int id;
+    while ((id = opt_next(&p)) > 0) {
+        if (id == O_MODEL) model = p.arg;
+        if (id == O_HELP) {
+            opt_print_help(&summary_command, stdout);
+            return PT_EXIT_OK;
         }
     }
-    if (!model) {
-        fprintf(stderr, "pipetrain summary: --model FILE is required\n");
-        return 2;
-    }
+    if (id == OPT_ERROR) return usage_fail();
     net_desc net;
     if (net_desc_load(&net, model)) return fail(pt_error_get());
     net_desc_print_summary(&net, stdout);
     net_desc_free(&net);
-    return 0;
+    return PT_EXIT_OK;
 }
+
+static const opt_spec partition_opts[] = {
+    {.id = O_MODEL, .name = "model", .shared = 1},
+    {.id = O_STAGES, .name = "stages", .shared = 1, .required = 1},
+    {.id = O_PART, .name = "partition", .shared = 1},
+    {.id = O_BATCH, .name = "batch", .shared = 1},
+    {.id = O_MICRO, .name = "microbatches", .shared = 1},
+    {.id = O_METHOD, .name = "method", .kind = OPT_TEXT, .arg = "METHOD"}, /* old name */
+    {.id = O_HELP, .name = "help", .shared = 1},
+    {0},
+};
+static const opt_command partition_command = {
+    .name = "partition",
+    .usage = "pipetrain partition --model FILE --stages K [options]",
+    .about = "Cuts a model into K pipeline stages as train would and shows the balance: "
+             "parameters, time per sample and values sent at each boundary. --partition time "
+             "measures every layer on this machine at the micro-batch size (batch / M).",
+    .opts = partition_opts,
+};
 
 static int cmd_partition(int argc, char **argv)
 {
-    const char *model = NULL, *method = "time";
-    long stages = 2, batch = 128;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
-            printf("usage: pipetrain partition --model FILE --stages K "
-                   "[--method uniform|params|time|4,3,4] [--batch N]\n"
-                   "  time profiles every layer on this machine at the given batch (default 128)\n");
-            return 0;
+    const char *model = NULL, *method = NULL;
+    int stages = 0, batch = 0, micro = 0;
+    opt_parser p;
+    if (opt_parser_init(&p, &partition_command, argc, argv)) return usage_fail();
+    int id;
+    while ((id = opt_next(&p)) > 0) {
+        switch (id) {
+        case O_MODEL: model = p.arg; break;
+        case O_PART:
+        case O_METHOD: method = p.arg; break;
+        case O_STAGES: stages = (int)p.num; break;
+        case O_BATCH: batch = (int)p.num; break;
+        case O_MICRO: micro = (int)p.num; break;
+        case O_HELP: opt_print_help(&partition_command, stdout); return PT_EXIT_OK;
         }
-        if (!v) {
-            fprintf(stderr, "pipetrain partition: %s needs a value (or is unknown)\n", a);
-            return 2;
-        }
-        if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--method") || !strcmp(a, "--partition")) method = v;
-        else if (!strcmp(a, "--stages")) {
-            if (opt_parse_long("--stages", v, 1, 4096, &stages)) return fail(pt_error_get());
-        } else if (!strcmp(a, "--batch")) {
-            if (opt_parse_long("--batch", v, 1, 1 << 20, &batch)) return fail(pt_error_get());
-        } else {
-            fprintf(stderr, "pipetrain partition: unknown option %s\n", a);
-            return 2;
-        }
-        i++;
     }
-    if (!model) {
-        fprintf(stderr, "pipetrain partition: --model FILE is required\n");
-        return 2;
+    if (id == OPT_ERROR) return usage_fail();
+    if (batch % micro) {
+        opt_error(&p, "--microbatches %d does not divide --batch %d", micro, batch);
+        return usage_fail();
     }
     net_desc net;
     if (net_desc_load(&net, model)) return fail(pt_error_get());
     partition_profile prof = {0};
     partition part = {0};
     int timed = !strcmp(method, "time");
-    int rc = partition_check(net.n_layers, (int)stages);
-    if (!rc && timed) rc = partition_profile_measure(&prof, &net, (int)batch, 2, 7);
-    if (!rc) rc = partition_by_method(&part, method, &net, timed ? &prof : NULL, (int)stages);
+    int rc = partition_check(net.n_layers, stages);
+    if (!rc && timed) rc = partition_profile_measure(&prof, &net, batch / micro, 2, 7);
+    if (!rc) rc = partition_by_method(&part, method, &net, timed ? &prof : NULL, stages);
     if (!rc) {
-        printf("%s into %ld stages by %s%s:\n", model, stages, method,
+        printf("%s into %d stages by %s%s:\n", model, stages, method,
                timed ? " (measured on this machine)" : "");
         partition_print(&part, &net, timed ? &prof : NULL, stdout);
     } else {
@@ -115,36 +144,51 @@ static int cmd_partition(int argc, char **argv)
     partition_free(&part);
     partition_profile_free(&prof);
     net_desc_free(&net);
-    return rc ? 1 : 0;
+    return rc ? PT_EXIT_FAIL : PT_EXIT_OK;
 }
+
+static const opt_spec schedule_opts[] = {
+    {.id = O_SCHED, .name = "schedule", .shared = 1},
+    {.id = O_STAGES, .name = "stages", .shared = 1, .required = 1},
+    {.id = O_MICRO, .name = "microbatches", .shared = 1},
+    {.id = O_HELP, .name = "help", .shared = 1},
+    {0},
+};
+static const opt_command schedule_command = {
+    .name = "schedule",
+    .usage = "pipetrain schedule --stages K [--microbatches M] [--schedule NAME]",
+    .about = "Prints each stage's instruction list and a unit-time timeline of the schedule, "
+             "verifies it (no deadlock) and reports the bubble and the peak micro-batches each "
+             "stage holds.",
+    .opts = schedule_opts,
+};
+
+/* What the printer can show in a terminal's worth of text. */
+enum { SCHEDULE_MAX_STAGES = 256, SCHEDULE_MAX_MICRO = 4096 };
 
 static int cmd_schedule(int argc, char **argv)
 {
-    const char *name = "1f1b";
-    long stages = 4, micro = 8;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
-            printf("usage: pipetrain schedule --schedule gpipe|1f1b --stages K --microbatches M\n");
-            return 0;
+    const char *name = NULL;
+    int stages = 0, micro = 0;
+    opt_parser p;
+    if (opt_parser_init(&p, &schedule_command, argc, argv)) return usage_fail();
+    int id;
+    while ((id = opt_next(&p)) > 0) {
+        switch (id) {
+        case O_SCHED: name = p.arg; break;
+        case O_STAGES: stages = (int)p.num; break;
+        case O_MICRO: micro = (int)p.num; break;
+        case O_HELP: opt_print_help(&schedule_command, stdout); return PT_EXIT_OK;
         }
-        if (!v) {
-            fprintf(stderr, "pipetrain schedule: %s needs a value (or is unknown)\n", a);
-            return 2;
-        }
-        if (!strcmp(a, "--schedule")) name = v;
-        else if (!strcmp(a, "--stages")) {
-            if (opt_parse_long("--stages", v, 1, 256, &stages)) return fail(pt_error_get());
-        } else if (!strcmp(a, "--microbatches")) {
-            if (opt_parse_long("--microbatches", v, 1, 4096, &micro)) return fail(pt_error_get());
-        } else {
-            fprintf(stderr, "pipetrain schedule: unknown option %s\n", a);
-            return 2;
-        }
-        i++;
+    }
+    if (id == OPT_ERROR) return usage_fail();
+    if (stages > SCHEDULE_MAX_STAGES || micro > SCHEDULE_MAX_MICRO) {
+        opt_error(&p, "schedule prints at most %d stages and %d micro-batches",
+                  SCHEDULE_MAX_STAGES, SCHEDULE_MAX_MICRO);
+        return usage_fail();
     }
     schedule s;
-    if (schedule_init_by_name(&s, name, (int)stages, (int)micro)) return fail(pt_error_get());
+    if (schedule_init_by_name(&s, name, stages, micro)) return fail(pt_error_get());
     schedule_report rep;
     if (schedule_verify(&s, &rep)) {
         schedule_free(&s);
@@ -156,52 +200,76 @@ static int cmd_schedule(int argc, char **argv)
     printf("\n");
     schedule_report_free(&rep);
     schedule_free(&s);
-    return 0;
+    return PT_EXIT_OK;
 }
 
-/* Largest absolute and relative difference per tensor; fails above the tolerance. */
+static const opt_spec diff_opts[] = {
+    {.id = O_RTOL, .name = "rtol", .kind = OPT_REAL, .arg = "X", .min = 0, .max = 1e30,
+     .def = "0", .help = "fail when a tensor's largest |a-b| exceeds X times its largest |b| "
+                         "(0: bit-identical)"},
+    {.id = O_HELP, .name = "help", .shared = 1},
+    {0},
+};
+static const opt_command diff_command = {
+    .name = "diff",
+    .usage = "pipetrain diff A.safetensors B.safetensors [--rtol X]",
+    .about = "Compares two checkpoints tensor by tensor: the largest absolute and relative "
+             "difference of each, and the tensors only one file holds or whose shapes differ. "
+             "Exits 1 when they differ beyond the tolerance.",
+    .opts = diff_opts,
+    .operands = 2,
+};
+
+static void format_shape(char *buf, size_t size, const st_tensor *t)
+{
+    int n = snprintf(buf, size, "[");
+    for (int d = 0; d < t->ndim && n < (int)size; d++)
+        n += snprintf(buf + n, size - (size_t)n, "%s%ld", d ? ", " : "", t->shape[d]);
+    if (n < (int)size) snprintf(buf + n, size - (size_t)n, "]");
+}
+
+/* Largest absolute and relative difference per tensor; fails above the tolerance. Names
+ * the tensors that only one file holds and those whose shapes differ. */
 static int cmd_diff(int argc, char **argv)
 {
-    const char *paths[2] = {NULL, NULL};
     double rtol = 0;
-    int n = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help")) {
-            printf("usage: pipetrain diff A.safetensors B.safetensors [--rtol X]\n"
-                   "  fails when a tensor's largest |a-b| exceeds X times its largest |b|\n"
-                   "  (default 0: bit-identical)\n");
-            return 0;
-        }
-        if (!strcmp(argv[i], "--rtol") && i + 1 < argc) {
-            if (opt_parse_double("--rtol", argv[++i], 0, 1e30, &rtol)) return fail(pt_error_get());
-        } else if (n < 2) {
-            paths[n++] = argv[i];
-        } else {
-            fprintf(stderr, "pipetrain diff: unexpected argument %s\n", argv[i]);
-            return 2;
+    opt_parser p;
+    if (opt_parser_init(&p, &diff_command, argc, argv)) return usage_fail();
+    int id;
+    while ((id = opt_next(&p)) > 0) {
+        if (id == O_RTOL) rtol = p.real;
+        if (id == O_HELP) {
+            opt_print_help(&diff_command, stdout);
+            return PT_EXIT_OK;
         }
     }
-    if (n != 2) {
-        fprintf(stderr, "pipetrain diff: two files are needed\n");
-        return 2;
-    }
+    if (id == OPT_ERROR) return usage_fail();
+    const char *paths[2] = {p.operands[0], p.operands[1]};
     st_file a, b;
     if (st_read(&a, paths[0])) return fail(pt_error_get());
     if (st_read(&b, paths[1])) {
         st_free(&a);
         return fail(pt_error_get());
     }
-    int bad = 0;
+    int bad = 0, only_a = 0, only_b = 0, reshaped = 0;
     double worst = 0;
+    char sa[96], sb[96];
     for (int t = 0; t < a.count; t++) {
         const st_tensor *x = &a.tensors[t], *y = st_find(&b, x->name);
         long count = 1;
         for (int d = 0; d < x->ndim; d++) count *= x->shape[d];
-        int same_shape = y && y->ndim == x->ndim;
+        format_shape(sa, sizeof sa, x);
+        if (!y) {
+            printf("%-24s only in A: %s\n", x->name, sa);
+            only_a++;
+            continue;
+        }
+        int same_shape = y->ndim == x->ndim;
         for (int d = 0; same_shape && d < x->ndim; d++) same_shape = x->shape[d] == y->shape[d];
         if (!same_shape) {
-            printf("%-24s only in %s or shapes differ\n", x->name, paths[0]);
-            bad = 1;
+            format_shape(sb, sizeof sb, y);
+            printf("%-24s shape differs: A %s vs B %s\n", x->name, sa, sb);
+            reshaped++;
             continue;
         }
         double max_abs = 0, max_ref = 0;
@@ -217,22 +285,40 @@ static int cmd_diff(int argc, char **argv)
         printf("%-24s %9ld values  max |a-b| %.3e  relative %.3e%s\n", x->name, count, max_abs,
                rel, over ? "  EXCEEDS" : "");
     }
-    if (b.count != a.count) {
-        printf("the files hold %d and %d tensors\n", a.count, b.count);
+    for (int t = 0; t < b.count; t++)
+        if (!st_find(&a, b.tensors[t].name)) {
+            format_shape(sb, sizeof sb, &b.tensors[t]);
+            printf("%-24s only in B: %s\n", b.tensors[t].name, sb);
+            only_b++;
+        }
+    if (only_a || only_b || reshaped) {
+        printf("A = %s (%d tensors), B = %s (%d tensors): %d only in A, %d only in B, "
+               "%d with different shapes\n", paths[0], a.count, paths[1], b.count, only_a,
+               only_b, reshaped);
         bad = 1;
     }
     printf("%s: largest relative difference %.3e (tolerance %.1e)\n",
            bad ? "DIFFERENT" : (worst == 0 ? "IDENTICAL" : "WITHIN TOLERANCE"), worst, rtol);
     st_free(&a);
     st_free(&b);
-    return bad ? 1 : 0;
+    return bad ? PT_EXIT_FAIL : PT_EXIT_OK;
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+    pt_stdio_whole_lines(); /* mpiexec -prepend-rank: one prefix per line */
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+        !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+        return argc < 2 ? PT_EXIT_USAGE : PT_EXIT_OK;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        if (argc > 2) {
+            fprintf(stderr, "pipetrain: version takes no arguments\n");
+            return PT_EXIT_USAGE;
+        }
+        printf("%s\n", opt_version());
+        return PT_EXIT_OK;
     }
     const char *cmd = argv[1];
     argc--, argv++;
@@ -253,6 +339,7 @@ int main(int argc, char **argv)
                     provided);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
+        pt_stdio_whole_lines(); /* MPICH's MPI_Init made stdout unbuffered again */
         int rc = train_main(argc, argv);
         if (PT_MPI_CALL(MPI_Finalize())) {
             fprintf(stderr, "pipetrain: %s\n", pt_error_get());
@@ -269,5 +356,5 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "diff")) return cmd_diff(argc, argv);
     fprintf(stderr, "pipetrain: unknown command %s\n", cmd);
     usage(stderr);
-    return 2;
+    return PT_EXIT_USAGE;
 }

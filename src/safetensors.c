@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "src/base/error.h"
+#include "src/base/io.h"
 
 /* The raw data is copied to and from disk as it sits in memory. */
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -580,9 +581,9 @@ static int check_layout(const char *path, st_entry *entries, int count, uint64_t
 int st_read(st_file *f, const char *path)
 {
     memset(f, 0, sizeof *f);
-    FILE *fp = fopen(path, "rb");
+    FILE *fp = pt_fopen_regular(path, "rb");
     if (!fp)
-        return pt_error_set("%s: cannot open: %s", path, strerror(errno));
+        return -1;
     struct stat st;
     if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
         fclose(fp);

@@ -112,6 +112,27 @@ assert pa["bytes_sent_per_step"] == pb["bytes_sent_per_step"] > 0
 assert abs(pa["message_bytes"] - 8 * pb["message_bytes"]) < 1e-6 * pa["message_bytes"]
 EOF
 
+# --batch is samples per optimizer step, as in train: with R replicas each gets batch / R,
+# so 2 replicas of batch 128 send the messages of one replica of batch 64.
+"$PIPETRAIN" plan --model "$MODEL" --stages 2 --replicas 2 --batch 128 --partition params \
+    --topology "$GPU8" --json >"$TMP/r2.json"
+"$PIPETRAIN" plan --model "$MODEL" --stages 2 --batch 64 --partition params \
+    --topology "$GPU8" --json >"$TMP/r1.json"
+json_check "$TMP/r2.json" "d['batch'] == 128 and d['replicas'] == 2"
+checks=$((checks + 1))
+python3 - "$TMP/r2.json" "$TMP/r1.json" <<'EOF' || fail "plan --batch is not per optimizer step"
+import json, sys
+r2, r1 = (json.load(open(f)) for f in sys.argv[1:3])
+m2 = [p["message_bytes"] for p in r2["placement"]]
+m1 = [p["message_bytes"] for p in r1["placement"]]
+assert m2 == m1 + m1 and m1[0] > 0, (m2, m1)
+EOF
+expect 0 "Batch 128 per step \(64 per replica\) in 1 micro-batches" \
+    "$PIPETRAIN" plan --model "$MODEL" --stages 2 --replicas 2 --partition params --topology "$GPU8"
+# --partition defaults to time, as in train
+"$PIPETRAIN" plan --model "$MODEL" --stages 2 --topology "$GPU8" --json >"$TMP/default.json"
+json_check "$TMP/default.json" "d['partition']['method'] == 'time' and d['microbatches'] == 1"
+
 # ---- errors -------------------------------------------------------------------------
 printf '<?xml version="1.0"?>\n<topology version="2.0">\n<object type="Machine"\n' >"$TMP/bad.xml"
 expect 1 "^pipetrain: .*bad.xml: not a valid hwloc XML topology" \
@@ -123,7 +144,7 @@ expect 1 "not a valid hwloc XML topology" \
 mkdir -p "$TMP/no-plugins"
 expect 1 "hwloc cannot read XML topologies on this machine.*apt-get install libhwloc-plugins" \
     env HWLOC_PLUGINS_PATH="$TMP/no-plugins" "$PIPETRAIN" topo --topology "$TWO"
-expect 1 "missing.xml: No such file" "$PIPETRAIN" topo --topology "$TMP/missing.xml"
+expect 1 "missing.xml: cannot open: No such file" "$PIPETRAIN" topo --topology "$TMP/missing.xml"
 expect 1 "no NVIDIA GPU in .*local-2core.xml" \
     "$PIPETRAIN" plan --model "$MODEL" --stages 2 --device cuda --topology "$TWO"
 expect 1 "9 ranks need a GPU each, but 1 node of .* has 8 NVIDIA GPUs" \
@@ -131,9 +152,14 @@ expect 1 "9 ranks need a GPU each, but 1 node of .* has 8 NVIDIA GPUs" \
 expect 1 "11 layers into 12 stages" "$PIPETRAIN" plan --model "$MODEL" --stages 12 --topology "$GPU8"
 expect 1 "exclusive" "$PIPETRAIN" plan --model "$MODEL" --stages 3 --exclusive --topology "$TWO"
 expect 0 "oversubscribed" "$PIPETRAIN" plan --model "$MODEL" --stages 3 --topology "$TWO"
-expect 2 "unknown link \"fast\"" "$PIPETRAIN" plan --model "$MODEL" --bandwidth fast=1e9
+expect 2 "unknown link \"fast\"" "$PIPETRAIN" plan --model "$MODEL" --stages 2 --bandwidth fast=1e9
 expect 2 "--model FILE is required" "$PIPETRAIN" plan --stages 2
-expect 2 "--stages needs a positive integer" "$PIPETRAIN" plan --model "$MODEL" --stages 0
+expect 2 "--stages 0: must be between 1 and 4096" "$PIPETRAIN" plan --model "$MODEL" --stages 0
+expect 2 "--stages K is required" "$PIPETRAIN" plan --model "$MODEL"
+expect 2 "--batch 128 does not split evenly over 3 replicas" \
+    "$PIPETRAIN" plan --model "$MODEL" --stages 2 --replicas 3 --topology "$GPU8"
+expect 2 "--microbatches 3 does not divide the 64 samples per replica" \
+    "$PIPETRAIN" plan --model "$MODEL" --stages 2 --replicas 2 --microbatches 3 --topology "$GPU8"
 expect 2 "unknown option --frobnicate" "$PIPETRAIN" topo --frobnicate
 
 if [[ $failures -ne 0 ]]; then

@@ -15,6 +15,7 @@
 #include <strings.h>
 
 #include "src/base/error.h"
+#include "src/base/io.h"
 
 struct topo_s {
     hwloc_topology_t hw;
@@ -333,10 +334,10 @@ int topo_init(topo_t **out, const char *xml_path)
     *out = NULL;
     if (xml_path) {
         /* hwloc's own message for a missing file is only visible with HWLOC_XML_VERBOSE. */
-        FILE *f = fopen(xml_path, "r");
-        if (!f)
-            return pt_error_set("%s: %s", xml_path, strerror(errno));
-        fclose(f);
+        int fd = pt_open_regular(xml_path);
+        if (fd < 0)
+            return -1;
+        close(fd);
     }
     topo_t *t = calloc(1, sizeof *t);
     if (!t)

@@ -21,6 +21,7 @@
 #include <ini.h>
 
 #include "src/base/error.h"
+#include "src/base/io.h"
 
 /* A model file is a few dozen lines; anything this big is not one. */
 #define NET_MAX_FILE_BYTES (1 << 20)
@@ -516,9 +517,9 @@ int net_desc_parse_string(net_desc *net, const char *text, const char *name)
 int net_desc_load(net_desc *net, const char *path)
 {
     memset(net, 0, sizeof *net);
-    FILE *f = fopen(path, "rb");
+    FILE *f = pt_fopen_regular(path, "rb");
     if (!f)
-        return pt_error_set("%s: cannot open: %s", path, strerror(errno));
+        return -1;
     char *text = malloc(NET_MAX_FILE_BYTES + 1);
     if (!text) {
         fclose(f);
