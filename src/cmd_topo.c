@@ -334,12 +334,10 @@ static void append(json_t *arr, json_t *v, int *ok)
 static void put_gpu(json_t *o, const topo_machine *m, const topo_place *p, int with_cuda,
                     int *ok)
 {
+    int cuda = p->gpu < 0 ? -1 : m->gpus[p->gpu].cuda_index;
     put(o, "gpu", p->gpu < 0 ? json_null() : json_integer(p->gpu), ok);
     if (with_cuda)
-        put(o, "cuda_index",
-            p->gpu < 0 || m->gpus[p->gpu].cuda_index < 0 ? json_null()
-                                                          : json_integer(m->gpus[p->gpu].cuda_index),
-            ok);
+        put(o, "cuda_index", cuda < 0 ? json_null() : json_integer(cuda), ok);
 }
 
 static json_t *json_places(const topo_machine *m, const topo_place *p, int n, int *ok)
