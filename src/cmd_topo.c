@@ -1,6 +1,7 @@
 /* `pipetrain topo` and `pipetrain plan`: the command-line front ends of the module. They
  * print results to stdout, errors as "pipetrain: message" to stderr, and return the exit
  * status (0 ok, 1 error, 2 usage). */
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,12 +101,13 @@ int topo_cmd_topo(int argc, char **argv)
     topo_t *t;
     if (topo_init(&t, xml) < 0)
         return fail(pt_error_get());
+    int rc = 0;
     if (json)
-        topo_print_json(topo_get_machine(t), stdout);
+        rc = topo_print_json(topo_get_machine(t), stdout);
     else
         topo_print_summary(topo_get_machine(t), stdout);
     topo_free(t);
-    return 0;
+    return rc < 0 ? fail(pt_error_get()) : 0;
 }
 
 typedef struct {
@@ -274,72 +276,99 @@ static void print_plan_text(const plan_result *r)
         printf("Note: more ranks than cores: ranks marked * share cores (oversubscribed).\n");
 }
 
-static void json_places(const topo_machine *m, const topo_place *p, int n)
+/* Builders of the JSON tree, as in topologies/print.c: the setters take ownership of the
+ * value (and free it when they fail, also for a NULL container or value); *ok records it. */
+static void put(json_t *obj, const char *key, json_t *v, int *ok)
 {
-    fputc('[', stdout);
-    for (int i = 0; i < n; i++) {
-        printf("%s{\"rank\":%d,\"node\":%d,\"gpu\":", i ? "," : "", i, p[i].node);
-        if (p[i].gpu < 0)
-            printf("null,\"cuda_index\":null");
-        else if (m->gpus[p[i].gpu].cuda_index < 0)
-            printf("%d,\"cuda_index\":null", p[i].gpu);
-        else
-            printf("%d,\"cuda_index\":%d", p[i].gpu, m->gpus[p[i].gpu].cuda_index);
-        printf(",\"cores\":[");
-        for (int c = 0; c < p[i].n_cores; c++)
-            printf("%s%d", c ? "," : "", p[i].cores[c]);
-        printf("],\"shared\":%s}", p[i].shared ? "true" : "false");
-    }
-    fputc(']', stdout);
+    if (json_object_set_new(obj, key, v) != 0)
+        *ok = 0;
 }
 
-static void print_plan_json(const plan_result *r)
+static void append(json_t *arr, json_t *v, int *ok)
+{
+    if (json_array_append_new(arr, v) != 0)
+        *ok = 0;
+}
+
+/* The GPU of a place and its CUDA number, null where there is none. */
+static void put_gpu(json_t *o, const topo_machine *m, const topo_place *p, int with_cuda,
+                    int *ok)
+{
+    int cuda = p->gpu < 0 ? -1 : m->gpus[p->gpu].cuda_index;
+    put(o, "gpu", p->gpu < 0 ? json_null() : json_integer(p->gpu), ok);
+    if (with_cuda)
+        put(o, "cuda_index", cuda < 0 ? json_null() : json_integer(cuda), ok);
+}
+
+static json_t *json_places(const topo_machine *m, const topo_place *p, int n, int *ok)
+{
+    json_t *a = json_array();
+    for (int i = 0; *ok && i < n; i++) {
+        json_t *o = json_object();
+        put(o, "rank", json_integer(i), ok);
+        put(o, "node", json_integer(p[i].node), ok);
+        put_gpu(o, m, &p[i], 1, ok);
+        put(o, "cores", topo_json_int_list(p[i].cores, p[i].n_cores), ok);
+        put(o, "shared", json_boolean(p[i].shared), ok);
+        append(a, o, ok);
+    }
+    return a;
+}
+
+static int print_plan_json(const plan_result *r)
 {
     const plan_args *a = r->a;
     const topo_placement *pl = r->pl;
-    int S = a->stages;
-    printf("{\"model\":");
-    topo_json_string(stdout, a->model);
-    printf(",\"topology\":");
-    topo_json_string(stdout, r->m->source);
-    printf(",\"stages\":%d,\"replicas\":%d,\"ranks\":%d,\"nodes\":%d,\"device\":\"%s\","
-           "\"batch\":%d,\"microbatches\":%d,\"partition\":{\"method\":",
-           S, a->replicas, pl->n_ranks, a->nodes, a->device == TOPO_DEVICE_CUDA ? "cuda" : "cpu",
-           a->batch, a->microbatches);
-    topo_json_string(stdout, a->method);
-    printf(",\"first\":[");
-    for (int s = 0; s <= S; s++)
-        printf("%s%d", s ? "," : "", r->part->first[s]);
-    printf("]},\"search\":");
-    topo_json_string(stdout, pl->method);
-    printf(",\"cost_s\":%.9g,\"rank_order_cost_s\":%.9g,\"oversubscribed\":%s,\n\"placement\":[",
-           pl->cost_s, pl->naive_cost_s, pl->oversubscribed ? "true" : "false");
-    for (int i = 0; i < pl->n_ranks; i++) {
+    int S = a->stages, ok = 1;
+    json_t *o = json_object();
+    put(o, "model", topo_json_text(a->model), &ok);
+    put(o, "topology", topo_json_text(r->m->source), &ok);
+    put(o, "stages", json_integer(S), &ok);
+    put(o, "replicas", json_integer(a->replicas), &ok);
+    put(o, "ranks", json_integer(pl->n_ranks), &ok);
+    put(o, "nodes", json_integer(a->nodes), &ok);
+    put(o, "device", json_string(a->device == TOPO_DEVICE_CUDA ? "cuda" : "cpu"), &ok);
+    put(o, "batch", json_integer(a->batch), &ok);
+    put(o, "microbatches", json_integer(a->microbatches), &ok);
+    json_t *part = json_object();
+    put(part, "method", topo_json_text(a->method), &ok);
+    put(part, "first", topo_json_int_list(r->part->first, S + 1), &ok);
+    put(o, "partition", part, &ok);
+    put(o, "search", topo_json_text(pl->method), &ok);
+    put(o, "cost_s", topo_json_number(pl->cost_s), &ok);
+    put(o, "rank_order_cost_s", topo_json_number(pl->naive_cost_s), &ok);
+    put(o, "oversubscribed", json_boolean(pl->oversubscribed), &ok);
+    json_t *placement = json_array();
+    for (int i = 0; ok && i < pl->n_ranks; i++) {
         const topo_place *p = &pl->places[i];
-        int s = i % S;
-        printf("%s\n {\"rank\":%d,\"stage\":%d,\"replica\":%d,\"layers\":[%d,%d],\"node\":%d,"
-               "\"gpu\":", i ? "," : "", i, s, i / S, r->part->first[s], r->part->first[s + 1] - 1,
-               p->node);
-        if (p->gpu < 0)
-            printf("null");
-        else
-            printf("%d", p->gpu);
-        printf(",\"cores\":[");
-        for (int c = 0; c < p->n_cores; c++)
-            printf("%s%d", c ? "," : "", p->cores[c]);
-        printf("],\"shared\":%s,\"bytes_sent_per_step\":%.17g,\"message_bytes\":%.17g,"
-               "\"next_link\":", p->shared ? "true" : "false", sent_bytes(r->tr, i),
-               message_bytes(r, s));
-        if (s + 1 < S)
-            printf("\"%s\"", topo_link_name(topo_link_between(r->m, r->cm, p, &pl->places[i + 1],
-                                                              NULL, NULL)));
-        else
-            printf("null");
-        printf(",\"time_s\":%.9g}", r->rank_time[i]);
+        int s = i % S, last = s + 1 == S;
+        json_t *j = json_object();
+        put(j, "rank", json_integer(i), &ok);
+        put(j, "stage", json_integer(s), &ok);
+        put(j, "replica", json_integer(i / S), &ok);
+        put(j, "layers", json_pack("[ii]", r->part->first[s], r->part->first[s + 1] - 1), &ok);
+        put(j, "node", json_integer(p->node), &ok);
+        put_gpu(j, r->m, p, 0, &ok);
+        put(j, "cores", topo_json_int_list(p->cores, p->n_cores), &ok);
+        put(j, "shared", json_boolean(p->shared), &ok);
+        put(j, "bytes_sent_per_step", topo_json_number(sent_bytes(r->tr, i)), &ok);
+        /* the last stage sends no activations: no message, no link */
+        put(j, "message_bytes", last ? json_null() : topo_json_number(message_bytes(r, s)), &ok);
+        put(j, "next_link",
+            last ? json_null()
+                 : json_string(topo_link_name(
+                       topo_link_between(r->m, r->cm, p, &pl->places[i + 1], NULL, NULL))),
+            &ok);
+        put(j, "time_s", topo_json_number(r->rank_time[i]), &ok);
+        append(placement, j, &ok);
     }
-    printf("],\n\"rank_order\":");
-    json_places(r->m, pl->naive, pl->n_ranks);
-    printf("}\n");
+    put(o, "placement", placement, &ok);
+    put(o, "rank_order", json_places(r->m, pl->naive, pl->n_ranks, &ok), &ok);
+    if (!ok) {
+        json_decref(o);
+        o = NULL;
+    }
+    return topo_json_print(o, stdout);
 }
 
 int topo_cmd_plan(int argc, char **argv)
@@ -390,7 +419,8 @@ int topo_cmd_plan(int argc, char **argv)
     topo_placement_cost(m, &tr, &cm, pl.places, rank_time);
     plan_result r = {&a, &net, &part, m, &tr, &cm, &pl, rank_time};
     if (a.json) {
-        print_plan_json(&r);
+        if (print_plan_json(&r) < 0)
+            goto out;
     } else {
         partition_print(&part, &net, have_prof ? &prof : NULL, stdout);
         putchar('\n');

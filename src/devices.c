@@ -1,9 +1,10 @@
 /* `pipetrain devices`: the CPU from this machine's topology, the CUDA devices through the
- * plugin, and MPI's CUDA-awareness, as text or as one JSON object. A machine without a
- * usable GPU is a normal answer (the reason is printed, the status is 0); only a listing
- * that could not be made is an error. */
+ * plugin, and MPI's CUDA-awareness, as text or as one JSON object (built with jansson). A
+ * machine without a usable GPU is a normal answer (the reason is printed, the status is 0);
+ * only a listing that could not be made is an error. */
 #include "src/devices.h"
 
+#include <jansson.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,18 +26,6 @@ typedef struct {
     int *failed;          /* per device: its query failed (message in errors) */
     char (*errors)[512];
 } cuda_listing;
-
-static void json_string(FILE *out, const char *s)
-{
-    fputc('"', out);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(out, "\\%c", c);
-        else if (c < 0x20) fprintf(out, "\\u%04x", c);
-        else fputc(c, out);
-    }
-    fputc('"', out);
-}
 
 static double gib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0 * 1024.0); }
 
@@ -118,56 +107,79 @@ static void print_text(const topo_machine *m, const char *topo_err, const cuda_l
     printf("MPI: %s; CUDA-aware: %s\n", mpi_lib, aware ? "yes" : "no");
 }
 
-static void print_json(const topo_machine *m, const char *topo_err, const cuda_listing *l,
-                       const char *mpi_lib, int aware)
+/* Builders of the JSON tree: jansson's setters take ownership of the value (and free it
+ * when they fail, also for a NULL container or value); *ok records any failure. */
+static void put(json_t *obj, const char *key, json_t *v, int *ok)
 {
-    printf("{\"cpu\":{");
+    if (json_object_set_new(obj, key, v) != 0)
+        *ok = 0;
+}
+
+static json_t *json_device(int d, const cuda_listing *l, int *ok)
+{
+    const cuda_device_info *g = &l->info[d];
+    json_t *o = json_object();
+    put(o, "index", json_integer(d), ok);
+    if (l->failed[d]) {
+        put(o, "error", topo_json_text(l->errors[d]), ok);
+        return o;
+    }
+    int estimate;
+    devices_fp32_lanes_per_sm(g->major, g->minor, &estimate);
+    char cc[32];
+    snprintf(cc, sizeof cc, "%d.%d", g->major, g->minor);
+    put(o, "name", topo_json_text(g->name), ok);
+    put(o, "memory_total_bytes", json_integer((json_int_t)g->total_bytes), ok);
+    put(o, "memory_free_bytes", json_integer((json_int_t)g->free_bytes), ok);
+    put(o, "compute_capability", json_string(cc), ok);
+    put(o, "multiprocessors", json_integer(g->multiprocessors), ok);
+    /* the plugin reports 0 for what it does not know */
+    put(o, "clock_khz", g->clock_khz > 0 ? json_integer(g->clock_khz) : json_null(), ok);
+    put(o, "pci_bus_id", topo_json_text(g->pci_bus_id), ok);
+    put(o, "peak_fp32_flops",
+        g->peak_fp32_flops > 0 ? topo_json_number(g->peak_fp32_flops) : json_null(), ok);
+    put(o, "peak_fp32_estimate", json_boolean(estimate), ok);
+    return o;
+}
+
+static int print_json(const topo_machine *m, const char *topo_err, const cuda_listing *l,
+                      const char *mpi_lib, int aware)
+{
+    int ok = 1;
+    json_t *o = json_object(), *cpu = json_object(), *cuda = json_object(),
+           *mpi = json_object();
     if (m) {
-        printf("\"model\":");
-        json_string(stdout, m->cpu_model);
-        printf(",\"packages\":%d,\"cores\":%d,\"hardware_threads\":%d,\"numa_nodes\":%d,"
-               "\"memory_bytes\":%llu", m->n_packages, m->n_cores, m->n_pus, m->n_numa,
-               m->memory);
+        put(cpu, "model", topo_json_text(m->cpu_model), &ok);
+        put(cpu, "packages", json_integer(m->n_packages), &ok);
+        put(cpu, "cores", json_integer(m->n_cores), &ok);
+        put(cpu, "hardware_threads", json_integer(m->n_pus), &ok);
+        put(cpu, "numa_nodes", json_integer(m->n_numa), &ok);
+        put(cpu, "memory_bytes", json_integer((json_int_t)m->memory), &ok);
     } else {
-        printf("\"error\":");
-        json_string(stdout, topo_err);
+        put(cpu, "error", topo_json_text(topo_err), &ok);
     }
-    printf("},\"cuda\":{\"available\":%s", l->ok ? "true" : "false");
-    if (*l->versions) {
-        printf(",\"versions\":");
-        json_string(stdout, l->versions);
-    }
+    put(o, "cpu", cpu, &ok);
+    put(cuda, "available", json_boolean(l->ok), &ok);
+    if (*l->versions)
+        put(cuda, "versions", topo_json_text(l->versions), &ok);
     if (!l->ok) {
-        printf(",\"reason\":");
-        json_string(stdout, l->reason);
+        put(cuda, "reason", topo_json_text(l->reason), &ok);
     } else {
-        printf(",\"devices\":[");
-        for (int d = 0; d < l->n; d++) {
-            const cuda_device_info *g = &l->info[d];
-            printf("%s{\"index\":%d,", d ? "," : "", d);
-            if (l->failed[d]) {
-                printf("\"error\":");
-                json_string(stdout, l->errors[d]);
-                printf("}");
-                continue;
-            }
-            int estimate;
-            devices_fp32_lanes_per_sm(g->major, g->minor, &estimate);
-            printf("\"name\":");
-            json_string(stdout, g->name);
-            printf(",\"memory_total_bytes\":%zu,\"memory_free_bytes\":%zu,"
-                   "\"compute_capability\":\"%d.%d\",\"multiprocessors\":%d,\"clock_khz\":%d,"
-                   "\"pci_bus_id\":", g->total_bytes, g->free_bytes, g->major, g->minor,
-                   g->multiprocessors, g->clock_khz);
-            json_string(stdout, g->pci_bus_id);
-            printf(",\"peak_fp32_flops\":%.6g,\"peak_fp32_estimate\":%s}", g->peak_fp32_flops,
-                   estimate ? "true" : "false");
-        }
-        printf("]");
+        json_t *devices = json_array();
+        for (int d = 0; ok && d < l->n; d++)
+            if (json_array_append_new(devices, json_device(d, l, &ok)) != 0)
+                ok = 0;
+        put(cuda, "devices", devices, &ok);
     }
-    printf("},\"mpi\":{\"library\":");
-    json_string(stdout, mpi_lib);
-    printf(",\"cuda_aware\":%s}}\n", aware ? "true" : "false");
+    put(o, "cuda", cuda, &ok);
+    put(mpi, "library", topo_json_text(mpi_lib), &ok);
+    put(mpi, "cuda_aware", json_boolean(aware), &ok);
+    put(o, "mpi", mpi, &ok);
+    if (!ok) {
+        json_decref(o);
+        o = NULL;
+    }
+    return topo_json_print(o, stdout);
 }
 
 enum { O_JSON = 1, O_HELP };
@@ -227,10 +239,16 @@ int devices_cmd(int argc, char **argv)
     if (!mpi_ok) fprintf(stderr, "pipetrain devices: %s\n", pt_error_get());
 
     const topo_machine *m = t ? topo_get_machine(t) : NULL;
-    if (json) print_json(m, topo_err, &l, mpi_lib, aware);
-    else print_text(m, topo_err, &l, mpi_lib, aware);
-    fflush(stdout);
     int failed = !m || !mpi_ok;
+    if (json) {
+        if (print_json(m, topo_err, &l, mpi_lib, aware) < 0) {
+            fprintf(stderr, "pipetrain: devices: %s\n", pt_error_get());
+            failed = 1;
+        }
+    } else {
+        print_text(m, topo_err, &l, mpi_lib, aware);
+    }
+    fflush(stdout);
     for (int d = 0; d < l.n; d++) failed |= l.failed[d];
     cuda_listing_free(&l);
     topo_free(t);

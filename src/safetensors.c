@@ -1,13 +1,14 @@
-/* safetensors checkpoints (F32 only): an atomic writer and a strict reader with its own
- * small JSON parser for the header. Checkpoints are what a restarted job trusts, so the
- * reader rejects anything it cannot account for byte by byte, as the reference
- * implementation does: every tensor's bytes match its shape, no two tensors overlap, and
- * the tensors cover the data section exactly. */
+/* safetensors checkpoints (F32 only): an atomic writer and a strict reader; jansson writes
+ * and parses the JSON header (duplicate keys rejected). Checkpoints are what a restarted job
+ * trusts, so the reader rejects anything it cannot account for byte by byte, as the
+ * reference implementation does: every tensor's bytes match its shape, no two tensors
+ * overlap, and the tensors cover the data section exactly. It checks all of that against
+ * the file's size before it reads any data, so a damaged or hostile file costs no more than
+ * its header. */
 #include "src/safetensors.h"
 
 #include <errno.h>
-#include <limits.h>
-#include <stdarg.h>
+#include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,60 +28,6 @@
 #define ST_MAX_HEADER ((uint64_t)100 << 20)
 #define ST_MAX_NAME ((int)sizeof(((st_tensor *)0)->name) - 1)
 #define ST_MAX_DIMS 4
-
-/* ---- a growable text buffer for the writer ---- */
-
-typedef struct {
-    char *s;
-    size_t len, cap;
-    int oom;
-} st_text;
-
-__attribute__((format(printf, 2, 3))) static void text_printf(st_text *t, const char *fmt, ...)
-{
-    if (t->oom)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(t->s ? t->s + t->len : NULL, t->s ? t->cap - t->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            t->oom = 1;
-            return;
-        }
-        if (t->s && t->len + (size_t)n < t->cap) {
-            t->len += (size_t)n;
-            return;
-        }
-        size_t cap = t->cap ? t->cap : 256;
-        while (cap <= t->len + (size_t)n)
-            cap *= 2;
-        char *grown = realloc(t->s, cap);
-        if (!grown) {
-            t->oom = 1;
-            return;
-        }
-        t->s = grown;
-        t->cap = cap;
-    }
-}
-
-/* A JSON string: quotes, backslashes and control characters escaped. */
-static void text_json_string(st_text *t, const char *s)
-{
-    text_printf(t, "\"");
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            text_printf(t, "\\%c", c);
-        else if (c < 0x20)
-            text_printf(t, "\\u%04x", c);
-        else
-            text_printf(t, "%c", c);
-    }
-    text_printf(t, "\"");
-}
 
 /* Bytes of a tensor's data, or -1 when a dimension is negative or the size overflows. */
 static int tensor_bytes(const long *shape, int ndim, uint64_t *bytes)
@@ -107,6 +54,10 @@ static int check_tensors(const char *path, const st_tensor *tensors, int count)
         if (memchr(t->name, '\0', sizeof t->name) == NULL)
             return pt_error_set("%s: tensor %d: name is longer than %d bytes", path, i,
                                 ST_MAX_NAME);
+        json_t *name = json_string(t->name); /* NULL: not UTF-8, as JSON must be */
+        if (!name)
+            return pt_error_set("%s: tensor %d: name is not valid UTF-8", path, i);
+        json_decref(name);
         if (t->ndim < 0 || t->ndim > ST_MAX_DIMS)
             return pt_error_set("%s: tensor '%s': %d dimensions (0..%d allowed)", path, t->name,
                                 t->ndim, ST_MAX_DIMS);
@@ -133,6 +84,46 @@ static int check_tensors(const char *path, const st_tensor *tensors, int count)
     return 0;
 }
 
+/* The header: {"name": {"dtype": "F32", "shape": [...], "data_offsets": [b, e]}, ...} in
+ * the tensors' order, compact, padded with blanks so that the data starts 8-byte aligned
+ * (after the 8-byte length). NULL when out of memory; the tensors are checked already. */
+static char *header_text(const st_tensor *tensors, int count, size_t *len)
+{
+    json_t *h = json_object();
+    int ok = h != NULL;
+    uint64_t offset = 0;
+    for (int i = 0; ok && i < count; i++) {
+        const st_tensor *t = &tensors[i];
+        uint64_t bytes = 0;
+        tensor_bytes(t->shape, t->ndim, &bytes);
+        json_t *shape = json_array();
+        for (int d = 0; d < t->ndim; d++)
+            if (json_array_append_new(shape, json_integer(t->shape[d])) != 0)
+                ok = 0;
+        /* "o" hands `shape` over (freed if the pack fails) */
+        json_t *entry = json_pack("{s:s, s:o, s:[I,I]}", "dtype", "F32", "shape", shape,
+                                  "data_offsets", (json_int_t)offset,
+                                  (json_int_t)(offset + bytes));
+        if (json_object_set_new(h, t->name, entry) != 0)
+            ok = 0;
+        offset += bytes;
+    }
+    char *text = ok ? json_dumps(h, JSON_COMPACT) : NULL;
+    json_decref(h);
+    if (!text)
+        return NULL;
+    size_t n = strlen(text), padded = (n + 7) / 8 * 8;
+    char *grown = realloc(text, padded + 1);
+    if (!grown) {
+        free(text);
+        return NULL;
+    }
+    memset(grown + n, ' ', padded - n);
+    grown[padded] = '\0';
+    *len = padded;
+    return grown;
+}
+
 int st_write(const char *path, const st_tensor *tensors, int count)
 {
     if (count < 0 || (count > 0 && !tensors))
@@ -140,47 +131,27 @@ int st_write(const char *path, const st_tensor *tensors, int count)
     if (check_tensors(path, tensors, count) != 0)
         return -1;
 
-    st_text h = {0};
-    uint64_t offset = 0;
-    text_printf(&h, "{");
-    for (int i = 0; i < count; i++) {
-        const st_tensor *t = &tensors[i];
-        uint64_t bytes = 0; /* already validated by check_tensors */
-        tensor_bytes(t->shape, t->ndim, &bytes);
-        text_printf(&h, i ? "," : "");
-        text_json_string(&h, t->name);
-        text_printf(&h, ":{\"dtype\":\"F32\",\"shape\":[");
-        for (int d = 0; d < t->ndim; d++)
-            text_printf(&h, d ? ",%ld" : "%ld", t->shape[d]);
-        text_printf(&h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)offset,
-                    (unsigned long long)(offset + bytes));
-        offset += bytes;
-    }
-    text_printf(&h, "}");
-    /* pad so that the data starts 8-byte aligned (8-byte length + header) */
-    while (!h.oom && h.len % 8 != 0)
-        text_printf(&h, " ");
-    if (h.oom) {
-        free(h.s);
+    size_t len;
+    char *h = header_text(tensors, count, &len);
+    if (!h)
         return pt_error_set("%s: out of memory building the header", path);
-    }
 
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-        free(h.s);
+        free(h);
         return pt_error_set("%s: path too long", path);
     }
     FILE *f = fopen(tmp, "wb");
     if (!f) {
         int e = errno;
-        free(h.s);
+        free(h);
         return pt_error_set("%s: cannot create: %s", tmp, strerror(e));
     }
     unsigned char len8[8];
     for (int b = 0; b < 8; b++)
-        len8[b] = (unsigned char)((uint64_t)h.len >> (8 * b));
-    int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(h.s, 1, h.len, f) == h.len;
-    free(h.s);
+        len8[b] = (unsigned char)((uint64_t)len >> (8 * b));
+    int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(h, 1, len, f) == len;
+    free(h);
     for (int i = 0; ok && i < count; i++) {
         uint64_t bytes = 0; /* already validated by check_tensors */
         tensor_bytes(tensors[i].shape, tensors[i].ndim, &bytes);
@@ -205,322 +176,133 @@ int st_write(const char *path, const st_tensor *tensors, int count)
     return 0;
 }
 
-/* ---- reader: a strict JSON parser for the header ---- */
-
-typedef struct {
-    const char *path;
-    const char *s;
-    size_t len, pos;
-} json_cursor;
-
-__attribute__((format(printf, 2, 3))) static int json_fail(const json_cursor *c,
-                                                            const char *fmt, ...)
-{
-    char reason[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(reason, sizeof reason, fmt, ap);
-    va_end(ap);
-    return pt_error_set("%s: bad JSON header at byte %zu: %s", c->path, c->pos, reason);
-}
-
-static void json_skip_ws(json_cursor *c)
-{
-    while (c->pos < c->len && (c->s[c->pos] == ' ' || c->s[c->pos] == '\t' ||
-                               c->s[c->pos] == '\n' || c->s[c->pos] == '\r'))
-        c->pos++;
-}
-
-/* Skips blanks, then consumes `ch` if it is next; returns whether it was. */
-static int json_accept(json_cursor *c, char ch)
-{
-    json_skip_ws(c);
-    if (c->pos < c->len && c->s[c->pos] == ch) {
-        c->pos++;
-        return 1;
-    }
-    return 0;
-}
-
-static int json_expect(json_cursor *c, char ch)
-{
-    if (json_accept(c, ch))
-        return 0;
-    if (c->pos >= c->len)
-        return json_fail(c, "expected '%c', found the end of the header", ch);
-    return json_fail(c, "expected '%c', found '%c'", ch, c->s[c->pos]);
-}
-
-static int hex4(const char *s, unsigned *out)
-{
-    unsigned v = 0;
-    for (int i = 0; i < 4; i++) {
-        char h = s[i];
-        v <<= 4;
-        if (h >= '0' && h <= '9')
-            v |= (unsigned)(h - '0');
-        else if (h >= 'a' && h <= 'f')
-            v |= (unsigned)(h - 'a' + 10);
-        else if (h >= 'A' && h <= 'F')
-            v |= (unsigned)(h - 'A' + 10);
-        else
-            return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-/* A JSON string decoded to UTF-8 into out[cap] (NUL-terminated); longer is an error. */
-static int json_string(json_cursor *c, char *out, size_t cap)
-{
-    if (json_expect(c, '"') != 0)
-        return -1;
-    size_t n = 0;
-    for (;;) {
-        if (c->pos >= c->len)
-            return json_fail(c, "unterminated string");
-        unsigned char ch = (unsigned char)c->s[c->pos];
-        char enc[4];
-        size_t enc_len = 1;
-        if (ch == '"') {
-            c->pos++;
-            break;
-        }
-        if (ch < 0x20)
-            return json_fail(c, "control character 0x%02x in a string", ch);
-        if (ch != '\\') {
-            enc[0] = (char)ch;
-            c->pos++;
-        } else {
-            if (c->pos + 1 >= c->len)
-                return json_fail(c, "unterminated escape");
-            char e = c->s[c->pos + 1];
-            c->pos += 2;
-            switch (e) {
-            case '"': enc[0] = '"'; break;
-            case '\\': enc[0] = '\\'; break;
-            case '/': enc[0] = '/'; break;
-            case 'b': enc[0] = '\b'; break;
-            case 'f': enc[0] = '\f'; break;
-            case 'n': enc[0] = '\n'; break;
-            case 'r': enc[0] = '\r'; break;
-            case 't': enc[0] = '\t'; break;
-            case 'u': {
-                unsigned u, lo;
-                if (c->pos + 4 > c->len || hex4(c->s + c->pos, &u) != 0)
-                    return json_fail(c, "bad \\u escape");
-                c->pos += 4;
-                if (u >= 0xD800 && u <= 0xDBFF) { /* surrogate pair */
-                    if (c->pos + 6 > c->len || c->s[c->pos] != '\\' || c->s[c->pos + 1] != 'u' ||
-                        hex4(c->s + c->pos + 2, &lo) != 0 || lo < 0xDC00 || lo > 0xDFFF)
-                        return json_fail(c, "unpaired UTF-16 surrogate");
-                    c->pos += 6;
-                    u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
-                } else if (u >= 0xDC00 && u <= 0xDFFF) {
-                    return json_fail(c, "unpaired UTF-16 surrogate");
-                }
-                if (u == 0)
-                    return json_fail(c, "NUL character in a string");
-                if (u < 0x80) {
-                    enc[0] = (char)u;
-                } else if (u < 0x800) {
-                    enc[0] = (char)(0xC0 | u >> 6);
-                    enc[1] = (char)(0x80 | (u & 0x3F));
-                    enc_len = 2;
-                } else if (u < 0x10000) {
-                    enc[0] = (char)(0xE0 | u >> 12);
-                    enc[1] = (char)(0x80 | ((u >> 6) & 0x3F));
-                    enc[2] = (char)(0x80 | (u & 0x3F));
-                    enc_len = 3;
-                } else {
-                    enc[0] = (char)(0xF0 | u >> 18);
-                    enc[1] = (char)(0x80 | ((u >> 12) & 0x3F));
-                    enc[2] = (char)(0x80 | ((u >> 6) & 0x3F));
-                    enc[3] = (char)(0x80 | (u & 0x3F));
-                    enc_len = 4;
-                }
-                break;
-            }
-            default: return json_fail(c, "bad escape '\\%c'", e);
-            }
-        }
-        if (n + enc_len >= cap)
-            return json_fail(c, "string longer than %zu bytes", cap - 1);
-        memcpy(out + n, enc, enc_len);
-        n += enc_len;
-    }
-    out[n] = '\0';
-    return 0;
-}
-
-/* A non-negative JSON integer (no sign, fraction, exponent or leading zero). */
-static int json_uint(json_cursor *c, uint64_t *out)
-{
-    json_skip_ws(c);
-    if (c->pos < c->len && c->s[c->pos] == '-')
-        return json_fail(c, "negative number");
-    if (c->pos >= c->len || c->s[c->pos] < '0' || c->s[c->pos] > '9')
-        return json_fail(c, "expected a non-negative integer");
-    if (c->s[c->pos] == '0' && c->pos + 1 < c->len && c->s[c->pos + 1] >= '0' &&
-        c->s[c->pos + 1] <= '9')
-        return json_fail(c, "leading zero in a number");
-    uint64_t v = 0;
-    while (c->pos < c->len && c->s[c->pos] >= '0' && c->s[c->pos] <= '9') {
-        if (__builtin_mul_overflow(v, 10, &v) ||
-            __builtin_add_overflow(v, (uint64_t)(c->s[c->pos] - '0'), &v))
-            return json_fail(c, "integer too large");
-        c->pos++;
-    }
-    if (c->pos < c->len && (c->s[c->pos] == '.' || c->s[c->pos] == 'e' || c->s[c->pos] == 'E'))
-        return json_fail(c, "expected an integer");
-    *out = v;
-    return 0;
-}
-
-/* "[a, b, ...]" with at most `max` integers. */
-static int json_uint_array(json_cursor *c, uint64_t *vals, int max, int *n, const char *what)
-{
-    *n = 0;
-    if (json_expect(c, '[') != 0)
-        return -1;
-    if (json_accept(c, ']'))
-        return 0;
-    do {
-        if (*n == max)
-            return json_fail(c, "%s has more than %d entries", what, max);
-        if (json_uint(c, &vals[(*n)++]) != 0)
-            return -1;
-    } while (json_accept(c, ','));
-    return json_expect(c, ']');
-}
-
-/* "__metadata__": an object of strings, which we do not use. */
-static int json_skip_metadata(json_cursor *c)
-{
-    char buf[4096];
-    if (json_expect(c, '{') != 0)
-        return -1;
-    if (json_accept(c, '}'))
-        return 0;
-    do {
-        if (json_string(c, buf, sizeof buf) != 0 || json_expect(c, ':') != 0 ||
-            json_string(c, buf, sizeof buf) != 0)
-            return -1;
-    } while (json_accept(c, ','));
-    return json_expect(c, '}');
-}
+/* ---- reader ---- */
 
 typedef struct {
     st_tensor t;
     uint64_t begin, end;
 } st_entry;
 
-/* {"dtype": "F32", "shape": [...], "data_offsets": [b, e]}, keys in any order. */
-static int json_tensor(json_cursor *c, st_entry *e)
+/* An array of at most `max` non-negative integers into vals; *n receives its length. */
+static int uint_array(const char *path, const char *tensor, const char *what, const json_t *a,
+                      uint64_t *vals, int max, int *n)
 {
-    enum { HAVE_DTYPE = 1, HAVE_SHAPE = 2, HAVE_OFFSETS = 4 };
-    int have = 0;
-    char key[32], dtype[32] = "";
-    if (json_expect(c, '{') != 0)
-        return -1;
-    if (!json_accept(c, '}')) {
-        do {
-            size_t key_pos = c->pos;
-            if (json_string(c, key, sizeof key) != 0 || json_expect(c, ':') != 0)
-                return -1;
-            int bit = strcmp(key, "dtype") == 0          ? HAVE_DTYPE
-                      : strcmp(key, "shape") == 0        ? HAVE_SHAPE
-                      : strcmp(key, "data_offsets") == 0 ? HAVE_OFFSETS
-                                                         : 0;
-            if (!bit) {
-                c->pos = key_pos;
-                return json_fail(c, "unknown key '%s' in tensor '%s'", key, e->t.name);
-            }
-            if (have & bit) {
-                c->pos = key_pos;
-                return json_fail(c, "duplicate key '%s' in tensor '%s'", key, e->t.name);
-            }
-            have |= bit;
-            if (bit == HAVE_DTYPE) {
-                if (json_string(c, dtype, sizeof dtype) != 0)
-                    return -1;
-            } else if (bit == HAVE_SHAPE) {
-                uint64_t dims[ST_MAX_DIMS];
-                if (json_uint_array(c, dims, ST_MAX_DIMS, &e->t.ndim, "shape") != 0)
-                    return -1;
-                for (int d = 0; d < e->t.ndim; d++) {
-                    if (dims[d] > LONG_MAX)
-                        return json_fail(c, "dimension too large in tensor '%s'", e->t.name);
-                    e->t.shape[d] = (long)dims[d];
-                }
-            } else {
-                uint64_t off[2];
-                int n;
-                if (json_uint_array(c, off, 2, &n, "data_offsets") != 0)
-                    return -1;
-                if (n != 2)
-                    return json_fail(c, "data_offsets of tensor '%s' has %d entries, not 2",
-                                     e->t.name, n);
-                e->begin = off[0];
-                e->end = off[1];
-            }
-        } while (json_accept(c, ','));
-        if (json_expect(c, '}') != 0)
-            return -1;
+    if (!json_is_array(a))
+        return pt_error_set("%s: tensor '%s': %s is not an array", path, tensor, what);
+    if (json_array_size(a) > (size_t)max)
+        return pt_error_set("%s: tensor '%s': %s has %zu entries, more than %d", path, tensor,
+                            what, json_array_size(a), max);
+    *n = (int)json_array_size(a);
+    for (int i = 0; i < *n; i++) {
+        const json_t *v = json_array_get(a, (size_t)i);
+        if (!json_is_integer(v))
+            return pt_error_set("%s: tensor '%s': %s holds %s, not an integer", path, tensor,
+                                what, json_is_real(v) ? "a fraction" : "a non-number");
+        if (json_integer_value(v) < 0)
+            return pt_error_set("%s: tensor '%s': %s holds the negative number %lld", path,
+                                tensor, what, (long long)json_integer_value(v));
+        vals[i] = (uint64_t)json_integer_value(v);
     }
-    static const char *const names[] = {"dtype", "shape", "data_offsets"};
-    for (int b = 0; b < 3; b++)
-        if (!(have & (1 << b)))
-            return json_fail(c, "tensor '%s' lacks '%s'", e->t.name, names[b]);
-    if (strcmp(dtype, "F32") != 0)
-        return pt_error_set("%s: tensor '%s' has dtype %s; only F32 is supported", c->path,
-                            e->t.name, dtype);
     return 0;
 }
 
-/* The whole header: one object of tensors (and maybe "__metadata__"), then blanks. */
-static int json_header(json_cursor *c, st_entry **entries, int *count)
+/* {"dtype": "F32", "shape": [...], "data_offsets": [b, e]}, keys in any order. */
+static int parse_tensor(const char *path, const json_t *o, st_entry *e)
+{
+    const char *name = e->t.name;
+    if (!json_is_object(o))
+        return pt_error_set("%s: tensor '%s' is not a JSON object", path, name);
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)o, key, v)
+        if (strcmp(key, "dtype") && strcmp(key, "shape") && strcmp(key, "data_offsets"))
+            return pt_error_set("%s: unknown key '%s' in tensor '%s'", path, key, name);
+    static const char *const keys[] = {"dtype", "shape", "data_offsets"};
+    for (int k = 0; k < 3; k++)
+        if (!json_object_get(o, keys[k]))
+            return pt_error_set("%s: tensor '%s' lacks '%s'", path, name, keys[k]);
+
+    const json_t *dtype = json_object_get(o, "dtype");
+    if (!json_is_string(dtype))
+        return pt_error_set("%s: tensor '%s': dtype is not a string", path, name);
+    if (strcmp(json_string_value(dtype), "F32") != 0)
+        return pt_error_set("%s: tensor '%s' has dtype %.32s; only F32 is supported", path,
+                            name, json_string_value(dtype));
+    uint64_t dims[ST_MAX_DIMS], off[2];
+    int n;
+    if (uint_array(path, name, "shape", json_object_get(o, "shape"), dims, ST_MAX_DIMS,
+                   &e->t.ndim) != 0 ||
+        uint_array(path, name, "data_offsets", json_object_get(o, "data_offsets"), off, 2,
+                   &n) != 0)
+        return -1;
+    if (n != 2)
+        return pt_error_set("%s: tensor '%s': data_offsets has %d entries, not 2", path, name,
+                            n);
+    for (int d = 0; d < e->t.ndim; d++)
+        e->t.shape[d] = (long)dims[d]; /* ≤ 2^63 − 1: a JSON integer of jansson */
+    e->begin = off[0];
+    e->end = off[1];
+    return 0;
+}
+
+/* "__metadata__": an object of strings, which we do not use. */
+static int check_metadata(const char *path, const json_t *o)
+{
+    if (!json_is_object(o))
+        return pt_error_set("%s: __metadata__ is not a JSON object", path);
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)o, key, v)
+        if (!json_is_string(v))
+            return pt_error_set("%s: __metadata__ entry '%s' is not a string", path, key);
+    return 0;
+}
+
+/* The header text: one object of tensors (and maybe "__metadata__"), then blanks. */
+static int parse_header(const char *path, const char *text, size_t len, st_entry **entries,
+                        int *count)
 {
     *entries = NULL;
     *count = 0;
-    int cap = 0;
-    if (json_expect(c, '{') != 0)
-        return -1;
-    if (!json_accept(c, '}')) {
-        do {
-            char name[sizeof(((st_tensor *)0)->name)];
-            if (json_string(c, name, sizeof name) != 0 || json_expect(c, ':') != 0)
-                return -1;
-            if (strcmp(name, "__metadata__") == 0) {
-                if (json_skip_metadata(c) != 0)
-                    return -1;
-                continue;
-            }
-            if (*count == cap) {
-                cap = cap ? 2 * cap : 16;
-                st_entry *grown = realloc(*entries, (size_t)cap * sizeof *grown);
-                if (!grown)
-                    return pt_error_set("%s: out of memory", c->path);
-                *entries = grown;
-            }
-            st_entry *e = &(*entries)[(*count)++];
-            memset(e, 0, sizeof *e);
-            memcpy(e->t.name, name, strlen(name) + 1);
-            if (json_tensor(c, e) != 0)
-                return -1;
-        } while (json_accept(c, ','));
-        if (json_expect(c, '}') != 0)
-            return -1;
+    json_error_t err;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
+    if (!root)
+        return pt_error_set("%s: bad JSON header at byte %d: %s", path, err.position, err.text);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return pt_error_set("%s: the JSON header is not an object", path);
     }
-    json_skip_ws(c);
-    if (c->pos != c->len)
-        return json_fail(c, "unexpected '%c' after the header object", c->s[c->pos]);
-    return 0;
-}
-
-static int entry_by_name(const void *a, const void *b)
-{
-    return strcmp(((const st_entry *)a)->t.name, ((const st_entry *)b)->t.name);
+    int rc = 0;
+    size_t n = json_object_size(root);
+    if (n > 0 && !(*entries = calloc(n, sizeof **entries))) {
+        json_decref(root);
+        return pt_error_set("%s: out of memory", path);
+    }
+    const char *name;
+    json_t *v;
+    json_object_foreach(root, name, v) {
+        if (strcmp(name, "__metadata__") == 0) {
+            if ((rc = check_metadata(path, v)) != 0)
+                break;
+            continue;
+        }
+        if (strlen(name) > (size_t)ST_MAX_NAME) {
+            rc = pt_error_set("%s: tensor name '%.40s...' is longer than %d bytes", path, name,
+                              ST_MAX_NAME);
+            break;
+        }
+        st_entry *e = &(*entries)[(*count)++];
+        memcpy(e->t.name, name, strlen(name) + 1);
+        if ((rc = parse_tensor(path, v, e)) != 0)
+            break;
+    }
+    json_decref(root);
+    if (rc != 0) {
+        free(*entries);
+        *entries = NULL;
+        *count = 0;
+    }
+    return rc;
 }
 
 static int entry_by_offset(const void *a, const void *b)
@@ -554,12 +336,8 @@ static int check_layout(const char *path, st_entry *entries, int count, uint64_t
                                 path, e->t.name, (unsigned long long)bytes,
                                 (unsigned long long)(e->end - e->begin));
     }
-    /* (qsort must not see the NULL list of an empty file) */
-    if (count > 1)
-        qsort(entries, (size_t)count, sizeof *entries, entry_by_name);
-    for (int i = 1; i < count; i++)
-        if (strcmp(entries[i - 1].t.name, entries[i].t.name) == 0)
-            return pt_error_set("%s: tensor '%s' appears twice", path, entries[i].t.name);
+    /* (names are unique: the parser rejects duplicate keys; qsort must not see the NULL
+     * list of an empty file) */
     if (count > 1)
         qsort(entries, (size_t)count, sizeof *entries, entry_by_offset);
     uint64_t at = 0;
@@ -589,6 +367,7 @@ int st_read(st_file *f, const char *path)
         fclose(fp);
         return pt_error_set("%s: not a regular file", path);
     }
+    /* the sizes first: nothing is allocated or read that the file cannot hold */
     uint64_t size = (uint64_t)st.st_size;
     unsigned char len8[8];
     if (size < 8 || fread(len8, 1, 8, fp) != 8) {
@@ -611,40 +390,36 @@ int st_read(st_file *f, const char *path)
                             (unsigned long long)header_len, (unsigned long long)ST_MAX_HEADER);
     }
     uint64_t data_bytes = size - 8 - header_len;
-    if (data_bytes > SIZE_MAX / 2) {
-        fclose(fp);
-        return pt_error_set("%s: data section too large", path);
-    }
     char *header = malloc(header_len ? (size_t)header_len : 1);
-    /* its own allocation, so that the floats are aligned whatever the header length */
-    f->blob = malloc(data_bytes ? (size_t)data_bytes : 1);
-    if (!header || !f->blob) {
-        free(header);
+    if (!header) {
         fclose(fp);
-        st_free(f);
         return pt_error_set("%s: out of memory", path);
     }
-    int ok = fread(header, 1, (size_t)header_len, fp) == header_len &&
-             fread(f->blob, 1, (size_t)data_bytes, fp) == data_bytes;
-    fclose(fp);
-    if (!ok) {
+    if (fread(header, 1, (size_t)header_len, fp) != header_len) {
         free(header);
-        st_free(f);
+        fclose(fp);
         return pt_error_set("%s: read error (file changed while reading?)", path);
     }
 
-    json_cursor c = {path, header, (size_t)header_len, 0};
+    /* then the header against the data section, still without reading it */
     st_entry *entries = NULL;
     int count = 0;
-    int rc = json_header(&c, &entries, &count);
+    int rc = parse_header(path, header, (size_t)header_len, &entries, &count);
     free(header);
     if (rc == 0)
         rc = check_layout(path, entries, count, data_bytes);
-    if (rc == 0 && count > 0) {
-        f->tensors = malloc((size_t)count * sizeof *f->tensors);
-        if (!f->tensors)
-            rc = pt_error_set("%s: out of memory", path);
-    }
+    if (rc == 0 && data_bytes > SIZE_MAX / 2)
+        rc = pt_error_set("%s: data section too large", path);
+    if (rc == 0 && count > 0 && !(f->tensors = malloc((size_t)count * sizeof *f->tensors)))
+        rc = pt_error_set("%s: out of memory", path);
+    /* its own allocation, so that the floats are aligned whatever the header length */
+    if (rc == 0 && !(f->blob = malloc(data_bytes ? (size_t)data_bytes : 1)))
+        rc = pt_error_set("%s: out of memory for %llu bytes of data", path,
+                          (unsigned long long)data_bytes);
+    /* only now the data, which the tensors cover exactly */
+    if (rc == 0 && fread(f->blob, 1, (size_t)data_bytes, fp) != data_bytes)
+        rc = pt_error_set("%s: read error (file changed while reading?)", path);
+    fclose(fp);
     if (rc != 0) {
         free(entries);
         st_free(f);

@@ -23,9 +23,11 @@ typedef struct {
     void *blob;         /* owned: the file's data section */
 } st_file;
 
-/* Reads and validates a whole file: header length within the file, well-formed JSON,
- * dtype F32, offsets in order inside the data and matching each shape, no overlap.
- * A truncated or corrupt file is an error naming the file and the problem. */
+/* Reads and validates a whole file: header length within the file, well-formed JSON (no
+ * duplicate keys), dtype F32, offsets inside the data and matching each shape, no overlap,
+ * no gap and nothing after the last tensor. All of it is checked against the file's size
+ * before any data is read or allocated. A truncated or corrupt file is an error naming the
+ * file and the problem. */
 int st_read(st_file *f, const char *path);
 /* The tensor called `name`, or NULL. */
 const st_tensor *st_find(const st_file *f, const char *name);

@@ -1,7 +1,8 @@
 # The CUDA backend stays a plugin, and asking for it without a GPU fails cleanly:
 # - pipetrain and every test binary (but test_cuda_kernels) link no CUDA library;
 # - `pipetrain devices` lists the CPU and, without a usable GPU, says why and exits 0
-#   (with a GPU and the plugin built: at least one device); its --json parses;
+#   (with a GPU and the plugin built: at least one device); its --json parses, also when
+#   a message holds a path that needs escaping or is not UTF-8;
 # - a bogus PIPETRAIN_CUDA_PLUGIN is named in the message;
 # - `train --device cuda` without a GPU (or with the bogus plugin) fails on 1 rank and on
 #   every rank of a 2-stage pipeline, within 60 s; `--device bogus` is a usage error.
@@ -106,6 +107,27 @@ for bogus in "$WORK/missing.so:No such file" "$WORK/junk.so:junk.so" \
         failed "PIPETRAIN_CUDA_PLUGIN=$file: no message naming it with '$why':"; cat "$WORK/out"
     fi
 done
+
+# The JSON stays valid when a message holds a path with quotes, a backslash, a tab and bytes
+# that are not UTF-8 (replaced by U+FFFD): read with json.load(sys.stdin) and as strict
+# UTF-8 bytes, the reason names the file.
+odd=$WORK/$'odd "plugin"\\\tx\xff\xc3(.so'
+rc=0
+PIPETRAIN_CUDA_PLUGIN=$odd "$PIPETRAIN" devices --json >"$WORK/odd.json" 2>"$WORK/err" || rc=$?
+if [ "$rc" -ne 0 ]; then
+    failed "devices --json with an odd plugin path exited $rc: $(cat "$WORK/err")"
+elif python3 -c 'import json,sys; json.load(sys.stdin)' <"$WORK/odd.json" &&
+    python3 - "$WORK/odd.json" "$odd" <<'EOF'
+import json, os, sys
+d = json.loads(open(sys.argv[1], "rb").read())  # bytes: strict UTF-8
+want = os.fsencode(sys.argv[2]).decode("utf-8", "replace")
+assert d["cuda"]["available"] is False and want in d["cuda"]["reason"], d["cuda"]
+EOF
+then
+    pass "devices --json escapes an odd plugin path"
+else
+    failed "devices --json with an odd plugin path:"; head -c 400 "$WORK/odd.json"; echo
+fi
 
 # ---- train --device cuda fails cleanly without a GPU ----
 if [ "$have_gpu" -eq 0 ]; then

@@ -133,6 +133,43 @@ expect 0 "Batch 128 per step \(64 per replica\) in 1 micro-batches" \
 "$PIPETRAIN" plan --model "$MODEL" --stages 2 --topology "$GPU8" --json >"$TMP/default.json"
 json_check "$TMP/default.json" "d['partition']['method'] == 'time' and d['microbatches'] == 1"
 
+# ---- JSON of odd paths ----------------------------------------------------------------
+# Paths may hold any byte: quotes, backslashes and tabs must be escaped, and bytes that are
+# not UTF-8 (JSON must be UTF-8) replaced by U+FFFD.
+# json_path FILE KEY PATH: FILE is JSON for json.load(sys.stdin) and as strict UTF-8 bytes,
+# and d[KEY] is PATH (its bytes decoded as UTF-8, each bad byte as U+FFFD).
+json_path() {
+    checks=$((checks + 1))
+    if ! python3 -c 'import json,sys; json.load(sys.stdin)' <"$1" ||
+        ! python3 - "$@" <<'EOF'
+import json, os, sys
+f, key, path = sys.argv[1], sys.argv[2], os.fsencode(sys.argv[3])
+d = json.loads(open(f, "rb").read())  # bytes: strict UTF-8, no surrogate escapes
+want = path.decode("utf-8", "replace")
+assert d[key] == want, f"{key}: {d[key]!r}, expected {want!r}"
+EOF
+    then
+        fail "$1: not valid JSON, or $2 is not the path given:"
+        head -c 300 "$1" >&2
+        echo >&2
+    fi
+}
+for name in 'my "models"\x	tab' $'bad utf-8 \xff\xc3(\xed\xa0\x80 "q"\\'; do
+    dir="$TMP/$name"
+    mkdir -p "$dir"
+    cp "$SRC/models/seed-mlp.cfg" "$dir/mlp.cfg"
+    cp "$TWO" "$dir/two.xml"
+    "$PIPETRAIN" plan --model "$dir/mlp.cfg" --stages 2 --topology "$dir/two.xml" --json \
+        >"$TMP/odd.json"
+    json_path "$TMP/odd.json" model "$dir/mlp.cfg"
+    json_path "$TMP/odd.json" topology "$dir/two.xml"
+    "$PIPETRAIN" topo --topology "$dir/two.xml" --json >"$TMP/odd.json"
+    json_path "$TMP/odd.json" source "$dir/two.xml"
+done
+# a value that does not exist is null: the last stage sends no message
+json_check "$TMP/m1.json" "d['placement'][-1]['message_bytes'] is None and \
+d['placement'][-1]['next_link'] is None and d['placement'][0]['message_bytes'] > 0"
+
 # ---- errors -------------------------------------------------------------------------
 printf '<?xml version="1.0"?>\n<topology version="2.0">\n<object type="Machine"\n' >"$TMP/bad.xml"
 expect 1 "^pipetrain: .*bad.xml: not a valid hwloc XML topology" \

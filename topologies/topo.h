@@ -94,9 +94,10 @@ int topo_busid_normalize(char out[16], const char *busid);
  * calls this once after cudaGetDeviceCount; it is plain C so tests need no GPU. */
 int topo_match_cuda(topo_t *t, const char *const *busids, int n);
 
-/* `pipetrain topo` output: a readable summary, or JSON. */
+/* `pipetrain topo` output: a readable summary, or JSON (one line; -1 with a message when it
+ * could not be built or written). */
 void topo_print_summary(const topo_machine *m, FILE *out);
-void topo_print_json(const topo_machine *m, FILE *out);
+int topo_print_json(const topo_machine *m, FILE *out);
 
 /* "0-3,8,10-11" for a sorted list of integers. Returns the length it needed. */
 int topo_format_list(char *buf, size_t size, const int *v, int n);
@@ -234,9 +235,18 @@ int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, int *blas_threa
 /* ---- command line ------------------------------------------------------------------- */
 
 
-/* Text helpers for the topo and plan commands (src/cmd_topo.c). */
-/* Writes s as a JSON string literal, quotes included. */
-void topo_json_string(FILE *out, const char *s);
+/* Text helpers for the topo, plan and devices commands (src/cmd_topo.c, src/devices.c). */
+/* JSON values (jansson; NULL when out of memory): a string from any C string, with bytes
+ * that are not UTF-8 (a path may hold any) replaced by U+FFFD, as JSON must be UTF-8; a
+ * number: an integer when the value is a whole number (exact below 2^53), null when it is
+ * not finite; an array of integers. */
+struct json_t;
+struct json_t *topo_json_text(const char *s);
+struct json_t *topo_json_number(double v);
+struct json_t *topo_json_int_list(const int *v, int n);
+/* Writes j as one line to out and frees it; NULL (a tree that could not be built) or a
+ * failed write is -1 with a message. */
+int topo_json_print(struct json_t *j, FILE *out);
 /* "1.5 GiB" style, binary units, for sizes. */
 void topo_format_size(char *buf, size_t size, double bytes);
 /* "12.3 MB" style, decimal units, for traffic (bytes/s figures are decimal too). */
