@@ -43,6 +43,7 @@ if args.quick:
     BUBBLE_M, SPEEDUP_M, PEER_M = (1, 4), (8,), '1,4'
 if args.no_peer:
     parts.discard('peer')
+args.no_peer = 'peer' not in parts  # PyTorch is needed only for the peer part
 benchlib.check_setup(args)
 
 ENV = benchlib.environment(args.env, OPENBLAS_NUM_THREADS='1')
