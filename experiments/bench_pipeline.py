@@ -9,31 +9,56 @@
 3. speedup: 2 stages x 1 thread, `time` partition, M = 8 and 16, against sequential
    training on one core with the same micro-batching; the speedup the partition and the
    schedule allow is (sum of stage compute / slowest stage compute) * M / (M + K - 1).
-4. peer: ../shared/peers/bench_pipe.py (conv/dense cut, gloo) for M = 1, 2, 4, 8.
+4. peer: experiments/torch_pipe.py, PyTorch's 2-stage GPipe (convolutions | dense layers,
+   gloo messages, one thread per stage) for M = 1, 2, 4, 8.
+
+Every run is a fresh process (mpiexec for pipetrain), under the `tuned` environment of
+benchlib.py with one BLAS thread per rank. The peer needs PyTorch (Debian: apt-get install
+python3-torch, for /usr/bin/python3); it runs with the interpreter that has torch (this
+one, else /usr/bin/python3, or --python).
 
     python3 experiments/bench_pipeline.py --json results/pipeline.json
+    python3 experiments/bench_pipeline.py --quick          # smoke test, about a minute
 """
-import argparse, json, os, statistics, subprocess, sys, time
+import argparse
+import os
+import sys
+import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-p.add_argument('--pipetrain', default=os.path.join(ROOT, 'build', 'pipetrain'))
-p.add_argument('--peers', default=os.path.join(ROOT, '..', 'shared', 'peers'))
-p.add_argument('--steps', type=int, default=40)
-p.add_argument('--warmup', type=int, default=8)
-p.add_argument('--repeats', type=int, default=3)
+benchlib.add_common_args(p, warmup=8, steps=40, repeats=3)
 p.add_argument('--parts', default='bubble,memory,speedup,peer')
-p.add_argument('--json', default='')
+p.add_argument('--mpiexec', default='mpiexec')
 args = p.parse_args()
 parts = set(args.parts.split(','))
+unknown = parts - {'bubble', 'memory', 'speedup', 'peer'}
+if unknown:
+    benchlib.fail('unknown part %s (bubble, memory, speedup, peer)' % ', '.join(sorted(unknown)))
+BUBBLE_M, SPEEDUP_M, PEER_M = (1, 2, 4, 8, 16), (8, 16), '1,2,4,8'
+if args.quick:
+    args.repeats, args.warmup, args.steps = 1, 2, 6
+    BUBBLE_M, SPEEDUP_M, PEER_M = (1, 4), (8,), '1,4'
+if args.no_peer:
+    parts.discard('peer')
+args.no_peer = 'peer' not in parts  # PyTorch is needed only for the peer part
+benchlib.check_setup(args)
 
-ENV = dict(os.environ)
-ENV.pop('OPENBLAS_CORETYPE', None)
-ENV['MALLOC_MMAP_THRESHOLD_'] = '33554432'
-ENV['MALLOC_TRIM_THRESHOLD_'] = '17179869184'
-ENV['OPENBLAS_NUM_THREADS'] = '1'
+ENV = benchlib.environment(args.env, OPENBLAS_NUM_THREADS='1')
 BASE = ['--model', 'models/seed-cnn.cfg', '--batch', '128', '--test-samples', '0', '--threads', '1',
-        '--json', '--optimizer', 'adam']
+        '--json', '--optimizer', 'adam', '--lr', '0.001']
+noise = []
+
+
+def run(cmd, what):
+    try:
+        j = benchlib.run(cmd, ENV, what)
+    except RuntimeError as e:
+        benchlib.fail(e)
+    noise.append(j['noise'])
+    return j
 
 
 def train(k, extra, steps=None):
@@ -41,11 +66,8 @@ def train(k, extra, steps=None):
     cmd = [args.pipetrain, 'train', *BASE, '--steps', str(args.warmup + steps), '--warmup',
            str(args.warmup), '--stages', str(k), *extra]
     if k > 1:
-        cmd = ['mpiexec', '-n', str(k), *cmd]
-    r = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
-    if r.returncode:
-        raise RuntimeError(' '.join(cmd) + '\n' + r.stderr)
-    return json.loads(r.stdout.strip().splitlines()[-1])
+        cmd = [args.mpiexec, '-n', str(k), *cmd]
+    return run(cmd, 'pipetrain')
 
 
 def median_run(k, extra, key='samples_per_s'):
@@ -54,7 +76,9 @@ def median_run(k, extra, key='samples_per_s'):
     return runs[len(runs) // 2], [r[key] for r in runs]
 
 
-out = {'time': time.strftime('%Y-%m-%d %H:%M:%S'), 'steps': args.steps, 'warmup': args.warmup}
+out = {'time': time.strftime('%Y-%m-%d %H:%M:%S'), 'env': args.env, 'steps': args.steps,
+       'warmup': args.warmup, 'repeats': args.repeats, 'quick': args.quick,
+       'peer_python': args.python}
 
 if 'bubble' in parts:
     rows = []
@@ -62,7 +86,7 @@ if 'bubble' in parts:
     print('%-6s %4s %9s %10s %9s %8s %9s %12s' % ('sched', 'M', 'measured', 'simulated', 'diff pp',
           'formula', 'diff pp', 'samples/s'))
     for sched in ('1f1b', 'gpipe'):
-        for m in (1, 2, 4, 8, 16):
+        for m in BUBBLE_M:
             r, _ = median_run(2, ['--microbatches', str(m), '--schedule', sched, '--partition', 'time'])
             row = {'schedule': sched, 'M': m, 'bubble': r['bubble'], 'theory': r['bubble_theory'],
                    'simulated': r['bubble_simulated'],
@@ -79,7 +103,8 @@ if 'memory' in parts:
     print('\n2. activation memory, K = 4, M = 8')
     print('%-6s %-28s %-40s' % ('sched', 'peak micro-batches per stage', 'peak activation MB per stage'))
     for sched in ('gpipe', '1f1b'):
-        r = train(4, ['--microbatches', '8', '--schedule', sched, '--partition', 'uniform'], steps=4)
+        r = train(4, ['--microbatches', '8', '--schedule', sched, '--partition', 'uniform'],
+                  steps=min(4, args.steps))
         rows.append({'schedule': sched, 'peak_microbatches': r['stage_peak_microbatches'],
                      'peak_bytes': r['stage_peak_act_bytes']})
         print('%-6s %-28s %-40s' % (sched, r['stage_peak_microbatches'],
@@ -90,7 +115,7 @@ if 'speedup' in parts:
     rows = []
     print('\n3. speedup of 2 stages (1 core each) over sequential on 1 core, 1F1B, time partition')
     print('%4s %12s %12s %9s %9s %9s' % ('M', 'seq s/s', 'pipe s/s', 'speedup', 'allowed', 'fraction'))
-    for m in (8, 16):
+    for m in SPEEDUP_M:
         seq, _ = median_run(1, ['--microbatches', str(m)])
         pipe, _ = median_run(2, ['--microbatches', str(m), '--schedule', '1f1b', '--partition', 'time'])
         c = pipe['stage_compute_s']
@@ -104,21 +129,20 @@ if 'speedup' in parts:
     out['speedup'] = rows
 
 if 'peer' in parts:
-    print('\n4. PyTorch 2-stage GPipe (conv | dense cut, gloo), 1 thread per stage')
-    cmd = ['/usr/bin/python3', os.path.join(args.peers, 'bench_pipe.py'), '--micro', '1,2,4,8',
-           '--threads', '1', '--no-check', '--steps', str(args.steps), '--warmup', str(args.warmup)]
-    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
-    if r.returncode:
-        print('peer failed:', r.stderr[-1000:])
-    else:
-        j = json.loads(r.stdout.strip().splitlines()[-1])
-        out['peer'] = j
-        tp = j.get('throughput', {})
-        for m, v in tp.items():
-            print('M=%-3s %10.0f samples/s  stage0 compute %.1f ms, stage1 compute %.1f ms per step' % (
-                m, v['samples_per_s'], v.get('stage0_compute_ms_per_step', float('nan')),
-                v.get('stage1_compute_ms_per_step', float('nan'))))
+    print('\n4. PyTorch 2-stage GPipe (convolutions | dense layers, gloo), 1 thread per stage')
+    j = run([args.python, os.path.join(benchlib.HERE, 'torch_pipe.py'), '--model', 'models/seed-cnn.cfg',
+             '--batch', '128', '--optimizer', 'adam', '--lr', '0.001', '--threads', '1',
+             '--micro', PEER_M, '--steps', str(args.steps), '--warmup', str(args.warmup)],
+            'PyTorch pipeline peer')
+    out['peer'] = j
+    for m, v in j['throughput'].items():
+        print('M=%-3s %10.0f samples/s  stage0 compute %.1f ms, stage1 compute %.1f ms per step' % (
+            m, v['samples_per_s'], v['stage0_compute_ms_per_step'], v['stage1_compute_ms_per_step']))
 
-if args.json:
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    json.dump(out, open(args.json, 'w'), indent=1)
+out['noise_max'] = max(noise) if noise else None
+if noise and max(noise) > benchlib.NOISY:
+    print('\nnoise up to %.2f: other processes used the machine during some runs; rerun on an '
+          'idle machine for figures to report' % max(noise))
+if args.quick:
+    print('(--quick: a smoke test of %d timed steps; not figures to report)' % args.steps)
+benchlib.write_json(args.json, out)

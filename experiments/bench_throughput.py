@@ -1,112 +1,115 @@
 #!/usr/bin/env python3
-"""Training throughput of pipetrain beside PyTorch (../shared/peers), in one run.
+"""Training throughput of pipetrain beside PyTorch, in one run on one machine.
 
-Each configuration runs as a fresh process, pipetrain and PyTorch alternating, under the
-same environment (the peers' tuned one: OPENBLAS_CORETYPE unset, glibc malloc thresholds
-raised). Prints a table with the median and min-max of --repeats runs and writes JSON.
+Each configuration trains the same model file with the same optimizer, batch and threads
+on both sides: `pipetrain train` and experiments/torch_peer.py, each run a fresh process,
+the two alternating (their order swapped every repeat), under one environment (`tuned` by
+default: OPENBLAS_CORETYPE unset, glibc malloc thresholds raised; see benchlib.py). Prints
+the median (min-max) of --repeats runs in samples/s, the ratio, and the largest share of
+the machine other processes used during a run (noise; above 0.05 the figures are suspect).
+
+The peer needs PyTorch (Debian: apt-get install python3-torch, for /usr/bin/python3); this
+script itself needs only the standard library, and runs the peer with the interpreter that
+has torch (this one, else /usr/bin/python3, or --python).
 
     python3 experiments/bench_throughput.py --repeats 3 --json results/throughput.json
+    python3 experiments/bench_throughput.py --quick         # smoke test, under a minute
 """
-import argparse, json, os, statistics, subprocess, sys, time
+import argparse
+import os
+import sys
+import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-p.add_argument('--pipetrain', default=os.path.join(ROOT, 'build', 'pipetrain'))
-p.add_argument('--peers', default=os.path.join(ROOT, '..', 'shared', 'peers'))
-p.add_argument('--repeats', type=int, default=3)
-p.add_argument('--steps', type=int, default=150, help='timed steps per run')
-p.add_argument('--warmup', type=int, default=20)
-p.add_argument('--only', default='', help='comma list of configuration names')
-p.add_argument('--no-peer', action='store_true')
-p.add_argument('--env', choices=['tuned', 'default'], default='tuned')
-p.add_argument('--json', default='')
-args = p.parse_args()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
 
-ENV = dict(os.environ)
-if args.env == 'tuned':
-    ENV.pop('OPENBLAS_CORETYPE', None)
-    ENV['MALLOC_MMAP_THRESHOLD_'] = '33554432'
-    ENV['MALLOC_TRIM_THRESHOLD_'] = '17179869184'
-
-# name, pipetrain arguments, peer script and arguments
+# name: model, batch, optimizer, lr, threads, BLAS threads of the peer (one when PyTorch's
+# own pool has two: two spinning pools on 2 cores fight)
 CONFIGS = [
-    ('cnn_b128_t1', ['--model', 'models/seed-cnn.cfg', '--batch', '128', '--optimizer', 'adam',
-                     '--lr', '0.001', '--threads', '1'],
-     ['bench_cnn.py', '--threads', '1', '--batch', '128']),
-    ('cnn_b128_t2', ['--model', 'models/seed-cnn.cfg', '--batch', '128', '--optimizer', 'adam',
-                     '--lr', '0.001', '--threads', '2'],
-     ['bench_cnn.py', '--threads', '2', '--blas-threads', '1', '--batch', '128']),
-    ('mlp_sigmoid_sgd_b64_t1', ['--model', 'models/seed-mlp.cfg', '--batch', '64',
-                                '--optimizer', 'sgd', '--lr', '0.01', '--threads', '1'],
-     ['bench_mlp.py', '--threads', '1', '--act', 'sigmoid', '--opt', 'sgd', '--batch', '64']),
-    ('mlp_sigmoid_sgd_b64_t2', ['--model', 'models/seed-mlp.cfg', '--batch', '64',
-                                '--optimizer', 'sgd', '--lr', '0.01', '--threads', '2'],
-     ['bench_mlp.py', '--threads', '2', '--blas-threads', '1', '--act', 'sigmoid', '--opt', 'sgd',
-      '--batch', '64']),
+    ('cnn_b128_t1', 'models/seed-cnn.cfg', 128, 'adam', 0.001, 1, 1),
+    ('cnn_b128_t2', 'models/seed-cnn.cfg', 128, 'adam', 0.001, 2, 1),
+    ('mlp_sigmoid_sgd_b64_t1', 'models/seed-mlp.cfg', 64, 'sgd', 0.01, 1, 1),
+    ('mlp_sigmoid_sgd_b64_t2', 'models/seed-mlp.cfg', 64, 'sgd', 0.01, 2, 1),
 ]
-if args.only:
-    keep = set(args.only.split(','))
-    CONFIGS = [c for c in CONFIGS if c[0] in keep]
 
 
-def last_json(out):
-    for line in reversed(out.strip().splitlines()):
-        if line.startswith('{'):
-            return json.loads(line)
-    raise RuntimeError('no JSON line in output:\n' + out[-2000:])
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    benchlib.add_common_args(p, warmup=20, steps=150, repeats=3)
+    p.add_argument('--only', default='', help='comma list of configuration names: ' +
+                   ', '.join(c[0] for c in CONFIGS))
+    args = p.parse_args()
+    if args.quick:
+        args.repeats, args.warmup, args.steps = 1, 3, 10
+    configs = CONFIGS
+    if args.only:
+        keep = set(args.only.split(','))
+        unknown = keep - {c[0] for c in CONFIGS}
+        if unknown:
+            benchlib.fail('unknown configuration %s' % ', '.join(sorted(unknown)))
+        configs = [c for c in CONFIGS if c[0] in keep]
+    benchlib.check_setup(args)
+    env = benchlib.environment(args.env)
+
+    results = []
+    for name, model, batch, opt, lr, threads, blas in configs:
+        common = ['--model', model, '--batch', str(batch), '--optimizer', opt, '--lr', str(lr),
+                  '--warmup', str(args.warmup)]
+        pt_cmd = [args.pipetrain, 'train', *common, '--threads', str(threads),
+                  '--steps', str(args.warmup + args.steps), '--test-samples', '0', '--json']
+        peer_cmd = [args.python or sys.executable, os.path.join(benchlib.HERE, 'torch_peer.py'),
+                    *common, '--threads', str(threads), '--blas-threads', str(blas),
+                    '--steps', str(args.steps)]
+        pt, peer, noise, params = [], [], [], set()
+        for rep in range(args.repeats):
+            sides = [('pipetrain', pt_cmd, pt)]
+            if not args.no_peer:
+                sides.append(('PyTorch peer', peer_cmd, peer))
+            if rep % 2:
+                sides.reverse()
+            for what, cmd, out in sides:
+                try:
+                    j = benchlib.run(cmd, env, what)
+                except RuntimeError as e:
+                    benchlib.fail(e)
+                out.append(j['samples_per_s'])
+                noise.append(j['noise'])
+                if j.get('params') is not None:
+                    params.add(j['params'])
+            print('.', end='', file=sys.stderr, flush=True)
+        if len(params) > 1:
+            benchlib.fail('%s: pipetrain and the peer built different models (%s parameters)'
+                          % (name, ' vs '.join(str(n) for n in sorted(params))))
+        row = {'name': name, 'model': model, 'batch': batch, 'optimizer': opt, 'lr': lr,
+               'threads': threads, 'pipetrain': benchlib.summary(pt), 'noise_max': max(noise)}
+        if peer:
+            row['pytorch'] = benchlib.summary(peer)
+            row['ratio'] = row['pipetrain']['median'] / row['pytorch']['median']
+        results.append(row)
+    print(file=sys.stderr)
+
+    print('%-24s %26s %26s %7s %6s' % ('configuration', 'pipetrain samples/s',
+                                       'PyTorch samples/s', 'ratio', 'noise'))
+    for r in results:
+        a = r['pipetrain']
+        line = '%-24s %12.0f (%5.0f-%5.0f)' % (r['name'], a['median'], a['min'], a['max'])
+        if 'pytorch' in r:
+            b = r['pytorch']
+            line += ' %12.0f (%5.0f-%5.0f) %6.2fx' % (b['median'], b['min'], b['max'], r['ratio'])
+        else:
+            line += ' %26s %7s' % ('-', '-')
+        print(line + ' %6.2f' % r['noise_max'])
+    if any(r['noise_max'] > benchlib.NOISY for r in results):
+        print('noise above %.2f: other processes used the machine during some runs; '
+              'rerun on an idle machine for figures to report' % benchlib.NOISY)
+    if args.quick:
+        print('(--quick: a smoke test of %d timed steps; not figures to report)' % args.steps)
+    benchlib.write_json(args.json, {
+        'env': args.env, 'repeats': args.repeats, 'steps': args.steps, 'warmup': args.warmup,
+        'quick': args.quick, 'peer_python': args.python,
+        'time': time.strftime('%Y-%m-%d %H:%M:%S'), 'results': results})
 
 
-def run_pipetrain(a):
-    cmd = [args.pipetrain, 'train', *a, '--steps', str(args.warmup + args.steps), '--warmup',
-           str(args.warmup), '--test-samples', '0', '--json']
-    r = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
-    if r.returncode:
-        raise RuntimeError(' '.join(cmd) + '\n' + r.stderr)
-    return last_json(r.stdout)['samples_per_s']
-
-
-def run_peer(a):
-    cmd = ['/usr/bin/python3', os.path.join(args.peers, a[0]), *a[1:], '--steps', str(args.steps),
-           '--warmup', str(args.warmup)]
-    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
-    if r.returncode:
-        raise RuntimeError(' '.join(cmd) + '\n' + r.stderr[-2000:])
-    j = last_json(r.stdout)
-    for k in ('samples_per_s', 'throughput', 'samples_per_sec'):
-        if k in j:
-            return j[k]
-    raise RuntimeError('peer JSON has no throughput field: %s' % sorted(j))
-
-
-def summary(v):
-    return {'median': statistics.median(v), 'min': min(v), 'max': max(v), 'runs': v}
-
-
-results = []
-for name, pt_args, peer_args in CONFIGS:
-    pt, peer = [], []
-    for _ in range(args.repeats):
-        pt.append(run_pipetrain(pt_args))
-        if not args.no_peer:
-            peer.append(run_peer(peer_args))
-        print('.', end='', file=sys.stderr, flush=True)
-    row = {'name': name, 'pipetrain': summary(pt)}
-    if peer:
-        row['pytorch'] = summary(peer)
-        row['ratio'] = row['pipetrain']['median'] / row['pytorch']['median']
-    results.append(row)
-print(file=sys.stderr)
-
-print('%-24s %26s %26s %7s' % ('configuration', 'pipetrain samples/s', 'PyTorch samples/s', 'ratio'))
-for r in results:
-    a = r['pipetrain']
-    s = '%-24s %12.0f (%5.0f-%5.0f)' % (r['name'], a['median'], a['min'], a['max'])
-    if 'pytorch' in r:
-        b = r['pytorch']
-        s += ' %12.0f (%5.0f-%5.0f) %6.2fx' % (b['median'], b['min'], b['max'], r['ratio'])
-    print(s)
-meta = {'env': args.env, 'repeats': args.repeats, 'steps': args.steps, 'warmup': args.warmup,
-        'time': time.strftime('%Y-%m-%d %H:%M:%S'), 'results': results}
-if args.json:
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    json.dump(meta, open(args.json, 'w'), indent=1)
+if __name__ == '__main__':
+    main()

@@ -2,7 +2,7 @@
  * when CMake finds a CUDA toolkit) holds the CUDA kernels, the CUDA engine and the device
  * queries. pipetrain loads it with dlopen only for --device cuda and `pipetrain devices`:
  * the CPU binary, its tests and every CPU run never load cudart or cuBLAS (about 0.5 s per
- * process start, DESIGN.md).
+ * process start, docs/DESIGN.md).
  *
  * The plugin is built from this tree at the same time as the binary; the ABI number and
  * the struct sizes it reports are checked at load. It reports errors through the host's

@@ -4,11 +4,17 @@
 # choice, the executor's deferred sends and prefetch, and the CUDA engine's buffers, copies
 # and events must give parameters and test loss bit-identical to the CPU engine, as one
 # stage and as pipelines. Micro-batches of ≤ 16 samples: the CPU stage then runs each as
-# one chunk, so both compute the same sums. Skipped without a CUDA toolkit.
+# one chunk, so both compute the same sums. Without a CUDA toolkit at configure time there
+# is no mock plugin (CUDA_MOCK_PLUGIN empty): the test exits 77, which ctest reports as
+# skipped (SKIP_RETURN_CODE), never as passed.
 source "$(dirname "$0")/lib/common.bash"
 if [ -z "${CUDA_MOCK_PLUGIN:-}" ]; then
-    echo "skipped: no CUDA toolkit at configure time, so no mock plugin"
-    exit 0
+    echo "SKIP: no CUDA toolkit at configure time, so no mock CUDA plugin to test"
+    exit 77
+fi
+if [ ! -f "$CUDA_MOCK_PLUGIN" ]; then
+    echo "FAIL: the mock CUDA plugin $CUDA_MOCK_PLUGIN was configured but is not built"
+    exit 1
 fi
 COMMON=(--model "$MODELS/seed-cnn.cfg" --batch 16 --steps 4 --train-samples 256
         --test-samples 64 --seed 3 --threads 1 --json)

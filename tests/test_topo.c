@@ -44,7 +44,7 @@ typedef struct {
 static const expected_counts machines[] = {
     {"local-2core.xml", 1, 1, 1, 2, 2, 0, 0, 0, 0},
     {"node-16c-1gpu.xml", 1, 1, 4, 16, 32, 1, 1, 0, 0},
-    {"node-2s-8gpu.xml", 2, 2, 2, 40, 80, 9, 8, 1, 1},
+    {"node-2s-8gpu.xml", 2, 2, 2, 40, 80, 8, 8, 1, 1}, /* and a VGA that is no GPU */
     {"ws-4gpu.xml", 1, 1, 4, 24, 48, 4, 4, 0, 0},
 };
 #define N_MACHINES (int)(sizeof machines / sizeof machines[0])
@@ -118,11 +118,10 @@ Test(topo, eight_gpu_node_details)
         cr_expect_eq(gp->near[0], 20 * (g / 4), "GPU %d's cores start at the package's", g);
         cr_expect_str_eq(gp->model, "Tesla V100-SXM2-16GB");
     }
-    /* the BMC's VGA is a display device but no CUDA device, and comes last */
-    cr_expect_eq(m->gpus[8].is_nvidia, 0);
-    cr_expect_eq(m->gpus[8].class_id, 0x0300);
-    cr_expect_eq(m->gpus[8].cuda_index, -1);
-    cr_expect_str_eq(m->gpus[8].vendor, "ASPEED");
+    /* the BMC's ASPEED VGA (0000:0e:00.0) is a display adapter, not a GPU */
+    cr_expect_eq(m->n_gpus, 8, "the BMC's VGA is counted as a GPU");
+    for (int g = 0; g < m->n_gpus; g++)
+        cr_expect_str_neq(m->gpus[g].busid, "0000:0e:00.0", "GPU %d is the BMC's VGA", g);
     double numa[4] = {10, 21, 21, 10};
     CHECK_CLOSE("NUMA distances", m->numa_distance, numa, 4, 0, 0);
     const double *bw = m->gpu_bandwidth;
@@ -131,9 +130,34 @@ Test(topo, eight_gpu_node_details)
     cr_expect_eq(bw[0 * n + 1], 25e9, "GPU 0–1: one NVLink");
     cr_expect_eq(bw[0 * n + 5], 0, "GPU 0–5: no NVLink");
     cr_expect_eq(bw[3 * n + 7], 25e9);
-    cr_expect_eq(bw[8 * n + 0], 0, "the VGA has no links");
     cr_expect_str_eq(m->gpu_bandwidth_name, "NVLinkBandwidth");
     topo_free(t);
+}
+
+Test(topo, gpus_are_compute_devices_by_class_and_vendor)
+{
+    static const struct {
+        unsigned vendor, class_id;
+        int gpu;
+        const char *what;
+    } cases[] = {
+        {0x10de, 0x0302, 1, "NVIDIA 3D controller (V100, H100)"},
+        {0x10de, 0x0300, 1, "NVIDIA VGA (GeForce, RTX)"},
+        {0x1002, 0x0380, 1, "AMD display controller (Instinct)"},
+        {0x1002, 0x0300, 1, "AMD VGA (Radeon)"},
+        {0x8086, 0x0380, 1, "Intel display controller (Data Center GPU Max)"},
+        {0x1234, 0x0302, 1, "any vendor's 3D controller"},
+        {0x1a03, 0x0300, 0, "ASPEED VGA (a BMC's)"},
+        {0x102b, 0x0300, 0, "Matrox VGA (a server board's)"},
+        {0x1234, 0x0380, 0, "an unknown vendor's display controller"},
+        {0x10de, 0x0403, 0, "NVIDIA HD audio"},
+        {0x10de, 0x0680, 0, "NVIDIA bridge (NVSwitch)"},
+        {0x15b3, 0x0207, 0, "Mellanox InfiniBand"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        cr_expect_eq(topo_pci_is_gpu(cases[i].vendor, cases[i].class_id), cases[i].gpu,
+                     "%s [%04x] class 0x%04x: expected %s", cases[i].what, cases[i].vendor,
+                     cases[i].class_id, cases[i].gpu ? "a GPU" : "not a GPU");
 }
 
 Test(topo, workstation_gpus_are_pci_only)
@@ -261,7 +285,7 @@ Test(topo, json_and_summary_mention_the_gpus)
     f = open_memstream(&buf, &size);
     topo_print_summary(topo_get_machine(t), f);
     fclose(f);
-    cr_expect(strstr(buf, "GPUs: 9 (8 NVIDIA)"), "%s", buf);
+    cr_expect(strstr(buf, "GPUs: 8 (8 NVIDIA)"), "%s", buf);
     cr_expect(strstr(buf, "NVLinkBandwidth"), "%s", buf);
     free(buf);
     topo_free(t);

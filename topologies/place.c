@@ -25,7 +25,7 @@ const char *topo_link_name(topo_link link)
 
 void topo_cost_model_default(topo_cost_model *cm)
 {
-    /* Shared-memory MPI figures start from the ones measured here (DESIGN.md: 0.7 µs
+    /* Shared-memory MPI figures start from the ones measured here (docs/DESIGN.md: 0.7 µs
      * ping-pong, 13–20 GB/s Sendrecv of 4 MB within one L3) and fall with distance; PCIe
      * peer-to-peer ~12 GB/s (gen 3 x16); the network 50 Gb/s. Rough on purpose: they rank
      * placements, and --bandwidth / --latency replace them with measured values. */

@@ -93,8 +93,6 @@ static const char *vendor_name(unsigned id)
     case 0x10de: return "NVIDIA";
     case 0x1002: return "AMD";
     case 0x8086: return "Intel";
-    case 0x1a03: return "ASPEED";
-    case 0x102b: return "Matrox";
     default: return NULL;
     }
 }
@@ -105,7 +103,31 @@ static void pci_busid(char out[16], const struct hwloc_pcidev_attr_s *p)
              (unsigned)p->dev, (unsigned)p->func & 0xf);
 }
 
-/* NVIDIA GPUs first, then the others (a server's BMC VGA), each in bus order. */
+/* Which PCI devices are GPUs, that is compute devices, decided by PCI class and vendor
+ * (hwloc in Debian has no CUDA, OpenCL or NVML plugin, so the PCI ids are all there is):
+ * - class 0x0302, 3D controller: a GPU from any vendor. NVIDIA's data-centre GPUs (V100,
+ *   A100, H100) have no display output and use this class.
+ * - the other display classes (0x0300 VGA, 0x0301 XGA, 0x0380 other display controller):
+ *   a GPU only from a vendor that makes compute GPUs: NVIDIA (GeForce, RTX and Quadro
+ *   cards are VGA class), AMD (Instinct cards are 0x0380), Intel (Data Center GPU Max is
+ *   0x0380). From any other vendor (ASPEED, Matrox, ...) it is the display adapter of
+ *   a server's board or BMC, which computes nothing.
+ * Only NVIDIA GPUs are used by the CUDA backend (is_nvidia). */
+int topo_pci_is_gpu(unsigned vendor_id, unsigned class_id)
+{
+    if ((class_id >> 8) != 0x03)
+        return 0;
+    if (class_id == 0x0302)
+        return 1;
+    return vendor_id == 0x10de || vendor_id == 0x1002 || vendor_id == 0x8086;
+}
+
+static int pci_is_gpu(hwloc_obj_t o)
+{
+    return topo_pci_is_gpu(o->attr->pcidev.vendor_id, o->attr->pcidev.class_id);
+}
+
+/* NVIDIA GPUs first, then the others (AMD, Intel), each in bus order. */
 static int compare_gpu(const void *a, const void *b)
 {
     const topo_gpu *x = a, *y = b;
@@ -179,15 +201,14 @@ static int extract_gpus(topo_t *t)
     topo_machine *m = &t->m;
     int n = 0;
     for (hwloc_obj_t o = NULL; (o = hwloc_get_next_pcidev(t->hw, o)) != NULL;)
-        if ((o->attr->pcidev.class_id >> 8) == 0x03) /* display controllers: VGA, 3D, other */
-            n++;
+        n += pci_is_gpu(o);
     if (n == 0)
         return 0;
     m->gpus = calloc((size_t)n, sizeof *m->gpus);
     if (!m->gpus)
         return pt_error_set("%s: out of memory", m->source);
     for (hwloc_obj_t o = NULL; (o = hwloc_get_next_pcidev(t->hw, o)) != NULL;) {
-        if ((o->attr->pcidev.class_id >> 8) != 0x03)
+        if (!pci_is_gpu(o))
             continue;
         if (fill_gpu(t, &m->gpus[m->n_gpus++], o) < 0)
             return -1;

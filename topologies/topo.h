@@ -62,8 +62,8 @@ typedef struct {
     topo_core *cores;                 /* n_cores, in logical order */
     int n_caches;
     topo_cache caches[8];             /* largest level first */
-    int n_gpus;                       /* PCI display / 3D devices: NVIDIA ones first, then the
-                                       * others (e.g. a BMC's VGA), each in bus order */
+    int n_gpus;                       /* compute devices (topo_pci_is_gpu): NVIDIA ones first,
+                                       * then the others, each in bus order */
     topo_gpu *gpus;
     double *numa_distance;            /* n_numa², row-major, as in the topology (10 = local);
                                        * NULL when the topology has none */
@@ -79,6 +79,11 @@ int topo_init(topo_t **t, const char *xml_path);
 void topo_free(topo_t *t);
 /* The description; owned by `t`, valid until topo_free. */
 const topo_machine *topo_get_machine(const topo_t *t);
+
+/* 1 if a PCI device of this vendor and class is a GPU (a compute device): any 3D
+ * controller (0x0302), and VGA or other display controllers (0x03xx) from NVIDIA, AMD or
+ * Intel; a board's or BMC's VGA (ASPEED, Matrox, ...) is not. */
+int topo_pci_is_gpu(unsigned vendor_id, unsigned class_id);
 
 /* Number of NVIDIA GPUs (the ones the CUDA backend can use). */
 int topo_count_cuda_gpus(const topo_machine *m);

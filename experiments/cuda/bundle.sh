@@ -150,7 +150,7 @@ cp "$ROOT"/models/*.cfg "$B/models/"
 
 # Modules loaded with dlopen, which ldd does not list: UCX's cma transport (single-copy
 # shared memory; ib and rdmacm need InfiniBand libraries the GPU machine has no use for)
-# and hwloc's PCI discovery (GPUs appear as PCI devices, DESIGN.md).
+# and hwloc's PCI discovery (GPUs appear as PCI devices, docs/DESIGN.md).
 extra=()
 ucs=$(ldd "$PIPETRAIN" | awk '$1 ~ /^libucs\.so/ {print $3}')
 if [ -n "$ucs" ] && [ -e "$(dirname "$(readlink -f "$ucs")")/ucx/libuct_cma.so.0" ]; then

@@ -3,15 +3,23 @@
 files: reads them with nothing but the standard library, numpy and (when installed) the
 `safetensors` package or PyTorch, applying the format's rules independently of our C reader.
 
-    /usr/bin/python3 experiments/golden/check_safetensors.py FILE.safetensors [...]
+    python3 experiments/golden/check_safetensors.py FILE.safetensors [...]
 
-Prints one line per tensor (name, shape, mean, min, max) and exits non-zero when a file
-breaks a rule. Not used by the unit tests (they must not need Python)."""
+Needs numpy (Debian: apt-get install python3-numpy, for /usr/bin/python3): when the python3
+running it lacks numpy it runs itself again under /usr/bin/python3, and says what to install
+when that one lacks it too. Prints one line per tensor (name, shape, mean, min, max) and
+exits non-zero when a file breaks a rule. Not used by the unit tests (they must not need
+Python)."""
 import json
+import os
 import struct
 import sys
 
-import numpy as np
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import interpreter  # noqa: E402  (experiments/interpreter.py)
+
+interpreter.ensure_modules(["numpy"])
+import numpy as np  # noqa: E402
 
 
 def check(path):

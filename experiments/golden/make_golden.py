@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Writes tests/golden/*.bin: PyTorch 1.13 reference values for the CPU kernels.
 
-Run with Debian's interpreter, which has torch:  /usr/bin/python3 experiments/golden/make_golden.py
+Needs PyTorch (Debian: apt-get install python3-torch, for /usr/bin/python3; run under another
+python3 it runs itself again under /usr/bin/python3):  python3 experiments/golden/make_golden.py
 The files are committed; the tests (tests/test_golden.c) read them and never need torch.
 
 File format (little-endian):
@@ -16,8 +17,12 @@ import os
 import struct
 import sys
 
-import torch
-import torch.nn.functional as F
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import interpreter  # noqa: E402  (experiments/interpreter.py)
+
+interpreter.ensure_modules(["torch", "numpy"])
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 MAGIC = b"PTGD"
 VERSION = 1
