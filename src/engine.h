@@ -47,6 +47,11 @@ typedef struct {
     int max_ticks;        /* timed operations per step: tick in [0, max_ticks) or −1 */
     int debug_ready_delay; /* testing (CPU engine): an outgoing message reports ready only
                               at its (1 + this)-th msg_ready poll, as a GPU copy would */
+    int grad_pieces;      /* data parallel, method "ordered": 0 or 1, the micro-batches'
+                             gradients add up in the stage's gradients; P > 1, micro-batch m's
+                             gradient is kept apart in piece m mod P (piece 0 is the stage's
+                             gradients), each formed on its own (stage_backward_to), so that
+                             replicas can sum every micro-batch's gradient in one fixed order */
 } engine_config;
 
 typedef struct engine engine;
@@ -77,6 +82,24 @@ typedef struct {
     /* Backward of m from GRAD_IN (the loss gradient on the last stage); parameter gradients
      * accumulate; GRAD_OUT of m receives the input's gradient (not on stage 0). */
     int (*backward)(engine *, int m, int tick);
+    /* Data parallel: the backward of m through the stage's local layers [lo, hi) only
+     * (0 ≤ lo < hi ≤ the stage's layer count), called for consecutive ranges from the top
+     * (hi = layer count first, then each next hi = the previous lo, down to lo = 0); the
+     * ranges together are backward(m), bit for bit. Once the range is done (for the CUDA
+     * engine: once grads_host can see it) the parameter gradients of layers [lo, hi) hold
+     * m's contribution, so a reduction of those layers can start while the lower layers
+     * are computed. GRAD_OUT of m is written by the range with lo = 0. */
+    int (*backward_range)(engine *, int m, int lo, int hi, int tick);
+    /* Gradients [off, off + count) of piece `piece` (0 unless grad_pieces > 1) in host
+     * memory that MPI may read and write: the CPU engine's own, or for the CUDA engine a
+     * pinned mirror filled from the device (waiting for the queued work that writes it). */
+    int (*grads_host)(engine *, int piece, size_t off, size_t count, float **host);
+    /* MPI wrote the reduced gradients [off, off + count) into piece 0's host range from
+     * grads_host: the next step uses them (CUDA: copied back to the device). */
+    int (*grads_commit)(engine *, size_t off, size_t count);
+    /* Zeroes the accumulated gradients without an update (a data-parallel replica that does
+     * not take the step itself, method reduce-bcast or gather-bcast). */
+    int (*zero_grads)(engine *);
     /* Frees m's slot (after its backward, or its evaluation forward and send). */
     int (*release)(engine *, int m);
     /* One optimizer update from the accumulated gradients, which are then zeroed. */
@@ -136,6 +159,20 @@ static inline int engine_backward(engine *e, int m, int tick)
 {
     return e->ops->backward(e, m, tick);
 }
+static inline int engine_backward_range(engine *e, int m, int lo, int hi, int tick)
+{
+    return e->ops->backward_range(e, m, lo, hi, tick);
+}
+static inline int engine_grads_host(engine *e, int piece, size_t off, size_t count,
+                                    float **host)
+{
+    return e->ops->grads_host(e, piece, off, count, host);
+}
+static inline int engine_grads_commit(engine *e, size_t off, size_t count)
+{
+    return e->ops->grads_commit(e, off, count);
+}
+static inline int engine_zero_grads(engine *e) { return e->ops->zero_grads(e); }
 static inline int engine_release(engine *e, int m) { return e->ops->release(e, m); }
 static inline int engine_step(engine *e, const optimizer_config *o, int tick)
 {
