@@ -49,7 +49,8 @@ static int usage_fail(void)
     return PT_EXIT_USAGE;
 }
 
-enum { O_MODEL = 1, O_STAGES, O_MICRO, O_BATCH, O_SCHED, O_PART, O_METHOD, O_RTOL, O_HELP };
+enum { O_MODEL = 1, O_STAGES, O_MICRO, O_BATCH, O_SCHED, O_PART, O_METHOD, O_RTOL, O_BUCKETS,
+       O_OVERLAP, O_HELP };
 
 static const opt_spec summary_opts[] = {
     {.id = O_MODEL, .name = "model", .shared = 1},
@@ -151,12 +152,19 @@ static const opt_spec schedule_opts[] = {
     {.id = O_SCHED, .name = "schedule", .shared = 1},
     {.id = O_STAGES, .name = "stages", .shared = 1, .required = 1},
     {.id = O_MICRO, .name = "microbatches", .shared = 1},
+    {.id = O_BUCKETS, .name = "buckets", .kind = OPT_INT, .arg = "B", .min = 0, .max = 64,
+     .def = "0", .help = "gradient buckets each stage reduces among its data-parallel "
+                         "replicas (0: no reductions)"},
+    {.id = O_OVERLAP, .name = "overlap", .kind = OPT_CHOICE, .choices = "on|off", .def = "on",
+     .help = "start each bucket's reduction inside the last backward pass (split by bucket) "
+             "rather than after it"},
     {.id = O_HELP, .name = "help", .shared = 1},
     {0},
 };
 static const opt_command schedule_command = {
     .name = "schedule",
-    .usage = "pipetrain schedule --stages K [--microbatches M] [--schedule NAME]",
+    .usage = "pipetrain schedule --stages K [--microbatches M] [--schedule NAME]\n"
+             "pipetrain schedule --stages K ... --buckets B [--overlap on|off]",
     .about = "Prints each stage's instruction list and a unit-time timeline of the schedule, "
              "verifies it (no deadlock) and reports the bubble and the peak micro-batches each "
              "stage holds.",
@@ -169,7 +177,7 @@ enum { SCHEDULE_MAX_STAGES = 256, SCHEDULE_MAX_MICRO = 4096 };
 static int cmd_schedule(int argc, char **argv)
 {
     const char *name = NULL;
-    int stages = 0, micro = 0;
+    int stages = 0, micro = 0, buckets = 0, overlap = 1;
     opt_parser p;
     if (opt_parser_init(&p, &schedule_command, argc, argv)) return usage_fail();
     int id;
@@ -178,6 +186,8 @@ static int cmd_schedule(int argc, char **argv)
         case O_SCHED: name = p.arg; break;
         case O_STAGES: stages = (int)p.num; break;
         case O_MICRO: micro = (int)p.num; break;
+        case O_BUCKETS: buckets = (int)p.num; break;
+        case O_OVERLAP: overlap = p.choice == 0; break;
         case O_HELP: opt_print_help(&schedule_command, stdout); return PT_EXIT_OK;
         }
     }
@@ -189,6 +199,10 @@ static int cmd_schedule(int argc, char **argv)
     }
     schedule s;
     if (schedule_init_by_name(&s, name, stages, micro)) return fail(pt_error_get());
+    if (buckets && schedule_add_reductions(&s, buckets, overlap)) {
+        schedule_free(&s);
+        return fail(pt_error_get());
+    }
     schedule_report rep;
     if (schedule_verify(&s, &rep)) {
         schedule_free(&s);

@@ -92,6 +92,15 @@ if "$PIPETRAIN" partition --model "$MODELS/seed-mlp.cfg" --stages 2 >"$WORK/out"
    grep -q "by time (measured on this machine)" "$WORK/out"; then pass "partition: time"
 else failed "partition's default method"; cat "$WORK/out"; fi
 
+# schedule with reductions: a start and a wait per bucket, the last backward split by bucket
+if "$PIPETRAIN" schedule --stages 2 --microbatches 3 --buckets 2 >"$WORK/out" &&
+   grep -q '^s0: .* B2/0 A0 B2/1 A1 W0 W1 STEP$' "$WORK/out" &&
+   "$PIPETRAIN" schedule --stages 2 --microbatches 3 --buckets 2 --overlap off >"$WORK/out2" &&
+   grep -q '^s0: .* B2 A0 A1 W0 W1 STEP$' "$WORK/out2"; then pass "schedule --buckets"
+else failed "schedule --buckets"; cat "$WORK/out" "$WORK/out2"; fi
+expect_fail "buckets out of range" "--buckets -1: must be between 0 and 64" \
+    "$PIPETRAIN" schedule --stages 2 --buckets -1
+
 # version
 want=$(sed -n 's/^project(pipetrain.*VERSION \([0-9.]*\).*/\1/p' "$PT_SOURCE_DIR/CMakeLists.txt")
 for form in --version version; do
