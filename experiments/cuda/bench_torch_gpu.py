@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch peer on the GPU: the seed-cnn (690,590 parameters) trained on Fashion-MNIST.
 
-The model is the one of ../shared/peers/bench_cnn.py (copied, not imported: that script
-sets thread variables and reads the environment at import), Adam lr 1e-3, dropout 0.5 in
+The model is models/seed-cnn.cfg written out in PyTorch (the same layers as
+experiments/torch_peer.py builds from the file; kept standalone so that the GPU bundle
+needs no other script), Adam lr 1e-3, dropout 0.5 in
 training mode. The whole training set sits in GPU memory as float32 (N, 1, 28, 28); each
 step draws a random batch with indices generated and applied on the GPU, so no host data
 path is timed. Eager mode by default; --compile times torch.compile's graph as a second
@@ -54,7 +55,7 @@ def log(*a):
 
 # ----------------------------------------------------------------------------- model
 class CNN(nn.Module):
-    """Copy of ../shared/peers/bench_cnn.py's CNN (keep the two identical)."""
+    """models/seed-cnn.cfg: 690,590 parameters, as pipetrain builds it."""
     def __init__(self, dropout=0.5):
         super().__init__()
         self.features = nn.Sequential(
