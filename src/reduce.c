@@ -3,6 +3,7 @@
  * (stage, replica) layout are in src/reduce_plan.c. */
 #include "src/reduce.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,20 +24,22 @@ typedef enum {
 
 typedef struct {
     bucket_state state;
-    MPI_Request req;
-    float *grads;          /* the caller's flat array, while in flight */
+    MPI_Request *req;      /* [pieces]: phase 1 has one per piece (ordered), else req[0] */
+    float *dst;            /* the bucket's first element in the caller's (first) array */
     double t_start;
     reduce_bucket_stats st;
-    /* ordered: shard j's count and offset in the bucket, and where each rank's piece of
-     * this rank's shard lands in scratch (MPI reads them until the request completes) */
+    /* ordered: shard j's count and offset in the bucket, and where rank j's piece p of this
+     * rank's shard lands in scratch, recv_off[p·R + j] (MPI reads them until the requests
+     * complete) */
     int *shard_cnt, *shard_off, *recv_cnt, *recv_off;
-    float *scratch;        /* ordered: R × this rank's shard; gather-bcast root: R × count */
+    float *scratch;        /* ordered: R × P × this rank's shard; gather-bcast root: R × count */
 } bucket_run;
 
 struct reduce {
     MPI_Comm comm;   /* the reductions and broadcasts */
     MPI_Comm comm2;  /* ordered: the all-gathers, started in their own order (see advance) */
     int rank, size, world_rank;
+    int pieces;      /* P: arrays per rank (ordered), else 1 */
     char host[64];
     char group[200]; /* "the replica group of stage 1 (2 ranks: world 1, 3)" */
     reduce_config cfg;
@@ -48,6 +51,7 @@ struct reduce {
     int active;      /* buckets in flight */
     int broken;      /* a wait failed: requests may be live, keep their memory */
     int *ints;       /* owned: every bucket's counts and displacements */
+    MPI_Request *reqs; /* owned: every bucket's requests */
     float *scratch;  /* owned: every bucket's scratch */
     MPI_Request *bcast_req;
     reduce_stats st;
@@ -91,14 +95,21 @@ static size_t shard_start(size_t n, int j, int R) { return n * (size_t)j / (size
 
 static int alloc_scratch(reduce_t *r)
 {
-    int R = r->size, nb = r->plan.n_buckets;
+    int R = r->size, nb = r->plan.n_buckets, P = r->pieces;
     size_t floats = 0;
+    r->reqs = malloc((size_t)nb * (size_t)P * sizeof *r->reqs + 1);
+    if (!r->reqs) return pt_error_set("out of memory for %d buckets' requests", nb);
     if (r->cfg.method == REDUCE_ORDERED) {
-        r->ints = malloc((size_t)nb * 4 * (size_t)R * sizeof *r->ints + 1);
+        r->ints = malloc((size_t)nb * (3 + (size_t)P) * (size_t)R * sizeof *r->ints + 1);
         if (!r->ints) return pt_error_set("out of memory for %d buckets' shards", nb);
         for (int b = 0; b < nb; b++) {
             size_t n = r->plan.buckets[b].count;
-            floats += (size_t)R * (shard_start(n, r->rank + 1, R) - shard_start(n, r->rank, R));
+            size_t mine = shard_start(n, r->rank + 1, R) - shard_start(n, r->rank, R);
+            if ((size_t)R * P * mine > INT_MAX)
+                return pt_error_set("bucket %d: %d ranks × %d pieces × %zu floats are more "
+                                    "than one MPI message holds: lower --bucket-mb", b, R, P,
+                                    mine);
+            floats += (size_t)R * P * mine;
         }
     } else if (r->cfg.method == REDUCE_GATHER_BCAST && r->rank == 0) {
         floats = (size_t)R * r->plan.total_count;
@@ -111,23 +122,25 @@ static int alloc_scratch(reduce_t *r)
     for (int b = 0; b < nb; b++) {
         bucket_run *br = &r->runs[b];
         size_t n = r->plan.buckets[b].count;
-        br->req = MPI_REQUEST_NULL;
+        br->req = r->reqs + (size_t)b * P;
+        for (int p = 0; p < P; p++) br->req[p] = MPI_REQUEST_NULL;
         br->scratch = r->scratch + at;
         if (r->cfg.method == REDUCE_GATHER_BCAST && r->rank == 0) at += (size_t)R * n;
         if (r->cfg.method != REDUCE_ORDERED) continue;
-        int *p = r->ints + (size_t)b * 4 * R;
-        br->shard_cnt = p;
-        br->shard_off = p + R;
-        br->recv_cnt = p + 2 * R;
-        br->recv_off = p + 3 * R;
+        int *ip = r->ints + (size_t)b * (3 + (size_t)P) * R;
+        br->shard_cnt = ip;
+        br->shard_off = ip + R;
+        br->recv_cnt = ip + 2 * R;
+        br->recv_off = ip + 3 * R;
         int mine = (int)(shard_start(n, r->rank + 1, R) - shard_start(n, r->rank, R));
         for (int j = 0; j < R; j++) { /* a bucket holds at most INT_MAX elements */
             br->shard_off[j] = (int)shard_start(n, j, R);
             br->shard_cnt[j] = (int)(shard_start(n, j + 1, R) - shard_start(n, j, R));
             br->recv_cnt[j] = mine;
-            br->recv_off[j] = j * mine;
+            /* rank j's piece p is summand j·P + p (checked above to fit an int) */
+            for (int p = 0; p < P; p++) br->recv_off[p * R + j] = (j * P + p) * mine;
         }
-        at += (size_t)R * (size_t)mine;
+        at += (size_t)R * P * (size_t)mine;
     }
     return 0;
 }
@@ -141,10 +154,14 @@ int reduce_init(reduce_t **out, MPI_Comm group, const reduce_plan *plan,
     if (!(cfg->timeout_s > 0))
         return pt_error_set("reduce_init: the timeout must be positive (got %g s)",
                             cfg->timeout_s);
+    if (cfg->pieces < 0 || (cfg->pieces > 1 && cfg->method != REDUCE_ORDERED))
+        return pt_error_set("reduce_init: %d gradient pieces per rank (only the ordered "
+                            "method sums more than one)", cfg->pieces);
     reduce_t *r = calloc(1, sizeof *r);
     if (!r) return pt_error_set("out of memory");
     r->comm = r->comm2 = MPI_COMM_NULL;
     r->cfg = *cfg;
+    r->pieces = cfg->pieces > 1 ? cfg->pieces : 1;
     if (cfg->name) snprintf(r->name, sizeof r->name, "%s", cfg->name);
     r->cfg.name = r->name;
     gethostname(r->host, sizeof r->host - 1);
@@ -183,6 +200,7 @@ void reduce_free(reduce_t *r)
     free(r->queue);
     free(r->bcast_req);
     free(r->ints);
+    free(r->reqs);
     free(r->scratch);
     free(r);
 }
@@ -202,31 +220,43 @@ static int check_bucket(const reduce_t *r, int b, const char *fn)
 int reduce_start(reduce_t *r, float *grads, int b)
 {
     if (check_bucket(r, b, "reduce_start")) return -1;
+    if (r->pieces > 1)
+        return pt_error_set("reduce_start: the reduction sums %d pieces per rank: use "
+                            "reduce_start_pieces", r->pieces);
+    float *g = grads + r->plan.buckets[b].offset;
+    return reduce_start_pieces(r, b, &g);
+}
+
+int reduce_start_pieces(reduce_t *r, int b, float *const *pieces)
+{
+    if (check_bucket(r, b, "reduce_start")) return -1;
     bucket_run *br = &r->runs[b];
     if (br->state != BUCKET_IDLE && br->state != BUCKET_DONE)
         return pt_error_set("reduce_start: bucket %d is already being reduced", b);
     const reduce_bucket *bk = &r->plan.buckets[b];
-    float *g = grads + bk->offset;
+    float *g = pieces[0];
     int n = (int)bk->count, root = r->rank == 0;
-    br->grads = grads;
+    br->dst = g;
     br->t_start = pt_now();
     switch (r->cfg.method) {
     case REDUCE_ALLREDUCE:
         PT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, g, n, MPI_FLOAT, MPI_SUM, r->comm,
-                                        &br->req));
+                                        &br->req[0]));
         break;
     case REDUCE_REDUCE_BCAST:
         PT_MPI_CHECK(MPI_Ireduce(root ? MPI_IN_PLACE : g, root ? g : NULL, n, MPI_FLOAT,
-                                     MPI_SUM, 0, r->comm, &br->req));
+                                     MPI_SUM, 0, r->comm, &br->req[0]));
         break;
     case REDUCE_GATHER_BCAST:
         PT_MPI_CHECK(MPI_Igather(g, n, MPI_FLOAT, root ? br->scratch : NULL, n,
-                                     MPI_FLOAT, 0, r->comm, &br->req));
+                                     MPI_FLOAT, 0, r->comm, &br->req[0]));
         break;
     case REDUCE_ORDERED:
-        PT_MPI_CHECK(MPI_Ialltoallv(g, br->shard_cnt, br->shard_off, MPI_FLOAT,
-                                        br->scratch, br->recv_cnt, br->recv_off, MPI_FLOAT,
-                                        r->comm, &br->req));
+        /* one exchange per piece, every rank starting them in piece order */
+        for (int p = 0; p < r->pieces; p++)
+            PT_MPI_CHECK(MPI_Ialltoallv(pieces[p], br->shard_cnt, br->shard_off, MPI_FLOAT,
+                                        br->scratch, br->recv_cnt, br->recv_off + p * r->size,
+                                        MPI_FLOAT, r->comm, &br->req[p]));
         r->queue[(r->q_head + r->q_len++) % r->plan.n_buckets] = b;
         break;
     case REDUCE_METHOD_COUNT: break;
@@ -241,7 +271,7 @@ static void finish(reduce_t *r, int b)
     bucket_run *br = &r->runs[b];
     double t = pt_now();
     br->state = BUCKET_DONE;
-    br->grads = NULL;
+    br->dst = NULL;
     br->st.reductions++;
     br->st.reduce_s += t - br->t_start;
     br->st.t_start = br->t_start;
@@ -272,9 +302,9 @@ static int start_allgathers(reduce_t *r)
         int b = r->queue[r->q_head];
         bucket_run *br = &r->runs[b];
         if (br->state != BUCKET_SUMMED) break;
-        PT_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL,
-                                         br->grads + r->plan.buckets[b].offset, br->shard_cnt,
-                                         br->shard_off, MPI_FLOAT, r->comm2, &br->req));
+        PT_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, br->dst,
+                                     br->shard_cnt, br->shard_off, MPI_FLOAT, r->comm2,
+                                     &br->req[0]));
         br->state = BUCKET_PHASE2;
         r->q_head = (r->q_head + 1) % r->plan.n_buckets;
         r->q_len--;
@@ -288,19 +318,21 @@ static int advance(reduce_t *r)
     for (int b = 0; b < r->plan.n_buckets && r->active; b++) {
         bucket_run *br = &r->runs[b];
         if (br->state != BUCKET_PHASE1 && br->state != BUCKET_PHASE2) continue;
-        int done = 0;
-        PT_MPI_CHECK(MPI_Test(&br->req, &done, MPI_STATUS_IGNORE));
+        int nreq = br->state == BUCKET_PHASE1 && r->cfg.method == REDUCE_ORDERED ? r->pieces : 1;
+        int done = 1;
+        for (int k = 0; k < nreq && done; k++) /* a completed request turns null */
+            PT_MPI_CHECK(MPI_Test(&br->req[k], &done, MPI_STATUS_IGNORE));
         if (!done) continue;
         const reduce_bucket *bk = &r->plan.buckets[b];
         if (br->state == BUCKET_PHASE1 && r->cfg.method == REDUCE_ORDERED) {
             size_t mine = (size_t)br->shard_cnt[r->rank];
-            sum_rank_order(br->grads + bk->offset + br->shard_off[r->rank], br->scratch, mine,
-                           r->size);
+            sum_rank_order(br->dst + br->shard_off[r->rank], br->scratch, mine,
+                           r->size * r->pieces);
             br->state = BUCKET_SUMMED;
             continue;
         }
         if (r->cfg.method == REDUCE_GATHER_BCAST && r->rank == 0)
-            sum_rank_order(br->grads + bk->offset, br->scratch, bk->count, r->size);
+            sum_rank_order(br->dst, br->scratch, bk->count, r->size);
         finish(r, b);
     }
     return r->cfg.method == REDUCE_ORDERED ? start_allgathers(r) : 0;
@@ -362,6 +394,16 @@ static int wait_failed(reduce_t *r, const char *what, int b, double t0)
                         bucket, what, r->group, cause);
 }
 
+/* A request of phase 1 not completed yet (the last one when all have: the wait then
+ * returns at once). */
+static MPI_Request *phase1_request(const reduce_t *r, bucket_run *br)
+{
+    int n = r->cfg.method == REDUCE_ORDERED ? r->pieces : 1;
+    for (int p = 0; p < n - 1; p++)
+        if (br->req[p] != MPI_REQUEST_NULL) return &br->req[p];
+    return &br->req[n - 1];
+}
+
 /* The request that bucket b waits for: its own, or (ordered, all-gather not started) the
  * exchange of the oldest bucket before it whose all-gather must start first. */
 static MPI_Request *blocking_request(reduce_t *r, int b, MPI_Comm *comm, int *blocker)
@@ -371,16 +413,16 @@ static MPI_Request *blocking_request(reduce_t *r, int b, MPI_Comm *comm, int *bl
     bucket_run *br = &r->runs[b];
     if (br->state == BUCKET_PHASE2) {
         *comm = r->comm2;
-        return &br->req;
+        return &br->req[0];
     }
     for (int i = 0; i < r->q_len && br->state == BUCKET_SUMMED; i++) {
         int q = r->queue[(r->q_head + i) % r->plan.n_buckets];
         if (r->runs[q].state == BUCKET_PHASE1) {
             *blocker = q;
-            return &r->runs[q].req;
+            return phase1_request(r, &r->runs[q]);
         }
     }
-    return &br->req;
+    return phase1_request(r, br);
 }
 
 int reduce_wait(reduce_t *r, int b)

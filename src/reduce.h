@@ -41,7 +41,10 @@ typedef enum {
      * (MPI_Ialltoallv), sums them in rank order 0..R−1 in float32 (acc = g_0; acc += g_1;
      * ...), then MPI_Iallgatherv shares the shards. Every rank ends with exactly the bits
      * of summing the R arrays in rank order on one process, whatever R and the buckets.
-     * Bytes on the wire per rank: 2(R−1)/R × bucket bytes, as a ring all-reduce. */
+     * Bytes on the wire per rank: 2(R−1)/R × bucket bytes, as a ring all-reduce.
+     * With P pieces per rank (reduce_config.pieces, reduce_start_pieces) the R·P arrays are
+     * summed in (rank, piece) order: acc = g_{0,0}; acc += g_{0,1}; ... acc += g_{1,0}; ...;
+     * the reduce-scatter then carries P times the bytes. */
     REDUCE_ORDERED,
     REDUCE_METHOD_COUNT
 } reduce_method;
@@ -96,6 +99,8 @@ typedef struct {
     reduce_method method;
     double timeout_s; /* a wait without progress for this long fails (--timeout) */
     const char *name; /* names the group in messages, e.g. "stage 1" (copied; may be NULL) */
+    int pieces;       /* REDUCE_ORDERED only: gradient arrays per rank that the reduction sums
+                         (0 or 1: one, the caller's flat array; P > 1: reduce_start_pieces) */
 } reduce_config;
 
 /* Collective over `group` (the replicas of one stage, the first rank being the root of the
@@ -112,6 +117,11 @@ void reduce_free(reduce_t *r);
  * is read and, where the method puts the sum, written; leave it alone until reduce_wait).
  * −1 if b is out of range or already in flight. */
 int reduce_start(reduce_t *r, float *grads, int bucket);
+/* The same from the bucket's elements in each of this rank's cfg.pieces gradient arrays:
+ * pieces[p] points at the bucket's first element in piece p (its count floats are read;
+ * leave them alone until reduce_wait); the sum lands in pieces[0]. For the methods other
+ * than REDUCE_ORDERED there is one piece. */
+int reduce_start_pieces(reduce_t *r, int bucket, float *const *pieces);
 /* Never blocks: tests every reduction in flight, does the local work of those that moved
  * on (sums, next phase). Returns how many are still in flight, or −1 with a message. */
 int reduce_test(reduce_t *r);
@@ -140,7 +150,7 @@ const reduce_plan *reduce_get_plan(const reduce_t *r);
  * reduce_wait, so reduce_s is as fine as the caller's calls to them. */
 typedef struct {
     long reductions;  /* bucket reductions completed */
-    size_t bytes;     /* gradient bytes they reduced (bucket bytes each) */
+    size_t bytes;     /* gradient bytes they reduced (bucket bytes each, whatever the pieces) */
     double reduce_s;  /* their durations, start to completion, summed (may overlap) */
     double exposed_s; /* time spent inside reduce_wait, reduce_wait_all, reduce_broadcast */
     long broadcasts;

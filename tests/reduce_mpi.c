@@ -410,6 +410,48 @@ static void test_misuse(const group_t *g)
     reduce_plan_free(&plan);
 }
 
+/* Ordered with P pieces per rank: piece p of rank r holds summand r·P + p, and every rank
+ * must end with the bits of summing the R·P arrays in that order on one process (how
+ * replicas reproduce a one-process run of R·P micro-batches). Other methods take one. */
+static void test_pieces(const group_t *g)
+{
+    reduce_layer l[N_MID];
+    layout(l, MID, N_MID);
+    reduce_plan plan;
+    OK(reduce_plan_buckets(&plan, l, N_MID, 150 * sizeof(float)));
+    size_t n = plan.total_count;
+    enum { P = 3 };
+    float *pieces[P], *ref = malloc(n * sizeof *ref);
+    for (int p = 0; p < P; p++) {
+        pieces[p] = malloc(n * sizeof *pieces[p]);
+        for (size_t i = 0; i < n; i++) pieces[p][i] = value(g->rank * P + p, i, 41);
+    }
+    reference(ref, NULL, n, g->size * P, 41, 0);
+    reduce_t *r;
+    reduce_config cfg = {.method = REDUCE_ORDERED, .timeout_s = TIMEOUT, .pieces = P};
+    OK(reduce_init(&r, g->comm, &plan, &cfg));
+    CHECK(reduce_start(r, pieces[0], 0) == -1 && strstr(pt_error_get(), "pieces"),
+          "reduce_start with pieces: '%s'", pt_error_get());
+    for (int b = plan.n_buckets - 1; b >= 0; b--) {
+        float *at[P];
+        for (int p = 0; p < P; p++) at[p] = pieces[p] + plan.buckets[b].offset;
+        OK(reduce_start_pieces(r, b, at));
+        CHECK(reduce_test(r) >= 0, "reduce_test: %s", pt_error_get());
+    }
+    OK(reduce_wait_all(r));
+    reduce_free(r);
+    size_t bad = 0;
+    while (bad < n && !memcmp(&pieces[0][bad], &ref[bad], sizeof *ref)) bad++;
+    CHECK(bad == n, "ordered, %d pieces (%s): element %zu is %.9g, the (rank, piece)-order "
+          "sum %.9g", P, g->name, bad, bad < n ? pieces[0][bad] : 0, bad < n ? ref[bad] : 0);
+    cfg.method = REDUCE_ALLREDUCE;
+    CHECK(reduce_init(&r, g->comm, &plan, &cfg) == -1 && strstr(pt_error_get(), "pieces"),
+          "allreduce with %d pieces accepted", P);
+    for (int p = 0; p < P; p++) free(pieces[p]);
+    free(ref);
+    reduce_plan_free(&plan);
+}
+
 /* Every (stages, replicas) layout of the world: default placement, communicators, and the
  * ordered reduction inside each stage's group. */
 static void test_layouts(void)
@@ -528,6 +570,7 @@ int main(int argc, char **argv)
     test_reductions(&world);
     test_can_fail(&world);
     test_misuse(&world);
+    test_pieces(&world);
     test_layouts();
     int totals[2] = {checks, failures};
     OK(exec_allreduce(totals, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD, TIMEOUT));
