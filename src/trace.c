@@ -8,7 +8,7 @@
 
 static const char *const names[TRACE_KIND_COUNT] = {
     "forward", "backward", "send_act", "send_grad", "wait_act",
-    "wait_grad", "optimizer", "sync", "eval",
+    "wait_grad", "optimizer", "sync", "eval", "reduce",
 };
 
 const char *trace_kind_name(trace_kind k)

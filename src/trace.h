@@ -14,6 +14,7 @@ typedef enum {
     TRACE_OPTIMIZER,
     TRACE_SYNC,
     TRACE_EVAL,
+    TRACE_REDUCE, /* a bucket's gradient reduction among the stage's replicas */
     TRACE_KIND_COUNT
 } trace_kind;
 
