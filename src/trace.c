@@ -294,6 +294,8 @@ int trace_write_json(const char *path, const trace_event *events, int n,
     if (!w.err && !w.oom && tmp[0] && rename(tmp, target) != 0) w.err = errno;
     if (!w.err && !w.oom) return 0;
     if (tmp[0]) unlink(tmp);
-    if (w.oom) return pt_error_set("cannot write trace %s: out of memory encoding it", path);
+    if (w.oom)
+        return pt_error_set("cannot write trace %s: encoding failed (out of memory, or a host "
+                            "name that is not UTF-8)", path);
     return pt_error_set("cannot write trace %s: %s", path, strerror(w.err));
 }
