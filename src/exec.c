@@ -18,7 +18,7 @@
 /* Message tags name the micro-batch and the direction. They wrap below 32767, the least
  * MPI_TAG_UB the standard allows: two messages with one tag between one pair of ranks are
  * matched in the order they were sent, and both sides go through micro-batches in order. */
-enum { TAG_ACT = 0, TAG_GRAD = 1, TAG_EVAL = 2, TAG_WRAP = 8192 };
+enum { TAG_ACT = 0, TAG_GRAD = 1, TAG_EVAL = 2, TAG_CLOCK = 3, TAG_WRAP = 8192 };
 enum { EVAL_BUFFERS = 3 }; /* micro-batch buffers evaluation cycles through */
 static int tag_of(int kind, int m) { return (m % TAG_WRAP) * 4 + kind; }
 
@@ -48,7 +48,10 @@ struct exec {
      * next step's samples can be loaded (copied to a GPU) while this step computes. */
     int half, prefetched;
     /* statistics */
-    double t_origin;
+    double t_origin;     /* where this rank's trace times count from, on its trace clock */
+    trace_clock clock;   /* its trace clock against rank 0's */
+    long trace_step;     /* the step being run, for the trace and its message ids */
+    trace_skew skew;     /* testing: PIPETRAIN_DEBUG_CLOCK_SKEW */
     double compute_s, wall_s, forward_s, backward_s, optimizer_s;
     long steps;
     int inflight, peak_inflight;
@@ -198,11 +201,30 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     return 0;
 }
 
+/* The clock of the trace: pt_now() (the engines stamp their events with it), moved when
+ * testing by PIPETRAIN_DEBUG_CLOCK_SKEW. */
+static double trace_time(const exec_t *e, double t) { return trace_skew_apply(&e->skew, t); }
+static double trace_now(void *e) { return trace_time(e, pt_now()); }
+
+/* This rank's trace clock against rank 0's (collective). */
+static int sync_clock(exec_t *e)
+{
+    return trace_clock_measure(&e->clock, e->comm, tag_of(TAG_CLOCK, 0), trace_now, e,
+                               e->cfg.timeout_s);
+}
+
 int exec_start(exec_t *e)
 {
-    /* A common time origin for the trace: everyone leaves the barrier together. */
+    /* every rank has its stage */
     if (exec_allreduce(&(int){0}, 1, MPI_INT, MPI_SUM, e->comm, e->cfg.timeout_s)) return -1;
-    e->t_origin = pt_now();
+    if (!e->cfg.trace) return 0;
+    /* The ranks' clocks may differ (other hosts), and no two ranks leave a barrier at the
+     * same moment: each rank's trace times count from its own origin, and the writer puts
+     * them on rank 0's clock with the offsets measured now and at the end. */
+    if (trace_skew_from_env(e->rank, &e->skew)) return -1;
+    e->clock = (trace_clock){.n = 0};
+    if (sync_clock(e)) return -1;
+    e->t_origin = trace_time(e, pt_now());
     return 0;
 }
 
@@ -223,10 +245,25 @@ engine *exec_engine(exec_t *e) { return e->eng; }
 int exec_rank(const exec_t *e) { return e->rank; }
 int exec_stages(const exec_t *e) { return e->size; }
 
+/* An event between pt_now() times t0 and t1; a send or receive (peer ≥ 0) also gets the
+ * id of its message, which the other end computes alike. */
+static void record_message(exec_t *e, trace_kind kind, double t0, double t1, int m, int peer)
+{
+    if (!e->cfg.trace) return;
+    int grad = kind == TRACE_SEND_GRAD || kind == TRACE_WAIT_GRAD;
+    int sender = kind == TRACE_SEND_ACT || kind == TRACE_SEND_GRAD ? e->rank : peer;
+    trace_event ev = {
+        .t0 = trace_time(e, t0) - e->t_origin, .t1 = trace_time(e, t1) - e->t_origin,
+        .kind = (int)kind, .microbatch = m, .rank = e->rank, .step = e->trace_step,
+        .flow = peer < 0 ? -1 : trace_flow_id(e->trace_step, grad, m, e->cfg.microbatches,
+                                              sender, e->size),
+    };
+    trace_add(&e->trace, &ev);
+}
+
 static void record(exec_t *e, trace_kind kind, double t0, double t1, int m)
 {
-    if (e->cfg.trace)
-        trace_add(&e->trace, kind, t0 - e->t_origin, t1 - e->t_origin, m, e->rank, e->steps);
+    record_message(e, kind, t0, t1, m, -1);
 }
 
 /* Posts, in order, the pending sends whose buffers are ready (at once on the CPU; when
@@ -354,6 +391,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
     int mb = e->mb, M = e->cfg.microbatches, base = e->half * M;
     engine *g = e->eng;
     double t_step = pt_now();
+    e->trace_step = (long)step;
     int fault = e->cfg.stall_rank == e->rank && (long)step == e->cfg.stall_step;
     if (fault && e->cfg.stall_kills != EXEC_STALL_MPI_ERROR)
         stall_forever(e->cfg.stall_kills == EXEC_STALL_KILL);
@@ -384,12 +422,12 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
         case SCHED_OP_RECV_ACT:
             if (wait_request(e, &e->req_act[m], "the activation", m, op->peer)) return -1;
             if (engine_msg_received(g, ENGINE_MSG_ACT_IN, b)) return -1;
-            record(e, TRACE_WAIT_ACT, t0, pt_now(), m);
+            record_message(e, TRACE_WAIT_ACT, t0, pt_now(), m, op->peer);
             break;
         case SCHED_OP_RECV_GRAD:
             if (wait_request(e, &e->req_grad[m], "the gradient", m, op->peer)) return -1;
             if (engine_msg_received(g, ENGINE_MSG_GRAD_IN, b)) return -1;
-            record(e, TRACE_WAIT_GRAD, t0, pt_now(), m);
+            record_message(e, TRACE_WAIT_GRAD, t0, pt_now(), m, op->peer);
             break;
         case SCHED_OP_FORWARD:
             if (engine_forward(g, b, mb, seed, step, 1, i)) return -1;
@@ -399,7 +437,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
             if (start_send(e, ENGINE_MSG_ACT_OUT, b, (int)(mb * e->out_count), op->peer,
                            tag_of(TAG_ACT, m), &e->req_send_act[m]))
                 return -1;
-            record(e, TRACE_SEND_ACT, t0, pt_now(), m);
+            record_message(e, TRACE_SEND_ACT, t0, pt_now(), m, op->peer);
             break;
         case SCHED_OP_BACKWARD:
             if (engine_backward(g, b, i)) return -1;
@@ -413,7 +451,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
             if (start_send(e, ENGINE_MSG_GRAD_OUT, b, (int)(mb * e->in_count), op->peer,
                            tag_of(TAG_GRAD, m), &e->req_send_grad[m]))
                 return -1;
-            record(e, TRACE_SEND_GRAD, t0, pt_now(), m);
+            record_message(e, TRACE_SEND_GRAD, t0, pt_now(), m, op->peer);
             break;
         case SCHED_OP_OPTIMIZER_STEP:
             for (int k = 0; k < M; k++)
@@ -569,6 +607,14 @@ void exec_reset_stats(exec_t *e)
 
 int exec_write_trace(exec_t *e, const char *path)
 {
+    /* the clocks again: with the start's figures, they give each rank's drift */
+    if (sync_clock(e)) return -1;
+    trace_rank me = {.rank = e->rank, .stage = e->rank, .origin = e->t_origin,
+                     .clock = e->clock};
+    snprintf(me.host, sizeof me.host, "%s", e->host);
+    trace_rank ranks[e->size];
+    PT_MPI_CHECK(MPI_Gather(&me, (int)sizeof me, MPI_BYTE, ranks, (int)sizeof me, MPI_BYTE, 0,
+                            e->comm));
     /* Events travel as raw bytes: every rank runs the same binary on one architecture. */
     int bytes = (int)(e->trace.n * sizeof(trace_event));
     int counts[e->size], displs[e->size];
@@ -593,12 +639,14 @@ int exec_write_trace(exec_t *e, const char *path)
         free(all);
         return -1;
     }
-    int rc = 0;
+    /* rank 0's verdict, and its message, on every rank */
+    char msg[512] = "";
     if (e->rank == 0) {
-        rc = trace_write_json(path, (trace_event *)all, (int)(total / sizeof(trace_event)),
-                              e->size);
+        if (trace_write_json(path, (trace_event *)all, (int)(total / sizeof(trace_event)),
+                             ranks, e->size))
+            snprintf(msg, sizeof msg, "%s", pt_error_get());
         free(all);
     }
-    PT_MPI_CHECK(MPI_Bcast(&rc, 1, MPI_INT, 0, e->comm));
-    return rc;
+    PT_MPI_CHECK(MPI_Bcast(msg, (int)sizeof msg, MPI_CHAR, 0, e->comm));
+    return msg[0] ? pt_error_set("%s", msg) : 0;
 }
