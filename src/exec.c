@@ -18,7 +18,7 @@
 /* Message tags name the micro-batch and the direction. They wrap below 32767, the least
  * MPI_TAG_UB the standard allows: two messages with one tag between one pair of ranks are
  * matched in the order they were sent, and both sides go through micro-batches in order. */
-enum { TAG_ACT = 0, TAG_GRAD = 1, TAG_EVAL = 2, TAG_WRAP = 8192 };
+enum { TAG_ACT = 0, TAG_GRAD = 1, TAG_EVAL = 2, TAG_CLOCK = 3, TAG_WRAP = 8192 };
 enum { EVAL_BUFFERS = 3 }; /* micro-batch buffers evaluation cycles through */
 static int tag_of(int kind, int m) { return (m % TAG_WRAP) * 4 + kind; }
 
@@ -36,6 +36,7 @@ struct exec {
     int world_rank, world_size;
     int replica, replicas;
     replicas_t *rep; /* the stage's reductions among its replicas; NULL: none */
+    int *pipe_world; /* [size]: the world rank of each stage of this pipeline */
     char host[64];
     const net_desc *net;
     const schedule *sched;
@@ -52,7 +53,10 @@ struct exec {
      * next step's samples can be loaded (copied to a GPU) while this step computes. */
     int half, prefetched;
     /* statistics */
-    double t_origin;
+    double t_origin;     /* where this rank's trace times count from, on its trace clock */
+    trace_clock clock;   /* its trace clock against rank 0's */
+    long trace_step;     /* the step being run, for the trace and its message ids */
+    trace_skew skew;     /* testing: PIPETRAIN_DEBUG_CLOCK_SKEW */
     double compute_s, wall_s, forward_s, backward_s, optimizer_s;
     long steps;
     int inflight, peak_inflight;
@@ -126,6 +130,24 @@ int exec_wait_collective(MPI_Request *req, MPI_Comm comm, double timeout_s)
     return 0;
 }
 
+/* The world rank of every stage of this pipeline (messages in the trace are named by
+ * world ranks, unique across replicas). */
+static int world_ranks(exec_t *e)
+{
+    MPI_Group pipe, world;
+    PT_MPI_CHECK(MPI_Comm_group(e->comm, &pipe));
+    PT_MPI_CHECK(MPI_Comm_group(e->world, &world));
+    int *stages = malloc((size_t)e->size * sizeof *stages);
+    int rc = stages ? 0 : pt_error_set("out of memory");
+    for (int s = 0; s < e->size && stages; s++) stages[s] = s;
+    if (!rc) rc = PT_MPI_CALL(MPI_Group_translate_ranks(pipe, e->size, stages, world,
+                                                        e->pipe_world));
+    free(stages);
+    MPI_Group_free(&pipe);
+    MPI_Group_free(&world);
+    return rc;
+}
+
 int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition *part,
               const schedule *sched, const exec_config *cfg)
 {
@@ -157,8 +179,11 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     e->world = cfg->world;
     e->replica = cfg->replica;
     e->replicas = R;
-    if (PT_MPI_CALL(MPI_Comm_rank(e->world, &e->world_rank)) ||
-        PT_MPI_CALL(MPI_Comm_size(e->world, &e->world_size))) {
+    e->pipe_world = malloc((size_t)size * sizeof *e->pipe_world);
+    if (!e->pipe_world || PT_MPI_CALL(MPI_Comm_rank(e->world, &e->world_rank)) ||
+        PT_MPI_CALL(MPI_Comm_size(e->world, &e->world_size)) || world_ranks(e)) {
+        if (!e->pipe_world) pt_error_set("out of memory");
+        free(e->pipe_world);
         free(e);
         return -1;
     }
@@ -213,6 +238,18 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     return 0;
 }
 
+/* The clock of the trace: pt_now() (the engines stamp their events with it), moved when
+ * testing by PIPETRAIN_DEBUG_CLOCK_SKEW. */
+static double trace_time(const exec_t *e, double t) { return trace_skew_apply(&e->skew, t); }
+static double trace_now(void *e) { return trace_time(e, pt_now()); }
+
+/* This rank's trace clock against world rank 0's (collective over the world). */
+static int sync_clock(exec_t *e)
+{
+    return trace_clock_measure(&e->clock, e->world, tag_of(TAG_CLOCK, 0), trace_now, e,
+                               e->cfg.timeout_s);
+}
+
 int exec_start(exec_t *e)
 {
     const exec_config *c = &e->cfg;
@@ -225,9 +262,16 @@ int exec_start(exec_t *e)
             return pt_error_set("rank %d, stage %d: the schedule reduces %d buckets, the "
                                 "stage's plan has %d", e->world_rank, e->rank, want, have);
     }
-    /* A common time origin for the trace: everyone leaves the barrier together. */
+    /* every rank has its stage */
     if (exec_allreduce(&(int){0}, 1, MPI_INT, MPI_SUM, e->world, e->cfg.timeout_s)) return -1;
-    e->t_origin = pt_now();
+    if (!e->cfg.trace) return 0;
+    /* The ranks' clocks may differ (other hosts), and no two ranks leave a barrier at the
+     * same moment: each rank's trace times count from its own origin, and the writer puts
+     * them on world rank 0's clock with the offsets measured now and at the end. */
+    if (trace_skew_from_env(e->world_rank, &e->skew)) return -1;
+    e->clock = (trace_clock){.n = 0};
+    if (sync_clock(e)) return -1;
+    e->t_origin = trace_time(e, pt_now());
     return 0;
 }
 
@@ -235,6 +279,7 @@ void exec_free(exec_t *e)
 {
     if (!e) return;
     replicas_free(e->rep);
+    free(e->pipe_world);
     engine_destroy(e->eng);
     free(e->req_act);
     free(e->req_grad);
@@ -249,11 +294,36 @@ engine *exec_engine(exec_t *e) { return e->eng; }
 int exec_rank(const exec_t *e) { return e->rank; }
 int exec_stages(const exec_t *e) { return e->size; }
 
+/* An event between pt_now() times t0 and t1; a send or receive (peer ≥ 0) also gets the
+ * id of its message, which the other end computes alike. */
+static void record_message(exec_t *e, trace_kind kind, double t0, double t1, int m, int peer)
+{
+    if (!e->cfg.trace) return;
+    int grad = kind == TRACE_SEND_GRAD || kind == TRACE_WAIT_GRAD;
+    int sender = kind == TRACE_SEND_ACT || kind == TRACE_SEND_GRAD ? e->rank : peer;
+    trace_event ev = {
+        .t0 = trace_time(e, t0) - e->t_origin, .t1 = trace_time(e, t1) - e->t_origin,
+        .kind = (int)kind, .microbatch = m, .rank = e->world_rank, .step = e->trace_step,
+        .flow = peer < 0 ? -1 : trace_flow_id(e->trace_step, grad, m, e->cfg.microbatches,
+                                              e->pipe_world[sender], e->world_size),
+    };
+    trace_add(&e->trace, &ev);
+}
+
+/* A bucket's reduction among the stage's replicas, with its size. */
+static void record_reduction(exec_t *e, double t0, double t1, int bucket, size_t bytes)
+{
+    trace_event ev = {
+        .t0 = trace_time(e, t0) - e->t_origin, .t1 = trace_time(e, t1) - e->t_origin,
+        .kind = TRACE_REDUCE, .microbatch = bucket, .rank = e->world_rank,
+        .step = e->trace_step, .flow = -1, .bytes = (long long)bytes,
+    };
+    trace_add(&e->trace, &ev);
+}
+
 static void record(exec_t *e, trace_kind kind, double t0, double t1, int m)
 {
-    if (e->cfg.trace)
-        trace_add(&e->trace, kind, t0 - e->t_origin, t1 - e->t_origin, m, e->world_rank,
-                  e->steps);
+    record_message(e, kind, t0, t1, m, -1);
 }
 
 /* Posts, in order, the pending sends whose buffers are ready (at once on the CPU; when
@@ -373,7 +443,7 @@ static void record_reductions(exec_t *e)
         double t0, t1;
         size_t bytes;
         if (replicas_bucket_event(e->rep, b, &t0, &t1, &bytes))
-            record(e, TRACE_REDUCE, t0, t1, b);
+            record_reduction(e, t0, t1, b, bytes);
     }
 }
 
@@ -409,6 +479,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
     int mb = e->mb, M = e->cfg.microbatches, base = e->half * M;
     engine *g = e->eng;
     double t_step = pt_now();
+    e->trace_step = (long)step;
     /* this replica's share of the batch */
     size_t share = (size_t)e->replica * (size_t)(e->cfg.batch / e->replicas);
     indices += share;
@@ -444,12 +515,12 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
         case SCHED_OP_RECV_ACT:
             if (wait_request(e, &e->req_act[m], "the activation", m, op->peer)) return -1;
             if (engine_msg_received(g, ENGINE_MSG_ACT_IN, b)) return -1;
-            record(e, TRACE_WAIT_ACT, t0, pt_now(), m);
+            record_message(e, TRACE_WAIT_ACT, t0, pt_now(), m, op->peer);
             break;
         case SCHED_OP_RECV_GRAD:
             if (wait_request(e, &e->req_grad[m], "the gradient", m, op->peer)) return -1;
             if (engine_msg_received(g, ENGINE_MSG_GRAD_IN, b)) return -1;
-            record(e, TRACE_WAIT_GRAD, t0, pt_now(), m);
+            record_message(e, TRACE_WAIT_GRAD, t0, pt_now(), m, op->peer);
             break;
         case SCHED_OP_FORWARD:
             if (engine_forward(g, b, mb, seed, step, 1, i)) return -1;
@@ -459,7 +530,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
             if (start_send(e, ENGINE_MSG_ACT_OUT, b, (int)(mb * e->out_count), op->peer,
                            tag_of(TAG_ACT, m), &e->req_send_act[m]))
                 return -1;
-            record(e, TRACE_SEND_ACT, t0, pt_now(), m);
+            record_message(e, TRACE_SEND_ACT, t0, pt_now(), m, op->peer);
             break;
         case SCHED_OP_BACKWARD:
             if (op->bucket >= 0) {
@@ -484,7 +555,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
             if (start_send(e, ENGINE_MSG_GRAD_OUT, b, (int)(mb * e->in_count), op->peer,
                            tag_of(TAG_GRAD, m), &e->req_send_grad[m]))
                 return -1;
-            record(e, TRACE_SEND_GRAD, t0, pt_now(), m);
+            record_message(e, TRACE_SEND_GRAD, t0, pt_now(), m, op->peer);
             break;
         case SCHED_OP_OPTIMIZER_STEP:
             for (int k = 0; k < M; k++)
@@ -657,6 +728,14 @@ void exec_reset_stats(exec_t *e)
 
 int exec_write_trace(exec_t *e, const char *path)
 {
+    /* the clocks again: with the start's figures, they give each rank's drift */
+    if (sync_clock(e)) return -1;
+    trace_rank me = {.rank = e->world_rank, .stage = e->rank, .origin = e->t_origin,
+                     .clock = e->clock};
+    snprintf(me.host, sizeof me.host, "%s", e->host);
+    trace_rank ranks[e->world_size];
+    PT_MPI_CHECK(MPI_Gather(&me, (int)sizeof me, MPI_BYTE, ranks, (int)sizeof me, MPI_BYTE, 0,
+                            e->world));
     /* Events travel as raw bytes: every rank runs the same binary on one architecture. */
     int bytes = (int)(e->trace.n * sizeof(trace_event));
     int counts[e->world_size], displs[e->world_size];
@@ -681,12 +760,14 @@ int exec_write_trace(exec_t *e, const char *path)
         free(all);
         return -1;
     }
-    int rc = 0;
+    /* rank 0's verdict, and its message, on every rank */
+    char msg[512] = "";
     if (e->world_rank == 0) {
-        rc = trace_write_json(path, (trace_event *)all, (int)(total / sizeof(trace_event)),
-                              e->world_size);
+        if (trace_write_json(path, (trace_event *)all, (int)(total / sizeof(trace_event)),
+                             ranks, e->world_size))
+            snprintf(msg, sizeof msg, "%s", pt_error_get());
         free(all);
     }
-    PT_MPI_CHECK(MPI_Bcast(&rc, 1, MPI_INT, 0, e->world));
-    return rc;
+    PT_MPI_CHECK(MPI_Bcast(msg, (int)sizeof msg, MPI_CHAR, 0, e->world));
+    return msg[0] ? pt_error_set("%s", msg) : 0;
 }

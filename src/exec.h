@@ -67,7 +67,8 @@ int exec_init(exec_t **e, MPI_Comm comm, const net_desc *net, const partition *p
               const schedule *sched, const exec_config *cfg);
 void exec_free(exec_t *e);
 /* Collective over the world, after every rank's exec_init succeeded: sets up the reductions
- * among the stage's replicas and the trace's common time origin. */
+ * among the stage's replicas; with a trace, measures the ranks' clocks against world rank
+ * 0's and sets the trace's origin. */
 int exec_start(exec_t *e);
 engine *exec_engine(exec_t *e);
 int exec_rank(const exec_t *e);
@@ -98,8 +99,9 @@ int exec_gather_params(exec_t *e, float *all);
 
 void exec_get_stats(const exec_t *e, exec_stats *st);
 void exec_reset_stats(exec_t *e);
-/* Collective over the world: world rank 0 writes one Chrome trace JSON of every rank's
- * events. */
+/* Collective over the world: measures the clocks again, and world rank 0 writes one Chrome
+ * trace JSON of every rank's events on its clock (docs/TRACE.md); every rank returns rank
+ * 0's result. */
 int exec_write_trace(exec_t *e, const char *path);
 
 /* A polite collective: MPI_Iallreduce waited for with MPI_Test and a short sleep. */

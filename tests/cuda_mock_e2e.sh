@@ -76,11 +76,11 @@ if PIPETRAIN_CUDA_AWARE_MPI=1 cuda timeout 120 "$MPIEXEC" -n 2 "$PIPETRAIN" trai
     python3 - "$out.trace.json" <<'PY' && pass "trace from device events: forward and backward of every micro-batch on both stages" || failed "trace of the mock GPU run"
 import json, sys
 ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
-assert {e.get("tid") for e in ev} == {0, 1}, "ranks"
+assert {e.get("pid") for e in ev} == {0, 1}, "ranks"
 for rank in (0, 1):
     for cat in ("forward", "backward"):
         ms = {e["args"]["microbatch"] for e in ev
-              if e.get("tid") == rank and e.get("cat") == cat and e["dur"] >= 0}
+              if e.get("pid") == rank and e.get("cat") == cat and e["dur"] >= 0}
         assert ms == {0, 1, 2, 3}, (rank, cat, ms)
 PY
 else

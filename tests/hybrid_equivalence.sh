@@ -128,6 +128,8 @@ need(h["stage_reduce_exposed_s"][0] <= h["stage_reduce_s"][0] + 1e-3, "exposed >
 need(one["replicas"] == 1 and one["stage_reduce_bytes"] == [0], "one process: %r" % one["stage_reduce_bytes"])
 ev = [e for e in json.load(open(sys.argv[3]))["traceEvents"] if e.get("cat") == "reduce"]
 need(len(ev) == 2 * 3 * 3, "%d reduce slices in the trace, expected 18" % len(ev))
+need(sorted({e["args"]["bytes"] for e in ev}) == [1290 * 4, 32896 * 4, 200960 * 4],
+     "bucket sizes in the trace: %r" % sorted({e["args"]["bytes"] for e in ev}))
 sys.exit(0 if ok else 1)
 PY
 
