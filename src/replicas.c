@@ -114,6 +114,13 @@ int replicas_init(replicas_t **out, MPI_Comm group, engine *eng, const net_desc 
         return pt_error_set("stage %d: the bucket plan covers %zu parameters, the engine "
                             "holds %zu", stage_index, planned, eng->param_count);
     }
+    const engine_ops *ops = eng->ops;
+    if (!ops->grads_host || !ops->grads_commit || (replicas_overlap(cfg) && r->plan.n_buckets > 1 && !ops->backward_range) ||
+        (r->root_steps && !ops->zero_grads)) {
+        replicas_free(r);
+        return pt_error_set("the %s engine cannot run data-parallel replicas (it lacks the "
+                            "gradient operations of src/engine.h)", ops->name);
+    }
     int nb = r->plan.n_buckets;
     r->ptrs = calloc((size_t)r->pieces, sizeof *r->ptrs);
     r->seen = calloc((size_t)nb, sizeof *r->seen);
