@@ -115,7 +115,8 @@ int replicas_init(replicas_t **out, MPI_Comm group, engine *eng, const net_desc 
                             "holds %zu", stage_index, planned, eng->param_count);
     }
     const engine_ops *ops = eng->ops;
-    if (!ops->grads_host || !ops->grads_commit || (replicas_overlap(cfg) && r->plan.n_buckets > 1 && !ops->backward_range) ||
+    int split = replicas_overlap(cfg) && r->plan.n_buckets > 1; /* backward parts */
+    if (!ops->grads_host || !ops->grads_commit || (split && !ops->backward_range) ||
         (r->root_steps && !ops->zero_grads)) {
         replicas_free(r);
         return pt_error_set("the %s engine cannot run data-parallel replicas (it lacks the "
