@@ -568,9 +568,11 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
             if (!e->rep)
                 return pt_error_set("rank %d: a reduction on a stage without buckets",
                                     e->world_rank);
-            if (op->kind == SCHED_OP_ALLREDUCE ? replicas_start(e->rep, op->bucket)
-                                               : flush_sends(e) || replicas_wait(e->rep, op->bucket))
+            if (op->kind == SCHED_OP_ALLREDUCE) {
+                if (replicas_start(e->rep, op->bucket)) return -1;
+            } else if (flush_sends(e) || replicas_wait(e->rep, op->bucket)) {
                 return -1;
+            }
             break;
         case SCHED_OP_RECOMPUTE:
         case SCHED_OP_COUNT:

@@ -174,7 +174,8 @@ typedef struct {
 
 static bubble_figures bubbles(const train_run *run, const stage_figures *fig)
 {
-    if (run->o.stages < 2) return (bubble_figures){.measured = NAN, .simulated = NAN, .theory = NAN};
+    if (run->o.stages < 2)
+        return (bubble_figures){.measured = NAN, .simulated = NAN, .theory = NAN};
     return (bubble_figures){
         .measured = fig->bubble,
         .simulated = simulated_bubble(&run->sched, fig, run->o.microbatches),
