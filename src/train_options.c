@@ -60,9 +60,7 @@ static const opt_spec train_opts[] = {
     {.id = O_MICRO, .name = "microbatches", .shared = 1},
     {.id = O_SCHED, .name = "schedule", .shared = 1},
     {.id = O_PART, .name = "partition", .shared = 1},
-    {.id = O_REPLICAS, .name = "replicas", .kind = OPT_INT, .arg = "R", .min = 1, .max = 65536,
-     .def = "1", .help = "data-parallel replicas of the pipeline: the job has stages × "
-                         "replicas ranks, each replica trains on its share of every batch"},
+    {.id = O_REPLICAS, .name = "replicas", .shared = 1},
     {.id = O_REDUCE, .name = "reduce", .kind = OPT_CHOICE,
      .choices = "allreduce|reduce-bcast|gather-bcast|ordered", .def = "allreduce",
      .help = "how a stage's replicas sum their gradients: bucketed MPI_Iallreduce; "
@@ -75,8 +73,8 @@ static const opt_spec train_opts[] = {
      .max = 1e6, .def = "1", .help = "gradient bucket size in MiB (MiB = 2^20 bytes); "
                                      "buckets are cut in reverse layer order"},
     {.id = O_OVERLAP, .name = "overlap", .kind = OPT_CHOICE, .choices = "on|off", .def = "on",
-     .help = "on: each bucket's reduction starts as soon as the last micro-batch's backward "
-             "has gone through it; off: every bucket after the backward pass"},
+     .help = "start each bucket's reduction inside the last backward pass (split by bucket) "
+             "rather than after it"},
     {.id = O_THREADS, .name = "threads", .kind = OPT_INT, .arg = "N", .min = 1, .max = 1024,
      .help = "worker threads per rank (default: the node's cores / its ranks)"},
     {.id = O_BIND, .name = "bind", .kind = OPT_CHOICE, .choices = "auto|core|none",
@@ -108,7 +106,7 @@ static const opt_command train_command = {
     .name = "train",
     .usage = "pipetrain train --model FILE [options]\n"
              "mpiexec -n K pipetrain train --model FILE --stages K [options]\n"
-             "mpiexec -n K*R pipetrain train --model FILE --stages K --replicas R [options]",
+             "mpiexec -n K*R pipetrain train --model FILE --stages K --replicas R ...",
     .about = "Trains a model on Fashion-MNIST, sequentially, as a pipeline of K stages, or "
              "as R data-parallel replicas of that pipeline.",
     .notes = "With --json the last line of stdout is one JSON object of results. With --device "
