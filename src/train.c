@@ -212,6 +212,9 @@ static void abort_job(MPI_Comm comm)
     if (strncmp(msg, "rank ", 5) == 0) fprintf(stderr, "pipetrain: %s\n", msg);
     else fprintf(stderr, "pipetrain: rank %d (%s): %s\n", rank, host, msg);
     fflush(stderr);
+    /* mpiexec may end the job before it has forwarded the message (seen under load): give
+     * it a moment */
+    nanosleep(&(struct timespec){.tv_nsec = 200000000}, NULL);
     MPI_Abort(comm, 1);
 }
 
