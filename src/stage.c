@@ -115,6 +115,7 @@ int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch
         size_t in = layer_shape_count(L->in), out = layer_shape_count(L->out);
         if (in > widest) widest = in;
         if (out > widest) widest = out;
+        s->widest = widest;
         size_t a, b, c;
         slot_bytes += layer_slot_bytes(L, max_batch, &a, &b, &c);
     }
@@ -198,6 +199,8 @@ void stage_free(stage *s)
     if (s->group_grads)
         for (int g = 1; g < s->groups; g++) free(s->group_grads[g]);
     free(s->mb_grads);
+    free(s->carry[0]);
+    free(s->carry[1]);
     free(s->group_grads);
     free(s->workers);
     free(s->param_off);
@@ -266,6 +269,9 @@ typedef struct {
     uint64_t seed, step;
     const float *dout;
     float *din;
+    int lo, hi;              /* backward: the local layers [lo, hi) */
+    const float *from;       /* backward: the carry buffer read when hi < the stage's layers */
+    float *to;               /* backward: the carry buffer written when lo > 0 */
 } chunk_job;
 
 static void forward_chunk(const stage *s, stage_worker *wk, const stage_slot *sl, int off, int n,
@@ -329,17 +335,23 @@ const float *stage_forward(stage *s, int slot, const float *in, int n,
     sl->n = n;
     sl->input = in;
     const float *y = set_outputs(s, sl, in, training);
-    chunk_job j = {s, sl, n, stage_chunk(s, n), sample_ids, seed, step, NULL, NULL};
+    chunk_job j = {.s = s, .sl = sl, .n = n, .chunk = stage_chunk(s, n), .ids = sample_ids,
+                   .seed = seed, .step = step};
     pool_run(s->pool, forward_worker, &j);
     return y;
 }
 
+/* The chunk's backward through local layers [lo, hi): from dout (hi = all) or the carry
+ * buffer `from` (the gradient of layer hi's input), to din (lo = 0) or the carry `to`. */
 static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const stage_slot *sl,
-                           int off, int n, const float *dout, float *din)
+                           int off, int n, const float *dout, float *din, int lo, int hi,
+                           const float *from, float *to)
 {
-    const float *g = dout;
+    const float *g = hi == s->last - s->first
+                         ? dout
+                         : from + (size_t)off * layer_shape_count(s->net->layers[s->first + hi].in);
     int gi = -1; /* which scratch buffer g lives in, −1 for the caller's */
-    for (int l = s->last - 1; l >= s->first; l--) {
+    for (int l = s->first + hi - 1; l >= s->first + lo; l--) {
         const layer_desc *L = &s->net->layers[l];
         int i = l - s->first;
         size_t in_count = layer_shape_count(L->in), out_count = layer_shape_count(L->out);
@@ -388,6 +400,10 @@ static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const
         g = dx;
         gi = ti;
     }
+    if (lo > 0) { /* the gradient of layer lo's input waits for the next range */
+        size_t count = layer_shape_count(s->net->layers[s->first + lo].in);
+        memcpy(to + (size_t)off * count, g, (size_t)n * count * sizeof(float));
+    }
 }
 
 static void backward_worker(void *arg, int t)
@@ -395,13 +411,15 @@ static void backward_worker(void *arg, int t)
     chunk_job *j = arg;
     stage *s = j->s;
     size_t in_count = stage_in_count(s), out_count = stage_out_count(s);
+    int whole = j->hi == s->last - s->first; /* the micro-batch's first range */
     for (int g = t; g < s->groups && g * j->chunk < j->n; g += s->threads) {
-        if (g > 0 || s->group_grads[0] == s->mb_grads)
+        if (whole && (g > 0 || s->group_grads[0] == s->mb_grads))
             memset(s->group_grads[g], 0, s->param_count * sizeof(float));
         for (int off = g * j->chunk; off < j->n; off += s->groups * j->chunk)
             backward_chunk(s, &s->workers[t], s->group_grads[g], j->sl, off, chunk_len(j, off),
-                           j->dout + (size_t)off * out_count,
-                           j->din ? j->din + (size_t)off * in_count : NULL);
+                           j->dout ? j->dout + (size_t)off * out_count : NULL,
+                           j->din ? j->din + (size_t)off * in_count : NULL, j->lo, j->hi,
+                           j->from, j->to);
     }
 }
 
@@ -409,6 +427,7 @@ typedef struct {
     stage *s;
     int used;   /* groups that received chunks */
     float *dst; /* where the micro-batch's gradient goes (or is added) */
+    size_t a, b; /* the parameters [a, b) whose gradients are final */
 } reduce_job;
 
 /* The micro-batch's gradient g0 + g1 + ... in group order, added to grads when group 0 was
@@ -418,8 +437,9 @@ static void reduce_worker(void *arg, int t)
 {
     reduce_job *r = arg;
     stage *s = r->s;
-    size_t P = s->param_count, per = (P + s->threads - 1) / s->threads;
-    size_t lo = (size_t)t * per, hi = lo + per < P ? lo + per : P;
+    size_t P = r->b - r->a, per = (P + s->threads - 1) / s->threads;
+    size_t lo = r->a + (size_t)t * per, hi = lo + per < r->b ? lo + per : r->b;
+    if (lo >= hi) return;
     float *restrict dst = r->dst;
     if (s->group_grads[0] == dst) {
         for (int g = 1; g < r->used; g++) {
@@ -448,18 +468,54 @@ void stage_backward(stage *s, int slot, const float *dout, float *din)
 
 void stage_backward_to(stage *s, int slot, const float *dout, float *din, float *grads)
 {
+    /* one range of every layer: its boundary buffers are never touched */
+    stage_backward_range(s, slot, dout, din, grads, 0, s->last - s->first);
+}
+
+/* Where layer i's parameters start in the gradients (i = the layer count: the end). */
+static size_t param_start(const stage *s, int i)
+{
+    return i == s->last - s->first ? s->param_count : s->param_off[i];
+}
+
+int stage_backward_range(stage *s, int slot, const float *dout, float *din, float *grads,
+                         int lo, int hi)
+{
+    int nl = s->last - s->first;
+    if (hi == nl) { /* the micro-batch's first range: choose where its gradient goes */
+        s->range_target = grads ? grads : s->grads;
+        s->range_add = !grads && s->accumulated;
+        if (grads) memset(grads, 0, s->param_count * sizeof(float));
+        s->group_grads[0] = s->range_add ? s->mb_grads : s->range_target;
+        s->range_parity = 0;
+    } else if (hi != s->range_next_hi) {
+        return pt_error_set("stage: backward of layers [%d, %d) after the range ending at %d",
+                            lo, hi, s->range_next_hi);
+    }
+    if (lo < 0 || lo >= hi)
+        return pt_error_set("stage: backward of layers [%d, %d) of %d", lo, hi, nl);
+    if ((lo > 0 || hi < nl) && !s->carry[0]) {
+        for (int k = 0; k < 2; k++) {
+            s->carry[k] = alloc_zeroed((size_t)s->max_batch * s->widest * sizeof(float));
+            if (!s->carry[k])
+                return pt_error_set("stage: out of memory for the backward's boundary buffers");
+        }
+    }
     stage_slot *sl = &s->slots[slot];
-    /* `grads` alone is the first micro-batch's case: its gradient is formed in place */
-    float *target = grads ? grads : s->grads;
-    int add = !grads && s->accumulated;
-    if (grads) memset(grads, 0, s->param_count * sizeof(float));
-    s->group_grads[0] = add ? s->mb_grads : target;
-    chunk_job j = {s, sl, sl->n, stage_chunk(s, sl->n), NULL, 0, 0, dout, din};
+    chunk_job j = {.s = s, .sl = sl, .n = sl->n, .chunk = stage_chunk(s, sl->n),
+                   .dout = hi == nl ? dout : NULL, .din = lo == 0 ? din : NULL, .lo = lo,
+                   .hi = hi, .from = s->carry[s->range_parity],
+                   .to = s->carry[1 - s->range_parity]};
     pool_run(s->pool, backward_worker, &j);
-    reduce_job r = {s, (sl->n + j.chunk - 1) / j.chunk, target};
+    /* the parameters of layers [lo, hi) now have every chunk's contribution */
+    reduce_job r = {.s = s, .used = (sl->n + j.chunk - 1) / j.chunk, .dst = s->range_target,
+                    .a = param_start(s, lo), .b = param_start(s, hi)};
     if (r.used > s->groups) r.used = s->groups;
-    if (r.used > 1 || add) pool_run(s->pool, reduce_worker, &r);
-    if (!grads) s->accumulated = 1;
+    if ((r.used > 1 || s->range_add) && r.b > r.a) pool_run(s->pool, reduce_worker, &r);
+    s->range_parity = 1 - s->range_parity;
+    s->range_next_hi = lo;
+    if (lo == 0 && !grads) s->accumulated = 1;
+    return 0;
 }
 
 void stage_zero_grad(stage *s)

@@ -64,6 +64,15 @@ typedef struct {
     float **group_grads;    /* owned (but [0] may be the stage's grads): one per group */
     float *mb_grads;        /* owned: group 0 of a micro-batch after the first */
     int accumulated;        /* grads hold a micro-batch's gradient since stage_zero_grad */
+    size_t widest;          /* most values per sample at a layer boundary of the stage */
+    /* stage_backward_range's state between the ranges of one micro-batch */
+    float *carry[2];        /* owned, allocated at first use: each chunk's gradient at the
+                               boundary between two ranges (alternating, so that a range
+                               reads one while it writes the other) */
+    int range_next_hi;      /* the hi the next range must have; 0: no micro-batch open */
+    int range_parity;       /* which carry buffer the next range reads */
+    int range_add;          /* the micro-batch's gradient is added (formed in mb_grads) */
+    float *range_target;    /* where it goes */
     struct pool *pool;      /* owned */
     size_t *param_off;      /* per local layer: offset of its weight in params/grads */
     size_t slot_bytes;      /* activation bytes one slot holds at max_batch */
@@ -107,6 +116,15 @@ void stage_backward(stage *s, int slot, const float *dout, float *din);
  * gradients are left alone. NULL: stage_backward. Replicas that reduce in a fixed order
  * keep each micro-batch's gradient apart this way (src/reduce.h). */
 void stage_backward_to(stage *s, int slot, const float *dout, float *din, float *grads);
+/* The same through the stage's local layers [lo, hi) only, called for consecutive ranges
+ * from the top (hi = last − first first, then each next hi = the previous lo, down to
+ * lo = 0); together bit-identical to stage_backward_to with the same `grads`. When it
+ * returns, the gradients of the parameters of layers [lo, hi) hold the micro-batch's
+ * contribution (data-parallel replicas start reducing them while lower layers compute).
+ * dout is read by the first range, din written by the last. −1 with a message for a range
+ * out of order, or no memory for the boundary buffers. */
+int stage_backward_range(stage *s, int slot, const float *dout, float *din, float *grads,
+                         int lo, int hi);
 
 void stage_zero_grad(stage *s);
 /* One optimizer update of every parameter from the accumulated gradients. */

@@ -22,8 +22,11 @@ static void load_model(net_desc *net, const char *name)
 }
 
 /* Forward and backward of micro-batch m (n samples of deterministic data) into `grads`
- * (NULL: accumulate into the stage's gradients). */
-static void run_microbatch(stage *s, int m, int n, float *grads)
+ * (NULL: accumulate into the stage's gradients), the backward cut at the local layer
+ * boundaries cuts[0] > cuts[1] > ... > 0 (ncuts of them; 0: one whole backward); din, when
+ * given, receives the input's gradient. */
+static void run_microbatch_cut(stage *s, int m, int n, float *grads, const int *cuts, int ncuts,
+                               float *din)
 {
     size_t in = stage_in_count(s), out = stage_out_count(s);
     float *x = malloc((size_t)n * in * sizeof *x), *dy = malloc((size_t)n * out * sizeof *dy);
@@ -36,11 +39,22 @@ static void run_microbatch(stage *s, int m, int n, float *grads)
     int slot = stage_slot_acquire(s);
     cr_assert_geq(slot, 0);
     stage_forward(s, slot, x, n, ids, 3, 0, 1);
-    stage_backward_to(s, slot, dy, NULL, grads);
+    int hi = s->last - s->first;
+    for (int c = 0; c <= ncuts; c++) {
+        int lo = c < ncuts ? cuts[c] : 0;
+        cr_assert_eq(stage_backward_range(s, slot, dy, din, grads, lo, hi), 0, "%s",
+                     pt_error_get());
+        hi = lo;
+    }
     stage_slot_release(s, slot);
     free(x);
     free(dy);
     free(ids);
+}
+
+static void run_microbatch(stage *s, int m, int n, float *grads)
+{
+    run_microbatch_cut(s, m, n, grads, NULL, 0, NULL);
 }
 
 static void check_pieces_add_up(const char *model, int threads, int n, int M)
@@ -128,5 +142,72 @@ Test(stage, sum_is_the_same_for_one_and_two_threads)
     cr_assert_eq(memcmp(s[0].grads, s[1].grads, s[0].param_count * sizeof(float)), 0);
     stage_free(&s[0]);
     stage_free(&s[1]);
+    net_desc_free(&net);
+}
+
+/* A backward cut into layer ranges (what replicas do to reduce the last layers' gradients
+ * while the first ones compute) gives the same bits as the whole backward: the parameters'
+ * gradients, accumulated over micro-batches or formed apart, and the input's gradient. */
+static void check_ranges(const char *model, int threads, int n, const int *cuts, int ncuts)
+{
+    openblas_set_num_threads(1);
+    net_desc net;
+    load_model(&net, model);
+    /* stage 1.. of the net, so that the input's gradient exists */
+    stage a, b;
+    cr_assert_eq(stage_init(&a, &net, 1, net.n_layers, n, 1, threads), 0, "%s", pt_error_get());
+    cr_assert_eq(stage_init(&b, &net, 1, net.n_layers, n, 1, threads), 0, "%s", pt_error_get());
+    stage_init_params(&a, 11);
+    stage_init_params(&b, 11);
+    size_t P = a.param_count, in = stage_in_count(&a) * (size_t)n;
+    float *pa = malloc(P * sizeof(float)), *pb = malloc(P * sizeof(float));
+    float *da = malloc(in * sizeof(float)), *db = malloc(in * sizeof(float));
+    for (int m = 0; m < 3; m++) {
+        run_microbatch_cut(&a, m, n, NULL, NULL, 0, da);
+        run_microbatch_cut(&b, m, n, NULL, cuts, ncuts, db);
+        cr_assert_eq(memcmp(da, db, in * sizeof(float)), 0, "%s: input gradient differs", model);
+    }
+    cr_assert_eq(memcmp(a.grads, b.grads, P * sizeof(float)), 0, "%s: accumulated differs",
+                 model);
+    run_microbatch_cut(&a, 3, n, pa, NULL, 0, NULL);
+    run_microbatch_cut(&b, 3, n, pb, cuts, ncuts, NULL);
+    cr_assert_eq(memcmp(pa, pb, P * sizeof(float)), 0, "%s: a piece differs", model);
+    free(pa);
+    free(pb);
+    free(da);
+    free(db);
+    stage_free(&a);
+    stage_free(&b);
+    net_desc_free(&net);
+}
+
+Test(stage, backward_by_layer_ranges_is_the_whole_backward)
+{
+    /* seed-cnn from layer 1: 10 local layers (conv, pool, conv, pool, ..., dense) */
+    int every[] = {9, 8, 7, 6, 5, 4, 3, 2, 1}, two[] = {6}, three[] = {8, 3};
+    check_ranges("seed-cnn.cfg", 1, 40, every, 9);
+    check_ranges("seed-cnn.cfg", 2, 70, two, 1);
+    check_ranges("seed-cnn.cfg", 2, 33, three, 2);
+    int mlp[] = {1}; /* seed-mlp from layer 1: 2 local layers */
+    check_ranges("seed-mlp.cfg", 1, 100, mlp, 1);
+    check_ranges("seed-mlp.cfg", 2, 300, mlp, 1);
+}
+
+Test(stage, backward_ranges_out_of_order_are_refused)
+{
+    openblas_set_num_threads(1);
+    net_desc net;
+    load_model(&net, "seed-mlp.cfg");
+    stage s;
+    cr_assert_eq(stage_init(&s, &net, 0, net.n_layers, 8, 1, 1), 0);
+    stage_init_params(&s, 1);
+    float x[8 * 784] = {0}, dy[8 * 10] = {0};
+    int slot = stage_slot_acquire(&s);
+    stage_forward(&s, slot, x, 8, (int64_t[8]){0}, 1, 0, 1);
+    cr_assert_eq(stage_backward_range(&s, slot, dy, NULL, NULL, 2, 3), 0);
+    cr_assert_eq(stage_backward_range(&s, slot, dy, NULL, NULL, 0, 1), -1);
+    cr_assert(strstr(pt_error_get(), "after the range ending at 2"), "%s", pt_error_get());
+    cr_assert_eq(stage_backward_range(&s, slot, dy, NULL, NULL, 2, 2), -1);
+    stage_free(&s);
     net_desc_free(&net);
 }
