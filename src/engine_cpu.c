@@ -21,6 +21,8 @@ typedef struct {
     int *polls[2];     /* [buffers]: msg_ready polls of ACT_OUT and GRAD_OUT since prepare */
     int first_stage, last_stage;
     engine_result sums;
+    float **pieces;    /* [grad_pieces] with grad_pieces > 1: [0] the stage's gradients, the
+                          others owned */
 } cpu_engine;
 
 static cpu_engine *impl(engine *e) { return e->impl; }
@@ -65,6 +67,9 @@ static void cpu_destroy(engine *e)
         free(c->slot_of);
         free(c->polls[0]);
         free(c->polls[1]);
+        if (c->pieces)
+            for (int p = 1; p < e->cfg.grad_pieces; p++) free(c->pieces[p]);
+        free(c->pieces);
         free(c);
     }
     engine_base_free(e);
@@ -133,12 +138,54 @@ static int cpu_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, in
     return 0;
 }
 
-static int cpu_backward(engine *e, int m, int t)
+/* Where micro-batch buffer m's gradient goes: NULL (added to the stage's), or its piece. */
+static float *piece_of(engine *e, int m)
+{
+    int P = e->cfg.grad_pieces;
+    return P > 1 ? impl(e)->pieces[m % P] : NULL;
+}
+
+static int cpu_backward_range(engine *e, int m, int lo, int hi, int t)
 {
     cpu_engine *c = impl(e);
     double t0 = pt_now();
+    if (stage_backward_range(&c->st, c->slot_of[m], c->grad_in[m],
+                             c->first_stage ? NULL : c->grad_out[m], piece_of(e, m), lo, hi))
+        return -1;
+    tick(e, t, t0);
+    return 0;
+}
+
+static int cpu_backward(engine *e, int m, int t)
+{
+    cpu_engine *c = impl(e);
+    if (e->cfg.grad_pieces > 1) return cpu_backward_range(e, m, 0, c->st.last - c->st.first, t);
+    double t0 = pt_now();
     stage_backward(&c->st, c->slot_of[m], c->grad_in[m], c->first_stage ? NULL : c->grad_out[m]);
     tick(e, t, t0);
+    return 0;
+}
+
+/* The gradients live in host memory: MPI reads and writes them in place. */
+static int cpu_grads_host(engine *e, int piece, size_t off, size_t count, float **host)
+{
+    int P = e->cfg.grad_pieces > 1 ? e->cfg.grad_pieces : 1;
+    if (piece < 0 || piece >= P || off > e->param_count || count > e->param_count - off)
+        return pt_error_set("CPU engine: gradients [%zu, +%zu) of piece %d: out of range (%zu "
+                            "parameters, %d pieces)", off, count, piece, e->param_count, P);
+    *host = (piece ? impl(e)->pieces[piece] : impl(e)->st.grads) + off;
+    return 0;
+}
+
+static int cpu_grads_commit(engine *e, size_t off, size_t count)
+{
+    (void)e, (void)off, (void)count;
+    return 0;
+}
+
+static int cpu_zero_grads(engine *e)
+{
+    stage_zero_grad(&impl(e)->st);
     return 0;
 }
 
@@ -206,6 +253,10 @@ static const engine_ops cpu_ops = {
     .load = cpu_load,
     .forward = cpu_forward,
     .backward = cpu_backward,
+    .backward_range = cpu_backward_range,
+    .grads_host = cpu_grads_host,
+    .grads_commit = cpu_grads_commit,
+    .zero_grads = cpu_zero_grads,
     .release = cpu_release,
     .step = cpu_step,
     .msg_buffer = cpu_msg_buffer,
@@ -254,6 +305,17 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
         cpu_destroy(e);
         return pt_error_set("out of memory for %d micro-batch buffers of %d samples", nb,
                             cfg->max_batch);
+    }
+    if (cfg->grad_pieces > 1) {
+        c->pieces = calloc((size_t)cfg->grad_pieces, sizeof *c->pieces);
+        int ok = c->pieces != NULL;
+        for (int p = 1; ok && p < cfg->grad_pieces; p++)
+            ok = (c->pieces[p] = alloc_array(e->param_count * sizeof(float))) != NULL;
+        if (!ok) {
+            cpu_destroy(e);
+            return pt_error_set("out of memory for %d gradient pieces", cfg->grad_pieces);
+        }
+        c->pieces[0] = c->st.grads;
     }
     *out = e;
     return 0;

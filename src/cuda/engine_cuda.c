@@ -60,6 +60,10 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
     c->opt_m = p ? (float *)(p + 2 * block) : NULL;
     c->opt_v = p ? (float *)(p + 3 * block) : NULL;
     c->mb_grads = p ? (float *)(p + 4 * block) : NULL;
+    int pieces = cfg->grad_pieces > 1 ? cfg->grad_pieces : 1;
+    c->grad_block = block / fl;
+    c->d_pieces = pieces > 1 ? arena_take(d, (size_t)(pieces - 1) * block) : NULL;
+    c->h_grads = arena_take(h, (size_t)pieces * block);
     for (int k = 0; k < cfg->n_slots; k++) {
         for (int l = c->first; l < c->last; l++) {
             slot_layer *sl = &c->slots[k].layers[l - c->first];
@@ -72,6 +76,7 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
     }
     c->work = arena_take(d, c->work_floats * fl);
     for (int k = 0; k < 2; k++) c->scratch[k] = arena_take(d, c->widest * mbs * fl);
+    c->carry = arena_take(d, c->widest * mbs * fl);
     for (int m = 0; m < cfg->buffers; m++) {
         cuda_mb *b = &c->mb[m];
         b->in = arena_take(d, mbs * e->in_count * fl);
@@ -471,6 +476,53 @@ static int cuda_finish(engine *e, engine_result *res)
     return 0;
 }
 
+/* ---------------------------------------------------- data-parallel gradients ---- */
+
+/* Copies the range to the pinned mirror and waits for it (and so for the queued backward
+ * that writes it): MPI then reads and writes host memory. */
+static int cuda_grads_host(engine *e, int piece, size_t off, size_t count, float **host)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    int P = e->cfg.grad_pieces > 1 ? e->cfg.grad_pieces : 1;
+    if (piece < 0 || piece >= P || off > e->param_count || count > e->param_count - off)
+        return pt_error_set("CUDA engine: gradients [%zu, +%zu) of piece %d: out of range (%zu "
+                            "parameters, %d pieces)", off, count, piece, e->param_count, P);
+    const float *dev = piece ? c->d_pieces + (size_t)(piece - 1) * c->grad_block : c->grads;
+    float *h = c->h_grads + (size_t)piece * c->grad_block + off;
+    CUDA_CHECK(cudaSetDevice(c->device));
+    if (count) {
+        CUDA_CHECK(cudaMemcpyAsync(h, dev + off, count * sizeof(float), cudaMemcpyDeviceToHost,
+                                   c->ctx.stream));
+        CUDA_CHECK(cudaStreamSynchronize(c->ctx.stream));
+    }
+    *host = h;
+    return 0;
+}
+
+/* The reduced range back to the device, queued before whatever comes next (the step). */
+static int cuda_grads_commit(engine *e, size_t off, size_t count)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    if (off > e->param_count || count > e->param_count - off)
+        return pt_error_set("CUDA engine: commit of gradients [%zu, +%zu): out of range", off,
+                            count);
+    CUDA_CHECK(cudaSetDevice(c->device));
+    if (count)
+        CUDA_CHECK(cudaMemcpyAsync(c->grads + off, c->h_grads + off, count * sizeof(float),
+                                   cudaMemcpyHostToDevice, c->ctx.stream));
+    return 0;
+}
+
+static int cuda_zero_grads(engine *e)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    CUDA_CHECK(cudaSetDevice(c->device));
+    if (e->param_count)
+        CUDA_CHECK(cudaMemsetAsync(c->grads, 0, e->param_count * sizeof(float), c->ctx.stream));
+    c->accumulated = 0;
+    return 0;
+}
+
 /* ------------------------------------------------------------------- create ---- */
 
 static const engine_ops cuda_ops = {
@@ -482,6 +534,10 @@ static const engine_ops cuda_ops = {
     .load = cuda_load,
     .forward = engine_cuda_forward,
     .backward = engine_cuda_backward,
+    .backward_range = engine_cuda_backward_range,
+    .grads_host = cuda_grads_host,
+    .grads_commit = cuda_grads_commit,
+    .zero_grads = cuda_zero_grads,
     .release = engine_cuda_release,
     .step = cuda_step,
     .msg_buffer = engine_cuda_msg_buffer,

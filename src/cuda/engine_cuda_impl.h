@@ -98,6 +98,12 @@ typedef struct {
     float *params, *grads, *opt_m, *opt_v;
     float *mb_grads;   /* a micro-batch's gradient after the first (src/stage.h) */
     int accumulated;   /* grads hold a micro-batch's gradient since the last step */
+    float *d_pieces;   /* grad_pieces > 1: pieces 1.. on the device (piece 0 is grads) */
+    float *h_grads;    /* pinned: the pieces' host mirror (grads_host), one block each */
+    size_t grad_block; /* floats between two pieces (params rounded for alignment) */
+    float *carry;      /* the gradient at the boundary between two backward ranges */
+    int range_next_hi, range_add; /* backward_range's state within one micro-batch */
+    float *range_target;
     size_t *param_off; /* per local layer: its weight's offset in params and grads */
     size_t work_floats, widest;
     float *work, *scratch[2];
@@ -141,6 +147,7 @@ int engine_cuda_loss_drain(cuda_engine *c);
 int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, int training,
                         int tick);
 int engine_cuda_backward(engine *e, int m, int tick);
+int engine_cuda_backward_range(engine *e, int m, int lo, int hi, int tick);
 int engine_cuda_release(engine *e, int m);
 void *engine_cuda_msg_buffer(engine *e, engine_msg k, int m);
 int engine_cuda_msg_received(engine *e, engine_msg k, int m);

@@ -83,6 +83,34 @@ static void check_ticks(engine *e, int used_forward_backward)
     }
 }
 
+/* Data-parallel calls (src/engine.h) in run_single: 0 none; 1 the last micro-batch's
+ * backward cut at every layer boundary; 2 also each micro-batch's gradient in its own
+ * piece (grad_pieces = M), summed in order on the host through grads_host into piece 0,
+ * then committed. Either way the parameters must equal the plain run's bit for bit. */
+static int dp_mode;
+
+static void backward_dp(engine *e, int m, int tick)
+{
+    int nl = e->cfg.last - e->cfg.first;
+    if (dp_mode == 0 || m != M - 1) {
+        MUST(engine_backward(e, m, tick));
+        return;
+    }
+    for (int hi = nl; hi > 0; hi--) MUST(engine_backward_range(e, m, hi - 1, hi, hi == nl ? tick : -1));
+}
+
+static void sum_pieces(engine *e)
+{
+    size_t P = e->param_count;
+    float *sum, *piece;
+    MUST(engine_grads_host(e, 0, 0, P, &sum));
+    for (int k = 1; k < M; k++) {
+        MUST(engine_grads_host(e, k, 0, P, &piece));
+        for (size_t i = 0; i < P; i++) sum[i] += piece[i];
+    }
+    MUST(engine_grads_commit(e, 0, P));
+}
+
 /* One stage: the executor's calls for GPipe, then evaluation. */
 static void run_single(engine *e, const dataset *tr, const dataset *te, outcome *o, int cuda)
 {
@@ -93,9 +121,10 @@ static void run_single(engine *e, const dataset *tr, const dataset *te, outcome 
         for (int m = 0; m < M; m++) MUST(engine_load(e, m, tr, ids + m * MB, MB));
         for (int m = 0; m < M; m++) MUST(engine_forward(e, m, MB, 7, (uint64_t)s, 1, m));
         for (int m = 0; m < M; m++) {
-            MUST(engine_backward(e, m, M + m));
+            backward_dp(e, m, M + m);
             MUST(engine_release(e, m));
         }
+        if (dp_mode == 2) sum_pieces(e);
         MUST(engine_step(e, &adam, 2 * M));
         engine_result r;
         MUST(engine_finish(e, &r));
@@ -387,6 +416,26 @@ int main(int argc, char **argv)
                         }
             }
         }
+        /* the data-parallel operations, against the plain CPU run */
+        for (dp_mode = 1; dp_mode <= 2; dp_mode++)
+            for (int cuda = 0; cuda < 2; cuda++)
+                for (int mode = 0; mode < 3; mode++) {
+                    if (!cuda && mode) continue;
+                    mock_mode = mode;
+                    mock_seed = 5;
+                    char what[128];
+                    snprintf(what, sizeof what, "net %d %s data-parallel %d mode %d", k,
+                             cuda ? "cuda" : "cpu", dp_mode, mode);
+                    engine_config dc = c;
+                    dc.grad_pieces = dp_mode == 2 ? M : 0;
+                    if (cuda) MUST(engine_cuda_create(&e, &dc));
+                    else MUST(engine_create(&e, ENGINE_CPU, &dc));
+                    memset(&x, 0, sizeof x);
+                    run_single(e, &tr, &te, &x, cuda);
+                    engine_destroy(e);
+                    compare(&ref, &x, what);
+                }
+        dp_mode = 0;
         mock_mode = 2;
         error_paths(&net, &tr);
         data_free(&tr);
