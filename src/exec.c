@@ -197,6 +197,7 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     engine_stage_sizes(net, part->first[rank], part->first[rank + 1], &in_count, &out_count,
                        &params);
     if ((double)e->mb * (double)(in_count > out_count ? in_count : out_count) > (double)INT_MAX) {
+        free(e->pipe_world);
         free(e);
         return pt_error_set("a micro-batch of %d samples is too large for one MPI message",
                             cfg->batch / (R * M));
@@ -212,6 +213,7 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
         .grad_pieces = replicas_grad_pieces(&cfg->rep),
     };
     if (engine_create(&e->eng, cfg->device, &ec)) {
+        free(e->pipe_world);
         free(e);
         return -1;
     }
