@@ -87,6 +87,25 @@ else
     failed "K=2 with device-memory messages: run failed"; cat "$WORK/err"
 fi
 
+# Hybrid mode on the mock GPU: 2 replicas share it, gradients go through the engine's
+# pinned host mirror (grads_host / grads_commit) and its backward by layer range; method
+# ordered must reproduce one CPU process with 2 × 2 micro-batches bit for bit.
+out="$WORK/replicas"
+if cuda timeout 120 "$MPIEXEC" -n 2 "$PIPETRAIN" train "${COMMON[@]}" --device cuda \
+    --replicas 2 --microbatches 2 --reduce ordered --bucket-mb 0.01 --optimizer adam \
+    --lr 0.001 --save "$out.st" >"$out.json" 2>"$WORK/err"; then
+    a=$(json_field test_loss <"$out.json"); b=$(json_field test_loss <"$WORK/cpu_adam_4.json")
+    if "$PIPETRAIN" diff "$out.st" "$WORK/cpu_adam_4.st" >"$WORK/diff" 2>&1 &&
+        python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(abs(a - b) > 1e-9 * b)" \
+            "$a" "$b"; then
+        pass "R=2 M=2 ordered on the mock GPU: bit-identical to one CPU process with M=4, test loss $a"
+    else
+        failed "R=2 on the mock GPU: test loss '$a' vs '$b'"; tail -n 3 "$WORK/diff"
+    fi
+else
+    failed "R=2 on the mock GPU: run failed"; cat "$WORK/err"
+fi
+
 # --load onto the device, and the comparison can fail: another seed differs.
 cuda "$PIPETRAIN" train "${COMMON[@]}" --optimizer sgd --lr 0.05 --microbatches 2 \
     --device cuda --load "$WORK/cpu_sgd_4.st" --save "$WORK/loaded.st" >/dev/null
