@@ -52,18 +52,19 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
 {
     const engine_config *cfg = &e->cfg;
     size_t mbs = (size_t)cfg->max_batch, fl = sizeof(float);
-    /* params | grads | m | v | mb_grads, each block rounded so every block stays aligned */
+    /* params | grads | m | v | mb_grads | pieces 1.., each block rounded so every block
+     * stays aligned */
     size_t block = round_up(e->param_count * fl);
-    char *p = arena_take(d, 5 * block);
+    char *p = arena_take(d, (size_t)(4 + c->pieces) * block);
     c->params = p ? (float *)p : NULL;
     c->grads = p ? (float *)(p + block) : NULL;
     c->opt_m = p ? (float *)(p + 2 * block) : NULL;
     c->opt_v = p ? (float *)(p + 3 * block) : NULL;
     c->mb_grads = p ? (float *)(p + 4 * block) : NULL;
-    int pieces = cfg->grad_pieces > 1 ? cfg->grad_pieces : 1;
-    c->grad_block = block / fl;
-    c->d_pieces = pieces > 1 ? arena_take(d, (size_t)(pieces - 1) * block) : NULL;
-    c->h_grads = arena_take(h, (size_t)pieces * block);
+    for (int k = 0; k < c->pieces; k++)
+        c->piece[k] = !p ? NULL : k ? (float *)(p + (size_t)(4 + k) * block) : c->grads;
+    char *hg = arena_take(h, (size_t)c->pieces * block);
+    c->h_grads = hg ? (float *)hg : NULL;
     for (int k = 0; k < cfg->n_slots; k++) {
         for (int l = c->first; l < c->last; l++) {
             slot_layer *sl = &c->slots[k].layers[l - c->first];
@@ -76,7 +77,6 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
     }
     c->work = arena_take(d, c->work_floats * fl);
     for (int k = 0; k < 2; k++) c->scratch[k] = arena_take(d, c->widest * mbs * fl);
-    c->carry = arena_take(d, c->widest * mbs * fl);
     for (int m = 0; m < cfg->buffers; m++) {
         cuda_mb *b = &c->mb[m];
         b->in = arena_take(d, mbs * e->in_count * fl);
@@ -114,8 +114,12 @@ static int create_memory(engine *e, cuda_engine *c)
     c->mb = calloc((size_t)cfg->buffers, sizeof *c->mb);
     c->tick_ev = calloc(2 * (size_t)cfg->max_ticks + 1, sizeof *c->tick_ev);
     c->tick_used = calloc((size_t)cfg->max_ticks + 1, 1);
+    c->pieces = cfg->grad_pieces > 1 ? cfg->grad_pieces : 1;
+    c->piece = calloc((size_t)c->pieces, sizeof *c->piece);
+    c->ev_grads = calloc((size_t)nl, sizeof *c->ev_grads);
+    c->grads_ev = calloc((size_t)nl, sizeof *c->grads_ev);
     if (!c->param_off || !c->slots || !c->slot_layers || !c->mb || !c->tick_ev ||
-        !c->tick_used)
+        !c->tick_used || !c->piece || !c->ev_grads || !c->grads_ev)
         return pt_error_set("CUDA engine: out of host memory");
     for (int k = 0; k < cfg->n_slots; k++) c->slots[k].layers = c->slot_layers + (size_t)k * nl;
     for (int m = 0; m < cfg->buffers; m++) c->mb[m].slot = -1;
@@ -193,6 +197,8 @@ static int create_events(engine *e, cuda_engine *c)
     CUDA_CHECK(cudaEventCreateWithFlags(&c->anchor, cudaEventDefault));
     for (int t = 0; t < 2 * e->cfg.max_ticks; t++)
         CUDA_CHECK(cudaEventCreateWithFlags(&c->tick_ev[t], cudaEventDefault));
+    for (int i = 0; i < c->nl; i++)
+        CUDA_CHECK(cudaEventCreateWithFlags(&c->ev_grads[i], sync_only));
     return 0;
 }
 
@@ -207,6 +213,7 @@ static void cuda_destroy(engine *e)
         }
         if (c->h2d) (void)cudaStreamSynchronize(c->h2d);
         if (c->d2h) (void)cudaStreamSynchronize(c->d2h);
+        if (c->gstream) (void)cudaStreamSynchronize(c->gstream);
         if (c->mb) {
             for (int m = 0; m < e->cfg.buffers; m++) {
                 cuda_mb *b = &c->mb[m];
@@ -223,10 +230,14 @@ static void cuda_destroy(engine *e)
         if (c->tick_ev)
             for (int t = 0; t < 2 * e->cfg.max_ticks; t++)
                 if (c->tick_ev[t]) (void)cudaEventDestroy(c->tick_ev[t]);
+        if (c->ev_grads)
+            for (int i = 0; i < c->nl; i++)
+                if (c->ev_grads[i]) (void)cudaEventDestroy(c->ev_grads[i]);
         if (c->dmem) (void)cudaFree(c->dmem);
         if (c->hmem) (void)cudaFreeHost(c->hmem);
         if (c->h2d) (void)cudaStreamDestroy(c->h2d);
         if (c->d2h) (void)cudaStreamDestroy(c->d2h);
+        if (c->gstream) (void)cudaStreamDestroy(c->gstream);
         kernel_cuda_ctx_free(&c->ctx);
         free(c->param_off);
         free(c->slots);
@@ -234,6 +245,9 @@ static void cuda_destroy(engine *e)
         free(c->mb);
         free(c->tick_ev);
         free(c->tick_used);
+        free(c->piece);
+        free(c->ev_grads);
+        free(c->grads_ev);
         free(c);
     }
     engine_base_free(e);
@@ -366,10 +380,101 @@ static int cuda_write_params(engine *e, const float *host)
     return 0;
 }
 
+/* ------------------------------------------------------------------ gradients ---- */
+
+int engine_cuda_grads_written(cuda_engine *c, int lo, int hi)
+{
+    CUDA_CHECK(cudaEventRecord(c->ev_grads[lo], c->ctx.stream));
+    for (int i = lo; i < hi; i++) c->grads_ev[i] = lo;
+    return 0;
+}
+
+/* Piece 0 (the stage's gradients) zeroed on the compute stream; a backward by ranges left
+ * unfinished is abandoned. */
+static int zero_grads(cuda_engine *c, size_t P)
+{
+    if (P) CUDA_CHECK(cudaMemsetAsync(c->grads, 0, P * sizeof(float), c->ctx.stream));
+    c->accumulated = 0;
+    c->range_hi = 0;
+    return engine_cuda_grads_written(c, 0, c->nl);
+}
+
+static int cuda_zero_grads(engine *e)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    CUDA_CHECK(cudaSetDevice(c->device));
+    return zero_grads(c, e->param_count);
+}
+
+static int check_grads_range(const engine *e, int piece, size_t off, size_t count,
+                             const char *what)
+{
+    const cuda_engine *c = e->impl;
+    if (piece < 0 || piece >= c->pieces || off > e->param_count || count > e->param_count - off)
+        return pt_error_set("CUDA engine: %s of gradients [%zu, %zu) of piece %d, outside the "
+                            "stage's %zu in %d piece%s", what, off, off + count, piece,
+                            e->param_count, c->pieces, c->pieces > 1 ? "s" : "");
+    return 0;
+}
+
+/* The local layers whose parameters overlap [off, off + count) (count > 0): [*lo, *hi). */
+static void layers_of(const engine *e, size_t off, size_t count, int *lo, int *hi)
+{
+    const cuda_engine *c = e->impl;
+    int i = 0;
+    while (i + 1 < c->nl && c->param_off[i + 1] <= off) i++;
+    *lo = i;
+    while (i < c->nl && c->param_off[i] < off + count) i++;
+    *hi = i;
+}
+
+/* The copy waits (on the grads stream) only for the compute work that last wrote those
+ * layers' gradients, not for what was queued after it (the lower layers' backward). */
+static int cuda_grads_host(engine *e, int piece, size_t off, size_t count, float **host)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    *host = NULL;
+    if (check_grads_range(e, piece, off, count, "host view")) return -1;
+    size_t stride = round_up(e->param_count * sizeof(float)) / sizeof(float); /* layout's */
+    float *mirror = c->h_grads + (size_t)piece * stride;
+    if (count) {
+        int lo, hi;
+        layers_of(e, off, count, &lo, &hi);
+        CUDA_CHECK(cudaSetDevice(c->device));
+        for (int i = lo; i < hi; i++)
+            if (i == lo || c->grads_ev[i] != c->grads_ev[i - 1])
+                CUDA_CHECK(cudaStreamWaitEvent(c->gstream, c->ev_grads[c->grads_ev[i]], 0));
+        CUDA_CHECK(cudaMemcpyAsync(mirror + off, c->piece[piece] + off, count * sizeof(float),
+                                   cudaMemcpyDeviceToHost, c->gstream));
+        CUDA_CHECK(cudaStreamSynchronize(c->gstream));
+    }
+    *host = mirror + off;
+    return 0;
+}
+
+/* Queued on the compute stream, so the step (queued later) reads the reduced gradients. The
+ * mirror is not written again before the next grads_host, whose copy waits for this one. */
+static int cuda_grads_commit(engine *e, size_t off, size_t count)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    if (check_grads_range(e, 0, off, count, "commit")) return -1;
+    if (!count) return 0;
+    CUDA_CHECK(cudaSetDevice(c->device));
+    CUDA_CHECK(cudaMemcpyAsync(c->grads + off, c->h_grads + off, count * sizeof(float),
+                               cudaMemcpyHostToDevice, c->ctx.stream));
+    int lo, hi;
+    layers_of(e, off, count, &lo, &hi);
+    return engine_cuda_grads_written(c, lo, hi);
+}
+
 static int cuda_step(engine *e, const optimizer_config *o, int tick)
 {
     cuda_engine *c = engine_cuda_impl(e);
     size_t P = e->param_count;
+    if (c->range_hi)
+        return pt_error_set("CUDA engine, layers %d..%d: step while micro-batch %d's backward "
+                            "by ranges is unfinished (its next range ends at local layer %d)",
+                            c->first, c->last - 1, c->range_m, c->range_hi);
     CUDA_CHECK(cudaSetDevice(c->device));
     if (engine_cuda_tick_check(e, tick) || engine_cuda_tick_begin(e, tick)) return -1;
     c->step++; /* as stage_step: Adam's first update is step 1 */
@@ -391,8 +496,7 @@ static int cuda_step(engine *e, const optimizer_config *o, int tick)
         return pt_error_set("CUDA engine: unknown optimizer %d", (int)o->kind);
     }
     if (rc) return -1;
-    if (P) CUDA_CHECK(cudaMemsetAsync(c->grads, 0, P * sizeof(float), c->ctx.stream));
-    c->accumulated = 0;
+    if (zero_grads(c, P)) return -1;
     return engine_cuda_tick_end(e, tick);
 }
 
@@ -476,53 +580,6 @@ static int cuda_finish(engine *e, engine_result *res)
     return 0;
 }
 
-/* ---------------------------------------------------- data-parallel gradients ---- */
-
-/* Copies the range to the pinned mirror and waits for it (and so for the queued backward
- * that writes it): MPI then reads and writes host memory. */
-static int cuda_grads_host(engine *e, int piece, size_t off, size_t count, float **host)
-{
-    cuda_engine *c = engine_cuda_impl(e);
-    int P = e->cfg.grad_pieces > 1 ? e->cfg.grad_pieces : 1;
-    if (piece < 0 || piece >= P || off > e->param_count || count > e->param_count - off)
-        return pt_error_set("CUDA engine: gradients [%zu, +%zu) of piece %d: out of range (%zu "
-                            "parameters, %d pieces)", off, count, piece, e->param_count, P);
-    const float *dev = piece ? c->d_pieces + (size_t)(piece - 1) * c->grad_block : c->grads;
-    float *h = c->h_grads + (size_t)piece * c->grad_block + off;
-    CUDA_CHECK(cudaSetDevice(c->device));
-    if (count) {
-        CUDA_CHECK(cudaMemcpyAsync(h, dev + off, count * sizeof(float), cudaMemcpyDeviceToHost,
-                                   c->ctx.stream));
-        CUDA_CHECK(cudaStreamSynchronize(c->ctx.stream));
-    }
-    *host = h;
-    return 0;
-}
-
-/* The reduced range back to the device, queued before whatever comes next (the step). */
-static int cuda_grads_commit(engine *e, size_t off, size_t count)
-{
-    cuda_engine *c = engine_cuda_impl(e);
-    if (off > e->param_count || count > e->param_count - off)
-        return pt_error_set("CUDA engine: commit of gradients [%zu, +%zu): out of range", off,
-                            count);
-    CUDA_CHECK(cudaSetDevice(c->device));
-    if (count)
-        CUDA_CHECK(cudaMemcpyAsync(c->grads + off, c->h_grads + off, count * sizeof(float),
-                                   cudaMemcpyHostToDevice, c->ctx.stream));
-    return 0;
-}
-
-static int cuda_zero_grads(engine *e)
-{
-    cuda_engine *c = engine_cuda_impl(e);
-    CUDA_CHECK(cudaSetDevice(c->device));
-    if (e->param_count)
-        CUDA_CHECK(cudaMemsetAsync(c->grads, 0, e->param_count * sizeof(float), c->ctx.stream));
-    c->accumulated = 0;
-    return 0;
-}
-
 /* ------------------------------------------------------------------- create ---- */
 
 static const engine_ops cuda_ops = {
@@ -562,6 +619,7 @@ static int create_parts(engine *e, cuda_engine *c)
     if (kernel_cuda_ctx_init(&c->ctx, cfg->device)) return -1;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->h2d, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->d2h, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->gstream, cudaStreamNonBlocking));
     if (create_memory(e, c) || create_events(e, c)) return -1;
     /* the zeroing above has run before anyone uses the memory */
     CUDA_CHECK(cudaStreamSynchronize(c->ctx.stream));
