@@ -159,6 +159,9 @@ def measure(args, env, name, model, batch, opt, lr, warmup, steps):
         if kind in dict(METHODS):
             for key in REDUCE_KEYS:
                 row[key] = med([per_step(j, key, steps) for j in js])
+            # the simulator's step time for the measured stage times, against the measured one
+            pred = med([j.get('step_predicted_s') for j in js])
+            row['predicted_step_ms'] = None if pred is None else 1e3 * pred
         if kind == 'ddp':
             row['replica_max_abs_diff'] = max(j['replica_max_abs_diff'] for j in js)
         rows.append(row)
@@ -185,13 +188,13 @@ def print_table(res, R):
           '%d warm-up + %d timed steps' % (res['model'], res['file'], res['batch'],
                                             res['batch'] // R, res['optimizer'], res['lr'], R,
                                             res['warmup'], res['steps']))
-    print('%-34s %8s %24s %7s %7s %9s %9s %8s %8s %6s' % (
-        'run', 'step ms', 'samples/s (min-max)', 'xDDP', 'x1proc', 'reduce ms', 'exposed',
-        'MB/step', 'bus GB/s', 'noise'))
+    print('%-34s %8s %8s %24s %7s %7s %9s %9s %8s %8s %6s' % (
+        'run', 'step ms', 'sim. ms', 'samples/s (min-max)', 'xDDP', 'x1proc', 'reduce ms',
+        'exposed', 'MB/step', 'bus GB/s', 'noise'))
     for r in res['rows']:
         s = r['samples_per_s']
-        print('%-34s %8.2f %10.0f (%5.0f-%5.0f) %7s %7s %9s %9s %8s %8s %6.2f' % (
-            r['label'], r['step_ms'], s['median'], s['min'], s['max'],
+        print('%-34s %8.2f %8s %10.0f (%5.0f-%5.0f) %7s %7s %9s %9s %8s %8s %6.2f' % (
+            r['label'], r['step_ms'], fmt(r.get('predicted_step_ms'), '8.2f', 8), s['median'], s['min'], s['max'],
             fmt(r['vs_ddp'], '7.2f', 7), fmt(r['vs_one_process'], '7.2f', 7),
             fmt(scaled(r, 'reduce_s', 1e3), '9.2f', 9), fmt(scaled(r, 'exposed_s', 1e3), '9.2f', 9),
             fmt(scaled(r, 'bytes', 1e-6), '8.2f', 8), fmt(scaled(r, 'bus_bw', 1e-9), '8.2f', 8),
@@ -217,7 +220,7 @@ def write_csv(path, results):
         return
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     cols = ['model', 'kind', 'batch', 'samples_per_s_median', 'samples_per_s_min',
-            'samples_per_s_max', 'step_ms', 'vs_ddp', 'vs_one_process', 'reduce_ms_per_step',
+            'samples_per_s_max', 'step_ms', 'predicted_step_ms', 'vs_ddp', 'vs_one_process', 'reduce_ms_per_step',
             'exposed_ms_per_step', 'bytes_per_step', 'bus_bw_gb_s', 'noise_max']
     with open(path, 'w', newline='') as f:
         w = csv.writer(f)
@@ -226,7 +229,7 @@ def write_csv(path, results):
             for r in res['rows']:
                 s = r['samples_per_s']
                 w.writerow([res['model'], r['kind'], r['batch'], s['median'], s['min'], s['max'],
-                            round(r['step_ms'], 4), r['vs_ddp'], r['vs_one_process'],
+                            round(r['step_ms'], 4), r.get('predicted_step_ms'), r['vs_ddp'], r['vs_one_process'],
                             scaled(r, 'reduce_s', 1e3), scaled(r, 'exposed_s', 1e3),
                             r.get('bytes'), scaled(r, 'bus_bw', 1e-9), r['noise_max']])
     print('wrote', path)
