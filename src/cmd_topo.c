@@ -35,8 +35,7 @@ static const opt_command topo_command = {
 static const opt_spec plan_opts[] = {
     {.id = O_MODEL, .name = "model", .shared = 1},
     {.id = O_STAGES, .name = "stages", .shared = 1, .required = 1},
-    {.id = O_REPLICAS, .name = "replicas", .letter = 'r', .kind = OPT_INT, .arg = "R",
-     .min = 1, .max = 65536, .def = "1", .help = "data-parallel replicas of the pipeline"},
+    {.id = O_REPLICAS, .name = "replicas", .shared = 1},
     {.id = O_NODES, .name = "nodes", .letter = 'n', .kind = OPT_INT, .arg = "N", .min = 1,
      .max = 65536, .def = "1", .help = "copies of the machine"},
     {.id = O_TOPOLOGY, .name = "topology", .shared = 1},

@@ -20,6 +20,8 @@ typedef struct {
     int *slot_of;
     int *polls[2];     /* [buffers]: msg_ready polls of ACT_OUT and GRAD_OUT since prepare */
     int first_stage, last_stage;
+    int pieces;        /* grad_pieces, at least 1 */
+    float **piece;     /* [pieces]: [0] the stage's gradients, the others owned */
     engine_result sums;
 } cpu_engine;
 
@@ -65,6 +67,9 @@ static void cpu_destroy(engine *e)
         free(c->slot_of);
         free(c->polls[0]);
         free(c->polls[1]);
+        if (c->piece)
+            for (int p = 1; p < c->pieces; p++) free(c->piece[p]);
+        free(c->piece);
         free(c);
     }
     engine_base_free(e);
@@ -133,12 +138,69 @@ static int cpu_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, in
     return 0;
 }
 
+/* Where m's gradient goes: NULL, added to the stage's; with pieces, formed alone in
+ * piece m mod P. */
+static float *grads_of(const cpu_engine *c, int m)
+{
+    return c->pieces > 1 ? c->piece[m % c->pieces] : NULL;
+}
+
 static int cpu_backward(engine *e, int m, int t)
 {
     cpu_engine *c = impl(e);
     double t0 = pt_now();
-    stage_backward(&c->st, c->slot_of[m], c->grad_in[m], c->first_stage ? NULL : c->grad_out[m]);
+    if (c->st.range_hi)
+        return pt_error_set("CPU engine: backward of micro-batch %d while another one's "
+                            "backward by layer ranges is unfinished (at local layer %d)", m,
+                            c->st.range_hi);
+    stage_backward_to(&c->st, c->slot_of[m], c->grad_in[m],
+                      c->first_stage ? NULL : c->grad_out[m], grads_of(c, m));
     tick(e, t, t0);
+    return 0;
+}
+
+static int cpu_backward_range(engine *e, int m, int lo, int hi, int t)
+{
+    cpu_engine *c = impl(e);
+    double t0 = pt_now();
+    if (m < 0 || m >= e->cfg.buffers)
+        return pt_error_set("CPU engine: backward of micro-batch buffer %d, outside 0..%d", m,
+                            e->cfg.buffers - 1);
+    if (stage_backward_range(&c->st, c->slot_of[m], lo, hi, c->grad_in[m],
+                             c->first_stage ? NULL : c->grad_out[m], grads_of(c, m)))
+        return -1;
+    tick(e, t, t0);
+    return 0;
+}
+
+static int check_grads_range(const engine *e, int piece, size_t off, size_t count,
+                             const char *what)
+{
+    int pieces = e->cfg.grad_pieces > 1 ? e->cfg.grad_pieces : 1;
+    if (piece < 0 || piece >= pieces || off > e->param_count || count > e->param_count - off)
+        return pt_error_set("CPU engine: %s of gradients [%zu, %zu) of piece %d, outside the "
+                            "stage's %zu in %d piece%s", what, off, off + count,
+                            piece, e->param_count, pieces, pieces > 1 ? "s" : "");
+    return 0;
+}
+
+/* The gradients are host memory already: MPI reads and writes them in place. */
+static int cpu_grads_host(engine *e, int piece, size_t off, size_t count, float **host)
+{
+    *host = NULL;
+    if (check_grads_range(e, piece, off, count, "host view")) return -1;
+    *host = impl(e)->piece[piece] + off;
+    return 0;
+}
+
+static int cpu_grads_commit(engine *e, size_t off, size_t count)
+{
+    return check_grads_range(e, 0, off, count, "commit");
+}
+
+static int cpu_zero_grads(engine *e)
+{
+    stage_zero_grad(&impl(e)->st);
     return 0;
 }
 
@@ -151,6 +213,9 @@ static int cpu_release(engine *e, int m)
 static int cpu_step(engine *e, const optimizer_config *o, int t)
 {
     double t0 = pt_now();
+    if (impl(e)->st.range_hi)
+        return pt_error_set("CPU engine: step while a backward by layer ranges is unfinished "
+                            "(its next range ends at local layer %d)", impl(e)->st.range_hi);
     stage_step(&impl(e)->st, o);
     stage_zero_grad(&impl(e)->st);
     tick(e, t, t0);
@@ -206,6 +271,10 @@ static const engine_ops cpu_ops = {
     .load = cpu_load,
     .forward = cpu_forward,
     .backward = cpu_backward,
+    .backward_range = cpu_backward_range,
+    .grads_host = cpu_grads_host,
+    .grads_commit = cpu_grads_commit,
+    .zero_grads = cpu_zero_grads,
     .release = cpu_release,
     .step = cpu_step,
     .msg_buffer = cpu_msg_buffer,
@@ -249,8 +318,17 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
     c->slot_of = calloc((size_t)nb, sizeof *c->slot_of);
     c->polls[0] = calloc((size_t)nb, sizeof *c->polls[0]);
     c->polls[1] = calloc((size_t)nb, sizeof *c->polls[1]);
-    if (!c->in || !c->grad_in || (!c->first_stage && !c->grad_out) || !c->labels || !c->ids ||
-        !c->slot_of || !c->polls[0] || !c->polls[1]) {
+    c->pieces = cfg->grad_pieces > 1 ? cfg->grad_pieces : 1;
+    c->piece = calloc((size_t)c->pieces, sizeof *c->piece);
+    int pieces_ok = c->piece != NULL;
+    for (int p = 1; pieces_ok && p < c->pieces; p++) {
+        c->piece[p] = alloc_array(e->param_count * sizeof(float));
+        if (c->piece[p]) memset(c->piece[p], 0, e->param_count * sizeof(float));
+        else pieces_ok = 0;
+    }
+    if (c->piece) c->piece[0] = c->st.grads;
+    if (!pieces_ok || !c->in || !c->grad_in || (!c->first_stage && !c->grad_out) || !c->labels ||
+        !c->ids || !c->slot_of || !c->polls[0] || !c->polls[1]) {
         cpu_destroy(e);
         return pt_error_set("out of memory for %d micro-batch buffers of %d samples", nb,
                             cfg->max_batch);

@@ -18,7 +18,7 @@
 /* Message tags name the micro-batch and the direction. They wrap below 32767, the least
  * MPI_TAG_UB the standard allows: two messages with one tag between one pair of ranks are
  * matched in the order they were sent, and both sides go through micro-batches in order. */
-enum { TAG_ACT = 0, TAG_GRAD = 1, TAG_EVAL = 2, TAG_WRAP = 8192 };
+enum { TAG_ACT = 0, TAG_GRAD = 1, TAG_EVAL = 2, TAG_CLOCK = 3, TAG_WRAP = 8192 };
 enum { EVAL_BUFFERS = 3 }; /* micro-batch buffers evaluation cycles through */
 static int tag_of(int kind, int m) { return (m % TAG_WRAP) * 4 + kind; }
 
@@ -30,8 +30,13 @@ typedef struct {
 } pending_send;
 
 struct exec {
-    MPI_Comm comm;
+    MPI_Comm comm;   /* this replica's pipeline: rank = stage */
     int rank, size;
+    MPI_Comm world;  /* every rank of the job */
+    int world_rank, world_size;
+    int replica, replicas;
+    replicas_t *rep; /* the stage's reductions among its replicas; NULL: none */
+    int *pipe_world; /* [size]: the world rank of each stage of this pipeline */
     char host[64];
     const net_desc *net;
     const schedule *sched;
@@ -48,7 +53,10 @@ struct exec {
      * next step's samples can be loaded (copied to a GPU) while this step computes. */
     int half, prefetched;
     /* statistics */
-    double t_origin;
+    double t_origin;     /* where this rank's trace times count from, on its trace clock */
+    trace_clock clock;   /* its trace clock against rank 0's */
+    long trace_step;     /* the step being run, for the trace and its message ids */
+    trace_skew skew;     /* testing: PIPETRAIN_DEBUG_CLOCK_SKEW */
     double compute_s, wall_s, forward_s, backward_s, optimizer_s;
     long steps;
     int inflight, peak_inflight;
@@ -81,6 +89,7 @@ static int test_politely(exec_t *e, MPI_Request *req, double t0, double timeout_
             return 0;
         }
         if (e && e->n_pending && progress_sends(e)) return -1;
+        if (e && e->rep && replicas_progress(e->rep)) return -1;
         polite_pause();
         PT_MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
     }
@@ -95,8 +104,8 @@ static int wait_request(exec_t *e, MPI_Request *req, const char *what, int m, in
     if (timed_out)
         return pt_error_set("rank %d (%s, stage %d): no progress for %.0f s waiting for %s "
                                 "of micro-batch %d %s stage %d (--timeout); a peer has died or "
-                                "stalled", e->rank, e->host, e->rank, e->cfg.timeout_s, what, m,
-                                strncmp(what, "send", 4) ? "from" : "to", peer);
+                                "stalled", e->world_rank, e->host, e->rank, e->cfg.timeout_s,
+                                what, m, strncmp(what, "send", 4) ? "from" : "to", peer);
     return 0;
 }
 
@@ -121,6 +130,24 @@ int exec_wait_collective(MPI_Request *req, MPI_Comm comm, double timeout_s)
     return 0;
 }
 
+/* The world rank of every stage of this pipeline (messages in the trace are named by
+ * world ranks, unique across replicas). */
+static int world_ranks(exec_t *e)
+{
+    MPI_Group pipe, world;
+    PT_MPI_CHECK(MPI_Comm_group(e->comm, &pipe));
+    PT_MPI_CHECK(MPI_Comm_group(e->world, &world));
+    int *stages = malloc((size_t)e->size * sizeof *stages);
+    int rc = stages ? 0 : pt_error_set("out of memory");
+    for (int s = 0; s < e->size && stages; s++) stages[s] = s;
+    if (!rc) rc = PT_MPI_CALL(MPI_Group_translate_ranks(pipe, e->size, stages, world,
+                                                        e->pipe_world));
+    free(stages);
+    MPI_Group_free(&pipe);
+    MPI_Group_free(&world);
+    return rc;
+}
+
 int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition *part,
               const schedule *sched, const exec_config *cfg)
 {
@@ -128,16 +155,17 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     int rank, size;
     PT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
     PT_MPI_CHECK(MPI_Comm_size(comm, &size));
+    int R = cfg->rep.replicas > 1 ? cfg->rep.replicas : 1;
     if (part->stages != size || sched->stages != size)
-        return pt_error_set("the job has %d ranks but the layout has %d stages: run with "
-                            "mpiexec -n %d", size, part->stages, part->stages);
+        return pt_error_set("the pipeline has %d ranks but the layout has %d stages: run with "
+                            "mpiexec -n %d", size, part->stages, part->stages * R);
     if (sched->microbatches != cfg->microbatches || part->n_layers != net->n_layers)
         return pt_error_set("the schedule has %d micro-batches and the partition %d layers; "
                             "expected %d and %d", sched->microbatches, part->n_layers,
                             cfg->microbatches, net->n_layers);
-    if (cfg->microbatches < 1 || cfg->batch % cfg->microbatches)
-        return pt_error_set("%d micro-batches do not divide the batch of %d", cfg->microbatches,
-                            cfg->batch);
+    if (cfg->microbatches < 1 || cfg->batch % (R * cfg->microbatches))
+        return pt_error_set("%d replicas × %d micro-batches do not divide the batch of %d", R,
+                            cfg->microbatches, cfg->batch);
     schedule_report rep;
     if (schedule_verify(sched, &rep)) return -1;
     int slots = rep.peak_inflight[rank];
@@ -148,19 +176,31 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     e->comm = comm;
     e->rank = rank;
     e->size = size;
+    e->world = cfg->world;
+    e->replica = cfg->replica;
+    e->replicas = R;
+    e->pipe_world = malloc((size_t)size * sizeof *e->pipe_world);
+    if (!e->pipe_world || PT_MPI_CALL(MPI_Comm_rank(e->world, &e->world_rank)) ||
+        PT_MPI_CALL(MPI_Comm_size(e->world, &e->world_size)) || world_ranks(e)) {
+        if (!e->pipe_world) pt_error_set("out of memory");
+        free(e->pipe_world);
+        free(e);
+        return -1;
+    }
     gethostname(e->host, sizeof e->host - 1);
     e->net = net;
     e->sched = sched;
     e->cfg = *cfg;
     int M = cfg->microbatches;
-    e->mb = cfg->batch / M;
+    e->mb = cfg->batch / (R * M);
     size_t in_count, out_count, params;
     engine_stage_sizes(net, part->first[rank], part->first[rank + 1], &in_count, &out_count,
                        &params);
     if ((double)e->mb * (double)(in_count > out_count ? in_count : out_count) > (double)INT_MAX) {
+        free(e->pipe_world);
         free(e);
         return pt_error_set("a micro-batch of %d samples is too large for one MPI message",
-                            cfg->batch / M);
+                            cfg->batch / (R * M));
     }
     engine_config ec = {
         .net = net, .first = part->first[rank], .last = part->first[rank + 1],
@@ -170,8 +210,10 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
         .threads = cfg->threads > 0 ? cfg->threads : 1, .device = cfg->gpu,
         .device_messages = cfg->device_messages,
         .max_ticks = sched->lists[rank].n_ops, .debug_ready_delay = cfg->debug_ready_delay,
+        .grad_pieces = replicas_grad_pieces(&cfg->rep),
     };
     if (engine_create(&e->eng, cfg->device, &ec)) {
+        free(e->pipe_world);
         free(e);
         return -1;
     }
@@ -198,17 +240,48 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     return 0;
 }
 
+/* The clock of the trace: pt_now() (the engines stamp their events with it), moved when
+ * testing by PIPETRAIN_DEBUG_CLOCK_SKEW. */
+static double trace_time(const exec_t *e, double t) { return trace_skew_apply(&e->skew, t); }
+static double trace_now(void *e) { return trace_time(e, pt_now()); }
+
+/* This rank's trace clock against world rank 0's (collective over the world). */
+static int sync_clock(exec_t *e)
+{
+    return trace_clock_measure(&e->clock, e->world, tag_of(TAG_CLOCK, 0), trace_now, e,
+                               e->cfg.timeout_s);
+}
+
 int exec_start(exec_t *e)
 {
-    /* A common time origin for the trace: everyone leaves the barrier together. */
-    if (exec_allreduce(&(int){0}, 1, MPI_INT, MPI_SUM, e->comm, e->cfg.timeout_s)) return -1;
-    e->t_origin = pt_now();
+    const exec_config *c = &e->cfg;
+    if (c->rep.replicas > 1) {
+        int first = e->eng->cfg.first, last = e->eng->cfg.last;
+        if (replicas_init(&e->rep, c->group, e->eng, e->net, first, last, e->rank, &c->rep))
+            return -1;
+        int want = e->sched->lists[e->rank].buckets, have = replicas_buckets(e->rep);
+        if (want != have)
+            return pt_error_set("rank %d, stage %d: the schedule reduces %d buckets, the "
+                                "stage's plan has %d", e->world_rank, e->rank, want, have);
+    }
+    /* every rank has its stage */
+    if (exec_allreduce(&(int){0}, 1, MPI_INT, MPI_SUM, e->world, e->cfg.timeout_s)) return -1;
+    if (!e->cfg.trace) return 0;
+    /* The ranks' clocks may differ (other hosts), and no two ranks leave a barrier at the
+     * same moment: each rank's trace times count from its own origin, and the writer puts
+     * them on world rank 0's clock with the offsets measured now and at the end. */
+    if (trace_skew_from_env(e->world_rank, &e->skew)) return -1;
+    e->clock = (trace_clock){.n = 0};
+    if (sync_clock(e)) return -1;
+    e->t_origin = trace_time(e, pt_now());
     return 0;
 }
 
 void exec_free(exec_t *e)
 {
     if (!e) return;
+    replicas_free(e->rep);
+    free(e->pipe_world);
     engine_destroy(e->eng);
     free(e->req_act);
     free(e->req_grad);
@@ -223,10 +296,36 @@ engine *exec_engine(exec_t *e) { return e->eng; }
 int exec_rank(const exec_t *e) { return e->rank; }
 int exec_stages(const exec_t *e) { return e->size; }
 
+/* An event between pt_now() times t0 and t1; a send or receive (peer ≥ 0) also gets the
+ * id of its message, which the other end computes alike. */
+static void record_message(exec_t *e, trace_kind kind, double t0, double t1, int m, int peer)
+{
+    if (!e->cfg.trace) return;
+    int grad = kind == TRACE_SEND_GRAD || kind == TRACE_WAIT_GRAD;
+    int sender = kind == TRACE_SEND_ACT || kind == TRACE_SEND_GRAD ? e->rank : peer;
+    trace_event ev = {
+        .t0 = trace_time(e, t0) - e->t_origin, .t1 = trace_time(e, t1) - e->t_origin,
+        .kind = (int)kind, .microbatch = m, .rank = e->world_rank, .step = e->trace_step,
+        .flow = peer < 0 ? -1 : trace_flow_id(e->trace_step, grad, m, e->cfg.microbatches,
+                                              e->pipe_world[sender], e->world_size),
+    };
+    trace_add(&e->trace, &ev);
+}
+
+/* A bucket's reduction among the stage's replicas, with its size. */
+static void record_reduction(exec_t *e, double t0, double t1, int bucket, size_t bytes)
+{
+    trace_event ev = {
+        .t0 = trace_time(e, t0) - e->t_origin, .t1 = trace_time(e, t1) - e->t_origin,
+        .kind = TRACE_REDUCE, .microbatch = bucket, .rank = e->world_rank,
+        .step = e->trace_step, .flow = -1, .bytes = (long long)bytes,
+    };
+    trace_add(&e->trace, &ev);
+}
+
 static void record(exec_t *e, trace_kind kind, double t0, double t1, int m)
 {
-    if (e->cfg.trace)
-        trace_add(&e->trace, kind, t0 - e->t_origin, t1 - e->t_origin, m, e->rank, e->steps);
+    record_message(e, kind, t0, t1, m, -1);
 }
 
 /* Posts, in order, the pending sends whose buffers are ready (at once on the CPU; when
@@ -301,7 +400,7 @@ static int wait_send(exec_t *e, MPI_Request *req, const char *what, int m, int p
         if (!is_pending(e, req)) break;
         if (pt_now() - t0 > e->cfg.timeout_s)
             return pt_error_set("rank %d (%s, stage %d): no progress for %.0f s: the %s of "
-                                "micro-batch %d never became ready (--timeout)", e->rank,
+                                "micro-batch %d never became ready (--timeout)", e->world_rank,
                                 e->host, e->rank, e->cfg.timeout_s, what, m);
         polite_pause();
     }
@@ -320,6 +419,34 @@ static int post_invalid_send(exec_t *e)
     MPI_Request req;
     PT_MPI_CHECK(MPI_Isend(e->pending, -1, MPI_FLOAT, e->rank, TAG_ACT, e->comm, &req));
     return pt_error_set("rank %d: MPI accepted a send of -1 floats", e->rank);
+}
+
+/* Before REDUCE_WAIT: the sends waiting for their bytes (a GPU copy) are posted first, so
+ * that the neighbours are not kept waiting while this rank waits for its replicas. */
+static int flush_sends(exec_t *e)
+{
+    double t0 = pt_now();
+    while (e->n_pending) {
+        if (progress_sends(e) || replicas_progress(e->rep)) return -1;
+        if (!e->n_pending) break;
+        if (pt_now() - t0 > e->cfg.timeout_s)
+            return pt_error_set("rank %d (%s, stage %d): no progress for %.0f s: a send never "
+                                "became ready (--timeout)", e->world_rank, e->host, e->rank,
+                                e->cfg.timeout_s);
+        polite_pause();
+    }
+    return 0;
+}
+
+/* The trace's slice of each bucket reduction of the step that just ended. */
+static void record_reductions(exec_t *e)
+{
+    for (int b = 0; e->cfg.trace && b < replicas_buckets(e->rep); b++) {
+        double t0, t1;
+        size_t bytes;
+        if (replicas_bucket_event(e->rep, b, &t0, &t1, &bytes))
+            record_reduction(e, t0, t1, b, bytes);
+    }
 }
 
 /* After the engine has finished the step: its timed operations into the figures and the
@@ -354,7 +481,12 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
     int mb = e->mb, M = e->cfg.microbatches, base = e->half * M;
     engine *g = e->eng;
     double t_step = pt_now();
-    int fault = e->cfg.stall_rank == e->rank && (long)step == e->cfg.stall_step;
+    e->trace_step = (long)step;
+    /* this replica's share of the batch */
+    size_t share = (size_t)e->replica * (size_t)(e->cfg.batch / e->replicas);
+    indices += share;
+    if (next_indices) next_indices += share;
+    int fault = e->cfg.stall_rank == e->world_rank && (long)step == e->cfg.stall_step;
     if (fault && e->cfg.stall_kills != EXEC_STALL_MPI_ERROR)
         stall_forever(e->cfg.stall_kills == EXEC_STALL_KILL);
 
@@ -380,16 +512,17 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
         const schedule_op *op = &list->ops[i];
         int m = op->microbatch, b = base + m;
         double t0 = pt_now();
+        if (e->rep && replicas_progress(e->rep)) return -1;
         switch (op->kind) {
         case SCHED_OP_RECV_ACT:
             if (wait_request(e, &e->req_act[m], "the activation", m, op->peer)) return -1;
             if (engine_msg_received(g, ENGINE_MSG_ACT_IN, b)) return -1;
-            record(e, TRACE_WAIT_ACT, t0, pt_now(), m);
+            record_message(e, TRACE_WAIT_ACT, t0, pt_now(), m, op->peer);
             break;
         case SCHED_OP_RECV_GRAD:
             if (wait_request(e, &e->req_grad[m], "the gradient", m, op->peer)) return -1;
             if (engine_msg_received(g, ENGINE_MSG_GRAD_IN, b)) return -1;
-            record(e, TRACE_WAIT_GRAD, t0, pt_now(), m);
+            record_message(e, TRACE_WAIT_GRAD, t0, pt_now(), m, op->peer);
             break;
         case SCHED_OP_FORWARD:
             if (engine_forward(g, b, mb, seed, step, 1, i)) return -1;
@@ -399,10 +532,21 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
             if (start_send(e, ENGINE_MSG_ACT_OUT, b, (int)(mb * e->out_count), op->peer,
                            tag_of(TAG_ACT, m), &e->req_send_act[m]))
                 return -1;
-            record(e, TRACE_SEND_ACT, t0, pt_now(), m);
+            record_message(e, TRACE_SEND_ACT, t0, pt_now(), m, op->peer);
             break;
         case SCHED_OP_BACKWARD:
-            if (engine_backward(g, b, i)) return -1;
+            if (op->bucket >= 0) {
+                /* part b: the layers of bucket b (and those without parameters above) */
+                int lo, hi;
+                if (!e->rep)
+                    return pt_error_set("rank %d: a backward part without buckets",
+                                        e->world_rank);
+                replicas_part_range(e->rep, op->bucket, &lo, &hi);
+                if (engine_backward_range(g, b, lo, hi, i)) return -1;
+                if (op->bucket < replicas_buckets(e->rep) - 1) break;
+            } else if (engine_backward(g, b, i)) {
+                return -1;
+            }
             /* the slot's output may still be on its way to the next stage */
             if (wait_send(e, &e->req_send_act[m], "send of the activation", m, e->rank + 1))
                 return -1;
@@ -413,16 +557,25 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
             if (start_send(e, ENGINE_MSG_GRAD_OUT, b, (int)(mb * e->in_count), op->peer,
                            tag_of(TAG_GRAD, m), &e->req_send_grad[m]))
                 return -1;
-            record(e, TRACE_SEND_GRAD, t0, pt_now(), m);
+            record_message(e, TRACE_SEND_GRAD, t0, pt_now(), m, op->peer);
             break;
         case SCHED_OP_OPTIMIZER_STEP:
             for (int k = 0; k < M; k++)
                 if (wait_send(e, &e->req_send_grad[k], "send of the gradient", k, e->rank - 1))
                     return -1;
-            if (engine_step(g, opt, i)) return -1;
+            if (e->rep ? replicas_step(e->rep, opt, i) : engine_step(g, opt, i)) return -1;
             break;
         case SCHED_OP_ALLREDUCE:
         case SCHED_OP_REDUCE_WAIT:
+            if (!e->rep)
+                return pt_error_set("rank %d: a reduction on a stage without buckets",
+                                    e->world_rank);
+            if (op->kind == SCHED_OP_ALLREDUCE) {
+                if (replicas_start(e->rep, op->bucket)) return -1;
+            } else if (flush_sends(e) || replicas_wait(e->rep, op->bucket)) {
+                return -1;
+            }
+            break;
         case SCHED_OP_RECOMPUTE:
         case SCHED_OP_COUNT:
             return pt_error_set("rank %d: instruction %s is not supported by this executor",
@@ -438,10 +591,14 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
     engine_result r;
     if (engine_finish(g, &r)) return -1;
     e->compute_s += account_ticks(e, list);
-    /* Share the loss (it lives on the last stage) and stop everyone on a non-finite one. */
+    if (e->rep) {
+        replicas_end_step(e->rep);
+        record_reductions(e);
+    }
+    /* Share the loss (it lives on the last stages) and stop everyone on a non-finite one. */
     double t0 = pt_now();
     double sums[3] = {r.loss_sum, (double)r.correct, (double)r.nonfinite};
-    if (exec_allreduce(sums, 3, MPI_DOUBLE, MPI_SUM, e->comm, e->cfg.timeout_s)) return -1;
+    if (exec_allreduce(sums, 3, MPI_DOUBLE, MPI_SUM, e->world, e->cfg.timeout_s)) return -1;
     record(e, TRACE_SYNC, t0, pt_now(), -1);
     e->wall_s += pt_now() - t_step;
     e->steps++;
@@ -458,7 +615,11 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
 int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy)
 {
     int mb = e->mb, last = e->rank == e->size - 1, first = e->rank == 0;
-    int chunks = (data->count + mb - 1) / mb;
+    /* this replica's share of the set */
+    int64_t lo = (int64_t)data->count * e->replica / e->replicas,
+            hi = (int64_t)data->count * (e->replica + 1) / e->replicas;
+    int count = (int)(hi - lo);
+    int chunks = (count + mb - 1) / mb;
     engine *g = e->eng;
     double t_start = pt_now();
     int64_t ids[mb];
@@ -472,10 +633,10 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
                   &e->eval_recv[0]))
         return -1;
     for (int c = 0; c < chunks; c++) {
-        int n = c == chunks - 1 ? data->count - c * mb : mb;
+        int n = c == chunks - 1 ? count - c * mb : mb;
         int m = c % EVAL_BUFFERS, next = (c + 1) % EVAL_BUFFERS,
             prev = (c + EVAL_BUFFERS - 1) % EVAL_BUFFERS;
-        for (int j = 0; j < n; j++) ids[j] = (int64_t)c * mb + j;
+        for (int j = 0; j < n; j++) ids[j] = lo + (int64_t)c * mb + j;
         /* the previous chunk's output (which may alias its input buffer, when every layer
          * of the stage is the identity) must be gone before its buffers are reused */
         if (c > 0 && !last) {
@@ -512,7 +673,7 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
     if (engine_finish(g, &r)) return -1;
     record(e, TRACE_EVAL, t_start, pt_now(), -1);
     double sums[2] = {r.loss_sum, (double)r.correct};
-    if (exec_allreduce(sums, 2, MPI_DOUBLE, MPI_SUM, e->comm, e->cfg.timeout_s)) return -1;
+    if (exec_allreduce(sums, 2, MPI_DOUBLE, MPI_SUM, e->world, e->cfg.timeout_s)) return -1;
     *loss = data->count ? sums[0] / data->count : 0;
     *accuracy = data->count ? sums[1] / data->count : 0;
     return 0;
@@ -558,6 +719,7 @@ void exec_get_stats(const exec_t *e, exec_stats *st)
     st->steps = e->steps;
     st->peak_act_bytes = (size_t)e->peak_inflight * e->eng->slot_bytes;
     st->peak_microbatches = e->peak_inflight;
+    replicas_get_stats(e->rep, &st->reduce);
 }
 
 void exec_reset_stats(exec_t *e)
@@ -565,40 +727,51 @@ void exec_reset_stats(exec_t *e)
     e->compute_s = e->wall_s = e->forward_s = e->backward_s = e->optimizer_s = 0;
     e->steps = 0;
     e->peak_inflight = 0;
+    replicas_reset_stats(e->rep);
 }
 
 int exec_write_trace(exec_t *e, const char *path)
 {
+    /* the clocks again: with the start's figures, they give each rank's drift */
+    if (sync_clock(e)) return -1;
+    trace_rank me = {.rank = e->world_rank, .stage = e->rank, .origin = e->t_origin,
+                     .clock = e->clock};
+    snprintf(me.host, sizeof me.host, "%s", e->host);
+    trace_rank ranks[e->world_size];
+    PT_MPI_CHECK(MPI_Gather(&me, (int)sizeof me, MPI_BYTE, ranks, (int)sizeof me, MPI_BYTE, 0,
+                            e->world));
     /* Events travel as raw bytes: every rank runs the same binary on one architecture. */
     int bytes = (int)(e->trace.n * sizeof(trace_event));
-    int counts[e->size], displs[e->size];
-    PT_MPI_CHECK(MPI_Gather(&bytes, 1, MPI_INT, counts, 1, MPI_INT, 0, e->comm));
+    int counts[e->world_size], displs[e->world_size];
+    PT_MPI_CHECK(MPI_Gather(&bytes, 1, MPI_INT, counts, 1, MPI_INT, 0, e->world));
     char *all = NULL;
     long total = 0;
-    if (e->rank == 0) {
-        for (int r = 0; r < e->size; r++) {
+    if (e->world_rank == 0) {
+        for (int r = 0; r < e->world_size; r++) {
             displs[r] = (int)total;
             total += counts[r];
         }
         all = malloc(total ? (size_t)total : 1);
     }
-    int ok = e->rank != 0 || all != NULL;
-    if (PT_MPI_CALL(MPI_Bcast(&ok, 1, MPI_INT, 0, e->comm))) {
+    int ok = e->world_rank != 0 || all != NULL;
+    if (PT_MPI_CALL(MPI_Bcast(&ok, 1, MPI_INT, 0, e->world))) {
         free(all);
         return -1;
     }
     if (!ok) return pt_error_set("out of memory for the trace (%ld bytes)", total);
     if (PT_MPI_CALL(MPI_Gatherv(e->trace.events, bytes, MPI_BYTE, all, counts, displs, MPI_BYTE,
-                                0, e->comm))) {
+                                0, e->world))) {
         free(all);
         return -1;
     }
-    int rc = 0;
-    if (e->rank == 0) {
-        rc = trace_write_json(path, (trace_event *)all, (int)(total / sizeof(trace_event)),
-                              e->size);
+    /* rank 0's verdict, and its message, on every rank */
+    char msg[512] = "";
+    if (e->world_rank == 0) {
+        if (trace_write_json(path, (trace_event *)all, (int)(total / sizeof(trace_event)),
+                             ranks, e->world_size))
+            snprintf(msg, sizeof msg, "%s", pt_error_get());
         free(all);
     }
-    PT_MPI_CHECK(MPI_Bcast(&rc, 1, MPI_INT, 0, e->comm));
-    return rc;
+    PT_MPI_CHECK(MPI_Bcast(msg, (int)sizeof msg, MPI_CHAR, 0, e->world));
+    return msg[0] ? pt_error_set("%s", msg) : 0;
 }

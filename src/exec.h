@@ -1,7 +1,9 @@
 /* The executor: one MPI rank per pipeline stage runs its schedule list with non-blocking
  * point-to-point messages, waiting politely (MPI_Test + short sleep, because ranks may
  * outnumber cores) and giving up after a timeout. Sequential training is the same code
- * with one stage. */
+ * with one stage. In hybrid mode the job runs R replicas of the pipeline (src/replicas.h):
+ * each replica trains on its share of every batch, and each stage's gradients are reduced
+ * among its replicas by the schedule's ALLREDUCE / REDUCE_WAIT instructions. */
 #ifndef PT_EXEC_H
 #define PT_EXEC_H
 
@@ -12,6 +14,7 @@
 #include "schedule/schedule.h"
 #include "src/data.h"
 #include "src/engine.h"
+#include "src/replicas.h"
 #include "src/stage.h"
 
 typedef struct exec exec_t; /* opaque: holds MPI requests and buffers */
@@ -28,6 +31,12 @@ typedef struct {
     int gpu;               /* CUDA device number (device == ENGINE_CUDA) */
     int device_messages;   /* CUDA: MPI sends device memory (CUDA-aware MPI) */
     int debug_ready_delay; /* testing: see engine_config */
+    MPI_Comm world;        /* every rank of the job (comm itself with one replica): losses,
+                              evaluation, trace */
+    /* hybrid mode: rep.replicas > 1 replicas of the pipeline */
+    MPI_Comm group;        /* the replicas of this rank's stage, rank = replica */
+    int replica;           /* this rank's replica */
+    replicas_config rep;
 } exec_config;
 
 /* Testing faults at stall_rank:stall_step (exec_config.stall_kills): stop responding, die
@@ -47,15 +56,19 @@ typedef struct {
     long steps;
     size_t peak_act_bytes; /* most activation bytes held at once (slots in use × slot size) */
     int peak_microbatches; /* most micro-batches whose activations were held at once */
+    replicas_stats reduce; /* hybrid mode: the stage's reductions (zeros otherwise) */
 } exec_stats;
 
-/* Builds this rank's stage (stage = rank in comm) on its device from the partition, checks
- * the schedule with the verifier and sizes the activation slots from its peak. The stage's
- * parameters start undefined: initialise or load them through exec_engine(). */
+/* Builds this rank's stage (stage = rank in comm, the ranks of its pipeline) on its device
+ * from the partition, checks the schedule with the verifier and sizes the activation slots
+ * from its peak; each micro-batch has batch / (replicas × microbatches) samples. The
+ * stage's parameters start undefined: initialise or load them through exec_engine(). */
 int exec_init(exec_t **e, MPI_Comm comm, const net_desc *net, const partition *part,
               const schedule *sched, const exec_config *cfg);
 void exec_free(exec_t *e);
-/* Collective, after every rank's exec_init succeeded: sets the trace's common time origin. */
+/* Collective over the world, after every rank's exec_init succeeded: sets up the reductions
+ * among the stage's replicas; with a trace, measures the ranks' clocks against world rank
+ * 0's and sets the trace's origin. */
 int exec_start(exec_t *e);
 engine *exec_engine(exec_t *e);
 int exec_rank(const exec_t *e);
@@ -66,24 +79,29 @@ int exec_stages(const exec_t *e);
 #define EXEC_FAILED_EVERYWHERE (-2)
 
 /* One optimizer step on `batch` samples of `data` given by `indices` (data-set indices,
- * the same array on every rank). next_indices (may be NULL) are the next step's: they are
+ * the same array on every rank; replica r takes [r·batch/R, (r+1)·batch/R) of it, cut
+ * into its micro-batches). next_indices (may be NULL) are the next step's: they are
  * loaded once this step is queued, so a GPU copies them in while it computes. step numbers
  * the dropout stream. Fails with a message on a timeout or a non-finite loss (then every
  * rank that can still talk fails too). */
 int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
                     const int64_t *next_indices, uint64_t seed, uint64_t step,
                     const optimizer_config *opt, exec_step_result *res);
-/* Forward only, dropout off, over the whole data set in chunks of the micro-batch size.
- * Loss (mean) and accuracy on every rank. */
+/* Forward only, dropout off, over the whole data set in chunks of the micro-batch size
+ * (replica r takes the share [r·N/R, (r+1)·N/R) of the N samples). Loss (mean) and
+ * accuracy of the whole set on every rank. */
 int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy);
 
-/* The whole model's parameters in layer order on rank 0 (count = net param_count), from
- * every stage. `all` is only written on rank 0 and may be NULL elsewhere. Collective. */
+/* The whole model's parameters in layer order on the pipeline's stage 0 (count = net
+ * param_count), from every stage. `all` is only written there and may be NULL elsewhere.
+ * Collective over the pipeline (one replica's ranks). */
 int exec_gather_params(exec_t *e, float *all);
 
 void exec_get_stats(const exec_t *e, exec_stats *st);
 void exec_reset_stats(exec_t *e);
-/* Collective: rank 0 writes one Chrome trace JSON of every rank's events. */
+/* Collective over the world: measures the clocks again, and world rank 0 writes one Chrome
+ * trace JSON of every rank's events on its clock (docs/TRACE.md); every rank returns rank
+ * 0's result. */
 int exec_write_trace(exec_t *e, const char *path);
 
 /* A polite collective: MPI_Iallreduce waited for with MPI_Test and a short sleep. */

@@ -51,6 +51,8 @@ static const opt_spec opt_shared[] = {
      .def = "1", .help = "pipeline stages, one MPI rank each (per replica)"},
     {.name = "microbatches", .letter = 'M', .kind = OPT_INT, .arg = "M", .min = 1,
      .max = 1 << 20, .def = "1", .help = "micro-batches per batch; must divide it"},
+    {.name = "replicas", .letter = 'r', .kind = OPT_INT, .arg = "R", .min = 1, .max = 65536,
+     .def = "1", .help = "data-parallel replicas of the pipeline (stages × replicas ranks)"},
     {.name = "batch", .letter = 'b', .kind = OPT_INT, .arg = "N", .min = 1, .max = 1 << 20,
      .def = "128", .help = "samples per optimizer step (all replicas together)"},
     {.name = "schedule", .letter = 's', .kind = OPT_TEXT, .arg = "NAME", .def = "1f1b",

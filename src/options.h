@@ -4,10 +4,10 @@
  * "(default X)" is the value the command starts from.
  *
  * Names and letters, one rule for every command: the options that several commands share
- * (--model, --stages, --microbatches, --batch, --schedule, --partition, --device,
- * --topology, --json, --help; the table opt_shared in options.c) have one meaning, range,
- * default, help text and short letter wherever they appear:
- *     -m --model  -k --stages  -M --microbatches  -b --batch  -s --schedule
+ * (--model, --stages, --replicas, --microbatches, --batch, --schedule, --partition,
+ * --device, --topology, --json, --help; the table opt_shared in options.c) have one meaning,
+ * range, default, help text and short letter wherever they appear:
+ *     -m --model  -k --stages  -r --replicas  -M --microbatches  -b --batch  -s --schedule
  *     -p --partition  -d --device  -t --topology  -j --json  -h --help
  * A command's table names them only (.shared = 1) and may only make them required. A
  * command's own options are long only, except letters no shared option uses that a

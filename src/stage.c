@@ -119,6 +119,7 @@ int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch
         slot_bytes += layer_slot_bytes(L, max_batch, &a, &b, &c);
     }
     s->slot_bytes = slot_bytes;
+    s->widest = widest;
     for (int t = 0; t < threads; t++) {
         stage_worker *wk = &s->workers[t];
         wk->work = alloc_zeroed(work * sizeof(float));
@@ -198,6 +199,7 @@ void stage_free(stage *s)
     if (s->group_grads)
         for (int g = 1; g < s->groups; g++) free(s->group_grads[g]);
     free(s->mb_grads);
+    free(s->carry);
     free(s->group_grads);
     free(s->workers);
     free(s->param_off);
@@ -266,6 +268,7 @@ typedef struct {
     uint64_t seed, step;
     const float *dout;
     float *din;
+    int lo, hi; /* backward: local layers [lo, hi) */
 } chunk_job;
 
 static void forward_chunk(const stage *s, stage_worker *wk, const stage_slot *sl, int off, int n,
@@ -329,17 +332,26 @@ const float *stage_forward(stage *s, int slot, const float *in, int n,
     sl->n = n;
     sl->input = in;
     const float *y = set_outputs(s, sl, in, training);
-    chunk_job j = {s, sl, n, stage_chunk(s, n), sample_ids, seed, step, NULL, NULL};
+    chunk_job j = {.s = s, .sl = sl, .n = n, .chunk = stage_chunk(s, n), .ids = sample_ids,
+                   .seed = seed, .step = step};
     pool_run(s->pool, forward_worker, &j);
     return y;
 }
 
+size_t stage_param_end(const stage *s, int i)
+{
+    return i < s->last - s->first ? s->param_off[i] : s->param_count;
+}
+
+/* Local layers [lo, hi) of one chunk, from the gradient of layer hi − 1's output (dout's
+ * rows, or the rows the range above left in the carry). Below lo > 0 the gradient is left
+ * in the carry, in the chunk's own rows off · widest: chunks never share carry memory. */
 static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const stage_slot *sl,
-                           int off, int n, const float *dout, float *din)
+                           int off, int n, int lo, int hi, const float *dout, float *din)
 {
     const float *g = dout;
     int gi = -1; /* which scratch buffer g lives in, −1 for the caller's */
-    for (int l = s->last - 1; l >= s->first; l--) {
+    for (int l = s->first + hi - 1; l >= s->first + lo; l--) {
         const layer_desc *L = &s->net->layers[l];
         int i = l - s->first;
         size_t in_count = layer_shape_count(L->in), out_count = layer_shape_count(L->out);
@@ -388,6 +400,12 @@ static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const
         g = dx;
         gi = ti;
     }
+    if (lo > 0) {
+        /* g is the carry itself only when every layer of the range passed it through */
+        float *carry = s->carry + (size_t)off * s->widest;
+        size_t count = layer_shape_count(s->net->layers[s->first + lo].in);
+        if (g != carry) memcpy(carry, g, (size_t)n * count * sizeof(float));
+    }
 }
 
 static void backward_worker(void *arg, int t)
@@ -395,12 +413,16 @@ static void backward_worker(void *arg, int t)
     chunk_job *j = arg;
     stage *s = j->s;
     size_t in_count = stage_in_count(s), out_count = stage_out_count(s);
+    int top = j->hi == s->last - s->first; /* the gradient comes from dout, else the carry */
+    size_t p0 = s->param_off[j->lo], pn = stage_param_end(s, j->hi) - p0;
     for (int g = t; g < s->groups && g * j->chunk < j->n; g += s->threads) {
         if (g > 0 || s->group_grads[0] == s->mb_grads)
-            memset(s->group_grads[g], 0, s->param_count * sizeof(float));
+            memset(s->group_grads[g] + p0, 0, pn * sizeof(float));
         for (int off = g * j->chunk; off < j->n; off += s->groups * j->chunk)
             backward_chunk(s, &s->workers[t], s->group_grads[g], j->sl, off, chunk_len(j, off),
-                           j->dout + (size_t)off * out_count,
+                           j->lo, j->hi,
+                           top ? j->dout + (size_t)off * out_count
+                               : s->carry + (size_t)off * s->widest,
                            j->din ? j->din + (size_t)off * in_count : NULL);
     }
 }
@@ -409,17 +431,19 @@ typedef struct {
     stage *s;
     int used;   /* groups that received chunks */
     float *dst; /* where the micro-batch's gradient goes (or is added) */
+    size_t begin, end; /* the parameters [begin, end) whose gradients the backward formed */
 } reduce_job;
 
 /* The micro-batch's gradient g0 + g1 + ... in group order, added to grads when group 0 was
  * summed apart (grads += that sum, so the micro-batch's gradient is rounded on its own
- * first); each thread sums one range of elements. */
+ * first); each thread sums one range of elements. Element by element, so any partition of
+ * the elements (a backward by layer ranges) gives the same bits. */
 static void reduce_worker(void *arg, int t)
 {
     reduce_job *r = arg;
     stage *s = r->s;
-    size_t P = s->param_count, per = (P + s->threads - 1) / s->threads;
-    size_t lo = (size_t)t * per, hi = lo + per < P ? lo + per : P;
+    size_t per = (r->end - r->begin + s->threads - 1) / s->threads;
+    size_t lo = r->begin + (size_t)t * per, hi = lo + per < r->end ? lo + per : r->end;
     float *restrict dst = r->dst;
     if (s->group_grads[0] == dst) {
         for (int g = 1; g < r->used; g++) {
@@ -441,6 +465,30 @@ static void reduce_worker(void *arg, int t)
     }
 }
 
+/* Local layers [lo, hi) of the slot's micro-batch: the chunks' gradient groups of those
+ * layers' parameters are zeroed, formed and summed into the target. `add` (a micro-batch
+ * after the first, summed apart in mb_grads) does not change between the ranges of one
+ * micro-batch, since only the last range (lo = 0) sets `accumulated`. */
+static void backward_span(stage *s, int slot, int lo, int hi, const float *dout, float *din,
+                          float *grads)
+{
+    stage_slot *sl = &s->slots[slot];
+    size_t p0 = s->param_off[lo], p1 = stage_param_end(s, hi);
+    /* `grads` alone is the first micro-batch's case: its gradient is formed in place */
+    float *target = grads ? grads : s->grads;
+    int add = !grads && s->accumulated;
+    if (grads) memset(grads + p0, 0, (p1 - p0) * sizeof(float));
+    s->group_grads[0] = add ? s->mb_grads : target;
+    chunk_job j = {.s = s, .sl = sl, .n = sl->n, .chunk = stage_chunk(s, sl->n), .dout = dout,
+                   .din = din, .lo = lo, .hi = hi};
+    pool_run(s->pool, backward_worker, &j);
+    reduce_job r = {.s = s, .used = (sl->n + j.chunk - 1) / j.chunk, .dst = target,
+                    .begin = p0, .end = p1};
+    if (r.used > s->groups) r.used = s->groups;
+    if (r.used > 1 || add) pool_run(s->pool, reduce_worker, &r);
+    if (!grads && lo == 0) s->accumulated = 1;
+}
+
 void stage_backward(stage *s, int slot, const float *dout, float *din)
 {
     stage_backward_to(s, slot, dout, din, NULL);
@@ -448,24 +496,40 @@ void stage_backward(stage *s, int slot, const float *dout, float *din)
 
 void stage_backward_to(stage *s, int slot, const float *dout, float *din, float *grads)
 {
-    stage_slot *sl = &s->slots[slot];
-    /* `grads` alone is the first micro-batch's case: its gradient is formed in place */
-    float *target = grads ? grads : s->grads;
-    int add = !grads && s->accumulated;
-    if (grads) memset(grads, 0, s->param_count * sizeof(float));
-    s->group_grads[0] = add ? s->mb_grads : target;
-    chunk_job j = {s, sl, sl->n, stage_chunk(s, sl->n), NULL, 0, 0, dout, din};
-    pool_run(s->pool, backward_worker, &j);
-    reduce_job r = {s, (sl->n + j.chunk - 1) / j.chunk, target};
-    if (r.used > s->groups) r.used = s->groups;
-    if (r.used > 1 || add) pool_run(s->pool, reduce_worker, &r);
-    if (!grads) s->accumulated = 1;
+    backward_span(s, slot, 0, s->last - s->first, dout, din, grads);
+}
+
+int stage_backward_range(stage *s, int slot, int lo, int hi, const float *dout, float *din,
+                         float *grads)
+{
+    int nl = s->last - s->first;
+    if (lo < 0 || hi > nl || lo >= hi)
+        return pt_error_set("stage %d..%d: backward of local layers [%d, %d), outside the "
+                            "stage's %d", s->first, s->last - 1, lo, hi, nl);
+    if (s->range_hi == 0 ? hi != nl
+                         : hi != s->range_hi || slot != s->range_slot || grads != s->range_grads)
+        return pt_error_set("stage %d..%d: backward of local layers [%d, %d) out of order: "
+                            "expected %s ending at %d", s->first, s->last - 1, lo, hi,
+                            s->range_hi ? "the same micro-batch's next range" : "a first range",
+                            s->range_hi ? s->range_hi : nl);
+    if (lo > 0 && !s->carry) {
+        s->carry = alloc_zeroed((size_t)s->max_batch * s->widest * sizeof(float));
+        if (!s->carry)
+            return pt_error_set("stage %d..%d: out of memory for the gradients carried "
+                                "between backward ranges", s->first, s->last - 1);
+    }
+    backward_span(s, slot, lo, hi, dout, din, grads);
+    s->range_hi = lo;
+    s->range_slot = slot;
+    s->range_grads = grads;
+    return 0;
 }
 
 void stage_zero_grad(stage *s)
 {
     memset(s->grads, 0, s->param_count * sizeof(float));
     s->accumulated = 0;
+    s->range_hi = 0;
 }
 
 void stage_step(stage *s, const optimizer_config *o)

@@ -67,6 +67,13 @@ typedef struct {
     struct pool *pool;      /* owned */
     size_t *param_off;      /* per local layer: offset of its weight in params/grads */
     size_t slot_bytes;      /* activation bytes one slot holds at max_batch */
+    size_t widest;          /* values per sample of the widest layer input or output */
+    /* stage_backward_range: a micro-batch's backward in progress (range_hi > 0: the next
+     * range ends at range_hi) and where each chunk's running gradient waits between ranges
+     * (owned, max_batch · widest floats, allocated at the first range that needs it) */
+    int range_slot, range_hi;
+    float *range_grads;     /* the `grads` argument of the micro-batch's first range */
+    float *carry;
     long step;              /* optimizer steps taken */
 } stage;
 
@@ -107,7 +114,23 @@ void stage_backward(stage *s, int slot, const float *dout, float *din);
  * gradients are left alone. NULL: stage_backward. Replicas that reduce in a fixed order
  * keep each micro-batch's gradient apart this way (src/reduce.h). */
 void stage_backward_to(stage *s, int slot, const float *dout, float *din, float *grads);
+/* The backward of the slot's micro-batch through the stage's local layers [lo, hi) only,
+ * so that data-parallel replicas can reduce the upper layers' gradients while the lower
+ * ones are computed. Called for consecutive ranges from the top: hi = last − first first,
+ * then each next hi = the previous lo, down to lo = 0, with no other backward, zeroing or
+ * step of the stage in between (forwards may run). dout is read by the first range, din
+ * (may be NULL) written by the last; `grads` as in stage_backward_to, the same for every
+ * range. Together the ranges are stage_backward_to(s, slot, dout, din, grads), bit for bit,
+ * and once a range returns, the gradients of its layers' parameters, [param_off[lo],
+ * stage_param_end(s, hi)), hold the micro-batch's contribution. Returns 0, or −1 with a
+ * message (ranges out of order, no memory for the carried gradients). */
+int stage_backward_range(stage *s, int slot, int lo, int hi, const float *dout, float *din,
+                         float *grads);
+/* Offset in params/grads where local layer i's parameters start (i = last − first: the
+ * parameter count). */
+size_t stage_param_end(const stage *s, int i);
 
+/* Zeroes the gradients; ends a stage_backward_range sequence left unfinished. */
 void stage_zero_grad(stage *s);
 /* One optimizer update of every parameter from the accumulated gradients. */
 void stage_step(stage *s, const optimizer_config *opt);

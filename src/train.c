@@ -6,6 +6,7 @@
 
 #include <getopt.h>
 #include <limits.h>
+#include <stdint.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 #include "src/train_options.h"
 #include "src/train_report.h"
 #include "src/profile.h"
+#include "src/replicas.h"
 #include "topologies/topo.h"
 
 void openblas_set_num_threads(int);
@@ -161,34 +163,39 @@ static void figures_free(stage_figures *f)
     memset(f, 0, sizeof *f);
 }
 
-static int gather_figures(exec_t *ex, MPI_Comm comm, double timeout, stage_figures *f)
+/* Per stage, the mean over its replicas (every replica of a stage does the same work). */
+static int gather_figures(const train_run *run, stage_figures *f)
 {
-    int rank, size;
-    PT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    PT_MPI_CHECK(MPI_Comm_size(comm, &size));
+    int K = run->o.stages, R = run->o.replicas, me = run->stage;
     memset(f, 0, sizeof *f);
-    double *block = calloc(7 * (size_t)size, sizeof *block);
+    enum { N_ARRAYS = 10 };
+    double *block = calloc(N_ARRAYS * (size_t)K, sizeof *block);
     if (!block) return pt_error_set("out of memory");
-    f->stages = size;
-    double **arrays[] = {&f->compute, &f->wall, &f->forward, &f->backward, &f->optimizer,
-                         &f->peak_bytes, &f->peak_mb};
-    for (int k = 0; k < 7; k++) *arrays[k] = block + (size_t)k * size;
+    f->stages = K;
+    double **arrays[N_ARRAYS] = {&f->compute, &f->wall, &f->forward, &f->backward,
+                                 &f->optimizer, &f->peak_bytes, &f->peak_mb, &f->reduce,
+                                 &f->reduce_exposed, &f->reduce_bytes};
+    for (int k = 0; k < N_ARRAYS; k++) *arrays[k] = block + (size_t)k * K;
     exec_stats st;
-    exec_get_stats(ex, &st);
+    exec_get_stats(run->ex, &st);
     f->steps = st.steps;
-    f->compute[rank] = st.compute_s;
-    f->wall[rank] = st.wall_s;
-    f->forward[rank] = st.forward_s;
-    f->backward[rank] = st.backward_s;
-    f->optimizer[rank] = st.optimizer_s;
-    f->peak_bytes[rank] = (double)st.peak_act_bytes;
-    f->peak_mb[rank] = st.peak_microbatches;
-    if (exec_allreduce(block, 7 * size, MPI_DOUBLE, MPI_SUM, comm, timeout)) {
+    f->compute[me] = st.compute_s;
+    f->wall[me] = st.wall_s;
+    f->forward[me] = st.forward_s;
+    f->backward[me] = st.backward_s;
+    f->optimizer[me] = st.optimizer_s;
+    f->peak_bytes[me] = (double)st.peak_act_bytes;
+    f->peak_mb[me] = st.peak_microbatches;
+    f->reduce[me] = st.reduce.reduce_s;
+    f->reduce_exposed[me] = st.reduce.exposed_s;
+    f->reduce_bytes[me] = (double)st.reduce.bytes;
+    if (exec_allreduce(block, N_ARRAYS * K, MPI_DOUBLE, MPI_SUM, run->comm, run->o.timeout)) {
         figures_free(f);
         return -1;
     }
-    for (int r = 0; r < size; r++) f->bubble += f->wall[r] > 0 ? 1 - f->compute[r] / f->wall[r] : 0;
-    f->bubble /= size;
+    for (int i = 0; i < N_ARRAYS * K; i++) block[i] /= R;
+    for (int r = 0; r < K; r++) f->bubble += f->wall[r] > 0 ? 1 - f->compute[r] / f->wall[r] : 0;
+    f->bubble /= K;
     return 0;
 }
 
@@ -205,18 +212,22 @@ static void abort_job(MPI_Comm comm)
     if (strncmp(msg, "rank ", 5) == 0) fprintf(stderr, "pipetrain: %s\n", msg);
     else fprintf(stderr, "pipetrain: rank %d (%s): %s\n", rank, host, msg);
     fflush(stderr);
+    /* mpiexec may end the job before it has forwarded the message (seen under load): give
+     * it a moment */
+    nanosleep(&(struct timespec){.tv_nsec = 200000000}, NULL);
     MPI_Abort(comm, 1);
 }
 
 /* The seed's initialisation, then the checkpoint's values when --load names one. */
 static int init_parameters(engine *eng, const train_options *o, const net_desc *net,
-                           const partition *part, int rank)
+                           const partition *part, int my_stage)
 {
     if (engine_init_params(eng, o->seed)) return -1;
     if (!o->load) return 0;
     float *p = malloc(eng->param_count ? eng->param_count * sizeof *p : 1);
     if (!p) return pt_error_set("out of memory for the checkpoint");
-    int rc = checkpoint_load_layers(o->load, net, part->first[rank], part->first[rank + 1], p);
+    int rc = checkpoint_load_layers(o->load, net, part->first[my_stage],
+                                    part->first[my_stage + 1], p);
     if (!rc) rc = engine_write_params(eng, p);
     free(p);
     return rc;
@@ -234,16 +245,101 @@ static void stamp_start(train_run *run)
         strftime(run->start_time, sizeof run->start_time, "%Y-%m-%dT%H:%M:%SZ", &utc);
 }
 
-/* One rank per stage; the message says how to launch the job. */
+/* One rank per stage of each replica; the message says how to launch the job. */
 static int check_ranks(const train_run *run)
 {
-    int stages = run->o.stages;
-    if (run->size == stages) return 0;
-    if (run->rank == 0)
+    int stages = run->o.stages, replicas = run->o.replicas;
+    long need = (long)stages * replicas;
+    if (run->size == need) return 0;
+    if (run->rank == 0 && replicas > 1)
+        fprintf(stderr, "pipetrain: --stages %d × --replicas %d needs exactly %ld MPI ranks, "
+                "the job has %d (run: mpiexec -n %ld pipetrain train ... --stages %d "
+                "--replicas %d)\n", stages, replicas, need, run->size, need, stages, replicas);
+    else if (run->rank == 0)
         fprintf(stderr, "pipetrain: --stages %d needs exactly %d MPI rank%s, the job has %d "
                 "(run: mpiexec -n %d pipetrain train ... --stages %d)\n", stages, stages,
                 stages > 1 ? "s" : "", run->size, stages, stages);
     return -1;
+}
+
+/* FNV-1a over the arguments and their separators. */
+static uint64_t hash_args(int argc, char **argv)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < argc; i++)
+        for (const char *c = argv[i];; c++) {
+            h = (h ^ (unsigned char)*c) * 0x100000001b3ull;
+            if (!*c) break;
+        }
+    return h;
+}
+
+/* Every rank parsed its own command line (mpiexec's MPMD syntax can give each its own): a
+ * rank whose line was refused, or lines that differ between ranks, end every rank with a
+ * message from one of them. Returns prc (0, or 1 for --help) when all agree, else the
+ * exit status. */
+static int agree_options(const train_run *run, int prc, int argc, char **argv)
+{
+    /* one MIN gives the first failing rank and both the least and the greatest hash (as
+     * signed 63-bit values: MPICH 4.0.2 compares MPI_UINT64_T as signed) */
+    int64_t h = (int64_t)(hash_args(argc, argv) >> 1);
+    int64_t v[3] = {prc < 0 ? (int64_t)run->rank : INT64_MAX, h, INT64_MAX - h};
+    MPI_Request req;
+    double timeout = prc == 0 ? run->o.timeout : 300;
+    if (PT_MPI_CALL(MPI_Iallreduce(MPI_IN_PLACE, v, 3, MPI_INT64_T, MPI_MIN, run->comm, &req)) ||
+        exec_wait_collective(&req, run->comm, timeout))
+        abort_job(run->comm);
+    if (v[0] != INT64_MAX) {
+        if (run->rank == v[0]) {
+            if (run->rank == 0) fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+            else fprintf(stderr, "pipetrain: rank %d: %s\n", run->rank, pt_error_get());
+        }
+        return PT_EXIT_USAGE;
+    }
+    if (v[1] != INT64_MAX - v[2]) {
+        if (run->rank == 0)
+            fprintf(stderr, "pipetrain: the ranks were started with different options: every "
+                    "rank of a job must run the same command line (mpiexec -n N pipetrain "
+                    "train ...)\n");
+        return PT_EXIT_USAGE;
+    }
+    return prc;
+}
+
+static replicas_config replicas_of(const train_options *o)
+{
+    double bytes = o->bucket_mb * 1048576.0;
+    return (replicas_config){
+        .replicas = o->replicas, .method = o->reduce,
+        .bucket_bytes = bytes < 1 ? 1 : bytes > 1e18 ? (size_t)1e18 : (size_t)bytes,
+        .overlap = o->overlap, .microbatches = o->microbatches,
+        .skip_bucket = o->skip_bucket, .timeout_s = o->timeout,
+    };
+}
+
+/* Where this rank sits (stage, replica), its pipeline's and its group's communicators, and
+ * the kind of link between the group's ranks (for the predicted reduction time). */
+static int setup_layout(train_run *run)
+{
+    const train_options *o = &run->o;
+    if (reduce_layout_default(run->rank, o->stages, o->replicas, &run->stage, &run->replica))
+        return -1;
+    if (reduce_comms_init(&run->comms, run->comm, o->stages, o->replicas, run->stage,
+                          run->replica, o->timeout))
+        return -1;
+    /* the group on one host: shared memory; else the network */
+    MPI_Comm node;
+    int local = 0, size = 0;
+    if (PT_MPI_CALL(MPI_Comm_split_type(run->comms.group, MPI_COMM_TYPE_SHARED, 0,
+                                        MPI_INFO_NULL, &node)))
+        return -1;
+    int rc = PT_MPI_CALL(MPI_Comm_size(node, &local)) ||
+             PT_MPI_CALL(MPI_Comm_size(run->comms.group, &size)) ||
+             PT_MPI_CALL(MPI_Comm_free(&node));
+    int one_host = local == size;
+    if (!rc) rc = exec_allreduce(&one_host, 1, MPI_INT, MPI_MIN, run->comm, o->timeout);
+    run->reduce_link = one_host ? TOPO_LINK_SAME_L3 : TOPO_LINK_CROSS_NODE;
+    return rc;
 }
 
 /* Threads: each rank gets its share of the node's cores unless told otherwise. */
@@ -305,11 +401,16 @@ static int setup_run(train_run *run)
 {
     const train_options *o = &run->o;
     MPI_Comm comm = run->comm;
+    run->rep = replicas_of(o);
+    if (agree(setup_layout(run), comm, o->timeout)) return -1;
     if (agree(net_desc_load(&run->net, o->model), comm, o->timeout)) return -1;
     if (agree(choose_partition(o, &run->net, &run->part, comm, run->rank, run->gpu), comm,
               o->timeout))
         return -1;
     if (agree(schedule_init_by_name(&run->sched, o->schedule, o->stages, o->microbatches), comm,
+              o->timeout))
+        return -1;
+    if (agree(replicas_schedule(&run->sched, &run->net, &run->part, &run->rep), comm,
               o->timeout))
         return -1;
     if (agree(load_data(o, &run->net, &run->train, &run->val, &run->test), comm, o->timeout))
@@ -327,12 +428,17 @@ static int setup_run(train_run *run)
         .gpu = run->gpu,
         .device_messages = run->device_messages,
         .debug_ready_delay = o->ready_delay,
+        .world = comm,
+        .group = run->comms.group,
+        .replica = run->replica,
+        .rep = run->rep,
     };
-    if (agree(exec_init(&run->ex, comm, &run->net, &run->part, &run->sched, &cfg), comm,
-              o->timeout))
+    if (agree(exec_init(&run->ex, run->comms.pipeline, &run->net, &run->part, &run->sched,
+                        &cfg),
+              comm, o->timeout))
         return -1;
     if (exec_start(run->ex)) abort_job(comm);
-    if (agree(init_parameters(exec_engine(run->ex), o, &run->net, &run->part, run->rank), comm,
+    if (agree(init_parameters(exec_engine(run->ex), o, &run->net, &run->part, run->stage), comm,
               o->timeout))
         return -1;
     run->order = malloc((size_t)run->train.count * sizeof *run->order);
@@ -351,6 +457,7 @@ static void run_free(train_run *run)
     schedule_free(&run->sched);
     partition_free(&run->part);
     net_desc_free(&run->net);
+    reduce_comms_free(&run->comms);
 }
 
 /* ---- training ---- */
@@ -428,7 +535,8 @@ static int train_loop(train_run *run, train_results *res)
 
 /* ---- outputs ---- */
 
-/* Collective: the whole model gathered on rank 0, which writes it. */
+/* Collective: the whole model gathered on rank 0 from replica 0's pipeline (every replica
+ * holds the same parameters), and written there. */
 static int save_checkpoint(train_run *run)
 {
     float *all = NULL;
@@ -436,7 +544,7 @@ static int save_checkpoint(train_run *run)
     if (agree(run->rank == 0 && !all ? pt_error_set("out of memory for the checkpoint") : 0,
               run->comm, run->o.timeout))
         return -1;
-    int err = exec_gather_params(run->ex, all);
+    int err = run->replica == 0 ? exec_gather_params(run->ex, all) : 0;
     if (!err && run->rank == 0) err = checkpoint_save(run->o.save, &run->net, all);
     free(all);
     return agree(err, run->comm, run->o.timeout);
@@ -448,7 +556,7 @@ static int save_checkpoint(train_run *run)
 static int finish_run(train_run *run, train_results *res)
 {
     stage_figures fig;
-    if (gather_figures(run->ex, run->comm, run->o.timeout, &fig)) abort_job(run->comm);
+    if (gather_figures(run, &fig)) abort_job(run->comm);
     int failed = 0;
     if (run->o.save) {
         if (save_checkpoint(run)) failed++;
@@ -468,21 +576,19 @@ static int finish_run(train_run *run, train_results *res)
 
 int train_main(int argc, char **argv)
 {
-    train_run run = {.comm = MPI_COMM_WORLD};
+    train_run run = {.comm = MPI_COMM_WORLD,
+                     .comms = {.pipeline = MPI_COMM_NULL, .group = MPI_COMM_NULL}};
     if (PT_MPI_CALL(MPI_Comm_rank(run.comm, &run.rank)) ||
         PT_MPI_CALL(MPI_Comm_size(run.comm, &run.size)))
         abort_job(run.comm);
     stamp_start(&run);
 
-    int prc = train_options_parse(&run.o, argc, argv);
+    int prc = agree_options(&run, train_options_parse(&run.o, argc, argv), argc, argv);
     if (prc == 1) {
         if (run.rank == 0) train_options_usage(stdout);
         return 0;
     }
-    if (prc) {
-        if (run.rank == 0) fprintf(stderr, "pipetrain: %s\n", pt_error_get());
-        return 2;
-    }
+    if (prc) return prc;
     if (check_ranks(&run)) return 2;
     if (setup_threads(&run) || setup_gpu(&run)) return 1;
 

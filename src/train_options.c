@@ -12,7 +12,8 @@
 enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS, O_STEPS,
        O_WARMUP, O_BATCH, O_OPT, O_LR, O_MOM, O_WD, O_SEED, O_SHUFFLE, O_STAGES, O_MICRO,
        O_SCHED, O_PART, O_THREADS, O_BIND, O_DEVICE, O_TIMEOUT, O_TRACE, O_JSON, O_VERBOSE,
-       O_HELP, O_STALL, O_KILL, O_DELAY, O_PROGRESS, O_MPI_ERROR };
+       O_HELP, O_STALL, O_KILL, O_DELAY, O_PROGRESS, O_MPI_ERROR, O_REPLICAS, O_REDUCE,
+       O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET };
 
 /* The largest step count, sample count or seed we take: far beyond any run, exact in a
  * double (the table's ranges are doubles). */
@@ -59,6 +60,21 @@ static const opt_spec train_opts[] = {
     {.id = O_MICRO, .name = "microbatches", .shared = 1},
     {.id = O_SCHED, .name = "schedule", .shared = 1},
     {.id = O_PART, .name = "partition", .shared = 1},
+    {.id = O_REPLICAS, .name = "replicas", .shared = 1},
+    {.id = O_REDUCE, .name = "reduce", .kind = OPT_CHOICE,
+     .choices = "allreduce|reduce-bcast|gather-bcast|ordered", .def = "allreduce",
+     .help = "how a stage's replicas sum their gradients: bucketed MPI_Iallreduce; "
+             "reduce to the group's first rank, which steps and broadcasts the parameters; "
+             "gather there and sum in rank order, then step and broadcast; or a fixed-order "
+             "reduce-scatter + all-gather, bit-identical to one process with replicas × "
+             "micro-batches micro-batches (the -bcast methods reduce the whole stage after "
+             "the backward pass: --bucket-mb and --overlap do not apply to them)"},
+    {.id = O_BUCKET_MB, .name = "bucket-mb", .kind = OPT_REAL, .arg = "X", .min = 0,
+     .max = 1e6, .def = "1", .help = "gradient bucket size in MiB (MiB = 2^20 bytes); "
+                                     "buckets are cut in reverse layer order"},
+    {.id = O_OVERLAP, .name = "overlap", .kind = OPT_CHOICE, .choices = "on|off", .def = "on",
+     .help = "start each bucket's reduction inside the last backward pass (split by bucket) "
+             "rather than after it"},
     {.id = O_THREADS, .name = "threads", .kind = OPT_INT, .arg = "N", .min = 1, .max = 1024,
      .help = "worker threads per rank (default: the node's cores / its ranks)"},
     {.id = O_BIND, .name = "bind", .kind = OPT_CHOICE, .choices = "auto|core|none",
@@ -81,16 +97,23 @@ static const opt_spec train_opts[] = {
     {.id = O_MPI_ERROR, .name = "debug-mpi-error", .kind = OPT_TEXT, .arg = "RANK:STEP"},
     {.id = O_DELAY, .name = "debug-delay-sends", .kind = OPT_INT, .arg = "POLLS", .min = 0,
      .max = 1000000},
+    {.id = O_SKIP_BUCKET, .name = "debug-skip-bucket", .kind = OPT_INT, .arg = "B", .min = 0,
+     .max = INT_MAX},
     {0},
 };
 
 static const opt_command train_command = {
     .name = "train",
     .usage = "pipetrain train --model FILE [options]\n"
-             "mpiexec -n K pipetrain train --model FILE --stages K [options]",
-    .about = "Trains a model on Fashion-MNIST, sequentially or as a pipeline of K stages.",
+             "mpiexec -n K pipetrain train --model FILE --stages K [options]\n"
+             "mpiexec -n K*R pipetrain train --model FILE --stages K --replicas R ...",
+    .about = "Trains a model on Fashion-MNIST, sequentially, as a pipeline of K stages, or "
+             "as R data-parallel replicas of that pipeline.",
     .notes = "With --json the last line of stdout is one JSON object of results. With --device "
-             "cuda each rank takes a GPU by its local rank (several ranks may share one).",
+             "cuda each rank takes a GPU by its local rank (several ranks may share one). "
+             "With replicas, stage s of replica r is MPI rank r*K + s (each replica's stages "
+             "on consecutive ranks; --bind auto keeps this numbering); --batch is the whole "
+             "job's batch, of which each replica takes batch/R samples in M micro-batches.",
     .opts = train_opts,
 };
 
@@ -101,11 +124,13 @@ int train_options_parse(train_options *o, int argc, char **argv)
     static const optimizer_kind optimizers[] = {OPT_SGD, OPT_MOMENTUM, OPT_ADAM};
     static const engine_device devices[] = {ENGINE_CPU, ENGINE_CUDA};
     static const char *const binds[] = {"auto", "core", "none"};
+    static const reduce_method methods[] = {REDUCE_ALLREDUCE, REDUCE_REDUCE_BCAST,
+                                            REDUCE_GATHER_BCAST, REDUCE_ORDERED};
     /* what no option sets; everything else comes from the table's defaults */
     *o = (train_options){
         .steps = -1, .train_samples = -1, .test_samples = -1,
         .opt = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
-        .stall_rank = -1, .stall_step = -1,
+        .stall_rank = -1, .stall_step = -1, .skip_bucket = -1,
     };
     opt_parser p;
     if (opt_parser_init(&p, &train_command, argc, argv)) return -1;
@@ -143,6 +168,11 @@ int train_options_parse(train_options *o, int argc, char **argv)
         case O_TIMEOUT: o->timeout = p.real; break;
         case O_PROGRESS: o->progress = p.real; break;
         case O_DELAY: o->ready_delay = (int)p.num; break;
+        case O_REPLICAS: o->replicas = (int)p.num; break;
+        case O_REDUCE: o->reduce = methods[p.choice]; break;
+        case O_BUCKET_MB: o->bucket_mb = p.real; break;
+        case O_OVERLAP: o->overlap = p.choice == 0; break;
+        case O_SKIP_BUCKET: o->skip_bucket = (int)p.num; break;
         case O_STALL:
         case O_KILL:
         case O_MPI_ERROR:
@@ -156,6 +186,13 @@ int train_options_parse(train_options *o, int argc, char **argv)
     }
     if (id == OPT_ERROR) return -1;
     o->epochs_given = opt_given(&p, O_EPOCHS);
+    if (!(o->bucket_mb > 0))
+        return opt_error(&p, "--bucket-mb %g: must be positive", o->bucket_mb);
+    if (o->replicas > 1 && o->batch % ((long)o->replicas * o->microbatches))
+        return opt_error(&p, "--batch %d is not divisible by --replicas %d × --microbatches %d "
+                         "= %ld: each replica takes batch/replicas samples in micro-batches of "
+                         "equal size", o->batch, o->replicas, o->microbatches,
+                         (long)o->replicas * o->microbatches);
     if (o->batch % o->microbatches)
         return opt_error(&p, "--microbatches %d does not divide --batch %d", o->microbatches,
                          o->batch);

@@ -6,6 +6,7 @@
 
 #include "kernels/kernels.h"
 #include "src/engine.h"
+#include "src/reduce.h"
 
 #define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"
 
@@ -22,6 +23,12 @@ typedef struct {
     int stall_rank, kill; /* testing: stop responding, or another fault (EXEC_STALL_*) */
     long stall_step;
     int ready_delay; /* testing: outgoing messages become ready late, as after a GPU copy */
+    /* hybrid mode */
+    int replicas;         /* data-parallel replicas of the pipeline (1: none) */
+    reduce_method reduce; /* how a stage's replicas sum their gradients */
+    double bucket_mb;     /* bucket size in MiB */
+    int overlap;          /* reductions start during the backward pass */
+    int skip_bucket;      /* testing: a bucket left unreduced (−1: none) */
 } train_options;
 
 /* Fills o from argv (defaults first). Returns 0, 1 for --help, or −1 with a message. */

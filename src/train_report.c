@@ -39,17 +39,25 @@ void train_report_banner(const train_run *run)
            "epoch; %ld steps over %ld epoch%s\n", run->train.count, run->val.count,
            run->test.count, o->batch, run->steps_per_epoch, run->total_steps, run->epochs,
            run->epochs > 1 ? "s" : "");
-    printf("layout: %d stage%s, %d micro-batch%s of %d, schedule %s, ", o->stages,
-           o->stages > 1 ? "s" : "", o->microbatches, o->microbatches > 1 ? "es" : "",
-           o->batch / o->microbatches, run->sched.name);
+    printf("layout: %d stage%s", o->stages, o->stages > 1 ? "s" : "");
+    if (o->replicas > 1) {
+        printf(" × %d replicas (reduce %s", o->replicas, reduce_method_name(o->reduce));
+        if (!reduce_method_root_steps(o->reduce))
+            printf(", %g MiB buckets, overlap %s", o->bucket_mb, o->overlap ? "on" : "off");
+        printf(")");
+    }
+    printf(", %d micro-batch%s of %d%s, schedule %s, ", o->microbatches,
+           o->microbatches > 1 ? "es" : "", o->batch / (o->replicas * o->microbatches),
+           o->replicas > 1 ? " per replica" : "", run->sched.name);
     if (o->device == ENGINE_CUDA)
         printf("rank 0 on CUDA device %d (%s, %s messages)", run->gpu, run->gpu_info.name,
                run->device_messages ? "device-memory" : "host-staged");
     else
         printf("%d thread%s per rank", o->threads, o->threads > 1 ? "s" : "");
     printf("; %s lr %g\n", optimizer_name(o->opt.kind), (double)o->opt.lr);
-    if (o->stages > 1 && o->microbatches <= 16) {
-        printf("schedule (unit-time timeline, F = forward, B = backward):\n");
+    if ((o->stages > 1 || o->replicas > 1) && o->microbatches <= 16) {
+        printf("schedule (unit-time timeline, F = forward, B = backward%s):\n",
+               o->replicas > 1 ? ", A = reduction, W = waiting for one" : "");
         schedule_print(&run->sched, stdout);
     }
     fflush(stdout);
@@ -166,7 +174,8 @@ typedef struct {
 
 static bubble_figures bubbles(const train_run *run, const stage_figures *fig)
 {
-    if (run->size < 2) return (bubble_figures){.measured = NAN, .simulated = NAN, .theory = NAN};
+    if (run->o.stages < 2)
+        return (bubble_figures){.measured = NAN, .simulated = NAN, .theory = NAN};
     return (bubble_figures){
         .measured = fig->bubble,
         .simulated = simulated_bubble(&run->sched, fig, run->o.microbatches),
@@ -179,6 +188,71 @@ static double samples_per_s(const train_run *run, const train_results *res)
     return res->timed_s > 0 ? (double)res->timed_steps * run->o.batch / res->timed_s : NAN;
 }
 
+/* The reductions' derived figures per stage: the simulator's prediction for the measured
+ * stage times (summed over the same steps as the measurement) and the bus bandwidth. */
+typedef struct {
+    double *predicted, *bus_bw; /* one block, per stage; NAN where unknown */
+    double step_predicted;      /* the simulator's step time (makespan), seconds */
+} reduce_figures;
+
+static void reduce_figures_free(reduce_figures *rf)
+{
+    free(rf->predicted);
+    *rf = (reduce_figures){0};
+}
+
+/* fills rf; a figure that cannot be computed stays NAN */
+static void reduce_figures_init(reduce_figures *rf, const train_run *run,
+                                const stage_figures *f)
+{
+    int K = f->stages, R = run->o.replicas, M = run->o.microbatches;
+    *rf = (reduce_figures){.step_predicted = NAN};
+    rf->predicted = malloc(2 * (size_t)K * sizeof *rf->predicted);
+    if (!rf->predicted) return;
+    rf->bus_bw = rf->predicted + K;
+    for (int s = 0; s < K; s++) {
+        rf->predicted[s] = NAN;
+        rf->bus_bw[s] = f->reduce[s] > 0 ? reduce_bus_bandwidth((size_t)f->reduce_bytes[s],
+                                                                f->reduce[s], R)
+                                         : NAN;
+    }
+    if (f->steps < 1) return;
+    double *costs = calloc(2 * (size_t)K, sizeof *costs);
+    double **bytes = calloc((size_t)K, sizeof *bytes);
+    int ok = costs && bytes;
+    double step = 0;
+    for (int s = 0; ok && s < K; s++) {
+        costs[s] = f->forward[s] / ((double)f->steps * M);
+        costs[K + s] = f->backward[s] / ((double)f->steps * M);
+        if (f->optimizer[s] / f->steps > step) step = f->optimizer[s] / f->steps;
+        reduce_plan plan;
+        if (R < 2 || replicas_plan(&plan, &run->net, run->part.first[s], run->part.first[s + 1],
+                                   &run->rep))
+            continue;
+        bytes[s] = malloc(((size_t)plan.n_buckets + 1) * sizeof **bytes);
+        if (!bytes[s]) ok = 0;
+        for (int b = 0; ok && b < plan.n_buckets; b++)
+            bytes[s][b] = (double)plan.buckets[b].count * sizeof(float);
+        reduce_plan_free(&plan);
+    }
+    topo_cost_model cm;
+    topo_cost_model_default(&cm);
+    schedule_costs c = {
+        .fwd = costs, .bwd = costs + K, .comm_cost = 0, .step_cost = step, .replicas = R,
+        .alpha = cm.latency[run->reduce_link], .beta = cm.bandwidth[run->reduce_link],
+        .bucket_bytes = (const double *const *)bytes,
+    };
+    schedule_sim sim;
+    if (ok && !schedule_simulate_costs(&run->sched, &c, &sim)) {
+        for (int s = 0; s < K; s++) rf->predicted[s] = sim.reduce[s] * (double)f->steps;
+        rf->step_predicted = sim.makespan;
+        schedule_sim_free(&sim);
+    }
+    for (int s = 0; bytes && s < K; s++) free(bytes[s]);
+    free(bytes);
+    free(costs);
+}
+
 static void report_text(const train_run *run, const train_results *res,
                         const stage_figures *fig)
 {
@@ -186,16 +260,27 @@ static void report_text(const train_run *run, const train_results *res,
     printf("done: %ld steps in %.1f s, ", res->steps, res->train_s);
     if (isnan(rate)) printf("no step after --warmup %ld to time", run->o.warmup);
     else printf("%.0f samples/s", rate);
-    if (run->size > 1) {
+    if (run->o.stages > 1) {
         bubble_figures b = bubbles(run, fig);
         printf("; bubble %.3f measured, %.3f simulated from the measured stage times, "
                "%.3f for balanced stages ((K-1)/(M+K-1))\n", b.measured, b.simulated, b.theory);
-        for (int r = 0; r < run->size; r++)
-            printf("  stage %d: compute %.2f s of %.2f s, peak activations %.2f MB "
-                   "(%.0f micro-batch%s)\n", r, fig->compute[r], fig->wall[r],
-                   fig->peak_bytes[r] / 1e6, fig->peak_mb[r], fig->peak_mb[r] == 1 ? "" : "es");
     } else {
         printf("\n");
+    }
+    if (run->o.stages > 1 || run->o.replicas > 1) {
+        reduce_figures rf;
+        reduce_figures_init(&rf, run, fig);
+        for (int r = 0; r < fig->stages; r++) {
+            printf("  stage %d: compute %.2f s of %.2f s, peak activations %.2f MB "
+                   "(%.0f micro-batch%s)", r, fig->compute[r], fig->wall[r],
+                   fig->peak_bytes[r] / 1e6, fig->peak_mb[r], fig->peak_mb[r] == 1 ? "" : "es");
+            if (run->o.replicas > 1)
+                printf("; reductions %.4f s (%.4f s exposed, %.4f s predicted), %.1f MB, "
+                       "bus %.2f GB/s", fig->reduce[r], fig->reduce_exposed[r],
+                       rf.predicted[r], fig->reduce_bytes[r] / 1e6, rf.bus_bw[r] / 1e9);
+            printf("\n");
+        }
+        reduce_figures_free(&rf);
     }
     if (res->saved) printf("saved %s\n", res->saved);
     if (res->traced) printf("trace %s\n", res->traced);
@@ -269,7 +354,10 @@ static json_t *results_json(const train_run *run, const train_results *res,
 {
     const train_options *o = &run->o;
     bubble_figures b = bubbles(run, fig);
-    int cuda = o->device == ENGINE_CUDA, K = run->size;
+    int cuda = o->device == ENGINE_CUDA, K = fig->stages;
+    reduce_figures rf;
+    reduce_figures_init(&rf, run, fig);
+    if (!rf.predicted) return NULL;
     struct {
         const char *key;
         json_t *value; /* NULL: could not be built (out of memory) */
@@ -313,6 +401,11 @@ static json_t *results_json(const train_run *run, const train_results *res,
         {"schedule", json_text(run->sched.name)},
         {"partition", json_text(o->partition)},
         {"stage_layers", json_stage_layers(&run->part)},
+        {"replicas", json_integer(o->replicas)},
+        {"reduce", json_string(reduce_method_name(o->reduce))},
+        {"bucket_mb", json_number(o->bucket_mb)},
+        {"overlap", json_boolean(o->overlap)},
+        {"reduce_link", json_string(topo_link_name(run->reduce_link))},
         /* per-stage figures */
         {"bubble", json_number(b.measured)},
         {"bubble_theory", json_number(b.theory)},
@@ -324,10 +417,17 @@ static json_t *results_json(const train_run *run, const train_results *res,
         {"stage_optimizer_s", json_reals(fig->optimizer, K)},
         {"stage_peak_act_bytes", json_counts(fig->peak_bytes, K)},
         {"stage_peak_microbatches", json_counts(fig->peak_mb, K)},
+        {"stage_reduce_s", json_reals(fig->reduce, K)},
+        {"stage_reduce_exposed_s", json_reals(fig->reduce_exposed, K)},
+        {"stage_reduce_bytes", json_counts(fig->reduce_bytes, K)},
+        {"stage_bus_bw", json_reals(rf.bus_bw, K)},
+        {"stage_reduce_predicted_s", json_reals(rf.predicted, K)},
+        {"step_predicted_s", json_number(rf.step_predicted)},
         /* outputs written */
         {"checkpoint", json_text(res->saved)},
         {"trace", json_text(res->traced)},
     };
+    reduce_figures_free(&rf);
     json_t *obj = json_object();
     int bad = !obj;
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {

@@ -12,14 +12,21 @@
 #include "src/data.h"
 #include "src/exec.h"
 #include "src/model/net.h"
+#include "src/reduce.h"
+#include "src/replicas.h"
+#include "topologies/topo.h"
 #include "src/train_options.h"
 
 /* One run of `train` on this rank: its options (threads resolved), where it runs, and what
  * its set-up built. */
 typedef struct {
     train_options o;
-    MPI_Comm comm;
-    int rank, size;
+    MPI_Comm comm;              /* the world: every rank of the job */
+    int rank, size;             /* in the world */
+    int stage, replica;         /* where this rank sits: world rank = replica × stages + stage */
+    reduce_comms comms;         /* its pipeline (rank = stage) and its stage's replicas */
+    replicas_config rep;        /* the hybrid mode's settings, from the options */
+    topo_link reduce_link;      /* between a group's ranks: prices the predicted reductions */
     char host[256];
     char start_time[32];        /* ISO 8601 UTC, e.g. 2026-11-23T10:04:05Z */
     int gpu, device_messages;   /* --device cuda: the rank's GPU and how MPI sends from it */
@@ -49,10 +56,12 @@ typedef struct {
     const char *saved, *traced; /* the checkpoint and trace written (NULL: none) */
 } train_results;
 
-/* Per-stage figures of the whole job, gathered on every rank (src/train.c). */
+/* Per-stage figures of the whole job, gathered on every rank (src/train.c): each stage's
+ * mean over its replicas. reduce* are the reductions among the replicas (replicas_stats). */
 typedef struct {
     int stages;
-    double *compute, *wall, *forward, *backward, *optimizer, *peak_bytes, *peak_mb; /* one block */
+    double *compute, *wall, *forward, *backward, *optimizer, *peak_bytes, *peak_mb, /* one */
+        *reduce, *reduce_exposed, *reduce_bytes;                                  /* block */
     double bubble; /* measured: mean over stages of the idle fraction of the step time */
     long steps;
 } stage_figures;

@@ -22,8 +22,11 @@ static void load_model(net_desc *net, const char *name)
 }
 
 /* Forward and backward of micro-batch m (n samples of deterministic data) into `grads`
- * (NULL: accumulate into the stage's gradients). */
-static void run_microbatch(stage *s, int m, int n, float *grads)
+ * (NULL: accumulate into the stage's gradients). bounds: NULL, one stage_backward_to; else
+ * stage_backward_range over each [bounds[k + 1], bounds[k]) (bounds descend from the layer
+ * count to 0). din (may be NULL) receives the gradient of the stage's input. */
+static void run_microbatch_ranges(stage *s, int m, int n, float *grads, const int *bounds,
+                                  float *din)
 {
     size_t in = stage_in_count(s), out = stage_out_count(s);
     float *x = malloc((size_t)n * in * sizeof *x), *dy = malloc((size_t)n * out * sizeof *dy);
@@ -36,11 +39,22 @@ static void run_microbatch(stage *s, int m, int n, float *grads)
     int slot = stage_slot_acquire(s);
     cr_assert_geq(slot, 0);
     stage_forward(s, slot, x, n, ids, 3, 0, 1);
-    stage_backward_to(s, slot, dy, NULL, grads);
+    if (!bounds) {
+        stage_backward_to(s, slot, dy, din, grads);
+    } else {
+        for (int k = 0; bounds[k] > 0 && bounds[k + 1] >= 0; k++)
+            cr_assert_eq(stage_backward_range(s, slot, bounds[k + 1], bounds[k], dy, din, grads),
+                         0, "range [%d, %d): %s", bounds[k + 1], bounds[k], pt_error_get());
+    }
     stage_slot_release(s, slot);
     free(x);
     free(dy);
     free(ids);
+}
+
+static void run_microbatch(stage *s, int m, int n, float *grads)
+{
+    run_microbatch_ranges(s, m, n, grads, NULL, NULL);
 }
 
 static void check_pieces_add_up(const char *model, int threads, int n, int M)
@@ -128,5 +142,164 @@ Test(stage, sum_is_the_same_for_one_and_two_threads)
     cr_assert_eq(memcmp(s[0].grads, s[1].grads, s[0].param_count * sizeof(float)), 0);
     stage_free(&s[0]);
     stage_free(&s[1]);
+    net_desc_free(&net);
+}
+
+static size_t count_differences(const float *a, const float *b, size_t n)
+{
+    size_t diff = 0;
+    for (size_t i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return diff;
+}
+
+/* Layers [first, last) of `model`: M micro-batches of n samples, each by the ranges of
+ * `bounds` on one stage and whole on another. pieces = 0: accumulated in the stage's
+ * gradients (the first micro-batch in place, later ones formed apart and added); P > 0: as
+ * the engine's grad_pieces, micro-batch m's gradient formed alone in piece m mod P, piece 0
+ * being the stage's gradients. Gradients and the input's gradient must be the same bits. */
+static void check_ranges(const char *model, int first, int last, int threads, int n, int M,
+                         const int *bounds, int pieces)
+{
+    openblas_set_num_threads(1);
+    net_desc net;
+    load_model(&net, model);
+    if (last <= 0) last = net.n_layers;
+    stage a, b;
+    cr_assert_eq(stage_init(&a, &net, first, last, n, 1, threads), 0, "%s", pt_error_get());
+    cr_assert_eq(stage_init(&b, &net, first, last, n, 1, threads), 0, "%s", pt_error_get());
+    stage_init_params(&a, 11);
+    stage_init_params(&b, 11);
+    size_t P = a.param_count, I = (size_t)n * stage_in_count(&a);
+    float *pa[4] = {a.grads}, *pb[4] = {b.grads};
+    for (int p = 1; p < pieces; p++) {
+        pa[p] = calloc(P, sizeof(float));
+        pb[p] = calloc(P, sizeof(float));
+        cr_assert(pa[p] && pb[p]);
+    }
+    float *da = malloc(I * sizeof(float)), *db = malloc(I * sizeof(float));
+    cr_assert(da && db);
+    char what[160];
+    int nb = 0;
+    while (bounds[nb] > 0) nb++;
+    snprintf(what, sizeof what, "%s [%d, %d), %d threads, %d ranges, %d pieces", model, first,
+             last, threads, nb, pieces);
+    for (int m = 0; m < M; m++) {
+        float *ga = pieces ? pa[m % pieces] : NULL, *gb = pieces ? pb[m % pieces] : NULL;
+        run_microbatch_ranges(&a, m, n, ga, NULL, da);
+        run_microbatch_ranges(&b, m, n, gb, bounds, db);
+        cr_assert_eq(count_differences(da, db, I), 0, "%s: micro-batch %d: input gradients "
+                     "differ", what, m);
+        if (pieces) {
+            size_t d = count_differences(ga, gb, P);
+            cr_assert_eq(d, 0, "%s: micro-batch %d: %zu of %zu gradients differ", what, m, d, P);
+        }
+    }
+    size_t d = count_differences(a.grads, b.grads, P), nonzero = 0;
+    for (size_t i = 0; i < P; i++) nonzero += a.grads[i] != 0;
+    cr_assert_eq(d, 0, "%s: %zu of %zu gradients differ", what, d, P);
+    cr_assert_gt(nonzero, P / 2, "%s: only %zu of %zu gradients are nonzero", what, nonzero, P);
+    for (int p = 1; p < pieces; p++) {
+        free(pa[p]);
+        free(pb[p]);
+    }
+    free(da);
+    free(db);
+    stage_free(&a);
+    stage_free(&b);
+    net_desc_free(&net);
+}
+
+/* seed-cnn: 0 conv, 1 maxpool, 2 conv, 3 maxpool, 4 conv, 5 maxpool, 6 flatten,
+ * 7 dropout, 8..10 dense. seed-mlp: 0..2 dense. */
+static const int cnn_each[] = {11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0};
+static const int cnn_dense[] = {11, 8, 0};           /* convolutions | dense layers */
+static const int cnn_identity[] = {11, 9, 7, 6, 0};  /* flatten alone; dropout | dense */
+static const int cnn_whole[] = {11, 0};
+static const int mlp_each[] = {3, 2, 1, 0};
+static const int mlp_top[] = {3, 2, 0};
+
+Test(stage, backward_by_ranges_is_the_whole_backward_bit_for_bit)
+{
+    for (int threads = 1; threads <= 2; threads++) {
+        /* 70 samples: 5 chunks of 16, so a group sums two chunks */
+        check_ranges("seed-cnn.cfg", 0, 0, threads, 70, 3, cnn_each, 0);
+        check_ranges("seed-cnn.cfg", 0, 0, threads, 70, 3, cnn_dense, 0);
+        check_ranges("seed-cnn.cfg", 0, 0, threads, 40, 2, cnn_identity, 0);
+        check_ranges("seed-cnn.cfg", 0, 0, threads, 40, 2, cnn_whole, 0);
+        check_ranges("seed-mlp.cfg", 0, 0, threads, 300, 3, mlp_each, 0);
+        check_ranges("seed-mlp.cfg", 0, 0, threads, 100, 3, mlp_top, 0);
+    }
+}
+
+Test(stage, backward_by_ranges_of_a_middle_stage)
+{
+    /* layers 2..8 (conv .. dense) as local layers 0..6, the input's gradient compared */
+    static const int each[] = {7, 6, 5, 4, 3, 2, 1, 0}, two[] = {7, 4, 0};
+    check_ranges("seed-cnn.cfg", 2, 9, 2, 40, 3, each, 0);
+    check_ranges("seed-cnn.cfg", 2, 9, 1, 40, 3, two, 0);
+}
+
+Test(stage, backward_by_ranges_into_pieces)
+{
+    for (int threads = 1; threads <= 2; threads++) {
+        check_ranges("seed-cnn.cfg", 0, 0, threads, 40, 4, cnn_dense, 2);
+        check_ranges("seed-cnn.cfg", 0, 0, threads, 40, 3, cnn_each, 3);
+        check_ranges("seed-mlp.cfg", 0, 0, threads, 300, 4, mlp_each, 2);
+    }
+}
+
+Test(stage, backward_ranges_out_of_order_are_refused)
+{
+    openblas_set_num_threads(1);
+    net_desc net;
+    load_model(&net, "seed-mlp.cfg");
+    stage s;
+    cr_assert_eq(stage_init(&s, &net, 0, net.n_layers, 8, 2, 1), 0);
+    stage_init_params(&s, 1);
+    float *x = calloc(8 * 784, sizeof(float)), *dy = calloc(8 * 10, sizeof(float));
+    int64_t ids[8] = {0};
+    int k0 = stage_slot_acquire(&s), k1 = stage_slot_acquire(&s);
+    stage_forward(&s, k0, x, 8, ids, 1, 0, 1);
+    stage_forward(&s, k1, x, 8, ids, 1, 0, 1);
+    cr_assert_neq(stage_backward_range(&s, k0, 0, 2, dy, NULL, NULL), 0, "not from the top");
+    cr_assert(strstr(pt_error_get(), "out of order"), "%s", pt_error_get());
+    cr_assert_neq(stage_backward_range(&s, k0, 2, 2, dy, NULL, NULL), 0, "empty range");
+    cr_assert_neq(stage_backward_range(&s, k0, 2, 4, dy, NULL, NULL), 0, "past the stage");
+    cr_assert_eq(stage_backward_range(&s, k0, 2, 3, dy, NULL, NULL), 0, "%s", pt_error_get());
+    cr_assert_neq(stage_backward_range(&s, k1, 3, 3, dy, NULL, NULL), 0, "empty range");
+    cr_assert_neq(stage_backward_range(&s, k1, 0, 3, dy, NULL, NULL), 0, "other micro-batch");
+    cr_assert_neq(stage_backward_range(&s, k0, 0, 1, dy, NULL, NULL), 0, "gap");
+    cr_assert_neq(stage_backward_range(&s, k0, 0, 2, dy, NULL, s.grads), 0, "other target");
+    cr_assert_eq(stage_backward_range(&s, k0, 0, 2, dy, NULL, NULL), 0, "%s", pt_error_get());
+    cr_assert_eq(stage_backward_range(&s, k1, 0, 3, dy, NULL, NULL), 0, "%s", pt_error_get());
+    /* zeroing ends a sequence left unfinished */
+    cr_assert_eq(stage_backward_range(&s, k0, 1, 3, dy, NULL, NULL), 0, "%s", pt_error_get());
+    stage_zero_grad(&s);
+    cr_assert_eq(stage_backward_range(&s, k1, 1, 3, dy, NULL, NULL), 0, "%s", pt_error_get());
+    free(x);
+    free(dy);
+    stage_free(&s);
+    net_desc_free(&net);
+}
+
+/* The range comparison can fail: ranges that skip a layer leave its gradients out. */
+Test(stage, backward_ranges_comparison_can_fail)
+{
+    openblas_set_num_threads(1);
+    net_desc net;
+    load_model(&net, "seed-mlp.cfg");
+    stage a, b;
+    cr_assert_eq(stage_init(&a, &net, 0, net.n_layers, 64, 1, 1), 0);
+    cr_assert_eq(stage_init(&b, &net, 0, net.n_layers, 64, 1, 1), 0);
+    stage_init_params(&a, 11);
+    stage_init_params(&b, 11);
+    static const int top_only[] = {3, 1, -1}; /* stops before layer 0 */
+    run_microbatch_ranges(&a, 0, 64, NULL, NULL, NULL);
+    run_microbatch_ranges(&b, 0, 64, NULL, top_only, NULL);
+    size_t P = a.param_count, first = b.param_off[1];
+    cr_assert_eq(count_differences(a.grads + first, b.grads + first, P - first), 0);
+    cr_assert_gt(count_differences(a.grads, b.grads, first), 0);
+    stage_free(&a);
+    stage_free(&b);
     net_desc_free(&net);
 }

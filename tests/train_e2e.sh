@@ -27,9 +27,9 @@ assert not missing, missing
 assert r["stages"] == 2 and len(r["stage_compute_s"]) == 2, r
 assert r["test_acc"] > 0.5, r["test_acc"]
 t = json.load(open(sys.argv[2]))["traceEvents"]
-tids = {e.get("tid") for e in t if e.get("ph") == "X"}
+pids = {e.get("pid") for e in t if e.get("ph") == "X"}
 names = {e["cat"] for e in t if e.get("ph") == "X"}
-assert tids == {0, 1}, tids
+assert pids == {0, 1}, pids
 assert {"forward", "backward", "send_act", "wait_act", "optimizer"} <= names, names
 print("json and trace ok:", r["samples_per_s"], "samples/s, test acc", r["test_acc"])
 PY

@@ -52,14 +52,19 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
 {
     const engine_config *cfg = &e->cfg;
     size_t mbs = (size_t)cfg->max_batch, fl = sizeof(float);
-    /* params | grads | m | v | mb_grads, each block rounded so every block stays aligned */
+    /* params | grads | m | v | mb_grads | pieces 1.., each block rounded so every block
+     * stays aligned */
     size_t block = round_up(e->param_count * fl);
-    char *p = arena_take(d, 5 * block);
+    char *p = arena_take(d, (size_t)(4 + c->pieces) * block);
     c->params = p ? (float *)p : NULL;
     c->grads = p ? (float *)(p + block) : NULL;
     c->opt_m = p ? (float *)(p + 2 * block) : NULL;
     c->opt_v = p ? (float *)(p + 3 * block) : NULL;
     c->mb_grads = p ? (float *)(p + 4 * block) : NULL;
+    for (int k = 0; k < c->pieces; k++)
+        c->piece[k] = !p ? NULL : k ? (float *)(p + (size_t)(4 + k) * block) : c->grads;
+    char *hg = arena_take(h, (size_t)c->pieces * block);
+    c->h_grads = hg ? (float *)hg : NULL;
     for (int k = 0; k < cfg->n_slots; k++) {
         for (int l = c->first; l < c->last; l++) {
             slot_layer *sl = &c->slots[k].layers[l - c->first];
@@ -109,8 +114,12 @@ static int create_memory(engine *e, cuda_engine *c)
     c->mb = calloc((size_t)cfg->buffers, sizeof *c->mb);
     c->tick_ev = calloc(2 * (size_t)cfg->max_ticks + 1, sizeof *c->tick_ev);
     c->tick_used = calloc((size_t)cfg->max_ticks + 1, 1);
+    c->pieces = cfg->grad_pieces > 1 ? cfg->grad_pieces : 1;
+    c->piece = calloc((size_t)c->pieces, sizeof *c->piece);
+    c->ev_grads = calloc((size_t)nl, sizeof *c->ev_grads);
+    c->grads_ev = calloc((size_t)nl, sizeof *c->grads_ev);
     if (!c->param_off || !c->slots || !c->slot_layers || !c->mb || !c->tick_ev ||
-        !c->tick_used)
+        !c->tick_used || !c->piece || !c->ev_grads || !c->grads_ev)
         return pt_error_set("CUDA engine: out of host memory");
     for (int k = 0; k < cfg->n_slots; k++) c->slots[k].layers = c->slot_layers + (size_t)k * nl;
     for (int m = 0; m < cfg->buffers; m++) c->mb[m].slot = -1;
@@ -188,6 +197,8 @@ static int create_events(engine *e, cuda_engine *c)
     CUDA_CHECK(cudaEventCreateWithFlags(&c->anchor, cudaEventDefault));
     for (int t = 0; t < 2 * e->cfg.max_ticks; t++)
         CUDA_CHECK(cudaEventCreateWithFlags(&c->tick_ev[t], cudaEventDefault));
+    for (int i = 0; i < c->nl; i++)
+        CUDA_CHECK(cudaEventCreateWithFlags(&c->ev_grads[i], sync_only));
     return 0;
 }
 
@@ -202,6 +213,7 @@ static void cuda_destroy(engine *e)
         }
         if (c->h2d) (void)cudaStreamSynchronize(c->h2d);
         if (c->d2h) (void)cudaStreamSynchronize(c->d2h);
+        if (c->gstream) (void)cudaStreamSynchronize(c->gstream);
         if (c->mb) {
             for (int m = 0; m < e->cfg.buffers; m++) {
                 cuda_mb *b = &c->mb[m];
@@ -218,10 +230,14 @@ static void cuda_destroy(engine *e)
         if (c->tick_ev)
             for (int t = 0; t < 2 * e->cfg.max_ticks; t++)
                 if (c->tick_ev[t]) (void)cudaEventDestroy(c->tick_ev[t]);
+        if (c->ev_grads)
+            for (int i = 0; i < c->nl; i++)
+                if (c->ev_grads[i]) (void)cudaEventDestroy(c->ev_grads[i]);
         if (c->dmem) (void)cudaFree(c->dmem);
         if (c->hmem) (void)cudaFreeHost(c->hmem);
         if (c->h2d) (void)cudaStreamDestroy(c->h2d);
         if (c->d2h) (void)cudaStreamDestroy(c->d2h);
+        if (c->gstream) (void)cudaStreamDestroy(c->gstream);
         kernel_cuda_ctx_free(&c->ctx);
         free(c->param_off);
         free(c->slots);
@@ -229,6 +245,9 @@ static void cuda_destroy(engine *e)
         free(c->mb);
         free(c->tick_ev);
         free(c->tick_used);
+        free(c->piece);
+        free(c->ev_grads);
+        free(c->grads_ev);
         free(c);
     }
     engine_base_free(e);
@@ -361,10 +380,101 @@ static int cuda_write_params(engine *e, const float *host)
     return 0;
 }
 
+/* ------------------------------------------------------------------ gradients ---- */
+
+int engine_cuda_grads_written(cuda_engine *c, int lo, int hi)
+{
+    CUDA_CHECK(cudaEventRecord(c->ev_grads[lo], c->ctx.stream));
+    for (int i = lo; i < hi; i++) c->grads_ev[i] = lo;
+    return 0;
+}
+
+/* Piece 0 (the stage's gradients) zeroed on the compute stream; a backward by ranges left
+ * unfinished is abandoned. */
+static int zero_grads(cuda_engine *c, size_t P)
+{
+    if (P) CUDA_CHECK(cudaMemsetAsync(c->grads, 0, P * sizeof(float), c->ctx.stream));
+    c->accumulated = 0;
+    c->range_hi = 0;
+    return engine_cuda_grads_written(c, 0, c->nl);
+}
+
+static int cuda_zero_grads(engine *e)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    CUDA_CHECK(cudaSetDevice(c->device));
+    return zero_grads(c, e->param_count);
+}
+
+static int check_grads_range(const engine *e, int piece, size_t off, size_t count,
+                             const char *what)
+{
+    const cuda_engine *c = e->impl;
+    if (piece < 0 || piece >= c->pieces || off > e->param_count || count > e->param_count - off)
+        return pt_error_set("CUDA engine: %s of gradients [%zu, %zu) of piece %d, outside the "
+                            "stage's %zu in %d piece%s", what, off, off + count, piece,
+                            e->param_count, c->pieces, c->pieces > 1 ? "s" : "");
+    return 0;
+}
+
+/* The local layers whose parameters overlap [off, off + count) (count > 0): [*lo, *hi). */
+static void layers_of(const engine *e, size_t off, size_t count, int *lo, int *hi)
+{
+    const cuda_engine *c = e->impl;
+    int i = 0;
+    while (i + 1 < c->nl && c->param_off[i + 1] <= off) i++;
+    *lo = i;
+    while (i < c->nl && c->param_off[i] < off + count) i++;
+    *hi = i;
+}
+
+/* The copy waits (on the grads stream) only for the compute work that last wrote those
+ * layers' gradients, not for what was queued after it (the lower layers' backward). */
+static int cuda_grads_host(engine *e, int piece, size_t off, size_t count, float **host)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    *host = NULL;
+    if (check_grads_range(e, piece, off, count, "host view")) return -1;
+    size_t stride = round_up(e->param_count * sizeof(float)) / sizeof(float); /* layout's */
+    float *mirror = c->h_grads + (size_t)piece * stride;
+    if (count) {
+        int lo, hi;
+        layers_of(e, off, count, &lo, &hi);
+        CUDA_CHECK(cudaSetDevice(c->device));
+        for (int i = lo; i < hi; i++)
+            if (i == lo || c->grads_ev[i] != c->grads_ev[i - 1])
+                CUDA_CHECK(cudaStreamWaitEvent(c->gstream, c->ev_grads[c->grads_ev[i]], 0));
+        CUDA_CHECK(cudaMemcpyAsync(mirror + off, c->piece[piece] + off, count * sizeof(float),
+                                   cudaMemcpyDeviceToHost, c->gstream));
+        CUDA_CHECK(cudaStreamSynchronize(c->gstream));
+    }
+    *host = mirror + off;
+    return 0;
+}
+
+/* Queued on the compute stream, so the step (queued later) reads the reduced gradients. The
+ * mirror is not written again before the next grads_host, whose copy waits for this one. */
+static int cuda_grads_commit(engine *e, size_t off, size_t count)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    if (check_grads_range(e, 0, off, count, "commit")) return -1;
+    if (!count) return 0;
+    CUDA_CHECK(cudaSetDevice(c->device));
+    CUDA_CHECK(cudaMemcpyAsync(c->grads + off, c->h_grads + off, count * sizeof(float),
+                               cudaMemcpyHostToDevice, c->ctx.stream));
+    int lo, hi;
+    layers_of(e, off, count, &lo, &hi);
+    return engine_cuda_grads_written(c, lo, hi);
+}
+
 static int cuda_step(engine *e, const optimizer_config *o, int tick)
 {
     cuda_engine *c = engine_cuda_impl(e);
     size_t P = e->param_count;
+    if (c->range_hi)
+        return pt_error_set("CUDA engine, layers %d..%d: step while micro-batch %d's backward "
+                            "by ranges is unfinished (its next range ends at local layer %d)",
+                            c->first, c->last - 1, c->range_m, c->range_hi);
     CUDA_CHECK(cudaSetDevice(c->device));
     if (engine_cuda_tick_check(e, tick) || engine_cuda_tick_begin(e, tick)) return -1;
     c->step++; /* as stage_step: Adam's first update is step 1 */
@@ -386,8 +496,7 @@ static int cuda_step(engine *e, const optimizer_config *o, int tick)
         return pt_error_set("CUDA engine: unknown optimizer %d", (int)o->kind);
     }
     if (rc) return -1;
-    if (P) CUDA_CHECK(cudaMemsetAsync(c->grads, 0, P * sizeof(float), c->ctx.stream));
-    c->accumulated = 0;
+    if (zero_grads(c, P)) return -1;
     return engine_cuda_tick_end(e, tick);
 }
 
@@ -482,6 +591,10 @@ static const engine_ops cuda_ops = {
     .load = cuda_load,
     .forward = engine_cuda_forward,
     .backward = engine_cuda_backward,
+    .backward_range = engine_cuda_backward_range,
+    .grads_host = cuda_grads_host,
+    .grads_commit = cuda_grads_commit,
+    .zero_grads = cuda_zero_grads,
     .release = engine_cuda_release,
     .step = cuda_step,
     .msg_buffer = engine_cuda_msg_buffer,
@@ -506,6 +619,7 @@ static int create_parts(engine *e, cuda_engine *c)
     if (kernel_cuda_ctx_init(&c->ctx, cfg->device)) return -1;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->h2d, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->d2h, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->gstream, cudaStreamNonBlocking));
     if (create_memory(e, c) || create_events(e, c)) return -1;
     /* the zeroing above has run before anyone uses the memory */
     CUDA_CHECK(cudaStreamSynchronize(c->ctx.stream));

@@ -25,6 +25,10 @@
  *                       grad_out  d2h      GRAD_OUT copied            → msg_ready; the next
  *                                                                       backward of m waits
  *   per slot            read      d2h      last copy out of the slot  → a forward reusing it
+ *   per local layer     grads[k]  compute  the last write of layer i's → grads_host's copy of
+ *                                          gradients, k = grads_ev[i]   them waits (on the
+ *                                          (backward, step, zeroing,    grads stream)
+ *                                          commit)
  *
  * With device messages (a CUDA-aware MPI reads and writes the device buffers) nothing is
  * copied: msg_ready queries fwd or bwd, and msg_buffer of an incoming message first waits
@@ -35,6 +39,17 @@
  * and h2d on fwd and bwd) are implied by the executor's protocol (a send completes before
  * its buffer is reused) and by the pipeline's data dependencies; they are kept so that the
  * engine stays correct for any order the interface allows.
+ *
+ * Data parallel (engine.h: backward_range, grads_host, grads_commit): the gradients have a
+ * pinned host mirror per piece; grads_host copies a range of them out on a fourth stream,
+ * the grads stream, once the compute work that last wrote those layers' gradients is done
+ * (so a range's reduction can start while the lower layers are still computed), and waits
+ * for that copy; grads_commit copies piece 0's mirror back on the compute stream, before
+ * the step. Between the ranges of one micro-batch's backward the running gradient stays
+ * where the previous range left it (range_g: GRAD_IN or one of the scratch buffers), as in
+ * one whole backward: nothing else uses the scratch buffers (forwards use only `work` and
+ * the slots), and another backward or a step is refused until the last range (zero_grads
+ * abandons an unfinished one).
  *
  * The layer loops mirror src/stage.c (forward_chunk, backward_chunk) with the whole
  * micro-batch as one chunk: a GPU kernel fills the chip, and each layer then sees the same
@@ -89,6 +104,7 @@ typedef struct {
     int device;
     kernel_cuda_ctx ctx; /* the compute stream and its cuBLAS handle */
     cudaStream_t h2d, d2h;
+    cudaStream_t gstream; /* grads_host's copies out */
     const net_desc *net;
     int first, last, nl;
     int is_first, is_last, has_dropout, needs_load;
@@ -98,6 +114,16 @@ typedef struct {
     float *params, *grads, *opt_m, *opt_v;
     float *mb_grads;   /* a micro-batch's gradient after the first (src/stage.h) */
     int accumulated;   /* grads hold a micro-batch's gradient since the last step */
+    int pieces;        /* grad_pieces, at least 1 */
+    float **piece;     /* [pieces] device: [0] = grads, the others after mb_grads */
+    float *h_grads;    /* pinned: [pieces · param_count], each piece's host mirror */
+    cudaEvent_t *ev_grads; /* [nl], see the table above */
+    int *grads_ev;         /* [nl]: which ev_grads follows the last write of layer i's */
+    /* a backward by ranges in progress (range_hi > 0: the next range ends there) */
+    int range_m, range_hi, range_add, range_gi;
+    float *range_target;      /* where its parameter gradients go (grads, mb_grads, piece) */
+    const float *range_g;     /* the running gradient between ranges; range_gi: the scratch
+                                 buffer it lives in, −1 for GRAD_IN */
     size_t *param_off; /* per local layer: its weight's offset in params and grads */
     size_t work_floats, widest;
     float *work, *scratch[2];
@@ -136,11 +162,14 @@ int engine_cuda_tick_begin(engine *e, int tick);
 int engine_cuda_tick_end(engine *e, int tick);
 /* Synchronises the compute stream and adds the queued losses to c->sums in order. */
 int engine_cuda_loss_drain(cuda_engine *c);
+/* Work just queued on the compute stream wrote the gradients of local layers [lo, hi). */
+int engine_cuda_grads_written(cuda_engine *c, int lo, int hi);
 
 /* engine_cuda_run.c: the engine_ops entries of the same names. */
 int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, int training,
                         int tick);
 int engine_cuda_backward(engine *e, int m, int tick);
+int engine_cuda_backward_range(engine *e, int m, int lo, int hi, int tick);
 int engine_cuda_release(engine *e, int m);
 void *engine_cuda_msg_buffer(engine *e, engine_msg k, int m);
 int engine_cuda_msg_received(engine *e, engine_msg k, int m);

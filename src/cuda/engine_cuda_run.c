@@ -124,14 +124,17 @@ int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, i
     return 0;
 }
 
-/* Parameter gradients go to `grads` (the stage's, or mb_grads: see engine_cuda_backward). */
-static int backward_layers(engine *e, const cuda_slot *s, int m, const float *dout, float *din,
+/* Local layers [lo, hi), from the running gradient c->range_g (in scratch buffer
+ * c->range_gi, −1 for GRAD_IN), which is left where the next range starts; the ranges of one
+ * micro-batch thus make exactly the kernel calls of one backward over all layers. Parameter
+ * gradients go to `grads` (the stage's, mb_grads or a piece: see backward_range). */
+static int backward_layers(engine *e, const cuda_slot *s, int m, int lo, int hi, float *din,
                            float *grads)
 {
     cuda_engine *c = engine_cuda_impl(e);
-    const float *g = dout;
-    int gi = -1, n = s->n; /* gi: the scratch buffer g lives in, −1 for dout */
-    for (int l = c->last - 1; l >= c->first; l--) {
+    const float *g = c->range_g;
+    int gi = c->range_gi, n = s->n; /* gi: the scratch buffer g lives in, −1 for dout */
+    for (int l = c->first + hi - 1; l >= c->first + lo; l--) {
         const layer_desc *L = &c->net->layers[l];
         int i = l - c->first;
         const slot_layer *sl = &s->layers[i];
@@ -190,10 +193,12 @@ static int backward_layers(engine *e, const cuda_slot *s, int m, const float *do
         g = dx;
         gi = ti;
     }
+    c->range_g = g;
+    c->range_gi = gi;
     return 0;
 }
 
-int engine_cuda_backward(engine *e, int m, int tick)
+int engine_cuda_backward_range(engine *e, int m, int lo, int hi, int tick)
 {
     cuda_engine *c = engine_cuda_impl(e);
     if (engine_cuda_check_m(e, m, "backward")) return -1;
@@ -205,6 +210,18 @@ int engine_cuda_backward(engine *e, int m, int tick)
     if (!s->training)
         return pt_error_set("CUDA engine: backward of micro-batch %d after an evaluation "
                             "forward", m);
+    if (lo < 0 || hi > c->nl || lo >= hi)
+        return pt_error_set("CUDA engine, layers %d..%d: backward of local layers [%d, %d), "
+                            "outside the stage's %d", c->first, c->last - 1, lo, hi, c->nl);
+    if (c->range_hi && (m != c->range_m || hi != c->range_hi))
+        return pt_error_set("CUDA engine, layers %d..%d: backward of local layers [%d, %d) of "
+                            "micro-batch %d, but micro-batch %d's backward by ranges is "
+                            "unfinished (its next range ends at local layer %d)", c->first,
+                            c->last - 1, lo, hi, m, c->range_m, c->range_hi);
+    if (!c->range_hi && hi != c->nl)
+        return pt_error_set("CUDA engine, layers %d..%d: backward of local layers [%d, %d) of "
+                            "micro-batch %d before the ranges above it (the first ends at %d)",
+                            c->first, c->last - 1, lo, hi, m, c->nl);
     cudaStream_t cs = c->ctx.stream;
     CUDA_CHECK(cudaSetDevice(c->device));
     if (engine_cuda_tick_check(e, tick)) return -1;
@@ -214,22 +231,39 @@ int engine_cuda_backward(engine *e, int m, int tick)
         if (!c->is_first) CUDA_CHECK(cudaStreamWaitEvent(cs, b->ev_grad_out, 0));
     }
     if (engine_cuda_tick_begin(e, tick)) return -1;
-    /* As the CPU stage (src/stage.h): the first micro-batch since the step sums into the
-     * gradients, each later one into mb_grads, which is then added. */
-    size_t P = e->param_count;
-    float *grads = c->grads;
-    if (c->accumulated && P) {
-        grads = c->mb_grads;
-        CUDA_CHECK(cudaMemsetAsync(grads, 0, P * sizeof(float), cs));
+    if (hi == c->nl) {
+        /* As the CPU stage (src/stage.h): the first micro-batch since the step sums into the
+         * gradients, each later one into mb_grads, which is then added; with pieces, m's
+         * gradient is formed alone in piece m mod P. */
+        c->range_add = c->pieces == 1 && c->accumulated;
+        c->range_target = c->pieces > 1 ? c->piece[m % c->pieces]
+                                        : c->range_add ? c->mb_grads : c->grads;
+        c->range_g = b->grad_in;
+        c->range_gi = -1;
     }
-    if (backward_layers(e, s, m, b->grad_in, c->is_first ? NULL : b->grad_out, grads)) return -1;
-    if (grads != c->grads && kernel_add_cuda(c->grads, grads, P, &c->ctx)) return -1;
-    c->accumulated = 1;
+    size_t p0 = c->param_off[lo], p1 = hi < c->nl ? c->param_off[hi] : e->param_count;
+    float *grads = c->range_target;
+    if ((c->range_add || c->pieces > 1) && p1 > p0) /* formed apart: from zero */
+        CUDA_CHECK(cudaMemsetAsync(grads + p0, 0, (p1 - p0) * sizeof(float), cs));
+    if (backward_layers(e, s, m, lo, hi, c->is_first ? NULL : b->grad_out, grads)) return -1;
+    if (c->range_add && p1 > p0 && kernel_add_cuda(c->grads + p0, grads + p0, p1 - p0, &c->ctx))
+        return -1;
+    if (engine_cuda_grads_written(c, lo, hi)) return -1;
     CUDA_CHECK(cudaEventRecord(b->ev_bwd, cs));
     if (engine_cuda_tick_end(e, tick)) return -1;
-    b->has_grad_out = !c->is_first;
-    b->grad_out_prepared = 0;
+    c->range_m = m;
+    c->range_hi = lo;
+    if (lo == 0) {
+        if (c->pieces == 1) c->accumulated = 1;
+        b->has_grad_out = !c->is_first;
+        b->grad_out_prepared = 0;
+    }
     return 0;
+}
+
+int engine_cuda_backward(engine *e, int m, int tick)
+{
+    return engine_cuda_backward_range(e, m, 0, engine_cuda_impl(e)->nl, tick);
 }
 
 int engine_cuda_release(engine *e, int m)

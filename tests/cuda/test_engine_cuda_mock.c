@@ -69,6 +69,33 @@ static engine_config config(const net_desc *net, int first, int last, int dm, in
 }
 
 static const optimizer_config adam = {OPT_ADAM, 1e-2f, 0.9f, 0.0f, 0.9f, 0.999f, 1e-8f};
+static const optimizer_config sgd = {.kind = OPT_SGD, .lr = 5e-2f};
+
+/* How backward runs (engine.h: backward_range): 0 engine_backward; 1 one range per local
+ * layer; 2 two ranges split in the middle; 3 the top layer, then the others. */
+static int range_mode;
+
+static int next_lo(int mode, int nl, int hi)
+{
+    switch (mode) {
+    case 1: return hi - 1;
+    case 2: return hi == nl ? nl / 2 : 0;
+    default: return hi == nl ? nl - 1 : 0;
+    }
+}
+
+static void do_backward(engine *e, int m, int tick)
+{
+    int nl = e->cfg.last - e->cfg.first;
+    if (!range_mode) {
+        MUST(engine_backward(e, m, tick));
+        return;
+    }
+    for (int hi = nl, lo; hi > 0; hi = lo) {
+        lo = next_lo(range_mode, nl, hi);
+        MUST(engine_backward_range(e, m, lo, hi, tick));
+    }
+}
 
 static void check_ticks(engine *e, int used_forward_backward)
 {
@@ -93,7 +120,7 @@ static void run_single(engine *e, const dataset *tr, const dataset *te, outcome 
         for (int m = 0; m < M; m++) MUST(engine_load(e, m, tr, ids + m * MB, MB));
         for (int m = 0; m < M; m++) MUST(engine_forward(e, m, MB, 7, (uint64_t)s, 1, m));
         for (int m = 0; m < M; m++) {
-            MUST(engine_backward(e, m, M + m));
+            do_backward(e, m, M + m);
             MUST(engine_release(e, m));
         }
         MUST(engine_step(e, &adam, 2 * M));
@@ -175,7 +202,7 @@ static void run_pipeline(engine **E, int S, const dataset *tr, const dataset *te
                             MB * E[i]->out_count);
                     MUST(engine_msg_received(E[i], ENGINE_MSG_GRAD_IN, m));
                 }
-                MUST(engine_backward(E[i], m, M + m));
+                do_backward(E[i], m, M + m);
                 if (i > 0) MUST(engine_msg_prepare(E[i], ENGINE_MSG_GRAD_OUT, m));
                 MUST(engine_release(E[i], m));
             }
@@ -311,6 +338,144 @@ static void error_paths(const net_desc *net, const dataset *tr)
     fprintf(stderr, "  (out-of-memory message: %s)\n", pt_error_get());
 }
 
+/* The CPU engine and the CUDA engine in lockstep on one stage holding the whole net, as a
+ * data-parallel executor drives them: backward by ranges, each range's gradients read
+ * through grads_host as soon as it is done (they must already be the final bits), then
+ * a host-side "reduction" written back through grads_commit before the step.
+ *   pieces ≤ 1: gradients accumulate; the middle third is doubled on the host and
+ *               committed (step 0), everything is zeroed by zero_grads (step 1), or the
+ *               whole is read, halved and committed (step 2);
+ *   pieces > 1: micro-batch m's gradient is read from piece m mod P right after its
+ *               backward and summed on the host in micro-batch order; the sum goes to
+ *               piece 0's host view and is committed whole. */
+static void lockstep_case(const net_desc *net, const dataset *tr, int pieces, const char *what)
+{
+    engine *E[2];
+    engine_config c = config(net, 0, net->n_layers, 0, M);
+    c.grad_pieces = pieces;
+    MUST(engine_create(&E[0], ENGINE_CPU, &c));
+    MUST(engine_cuda_create(&E[1], &c));
+    size_t P = E[0]->param_count, off[64];
+    int nl = net->n_layers;
+    off[0] = 0;
+    for (int l = 0; l < nl; l++)
+        off[l + 1] = off[l] + net->layers[l].weight_count + net->layers[l].bias_count;
+    static float sum[2][MAXP], params[2][MAXP];
+    int64_t ids[MB * M];
+    for (int k = 0; k < 2; k++) MUST(engine_init_params(E[k], 42));
+    for (int s = 0; s < STEPS; s++) {
+        for (int i = 0; i < MB * M; i++) ids[i] = (s * 41 + i * 13) % tr->count;
+        for (int k = 0; k < 2; k++)
+            for (int m = 0; m < M; m++) {
+                MUST(engine_load(E[k], m, tr, ids + m * MB, MB));
+                MUST(engine_forward(E[k], m, MB, 7, (uint64_t)s, 1, m));
+            }
+        for (int m = 0; m < M; m++) {
+            int piece = pieces > 1 ? m % pieces : 0;
+            for (int hi = nl, lo; hi > 0; hi = lo) {
+                lo = range_mode ? next_lo(range_mode, nl, hi) : 0;
+                float *h[2];
+                for (int k = 0; k < 2; k++) {
+                    MUST(engine_backward_range(E[k], m, lo, hi, M + m));
+                    MUST(engine_grads_host(E[k], piece, off[lo], off[hi] - off[lo], &h[k]));
+                }
+                EXPECT(!memcmp(h[0], h[1], (off[hi] - off[lo]) * sizeof(float)),
+                       "%s: step %d micro-batch %d layers [%d, %d): gradients differ", what, s,
+                       m, lo, hi);
+            }
+            for (int k = 0; k < 2; k++) {
+                MUST(engine_release(E[k], m));
+                if (pieces <= 1) continue;
+                float *h;
+                MUST(engine_grads_host(E[k], piece, 0, P, &h));
+                for (size_t i = 0; i < P; i++) sum[k][i] = m ? sum[k][i] + h[i] : h[i];
+            }
+        }
+        for (int k = 0; k < 2; k++) {
+            float *h;
+            if (pieces > 1) {
+                MUST(engine_grads_host(E[k], 0, 0, P, &h));
+                memcpy(h, sum[k], P * sizeof(float));
+                MUST(engine_grads_commit(E[k], 0, P));
+            } else if (s == 0) {
+                size_t a = P / 3, n = P / 3;
+                MUST(engine_grads_host(E[k], 0, a, n, &h));
+                for (size_t i = 0; i < n; i++) h[i] *= 2;
+                MUST(engine_grads_commit(E[k], a, n));
+            } else if (s == 1) {
+                MUST(engine_zero_grads(E[k]));
+                MUST(engine_grads_host(E[k], 0, 0, P, &h));
+                for (size_t i = 0; i < P; i++) EXPECT(h[i] == 0, "%s: zeroed gradient", what);
+            } else {
+                MUST(engine_grads_host(E[k], 0, 0, P, &h));
+                for (size_t i = 0; i < P; i++) h[i] *= 0.5f;
+                MUST(engine_grads_commit(E[k], 0, P));
+            }
+            MUST(engine_step(E[k], &sgd, 2 * M));
+            engine_result r;
+            MUST(engine_finish(E[k], &r));
+        }
+    }
+    for (int k = 0; k < 2; k++) MUST(engine_read_params(E[k], params[k]));
+    size_t bad = 0;
+    for (size_t i = 0; i < P; i++) bad += memcmp(&params[0][i], &params[1][i], sizeof(float)) != 0;
+    EXPECT(!bad, "%s: %zu of %zu parameters differ", what, bad, P);
+    /* the comparison can fail: the first step's commit changed the parameters */
+    static float fresh[MAXP];
+    MUST(engine_init_params(E[0], 42));
+    MUST(engine_read_params(E[0], fresh));
+    EXPECT(memcmp(fresh, params[0], P * sizeof(float)) != 0, "%s: no step changed anything",
+           what);
+    for (int k = 0; k < 2; k++) engine_destroy(E[k]);
+}
+
+/* Misuse of the data-parallel operations gets a message, on both engines. */
+static void range_errors(const net_desc *net, const dataset *tr)
+{
+    engine_config c = config(net, 0, net->n_layers, 0, 2);
+    c.grad_pieces = 2;
+    int nl = net->n_layers;
+    int64_t ids[MB] = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (int k = 0; k < 2; k++) {
+        engine *e;
+        if (k) MUST(engine_cuda_create(&e, &c));
+        else MUST(engine_create(&e, ENGINE_CPU, &c));
+        const char *name = e->ops->name;
+        float *h;
+        for (int m = 0; m < 2; m++) {
+            MUST(engine_load(e, m, tr, ids, MB));
+            MUST(engine_forward(e, m, MB, 0, 0, 1, -1));
+        }
+        EXPECT(engine_backward_range(e, 0, 0, 1, -1) != 0, "%s: not from the top", name);
+        EXPECT(engine_backward_range(e, 0, 1, nl + 1, -1) != 0, "%s: past the stage", name);
+        EXPECT(engine_backward_range(e, 0, 1, 1, -1) != 0, "%s: empty range", name);
+        MUST(engine_backward_range(e, 0, 1, nl, -1));
+        EXPECT(engine_backward(e, 1, -1) != 0, "%s: other backward in between", name);
+        EXPECT(engine_backward_range(e, 1, 0, 1, -1) != 0, "%s: other micro-batch", name);
+        EXPECT(engine_step(e, &sgd, -1) != 0, "%s: step in between", name);
+        EXPECT(strstr(pt_error_get(), "unfinished") != NULL, "%s: message: %s", name,
+               pt_error_get());
+        MUST(engine_backward_range(e, 0, 0, 1, -1));
+        MUST(engine_backward(e, 1, -1));
+        EXPECT(engine_grads_host(e, 2, 0, 1, &h) != 0, "%s: piece out of range", name);
+        EXPECT(engine_grads_host(e, -1, 0, 1, &h) != 0, "%s: piece out of range", name);
+        EXPECT(engine_grads_host(e, 0, e->param_count, 1, &h) != 0, "%s: past the end", name);
+        EXPECT(strstr(pt_error_get(), "outside") != NULL, "%s: message: %s", name,
+               pt_error_get());
+        EXPECT(engine_grads_commit(e, 1, e->param_count) != 0, "%s: past the end", name);
+        MUST(engine_grads_host(e, 1, e->param_count, 0, &h));
+        /* zero_grads abandons an unfinished backward by ranges */
+        MUST(engine_release(e, 0));
+        MUST(engine_forward(e, 0, MB, 0, 0, 1, -1));
+        MUST(engine_backward_range(e, 0, nl - 1, nl, -1));
+        MUST(engine_zero_grads(e));
+        MUST(engine_step(e, &sgd, -1));
+        engine_result r;
+        MUST(engine_finish(e, &r));
+        engine_destroy(e);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *nets[] = {
@@ -387,7 +552,42 @@ int main(int argc, char **argv)
                         }
             }
         }
+        /* backward by ranges: single stage in every mock mode, and two-stage pipelines */
+        for (range_mode = 1; range_mode <= 3; range_mode++) {
+            for (int mode = 0; mode < 3; mode++) {
+                mock_mode = mode;
+                mock_seed = 1;
+                char what[128];
+                snprintf(what, sizeof what, "net %d ranges %d single mode %d", k, range_mode,
+                         mode);
+                MUST(engine_cuda_create(&e, &c));
+                memset(&x, 0, sizeof x);
+                run_single(e, &tr, &te, &x, 1);
+                engine_destroy(e);
+                compare(&ref, &x, what);
+                if (mode != 2) continue;
+                for (int split = 1; split < net.n_layers; split++) {
+                    snprintf(what, sizeof what, "net %d ranges %d split %d mode %d", k,
+                             range_mode, split, mode);
+                    int cuts[] = {0, split, net.n_layers};
+                    pipeline_case(&net, cuts, 2, split & 1, &tr, &te, &ref, what);
+                }
+            }
+        }
+        /* grads_host, grads_commit, zero_grads and pieces against the CPU engine */
+        for (range_mode = 0; range_mode <= 2; range_mode++)
+            for (int pieces = 0; pieces <= 4; pieces += 2)
+                for (int mode = 0; mode < 3; mode++) {
+                    mock_mode = mode;
+                    mock_seed = 5;
+                    char what[128];
+                    snprintf(what, sizeof what, "net %d lockstep ranges %d pieces %d mode %d",
+                             k, range_mode, pieces, mode);
+                    lockstep_case(&net, &tr, pieces, what);
+                }
+        range_mode = 0;
         mock_mode = 2;
+        range_errors(&net, &tr);
         error_paths(&net, &tr);
         data_free(&tr);
         data_free(&te);
