@@ -52,6 +52,7 @@ METHODS = [
     ('gather-bcast', ['--reduce', 'gather-bcast']),
     ('ordered', ['--reduce', 'ordered']),
 ]
+BUCKETED = ('allreduce', 'allreduce-no-overlap', 'ordered')  # the -bcast methods reduce whole
 HEADLINE = 'allreduce'  # the method the targets are checked on (pipetrain's default)
 # pipetrain --json keys (per-stage lists; totals over the timed steps) -> our names
 REDUCE_KEYS = {'reduce_s': 'stage_reduce_s', 'exposed_s': 'stage_reduce_exposed_s',
@@ -122,7 +123,7 @@ def measure(args, env, name, model, batch, opt, lr, warmup, steps):
     for m, extra in METHODS:
         if m in args.methods:
             cmd = [*pt, '--replicas', str(R), '--threads', '1', *extra]
-            if m.startswith('allreduce'):
+            if m in BUCKETED:
                 cmd += bucket
             runs.append((m, 'pipetrain DP %s' % m, [args.mpiexec, '-n', str(R), *cmd]))
     if not args.no_peer:
