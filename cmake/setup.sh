@@ -5,7 +5,26 @@ PT_PACKAGES=(build-essential cmake pkg-config mpich libmpich-dev hwloc libhwloc-
              libopenblas-dev zlib1g-dev libinih-dev libjansson-dev libhwloc-plugins libcriterion-dev dataset-fashion-mnist
              python3)
 
+# MPICH looks up this host's name when a process starts; where the name does not resolve (a
+# root made by debootstrap has no /etc/hosts) every lookup waits for DNS to time out, about
+# 5 s per rank per start. Debian's installer maps the name to 127.0.1.1; do the same.
+pt_setup_hostname() {
+    local name
+    name=$(hostname 2>/dev/null) || return 0
+    [ -n "$name" ] && ! getent hosts "$name" >/dev/null 2>&1 || return 0
+    if [ "$(id -u)" -eq 0 ]; then
+        echo "== this host's name '$name' does not resolve (MPI would wait ~5 s per process):" \
+             "adding '127.0.1.1 $name' to /etc/hosts, as Debian's installer does"
+        printf '127.0.1.1\t%s\n' "$name" >>/etc/hosts
+    else
+        echo "warning: this host's name '$name' does not resolve, so every MPI process waits" \
+             "~5 s at start; add it to /etc/hosts:" >&2
+        echo "  echo '127.0.1.1 $name' | sudo tee -a /etc/hosts" >&2
+    fi
+}
+
 pt_setup_packages() {
+    pt_setup_hostname
     local missing=()
     for p in "${PT_PACKAGES[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
