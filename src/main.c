@@ -321,6 +321,10 @@ static int cmd_diff(int argc, char **argv)
 int main(int argc, char **argv)
 {
     pt_stdio_whole_lines(); /* mpiexec -prepend-rank: one prefix per line */
+    /* MPICH's MPI_Init runs hwloc too, whose GL plugin (libhwloc-plugins) opens X displays
+     * :0, :1, ... and may wait seconds for DNS on each; unless the user chose components,
+     * leave it and the OpenCL one out (GPUs are found on the PCI bus). */
+    setenv("HWLOC_COMPONENTS", "-gl,-opencl", 0);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
         !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);

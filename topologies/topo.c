@@ -368,6 +368,11 @@ int topo_init(topo_t **out, const char *xml_path)
         free(t);
         return pt_error_set("hwloc_topology_init failed: %s", strerror(errno));
     }
+    /* hwloc's GL plugin (in libhwloc-plugins) opens X displays :0, :1, ... to find GPUs'
+     * screens, and each attempt may wait seconds for DNS; its OpenCL one starts an OpenCL
+     * runtime. pipetrain needs neither: GPUs come from PCI. */
+    hwloc_topology_set_components(t->hw, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, "gl");
+    hwloc_topology_set_components(t->hw, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, "opencl");
     /* Without this hwloc drops PCI and OS devices, and with them the GPUs. */
     hwloc_topology_set_io_types_filter(t->hw, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
     hwloc_topology_set_icache_types_filter(t->hw, HWLOC_TYPE_FILTER_KEEP_ALL);
