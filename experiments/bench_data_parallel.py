@@ -6,9 +6,11 @@ For each model (seed-cnn and seed-mlp), the same global batch, model and optimiz
 side:
 1. pipetrain data parallel, `mpiexec -n R pipetrain train --replicas R --threads 1`, with
    every --reduce method: allreduce with --overlap on (the default) and off, reduce-bcast,
-   gather-bcast, ordered. From its --json: samples/s, the step time, and per step the
-   reduction time, the part of it not hidden behind computation (exposed), the bytes
-   reduced and the bus bandwidth (nccl-tests' convention, 2(R-1)/R x bytes / time).
+   gather-bcast, ordered. From its --json, per step: the step time and the simulator's
+   prediction of it for the measured stage times (sim.), the reductions' summed durations
+   (reduce; they overlap the backward pass and each other), the part of them the step
+   waited for (exposed), the gradient bytes reduced and the bus bandwidth (nccl-tests'
+   convention, 2(R-1)/R x bytes / reduce time: low where reductions overlap computation).
 2. experiments/torch_ddp.py: PyTorch DistributedDataParallel over gloo, R processes x 1
    thread, each training on batch/R samples of every batch (same model file, optimizer).
 3. pipetrain in one process with R threads on the same batch: what R cores give without
@@ -25,8 +27,8 @@ default, one BLAS thread per process; see benchlib.py). Prints the median (min-m
 apt-get install python3-torch, for /usr/bin/python3); this script needs only the standard
 library.
 
-    python3 experiments/bench_data_parallel.py --repeats 3 --json results/dp.json --csv results/dp.csv
-    python3 experiments/bench_data_parallel.py --quick       # smoke test, a few minutes
+    python3 experiments/bench_data_parallel.py --wait-idle 120 --json results/data_parallel.json
+    python3 experiments/bench_data_parallel.py --quick       # smoke test, under a minute
 """
 import argparse
 import csv
@@ -63,7 +65,10 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     benchlib.add_common_args(p, warmup=None, steps=None, repeats=3)
-    p.set_defaults(warmup=None, steps=None)
+    for a in p._actions:
+        if a.dest in ('warmup', 'steps'):
+            a.help += ' (default: per model, %s)' % ', '.join(
+                '%s %d' % (c[0], c[5 if a.dest == 'warmup' else 6]) for c in CONFIGS)
     p.add_argument('--only', default='', help='comma list of models: ' +
                    ', '.join(c[0] for c in CONFIGS))
     p.add_argument('--methods', default=','.join(m[0] for m in METHODS),
@@ -72,13 +77,20 @@ def parse_args():
                    help='replicas (processes) on both sides, one thread each; the '
                         'one-process run gets this many threads (default 2)')
     p.add_argument('--bucket-mb', type=float, default=None,
-                   help="gradient bucket size in MB for both pipetrain's allreduce and DDP "
-                        "(default: each side's own default)")
+                   help="gradient bucket size in MiB for both pipetrain (--bucket-mb; allreduce, "
+                        "ordered) and DDP (bucket_cap_mb) (default: each side's own, 1 and 25)")
     p.add_argument('--mpiexec', default='mpiexec')
+    p.add_argument('--wait-idle', type=float, default=0, metavar='S',
+                   help='before each run, wait up to S seconds until other processes have '
+                        'left the machine idle for 2 s (a shared machine; default 0: do not)')
     p.add_argument('--csv', default='', help='also write one row per run kind to this file')
     args = p.parse_args()
     if args.replicas < 1:
         p.error('--replicas must be at least 1')
+    if args.bucket_mb is not None and args.bucket_mb <= 0:
+        p.error('--bucket-mb must be positive')
+    if (args.steps is not None and args.steps < 1) or (args.warmup is not None and args.warmup < 0):
+        p.error('--steps must be at least 1 and --warmup at least 0')
     if args.quick:
         args.repeats = 1
     for opt in ('only', 'methods'):
@@ -89,6 +101,22 @@ def parse_args():
             benchlib.fail('--%s: unknown %s (known: %s)' % (opt, ', '.join(unknown), ', '.join(known)))
         setattr(args, opt, want)
     return args
+
+
+def wait_idle(limit_s, share=benchlib.NOISY, quiet_s=2.0, tick=0.5):
+    """Waits until the machine has been busy less than `share` of its CPUs for quiet_s in
+    a row, or limit_s have passed; returns the seconds waited (None on giving up)."""
+    t_start = t0 = time.monotonic()
+    b0, quiet = benchlib.machine_busy_s(), 0.0
+    while True:
+        time.sleep(tick)
+        b1, t1 = benchlib.machine_busy_s(), time.monotonic()
+        quiet = quiet + (t1 - t0) if (b1 - b0) / (os.cpu_count() * (t1 - t0)) < share else 0.0
+        if quiet >= quiet_s:
+            return t1 - t_start
+        if t1 - t_start >= limit_s:
+            return None
+        b0, t0 = b1, t1
 
 
 def steps_for(args, warmup, steps):
@@ -139,6 +167,9 @@ def measure(args, env, name, model, batch, opt, lr, warmup, steps):
     for rep in range(args.repeats):
         order = runs if rep % 2 == 0 else runs[::-1]
         for kind, label, cmd in order:
+            if args.wait_idle > 0 and wait_idle(args.wait_idle) is None:
+                print('(the machine was not idle within %g s: measuring anyway)' % args.wait_idle,
+                      file=sys.stderr, flush=True)
             try:
                 got[kind].append(benchlib.run(cmd, env, label))
             except RuntimeError as e:
@@ -156,7 +187,8 @@ def measure(args, env, name, model, batch, opt, lr, warmup, steps):
         row = {'model': name, 'kind': kind, 'label': label, 'batch': batch,
                'samples_per_s': benchlib.summary(rate),
                'step_ms': 1e3 * batch / statistics.median(rate),
-               'noise_max': max(j['noise'] for j in js), 'command': ' '.join(cmd)}
+               'noise_max': max(j['noise'] for j in js), 'noise': [j['noise'] for j in js],
+               'command': ' '.join(cmd)}
         if kind in dict(METHODS):
             for key in REDUCE_KEYS:
                 row[key] = med([per_step(j, key, steps) for j in js])
