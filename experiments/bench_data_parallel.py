@@ -23,11 +23,13 @@ Every run is a fresh process (mpiexec for pipetrain's replicas), the runs of a r
 fixed order that is reversed every other repeat, all under one environment (`tuned` by
 default, one BLAS thread per process; see benchlib.py). Prints the median (min-max) of
 --repeats runs, and the largest share of the machine other processes used during a run
-(noise; above 0.05 the figures are suspect). The PyTorch side needs PyTorch (Debian:
+(noise; above 0.05 the figures are suspect). On a shared machine --wait-idle S waits
+before each run for the others to leave it idle, and --retry-noisy N repeats a noisy run up
+to N times, keeping the cleanest (on every side alike). The PyTorch side needs PyTorch (Debian:
 apt-get install python3-torch, for /usr/bin/python3); this script needs only the standard
 library.
 
-    python3 experiments/bench_data_parallel.py --wait-idle 120 --json results/data_parallel.json
+    python3 experiments/bench_data_parallel.py --wait-idle 120 --retry-noisy 3 --json dp.json
     python3 experiments/bench_data_parallel.py --quick       # smoke test, under a minute
 """
 import argparse
@@ -83,6 +85,9 @@ def parse_args():
     p.add_argument('--wait-idle', type=float, default=0, metavar='S',
                    help='before each run, wait up to S seconds until other processes have '
                         'left the machine idle for 2 s (a shared machine; default 0: do not)')
+    p.add_argument('--retry-noisy', type=int, default=0, metavar='N',
+                   help='run a measurement again, up to N times, while its noise is above '
+                        '%g; the cleanest run counts (default 0)' % benchlib.NOISY)
     p.add_argument('--csv', default='', help='also write one row per run kind to this file')
     args = p.parse_args()
     if args.replicas < 1:
@@ -92,7 +97,9 @@ def parse_args():
     if (args.steps is not None and args.steps < 1) or (args.warmup is not None and args.warmup < 0):
         p.error('--steps must be at least 1 and --warmup at least 0')
     if args.quick:
-        args.repeats = 1
+        args.repeats, args.retry_noisy, args.wait_idle = 1, 0, 0
+    if args.retry_noisy < 0:
+        p.error('--retry-noisy must be at least 0')
     for opt in ('only', 'methods'):
         known = [c[0] for c in CONFIGS] if opt == 'only' else [m[0] for m in METHODS]
         want = [x for x in getattr(args, opt).split(',') if x]
@@ -117,6 +124,25 @@ def wait_idle(limit_s, share=benchlib.NOISY, quiet_s=2.0, tick=0.5):
         if t1 - t_start >= limit_s:
             return None
         b0, t0 = b1, t1
+
+
+def run_clean(args, cmd, env, label):
+    """One measurement; with --retry-noisy, run again (up to that many times) while other
+    processes used more than benchlib.NOISY of the machine, keeping the cleanest run."""
+    best = None
+    for _ in range(1 + args.retry_noisy):
+        if args.wait_idle > 0 and wait_idle(args.wait_idle) is None:
+            print('(the machine was not idle within %g s: measuring anyway)' % args.wait_idle,
+                  file=sys.stderr, flush=True)
+        try:
+            j = benchlib.run(cmd, env, label)
+        except RuntimeError as e:
+            benchlib.fail(e)
+        if best is None or j['noise'] < best['noise']:
+            best = j
+        if best['noise'] <= benchlib.NOISY:
+            break
+    return best
 
 
 def steps_for(args, warmup, steps):
@@ -167,13 +193,7 @@ def measure(args, env, name, model, batch, opt, lr, warmup, steps):
     for rep in range(args.repeats):
         order = runs if rep % 2 == 0 else runs[::-1]
         for kind, label, cmd in order:
-            if args.wait_idle > 0 and wait_idle(args.wait_idle) is None:
-                print('(the machine was not idle within %g s: measuring anyway)' % args.wait_idle,
-                      file=sys.stderr, flush=True)
-            try:
-                got[kind].append(benchlib.run(cmd, env, label))
-            except RuntimeError as e:
-                benchlib.fail(e)
+            got[kind].append(run_clean(args, cmd, env, label))
             print('.', end='', file=sys.stderr, flush=True)
 
     params = {j['params'] for js in got.values() for j in js if j.get('params') is not None}
@@ -292,7 +312,8 @@ def main():
         print('(--quick: a smoke test of a few timed steps; not figures to report)')
     benchlib.write_json(args.json, {
         'env': args.env, 'repeats': args.repeats, 'quick': args.quick, 'replicas': args.replicas,
-        'bucket_mb': args.bucket_mb, 'peer_python': args.python, 'noise_max': noise,
+        'bucket_mb': args.bucket_mb, 'wait_idle': args.wait_idle,
+        'retry_noisy': args.retry_noisy, 'peer_python': args.python, 'noise_max': noise,
         'loadavg_start': load0, 'loadavg_end': os.getloadavg()[0],
         'time': time.strftime('%Y-%m-%d %H:%M:%S'), 'results': results})
     write_csv(args.csv, results)
