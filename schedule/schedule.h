@@ -142,6 +142,8 @@ typedef struct {
     int replicas;            /* R; 0 or 1: one replica, reductions are free */
     double alpha;            /* latency per ring step, >= 0 */
     double beta;             /* bandwidth in bytes per unit time, > 0 (INFINITY allowed) */
+    const double *alpha_stage, *beta_stage; /* per stage, replacing alpha and beta where
+                                             * not NULL (e.g. measured on each group) */
     const double *const *bucket_bytes; /* [stage][b], b < buckets; NULL or a NULL row: 0 */
     const double *const *part_share;   /* [stage][b]: share of bwd[stage] that part b
                                         * costs, >= 0, summing to 1 per stage; NULL or a

@@ -17,6 +17,18 @@ static int cost_ok(double v)
     return isfinite(v) && v >= 0;
 }
 
+/* A stage's reduction link: its own figures where given (measured per group), else the
+ * common ones. */
+static double stage_alpha(const schedule_costs *c, int st)
+{
+    return c->alpha_stage ? c->alpha_stage[st] : c->alpha;
+}
+
+static double stage_beta(const schedule_costs *c, int st)
+{
+    return c->beta_stage ? c->beta_stage[st] : c->beta;
+}
+
 static int check_costs(const schedule *s, const schedule_costs *c)
 {
     for (int st = 0; st < s->stages; st++) {
@@ -32,10 +44,14 @@ static int check_costs(const schedule *s, const schedule_costs *c)
                             "and >= 0", c->comm_cost, c->step_cost);
     if (c->replicas < 0)
         return pt_error_set("schedule_simulate: %d replicas; need >= 0", c->replicas);
-    if (c->replicas >= 2 && (!cost_ok(c->alpha) || !(c->beta > 0)))
-        return pt_error_set("schedule_simulate: reductions among %d replicas need a latency "
-                            "alpha >= 0 (got %g) and a bandwidth beta > 0 (got %g)",
-                            c->replicas, c->alpha, c->beta);
+    for (int st = 0; st < s->stages && c->replicas >= 2; st++) {
+        if (s->lists[st].buckets == 0) continue; /* nothing to reduce there */
+        double a = stage_alpha(c, st), b = stage_beta(c, st);
+        if (!cost_ok(a) || !(b > 0))
+            return pt_error_set("schedule_simulate: reductions among %d replicas need a "
+                                "latency alpha >= 0 (got %g) and a bandwidth beta > 0 (got %g)"
+                                " on stage %d", c->replicas, a, b, st);
+    }
     for (int st = 0; st < s->stages; st++) {
         int B = s->lists[st].buckets;
         const double *bytes = c->bucket_bytes ? c->bucket_bytes[st] : NULL;
@@ -179,8 +195,9 @@ int schedule_simulate_costs(const schedule *s, const schedule_costs *costs,
                     const double *bytes = costs->bucket_bytes ? costs->bucket_bytes[st] : NULL;
                     double t0 = begin > net_free[st] ? begin : net_free[st];
                     double dur = schedule_allreduce_time(bytes ? bytes[op->bucket] : 0.0,
-                                                         costs->replicas, costs->alpha,
-                                                         costs->beta);
+                                                         costs->replicas,
+                                                         stage_alpha(costs, st),
+                                                         stage_beta(costs, st));
                     out->net_start[idx] = t0;
                     out->net_end[idx] = net_free[st] = t0 + dur;
                     reduced[boff[st] + op->bucket] = t0 + dur;

@@ -11,10 +11,12 @@
 #include "src/base/error.h"
 #include "src/model/net.h"
 #include "src/options.h"
+#include "src/plan_predict.h"
 #include "topologies/topo.h"
 
 enum { O_TOPOLOGY = 1, O_JSON, O_HELP, O_MODEL, O_STAGES, O_REPLICAS, O_NODES, O_PARTITION,
-       O_BATCH, O_MICRO, O_DEVICE, O_GPUS, O_EXCLUSIVE, O_BANDWIDTH, O_LATENCY };
+       O_BATCH, O_MICRO, O_DEVICE, O_GPUS, O_EXCLUSIVE, O_BANDWIDTH, O_LATENCY, O_SCHED,
+       O_REDUCE, O_BUCKET_MB, O_OVERLAP };
 
 static const opt_spec topo_opts[] = {
     {.id = O_TOPOLOGY, .name = "topology", .shared = 1},
@@ -42,6 +44,10 @@ static const opt_spec plan_opts[] = {
     {.id = O_PARTITION, .name = "partition", .shared = 1},
     {.id = O_BATCH, .name = "batch", .shared = 1},
     {.id = O_MICRO, .name = "microbatches", .shared = 1},
+    {.id = O_SCHED, .name = "schedule", .shared = 1},
+    {.id = O_REDUCE, .name = "reduce", .shared = 1},
+    {.id = O_BUCKET_MB, .name = "bucket-mb", .shared = 1},
+    {.id = O_OVERLAP, .name = "overlap", .shared = 1},
     {.id = O_DEVICE, .name = "device", .shared = 1},
     {.id = O_GPUS, .name = "gpus-per-stage", .letter = 'g', .kind = OPT_INT, .arg = "G",
      .min = 1, .max = 65536, .help = "GPUs per stage: --device cuda with G replicas"},
@@ -61,7 +67,9 @@ static const opt_command plan_command = {
     .usage = "pipetrain plan --model FILE --stages K [options]",
     .about = "Partitions the model into K pipeline stages, places the ranks (stage, replica) on "
              "the machine's nodes, GPUs and cores, and predicts the communication time per step "
-             "of the chosen placement and of rank order. No MPI launch needed. The options mean "
+             "of the chosen placement and of rank order, and the step time: the schedule's "
+             "simulator with layer times profiled on this machine's CPU, messages and each "
+             "stage's gradient reductions priced by their links. No MPI launch needed. The options mean "
              "what they mean to train: each replica gets batch / R samples per step, in M "
              "micro-batches; bytes per step do not depend on M, the message size (bytes / M) "
              "does.",
@@ -110,8 +118,11 @@ int topo_cmd_topo(int argc, char **argv)
 }
 
 typedef struct {
-    const char *model, *xml, *method, *bandwidth, *latency;
+    const char *model, *xml, *method, *bandwidth, *latency, *schedule;
     int stages, replicas, nodes, batch, microbatches, gpus_per_stage, exclusive, json;
+    reduce_method reduce;
+    double bucket_mb;
+    int overlap;
     int replica_batch; /* batch / replicas: the samples each replica sees per step */
     topo_device device;
 } plan_args;
@@ -119,6 +130,8 @@ typedef struct {
 /* Returns 0, 1 when the help was shown, or −1 with a message. */
 static int plan_parse(plan_args *a, int argc, char **argv)
 {
+    static const reduce_method methods[] = {REDUCE_ALLREDUCE, REDUCE_REDUCE_BCAST,
+                                            REDUCE_GATHER_BCAST, REDUCE_ORDERED};
     *a = (plan_args){0};
     opt_parser p;
     if (opt_parser_init(&p, &plan_command, argc, argv)) return -1;
@@ -140,9 +153,15 @@ static int plan_parse(plan_args *a, int argc, char **argv)
         case O_MICRO: a->microbatches = (int)p.num; break;
         case O_GPUS: a->gpus_per_stage = (int)p.num; break;
         case O_DEVICE: a->device = p.choice ? TOPO_DEVICE_CUDA : TOPO_DEVICE_CPU; break;
+        case O_SCHED: a->schedule = p.arg; break;
+        case O_REDUCE: a->reduce = methods[p.choice]; break;
+        case O_BUCKET_MB: a->bucket_mb = p.real; break;
+        case O_OVERLAP: a->overlap = p.choice == 0; break;
         }
     }
     if (id == OPT_ERROR) return -1;
+    if (!(a->bucket_mb > 0))
+        return opt_error(&p, "--bucket-mb %g: must be positive", a->bucket_mb);
     if (a->gpus_per_stage) {
         if (opt_given(&p, O_DEVICE) && a->device != TOPO_DEVICE_CUDA)
             return opt_error(&p, "--gpus-per-stage needs --device cuda");
@@ -185,6 +204,7 @@ typedef struct {
     const topo_cost_model *cm;
     const topo_placement *pl;
     double *rank_time;
+    const plan_prediction *pred;
 } plan_result;
 
 static double sent_bytes(const topo_traffic *tr, int i)
@@ -273,6 +293,19 @@ static void print_plan_text(const plan_result *r)
     printf("; busiest rank %s\n", c3);
     if (pl->oversubscribed)
         printf("Note: more ranks than cores: ranks marked * share cores (oversubscribed).\n");
+    const plan_prediction *pr = r->pred;
+    char st[32];
+    topo_format_seconds(st, sizeof st, pr->step_s);
+    printf("\nPredicted step (simulator, schedule %s, reduce %s): %s, bubble %.3f\n"
+           "  (layer times profiled on this machine's CPU; the optimizer's update left out)\n",
+           a->schedule, a->replicas > 1 ? reduce_method_name(a->reduce) : "-", st, pr->bubble);
+    printf("%7s %11s %11s %11s\n", "stage", "compute", "reductions", "exposed");
+    for (int s = 0; s < S; s++) {
+        topo_format_seconds(c1, sizeof c1, pr->busy_s[s]);
+        topo_format_seconds(c2, sizeof c2, pr->reduce_s[s]);
+        topo_format_seconds(c3, sizeof c3, pr->exposed_s[s]);
+        printf("%7d %11s %11s %11s\n", s, c1, c2, c3);
+    }
 }
 
 /* Builders of the JSON tree, as in topologies/print.c: the setters take ownership of the
@@ -362,12 +395,74 @@ static int print_plan_json(const plan_result *r)
         append(placement, j, &ok);
     }
     put(o, "placement", placement, &ok);
+    const plan_prediction *pr = r->pred;
+    json_t *pj = json_object();
+    put(pj, "schedule", topo_json_text(a->schedule), &ok);
+    put(pj, "reduce", json_string(reduce_method_name(a->reduce)), &ok);
+    put(pj, "bucket_mb", topo_json_number(a->bucket_mb), &ok);
+    put(pj, "overlap", json_boolean(a->overlap), &ok);
+    put(pj, "step_s", topo_json_number(pr->step_s), &ok);
+    put(pj, "bubble", topo_json_number(pr->bubble), &ok);
+    json_t *busy = json_array(), *red = json_array(), *exp = json_array();
+    for (int s = 0; s < S; s++) {
+        append(busy, topo_json_number(pr->busy_s[s]), &ok);
+        append(red, topo_json_number(pr->reduce_s[s]), &ok);
+        append(exp, topo_json_number(pr->exposed_s[s]), &ok);
+    }
+    put(pj, "stage_compute_s", busy, &ok);
+    put(pj, "stage_reduce_s", red, &ok);
+    put(pj, "stage_reduce_exposed_s", exp, &ok);
+    put(o, "predicted", pj, &ok);
     put(o, "rank_order", json_places(r->m, pl->naive, pl->n_ranks, &ok), &ok);
     if (!ok) {
         json_decref(o);
         o = NULL;
     }
     return topo_json_print(o, stdout);
+}
+
+/* The step time of the chosen placement (src/plan_predict.h): each stage's reductions
+ * priced by the slowest link of its group's ring, messages by the link to the next stage
+ * (the slowest over replicas). */
+static int predict_step(plan_prediction *out, const plan_args *a, const net_desc *net,
+                        const partition *part, const partition_profile *prof,
+                        const topo_machine *m, const topo_cost_model *cm,
+                        const topo_placement *pl)
+{
+    int S = a->stages, R = a->replicas;
+    double *alpha = calloc(3 * (size_t)S, sizeof *alpha);
+    if (!alpha) return pt_error_set("out of memory");
+    double *beta = alpha + S, *msg = alpha + 2 * S;
+    for (int s = 0; s < S; s++) {
+        beta[s] = 1; /* no replicas: unused */
+        for (int r = 0; r < R; r++) {
+            const topo_place *p = &pl->places[r * S + s];
+            double bw, lat;
+            if (R > 1) {
+                topo_link_between(m, cm, p, &pl->places[((r + 1) % R) * S + s], &bw, &lat);
+                if (r == 0 || bw < beta[s]) beta[s] = bw;
+                if (lat > alpha[s]) alpha[s] = lat;
+            }
+            if (s + 1 < S) {
+                topo_link_between(m, cm, p, &pl->places[r * S + s + 1], &bw, &lat);
+                double bytes = (double)layer_shape_count(net->layers[part->first[s + 1] - 1].out) *
+                               4.0 * a->replica_batch / a->microbatches;
+                double t = lat + bytes / bw;
+                if (t > msg[s]) msg[s] = t;
+            }
+        }
+    }
+    double bytes = a->bucket_mb * 1048576.0;
+    plan_predict_config cfg = {
+        .schedule = a->schedule, .microbatch = a->replica_batch / a->microbatches,
+        .rep = {.replicas = R, .method = a->reduce, .overlap = a->overlap,
+                .bucket_bytes = bytes < 1 ? 1 : bytes > 1e18 ? (size_t)1e18 : (size_t)bytes,
+                .microbatches = a->microbatches, .skip_bucket = -1},
+        .alpha = alpha, .beta = beta, .message_s = msg,
+    };
+    int rc = plan_predict(out, net, part, prof, &cfg);
+    free(alpha);
+    return rc;
 }
 
 int topo_cmd_plan(int argc, char **argv)
@@ -390,17 +485,16 @@ int topo_cmd_plan(int argc, char **argv)
     topo_traffic tr = {0};
     topo_placement pl = {0};
     double *rank_time = NULL;
+    plan_prediction pred = {0};
     int have_prof = 0;
     rc = 1;
     if (net_desc_load(&net, a.model) < 0 || partition_check(net.n_layers, a.stages) < 0)
         goto out;
-    if (!strcmp(a.method, "time")) {
-        /* profiled on this machine with the CPU kernels, whatever --topology says, at the
-         * micro-batch size train would profile at */
-        if (partition_profile_measure(&prof, &net, a.replica_batch / a.microbatches, 1, 3) < 0)
-            goto out;
-        have_prof = 1;
-    }
+    /* profiled on this machine with the CPU kernels, whatever --topology says, at the
+     * micro-batch size train would profile at: the "time" partition and the prediction */
+    if (partition_profile_measure(&prof, &net, a.replica_batch / a.microbatches, 1, 3) < 0)
+        goto out;
+    have_prof = 1;
     if (partition_by_method(&part, a.method, &net, have_prof ? &prof : NULL, a.stages) < 0 ||
         topo_init(&t, a.xml) < 0)
         goto out;
@@ -416,12 +510,16 @@ int topo_cmd_plan(int argc, char **argv)
         goto out;
     }
     topo_placement_cost(m, &tr, &cm, pl.places, rank_time);
-    plan_result r = {&a, &net, &part, m, &tr, &cm, &pl, rank_time};
+    if (predict_step(&pred, &a, &net, &part, &prof, m, &cm, &pl) < 0)
+        goto out;
+    plan_result r = {.a = &a, .net = &net, .part = &part, .m = m, .tr = &tr, .cm = &cm,
+                     .pl = &pl, .rank_time = rank_time, .pred = &pred};
     if (a.json) {
         if (print_plan_json(&r) < 0)
             goto out;
     } else {
-        partition_print(&part, &net, have_prof ? &prof : NULL, stdout);
+        /* the layer times appear only where they chose the partition */
+        partition_print(&part, &net, !strcmp(a.method, "time") ? &prof : NULL, stdout);
         putchar('\n');
         print_plan_text(&r);
     }
@@ -430,6 +528,7 @@ out:
     if (rc)
         fail(pt_error_get());
     free(rank_time);
+    plan_prediction_free(&pred);
     topo_placement_free(&pl);
     topo_traffic_free(&tr);
     topo_free(t);

@@ -36,6 +36,7 @@ struct exec {
     int world_rank, world_size;
     int replica, replicas;
     replicas_t *rep; /* the stage's reductions among its replicas; NULL: none */
+    replicas_calibration rep_cal; /* their α–β figures, measured by exec_start */
     int *pipe_world; /* [size]: the world rank of each stage of this pipeline */
     char host[64];
     const net_desc *net;
@@ -263,6 +264,8 @@ int exec_start(exec_t *e)
         if (want != have)
             return pt_error_set("rank %d, stage %d: the schedule reduces %d buckets, the "
                                 "stage's plan has %d", e->world_rank, e->rank, want, have);
+        enum { CALIBRATION_ROUNDS = 5 };
+        if (replicas_calibrate(e->rep, c->group, CALIBRATION_ROUNDS, &e->rep_cal)) return -1;
     }
     /* every rank has its stage */
     if (exec_allreduce(&(int){0}, 1, MPI_INT, MPI_SUM, e->world, e->cfg.timeout_s)) return -1;
@@ -720,6 +723,7 @@ void exec_get_stats(const exec_t *e, exec_stats *st)
     st->peak_act_bytes = (size_t)e->peak_inflight * e->eng->slot_bytes;
     st->peak_microbatches = e->peak_inflight;
     replicas_get_stats(e->rep, &st->reduce);
+    st->reduce_cal = e->rep_cal;
 }
 
 void exec_reset_stats(exec_t *e)

@@ -57,6 +57,7 @@ typedef struct {
     size_t peak_act_bytes; /* most activation bytes held at once (slots in use × slot size) */
     int peak_microbatches; /* most micro-batches whose activations were held at once */
     replicas_stats reduce; /* hybrid mode: the stage's reductions (zeros otherwise) */
+    replicas_calibration reduce_cal; /* and their α–β figures measured at exec_start */
 } exec_stats;
 
 /* Builds this rank's stage (stage = rank in comm, the ranks of its pipeline) on its device
@@ -67,7 +68,9 @@ int exec_init(exec_t **e, MPI_Comm comm, const net_desc *net, const partition *p
               const schedule *sched, const exec_config *cfg);
 void exec_free(exec_t *e);
 /* Collective over the world, after every rank's exec_init succeeded: sets up the reductions
- * among the stage's replicas; with a trace, measures the ranks' clocks against world rank
+ * among the stage's replicas and measures them (replicas_calibrate, a few reductions of
+ * the gradient buffers: call it before the parameters are set or the first step); with a
+ * trace, measures the ranks' clocks against world rank
  * 0's and sets the trace's origin. */
 int exec_start(exec_t *e);
 engine *exec_engine(exec_t *e);

@@ -155,9 +155,7 @@ static const opt_spec schedule_opts[] = {
     {.id = O_BUCKETS, .name = "buckets", .kind = OPT_INT, .arg = "B", .min = 0, .max = 64,
      .def = "0", .help = "gradient buckets each stage reduces among its data-parallel "
                          "replicas (0: no reductions)"},
-    {.id = O_OVERLAP, .name = "overlap", .kind = OPT_CHOICE, .choices = "on|off", .def = "on",
-     .help = "start each bucket's reduction inside the last backward pass (split by bucket) "
-             "rather than after it"},
+    {.id = O_OVERLAP, .name = "overlap", .shared = 1},
     {.id = O_HELP, .name = "help", .shared = 1},
     {0},
 };

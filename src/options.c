@@ -57,6 +57,20 @@ static const opt_spec opt_shared[] = {
      .def = "128", .help = "samples per optimizer step (all replicas together)"},
     {.name = "schedule", .letter = 's', .kind = OPT_TEXT, .arg = "NAME", .def = "1f1b",
      .help = "pipeline schedule: gpipe | 1f1b"},
+    {.name = "reduce", .kind = OPT_CHOICE,
+     .choices = "allreduce|reduce-bcast|gather-bcast|ordered", .def = "allreduce",
+     .help = "how a stage's replicas sum their gradients: bucketed MPI_Iallreduce; "
+             "reduce to the group's first rank, which steps and broadcasts the parameters; "
+             "gather there and sum in rank order, then step and broadcast; or a fixed-order "
+             "reduce-scatter + all-gather, bit-identical to one process with replicas × "
+             "micro-batches micro-batches (the -bcast methods reduce the whole stage after "
+             "the backward pass: --bucket-mb and --overlap do not apply to them)"},
+    {.name = "bucket-mb", .kind = OPT_REAL, .arg = "X", .min = 0, .max = 1e6, .def = "1",
+     .help = "gradient bucket size in MiB (MiB = 2^20 bytes); buckets are cut in reverse "
+             "layer order"},
+    {.name = "overlap", .kind = OPT_CHOICE, .choices = "on|off", .def = "on",
+     .help = "start each bucket's reduction inside the last backward pass (split by bucket) "
+             "rather than after it"},
     {.name = "partition", .letter = 'p', .kind = OPT_TEXT, .arg = "METHOD", .def = "time",
      .help = "how the layers are cut into stages: uniform | params | time (layer times "
              "measured on this machine) | counts like 4,3,4"},

@@ -3,12 +3,15 @@
 #include "src/replicas.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "src/base/clock.h"
 #include "src/base/error.h"
+#include "src/exec.h"
 
 int replicas_overlap(const replicas_config *cfg)
 {
@@ -161,11 +164,16 @@ void replicas_free(replicas_t *r)
 
 int replicas_buckets(const replicas_t *r) { return r ? r->plan.n_buckets : 0; }
 
+void replicas_plan_part_range(const reduce_plan *plan, int n_layers, int b, int *lo, int *hi)
+{
+    int nb = plan->n_buckets;
+    *hi = b == 0 ? n_layers : plan->buckets[b - 1].first_layer;
+    *lo = b == nb - 1 ? 0 : plan->buckets[b].first_layer;
+}
+
 void replicas_part_range(const replicas_t *r, int b, int *lo, int *hi)
 {
-    int nb = r->plan.n_buckets;
-    *hi = b == 0 ? r->n_layers : r->plan.buckets[b - 1].first_layer;
-    *lo = b == nb - 1 ? 0 : r->plan.buckets[b].first_layer;
+    replicas_plan_part_range(&r->plan, r->n_layers, b, lo, hi);
 }
 
 static int check_bucket(const replicas_t *r, int b, const char *what)
@@ -216,6 +224,88 @@ int replicas_step(replicas_t *r, const optimizer_config *opt, int tick)
     reduce_get_stats(r->red, &after);
     r->step_bcast_s += after.broadcast_s - before.broadcast_s;
     return r->root ? 0 : engine_write_params(r->eng, r->params);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* One timed round: [0] the whole reduction, [1] the broadcast, [2] a single value; each
+ * the slowest rank's, on every rank. */
+static int calibrate_round(replicas_t *r, MPI_Comm group, double t[3])
+{
+    double timeout = r->cfg.timeout_s;
+    /* line the ranks up, so that no rank's time includes waiting for a late one */
+    if (exec_allreduce(&(int){0}, 1, MPI_INT, MPI_SUM, group, timeout)) return -1;
+    double t0 = pt_now();
+    for (int b = 0; b < r->plan.n_buckets; b++) {
+        const reduce_bucket *bk = &r->plan.buckets[b];
+        for (int p = 0; p < r->pieces; p++)
+            if (engine_grads_host(r->eng, p, bk->offset, bk->count, &r->ptrs[p])) return -1;
+        if (reduce_start_pieces(r->red, b, r->ptrs)) return -1;
+    }
+    if (reduce_wait_all(r->red)) return -1;
+    double t1 = pt_now();
+    if (r->root_steps) {
+        if (r->root && engine_read_params(r->eng, r->params)) return -1;
+        if (reduce_broadcast(r->red, r->params)) return -1; /* the values every rank has */
+    }
+    double t2 = pt_now();
+    if (exec_allreduce(&(int){0}, 1, MPI_INT, MPI_SUM, group, timeout)) return -1;
+    double t3 = pt_now(), one = 0;
+    if (exec_allreduce(&one, 1, MPI_DOUBLE, MPI_SUM, group, timeout)) return -1;
+    t[0] = t1 - t0;
+    t[1] = t2 - t1;
+    t[2] = pt_now() - t3;
+    return exec_allreduce(t, 3, MPI_DOUBLE, MPI_MAX, group, timeout);
+}
+
+int replicas_calibrate(replicas_t *r, MPI_Comm group, int reps, replicas_calibration *out)
+{
+    *out = (replicas_calibration){0};
+    if (!r) return 0;
+    if (reps < 1) return pt_error_set("replicas_calibrate: %d rounds", reps);
+    double *t = malloc(3 * (size_t)reps * sizeof *t);
+    if (!t) return pt_error_set("out of memory");
+    /* a first round untimed: MPI sets up its channels and buffers */
+    double warm[3];
+    int rc = calibrate_round(r, group, warm);
+    for (int i = 0; !rc && i < reps; i++) {
+        double one[3];
+        rc = calibrate_round(r, group, one);
+        for (int k = 0; k < 3; k++) t[(size_t)k * reps + i] = one[k];
+    }
+    /* the module's figures and the gradients start afresh for training */
+    if (!rc && r->eng->ops->zero_grads) rc = engine_zero_grads(r->eng);
+    reduce_reset_stats(r->red);
+    memset(r->seen, 0, (size_t)r->plan.n_buckets * sizeof *r->seen);
+    if (rc) {
+        free(t);
+        return -1;
+    }
+    double med[3];
+    for (int k = 0; k < 3; k++) {
+        qsort(t + (size_t)k * reps, (size_t)reps, sizeof *t, cmp_double);
+        med[k] = t[(size_t)k * reps + reps / 2];
+    }
+    free(t);
+    int R = reduce_group_size(r->red), B = r->plan.n_buckets;
+    double steps = 2.0 * (R - 1), bytes = (double)r->plan.total_count * sizeof(float);
+    out->reduce_s = med[0];
+    out->bcast_s = r->root_steps ? med[1] : 0;
+    out->latency_s = med[2];
+    /* 2(R−1)α from the single value; β from what the buckets took beyond their latency */
+    out->alpha = med[2] / steps;
+    double rest = med[0] - B * steps * out->alpha;
+    if (rest > 0.05 * med[0]) {
+        out->beta = steps / R * bytes / rest;
+    } else { /* latency-bound: the whole time is latency */
+        out->alpha = med[0] / (B * steps);
+        out->beta = INFINITY;
+    }
+    return 0;
 }
 
 /* Length of the union of the intervals [t0[i], t1[i]] with t1 ≥ t0. */

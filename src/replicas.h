@@ -43,6 +43,11 @@ int replicas_overlap(const replicas_config *cfg);
 int replicas_plan(reduce_plan *plan, const net_desc *net, int first, int last,
                   const replicas_config *cfg);
 
+/* The local layers [lo, hi) of backward part b of a stage of n_layers layers cut by
+ * `plan`: bucket b's layers and the layers without parameters above them; the last part
+ * goes down to layer 0. */
+void replicas_plan_part_range(const reduce_plan *plan, int n_layers, int b, int *lo, int *hi);
+
 /* Gradient pieces the engine keeps apart (engine_config.grad_pieces): M for "ordered" with
  * M > 1 and R > 1, else 0. */
 int replicas_grad_pieces(const replicas_config *cfg);
@@ -65,8 +70,7 @@ int replicas_init(replicas_t **r, MPI_Comm group, engine *eng, const net_desc *n
                   int last, int stage_index, const replicas_config *cfg);
 void replicas_free(replicas_t *r);
 
-/* The local layer range [lo, hi) of backward part b (bucket b's layers and the layers
- * without parameters above them; the last part goes down to layer 0). */
+/* replicas_plan_part_range of this rank's stage. */
 void replicas_part_range(const replicas_t *r, int b, int *lo, int *hi);
 /* ALLREDUCE b: bucket b's gradients (every piece) are final; start their reduction. */
 int replicas_start(replicas_t *r, int b);
@@ -85,6 +89,24 @@ void replicas_end_step(replicas_t *r);
  * bytes when it ran in that step, else 0. */
 int replicas_bucket_event(const replicas_t *r, int b, double *t0, double *t1, size_t *bytes);
 int replicas_buckets(const replicas_t *r);
+
+/* The α–β figures of this group's reductions, measured (replicas_calibrate), for the
+ * simulator's prediction: a reduction of n bytes among R replicas is priced
+ * 2(R−1)·alpha + 2(R−1)/R · n/beta (schedule_allreduce_time), and a -bcast method's
+ * broadcast of the parameters after the step takes bcast_s. */
+typedef struct {
+    double alpha, beta;  /* seconds per ring step; bytes per second (may be INFINITY) */
+    double reduce_s;     /* the stage's whole reduction, every bucket back to back */
+    double latency_s;    /* one reduction of a single value */
+    double bcast_s;      /* -bcast methods: the parameters' broadcast; else 0 */
+} replicas_calibration;
+
+/* Collective over the group, before the first step: times `reps` reductions of the stage's
+ * gradients (all buckets started at once, as with --overlap off, through the run's own
+ * method and engine views) and of a single value, the slowest rank of each counting, and
+ * fits alpha and beta to the medians. The gradients must hold no step's contributions (they
+ * are zeroed after). Every rank of the group gets the same figures. */
+int replicas_calibrate(replicas_t *r, MPI_Comm group, int reps, replicas_calibration *out);
 
 /* Since replicas_init or the last replicas_reset_stats. */
 typedef struct {

@@ -168,13 +168,14 @@ static int gather_figures(const train_run *run, stage_figures *f)
 {
     int K = run->o.stages, R = run->o.replicas, me = run->stage;
     memset(f, 0, sizeof *f);
-    enum { N_ARRAYS = 10 };
+    enum { N_ARRAYS = 13 };
     double *block = calloc(N_ARRAYS * (size_t)K, sizeof *block);
     if (!block) return pt_error_set("out of memory");
     f->stages = K;
     double **arrays[N_ARRAYS] = {&f->compute, &f->wall, &f->forward, &f->backward,
                                  &f->optimizer, &f->peak_bytes, &f->peak_mb, &f->reduce,
-                                 &f->reduce_exposed, &f->reduce_bytes};
+                                 &f->reduce_exposed, &f->reduce_bytes, &f->reduce_alpha,
+                                 &f->reduce_beta, &f->reduce_bcast};
     for (int k = 0; k < N_ARRAYS; k++) *arrays[k] = block + (size_t)k * K;
     exec_stats st;
     exec_get_stats(run->ex, &st);
@@ -189,6 +190,9 @@ static int gather_figures(const train_run *run, stage_figures *f)
     f->reduce[me] = st.reduce.reduce_s;
     f->reduce_exposed[me] = st.reduce.exposed_s;
     f->reduce_bytes[me] = (double)st.reduce.bytes;
+    f->reduce_alpha[me] = st.reduce_cal.alpha; /* the same on every replica of the stage */
+    f->reduce_beta[me] = st.reduce_cal.beta;
+    f->reduce_bcast[me] = st.reduce_cal.bcast_s;
     if (exec_allreduce(block, N_ARRAYS * K, MPI_DOUBLE, MPI_SUM, run->comm, run->o.timeout)) {
         figures_free(f);
         return -1;

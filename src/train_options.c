@@ -61,20 +61,9 @@ static const opt_spec train_opts[] = {
     {.id = O_SCHED, .name = "schedule", .shared = 1},
     {.id = O_PART, .name = "partition", .shared = 1},
     {.id = O_REPLICAS, .name = "replicas", .shared = 1},
-    {.id = O_REDUCE, .name = "reduce", .kind = OPT_CHOICE,
-     .choices = "allreduce|reduce-bcast|gather-bcast|ordered", .def = "allreduce",
-     .help = "how a stage's replicas sum their gradients: bucketed MPI_Iallreduce; "
-             "reduce to the group's first rank, which steps and broadcasts the parameters; "
-             "gather there and sum in rank order, then step and broadcast; or a fixed-order "
-             "reduce-scatter + all-gather, bit-identical to one process with replicas × "
-             "micro-batches micro-batches (the -bcast methods reduce the whole stage after "
-             "the backward pass: --bucket-mb and --overlap do not apply to them)"},
-    {.id = O_BUCKET_MB, .name = "bucket-mb", .kind = OPT_REAL, .arg = "X", .min = 0,
-     .max = 1e6, .def = "1", .help = "gradient bucket size in MiB (MiB = 2^20 bytes); "
-                                     "buckets are cut in reverse layer order"},
-    {.id = O_OVERLAP, .name = "overlap", .kind = OPT_CHOICE, .choices = "on|off", .def = "on",
-     .help = "start each bucket's reduction inside the last backward pass (split by bucket) "
-             "rather than after it"},
+    {.id = O_REDUCE, .name = "reduce", .shared = 1},
+    {.id = O_BUCKET_MB, .name = "bucket-mb", .shared = 1},
+    {.id = O_OVERLAP, .name = "overlap", .shared = 1},
     {.id = O_THREADS, .name = "threads", .kind = OPT_INT, .arg = "N", .min = 1, .max = 1024,
      .help = "worker threads per rank (default: the node's cores / its ranks)"},
     {.id = O_BIND, .name = "bind", .kind = OPT_CHOICE, .choices = "auto|core|none",

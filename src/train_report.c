@@ -235,11 +235,22 @@ static void reduce_figures_init(reduce_figures *rf, const train_run *run,
             bytes[s][b] = (double)plan.buckets[b].count * sizeof(float);
         reduce_plan_free(&plan);
     }
+    /* The reductions priced with the α–β figures measured on each group at the start
+     * (exec_start); the cost model's link where a stage has none. (-bcast methods: the
+     * parameters' broadcast is inside the measured optimizer step.) */
     topo_cost_model cm;
     topo_cost_model_default(&cm);
+    double *alpha = malloc(2 * (size_t)K * sizeof *alpha + 1), *beta = alpha + K;
+    ok = ok && alpha;
+    for (int s = 0; ok && s < K; s++) {
+        int measured = f->reduce_beta[s] > 0;
+        alpha[s] = measured ? f->reduce_alpha[s] : cm.latency[run->reduce_link];
+        beta[s] = measured ? f->reduce_beta[s] : cm.bandwidth[run->reduce_link];
+    }
     schedule_costs c = {
-        .fwd = costs, .bwd = costs + K, .comm_cost = 0, .step_cost = step, .replicas = R,
-        .alpha = cm.latency[run->reduce_link], .beta = cm.bandwidth[run->reduce_link],
+        .fwd = costs, .bwd = costs + K, .comm_cost = 0, .step_cost = step,
+        .replicas = R, .alpha = cm.latency[run->reduce_link],
+        .beta = cm.bandwidth[run->reduce_link], .alpha_stage = alpha, .beta_stage = beta,
         .bucket_bytes = (const double *const *)bytes,
     };
     schedule_sim sim;
@@ -251,6 +262,7 @@ static void reduce_figures_init(reduce_figures *rf, const train_run *run,
     for (int s = 0; bytes && s < K; s++) free(bytes[s]);
     free(bytes);
     free(costs);
+    free(alpha);
 }
 
 static void report_text(const train_run *run, const train_results *res,
@@ -422,6 +434,9 @@ static json_t *results_json(const train_run *run, const train_results *res,
         {"stage_reduce_bytes", json_counts(fig->reduce_bytes, K)},
         {"stage_bus_bw", json_reals(rf.bus_bw, K)},
         {"stage_reduce_predicted_s", json_reals(rf.predicted, K)},
+        {"stage_reduce_alpha_s", json_reals(fig->reduce_alpha, K)},
+        {"stage_reduce_beta_Bps", json_reals(fig->reduce_beta, K)},
+        {"stage_reduce_bcast_s", json_reals(fig->reduce_bcast, K)},
         {"step_predicted_s", json_number(rf.step_predicted)},
         /* outputs written */
         {"checkpoint", json_text(res->saved)},
