@@ -13,6 +13,7 @@
 #include "src/base/clock.h"
 #include "src/base/error.h"
 #include "src/base/mpi_check.h"
+#include "src/exec_wait.h"
 #include "src/trace.h"
 
 /* Message tags name the micro-batch and the direction. They wrap below 32767, the least
@@ -64,15 +65,10 @@ struct exec {
     trace_log trace;
 };
 
-static void polite_pause(void)
-{
-    struct timespec ts = {0, 50000}; /* 50 µs: blocking MPI would spin a shared core */
-    nanosleep(&ts, NULL);
-}
 
 /* Waits for a request: a short spin first (a message on its way usually lands within a
  * few microseconds, and the pipeline's critical path crosses one wait per micro-batch),
- * then MPI_Test with 50 µs sleeps so that a rank sharing a core with its peer yields it. */
+ * then MPI_Test with exec_wait_pause() between tests (src/exec_wait.h). */
 static int progress_sends(exec_t *e);
 
 /* e (may be NULL) keeps posting its pending sends while waiting: a peer may be waiting for
@@ -91,7 +87,7 @@ static int test_politely(exec_t *e, MPI_Request *req, double t0, double timeout_
         }
         if (e && e->n_pending && progress_sends(e)) return -1;
         if (e && e->rep && replicas_progress(e->rep)) return -1;
-        polite_pause();
+        exec_wait_pause();
         PT_MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
     }
     return 0;
@@ -405,7 +401,7 @@ static int wait_send(exec_t *e, MPI_Request *req, const char *what, int m, int p
             return pt_error_set("rank %d (%s, stage %d): no progress for %.0f s: the %s of "
                                 "micro-batch %d never became ready (--timeout)", e->world_rank,
                                 e->host, e->rank, e->cfg.timeout_s, what, m);
-        polite_pause();
+        exec_wait_pause();
     }
     return wait_request(e, req, what, m, peer);
 }
@@ -436,7 +432,7 @@ static int flush_sends(exec_t *e)
             return pt_error_set("rank %d (%s, stage %d): no progress for %.0f s: a send never "
                                 "became ready (--timeout)", e->world_rank, e->host, e->rank,
                                 e->cfg.timeout_s);
-        polite_pause();
+        exec_wait_pause();
     }
     return 0;
 }

@@ -4,6 +4,7 @@
  * banner, progress and reports are in src/train_report.c. */
 #include "src/train.h"
 
+#include <sched.h>
 #include <getopt.h>
 #include <limits.h>
 #include <stdint.h>
@@ -352,22 +353,29 @@ static int setup_threads(train_run *run)
     train_options *o = &run->o;
     MPI_Comm comm = run->comm;
     int blas_threads = 0;
+    /* the cores this job may use on the node, before binding narrows them per rank */
+    cpu_set_t set;
+    long cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                             : sysconf(_SC_NPROCESSORS_ONLN);
+    MPI_Comm node;
+    int local = 1;
+    if (PT_MPI_CALL(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, run->rank, MPI_INFO_NULL,
+                                        &node)) ||
+        PT_MPI_CALL(MPI_Comm_size(node, &local)) || PT_MPI_CALL(MPI_Comm_free(&node)))
+        abort_job(comm);
     if (agree(topo_bind_rank(comm, o->bind, o->verbose, &blas_threads), comm, o->timeout))
         return -1;
     if (!o->threads) {
-        if (blas_threads > 0) {
+        if (blas_threads > 0)
             o->threads = blas_threads;
-        } else {
-            MPI_Comm node;
-            int local = 1;
-            if (PT_MPI_CALL(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, run->rank,
-                                                MPI_INFO_NULL, &node)) ||
-                PT_MPI_CALL(MPI_Comm_size(node, &local)) || PT_MPI_CALL(MPI_Comm_free(&node)))
-                abort_job(comm);
-            long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        else
             o->threads = cores / local > 0 ? (int)(cores / local) : 1;
-        }
     }
+    /* Spinning waits only where every thread of the node's ranks has a core of its own:
+     * decided on each node alike, since its ranks have the same counts. */
+    if (o->wait == EXEC_WAIT_AUTO)
+        o->wait = (long)local * o->threads <= cores ? EXEC_WAIT_SPIN : EXEC_WAIT_SLEEP;
+    exec_set_waiting(o->wait);
     /* The stage's own workers split each micro-batch; BLAS stays single-threaded so that
      * two thread pools never fight over the cores. */
     openblas_set_num_threads(1);

@@ -13,7 +13,7 @@ enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS
        O_WARMUP, O_BATCH, O_OPT, O_LR, O_MOM, O_WD, O_SEED, O_SHUFFLE, O_STAGES, O_MICRO,
        O_SCHED, O_PART, O_THREADS, O_BIND, O_DEVICE, O_TIMEOUT, O_TRACE, O_JSON, O_VERBOSE,
        O_HELP, O_STALL, O_KILL, O_DELAY, O_PROGRESS, O_MPI_ERROR, O_REPLICAS, O_REDUCE,
-       O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET };
+       O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT };
 
 /* The largest step count, sample count or seed we take: far beyond any run, exact in a
  * double (the table's ranges are doubles). */
@@ -68,6 +68,10 @@ static const opt_spec train_opts[] = {
      .help = "worker threads per rank (default: the node's cores / its ranks)"},
     {.id = O_BIND, .name = "bind", .kind = OPT_CHOICE, .choices = "auto|core|none",
      .def = "none", .help = "pin each rank to its cores"},
+    {.id = O_WAIT, .name = "wait", .kind = OPT_CHOICE, .choices = "auto|spin|sleep",
+     .def = "auto", .help = "between tests of a pending message or reduction: yield the "
+                            "core (spin) or sleep 50 us (sleep, for more ranks than cores); "
+                            "auto: spin unless a node's ranks × threads outnumber its cores"},
     {.id = O_DEVICE, .name = "device", .shared = 1},
     {.id = O_TIMEOUT, .name = "timeout", .kind = OPT_REAL, .arg = "S", .min = 0.001,
      .max = 1e9, .def = "300", .help = "give up when a rank waits longer than S seconds"},
@@ -140,6 +144,7 @@ int train_options_parse(train_options *o, int argc, char **argv)
         case O_OPT: o->opt.kind = optimizers[p.choice]; break;
         case O_SHUFFLE: o->shuffle = p.choice == 0; break;
         case O_BIND: o->bind = binds[p.choice]; break;
+        case O_WAIT: o->wait = (exec_waiting)p.choice; break;
         case O_EPOCHS: o->epochs = (int)p.num; break;
         case O_STEPS: o->steps = p.num; break;
         case O_WARMUP: o->warmup = p.num; break;

@@ -6,6 +6,7 @@
 
 #include "kernels/kernels.h"
 #include "src/engine.h"
+#include "src/exec_wait.h"
 #include "src/reduce.h"
 
 #define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"
@@ -29,6 +30,7 @@ typedef struct {
     double bucket_mb;     /* bucket size in MiB */
     int overlap;          /* reductions start during the backward pass */
     int skip_bucket;      /* testing: a bucket left unreduced (−1: none) */
+    exec_waiting wait;    /* how MPI waits pass the time (--wait) */
 } train_options;
 
 /* Fills o from argv (defaults first). Returns 0, 1 for --help, or −1 with a message. */

@@ -87,6 +87,17 @@ done
     && pass "allreduce K=2 R=2 Adam twice: bit-identical" \
     || failed "allreduce K=2 R=2 Adam: two runs differ"
 
+# How ranks wait (--wait) changes the timing only: spinning and sleeping give the same bits,
+# and each run's JSON says which it used.
+for w in spin sleep; do
+    hybrid "$WORK/wait_$w.st" 1 2 2 sgd --reduce ordered --wait $w
+done
+"$PIPETRAIN" diff "$WORK/wait_spin.st" "$WORK/wait_sleep.st" >/dev/null \
+    && [ "$(json_field wait <"$WORK/wait_spin.st.json")" = spin ] \
+    && [ "$(json_field wait <"$WORK/wait_sleep.st.json")" = sleep ] \
+    && pass "--wait spin and sleep: bit-identical, reported" \
+    || failed "--wait spin and sleep differ, or are not reported"
+
 # Dropout (keyed by the global sample) and convolutions: seed-cnn, K = 2 × R = 2, ordered.
 CNN=(--model "$MODELS/seed-cnn.cfg" --batch 16 --steps 2 --train-samples 128 --test-samples 0
      --seed 5 --threads 1 --json --optimizer sgd --lr 0.05)
@@ -105,7 +116,7 @@ CNN=(--model "$MODELS/seed-cnn.cfg" --batch 16 --steps 2 --train-samples 128 --t
     --lr 0.05 --load "$WORK/init.st" >"$WORK/eval_1.json"
 python3 - "$WORK/eval_h.json" "$WORK/eval_1.json" "$WORK/trace.json" <<'PY' \
     && pass "evaluation over replicas, JSON figures and trace slices" || failed "evaluation, JSON or trace"
-import json, sys
+import json, os, sys
 h = json.loads(open(sys.argv[1]).read().splitlines()[-1])
 one = json.loads(open(sys.argv[2]).read().splitlines()[-1])
 ok = True
@@ -125,6 +136,11 @@ need(h["stage_reduce_bytes"] == [235146 * 4 * 3], "bytes %r" % h["stage_reduce_b
 for k in ("stage_reduce_s", "stage_reduce_exposed_s", "stage_bus_bw", "stage_reduce_predicted_s"):
     need(len(h[k]) == 1 and h[k][0] is not None and h[k][0] > 0, "%s %r" % (k, h[k]))
 need(h["stage_reduce_exposed_s"][0] <= h["stage_reduce_s"][0] + 1e-3, "exposed > total")
+# the reductions' alpha-beta figures, measured at the start; --wait auto resolved: two ranks of
+# one thread spin where the machine has two cores for them
+need(h["stage_reduce_alpha_s"][0] > 0 and h["stage_reduce_beta_Bps"][0] > 0,
+     "alpha %r, beta %r" % (h["stage_reduce_alpha_s"], h["stage_reduce_beta_Bps"]))
+need(h["wait"] == ("spin" if len(os.sched_getaffinity(0)) >= 2 else "sleep"), "wait %r" % h["wait"])
 need(one["replicas"] == 1 and one["stage_reduce_bytes"] == [0], "one process: %r" % one["stage_reduce_bytes"])
 ev = [e for e in json.load(open(sys.argv[3]))["traceEvents"] if e.get("cat") == "reduce"]
 need(len(ev) == 2 * 3 * 3, "%d reduce slices in the trace, expected 18" % len(ev))
