@@ -425,7 +425,10 @@ static int setup_run(train_run *run)
     if (agree(replicas_schedule(&run->sched, &run->net, &run->part, &run->rep), comm,
               o->timeout))
         return -1;
-    if (agree(load_data(o, &run->net, &run->train, &run->val, &run->test), comm, o->timeout))
+    double t_read = pt_now();
+    int read_rc = load_data(o, &run->net, &run->train, &run->val, &run->test);
+    run->read_s = pt_now() - t_read;
+    if (agree(read_rc, comm, o->timeout))
         return -1;
     exec_config cfg = {
         .batch = o->batch,

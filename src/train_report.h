@@ -40,6 +40,7 @@ typedef struct {
     long steps_per_epoch;
     long total_steps;           /* what --steps and --epochs ask for together */
     long epochs;                /* epochs the run touches (the last may be partial) */
+    double read_s;              /* reading the data set (this rank's) */
 } train_run;
 
 /* What the training loop measured; NAN where a figure does not exist (no --val, no test

@@ -1,0 +1,1 @@
+"""The studies of experiments/study.py, one module each (see common.py)."""
