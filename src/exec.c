@@ -260,7 +260,7 @@ int exec_start(exec_t *e)
         if (want != have)
             return pt_error_set("rank %d, stage %d: the schedule reduces %d buckets, the "
                                 "stage's plan has %d", e->world_rank, e->rank, want, have);
-        enum { CALIBRATION_ROUNDS = 5 };
+        enum { CALIBRATION_ROUNDS = 9 };
         if (replicas_calibrate(e->rep, c->group, CALIBRATION_ROUNDS, &e->rep_cal)) return -1;
     }
     /* every rank has its stage */

@@ -101,7 +101,8 @@ typedef struct {
     double bcast_s;      /* -bcast methods: the parameters' broadcast; else 0 */
 } replicas_calibration;
 
-/* Collective over the group, before the first step: times `reps` reductions of the stage's
+/* Collective over the group, before the first step: times up to `reps` reductions (at
+ * least 3, within about half a second, after 3 untimed ones) of the stage's
  * gradients (all buckets started at once, as with --overlap off, through the run's own
  * method and engine views) and of a single value, the slowest rank of each counting, and
  * fits alpha and beta to the medians. The gradients must hold no step's contributions (they

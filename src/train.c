@@ -170,7 +170,8 @@ static int gather_figures(const train_run *run, stage_figures *f)
     int K = run->o.stages, R = run->o.replicas, me = run->stage;
     memset(f, 0, sizeof *f);
     enum { N_ARRAYS = 13 };
-    double *block = calloc(N_ARRAYS * (size_t)K, sizeof *block);
+    /* the block, then the slowest replica's optimizer time per stage */
+    double *block = calloc((N_ARRAYS + 1) * (size_t)K, sizeof *block);
     if (!block) return pt_error_set("out of memory");
     f->stages = K;
     double **arrays[N_ARRAYS] = {&f->compute, &f->wall, &f->forward, &f->backward,
@@ -199,6 +200,14 @@ static int gather_figures(const train_run *run, stage_figures *f)
         return -1;
     }
     for (int i = 0; i < N_ARRAYS * K; i++) block[i] /= R;
+    /* -bcast methods: one replica steps, the others wait for its broadcast: the step on the
+     * critical path is the slowest replica's, not the mean */
+    f->optimizer_max = block + (size_t)N_ARRAYS * K;
+    f->optimizer_max[me] = st.optimizer_s;
+    if (exec_allreduce(f->optimizer_max, K, MPI_DOUBLE, MPI_MAX, run->comm, run->o.timeout)) {
+        figures_free(f);
+        return -1;
+    }
     for (int r = 0; r < K; r++) f->bubble += f->wall[r] > 0 ? 1 - f->compute[r] / f->wall[r] : 0;
     f->bubble /= K;
     return 0;

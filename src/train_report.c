@@ -155,7 +155,7 @@ static double simulated_bubble(const schedule *sched, const stage_figures *f, in
     for (int r = 0; r < K; r++) {
         costs[r] = f->forward[r] / ((double)f->steps * micro);
         costs[K + r] = f->backward[r] / ((double)f->steps * micro);
-        if (f->optimizer[r] / f->steps > step) step = f->optimizer[r] / f->steps;
+        if (f->optimizer_max[r] / f->steps > step) step = f->optimizer_max[r] / f->steps;
     }
     schedule_sim sim;
     double b = NAN;
@@ -224,7 +224,7 @@ static void reduce_figures_init(reduce_figures *rf, const train_run *run,
     for (int s = 0; ok && s < K; s++) {
         costs[s] = f->forward[s] / ((double)f->steps * M);
         costs[K + s] = f->backward[s] / ((double)f->steps * M);
-        if (f->optimizer[s] / f->steps > step) step = f->optimizer[s] / f->steps;
+        if (f->optimizer_max[s] / f->steps > step) step = f->optimizer_max[s] / f->steps;
         reduce_plan plan;
         if (R < 2 || replicas_plan(&plan, &run->net, run->part.first[s], run->part.first[s + 1],
                                    &run->rep))
@@ -236,19 +236,22 @@ static void reduce_figures_init(reduce_figures *rf, const train_run *run,
         reduce_plan_free(&plan);
     }
     /* The reductions priced with the α–β figures measured on each group at the start
-     * (exec_start); the cost model's link where a stage has none. (-bcast methods: the
-     * parameters' broadcast is inside the measured optimizer step.) */
+     * (exec_start); the cost model's link where a stage has none. -bcast methods: the
+     * parameters' broadcast after the step, as measured there (the measured optimizer
+     * time is the engine's update alone). */
     topo_cost_model cm;
     topo_cost_model_default(&cm);
     double *alpha = malloc(2 * (size_t)K * sizeof *alpha + 1), *beta = alpha + K;
     ok = ok && alpha;
+    double bcast = 0;
     for (int s = 0; ok && s < K; s++) {
         int measured = f->reduce_beta[s] > 0;
+        if (f->reduce_bcast[s] > bcast) bcast = f->reduce_bcast[s];
         alpha[s] = measured ? f->reduce_alpha[s] : cm.latency[run->reduce_link];
         beta[s] = measured ? f->reduce_beta[s] : cm.bandwidth[run->reduce_link];
     }
     schedule_costs c = {
-        .fwd = costs, .bwd = costs + K, .comm_cost = 0, .step_cost = step,
+        .fwd = costs, .bwd = costs + K, .comm_cost = 0, .step_cost = step + bcast,
         .replicas = R, .alpha = cm.latency[run->reduce_link],
         .beta = cm.bandwidth[run->reduce_link], .alpha_stage = alpha, .beta_stage = beta,
         .bucket_bytes = (const double *const *)bytes,

@@ -63,7 +63,8 @@ typedef struct {
     int stages;
     double *compute, *wall, *forward, *backward, *optimizer, *peak_bytes, *peak_mb, /* one */
         *reduce, *reduce_exposed, *reduce_bytes,                                  /* block */
-        *reduce_alpha, *reduce_beta, *reduce_bcast; /* measured at the start (replicas.h) */
+        *reduce_alpha, *reduce_beta, *reduce_bcast, /* measured at the start (replicas.h) */
+        *optimizer_max; /* per stage: the slowest replica's optimizer time (not the mean) */
     double bubble; /* measured: mean over stages of the idle fraction of the step time */
     long steps;
 } stage_figures;
