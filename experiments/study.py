@@ -11,7 +11,7 @@ the prose around them alone. --quick runs a few steps per run, writes into resul
 (figures included) and leaves docs/ untouched: ./test.sh runs it so the scripts cannot rot;
 its numbers mean nothing.
 
-Studies: layouts, scaling, schedules, partition, cpu-gpu (see docs/STUDIES.md).
+Studies: layouts, scaling, batch, schedules, partition, cpu-gpu (see docs/STUDIES.md).
 """
 import argparse
 import importlib
@@ -25,7 +25,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import interpreter  # noqa: E402
 
-STUDIES = ['layouts', 'scaling', 'schedules', 'partition', 'cpu-gpu']
+STUDIES = ['layouts', 'scaling', 'batch', 'schedules', 'partition', 'cpu-gpu']
 DOC = os.path.join(ROOT, 'docs', 'STUDIES.md')
 
 

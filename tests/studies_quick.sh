@@ -14,7 +14,7 @@ python3 - "$WORK/res" "$WORK/fig" <<'PY' && pass "runs recorded (command, machin
     || failed "runs or figures missing"
 import json, os, sys
 res, fig = sys.argv[1:3]
-studies = ["layouts", "scaling", "schedules", "partition", "cpu-gpu"]
+studies = ["layouts", "scaling", "batch", "schedules", "partition", "cpu-gpu"]
 for s in studies:
     lines = open(os.path.join(res, s, "runs.jsonl")).read().splitlines()
     recs = [json.loads(l) for l in lines]
@@ -24,7 +24,7 @@ for s in studies:
         assert r["study"] == s and r["kind"] in ("measured", "predicted") and r["quick"], r
         assert r["cmd"] and r["machine"]["cores"] >= 1 and isinstance(r["result"], dict), r
         assert (r["kind"] == "measured") == (" train " in r["cmd"]), r["cmd"]
-for f in ("layouts", "scaling", "schedules", "partition"):
+for f in ("layouts", "scaling", "batch", "schedules", "partition"):
     p = os.path.join(fig, f + ".png")
     assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n", p
 PY
