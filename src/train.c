@@ -22,6 +22,7 @@
 #include "src/base/error.h"
 #include "src/base/mpi_check.h"
 #include "src/exec.h"
+#include "src/metrics.h"
 #include "src/options.h"
 #include "src/train_options.h"
 #include "src/train_report.h"
@@ -473,6 +474,8 @@ static int setup_run(train_run *run)
 
 static void run_free(train_run *run)
 {
+    metrics_close(run->metrics);
+    free(run->metrics_prev);
     free(run->order);
     exec_free(run->ex);
     data_free(&run->train);
@@ -482,6 +485,120 @@ static void run_free(train_run *run)
     partition_free(&run->part);
     net_desc_free(&run->net);
     reduce_comms_free(&run->comms);
+}
+
+/* ---- the metrics file ---- */
+
+/* Rank 0 writes a line; a failure (a full disk) is reported once and makes the run's exit
+ * status non-zero, but does not stop training. */
+static void metrics_line(train_run *run, const char *type, json_t *line)
+{
+    if (run->rank != 0 || !run->metrics || run->metrics_failed) {
+        json_decref(line);
+        return;
+    }
+    if (metrics_write(run->metrics, type, line)) {
+        fprintf(stderr, "pipetrain: %s; no more metrics lines\n", pt_error_get());
+        run->metrics_failed = 1;
+    }
+}
+
+/* Collective (with --metrics): opens the file on rank 0 and writes the run's line. */
+static int metrics_start(train_run *run)
+{
+    const train_options *o = &run->o;
+    if (!o->metrics) return 0;
+    int K = o->stages;
+    run->metrics_prev = calloc(4 * (size_t)K, sizeof *run->metrics_prev);
+    int rc = run->metrics_prev ? 0 : pt_error_set("out of memory");
+    if (!rc && run->rank == 0) rc = metrics_open(&run->metrics, o->metrics, train_report_run_json(run));
+    run->metrics_t = pt_now();
+    return agree(rc, run->comm, o->timeout);
+}
+
+static json_t *json_array_of(const double *v, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++) json_array_append_new(a, json_real(v[i]));
+    return a;
+}
+
+/* Collective, every --log-every steps: the interval since the last step line. Per stage
+ * (mean over its replicas): compute, waiting (bubble and messages: wall − compute −
+ * exposed reduction) and the exposed reduction, in seconds over the interval. */
+static int metrics_step(train_run *run, long epoch, long step)
+{
+    int K = run->o.stages, R = run->o.replicas, me = run->stage;
+    double *now = calloc(4 * (size_t)K, sizeof *now);
+    if (!now) return pt_error_set("out of memory");
+    exec_stats st;
+    exec_get_stats(run->ex, &st);
+    now[me] = st.compute_s;
+    now[K + me] = st.wall_s;
+    now[2 * K + me] = st.reduce.exposed_s;
+    now[3 * K + me] = (double)st.peak_act_bytes;
+    if (exec_allreduce(now, 4 * K, MPI_DOUBLE, MPI_SUM, run->comm, run->o.timeout)) {
+        free(now);
+        return -1;
+    }
+    double *d = run->metrics_prev; /* becomes the interval's figures, then now's totals */
+    for (int i = 0; i < 3 * K; i++) {
+        double v = now[i] / R;
+        /* the figures restart after --warmup: then the interval is what came since */
+        double delta = v >= d[i] ? v - d[i] : v;
+        d[i] = v;
+        now[i] = delta;
+    }
+    for (int s = 0; s < K; s++) {
+        double wait = now[K + s] - now[s] - now[2 * K + s];
+        now[K + s] = wait > 0 ? wait : 0;
+    }
+    double t = pt_now(), dt = t - run->metrics_t;
+    long samples = run->metrics_samples;
+    json_t *line = json_object();
+    if (line) {
+        json_object_set_new(line, "step", json_integer(step));
+        json_object_set_new(line, "epoch", json_integer(epoch + 1));
+        json_object_set_new(line, "steps", json_integer(step - run->metrics_step));
+        json_object_set_new(line, "loss", json_real(run->metrics_loss / (double)samples));
+        json_object_set_new(line, "acc", json_real((double)run->metrics_correct / (double)samples));
+        json_object_set_new(line, "samples_per_s", json_real(dt > 0 ? samples / dt : 0));
+        json_object_set_new(line, "stage_compute_s", json_array_of(now, K));
+        json_object_set_new(line, "stage_wait_s", json_array_of(now + K, K));
+        json_object_set_new(line, "stage_reduce_exposed_s", json_array_of(now + 2 * K, K));
+        json_t *peak = json_array();
+        for (int k = 0; peak && k < K; k++)
+            json_array_append_new(peak, json_integer((json_int_t)(now[3 * K + k] / R + 0.5)));
+        json_object_set_new(line, "stage_peak_act_bytes", peak);
+    }
+    free(now);
+    metrics_line(run, "step", line);
+    run->metrics_t = pt_now();
+    run->metrics_loss = 0;
+    run->metrics_samples = run->metrics_correct = 0;
+    run->metrics_step = step;
+    return 0;
+}
+
+static json_t *json_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+static void metrics_epoch(train_run *run, const train_results *res, double epoch_s, long samples)
+{
+    if (run->rank != 0 || !run->metrics) return;
+    json_t *line = json_object();
+    if (line) {
+        json_object_set_new(line, "epoch", json_integer(res->epochs));
+        json_object_set_new(line, "step", json_integer(res->steps));
+        json_object_set_new(line, "train_loss", json_or_null(res->train_loss));
+        json_object_set_new(line, "train_acc", json_or_null(res->train_acc));
+        json_object_set_new(line, "val_loss", json_or_null(res->val_loss));
+        json_object_set_new(line, "val_acc", json_or_null(res->val_acc));
+        json_object_set_new(line, "test_loss", json_or_null(res->test_loss));
+        json_object_set_new(line, "test_acc", json_or_null(res->test_acc));
+        json_object_set_new(line, "epoch_s", json_real(epoch_s));
+        json_object_set_new(line, "samples_per_s", json_real(epoch_s > 0 ? samples / epoch_s : 0));
+    }
+    metrics_line(run, "epoch", line);
 }
 
 /* ---- training ---- */
@@ -530,6 +647,13 @@ static int train_epoch(train_run *run, long ep, train_progress *prog, train_resu
         loss_sum += r.loss_sum;
         correct += r.correct;
         samples += o->batch;
+        if (o->metrics) {
+            run->metrics_loss += r.loss_sum;
+            run->metrics_correct += r.correct;
+            run->metrics_samples += o->batch;
+            if (res->steps % o->log_every == 0 && metrics_step(run, ep, res->steps))
+                abort_job(run->comm);
+        }
         train_progress_step(prog, run, ep + 1, dt, loss_sum / samples);
     }
     double epoch_s = pt_now() - t0;
@@ -540,6 +664,7 @@ static int train_epoch(train_run *run, long ep, train_progress *prog, train_resu
     evaluate(run, res);
     train_progress_clear(prog);
     train_report_epoch(run, res, epoch_s, samples);
+    metrics_epoch(run, res, epoch_s, samples);
     return 0;
 }
 
@@ -594,6 +719,15 @@ static int finish_run(train_run *run, train_results *res)
         fprintf(stderr, "pipetrain: %s\n", pt_error_get());
         failed++;
     }
+    if (run->metrics) {
+        metrics_line(run, "final", train_report_results_json(run, res, &fig));
+        if (metrics_close(run->metrics)) {
+            fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+            failed++;
+        }
+        run->metrics = NULL;
+        if (run->metrics_failed) failed++;
+    }
     figures_free(&fig);
     return failed ? 1 : 0;
 }
@@ -618,7 +752,7 @@ int train_main(int argc, char **argv)
 
     int rc = 1;
     train_results res;
-    if (!setup_run(&run)) {
+    if (!setup_run(&run) && !metrics_start(&run)) {
         train_report_banner(&run);
         if (!train_loop(&run, &res)) rc = finish_run(&run, &res);
     }

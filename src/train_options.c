@@ -13,7 +13,7 @@ enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS
        O_WARMUP, O_BATCH, O_OPT, O_LR, O_MOM, O_WD, O_SEED, O_SHUFFLE, O_STAGES, O_MICRO,
        O_SCHED, O_PART, O_THREADS, O_BIND, O_DEVICE, O_TIMEOUT, O_TRACE, O_JSON, O_VERBOSE,
        O_HELP, O_STALL, O_KILL, O_DELAY, O_PROGRESS, O_MPI_ERROR, O_REPLICAS, O_REDUCE,
-       O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT };
+       O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT, O_METRICS, O_LOG_EVERY };
 
 /* The largest step count, sample count or seed we take: far beyond any run, exact in a
  * double (the table's ranges are doubles). */
@@ -79,6 +79,10 @@ static const opt_spec train_opts[] = {
     {.id = O_TRACE, .name = "trace", .kind = OPT_TEXT, .arg = "FILE",
      .help = "Chrome trace JSON of every rank's events (Perfetto)"},
     {.id = O_JSON, .name = "json", .shared = 1},
+    {.id = O_METRICS, .name = "metrics", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "JSON Lines: the run, then a line every --log-every steps and per epoch"},
+    {.id = O_LOG_EVERY, .name = "log-every", .kind = OPT_INT, .arg = "N", .min = 1,
+     .max = 1000000000, .def = "10", .help = "steps between the metrics file's step lines"},
     {.id = O_PROGRESS, .name = "progress", .kind = OPT_REAL, .arg = "S", .min = 0, .max = 1e9,
      .def = "5", .help = "when stdout is no terminal, a progress line every S seconds (0: none)"},
     {.id = O_VERBOSE, .name = "verbose", .kind = OPT_FLAG,
@@ -145,6 +149,8 @@ int train_options_parse(train_options *o, int argc, char **argv)
         case O_SHUFFLE: o->shuffle = p.choice == 0; break;
         case O_BIND: o->bind = binds[p.choice]; break;
         case O_WAIT: o->wait = (exec_waiting)p.choice; break;
+        case O_METRICS: o->metrics = p.arg; break;
+        case O_LOG_EVERY: o->log_every = (long)p.num; break;
         case O_EPOCHS: o->epochs = (int)p.num; break;
         case O_STEPS: o->steps = p.num; break;
         case O_WARMUP: o->warmup = p.num; break;

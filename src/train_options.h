@@ -31,6 +31,8 @@ typedef struct {
     int overlap;          /* reductions start during the backward pass */
     int skip_bucket;      /* testing: a bucket left unreduced (−1: none) */
     exec_waiting wait;    /* how MPI waits pass the time (--wait) */
+    const char *metrics;  /* --metrics FILE.jsonl (NULL: none) */
+    long log_every;       /* a metrics "step" line every N steps */
 } train_options;
 
 /* Fills o from argv (defaults first). Returns 0, 1 for --help, or −1 with a message. */

@@ -364,36 +364,34 @@ static json_t *json_stage_layers(const partition *part)
     return a;
 }
 
-static json_t *results_json(const train_run *run, const train_results *res,
-                            const stage_figures *fig)
+/* Sets fields[i].key to fields[i].value in obj for every field (NULL values, from a failed
+ * allocation, make it fail); takes every value's reference, also on failure. */
+typedef struct {
+    const char *key;
+    json_t *value;
+} json_field;
+
+static int put_fields(json_t *obj, json_field *fields, size_t n)
+{
+    int bad = !obj;
+    for (size_t i = 0; i < n; i++) {
+        /* json_object_set_new takes the value's reference even when it fails */
+        if (!bad) bad = json_object_set_new(obj, fields[i].key, fields[i].value) != 0;
+        else json_decref(fields[i].value);
+    }
+    return bad ? -1 : 0;
+}
+
+/* What the run is, known before its first step: what, where, when, how, the layout. */
+static json_t *run_json(const train_run *run)
 {
     const train_options *o = &run->o;
-    bubble_figures b = bubbles(run, fig);
-    int cuda = o->device == ENGINE_CUDA, K = fig->stages;
-    reduce_figures rf;
-    reduce_figures_init(&rf, run, fig);
-    if (!rf.predicted) return NULL;
-    struct {
-        const char *key;
-        json_t *value; /* NULL: could not be built (out of memory) */
-    } fields[] = {
-        /* results */
+    int cuda = o->device == ENGINE_CUDA;
+    json_field fields[] = {
         {"model", json_text(o->model)},
-        {"samples_per_s", json_number(samples_per_s(run, res))},
-        {"train_loss", json_number(res->train_loss)},
-        {"train_acc", json_number(res->train_acc)},
-        {"test_loss", json_number(res->test_loss)},
-        {"test_acc", json_number(res->test_acc)},
-        {"val_loss", json_number(res->val_loss)},
-        {"val_acc", json_number(res->val_acc)},
         {"data_read_s", json_number(run->read_s)},
-        {"steps", json_integer(res->steps)},
-        {"epochs", json_integer(res->epochs)},
         {"steps_per_epoch", json_integer(run->steps_per_epoch)},
         {"params", json_integer((json_int_t)run->net.param_count)},
-        {"wall_s", json_number(pt_now() - res->t_begin)},
-        {"train_s", json_number(res->train_s)},
-        /* the run: what, where, when, how */
         {"version", json_string(PT_VERSION)},
         {"commit", PT_GIT_COMMIT[0] ? json_string(PT_GIT_COMMIT) : json_null()},
         {"host", json_text(run->host)},
@@ -423,6 +421,38 @@ static json_t *results_json(const train_run *run, const train_results *res,
         {"bucket_mb", json_number(o->bucket_mb)},
         {"overlap", json_boolean(o->overlap)},
         {"reduce_link", json_string(topo_link_name(run->reduce_link))},
+    };
+    json_t *obj = json_object();
+    if (put_fields(obj, fields, sizeof fields / sizeof *fields)) {
+        json_decref(obj);
+        return NULL;
+    }
+    return obj;
+}
+
+json_t *train_report_run_json(const train_run *run) { return run_json(run); }
+
+static json_t *results_json(const train_run *run, const train_results *res,
+                            const stage_figures *fig)
+{
+    bubble_figures b = bubbles(run, fig);
+    int K = fig->stages;
+    reduce_figures rf;
+    reduce_figures_init(&rf, run, fig);
+    if (!rf.predicted) return NULL;
+    json_field fields[] = {
+        /* results */
+        {"samples_per_s", json_number(samples_per_s(run, res))},
+        {"train_loss", json_number(res->train_loss)},
+        {"train_acc", json_number(res->train_acc)},
+        {"test_loss", json_number(res->test_loss)},
+        {"test_acc", json_number(res->test_acc)},
+        {"val_loss", json_number(res->val_loss)},
+        {"val_acc", json_number(res->val_acc)},
+        {"steps", json_integer(res->steps)},
+        {"epochs", json_integer(res->epochs)},
+        {"wall_s", json_number(pt_now() - res->t_begin)},
+        {"train_s", json_number(res->train_s)},
         /* per-stage figures */
         {"bubble", json_number(b.measured)},
         {"bubble_theory", json_number(b.theory)},
@@ -448,18 +478,18 @@ static json_t *results_json(const train_run *run, const train_results *res,
         {"trace", json_text(res->traced)},
     };
     reduce_figures_free(&rf);
-    json_t *obj = json_object();
-    int bad = !obj;
-    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
-        /* json_object_set_new takes the value's reference even when it fails */
-        if (!bad) bad = json_object_set_new(obj, fields[i].key, fields[i].value) != 0;
-        else json_decref(fields[i].value);
-    }
-    if (bad) {
+    json_t *obj = run_json(run);
+    if (put_fields(obj, fields, sizeof fields / sizeof *fields)) {
         json_decref(obj);
         return NULL;
     }
     return obj;
+}
+
+json_t *train_report_results_json(const train_run *run, const train_results *res,
+                                  const stage_figures *fig)
+{
+    return results_json(run, res, fig);
 }
 
 int train_report_final(const train_run *run, const train_results *res,

@@ -4,6 +4,7 @@
 #ifndef PT_TRAIN_REPORT_H
 #define PT_TRAIN_REPORT_H
 
+#include <jansson.h>
 #include <mpi.h>
 
 #include "partition/partition.h"
@@ -41,6 +42,13 @@ typedef struct {
     long total_steps;           /* what --steps and --epochs ask for together */
     long epochs;                /* epochs the run touches (the last may be partial) */
     double read_s;              /* reading the data set (this rank's) */
+    /* --metrics: the file (rank 0), and on every rank the totals at the last step line
+     * (per stage: compute, wall, exposed reduction) and that interval's running sums */
+    struct metrics *metrics;
+    double *metrics_prev;
+    double metrics_t, metrics_loss;
+    long metrics_samples, metrics_correct, metrics_step;
+    int metrics_failed;         /* rank 0: a line could not be written (reported once) */
 } train_run;
 
 /* What the training loop measured; NAN where a figure does not exist (no --val, no test
@@ -78,6 +86,13 @@ void train_report_epoch(const train_run *run, const train_results *res, double e
  * message when the JSON object cannot be built. */
 int train_report_final(const train_run *run, const train_results *res,
                        const stage_figures *fig);
+
+/* The JSON object of what the run is (metadata and layout, known before the first step),
+ * and that object with the results and per-stage figures added (what --json prints);
+ * NULL when out of memory. The caller owns the result (json_decref). */
+json_t *train_report_run_json(const train_run *run);
+json_t *train_report_results_json(const train_run *run, const train_results *res,
+                                  const stage_figures *fig);
 
 /* Progress between the epoch lines, on rank 0 without --json: a bar redrawn in place on a
  * terminal, otherwise (under mpiexec, into a file) a line at the first step and then every
