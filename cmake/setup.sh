@@ -3,7 +3,8 @@
 
 PT_PACKAGES=(build-essential cmake pkg-config mpich libmpich-dev hwloc libhwloc-dev
              libopenblas-dev zlib1g-dev libinih-dev libjansson-dev libhwloc-plugins libcriterion-dev dataset-fashion-mnist
-             python3 python3-matplotlib clang libclang-rt-14-dev)
+             python3 python3-matplotlib clang libclang-rt-14-dev
+             slurmctld slurmd slurm-client munge)
 
 # MPICH looks up this host's name when a process starts; where the name does not resolve (a
 # root made by debootstrap has no /etc/hosts) every lookup waits for DNS to time out, about

@@ -1,0 +1,55 @@
+# A real Slurm cluster on this machine (experiments/slurm/local-cluster.sh: munged,
+# slurmctld and two slurmd as fake nodes n1 and n2): experiments/slurm/train.sbatch trains a
+# 2-stage pipeline across the two nodes, launched by srun and by mpiexec inside the
+# allocation, and both end bit-identical to the one-process run; a layout that does not fit
+# the allocation fails with a message. Then the same pipeline with MPICH's network path
+# forced (UCX over TCP on loopback) is bit-identical too. Needs root and Debian's Slurm
+# packages (cmake/setup.sh installs them): otherwise a skip with the reason.
+source "$(dirname "$0")/lib/common.bash"
+SLURM_DIR=$PT_SOURCE_DIR/experiments/slurm
+if [ "$(id -u)" -ne 0 ]; then echo "SKIP: needs root (slurmd runs the jobs)"; exit 77; fi
+for b in slurmctld slurmd sbatch munged; do
+    command -v "$b" >/dev/null || [ -x "/usr/sbin/$b" ] || { echo "SKIP: $b is not installed"; exit 77; }
+done
+export PT_SLURM_PORT=$((17100 + $$ % 400 * 2))   # 2 ports above it for the nodes
+CLUSTER=$WORK/cluster
+trap '"$SLURM_DIR/local-cluster.sh" stop "$CLUSTER"; rm -rf "$WORK"' EXIT
+if ! "$SLURM_DIR/local-cluster.sh" start "$CLUSTER" 2 >"$WORK/start.out" 2>&1; then
+    cat "$WORK/start.out"; failed "the local Slurm cluster did not start"; finish; exit 1
+fi
+export SLURM_CONF=$CLUSTER/slurm.conf
+pass "local Slurm cluster up: $(sinfo -h -o '%D nodes %t' | head -1)"
+
+ARGS=(--model "$MODELS/seed-mlp.cfg" --batch 32 --train-samples 256 --test-samples 0 --steps 4
+      --microbatches 2 --threads 1 --seed 7)
+"$PIPETRAIN" train "${ARGS[@]}" --save "$WORK/ref.st" >/dev/null
+cd "$WORK"
+for launch in srun mpiexec; do
+    if timeout 120 env LAUNCH=$launch PIPETRAIN="$PIPETRAIN" sbatch --wait --nodes=2 --ntasks-per-node=1 \
+            -o "$WORK/$launch.out" "$SLURM_DIR/train.sbatch" "${ARGS[@]}" --save "$WORK/$launch.st" \
+            >/dev/null 2>&1 \
+        && grep -q "2 tasks on 2 nodes (n\[1-2\]): 2 stages x 1 replicas, launched by $launch" "$WORK/$launch.out" \
+        && "$PIPETRAIN" diff "$WORK/$launch.st" "$WORK/ref.st" >/dev/null; then
+        pass "sbatch: 2-stage pipeline over nodes n1 and n2 ($launch): bit-identical to one process"
+    else
+        failed "sbatch with $launch"; cat "$WORK/$launch.out" 2>/dev/null | tail -n 20
+    fi
+done
+if timeout 60 env STAGES=3 PIPETRAIN="$PIPETRAIN" sbatch --wait --nodes=2 --ntasks-per-node=1 \
+        -o "$WORK/bad.out" "$SLURM_DIR/train.sbatch" "${ARGS[@]}" >/dev/null 2>&1; then
+    failed "STAGES=3 on 2 tasks: the job succeeded"
+elif grep -q "the allocation has 2 tasks, not a multiple of STAGES=3" "$WORK/bad.out"; then
+    pass "STAGES=3 on 2 tasks: $(cat "$WORK/bad.out")"
+else
+    failed "STAGES=3 on 2 tasks: no message"; cat "$WORK/bad.out"
+fi
+
+# MPICH's network path: UCX over TCP on loopback instead of shared memory
+if timeout 120 env UCX_TLS=tcp,self UCX_NET_DEVICES=lo "$MPIEXEC" -n 2 "$PIPETRAIN" train "${ARGS[@]}" \
+        --stages 2 --save "$WORK/tcp.st" >/dev/null 2>"$WORK/tcp.err" \
+    && "$PIPETRAIN" diff "$WORK/tcp.st" "$WORK/ref.st" >/dev/null; then
+    pass "2-stage pipeline over UCX tcp (loopback): bit-identical to one process"
+else
+    failed "pipeline over UCX tcp"; tail -n 5 "$WORK/tcp.err"
+fi
+finish
