@@ -11,12 +11,13 @@
 #include "src/base/error.h"
 #include "src/model/net.h"
 #include "src/options.h"
+#include "src/plan_emit.h"
 #include "src/plan_predict.h"
 #include "topologies/topo.h"
 
 enum { O_TOPOLOGY = 1, O_JSON, O_HELP, O_MODEL, O_STAGES, O_REPLICAS, O_NODES, O_PARTITION,
        O_BATCH, O_MICRO, O_DEVICE, O_GPUS, O_EXCLUSIVE, O_BANDWIDTH, O_LATENCY, O_SCHED,
-       O_REDUCE, O_BUCKET_MB, O_OVERLAP };
+       O_REDUCE, O_BUCKET_MB, O_OVERLAP, O_EMIT };
 
 static const opt_spec topo_opts[] = {
     {.id = O_TOPOLOGY, .name = "topology", .shared = 1},
@@ -58,6 +59,8 @@ static const opt_spec plan_opts[] = {
              "same-package=20e9,cross-package=10e9,cross-node=12.5e9"},
     {.id = O_LATENCY, .name = "latency", .kind = OPT_TEXT, .arg = "SPEC",
      .help = "override link latencies in seconds, e.g. cross-node=2e-6"},
+    {.id = O_EMIT, .name = "emit", .kind = OPT_CHOICE, .choices = "mpiexec|slurm",
+     .help = "print only the mpiexec command or the Slurm job script that runs this plan"},
     {.id = O_JSON, .name = "json", .shared = 1},
     {.id = O_HELP, .name = "help", .shared = 1},
     {0},
@@ -123,6 +126,7 @@ typedef struct {
     reduce_method reduce;
     double bucket_mb;
     int overlap;
+    int emit; /* 0, or plan_emit_kind */
     int replica_batch; /* batch / replicas: the samples each replica sees per step */
     topo_device device;
 } plan_args;
@@ -157,11 +161,14 @@ static int plan_parse(plan_args *a, int argc, char **argv)
         case O_REDUCE: a->reduce = methods[p.choice]; break;
         case O_BUCKET_MB: a->bucket_mb = p.real; break;
         case O_OVERLAP: a->overlap = p.choice == 0; break;
+        case O_EMIT: a->emit = p.choice == 0 ? PLAN_EMIT_MPIEXEC : PLAN_EMIT_SLURM; break;
         }
     }
     if (id == OPT_ERROR) return -1;
     if (!(a->bucket_mb > 0))
         return opt_error(&p, "--bucket-mb %g: must be positive", a->bucket_mb);
+    if (a->emit && a->json)
+        return opt_error(&p, "--emit prints a command, --json the plan: give one of them");
     if (a->gpus_per_stage) {
         if (opt_given(&p, O_DEVICE) && a->device != TOPO_DEVICE_CUDA)
             return opt_error(&p, "--gpus-per-stage needs --device cuda");
@@ -514,7 +521,20 @@ int topo_cmd_plan(int argc, char **argv)
         goto out;
     plan_result r = {.a = &a, .net = &net, .part = &part, .m = m, .tr = &tr, .cm = &cm,
                      .pl = &pl, .rank_time = rank_time, .pred = &pred};
-    if (a.json) {
+    if (a.emit) {
+        char extra[128] = "";
+        if (a.replicas > 1)
+            snprintf(extra, sizeof extra, "--reduce %s --bucket-mb %g --overlap %s",
+                     reduce_method_name(a.reduce), a.bucket_mb, a.overlap ? "on" : "off");
+        plan_emit_args ea = {
+            .kind = (plan_emit_kind)a.emit, .model = a.model, .stages = a.stages,
+            .replicas = a.replicas, .nodes = a.nodes, .batch = a.batch,
+            .microbatches = a.microbatches, .schedule = a.schedule, .train_options = extra,
+            .cuda = a.device == TOPO_DEVICE_CUDA,
+        };
+        if (plan_emit(stdout, &ea, &part, &pl) < 0)
+            goto out;
+    } else if (a.json) {
         if (print_plan_json(&r) < 0)
             goto out;
     } else {

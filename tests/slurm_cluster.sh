@@ -12,6 +12,7 @@ for b in slurmctld slurmd sbatch munged; do
     command -v "$b" >/dev/null || [ -x "/usr/sbin/$b" ] || { echo "SKIP: $b is not installed"; exit 77; }
 done
 export PT_SLURM_PORT=$((17100 + $$ % 400 * 2))   # 2 ports above it for the nodes
+export PT_SLURM_CPUS=2                            # as topologies/local-2core.xml
 CLUSTER=$WORK/cluster
 trap '"$SLURM_DIR/local-cluster.sh" stop "$CLUSTER"; rm -rf "$WORK"' EXIT
 if ! "$SLURM_DIR/local-cluster.sh" start "$CLUSTER" 2 >"$WORK/start.out" 2>&1; then
@@ -42,6 +43,20 @@ elif grep -q "the allocation has 2 tasks, not a multiple of STAGES=3" "$WORK/bad
     pass "STAGES=3 on 2 tasks: $(cat "$WORK/bad.out")"
 else
     failed "STAGES=3 on 2 tasks: no message"; cat "$WORK/bad.out"
+fi
+
+# plan --emit slurm: a 2 x 2 hybrid placed by the plan on two nodes of this machine's kind
+"$PIPETRAIN" plan --model "$MODELS/seed-mlp.cfg" --batch 32 --microbatches 2 --stages 2 \
+    --replicas 2 --nodes 2 --reduce ordered --partition params \
+    --topology "$PT_SOURCE_DIR/topologies/local-2core.xml" --emit slurm >"$WORK/plan.sbatch"
+"$PIPETRAIN" train "${ARGS[@]}" --microbatches 4 --save "$WORK/ref4.st" >/dev/null
+if timeout 120 env PIPETRAIN="$PIPETRAIN" sbatch --wait -o "$WORK/plan.out" "$WORK/plan.sbatch" \
+        --steps 4 --train-samples 256 --test-samples 0 --seed 7 --save "$WORK/plan.st" \
+        >/dev/null 2>&1 \
+    && "$PIPETRAIN" diff "$WORK/plan.st" "$WORK/ref4.st" >/dev/null; then
+    pass "plan --emit slurm: 2 x 2 ordered on 2 nodes ($(grep -o 'node_of=([0-9 ]*)' "$WORK/plan.sbatch")): bit-identical to one process, M=4"
+else
+    failed "plan --emit slurm job"; tail -n 20 "$WORK/plan.out" 2>/dev/null; cat "$WORK/plan.sbatch"
 fi
 
 # MPICH's network path: UCX over TCP on loopback instead of shared memory

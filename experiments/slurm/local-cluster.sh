@@ -2,7 +2,8 @@
 # local-cluster.sh start DIR [NODES] | stop DIR: a real Slurm cluster of NODES (default 2)
 # fake nodes on this machine, without systemd, for trying the job scripts and for the
 # tests: munged (unless one runs), slurmctld and one slurmd per node (slurmd -N nI), with a
-# minimal slurm.conf, state, spool, logs and PID files all in DIR. Needs root and Debian's
+# minimal slurm.conf, state, spool, logs and PID files all in DIR; each node has
+# PT_SLURM_CPUS CPUs (default 1; they are the same real cores). Needs root and Debian's
 # slurmctld, slurmd, slurm-client and munge. `start` prints the SLURM_CONF to export.
 set -euo pipefail
 cmd=${1:-} dir=${2:-}
@@ -64,7 +65,7 @@ names=()
     echo "SlurmctldLogFile=$dir/log/slurmctld.log"
     echo "SlurmdLogFile=$dir/log/slurmd.%n.log"
     for i in $(seq "$nodes"); do
-        echo "NodeName=n$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$((CTLD_PORT + i)) CPUs=1"
+        echo "NodeName=n$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$((CTLD_PORT + i)) CPUs=${PT_SLURM_CPUS:-1}"
         names+=("n$i")
     done
     echo "PartitionName=debug Nodes=$(IFS=,; echo "${names[*]}") Default=YES MaxTime=INFINITE State=UP"
