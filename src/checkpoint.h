@@ -13,4 +13,17 @@ int checkpoint_save(const char *path, const net_desc *net, const float *all);
 int checkpoint_load_layers(const char *path, const net_desc *net, int first, int last,
                            float *params);
 
+/* Checkpoints to resume from: the parameters as above, the optimizer's moment buffers
+ * under the same names with these prefixes ("optimizer.m.layers.3.weight"; momentum keeps
+ * m, Adam m and v, plain SGD neither) and metadata (a NULL-terminated key, value list; see
+ * src/checkpoint_dir.h for the keys train writes). m, v may be NULL: not written. */
+#define CHECKPOINT_M_PREFIX "optimizer.m."
+#define CHECKPOINT_V_PREFIX "optimizer.v."
+int checkpoint_save_full(const char *path, const net_desc *net, const float *params,
+                         const float *m, const float *v, const char *const *meta);
+/* Layers [first, last) of the parameters and, where m or v is not NULL, of that moment
+ * buffer; a missing tensor or a wrong shape is an error naming it. */
+int checkpoint_load_full(const char *path, const net_desc *net, int first, int last,
+                         float *params, float *m, float *v);
+
 #endif

@@ -56,7 +56,7 @@ static const opt_spec plan_opts[] = {
      .help = "CPU: more ranks than cores is an error, not shared cores"},
     {.id = O_BANDWIDTH, .name = "bandwidth", .kind = OPT_TEXT, .arg = "SPEC",
      .help = "override link bandwidths in bytes/s, e.g.\n"
-             "same-package=20e9,cross-package=10e9,cross-node=12.5e9"},
+             "same-package=20e9,cross-node=12.5e9"},
     {.id = O_LATENCY, .name = "latency", .kind = OPT_TEXT, .arg = "SPEC",
      .help = "override link latencies in seconds, e.g. cross-node=2e-6"},
     {.id = O_EMIT, .name = "emit", .kind = OPT_CHOICE, .choices = "mpiexec|slurm",

@@ -71,6 +71,11 @@ typedef struct {
     /* The stage's parameters in stage order (per layer: weight, then bias), host memory. */
     int (*read_params)(engine *, float *host);
     int (*write_params)(engine *, const float *host);
+    /* The optimizer's state in the same order: the first and second moment buffers
+     * (momentum uses m; Adam m and v; both param_count floats, zeros where unused) and the
+     * number of updates taken (Adam's bias correction). For checkpoints. */
+    int (*read_state)(engine *, float *m, float *v, long *updates);
+    int (*write_state)(engine *, const float *m, const float *v, long updates);
     /* Micro-batch m's samples `ids` of `d`: stage 0 takes their pixels, the last stage
      * their labels, a stage with dropout their ids. */
     int (*load)(engine *, int m, const dataset *d, const int64_t *ids, int n);
@@ -206,6 +211,14 @@ static inline int engine_read_params(engine *e, float *host)
 static inline int engine_write_params(engine *e, const float *host)
 {
     return e->ops->write_params(e, host);
+}
+static inline int engine_read_state(engine *e, float *m, float *v, long *updates)
+{
+    return e->ops->read_state(e, m, v, updates);
+}
+static inline int engine_write_state(engine *e, const float *m, const float *v, long updates)
+{
+    return e->ops->write_state(e, m, v, updates);
 }
 
 #endif

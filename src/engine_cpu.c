@@ -94,6 +94,24 @@ static int cpu_write_params(engine *e, const float *host)
     return 0;
 }
 
+static int cpu_read_state(engine *e, float *m, float *v, long *updates)
+{
+    const stage *st = &impl(e)->st;
+    memcpy(m, st->opt_m, e->param_count * sizeof(float));
+    memcpy(v, st->opt_v, e->param_count * sizeof(float));
+    *updates = st->step;
+    return 0;
+}
+
+static int cpu_write_state(engine *e, const float *m, const float *v, long updates)
+{
+    stage *st = &impl(e)->st;
+    memcpy(st->opt_m, m, e->param_count * sizeof(float));
+    memcpy(st->opt_v, v, e->param_count * sizeof(float));
+    st->step = updates;
+    return 0;
+}
+
 static int cpu_load(engine *e, int m, const dataset *d, const int64_t *ids, int n)
 {
     cpu_engine *c = impl(e);
@@ -268,6 +286,8 @@ static const engine_ops cpu_ops = {
     .init_params = cpu_init_params,
     .read_params = cpu_read_params,
     .write_params = cpu_write_params,
+    .read_state = cpu_read_state,
+    .write_state = cpu_write_state,
     .load = cpu_load,
     .forward = cpu_forward,
     .backward = cpu_backward,

@@ -678,34 +678,65 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
     return 0;
 }
 
-int exec_gather_params(exec_t *e, float *all)
+/* One array of every stage gathered on the pipeline's rank 0, politely (under --timeout).
+ * `mine` floats from this rank, −1 when it could not read them (rank 0 then fails). */
+static int gather_array(exec_t *e, const float *local, int mine, float *all, const char *what)
 {
-    int counts[e->size], displs[e->size];
-    float *local = malloc(e->eng->param_count ? e->eng->param_count * sizeof(float) : 1);
-    int ok = local ? engine_read_params(e->eng, local) == 0
-                   : pt_error_set("out of memory for the parameters") == 0;
-    /* A rank whose copy failed sends nothing: rank 0 then sees a short model, and every
-     * rank still takes part in both gathers. */
-    int mine = ok ? (int)e->eng->param_count : 0;
-    if (PT_MPI_CALL(MPI_Gather(&mine, 1, MPI_INT, counts, 1, MPI_INT, 0, e->comm))) {
-        free(local);
-        return -1;
+    int *counts = calloc((size_t)e->size, sizeof *counts), *displs = calloc((size_t)e->size, sizeof *displs);
+    if (!counts || !displs) {
+        free(counts);
+        free(displs);
+        return pt_error_set("out of memory");
     }
+    int ok = mine >= 0, n = ok ? mine : 0;
+    MPI_Request req;
+    int rc = PT_MPI_CALL(MPI_Igather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, e->comm, &req)) ||
+             exec_wait_collective(&req, e->comm, e->cfg.timeout_s);
     long total = 0;
-    if (e->rank == 0)
+    if (!rc && e->rank == 0)
         for (int r = 0; r < e->size; r++) {
             displs[r] = (int)total;
             total += counts[r];
         }
     /* stages hold consecutive layers, so their blocks concatenate into the whole model */
-    int rc = PT_MPI_CALL(MPI_Gatherv(local, mine, MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0,
-                                     e->comm));
-    free(local);
+    if (!rc)
+        rc = PT_MPI_CALL(MPI_Igatherv(local, n, MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0,
+                                      e->comm, &req)) ||
+             exec_wait_collective(&req, e->comm, e->cfg.timeout_s);
+    free(counts);
+    free(displs);
     if (rc) return -1;
     if (!ok) return -1;
     if (e->rank == 0 && (size_t)total != e->net->param_count)
-        return pt_error_set("gathering the parameters: another stage could not read its own");
+        return pt_error_set("gathering the %s: another stage could not read its own", what);
     return 0;
+}
+
+int exec_gather_state(exec_t *e, float *params, float *m, float *v, int with_m, int with_v,
+                      long *updates)
+{
+    size_t P = e->eng->param_count;
+    float *local = malloc(3 * (P ? P : 1) * sizeof *local);
+    long upd = 0;
+    int ok = local ? engine_read_params(e->eng, local) == 0
+                   : pt_error_set("out of memory for the parameters") == 0;
+    if (ok && (with_m || with_v))
+        ok = engine_read_state(e->eng, local + P, local + 2 * P, &upd) == 0;
+    /* A rank whose copy failed sends nothing: rank 0 then sees a short model, and every
+     * rank still takes part in every gather. */
+    int mine = ok ? (int)P : -1;
+    int rc = gather_array(e, local, mine, params, "parameters");
+    /* every rank takes part in the same gathers (m and v matter on rank 0 only) */
+    if (with_m && gather_array(e, local + P, mine, m, "optimizer's first moments")) rc = -1;
+    if (with_v && gather_array(e, local + 2 * P, mine, v, "optimizer's second moments")) rc = -1;
+    free(local);
+    if (updates) *updates = upd; /* every stage takes the same number of updates */
+    return rc;
+}
+
+int exec_gather_params(exec_t *e, float *all)
+{
+    return exec_gather_state(e, all, NULL, NULL, 0, 0, NULL);
 }
 
 void exec_get_stats(const exec_t *e, exec_stats *st)

@@ -99,6 +99,11 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
  * param_count), from every stage. `all` is only written there and may be NULL elsewhere.
  * Collective over the pipeline (one replica's ranks). */
 int exec_gather_params(exec_t *e, float *all);
+/* The same for checkpoints: the parameters and, with with_m / with_v (the same on every
+ * rank), the optimizer's moment buffers (whole model each into m, v on rank 0) and the
+ * updates taken. Every wait is polite and under --timeout. */
+int exec_gather_state(exec_t *e, float *params, float *m, float *v, int with_m, int with_v,
+                      long *updates);
 
 void exec_get_stats(const exec_t *e, exec_stats *st);
 void exec_reset_stats(exec_t *e);

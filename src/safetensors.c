@@ -8,6 +8,7 @@
 #include "src/safetensors.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -87,10 +88,17 @@ static int check_tensors(const char *path, const st_tensor *tensors, int count)
 /* The header: {"name": {"dtype": "F32", "shape": [...], "data_offsets": [b, e]}, ...} in
  * the tensors' order, compact, padded with blanks so that the data starts 8-byte aligned
  * (after the 8-byte length). NULL when out of memory; the tensors are checked already. */
-static char *header_text(const st_tensor *tensors, int count, size_t *len)
+static char *header_text(const st_tensor *tensors, int count, const char *const *meta,
+                         size_t *len)
 {
     json_t *h = json_object();
     int ok = h != NULL;
+    if (ok && meta && meta[0]) {
+        json_t *m = json_object();
+        for (int i = 0; m && meta[i] && meta[i + 1]; i += 2)
+            if (json_object_set_new(m, meta[i], json_string(meta[i + 1])) != 0) ok = 0;
+        if (!m || json_object_set_new(h, "__metadata__", m) != 0) ok = 0;
+    }
     uint64_t offset = 0;
     for (int i = 0; ok && i < count; i++) {
         const st_tensor *t = &tensors[i];
@@ -126,18 +134,44 @@ static char *header_text(const st_tensor *tensors, int count, size_t *len)
 
 int st_write(const char *path, const st_tensor *tensors, int count)
 {
+    return st_write_meta(path, tensors, count, NULL);
+}
+
+/* Flushes the directory holding `path`, so that a rename into it survives a crash. */
+static int sync_dir_of(const char *path)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = '\0';
+    else *slash = '\0';
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+int st_write_meta(const char *path, const st_tensor *tensors, int count,
+                  const char *const *meta)
+{
     if (count < 0 || (count > 0 && !tensors))
         return pt_error_set("%s: bad tensor list (count %d)", path, count);
     if (check_tensors(path, tensors, count) != 0)
         return -1;
 
     size_t len;
-    char *h = header_text(tensors, count, &len);
+    char *h = header_text(tensors, count, meta, &len);
     if (!h)
-        return pt_error_set("%s: out of memory building the header", path);
+        return pt_error_set("%s: out of memory building the header (or metadata not UTF-8)",
+                            path);
 
+    /* unique per process and call: two writers of one path never share a temporary */
+    static unsigned long serial;
     char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+    if (snprintf(tmp, sizeof tmp, "%s.tmp-%ld-%lu", path, (long)getpid(), serial++) >=
+        (int)sizeof tmp) {
         free(h);
         return pt_error_set("%s: path too long", path);
     }
@@ -173,6 +207,9 @@ int st_write(const char *path, const st_tensor *tensors, int count)
         unlink(tmp);
         return pt_error_set("%s: cannot rename %s into place: %s", path, tmp, strerror(e));
     }
+    if (sync_dir_of(path) != 0)
+        return pt_error_set("%s: written, but its directory could not be flushed to disk: %s",
+                            path, strerror(errno));
     return 0;
 }
 
@@ -245,7 +282,7 @@ static int parse_tensor(const char *path, const json_t *o, st_entry *e)
     return 0;
 }
 
-/* "__metadata__": an object of strings, which we do not use. */
+/* "__metadata__": an object of strings (kept: checkpoints describe themselves there). */
 static int check_metadata(const char *path, const json_t *o)
 {
     if (!json_is_object(o))
@@ -258,12 +295,19 @@ static int check_metadata(const char *path, const json_t *o)
     return 0;
 }
 
+static void free_meta(char **meta)
+{
+    for (size_t i = 0; meta && meta[i]; i++) free(meta[i]);
+    free(meta);
+}
+
 /* The header text: one object of tensors (and maybe "__metadata__"), then blanks. */
 static int parse_header(const char *path, const char *text, size_t len, st_entry **entries,
-                        int *count)
+                        int *count, char ***meta)
 {
     *entries = NULL;
     *count = 0;
+    *meta = NULL;
     json_error_t err;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
     if (!root)
@@ -284,6 +328,26 @@ static int parse_header(const char *path, const char *text, size_t len, st_entry
         if (strcmp(name, "__metadata__") == 0) {
             if ((rc = check_metadata(path, v)) != 0)
                 break;
+            size_t m = json_object_size(v), k = 0;
+            *meta = calloc(2 * m + 1, sizeof **meta);
+            if (!*meta) {
+                rc = pt_error_set("%s: out of memory", path);
+                break;
+            }
+            const char *mk;
+            json_t *mv;
+            json_object_foreach(v, mk, mv) {
+                (*meta)[k] = strdup(mk);
+                (*meta)[k + 1] = strdup(json_string_value(mv));
+                if (!(*meta)[k] || !(*meta)[k + 1]) {
+                    free((*meta)[k]);
+                    (*meta)[k] = NULL;
+                    rc = pt_error_set("%s: out of memory", path);
+                    break;
+                }
+                k += 2;
+            }
+            if (rc) break;
             continue;
         }
         if (strlen(name) > (size_t)ST_MAX_NAME) {
@@ -301,6 +365,8 @@ static int parse_header(const char *path, const char *text, size_t len, st_entry
         free(*entries);
         *entries = NULL;
         *count = 0;
+        free_meta(*meta);
+        *meta = NULL;
     }
     return rc;
 }
@@ -404,7 +470,7 @@ int st_read(st_file *f, const char *path)
     /* then the header against the data section, still without reading it */
     st_entry *entries = NULL;
     int count = 0;
-    int rc = parse_header(path, header, (size_t)header_len, &entries, &count);
+    int rc = parse_header(path, header, (size_t)header_len, &entries, &count, &f->meta);
     free(header);
     if (rc == 0)
         rc = check_layout(path, entries, count, data_bytes);
@@ -443,8 +509,16 @@ const st_tensor *st_find(const st_file *f, const char *name)
     return NULL;
 }
 
+const char *st_meta(const st_file *f, const char *key)
+{
+    for (size_t i = 0; f->meta && f->meta[i]; i += 2)
+        if (strcmp(f->meta[i], key) == 0) return f->meta[i + 1];
+    return NULL;
+}
+
 void st_free(st_file *f)
 {
+    free_meta(f->meta);
     free(f->tensors);
     free(f->blob);
     memset(f, 0, sizeof *f);

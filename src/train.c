@@ -23,6 +23,7 @@
 #include "src/base/mpi_check.h"
 #include "src/exec.h"
 #include "src/metrics.h"
+#include "src/train_checkpoint.h"
 #include "src/options.h"
 #include "src/train_options.h"
 #include "src/train_report.h"
@@ -617,12 +618,14 @@ static void evaluate(train_run *run, train_results *res)
 static int train_epoch(train_run *run, long ep, train_progress *prog, train_results *res)
 {
     const train_options *o = &run->o;
+    /* a resumed run enters its first epoch where the checkpoint left it */
+    long s0 = res->steps - ep * run->steps_per_epoch;
     long left = run->total_steps - res->steps;
-    long n = left < run->steps_per_epoch ? left : run->steps_per_epoch;
+    long n = s0 + (left < run->steps_per_epoch - s0 ? left : run->steps_per_epoch - s0);
     shuffle_indices(run->order, run->train.count, o->seed, ep, o->shuffle);
     double loss_sum = 0, t0 = pt_now();
     long correct = 0, samples = 0;
-    for (long s = 0; s < n; s++) {
+    for (long s = s0; s < n; s++) {
         long step = res->steps;
         if (step == o->warmup) exec_reset_stats(run->ex);
         double ts = pt_now();
@@ -647,6 +650,9 @@ static int train_epoch(train_run *run, long ep, train_progress *prog, train_resu
         loss_sum += r.loss_sum;
         correct += r.correct;
         samples += o->batch;
+        if (o->ckpt_every > 0 && res->steps % o->ckpt_every == 0 &&
+            res->steps < run->total_steps && train_checkpoint_save(run, res->steps))
+            abort_job(run->comm);
         if (o->metrics) {
             run->metrics_loss += r.loss_sum;
             run->metrics_correct += r.correct;
@@ -677,7 +683,9 @@ static int train_loop(train_run *run, train_results *res)
     };
     train_progress prog;
     train_progress_init(&prog, run);
-    for (long ep = 0; ep < run->epochs; ep++)
+    long start = run->resumed_from_step > 0 ? run->resumed_from_step : 0;
+    res->steps = start;
+    for (long ep = start / run->steps_per_epoch; ep < run->epochs; ep++)
         if (train_epoch(run, ep, &prog, res)) return -1;
     return 0;
 }
@@ -707,6 +715,10 @@ static int finish_run(train_run *run, train_results *res)
     stage_figures fig;
     if (gather_figures(run, &fig)) abort_job(run->comm);
     int failed = 0;
+    /* the end of the run is a checkpoint too, to go on from later */
+    if (run->o.ckpt_dir && run->last_checkpoint_step != res->steps &&
+        train_checkpoint_save(run, res->steps))
+        failed++;
     if (run->o.save) {
         if (save_checkpoint(run)) failed++;
         else res->saved = run->o.save;
@@ -752,7 +764,8 @@ int train_main(int argc, char **argv)
 
     int rc = 1;
     train_results res;
-    if (!setup_run(&run) && !metrics_start(&run)) {
+    run.last_checkpoint_step = -1;
+    if (!setup_run(&run) && !train_checkpoint_setup(&run) && !metrics_start(&run)) {
         train_report_banner(&run);
         if (!train_loop(&run, &res)) rc = finish_run(&run, &res);
     }

@@ -13,7 +13,8 @@ enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS
        O_WARMUP, O_BATCH, O_OPT, O_LR, O_MOM, O_WD, O_SEED, O_SHUFFLE, O_STAGES, O_MICRO,
        O_SCHED, O_PART, O_THREADS, O_BIND, O_DEVICE, O_TIMEOUT, O_TRACE, O_JSON, O_VERBOSE,
        O_HELP, O_STALL, O_KILL, O_DELAY, O_PROGRESS, O_MPI_ERROR, O_REPLICAS, O_REDUCE,
-       O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT, O_METRICS, O_LOG_EVERY };
+       O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT, O_METRICS, O_LOG_EVERY, O_CKPT_DIR,
+       O_CKPT_EVERY, O_KEEP, O_RESUME };
 
 /* The largest step count, sample count or seed we take: far beyond any run, exact in a
  * double (the table's ranges are doubles). */
@@ -34,6 +35,14 @@ static const opt_spec train_opts[] = {
      .help = "start from a safetensors checkpoint"},
     {.id = O_SAVE, .name = "save", .kind = OPT_TEXT, .arg = "FILE",
      .help = "write the final parameters as safetensors"},
+    {.id = O_CKPT_DIR, .name = "checkpoint-dir", .kind = OPT_TEXT, .arg = "DIR",
+     .help = "write checkpoints to resume from here (parameters, optimizer state, step)"},
+    {.id = O_CKPT_EVERY, .name = "checkpoint-every", .kind = OPT_INT, .arg = "N", .min = 0,
+     .max = 1000000000, .def = "0", .help = "a checkpoint every N steps (0: at the end only)"},
+    {.id = O_KEEP, .name = "keep", .kind = OPT_INT, .arg = "K", .min = 1, .max = 1000000,
+     .def = "2", .help = "checkpoints kept in --checkpoint-dir (the newest K)"},
+    {.id = O_RESUME, .name = "resume", .kind = OPT_TEXT, .arg = "DIR|FILE",
+     .help = "continue from the newest complete checkpoint there, in any layout"},
     {.section = "training"},
     {.id = O_EPOCHS, .name = "epochs", .kind = OPT_INT, .arg = "N", .min = 1, .max = INT_MAX,
      .def = "1", .help = "passes over the training set"},
@@ -138,6 +147,10 @@ int train_options_parse(train_options *o, int argc, char **argv)
         case O_DATA: o->data = p.arg; break;
         case O_LOAD: o->load = p.arg; break;
         case O_SAVE: o->save = p.arg; break;
+        case O_CKPT_DIR: o->ckpt_dir = p.arg; break;
+        case O_CKPT_EVERY: o->ckpt_every = p.num; break;
+        case O_KEEP: o->keep = (int)p.num; break;
+        case O_RESUME: o->resume = p.arg; break;
         case O_TRACE: o->trace = p.arg; break;
         case O_SCHED: o->schedule = p.arg; break;
         case O_PART: o->partition = p.arg; break;
@@ -188,6 +201,10 @@ int train_options_parse(train_options *o, int argc, char **argv)
     o->epochs_given = opt_given(&p, O_EPOCHS);
     if (!(o->bucket_mb > 0))
         return opt_error(&p, "--bucket-mb %g: must be positive", o->bucket_mb);
+    if (o->ckpt_every > 0 && !o->ckpt_dir)
+        return opt_error(&p, "--checkpoint-every needs --checkpoint-dir DIR");
+    if (o->resume && o->load)
+        return opt_error(&p, "--resume and --load both set the parameters: give one");
     if (o->replicas > 1 && o->batch % ((long)o->replicas * o->microbatches))
         return opt_error(&p, "--batch %d is not divisible by --replicas %d × --microbatches %d "
                          "= %ld: each replica takes batch/replicas samples in micro-batches of "

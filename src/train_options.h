@@ -32,6 +32,11 @@ typedef struct {
     int skip_bucket;      /* testing: a bucket left unreduced (−1: none) */
     exec_waiting wait;    /* how MPI waits pass the time (--wait) */
     const char *metrics;  /* --metrics FILE.jsonl (NULL: none) */
+    /* checkpoints to resume from (src/checkpoint_dir.h) */
+    const char *ckpt_dir; /* --checkpoint-dir (NULL: none) */
+    long ckpt_every;      /* a checkpoint every N steps (0: only at the end) */
+    int keep;             /* checkpoints kept */
+    const char *resume;   /* --resume DIR|FILE (NULL: a fresh start) */
     long log_every;       /* a metrics "step" line every N steps */
 } train_options;
 

@@ -475,6 +475,11 @@ static json_t *results_json(const train_run *run, const train_results *res,
         {"step_predicted_s", json_number(rf.step_predicted)},
         /* outputs written */
         {"checkpoint", json_text(res->saved)},
+        {"resumed_from_step",
+         run->resumed_from_step >= 0 ? json_integer(run->resumed_from_step) : json_null()},
+        {"resumed_from", run->resumed_from_step >= 0 ? json_text(run->resumed_from) : json_null()},
+        {"last_checkpoint_step",
+         run->last_checkpoint_step >= 0 ? json_integer(run->last_checkpoint_step) : json_null()},
         {"trace", json_text(res->traced)},
     };
     reduce_figures_free(&rf);

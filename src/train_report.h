@@ -49,6 +49,9 @@ typedef struct {
     double metrics_t, metrics_loss;
     long metrics_samples, metrics_correct, metrics_step;
     int metrics_failed;         /* rank 0: a line could not be written (reported once) */
+    long resumed_from_step;     /* --resume: the checkpoint's step (−1: a fresh start) */
+    char resumed_from[4096];    /* and its file */
+    long last_checkpoint_step;  /* the step of the last checkpoint written (−1: none) */
 } train_run;
 
 /* What the training loop measured; NAN where a figure does not exist (no --val, no test

@@ -380,6 +380,35 @@ static int cuda_write_params(engine *e, const float *host)
     return 0;
 }
 
+/* The optimizer's moments, copied like the parameters; the update count lives on the host. */
+static int cuda_read_state(engine *e, float *m, float *v, long *updates)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    *updates = c->step;
+    if (!e->param_count) return 0;
+    CUDA_CHECK(cudaSetDevice(c->device));
+    CUDA_CHECK(cudaMemcpyAsync(m, c->opt_m, e->param_count * sizeof(float),
+                               cudaMemcpyDeviceToHost, c->ctx.stream));
+    CUDA_CHECK(cudaMemcpyAsync(v, c->opt_v, e->param_count * sizeof(float),
+                               cudaMemcpyDeviceToHost, c->ctx.stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->ctx.stream));
+    return 0;
+}
+
+static int cuda_write_state(engine *e, const float *m, const float *v, long updates)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    c->step = updates;
+    if (!e->param_count) return 0;
+    CUDA_CHECK(cudaSetDevice(c->device));
+    CUDA_CHECK(cudaMemcpyAsync(c->opt_m, m, e->param_count * sizeof(float),
+                               cudaMemcpyHostToDevice, c->ctx.stream));
+    CUDA_CHECK(cudaMemcpyAsync(c->opt_v, v, e->param_count * sizeof(float),
+                               cudaMemcpyHostToDevice, c->ctx.stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->ctx.stream));
+    return 0;
+}
+
 /* ------------------------------------------------------------------ gradients ---- */
 
 int engine_cuda_grads_written(cuda_engine *c, int lo, int hi)
@@ -588,6 +617,8 @@ static const engine_ops cuda_ops = {
     .init_params = cuda_init_params,
     .read_params = cuda_read_params,
     .write_params = cuda_write_params,
+    .read_state = cuda_read_state,
+    .write_state = cuda_write_state,
     .load = cuda_load,
     .forward = engine_cuda_forward,
     .backward = engine_cuda_backward,

@@ -1,0 +1,234 @@
+/* train's checkpoints to resume from (src/train_checkpoint.h): writing them every N steps
+ * and at the end, and starting a run from the newest usable one. */
+#include "src/train_checkpoint.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "src/base/error.h"
+#include "src/base/mpi_check.h"
+#include "src/checkpoint.h"
+#include "src/checkpoint_dir.h"
+#include "src/exec.h"
+
+/* Collective: 0 when every rank's status is 0; else the first failing rank prints its
+ * message and every rank returns −1. */
+static int all_ok(const train_run *run, int status)
+{
+    int first_bad = status ? run->rank : INT_MAX;
+    if (exec_allreduce(&first_bad, 1, MPI_INT, MPI_MIN, run->comm, run->o.timeout)) return -1;
+    if (first_bad == INT_MAX) return 0;
+    if (run->rank == first_bad)
+        fprintf(stderr, "pipetrain: rank %d (%s): %s\n", run->rank, run->host, pt_error_get());
+    return pt_error_set("rank %d could not %s", first_bad, "take part in the checkpoint");
+}
+
+/* FNV-1a 64 of the model file's bytes, as 16 hex digits: a checkpoint names the model it
+ * belongs to, whatever the file is called now. */
+static int model_hash(const char *path, char out[17])
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return pt_error_set("%s: cannot read the model file to hash it", path);
+    uint64_t h = 0xcbf29ce484222325ull;
+    int c;
+    while ((c = fgetc(f)) != EOF) {
+        h ^= (unsigned char)c;
+        h *= 0x100000001b3ull;
+    }
+    fclose(f);
+    snprintf(out, 17, "%016llx", (unsigned long long)h);
+    return 0;
+}
+
+/* The options a checkpoint's state depends on: a resumed run must have the same, or it
+ * would not continue the same training. (The layout may differ.) */
+typedef struct {
+    const char *key;
+    char value[64];
+} meta_field;
+
+enum { N_FIXED = 11 };
+
+static void fixed_fields(const train_run *run, const char *hash, meta_field *f)
+{
+    const train_options *o = &run->o;
+    const optimizer_config *c = &o->opt;
+    static const char *const opt_names[] = {"sgd", "momentum", "adam"};
+    int i = 0;
+    f[i].key = "model_hash";
+    snprintf(f[i++].value, sizeof f->value, "%s", hash);
+    f[i].key = "seed";
+    snprintf(f[i++].value, sizeof f->value, "%llu", o->seed);
+    f[i].key = "shuffle";
+    snprintf(f[i++].value, sizeof f->value, "%s", o->shuffle ? "on" : "off");
+    f[i].key = "batch";
+    snprintf(f[i++].value, sizeof f->value, "%d", o->batch);
+    f[i].key = "optimizer";
+    snprintf(f[i++].value, sizeof f->value, "%s", opt_names[c->kind]);
+    f[i].key = "lr";
+    snprintf(f[i++].value, sizeof f->value, "%.9g", (double)c->lr);
+    f[i].key = "momentum";
+    snprintf(f[i++].value, sizeof f->value, "%.9g", (double)c->momentum);
+    f[i].key = "beta1";
+    snprintf(f[i++].value, sizeof f->value, "%.9g", (double)c->beta1);
+    f[i].key = "beta2";
+    snprintf(f[i++].value, sizeof f->value, "%.9g", (double)c->beta2);
+    f[i].key = "eps";
+    snprintf(f[i++].value, sizeof f->value, "%.9g", (double)c->eps);
+    f[i].key = "weight_decay";
+    snprintf(f[i++].value, sizeof f->value, "%.9g", (double)c->weight_decay);
+}
+
+typedef struct {
+    const train_run *run;
+    meta_field fixed[N_FIXED];
+} resume_check;
+
+static int check_compatible(const st_file *f, const char *path, void *arg)
+{
+    const resume_check *rc = arg;
+    for (int i = 0; i < N_FIXED; i++) {
+        const char *have = st_meta(f, rc->fixed[i].key);
+        if (!have)
+            return pt_error_set("%s: its metadata lacks %s", path, rc->fixed[i].key);
+        if (strcmp(have, rc->fixed[i].value) != 0) {
+            if (!strcmp(rc->fixed[i].key, "model_hash"))
+                return pt_error_set("%s was written for another model (its model file's hash "
+                                    "%s, %s's is %s)", path, have, rc->run->o.model,
+                                    rc->fixed[i].value);
+            return pt_error_set("%s was written with --%s %s, this run has %s: resume with the "
+                                "same --%s", path, rc->fixed[i].key, have, rc->fixed[i].value,
+                                rc->fixed[i].key);
+        }
+    }
+    const char *step = st_meta(f, "step");
+    char *end = NULL;
+    long s = step ? strtol(step, &end, 10) : -1;
+    if (!step || *end || s < 0)
+        return pt_error_set("%s: bad step '%s' in its metadata", path, step ? step : "(none)");
+    if (s > rc->run->total_steps)
+        return pt_error_set("%s is at step %ld, past this run's last step %ld: give more "
+                            "--steps or --epochs", path, s, rc->run->total_steps);
+    return 0;
+}
+
+/* Which moment buffers the optimizer keeps. */
+static void moments_used(const train_run *run, int *m, int *v)
+{
+    *m = run->o.opt.kind != OPT_SGD;
+    *v = run->o.opt.kind == OPT_ADAM;
+}
+
+int train_checkpoint_setup(train_run *run)
+{
+    const train_options *o = &run->o;
+    run->resumed_from_step = -1;
+    int rc = 0;
+    if (o->ckpt_dir && run->rank == 0) rc = ckpt_dir_prepare(o->ckpt_dir);
+    if (all_ok(run, rc)) return -1;
+    if (!o->resume) return 0;
+
+    /* rank 0 chooses (and reports what it refuses); every rank reads the same file */
+    resume_check check = {.run = run};
+    char hash[17] = "";
+    rc = model_hash(o->model, hash);
+    if (!rc) fixed_fields(run, hash, check.fixed);
+    char path[4096] = "";
+    if (!rc && run->rank == 0)
+        rc = ckpt_find_latest(o->resume, check_compatible, &check, path, sizeof path);
+    if (all_ok(run, rc)) return -1;
+    MPI_Request req;
+    if (PT_MPI_CALL(MPI_Ibcast(path, sizeof path, MPI_CHAR, 0, run->comm, &req)) ||
+        exec_wait_collective(&req, run->comm, o->timeout))
+        return -1;
+    snprintf(run->resumed_from, sizeof run->resumed_from, "%s", path);
+
+    engine *eng = exec_engine(run->ex);
+    size_t P = eng->param_count;
+    int use_m, use_v;
+    moments_used(run, &use_m, &use_v);
+    float *buf = calloc(3 * (P ? P : 1), sizeof *buf);
+    st_file f = {0};
+    rc = buf ? st_read(&f, path) : pt_error_set("out of memory");
+    if (!rc) rc = check_compatible(&f, path, &check);
+    long step = 0, epoch = 0, updates = 0;
+    if (!rc) {
+        step = strtol(st_meta(&f, "step"), NULL, 10);
+        const char *e = st_meta(&f, "epoch"), *u = st_meta(&f, "updates");
+        epoch = e ? strtol(e, NULL, 10) : 0;
+        updates = u ? strtol(u, NULL, 10) : step;
+    }
+    st_free(&f);
+    int first = run->part.first[run->stage], last = run->part.first[run->stage + 1];
+    if (!rc)
+        rc = checkpoint_load_full(path, &run->net, first, last, buf, use_m ? buf + P : NULL,
+                                  use_v ? buf + 2 * P : NULL);
+    if (!rc) rc = engine_write_params(eng, buf) || engine_write_state(eng, buf + P, buf + 2 * P, updates);
+    free(buf);
+    (void)epoch;
+    if (all_ok(run, rc)) return -1;
+    run->resumed_from_step = step;
+    run->last_checkpoint_step = step; /* it is there already */
+    return 0;
+}
+
+int train_checkpoint_save(train_run *run, long step)
+{
+    const train_options *o = &run->o;
+    size_t P = run->net.param_count;
+    int use_m, use_v, root = run->rank == 0;
+    moments_used(run, &use_m, &use_v);
+    float *all = root ? malloc(3 * (P ? P : 1) * sizeof *all) : NULL;
+    char hash[17] = "";
+    int rc = root && !all ? pt_error_set("out of memory for the checkpoint") : 0;
+    if (!rc && root) rc = model_hash(o->model, hash);
+    if (all_ok(run, rc)) {
+        free(all);
+        return -1;
+    }
+    /* replica 0's pipeline holds what every replica holds */
+    long updates = 0;
+    if (run->replica == 0)
+        rc = exec_gather_state(run->ex, all, all ? all + P : NULL, all ? all + 2 * P : NULL,
+                               use_m, use_v, &updates);
+    if (!rc && root) {
+        meta_field fixed[N_FIXED];
+        fixed_fields(run, hash, fixed);
+        char s_step[32], s_epoch[32], s_upd[32], s_st[16], s_rep[16], s_mb[16];
+        snprintf(s_step, sizeof s_step, "%ld", step);
+        snprintf(s_epoch, sizeof s_epoch, "%ld", run->steps_per_epoch ? step / run->steps_per_epoch : 0);
+        snprintf(s_upd, sizeof s_upd, "%ld", updates);
+        snprintf(s_st, sizeof s_st, "%d", o->stages);
+        snprintf(s_rep, sizeof s_rep, "%d", o->replicas);
+        snprintf(s_mb, sizeof s_mb, "%d", o->microbatches);
+        const char *meta[2 * (N_FIXED + 14) + 1];
+        int k = 0;
+        meta[k++] = "pipetrain_checkpoint", meta[k++] = "1";
+        meta[k++] = "step", meta[k++] = s_step;
+        meta[k++] = "epoch", meta[k++] = s_epoch;
+        meta[k++] = "updates", meta[k++] = s_upd;
+        meta[k++] = "model", meta[k++] = o->model;
+        for (int i = 0; i < N_FIXED; i++) meta[k++] = fixed[i].key, meta[k++] = fixed[i].value;
+        meta[k++] = "stages", meta[k++] = s_st;
+        meta[k++] = "replicas", meta[k++] = s_rep;
+        meta[k++] = "microbatches", meta[k++] = s_mb;
+        meta[k++] = "schedule", meta[k++] = run->sched.name;
+        meta[k++] = "version", meta[k++] = PT_VERSION;
+        meta[k++] = "commit", meta[k++] = PT_GIT_COMMIT;
+        meta[k++] = "complete", meta[k++] = "1";
+        meta[k] = NULL;
+        char path[4200];
+        ckpt_dir_file(o->ckpt_dir, step, path, sizeof path);
+        rc = checkpoint_save_full(path, &run->net, all, use_m ? all + P : NULL,
+                                  use_v ? all + 2 * P : NULL, meta);
+        if (!rc) rc = ckpt_dir_prune(o->ckpt_dir, o->keep);
+    }
+    free(all);
+    if (all_ok(run, rc)) return -1;
+    run->last_checkpoint_step = step;
+    return 0;
+}

@@ -1,0 +1,82 @@
+# Checkpoints to resume from (--checkpoint-dir, --checkpoint-every, --keep, --resume): a run
+# interrupted at step n and resumed ends bit-identical to the uninterrupted run (Adam with
+# dropout across an epoch boundary; momentum; a 2-stage pipeline; replicas), also when it
+# resumes into another layout that is bit-identical to the first; a corrupt newest
+# checkpoint falls back to the previous one; bad resumes are refused with the reason.
+source "$(dirname "$0")/lib/common.bash"
+export OPENBLAS_NUM_THREADS=1
+CNN=(--model "$MODELS/seed-cnn.cfg" --batch 32 --train-samples 256 --test-samples 0 --threads 1
+     --seed 5 --optimizer adam --lr 0.001)   # 8 steps per epoch; seed-cnn has dropout
+MLP=(--model "$MODELS/seed-mlp.cfg" --batch 32 --train-samples 256 --test-samples 0 --threads 1
+     --seed 5 --optimizer momentum --lr 0.05)
+same() { "$PIPETRAIN" diff "$1" "$2" >/dev/null && pass "$3" || failed "$3: differs"; }
+
+# one process, Adam + dropout, interrupted at step 5, resumed to 12 (past the epoch's end)
+"$PIPETRAIN" train "${CNN[@]}" --steps 12 --save "$WORK/cnn_full.st" >/dev/null
+"$PIPETRAIN" train "${CNN[@]}" --steps 5 --checkpoint-dir "$WORK/c1" --checkpoint-every 2 \
+    --keep 2 >/dev/null
+ls "$WORK/c1" | tr '\n' ' ' | grep -qx "ckpt-0000000004.safetensors ckpt-0000000005.safetensors " \
+    && pass "--checkpoint-every 2 --keep 2 over 5 steps: steps 4 and 5 kept" \
+    || failed "checkpoints kept: $(ls "$WORK/c1" | tr '\n' ' ')"
+"$PIPETRAIN" train "${CNN[@]}" --steps 12 --resume "$WORK/c1" --save "$WORK/cnn_res.st" --json \
+    >"$WORK/res.json"
+same "$WORK/cnn_res.st" "$WORK/cnn_full.st" "Adam + dropout, stopped at 5, resumed to 12: bit-identical"
+python3 -c "import json,sys; d=json.loads(open(sys.argv[1]).read().splitlines()[-1]); \
+assert d['resumed_from_step'] == 5 and d['resumed_from'].endswith('ckpt-0000000005.safetensors')" \
+    "$WORK/res.json" && pass "--json: resumed_from_step 5" || failed "--json lacks resumed_from_step"
+
+# momentum, 2-stage pipeline interrupted at 6 then resumed as one process and as 2 replicas
+"$PIPETRAIN" train "${MLP[@]}" --steps 12 --microbatches 2 --save "$WORK/mlp_full.st" >/dev/null
+"$MPIEXEC" -n 2 "$PIPETRAIN" train "${MLP[@]}" --stages 2 --microbatches 2 --steps 6 \
+    --checkpoint-dir "$WORK/c2" >/dev/null
+"$MPIEXEC" -n 2 "$PIPETRAIN" train "${MLP[@]}" --stages 2 --microbatches 2 --steps 12 \
+    --resume "$WORK/c2" --save "$WORK/mlp_k2.st" >/dev/null
+same "$WORK/mlp_k2.st" "$WORK/mlp_full.st" "momentum, 2 stages, resumed in the same layout: bit-identical"
+"$PIPETRAIN" train "${MLP[@]}" --microbatches 2 --steps 12 --resume "$WORK/c2" \
+    --save "$WORK/mlp_k1.st" >/dev/null
+same "$WORK/mlp_k1.st" "$WORK/mlp_full.st" "2 stages -> 1 process: bit-identical"
+"$MPIEXEC" -n 2 "$PIPETRAIN" train "${MLP[@]}" --replicas 2 --reduce ordered --steps 12 \
+    --resume "$WORK/c2" --save "$WORK/mlp_r2.st" >/dev/null
+same "$WORK/mlp_r2.st" "$WORK/mlp_full.st" "2 stages -> 2 replicas (ordered, M=1): bit-identical"
+
+# the comparisons can fail: resuming from the older checkpoint of c1 with one step less
+"$PIPETRAIN" train "${CNN[@]}" --steps 11 --resume "$WORK/c1" --save "$WORK/short.st" >/dev/null
+"$PIPETRAIN" diff "$WORK/short.st" "$WORK/cnn_full.st" >/dev/null \
+    && failed "11 steps equal 12" || pass "a run one step short differs"
+
+# a corrupt newest checkpoint: refused with the reason, the previous one is used
+cp -r "$WORK/c1" "$WORK/c3"
+printf 'garbage' | dd of="$WORK/c3/ckpt-0000000005.safetensors" bs=1 seek=100 conv=notrunc 2>/dev/null
+truncate -s 2000 "$WORK/c3/ckpt-0000000005.safetensors"
+"$PIPETRAIN" train "${CNN[@]}" --steps 12 --resume "$WORK/c3" --save "$WORK/cnn_fb.st" \
+    --json >"$WORK/fb.json" 2>"$WORK/fb.err"
+grep -q "refusing .*ckpt-0000000005.safetensors" "$WORK/fb.err" \
+    && grep -q '"resumed_from_step":4' "$WORK/fb.json" \
+    && pass "corrupt newest checkpoint refused ($(head -c 120 "$WORK/fb.err")...), step 4 used" \
+    || { failed "fallback to the previous checkpoint"; cat "$WORK/fb.err"; }
+same "$WORK/cnn_fb.st" "$WORK/cnn_full.st" "resumed from the previous checkpoint: bit-identical"
+
+# a stale temporary of a killed writer is removed at the next start
+touch "$WORK/c1/ckpt-0000000009.safetensors.tmp-123-0"
+"$PIPETRAIN" train "${CNN[@]}" --steps 6 --resume "$WORK/c1" --checkpoint-dir "$WORK/c1" >/dev/null
+[ ! -e "$WORK/c1/ckpt-0000000009.safetensors.tmp-123-0" ] \
+    && pass "a killed writer's temporary is removed" || failed "stale temporary left"
+
+mkdir -p "$WORK/empty"
+expect_fail "--resume an empty directory" "no checkpoint in this directory" \
+    "$PIPETRAIN" train "${CNN[@]}" --steps 12 --resume "$WORK/empty"
+expect_fail "--resume with another optimizer" "written with --optimizer adam, this run has sgd" \
+    "$PIPETRAIN" train "${CNN[@]}" --steps 12 --resume "$WORK/c1/ckpt-0000000005.safetensors" --optimizer sgd
+expect_fail "--resume into another model" "written for another model" \
+    "$PIPETRAIN" train "${MLP[@]}" --optimizer adam --lr 0.001 --steps 12 \
+    --resume "$WORK/c1/ckpt-0000000005.safetensors"
+expect_fail "--resume a --save file" "not a pipetrain checkpoint to resume from" \
+    "$PIPETRAIN" train "${CNN[@]}" --steps 12 --resume "$WORK/cnn_full.st"
+expect_fail "--resume past the run's end" "past this run's last step" \
+    "$PIPETRAIN" train "${CNN[@]}" --steps 3 --resume "$WORK/c1/ckpt-0000000005.safetensors"
+expect_fail "--checkpoint-every without a directory" "needs --checkpoint-dir" \
+    "$PIPETRAIN" train "${CNN[@]}" --steps 3 --checkpoint-every 2
+touch "$WORK/afile"
+expect_fail "--checkpoint-dir that is a file" "cannot create" \
+    "$MPIEXEC" -n 2 "$PIPETRAIN" train "${CNN[@]}" --stages 2 --steps 3 --checkpoint-dir "$WORK/afile/x"
+finish
