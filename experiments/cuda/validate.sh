@@ -18,19 +18,25 @@
 #  2  test_cuda_kernels: every CUDA kernel against its CPU twin
 #  3  end to end, CPU (1 thread) against GPU: 5 steps of seed-cnn from the same checkpoint,
 #     same data order and dropout masks. 3a SGD: parameters within rtol 1e-5 (pipetrain
-#     diff) and the updates (trained − start) within 1e-3 of the CPU's; 3b Adam: parameters
-#     within rtol 2e-3. Why these numbers: README.md in this directory.
+#     diff); 3b Adam: parameters within rtol 2e-3; 3c the gradients: the update of one SGD
+#     step within 1e-4 by norm and 1e-3 by element per tensor; 3d: 3c refuses a GPU step
+#     with lr 0.05005. Why these numbers: README.md in this directory.
 #  4  a 2-stage pipeline on the one GPU (mpiexec -n 2 ... --stages 2 --microbatches 4)
 #     against 1 rank with the same 4 micro-batches, bit for bit: 4a 1F1B, 4b GPipe
 #  5  compute-sanitizer on a 3-step GPU training run: 5a memcheck with the leak check,
 #     5b initcheck (a timeout there is inconclusive, not a failure); 5c memcheck of
 #     test_cuda_kernels, run last when time is left (information)
+#  7  the hybrid mode on the one GPU (2 replicas; 2 stages × 2 replicas) against 1 rank with
+#     the same micro-batches, bit for bit
+#  8  checkpoints: a GPU run stopped and resumed = uninterrupted, bit for bit (8a); the GPU's
+#     checkpoint resumed on the CPU, within the Adam tolerance (8b)
 #  6  throughput at batch 128 and 512: pipetrain --device cuda --json and
 #     bench_torch_gpu.py (eager, TF32 off) alternating, VALIDATE_REPEATS times each;
 #     samples/s (median, min-max), their ratio, and the fraction of the GPU's FP32 peak
 #     reached (flops.py's training FLOPs per sample × samples/s / peak). 6c: the PyTorch
 #     peer with torch.compile, when time is left (information)
-# Run order: 1 2 3 4 6 5a 5b 5c 6c, so that the slow sanitizers come after the figures.
+# VALIDATE_ONLY="7 8" runs only those steps (with 1 and 3, which the others need).
+# Run order: 1 2 3 4 7 8 6 5a 5b 5c 6c, so that the slow sanitizers come after the figures.
 #
 # Output: a line per check here; logs and results.json in $OUT (set by the device tool; 8
 # files at most: validate.log, machine.log, build.log, test_cuda_kernels.log, e2e.log,
@@ -70,6 +76,10 @@ cap() {
     if [ "$l" -lt "$1" ]; then echo $((l > 1 ? l : 1)); else echo "$1"; fi
 }
 fits() { [ $((BUDGET - SECONDS)) -ge "$1" ]; }
+# want N: step N is among VALIDATE_ONLY (default: every step). Steps 1 and 3 always run:
+# 1 finds the machine and 3 writes the start checkpoint the others use.
+ONLY=${VALIDATE_ONLY:-}
+want() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
 # logged LOG SECONDS CMD...: runs CMD under a timeout, its output appended to LOG.
 logged() {
     local log=$1 t=$2
@@ -302,7 +312,9 @@ print("%s, FP32 peak %.1f TFLOP/s, %s" % (d.get("name"), d["peak_fp32_flops"] / 
     # check, and the per-kernel table with the closing "N passed, N failed" line.
     section "2 test_cuda_kernels"
     local KL=$LOGS/test_cuda_kernels.log rc=1
-    if [ -z "$TEST_BIN" ]; then
+    if ! want 2; then
+        rc=0
+    elif [ -z "$TEST_BIN" ]; then
         record 2 FAIL "test_cuda_kernels" "not built"
     else
         timeout -k 10 "$(cap 120)" "$TEST_BIN" >"$KL" 2>&1
@@ -339,11 +351,13 @@ print("%s, FP32 peak %.1f TFLOP/s, %s" % (d.get("name"), d["peak_fp32_flops"] / 
             echo "FAIL: the CPU run that writes the start checkpoint (log: $E2E)"
             tail -5 "$E2E"
         fi
-        e2e_compare 3a "SGD lr 0.05, CPU vs GPU" 1e-5 1e-3 --optimizer sgd --lr 0.05
+        e2e_compare 3a "SGD lr 0.05, CPU vs GPU" 1e-5 "" --optimizer sgd --lr 0.05
         e2e_compare 3b "Adam lr 1e-3, CPU vs GPU" 2e-3 "" --optimizer adam --lr 0.001
+        gradient_check
+
 
         # ---- 4 pipeline on one GPU against one rank
-        section "4 2-stage pipeline on one GPU against 1 rank, 4 micro-batches, bit for bit"
+        want 4 && section "4 2-stage pipeline on one GPU against 1 rank, 4 micro-batches, bit for bit"
         local ref=$WORK/one_rank.safetensors ref_ok=0
         if [ $have_init = 1 ] && fits 30 &&
             logged "$E2E" "$(cap 90)" "$PT" train "${C[@]}" --load "$init" --steps 5 \
@@ -351,7 +365,7 @@ print("%s, FP32 peak %.1f TFLOP/s, %s" % (d.get("name"), d["peak_fp32_flops"] / 
             ref_ok=1
         fi
         local sched id
-        for sched in 1f1b gpipe; do
+        for sched in $(want 4 && echo 1f1b gpipe); do
             id=4a; [ $sched = gpipe ] && id=4b
             if [ $ref_ok = 0 ]; then
                 record $id FAIL "pipeline $sched" "the 1-rank reference run failed (e2e.log)"
@@ -376,13 +390,17 @@ print("%s, FP32 peak %.1f TFLOP/s, %s" % (d.get("name"), d["peak_fp32_flops"] / 
             fi
         done
 
+        # ---- 7 replicas and 8 checkpoints on the GPU
+        want 7 && hybrid_on_gpu
+        want 8 && resume_on_gpu
+
         # ---- 6 throughput (before the sanitizers: figures first)
-        throughput "$TPL"
+        want 6 && throughput "$TPL"
 
         # ---- 5 compute-sanitizer
         section "5 compute-sanitizer on a 3-step training run"
         local tool
-        for tool in memcheck initcheck; do
+        for tool in $(want 5 && echo memcheck initcheck); do
             id=5a; [ $tool = initcheck ] && id=5b
             if ! command -v compute-sanitizer >/dev/null; then
                 record $id FAIL "$tool, training" "compute-sanitizer not found"; continue
@@ -414,7 +432,9 @@ print("%s, FP32 peak %.1f TFLOP/s, %s" % (d.get("name"), d["peak_fp32_flops"] / 
 
     # ---- 5c memcheck of the kernel test (the original validation's last part)
     section "5c compute-sanitizer memcheck of test_cuda_kernels"
-    if ! command -v compute-sanitizer >/dev/null || [ -z "$TEST_BIN" ] || [ "$kernels_rc" = 77 ]; then
+    if ! want 5; then
+        :
+    elif ! command -v compute-sanitizer >/dev/null || [ -z "$TEST_BIN" ] || [ "$kernels_rc" = 77 ]; then
         record 5c INFO "memcheck, kernel test" "not run: no compute-sanitizer, test or GPU"
     elif ! fits 60; then
         record 5c INFO "memcheck, kernel test" "not run: time budget"
@@ -433,7 +453,7 @@ print("%s, FP32 peak %.1f TFLOP/s, %s" % (d.get("name"), d["peak_fp32_flops"] / 
     fi
 
     # ---- 6c torch.compile, for information
-    if [ -n "$PT" ]; then
+    if [ -n "$PT" ] && want 6; then
         section "6c PyTorch peer with torch.compile (information)"
         if [ -z "$PYTORCH" ]; then
             record 6c INFO "torch.compile peer" "no python3 with torch"
@@ -487,9 +507,14 @@ e2e_compare() {
     else record "$id" FAIL "$name" "$detail"; fi
 }
 
-# update_check START A B RTOL: per tensor, max |(A − START) − (B − START)| / max |B − START|.
+# update_check START A B RTOL [MAXTOL]: per tensor, the updates (trained − START) compared:
+# ‖ΔA − ΔB‖₂ / ‖ΔB‖₂ within RTOL, and max |ΔA − ΔB| / max |ΔB| within MAXTOL (default 1e-2).
 # With SGD the parameters move by lr × gradient, a small fraction of their size, so the
 # parameter diff above mostly sees rounding of the parameters; this one sees the gradients.
+# The norm is the criterion because the CPU and the GPU also round the forward pass
+# differently, and a value that lands on the other side of a ReLU or a max-pool tie sends
+# one sample's gradient to another weight: a handful of single elements then differ by far
+# more than rounding while the tensor as a whole agrees (README.md, "Tolerances").
 update_check() {
     "$PYNP" - "$@" <<'EOF'
 import json, struct, sys
@@ -510,22 +535,123 @@ def load(path):
     return out
 p0, a, b = (load(x) for x in sys.argv[1:4])
 tol = float(sys.argv[4])
+maxtol = float(sys.argv[5]) if len(sys.argv) > 5 else 1e-2
 if set(p0) != set(a) or set(p0) != set(b):
     sys.exit('the checkpoints hold different tensors')
-worst, where = 0.0, ''
+def rel(err, ref):
+    r = err / ref if ref > 0 else (0.0 if err == 0 else float('inf'))
+    return r if np.isfinite(r) else float('inf')
+worst, where, worst_max, where_max = 0.0, '', 0.0, ''
 for k in sorted(p0):
     da, db = a[k] - p0[k], b[k] - p0[k]
-    ref, err = float(np.abs(db).max()), float(np.abs(da - db).max())
-    rel = err / ref if ref > 0 else (0.0 if err == 0 else float('inf'))
-    if not np.isfinite(rel):
-        rel = float('inf')
-    if rel > worst or not where:
-        worst, where = max(worst, rel), k
-    print(f'{k:24s} max |update| {ref:.3e}  max |difference| {err:.3e}  relative {rel:.3e}')
-verdict = 'WITHIN TOLERANCE' if worst <= tol else 'DIFFERENT'
-print(f'{verdict}: largest relative difference {worst:.3e} in {where} (tolerance {tol:.1e})')
-sys.exit(0 if worst <= tol else 1)
+    d = np.abs(da - db)
+    nrel = rel(float(np.sqrt((d * d).sum())), float(np.sqrt((db * db).sum())))
+    ref = float(np.abs(db).max())
+    mrel = rel(float(d.max()), ref)
+    above = int((d > 1e-3 * ref).sum())
+    if nrel > worst or not where:
+        worst, where = max(worst, nrel), k
+    if mrel > worst_max or not where_max:
+        worst_max, where_max = max(worst_max, mrel), k
+    print(f'{k:24s} max |update| {ref:.3e}  norm relative {nrel:.3e}  max relative {mrel:.3e}'
+          f'  elements over 1e-3 of max: {above} of {d.size}')
+ok = worst <= tol and worst_max <= maxtol
+print(f'{"WITHIN TOLERANCE" if ok else "DIFFERENT"}: largest norm-relative difference '
+      f'{worst:.3e} in {where} (tolerance {tol:.1e}); largest element {worst_max:.3e} in '
+      f'{where_max} (tolerance {maxtol:.1e})')
+sys.exit(0 if ok else 1)
 EOF
+}
+
+# 3c: the gradients, through the SGD update of one step (lr × gradient) from the start
+# checkpoint, CPU against GPU: per tensor within 1e-4 by norm and 1e-3 by largest element.
+# One step, because over several the two devices' different rounding of the forward pass
+# moves a few values across ReLU and max-pool ties, and the update then differs by more
+# than rounding in the first layers (5 steps on an H100: 2.4e-4 by norm, 3 elements of
+# 36864 over 1e-3; README.md, "Tolerances"); those figures are printed for the record.
+# 3d: the check can fail: the GPU step with lr 0.05005 (every update 0.1% off) is refused.
+gradient_check() {
+    if [ "$have_init" = 0 ] || [ -z "$PYNP" ] || ! fits 30; then
+        record 3c "NOT RUN" "SGD gradients, 1 step" "no start checkpoint, numpy or time"; return
+    fi
+    local one_c=$WORK/cpu_1.st one_g=$WORK/gpu_1.st off=$WORK/gpu_1off.st v
+    echo "  updates after 5 steps (information): $(update_check "$init" \
+        "$WORK/gpu_3a.safetensors" "$WORK/cpu_3a.safetensors" 1e-4 1e-3 2>&1 |
+        tee -a "$E2E" | tail -1)"
+    if ! logged "$E2E" "$(cap 60)" "$PT" train "${C[@]}" --load "$init" --steps 1 --threads 1 \
+            --optimizer sgd --lr 0.05 --save "$one_c" ||
+        ! logged "$E2E" "$(cap 60)" "$PT" train "${C[@]}" --load "$init" --steps 1 \
+            --device "$DEV" --optimizer sgd --lr 0.05 --save "$one_g" ||
+        ! logged "$E2E" "$(cap 60)" "$PT" train "${C[@]}" --load "$init" --steps 1 \
+            --device "$DEV" --optimizer sgd --lr 0.05005 --save "$off"; then
+        record 3c FAIL "SGD gradients, 1 step" "a run failed: $(tail -1 "$E2E")"; return
+    fi
+    if v=$(update_check "$init" "$one_g" "$one_c" 1e-4 1e-3 2>&1 | tee -a "$E2E" | tail -1); then
+        record 3c PASS "SGD gradients, 1 step" "${v#*: }"
+    else
+        record 3c FAIL "SGD gradients, 1 step" "${v#*: }"
+    fi
+    if v=$(update_check "$init" "$off" "$one_c" 1e-4 1e-3 2>&1 | tee -a "$E2E" | tail -1); then
+        record 3d FAIL "3c can fail" "lr 0.05005 passed as lr 0.05: ${v#*: }"
+    else
+        record 3d PASS "3c can fail" "lr 0.05005 against 0.05 refused: ${v#*: }"
+    fi
+}
+
+# 7: the hybrid mode on one GPU: 2 replicas (--reduce ordered) and 2 stages × 2 replicas,
+# against 1 rank with the same 4 micro-batches of 32, bit for bit.
+hybrid_on_gpu() {
+    section "7 replicas on one GPU against 1 rank, bit for bit"
+    local ref=$WORK/one_rank.safetensors launcher=()
+    grep -qi hydra <<<"$("$MPIEXEC" --version 2>&1)" && launcher=(-launcher fork)
+    local id n layout
+    for id in 7a 7b; do
+        if [ "$id" = 7a ]; then n=2 layout=(--replicas 2 --microbatches 2)
+        else n=4 layout=(--stages 2 --replicas 2 --microbatches 2); fi
+        if [ ! -f "$ref" ]; then record $id FAIL "replicas" "no 1-rank reference (step 4)"; continue; fi
+        if ! fits 40; then record $id "NOT RUN" "replicas" "time budget"; continue; fi
+        local out=$WORK/hybrid_$id.safetensors
+        if ! logged "$E2E" "$(cap 120)" "$MPIEXEC" "${launcher[@]}" -n $n "$PT" train "${C[@]}" \
+            --load "$init" --steps 5 --device "$DEV" "${layout[@]}" --reduce ordered --save "$out"; then
+            record $id FAIL "${layout[*]}" "the $n-rank run failed: $(tail -1 "$E2E")"; continue
+        fi
+        local verdict
+        verdict=$("$PT" diff "$out" "$ref" 2>&1 | tee -a "$E2E" | tail -1)
+        if [[ $verdict == IDENTICAL* ]]; then record $id PASS "${layout[*]} = 1 rank" "$verdict"
+        else record $id FAIL "${layout[*]} = 1 rank" "$verdict"; fi
+    done
+}
+
+# 8: checkpoints of a GPU run. 8a: Adam, stopped after 3 steps and resumed to 6, against 6
+# uninterrupted steps: bit for bit. 8b: the GPU's checkpoint resumed on the CPU, within the
+# Adam tolerance of step 3b.
+resume_on_gpu() {
+    section "8 checkpoint and resume on the GPU"
+    if [ "$have_init" = 0 ] || ! fits 40; then
+        record 8a "NOT RUN" "resume" "no start checkpoint or time"; return
+    fi
+    local A=(--optimizer adam --lr 0.001 --device "$DEV")
+    local full=$WORK/full6.st res=$WORK/res6.st cpu=$WORK/cpu6.st ck=$WORK/ck
+    if ! logged "$E2E" "$(cap 60)" "$PT" train "${C[@]}" "${A[@]}" --load "$init" --steps 6 \
+            --save "$full" ||
+        ! logged "$E2E" "$(cap 60)" "$PT" train "${C[@]}" "${A[@]}" --load "$init" --steps 3 \
+            --checkpoint-dir "$ck" --checkpoint-every 3 ||
+        ! logged "$E2E" "$(cap 60)" "$PT" train "${C[@]}" "${A[@]}" --steps 6 --resume "$ck" \
+            --save "$res"; then
+        record 8a FAIL "resume on the GPU" "a run failed: $(tail -1 "$E2E")"; return
+    fi
+    local verdict
+    verdict=$("$PT" diff "$res" "$full" 2>&1 | tee -a "$E2E" | tail -1)
+    if [[ $verdict == IDENTICAL* ]]; then record 8a PASS "stopped at 3, resumed to 6" "$verdict"
+    else record 8a FAIL "stopped at 3, resumed to 6" "$verdict"; fi
+    if ! logged "$E2E" "$(cap 60)" "$PT" train "${C[@]}" --optimizer adam --lr 0.001 --threads 1 \
+        --steps 6 --resume "$ck" --save "$cpu"; then
+        record 8b FAIL "GPU checkpoint resumed on the CPU" "failed: $(tail -1 "$E2E")"; return
+    fi
+    verdict=$("$PT" diff "$cpu" "$full" --rtol 2e-3 2>&1 | tee -a "$E2E" | tail -1)
+    if [[ $verdict == IDENTICAL* || $verdict == WITHIN* ]]; then
+        record 8b PASS "GPU checkpoint resumed on the CPU" "$verdict"
+    else record 8b FAIL "GPU checkpoint resumed on the CPU" "$verdict"; fi
 }
 
 # tp_run TOOL BATCH REP LOG SECONDS CMD...: one throughput run; its JSON (the last line of
@@ -686,7 +812,8 @@ res = {'device': device, 'passed': not counted_bad, 'steps': steps, 'throughput'
 with open(out_f, 'w') as f:
     json.dump(res, f, indent=1)
 
-order = ['1', '2', '3a', '3b', '4a', '4b', '5a', '5b', '5c', '6', '6c']
+order = ['1', '2', '3a', '3b', '3c', '3d', '4a', '4b', '7a', '7b', '8a', '8b', '5a', '5b', '5c',
+         '6', '6c']
 steps.sort(key=lambda s: order.index(s['id']) if s['id'] in order else 99)
 print()
 print(f'{"step":<5}{"check":<34}{"result":<9}detail')
