@@ -650,9 +650,8 @@ static int train_epoch(train_run *run, long ep, train_progress *prog, train_resu
         loss_sum += r.loss_sum;
         correct += r.correct;
         samples += o->batch;
-        if (o->ckpt_every > 0 && res->steps % o->ckpt_every == 0 &&
-            res->steps < run->total_steps && train_checkpoint_save(run, res->steps))
-            abort_job(run->comm);
+        int due = train_checkpoint_due(run, res->steps);
+        if (due < 0 || (due && train_checkpoint_save(run, res->steps))) abort_job(run->comm);
         if (o->metrics) {
             run->metrics_loss += r.loss_sum;
             run->metrics_correct += r.correct;
@@ -719,6 +718,7 @@ static int finish_run(train_run *run, train_results *res)
     if (run->o.ckpt_dir && run->last_checkpoint_step != res->steps &&
         train_checkpoint_save(run, res->steps))
         failed++;
+    if (train_checkpoint_finish(run)) failed++; /* the last write has landed, or failed */
     if (run->o.save) {
         if (save_checkpoint(run)) failed++;
         else res->saved = run->o.save;
@@ -765,9 +765,12 @@ int train_main(int argc, char **argv)
     int rc = 1;
     train_results res;
     run.last_checkpoint_step = -1;
+    run.ckpt_req = MPI_REQUEST_NULL;
+    run.ckpt_t_last = pt_now();
     if (!setup_run(&run) && !train_checkpoint_setup(&run) && !metrics_start(&run)) {
         train_report_banner(&run);
         if (!train_loop(&run, &res)) rc = finish_run(&run, &res);
+        else train_checkpoint_finish(&run); /* a write in progress lands before the exit */
     }
     run_free(&run);
     return rc;

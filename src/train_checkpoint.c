@@ -3,12 +3,14 @@
 #include "src/train_checkpoint.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "src/base/clock.h"
 #include "src/base/error.h"
 #include "src/base/mpi_check.h"
 #include "src/checkpoint.h"
@@ -176,59 +178,171 @@ int train_checkpoint_setup(train_run *run)
     return 0;
 }
 
+/* ---- writing: on rank 0, from a gathered copy, in a thread or not ---- */
+
+enum { N_META = 2 * (N_FIXED + 14) + 1 };
+
+/* One checkpoint being written: everything the write needs, owned, so that training can
+ * go on (and change the parameters) meanwhile. */
+struct ckpt_writer {
+    pthread_t tid;
+    int started;              /* a thread runs (or ran) write_checkpoint */
+    long step;
+    const net_desc *net;      /* the run's, alive until train_checkpoint_finish */
+    const char *dir;
+    int keep, use_m, use_v;
+    size_t P;
+    float *all;               /* params | m | v, 3P floats */
+    char path[4200];
+    meta_field fixed[N_FIXED];
+    char s_step[32], s_epoch[32], s_upd[32], s_st[16], s_rep[16], s_mb[16];
+    const char *meta[N_META];
+    int rc;                   /* the outcome, and its message (errors are per thread) */
+    char err[1024];
+    double seconds;
+};
+
+static void *write_checkpoint(void *arg)
+{
+    struct ckpt_writer *w = arg;
+    double t0 = pt_now();
+    w->rc = checkpoint_save_full(w->path, w->net, w->all, w->use_m ? w->all + w->P : NULL,
+                                 w->use_v ? w->all + 2 * w->P : NULL, w->meta);
+    if (!w->rc) w->rc = ckpt_dir_prune(w->dir, w->keep);
+    if (w->rc) snprintf(w->err, sizeof w->err, "%s", pt_error_get());
+    w->seconds = pt_now() - t0;
+    return NULL;
+}
+
+static void writer_free(struct ckpt_writer *w)
+{
+    if (!w) return;
+    free(w->all);
+    free(w);
+}
+
+/* Collective: the previous write's outcome (rank 0 waits for its thread), agreed. */
+static int wait_for_writer(train_run *run)
+{
+    int rc = 0;
+    struct ckpt_writer *w = run->ckpt_writer;
+    if (run->rank == 0 && w) {
+        if (w->started) pthread_join(w->tid, NULL);
+        rc = w->rc ? pt_error_set("%s", w->err) : 0;
+        run->ckpt_write_s += w->seconds;
+        writer_free(w);
+        run->ckpt_writer = NULL;
+    }
+    return all_ok(run, rc);
+}
+
+static void fill_meta(struct ckpt_writer *w, const train_run *run, const char *hash, long step,
+                      long updates)
+{
+    const train_options *o = &run->o;
+    fixed_fields(run, hash, w->fixed);
+    snprintf(w->s_step, sizeof w->s_step, "%ld", step);
+    snprintf(w->s_epoch, sizeof w->s_epoch, "%ld",
+             run->steps_per_epoch ? step / run->steps_per_epoch : 0);
+    snprintf(w->s_upd, sizeof w->s_upd, "%ld", updates);
+    snprintf(w->s_st, sizeof w->s_st, "%d", o->stages);
+    snprintf(w->s_rep, sizeof w->s_rep, "%d", o->replicas);
+    snprintf(w->s_mb, sizeof w->s_mb, "%d", o->microbatches);
+    const char **meta = w->meta;
+    int k = 0;
+    meta[k++] = "pipetrain_checkpoint", meta[k++] = "1";
+    meta[k++] = "step", meta[k++] = w->s_step;
+    meta[k++] = "epoch", meta[k++] = w->s_epoch;
+    meta[k++] = "updates", meta[k++] = w->s_upd;
+    meta[k++] = "model", meta[k++] = o->model;
+    for (int i = 0; i < N_FIXED; i++) meta[k++] = w->fixed[i].key, meta[k++] = w->fixed[i].value;
+    meta[k++] = "stages", meta[k++] = w->s_st;
+    meta[k++] = "replicas", meta[k++] = w->s_rep;
+    meta[k++] = "microbatches", meta[k++] = w->s_mb;
+    meta[k++] = "schedule", meta[k++] = run->sched.name;
+    meta[k++] = "version", meta[k++] = PT_VERSION;
+    meta[k++] = "commit", meta[k++] = PT_GIT_COMMIT;
+    meta[k++] = "complete", meta[k++] = "1";
+    meta[k] = NULL;
+}
+
 int train_checkpoint_save(train_run *run, long step)
 {
     const train_options *o = &run->o;
+    double t0 = pt_now();
+    if (wait_for_writer(run)) return -1;
     size_t P = run->net.param_count;
     int use_m, use_v, root = run->rank == 0;
     moments_used(run, &use_m, &use_v);
-    float *all = root ? malloc(3 * (P ? P : 1) * sizeof *all) : NULL;
+    struct ckpt_writer *w = NULL;
     char hash[17] = "";
-    int rc = root && !all ? pt_error_set("out of memory for the checkpoint") : 0;
-    if (!rc && root) rc = model_hash(o->model, hash);
+    int rc = 0;
+    if (root) {
+        w = calloc(1, sizeof *w);
+        if (w) w->all = malloc(3 * (P ? P : 1) * sizeof *w->all);
+        if (!w || !w->all) rc = pt_error_set("out of memory for the checkpoint");
+        if (!rc) rc = model_hash(o->model, hash);
+    }
     if (all_ok(run, rc)) {
-        free(all);
+        writer_free(w);
         return -1;
     }
     /* replica 0's pipeline holds what every replica holds */
     long updates = 0;
+    float *all = w ? w->all : NULL;
     if (run->replica == 0)
         rc = exec_gather_state(run->ex, all, all ? all + P : NULL, all ? all + 2 * P : NULL,
                                use_m, use_v, &updates);
-    if (!rc && root) {
-        meta_field fixed[N_FIXED];
-        fixed_fields(run, hash, fixed);
-        char s_step[32], s_epoch[32], s_upd[32], s_st[16], s_rep[16], s_mb[16];
-        snprintf(s_step, sizeof s_step, "%ld", step);
-        snprintf(s_epoch, sizeof s_epoch, "%ld", run->steps_per_epoch ? step / run->steps_per_epoch : 0);
-        snprintf(s_upd, sizeof s_upd, "%ld", updates);
-        snprintf(s_st, sizeof s_st, "%d", o->stages);
-        snprintf(s_rep, sizeof s_rep, "%d", o->replicas);
-        snprintf(s_mb, sizeof s_mb, "%d", o->microbatches);
-        const char *meta[2 * (N_FIXED + 14) + 1];
-        int k = 0;
-        meta[k++] = "pipetrain_checkpoint", meta[k++] = "1";
-        meta[k++] = "step", meta[k++] = s_step;
-        meta[k++] = "epoch", meta[k++] = s_epoch;
-        meta[k++] = "updates", meta[k++] = s_upd;
-        meta[k++] = "model", meta[k++] = o->model;
-        for (int i = 0; i < N_FIXED; i++) meta[k++] = fixed[i].key, meta[k++] = fixed[i].value;
-        meta[k++] = "stages", meta[k++] = s_st;
-        meta[k++] = "replicas", meta[k++] = s_rep;
-        meta[k++] = "microbatches", meta[k++] = s_mb;
-        meta[k++] = "schedule", meta[k++] = run->sched.name;
-        meta[k++] = "version", meta[k++] = PT_VERSION;
-        meta[k++] = "commit", meta[k++] = PT_GIT_COMMIT;
-        meta[k++] = "complete", meta[k++] = "1";
-        meta[k] = NULL;
-        char path[4200];
-        ckpt_dir_file(o->ckpt_dir, step, path, sizeof path);
-        rc = checkpoint_save_full(path, &run->net, all, use_m ? all + P : NULL,
-                                  use_v ? all + 2 * P : NULL, meta);
-        if (!rc) rc = ckpt_dir_prune(o->ckpt_dir, o->keep);
+    if (all_ok(run, rc)) {
+        writer_free(w);
+        return -1;
     }
-    free(all);
-    if (all_ok(run, rc)) return -1;
+    if (root) {
+        *w = (struct ckpt_writer){.step = step, .net = &run->net, .dir = o->ckpt_dir,
+                                  .keep = o->keep, .use_m = use_m, .use_v = use_v, .P = P,
+                                  .all = w->all};
+        fill_meta(w, run, hash, step, updates);
+        ckpt_dir_file(o->ckpt_dir, step, w->path, sizeof w->path);
+        run->ckpt_writer = w;
+        if (!o->ckpt_sync && pthread_create(&w->tid, NULL, write_checkpoint, w) == 0)
+            w->started = 1;
+        else
+            write_checkpoint(w); /* --checkpoint-write sync, or no thread to be had */
+    }
     run->last_checkpoint_step = step;
-    return 0;
+    run->ckpt_written++;
+    run->ckpt_t_last = pt_now();
+    /* a foreground write is agreed now; a background one at the next wait */
+    int failed = o->ckpt_sync && wait_for_writer(run);
+    run->ckpt_hold_s += pt_now() - t0;
+    return failed ? -1 : 0;
+}
+
+int train_checkpoint_due(train_run *run, long steps)
+{
+    const train_options *o = &run->o;
+    if (!o->ckpt_dir || steps >= run->total_steps) return 0;
+    int due = o->ckpt_every > 0 && steps % o->ckpt_every == 0;
+    if (o->ckpt_minutes > 0) {
+        if (run->ckpt_req != MPI_REQUEST_NULL) {
+            if (exec_wait_collective(&run->ckpt_req, run->comm, o->timeout)) return -1;
+            due |= run->ckpt_flag;
+        }
+        /* the verdict on the time so far, for the next step; a checkpoint now restarts it */
+        run->ckpt_flag = run->rank == 0 && !due &&
+                         pt_now() - run->ckpt_t_last >= 60 * o->ckpt_minutes;
+        if (PT_MPI_CALL(MPI_Ibcast(&run->ckpt_flag, 1, MPI_INT, 0, run->comm, &run->ckpt_req)))
+            return -1;
+    }
+    return due;
+}
+
+int train_checkpoint_finish(train_run *run)
+{
+    int rc = 0;
+    if (run->ckpt_req != MPI_REQUEST_NULL &&
+        exec_wait_collective(&run->ckpt_req, run->comm, run->o.timeout))
+        rc = -1;
+    if (wait_for_writer(run)) rc = -1;
+    return rc;
 }

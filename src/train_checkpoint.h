@@ -16,10 +16,24 @@
  * concerns) on every rank when it fails. */
 int train_checkpoint_setup(train_run *run);
 
+/* Collective, after each step (`steps` done so far, fewer than the run's): whether a
+ * checkpoint is due now, by --checkpoint-every, or by --checkpoint-minutes (rank 0's clock
+ * decides, and its verdict reaches the others with a non-blocking broadcast that lands a
+ * step later, so every rank agrees without a blocking collective per step). −1 on failure. */
+int train_checkpoint_due(train_run *run, long steps);
+
 /* Collective: the whole model's parameters and optimizer state after `step` steps,
  * gathered from replica 0's pipeline to rank 0 (politely, under --timeout) and written
  * there atomically as DIR/ckpt-STEP.safetensors; then all but the newest --keep removed.
+ * With --checkpoint-write background (the default) rank 0 writes from its gathered copy in
+ * a thread while training goes on; the write's outcome is agreed at the next checkpoint or
+ * at train_checkpoint_finish, and a new checkpoint first waits for the previous write.
  * −1 on every rank when it fails (the previous checkpoints stay). */
 int train_checkpoint_save(train_run *run, long step);
+
+/* Collective, at the end of the run (also after a failure that every rank knows of):
+ * waits for a write in progress and for the --checkpoint-minutes decision in flight.
+ * −1 on every rank when the write failed. */
+int train_checkpoint_finish(train_run *run);
 
 #endif

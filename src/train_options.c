@@ -14,7 +14,7 @@ enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS
        O_SCHED, O_PART, O_THREADS, O_BIND, O_DEVICE, O_TIMEOUT, O_TRACE, O_JSON, O_VERBOSE,
        O_HELP, O_STALL, O_KILL, O_DELAY, O_PROGRESS, O_MPI_ERROR, O_REPLICAS, O_REDUCE,
        O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT, O_METRICS, O_LOG_EVERY, O_CKPT_DIR,
-       O_CKPT_EVERY, O_KEEP, O_RESUME };
+       O_CKPT_EVERY, O_KEEP, O_RESUME, O_CKPT_MIN, O_CKPT_WRITE };
 
 /* The largest step count, sample count or seed we take: far beyond any run, exact in a
  * double (the table's ranges are doubles). */
@@ -38,7 +38,13 @@ static const opt_spec train_opts[] = {
     {.id = O_CKPT_DIR, .name = "checkpoint-dir", .kind = OPT_TEXT, .arg = "DIR",
      .help = "write checkpoints to resume from here (parameters, optimizer state, step)"},
     {.id = O_CKPT_EVERY, .name = "checkpoint-every", .kind = OPT_INT, .arg = "N", .min = 0,
-     .max = 1000000000, .def = "0", .help = "a checkpoint every N steps (0: at the end only)"},
+     .max = 1000000000, .def = "0", .help = "a checkpoint every N steps (0: by time only)"},
+    {.id = O_CKPT_MIN, .name = "checkpoint-minutes", .kind = OPT_REAL, .arg = "X", .min = 0,
+     .max = 1e6, .help = "a checkpoint when X minutes have passed since the last (default "
+     "10 with --checkpoint-dir and no --checkpoint-every; 0: by steps only)"},
+    {.id = O_CKPT_WRITE, .name = "checkpoint-write", .kind = OPT_CHOICE,
+     .choices = "background|sync", .def = "background",
+     .help = "write checkpoints from a snapshot while training goes on, or hold it"},
     {.id = O_KEEP, .name = "keep", .kind = OPT_INT, .arg = "K", .min = 1, .max = 1000000,
      .def = "2", .help = "checkpoints kept in --checkpoint-dir (the newest K)"},
     {.id = O_RESUME, .name = "resume", .kind = OPT_TEXT, .arg = "DIR|FILE",
@@ -149,6 +155,8 @@ int train_options_parse(train_options *o, int argc, char **argv)
         case O_SAVE: o->save = p.arg; break;
         case O_CKPT_DIR: o->ckpt_dir = p.arg; break;
         case O_CKPT_EVERY: o->ckpt_every = p.num; break;
+        case O_CKPT_MIN: o->ckpt_minutes = p.real; break;
+        case O_CKPT_WRITE: o->ckpt_sync = p.choice == 1; break;
         case O_KEEP: o->keep = (int)p.num; break;
         case O_RESUME: o->resume = p.arg; break;
         case O_TRACE: o->trace = p.arg; break;
@@ -203,6 +211,10 @@ int train_options_parse(train_options *o, int argc, char **argv)
         return opt_error(&p, "--bucket-mb %g: must be positive", o->bucket_mb);
     if (o->ckpt_every > 0 && !o->ckpt_dir)
         return opt_error(&p, "--checkpoint-every needs --checkpoint-dir DIR");
+    if (opt_given(&p, O_CKPT_MIN) && !o->ckpt_dir)
+        return opt_error(&p, "--checkpoint-minutes needs --checkpoint-dir DIR");
+    if (o->ckpt_dir && !opt_given(&p, O_CKPT_MIN) && o->ckpt_every == 0)
+        o->ckpt_minutes = 10;
     if (o->resume && o->load)
         return opt_error(&p, "--resume and --load both set the parameters: give one");
     if (o->replicas > 1 && o->batch % ((long)o->replicas * o->microbatches))

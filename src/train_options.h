@@ -34,7 +34,9 @@ typedef struct {
     const char *metrics;  /* --metrics FILE.jsonl (NULL: none) */
     /* checkpoints to resume from (src/checkpoint_dir.h) */
     const char *ckpt_dir; /* --checkpoint-dir (NULL: none) */
-    long ckpt_every;      /* a checkpoint every N steps (0: only at the end) */
+    long ckpt_every;      /* a checkpoint every N steps (0: none by steps) */
+    double ckpt_minutes;  /* and one when this many minutes have passed (0: none by time) */
+    int ckpt_sync;        /* write in the foreground (else from a snapshot, in a thread) */
     int keep;             /* checkpoints kept */
     const char *resume;   /* --resume DIR|FILE (NULL: a fresh start) */
     long log_every;       /* a metrics "step" line every N steps */

@@ -480,6 +480,11 @@ static json_t *results_json(const train_run *run, const train_results *res,
         {"resumed_from", run->resumed_from_step >= 0 ? json_text(run->resumed_from) : json_null()},
         {"last_checkpoint_step",
          run->last_checkpoint_step >= 0 ? json_integer(run->last_checkpoint_step) : json_null()},
+        /* rank 0's: what checkpoints held training up (gathers, waits for a write) and
+         * what writing them took (in the background unless --checkpoint-write sync) */
+        {"checkpoints_written", json_integer(run->ckpt_written)},
+        {"checkpoint_hold_s", json_real(run->ckpt_hold_s)},
+        {"checkpoint_write_s", json_real(run->ckpt_write_s)},
         {"trace", json_text(res->traced)},
     };
     reduce_figures_free(&rf);

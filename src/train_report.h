@@ -52,6 +52,15 @@ typedef struct {
     long resumed_from_step;     /* --resume: the checkpoint's step (−1: a fresh start) */
     char resumed_from[4096];    /* and its file */
     long last_checkpoint_step;  /* the step of the last checkpoint written (−1: none) */
+    /* checkpoints in progress (src/train_checkpoint.c): the background writer (rank 0),
+     * the --checkpoint-minutes decision in flight, and what checkpoints cost */
+    struct ckpt_writer *ckpt_writer;
+    MPI_Request ckpt_req;
+    int ckpt_flag;
+    double ckpt_t_last;
+    long ckpt_written;
+    double ckpt_hold_s;         /* training held: gathers and waits for an earlier write */
+    double ckpt_write_s;        /* rank 0: writing files (in the background, or not) */
 } train_run;
 
 /* What the training loop measured; NAN where a figure does not exist (no --val, no test

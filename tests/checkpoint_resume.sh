@@ -76,6 +76,38 @@ expect_fail "--resume past the run's end" "past this run's last step" \
     "$PIPETRAIN" train "${CNN[@]}" --steps 3 --resume "$WORK/c1/ckpt-0000000005.safetensors"
 expect_fail "--checkpoint-every without a directory" "needs --checkpoint-dir" \
     "$PIPETRAIN" train "${CNN[@]}" --steps 3 --checkpoint-every 2
+expect_fail "--checkpoint-minutes without a directory" "needs --checkpoint-dir" \
+    "$PIPETRAIN" train "${CNN[@]}" --steps 3 --checkpoint-minutes 5
+
+# written from a snapshot in the background (the default) or in the foreground: same files
+for w in background sync; do
+    "$PIPETRAIN" train "${CNN[@]}" --steps 7 --checkpoint-dir "$WORK/w_$w" --checkpoint-every 3 \
+        --keep 3 --checkpoint-write $w --json >"$WORK/w_$w.json"
+done
+ok=1
+for f in ckpt-0000000003 ckpt-0000000006 ckpt-0000000007; do
+    "$PIPETRAIN" diff "$WORK/w_background/$f.safetensors" "$WORK/w_sync/$f.safetensors" \
+        >/dev/null || ok=0
+done
+[ $ok = 1 ] && [ "$(json_field checkpoints_written <"$WORK/w_background.json")" = 3 ] \
+    && pass "--checkpoint-write background and sync write the same checkpoints (3, 6, 7)" \
+    || failed "background and sync checkpoints differ"
+
+# by time: rank 0's clock decides, the other ranks learn it a step later (2 stages, so the
+# decision really travels). With an interval of 6 µs every verdict is "due", so the
+# checkpoints fall on every second step (the verdict of step s is acted on at s + 1, which
+# restarts the clock): 2, 4, ..., 14, and 16 at the end. Each must resume to the same end.
+"$MPIEXEC" -n 2 "$PIPETRAIN" train "${MLP[@]}" --stages 2 --microbatches 2 --steps 16 \
+    --checkpoint-dir "$WORK/tm" --checkpoint-minutes 0.0000001 --keep 100 --json >"$WORK/tm.json"
+got=$(ls "$WORK/tm" | sed 's/ckpt-0*\([0-9]*\).safetensors/\1/' | sort -n | tr '\n' ' ')
+[ "$got" = "2 4 6 8 10 12 14 16 " ] && [ "$(json_field checkpoints_written <"$WORK/tm.json")" = 8 ] \
+    && pass "--checkpoint-minutes 1e-7 on 2 ranks: checkpoints at steps $got" \
+    || failed "--checkpoint-minutes: checkpoints at steps $got"
+mid=ckpt-0000000006.safetensors
+"$PIPETRAIN" train "${MLP[@]}" --microbatches 2 --steps 16 --resume "$WORK/tm/$mid" \
+    --save "$WORK/tm_res.st" >/dev/null
+"$PIPETRAIN" train "${MLP[@]}" --microbatches 2 --steps 16 --save "$WORK/tm_full.st" >/dev/null
+same "$WORK/tm_res.st" "$WORK/tm_full.st" "resumed from a time-based checkpoint ($mid): bit-identical"
 touch "$WORK/afile"
 expect_fail "--checkpoint-dir that is a file" "cannot create" \
     "$MPIEXEC" -n 2 "$PIPETRAIN" train "${CNN[@]}" --stages 2 --steps 3 --checkpoint-dir "$WORK/afile/x"
