@@ -172,6 +172,40 @@ oom:
                         last - 1, max_batch, n_slots);
 }
 
+stage_bytes stage_estimate(const net_desc *net, int first, int last, int max_batch, int threads)
+{
+    stage_bytes b = {0};
+    /* the chunk and group rules of stage_init and stage_chunk */
+    int groups = threads > STAGE_MIN_GROUPS ? threads : STAGE_MIN_GROUPS, chunk_max = 0;
+    for (int l = 0; l < net->n_layers; l++)
+        if (net->layers[l].type == LAYER_CONV) chunk_max = CONV_CHUNK;
+    int chunk = chunk_max > 0 ? chunk_max : (max_batch + groups - 1) / groups;
+    if (chunk_max == 0 && chunk < DENSE_CHUNK_MIN) chunk = DENSE_CHUNK_MIN;
+    if (chunk > max_batch) chunk = max_batch;
+    size_t P = 0, work = 0, widest = 0;
+    for (int l = first; l < last; l++) {
+        const layer_desc *L = &net->layers[l];
+        P += L->weight_count + L->bias_count;
+        if (L->type == LAYER_CONV) {
+            kernel_conv2d_dims d = conv_dims(L, chunk);
+            size_t ws = kernel_conv2d_workspace_floats(&d);
+            if (ws > work) work = ws;
+        }
+        size_t in = layer_shape_count(L->in), out = layer_shape_count(L->out);
+        if (in > widest) widest = in;
+        if (out > widest) widest = out;
+        size_t o, a, m;
+        b.slot += layer_slot_bytes(L, max_batch, &o, &a, &m);
+    }
+    b.state = 4 * round_up(P * sizeof(float));
+    int used_groups = (max_batch + chunk - 1) / chunk;
+    if (used_groups > groups) used_groups = groups;
+    b.groups = (size_t)used_groups * round_up(P * sizeof(float)); /* mb_grads + groups 1.. */
+    b.workers = (size_t)threads * (round_up(work * sizeof(float)) +
+                                   2 * round_up(widest * chunk * sizeof(float)));
+    return b;
+}
+
 void stage_free(stage *s)
 {
     if (s->slots) {

@@ -82,6 +82,16 @@ typedef struct {
  * single-threaded then). Parameters start at zero. */
 int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch, int n_slots,
                int threads);
+/* What stage_init(s, net, first, last, max_batch, n_slots, threads) allocates, in bytes,
+ * without allocating it (the planner's memory figures; tests/test_stage.c holds the two
+ * equal): parameters, gradients and both moment buffers; the gradient groups; the worker
+ * threads' convolution workspace and scratch; and per slot (micro-batch in flight) the
+ * activations: total = state + groups + workers + n_slots · slot. */
+typedef struct {
+    size_t state, groups, workers, slot;
+} stage_bytes;
+stage_bytes stage_estimate(const net_desc *net, int first, int last, int max_batch, int threads);
+
 /* Samples per chunk for a micro-batch of n: 16 in nets with convolutions, else
  * max(64, ⌈n / groups⌉); never depends on the layout. */
 int stage_chunk(const stage *s, int n);

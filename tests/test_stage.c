@@ -303,3 +303,40 @@ Test(stage, backward_ranges_comparison_can_fail)
     stage_free(&b);
     net_desc_free(&net);
 }
+
+/* The planner's figures (stage_estimate) are what stage_init allocates: activations per
+ * slot, parameter state, gradient groups, for whole nets and parts, several batch sizes
+ * and thread counts. */
+static void check_estimate(const char *model, int first, int last, int batch, int threads)
+{
+    net_desc net;
+    load_model(&net, model);
+    if (last < 0) last = net.n_layers;
+    stage s;
+    cr_assert_eq(stage_init(&s, &net, first, last, batch, 2, threads), 0, "%s", pt_error_get());
+    stage_bytes b = stage_estimate(&net, first, last, batch, threads);
+    cr_expect_eq(b.slot, s.slot_bytes, "%s [%d,%d) batch %d: slot %zu, stage_init %zu", model,
+                 first, last, batch, b.slot, s.slot_bytes);
+    size_t block = (s.param_count * sizeof(float) + 63) / 64 * 64;
+    cr_expect_eq(b.state, 4 * block, "%s: state %zu, expected %zu", model, b.state, 4 * block);
+    size_t groups = 1; /* mb_grads */
+    for (int g = 1; g < s.groups; g++) groups += s.group_grads[g] != NULL;
+    cr_expect_eq(b.groups, groups * block, "%s batch %d threads %d: groups %zu, expected %zu",
+                 model, batch, threads, b.groups, groups * block);
+    size_t scratch = (s.widest * (size_t)stage_chunk(&s, batch) * sizeof(float) + 63) / 64 * 64;
+    cr_expect_geq(b.workers, (size_t)threads * 2 * scratch, "%s: workers %zu", model, b.workers);
+    stage_free(&s);
+    net_desc_free(&net);
+}
+
+Test(stage, estimate_matches_what_stage_init_allocates)
+{
+    const int batches[] = {1, 16, 33, 128};
+    for (int i = 0; i < 4; i++)
+        for (int t = 1; t <= 5; t += 4) {
+            check_estimate("seed-cnn.cfg", 0, -1, batches[i], t);
+            check_estimate("seed-cnn.cfg", 3, 9, batches[i], t);
+            check_estimate("seed-mlp.cfg", 0, -1, batches[i], t);
+            check_estimate("seed-mlp.cfg", 1, 2, batches[i], t);
+        }
+}

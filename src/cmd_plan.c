@@ -1,0 +1,520 @@
+/* `pipetrain plan`: partition, placement and predicted step of one layout (--stages), or the
+ * search for the best layout of N ranks under a memory limit (--ranks, src/plan_search.h).
+ * Prints to stdout, errors as "pipetrain: message" to stderr, and returns the exit status
+ * (0 ok, 1 error, 2 usage). */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "partition/partition.h"
+#include "src/base/error.h"
+#include "src/cmd_topo.h"
+#include "src/model/net.h"
+#include "src/options.h"
+#include "src/plan_emit.h"
+#include "src/plan_predict.h"
+#include "src/profile.h"
+#include "topologies/topo.h"
+
+enum { O_TOPOLOGY = 1, O_JSON, O_HELP, O_MODEL, O_STAGES, O_REPLICAS, O_NODES, O_PARTITION,
+       O_BATCH, O_MICRO, O_DEVICE, O_GPUS, O_EXCLUSIVE, O_BANDWIDTH, O_LATENCY, O_SCHED,
+       O_REDUCE, O_BUCKET_MB, O_OVERLAP, O_EMIT };
+
+static const opt_spec plan_opts[] = {
+    {.id = O_MODEL, .name = "model", .shared = 1},
+    {.id = O_STAGES, .name = "stages", .shared = 1, .required = 1},
+    {.id = O_REPLICAS, .name = "replicas", .shared = 1},
+    {.id = O_NODES, .name = "nodes", .letter = 'n', .kind = OPT_INT, .arg = "N", .min = 1,
+     .max = 65536, .def = "1", .help = "copies of the machine"},
+    {.id = O_TOPOLOGY, .name = "topology", .shared = 1},
+    {.id = O_PARTITION, .name = "partition", .shared = 1},
+    {.id = O_BATCH, .name = "batch", .shared = 1},
+    {.id = O_MICRO, .name = "microbatches", .shared = 1},
+    {.id = O_SCHED, .name = "schedule", .shared = 1},
+    {.id = O_REDUCE, .name = "reduce", .shared = 1},
+    {.id = O_BUCKET_MB, .name = "bucket-mb", .shared = 1},
+    {.id = O_OVERLAP, .name = "overlap", .shared = 1},
+    {.id = O_DEVICE, .name = "device", .shared = 1},
+    {.id = O_GPUS, .name = "gpus-per-stage", .letter = 'g', .kind = OPT_INT, .arg = "G",
+     .min = 1, .max = 65536, .help = "GPUs per stage: --device cuda with G replicas"},
+    {.id = O_EXCLUSIVE, .name = "exclusive", .letter = 'x', .kind = OPT_FLAG,
+     .help = "CPU: more ranks than cores is an error, not shared cores"},
+    {.id = O_BANDWIDTH, .name = "bandwidth", .kind = OPT_TEXT, .arg = "SPEC",
+     .help = "override link bandwidths in bytes/s, e.g.\n"
+             "same-package=20e9,cross-node=12.5e9"},
+    {.id = O_LATENCY, .name = "latency", .kind = OPT_TEXT, .arg = "SPEC",
+     .help = "override link latencies in seconds, e.g. cross-node=2e-6"},
+    {.id = O_EMIT, .name = "emit", .kind = OPT_CHOICE, .choices = "mpiexec|slurm",
+     .help = "print only the mpiexec command or the Slurm job script that runs this plan"},
+    {.id = O_JSON, .name = "json", .shared = 1},
+    {.id = O_HELP, .name = "help", .shared = 1},
+    {0},
+};
+static const opt_command plan_command = {
+    .name = "plan",
+    .usage = "pipetrain plan --model FILE --stages K [options]",
+    .about = "Partitions the model into K pipeline stages, places the ranks (stage, replica) on "
+             "the machine's nodes, GPUs and cores, and predicts the communication time per step "
+             "of the chosen placement and of rank order, and the step time: the schedule's "
+             "simulator with layer times profiled on this machine's CPU, messages and each "
+             "stage's gradient reductions priced by their links. No MPI launch needed. The options mean "
+             "what they mean to train: each replica gets batch / R samples per step, in M "
+             "micro-batches; bytes per step do not depend on M, the message size (bytes / M) "
+             "does.",
+    .notes = "Links for --bandwidth and --latency: same-core same-l3 same-numa same-package "
+             "cross-package gpu-link pcie cross-node.",
+    .opts = plan_opts,
+};
+
+static int fail(const char *what)
+{
+    fprintf(stderr, "pipetrain: %s\n", what);
+    return 1;
+}
+
+/* A wrong command line; the message says "(see pipetrain CMD --help)". */
+static int usage_fail(void)
+{
+    fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+    return PT_EXIT_USAGE;
+}
+
+typedef struct {
+    const char *model, *xml, *method, *bandwidth, *latency, *schedule;
+    int stages, replicas, nodes, batch, microbatches, gpus_per_stage, exclusive, json;
+    reduce_method reduce;
+    double bucket_mb;
+    int overlap;
+    int emit; /* 0, or plan_emit_kind */
+    int replica_batch; /* batch / replicas: the samples each replica sees per step */
+    topo_device device;
+} plan_args;
+
+/* Returns 0, 1 when the help was shown, or −1 with a message. */
+static int plan_parse(plan_args *a, int argc, char **argv)
+{
+    static const reduce_method methods[] = {REDUCE_ALLREDUCE, REDUCE_REDUCE_BCAST,
+                                            REDUCE_GATHER_BCAST, REDUCE_ORDERED};
+    *a = (plan_args){0};
+    opt_parser p;
+    if (opt_parser_init(&p, &plan_command, argc, argv)) return -1;
+    int id;
+    while ((id = opt_next(&p)) > 0) {
+        switch (id) {
+        case O_MODEL: a->model = p.arg; break;
+        case O_TOPOLOGY: a->xml = p.arg; break;
+        case O_PARTITION: a->method = p.arg; break;
+        case O_EXCLUSIVE: a->exclusive = 1; break;
+        case O_JSON: a->json = 1; break;
+        case O_BANDWIDTH: a->bandwidth = p.arg; break;
+        case O_LATENCY: a->latency = p.arg; break;
+        case O_HELP: opt_print_help(&plan_command, stdout); return 1;
+        case O_STAGES: a->stages = (int)p.num; break;
+        case O_REPLICAS: a->replicas = (int)p.num; break;
+        case O_NODES: a->nodes = (int)p.num; break;
+        case O_BATCH: a->batch = (int)p.num; break;
+        case O_MICRO: a->microbatches = (int)p.num; break;
+        case O_GPUS: a->gpus_per_stage = (int)p.num; break;
+        case O_DEVICE: a->device = p.choice ? TOPO_DEVICE_CUDA : TOPO_DEVICE_CPU; break;
+        case O_SCHED: a->schedule = p.arg; break;
+        case O_REDUCE: a->reduce = methods[p.choice]; break;
+        case O_BUCKET_MB: a->bucket_mb = p.real; break;
+        case O_OVERLAP: a->overlap = p.choice == 0; break;
+        case O_EMIT: a->emit = p.choice == 0 ? PLAN_EMIT_MPIEXEC : PLAN_EMIT_SLURM; break;
+        }
+    }
+    if (id == OPT_ERROR) return -1;
+    if (!(a->bucket_mb > 0))
+        return opt_error(&p, "--bucket-mb %g: must be positive", a->bucket_mb);
+    if (a->emit && a->json)
+        return opt_error(&p, "--emit prints a command, --json the plan: give one of them");
+    if (a->gpus_per_stage) {
+        if (opt_given(&p, O_DEVICE) && a->device != TOPO_DEVICE_CUDA)
+            return opt_error(&p, "--gpus-per-stage needs --device cuda");
+        if (opt_given(&p, O_REPLICAS) && a->replicas != a->gpus_per_stage)
+            return opt_error(&p, "--gpus-per-stage G means G replicas; it contradicts "
+                                 "--replicas");
+        a->device = TOPO_DEVICE_CUDA;
+        a->replicas = a->gpus_per_stage;
+    }
+    if (a->exclusive && a->device == TOPO_DEVICE_CUDA)
+        a->exclusive = 0; /* GPUs are never shared anyway */
+    /* as in train: --batch is per optimizer step; each replica takes its share */
+    if (a->batch % a->replicas)
+        return opt_error(&p, "--batch %d does not split evenly over %d replicas", a->batch,
+                         a->replicas);
+    a->replica_batch = a->batch / a->replicas;
+    if (a->replica_batch % a->microbatches)
+        return opt_error(&p, "--microbatches %d does not divide the %d samples per replica "
+                             "(--batch %d over %d replica%s)", a->microbatches,
+                         a->replica_batch, a->batch, a->replicas, a->replicas > 1 ? "s" : "");
+    return 0;
+}
+
+static void print_gpu(char *buf, size_t size, const topo_machine *m, const topo_place *p)
+{
+    if (p->gpu < 0)
+        snprintf(buf, size, "-");
+    else if (m->gpus[p->gpu].cuda_index >= 0)
+        snprintf(buf, size, "%d (cuda%d)", p->gpu, m->gpus[p->gpu].cuda_index);
+    else
+        snprintf(buf, size, "%d", p->gpu);
+}
+
+typedef struct {
+    const plan_args *a;
+    const net_desc *net;
+    const partition *part;
+    const topo_machine *m;
+    const topo_traffic *tr;
+    const topo_cost_model *cm;
+    const topo_placement *pl;
+    double *rank_time;
+    const plan_prediction *pred;
+} plan_result;
+
+static double sent_bytes(const topo_traffic *tr, int i)
+{
+    double b = 0;
+    for (int j = 0; j < tr->n_ranks; j++)
+        b += tr->bytes[i * tr->n_ranks + j];
+    return b;
+}
+
+/* Bytes of one activation message from stage s to s+1 (per micro-batch). */
+static double message_bytes(const plan_result *r, int s)
+{
+    if (s + 1 >= r->part->stages)
+        return 0;
+    const layer_desc *l = &r->net->layers[r->part->first[s + 1] - 1];
+    return (double)layer_shape_count(l->out) * 4.0 * r->a->replica_batch / r->a->microbatches;
+}
+
+static void print_plan_text(const plan_result *r)
+{
+    const plan_args *a = r->a;
+    const topo_placement *pl = r->pl;
+    const topo_machine *m = r->m;
+    int S = a->stages;
+    printf("Plan: %s, %d stage%s × %d replica%s = %d ranks on %d node%s of %s, device %s\n",
+           a->model, S, S > 1 ? "s" : "", a->replicas, a->replicas > 1 ? "s" : "",
+           pl->n_ranks, a->nodes, a->nodes > 1 ? "s" : "", m->source,
+           a->device == TOPO_DEVICE_CUDA ? "cuda" : "cpu");
+    printf("Batch %d per step (%d per replica) in %d micro-batches; partition \"%s\"\n\n",
+           a->batch, a->replica_batch, a->microbatches, a->method);
+    printf("Placement (%s):\n", pl->method);
+    printf("%4s %5s %7s %-7s %4s %-10s %-12s %11s %11s %-24s %11s\n", "rank", "stage", "replica",
+           "layers", "node", "GPU", "cores", "sent/step", "msg/ubatch", "link to next stage",
+           "time/step");
+    int boundaries[TOPO_LINK_COUNT] = {0};
+    for (int i = 0; i < pl->n_ranks; i++) {
+        const topo_place *p = &pl->places[i];
+        int s = i % S, rep = i / S;
+        char layers[32], gpu[32], cores[64], sent[32], msg[32], link[64], time[32];
+        if (r->part->first[s + 1] - r->part->first[s] == 1)
+            snprintf(layers, sizeof layers, "%d", r->part->first[s]);
+        else
+            snprintf(layers, sizeof layers, "%d-%d", r->part->first[s], r->part->first[s + 1] - 1);
+        print_gpu(gpu, sizeof gpu, m, p);
+        topo_format_list(cores, sizeof cores, p->cores, p->n_cores);
+        if (p->shared)
+            strncat(cores, "*", sizeof cores - strlen(cores) - 1);
+        topo_format_bytes(sent, sizeof sent, sent_bytes(r->tr, i));
+        if (s + 1 < S) {
+            double bw;
+            topo_link l = topo_link_between(m, r->cm, p, &pl->places[i + 1], &bw, NULL);
+            boundaries[l]++;
+            topo_format_bytes(msg, sizeof msg, message_bytes(r, s));
+            char rate[32];
+            topo_format_bytes(rate, sizeof rate, bw);
+            snprintf(link, sizeof link, "%s %s/s", topo_link_name(l), rate);
+        } else {
+            snprintf(msg, sizeof msg, "-");
+            snprintf(link, sizeof link, "-");
+        }
+        topo_format_seconds(time, sizeof time, r->rank_time[i]);
+        printf("%4d %5d %7d %-7s %4d %-10s %-12s %11s %11s %-24s %11s\n", i, s, rep, layers,
+               p->node, gpu, cores, sent, msg, link, time);
+    }
+    double busiest = 0;
+    for (int i = 0; i < pl->n_ranks; i++)
+        if (r->rank_time[i] > busiest)
+            busiest = r->rank_time[i];
+    char c1[32], c2[32], c3[32];
+    topo_format_seconds(c1, sizeof c1, pl->cost_s);
+    topo_format_seconds(c2, sizeof c2, pl->naive_cost_s);
+    topo_format_seconds(c3, sizeof c3, busiest);
+    printf("\nStage boundaries by link:");
+    for (int l = 0, first = 1; l < TOPO_LINK_COUNT; l++)
+        if (boundaries[l]) {
+            printf("%s %s %d", first ? "" : ",", topo_link_name(l), boundaries[l]);
+            first = 0;
+        }
+    if (S == 1)
+        printf(" none (one stage)");
+    printf("\nPredicted communication per step (sum over ranks of bytes/bandwidth + messages × "
+           "latency):\n  chosen placement %s, rank order %s", c1, c2);
+    if (pl->cost_s > 0 && pl->naive_cost_s > pl->cost_s)
+        printf(" (%.2f× better)", pl->naive_cost_s / pl->cost_s);
+    printf("; busiest rank %s\n", c3);
+    if (pl->oversubscribed)
+        printf("Note: more ranks than cores: ranks marked * share cores (oversubscribed).\n");
+    const plan_prediction *pr = r->pred;
+    char st[32];
+    topo_format_seconds(st, sizeof st, pr->step_s);
+    printf("\nPredicted step (simulator, schedule %s, reduce %s): %s, bubble %.3f\n"
+           "  (layer times profiled on this machine's CPU; the optimizer's update left out)\n",
+           a->schedule, a->replicas > 1 ? reduce_method_name(a->reduce) : "-", st, pr->bubble);
+    printf("%7s %11s %11s %11s\n", "stage", "compute", "reductions", "exposed");
+    for (int s = 0; s < S; s++) {
+        topo_format_seconds(c1, sizeof c1, pr->busy_s[s]);
+        topo_format_seconds(c2, sizeof c2, pr->reduce_s[s]);
+        topo_format_seconds(c3, sizeof c3, pr->exposed_s[s]);
+        printf("%7d %11s %11s %11s\n", s, c1, c2, c3);
+    }
+}
+
+/* Builders of the JSON tree, as in topologies/print.c: the setters take ownership of the
+ * value (and free it when they fail, also for a NULL container or value); *ok records it. */
+static void put(json_t *obj, const char *key, json_t *v, int *ok)
+{
+    if (json_object_set_new(obj, key, v) != 0)
+        *ok = 0;
+}
+
+static void append(json_t *arr, json_t *v, int *ok)
+{
+    if (json_array_append_new(arr, v) != 0)
+        *ok = 0;
+}
+
+/* The GPU of a place and its CUDA number, null where there is none. */
+static void put_gpu(json_t *o, const topo_machine *m, const topo_place *p, int with_cuda,
+                    int *ok)
+{
+    int cuda = p->gpu < 0 ? -1 : m->gpus[p->gpu].cuda_index;
+    put(o, "gpu", p->gpu < 0 ? json_null() : json_integer(p->gpu), ok);
+    if (with_cuda)
+        put(o, "cuda_index", cuda < 0 ? json_null() : json_integer(cuda), ok);
+}
+
+static json_t *json_places(const topo_machine *m, const topo_place *p, int n, int *ok)
+{
+    json_t *a = json_array();
+    for (int i = 0; *ok && i < n; i++) {
+        json_t *o = json_object();
+        put(o, "rank", json_integer(i), ok);
+        put(o, "node", json_integer(p[i].node), ok);
+        put_gpu(o, m, &p[i], 1, ok);
+        put(o, "cores", topo_json_int_list(p[i].cores, p[i].n_cores), ok);
+        put(o, "shared", json_boolean(p[i].shared), ok);
+        append(a, o, ok);
+    }
+    return a;
+}
+
+static int print_plan_json(const plan_result *r)
+{
+    const plan_args *a = r->a;
+    const topo_placement *pl = r->pl;
+    int S = a->stages, ok = 1;
+    json_t *o = json_object();
+    put(o, "model", topo_json_text(a->model), &ok);
+    put(o, "topology", topo_json_text(r->m->source), &ok);
+    put(o, "stages", json_integer(S), &ok);
+    put(o, "replicas", json_integer(a->replicas), &ok);
+    put(o, "ranks", json_integer(pl->n_ranks), &ok);
+    put(o, "nodes", json_integer(a->nodes), &ok);
+    put(o, "device", json_string(a->device == TOPO_DEVICE_CUDA ? "cuda" : "cpu"), &ok);
+    put(o, "batch", json_integer(a->batch), &ok);
+    put(o, "microbatches", json_integer(a->microbatches), &ok);
+    json_t *part = json_object();
+    put(part, "method", topo_json_text(a->method), &ok);
+    put(part, "first", topo_json_int_list(r->part->first, S + 1), &ok);
+    put(o, "partition", part, &ok);
+    put(o, "search", topo_json_text(pl->method), &ok);
+    put(o, "cost_s", topo_json_number(pl->cost_s), &ok);
+    put(o, "rank_order_cost_s", topo_json_number(pl->naive_cost_s), &ok);
+    put(o, "oversubscribed", json_boolean(pl->oversubscribed), &ok);
+    json_t *placement = json_array();
+    for (int i = 0; ok && i < pl->n_ranks; i++) {
+        const topo_place *p = &pl->places[i];
+        int s = i % S, last = s + 1 == S;
+        json_t *j = json_object();
+        put(j, "rank", json_integer(i), &ok);
+        put(j, "stage", json_integer(s), &ok);
+        put(j, "replica", json_integer(i / S), &ok);
+        put(j, "layers", json_pack("[ii]", r->part->first[s], r->part->first[s + 1] - 1), &ok);
+        put(j, "node", json_integer(p->node), &ok);
+        put_gpu(j, r->m, p, 0, &ok);
+        put(j, "cores", topo_json_int_list(p->cores, p->n_cores), &ok);
+        put(j, "shared", json_boolean(p->shared), &ok);
+        put(j, "bytes_sent_per_step", topo_json_number(sent_bytes(r->tr, i)), &ok);
+        /* the last stage sends no activations: no message, no link */
+        put(j, "message_bytes", last ? json_null() : topo_json_number(message_bytes(r, s)), &ok);
+        put(j, "next_link",
+            last ? json_null()
+                 : json_string(topo_link_name(
+                       topo_link_between(r->m, r->cm, p, &pl->places[i + 1], NULL, NULL))),
+            &ok);
+        put(j, "time_s", topo_json_number(r->rank_time[i]), &ok);
+        append(placement, j, &ok);
+    }
+    put(o, "placement", placement, &ok);
+    const plan_prediction *pr = r->pred;
+    json_t *pj = json_object();
+    put(pj, "schedule", topo_json_text(a->schedule), &ok);
+    put(pj, "reduce", json_string(reduce_method_name(a->reduce)), &ok);
+    put(pj, "bucket_mb", topo_json_number(a->bucket_mb), &ok);
+    put(pj, "overlap", json_boolean(a->overlap), &ok);
+    put(pj, "step_s", topo_json_number(pr->step_s), &ok);
+    put(pj, "bubble", topo_json_number(pr->bubble), &ok);
+    json_t *busy = json_array(), *red = json_array(), *exp = json_array();
+    for (int s = 0; s < S; s++) {
+        append(busy, topo_json_number(pr->busy_s[s]), &ok);
+        append(red, topo_json_number(pr->reduce_s[s]), &ok);
+        append(exp, topo_json_number(pr->exposed_s[s]), &ok);
+    }
+    put(pj, "stage_compute_s", busy, &ok);
+    put(pj, "stage_reduce_s", red, &ok);
+    put(pj, "stage_reduce_exposed_s", exp, &ok);
+    put(o, "predicted", pj, &ok);
+    put(o, "rank_order", json_places(r->m, pl->naive, pl->n_ranks, &ok), &ok);
+    if (!ok) {
+        json_decref(o);
+        o = NULL;
+    }
+    return topo_json_print(o, stdout);
+}
+
+/* The step time of the chosen placement (src/plan_predict.h): each stage's reductions
+ * priced by the slowest link of its group's ring, messages by the link to the next stage
+ * (the slowest over replicas). */
+static int predict_step(plan_prediction *out, const plan_args *a, const net_desc *net,
+                        const partition *part, const partition_profile *prof,
+                        const topo_machine *m, const topo_cost_model *cm,
+                        const topo_placement *pl)
+{
+    int S = a->stages, R = a->replicas;
+    double *alpha = calloc(3 * (size_t)S, sizeof *alpha);
+    if (!alpha) return pt_error_set("out of memory");
+    double *beta = alpha + S, *msg = alpha + 2 * S;
+    for (int s = 0; s < S; s++) {
+        beta[s] = 1; /* no replicas: unused */
+        for (int r = 0; r < R; r++) {
+            const topo_place *p = &pl->places[r * S + s];
+            double bw, lat;
+            if (R > 1) {
+                topo_link_between(m, cm, p, &pl->places[((r + 1) % R) * S + s], &bw, &lat);
+                if (r == 0 || bw < beta[s]) beta[s] = bw;
+                if (lat > alpha[s]) alpha[s] = lat;
+            }
+            if (s + 1 < S) {
+                topo_link_between(m, cm, p, &pl->places[r * S + s + 1], &bw, &lat);
+                double bytes = (double)layer_shape_count(net->layers[part->first[s + 1] - 1].out) *
+                               4.0 * a->replica_batch / a->microbatches;
+                double t = lat + bytes / bw;
+                if (t > msg[s]) msg[s] = t;
+            }
+        }
+    }
+    double bytes = a->bucket_mb * 1048576.0;
+    plan_predict_config cfg = {
+        .schedule = a->schedule, .microbatch = a->replica_batch / a->microbatches,
+        .rep = {.replicas = R, .method = a->reduce, .overlap = a->overlap,
+                .bucket_bytes = bytes < 1 ? 1 : bytes > 1e18 ? (size_t)1e18 : (size_t)bytes,
+                .microbatches = a->microbatches, .skip_bucket = -1},
+        .alpha = alpha, .beta = beta, .message_s = msg,
+    };
+    int rc = plan_predict(out, net, part, prof, &cfg);
+    free(alpha);
+    return rc;
+}
+
+int topo_cmd_plan(int argc, char **argv)
+{
+    plan_args a;
+    int rc = plan_parse(&a, argc, argv);
+    if (rc)
+        return rc == 1 ? PT_EXIT_OK : usage_fail(); /* 1 = --help shown */
+    topo_cost_model cm;
+    topo_cost_model_default(&cm);
+    if ((a.bandwidth && topo_cost_model_parse(&cm, a.bandwidth, 0) < 0) ||
+        (a.latency && topo_cost_model_parse(&cm, a.latency, 1) < 0)) {
+        fprintf(stderr, "pipetrain: %s (see pipetrain plan --help)\n", pt_error_get());
+        return PT_EXIT_USAGE;
+    }
+    net_desc net = {0};
+    partition part = {0};
+    partition_profile prof = {0};
+    topo_t *t = NULL;
+    topo_traffic tr = {0};
+    topo_placement pl = {0};
+    double *rank_time = NULL;
+    plan_prediction pred = {0};
+    int have_prof = 0;
+    rc = 1;
+    if (net_desc_load(&net, a.model) < 0 || partition_check(net.n_layers, a.stages) < 0)
+        goto out;
+    /* profiled on this machine with the CPU kernels, whatever --topology says, at the
+     * micro-batch size train would profile at: the "time" partition and the prediction */
+    if (partition_profile_measure(&prof, &net, a.replica_batch / a.microbatches, 1, 3) < 0)
+        goto out;
+    have_prof = 1;
+    if (partition_by_method(&part, a.method, &net, have_prof ? &prof : NULL, a.stages) < 0 ||
+        topo_init(&t, a.xml) < 0)
+        goto out;
+    const topo_machine *m = topo_get_machine(t);
+    topo_place_options opt = {.device = a.device, .nodes = a.nodes, .exclusive = a.exclusive};
+    if (topo_traffic_from_partition(&tr, &net, &part, a.replicas, a.replica_batch,
+                                    a.microbatches) < 0 ||
+        topo_place_ranks(&pl, m, &tr, &cm, &opt) < 0)
+        goto out;
+    rank_time = calloc((size_t)pl.n_ranks, sizeof *rank_time);
+    if (!rank_time) {
+        pt_error_set("out of memory");
+        goto out;
+    }
+    topo_placement_cost(m, &tr, &cm, pl.places, rank_time);
+    if (predict_step(&pred, &a, &net, &part, &prof, m, &cm, &pl) < 0)
+        goto out;
+    plan_result r = {.a = &a, .net = &net, .part = &part, .m = m, .tr = &tr, .cm = &cm,
+                     .pl = &pl, .rank_time = rank_time, .pred = &pred};
+    if (a.emit) {
+        char extra[128] = "";
+        if (a.replicas > 1)
+            snprintf(extra, sizeof extra, "--reduce %s --bucket-mb %g --overlap %s",
+                     reduce_method_name(a.reduce), a.bucket_mb, a.overlap ? "on" : "off");
+        plan_emit_args ea = {
+            .kind = (plan_emit_kind)a.emit, .model = a.model, .stages = a.stages,
+            .replicas = a.replicas, .nodes = a.nodes, .batch = a.batch,
+            .microbatches = a.microbatches, .schedule = a.schedule, .train_options = extra,
+            .cuda = a.device == TOPO_DEVICE_CUDA,
+        };
+        if (plan_emit(stdout, &ea, &part, &pl) < 0)
+            goto out;
+    } else if (a.json) {
+        if (print_plan_json(&r) < 0)
+            goto out;
+    } else {
+        /* the layer times appear only where they chose the partition */
+        partition_print(&part, &net, !strcmp(a.method, "time") ? &prof : NULL, stdout);
+        putchar('\n');
+        print_plan_text(&r);
+    }
+    rc = 0;
+out:
+    if (rc)
+        fail(pt_error_get());
+    free(rank_time);
+    plan_prediction_free(&pred);
+    topo_placement_free(&pl);
+    topo_traffic_free(&tr);
+    topo_free(t);
+    if (have_prof)
+        partition_profile_free(&prof);
+    if (part.first)
+        partition_free(&part);
+    net_desc_free(&net);
+    return rc;
+}
