@@ -8,21 +8,31 @@
 
 #include "partition/partition.h"
 #include "src/base/error.h"
+#include "src/cmd_plan.h"
 #include "src/cmd_topo.h"
 #include "src/model/net.h"
 #include "src/options.h"
 #include "src/plan_emit.h"
 #include "src/plan_predict.h"
 #include "src/profile.h"
+#include "src/stage.h"
 #include "topologies/topo.h"
 
 enum { O_TOPOLOGY = 1, O_JSON, O_HELP, O_MODEL, O_STAGES, O_REPLICAS, O_NODES, O_PARTITION,
        O_BATCH, O_MICRO, O_DEVICE, O_GPUS, O_EXCLUSIVE, O_BANDWIDTH, O_LATENCY, O_SCHED,
-       O_REDUCE, O_BUCKET_MB, O_OVERLAP, O_EMIT };
+       O_REDUCE, O_BUCKET_MB, O_OVERLAP, O_EMIT, O_RANKS, O_MEMORY, O_TOP };
 
 static const opt_spec plan_opts[] = {
     {.id = O_MODEL, .name = "model", .shared = 1},
-    {.id = O_STAGES, .name = "stages", .shared = 1, .required = 1},
+    {.id = O_STAGES, .name = "stages", .shared = 1},
+    {.id = O_RANKS, .name = "ranks", .kind = OPT_INT, .arg = "N", .min = 1, .max = 65536,
+     .help = "instead of --stages: search every layout of N ranks (stages × replicas, "
+             "micro-batches, schedule) and print the best"},
+    {.id = O_MEMORY, .name = "memory-mb", .kind = OPT_REAL, .arg = "X", .min = 0, .max = 1e12,
+     .help = "with --ranks: memory per rank in MiB; layouts that need more are never "
+             "proposed (0: no limit)"},
+    {.id = O_TOP, .name = "top", .kind = OPT_INT, .arg = "K", .min = 1, .max = 1000,
+     .def = "5", .help = "with --ranks: the best K layouts printed"},
     {.id = O_REPLICAS, .name = "replicas", .shared = 1},
     {.id = O_NODES, .name = "nodes", .letter = 'n', .kind = OPT_INT, .arg = "N", .min = 1,
      .max = 65536, .def = "1", .help = "copies of the machine"},
@@ -52,7 +62,7 @@ static const opt_spec plan_opts[] = {
 };
 static const opt_command plan_command = {
     .name = "plan",
-    .usage = "pipetrain plan --model FILE --stages K [options]",
+    .usage = "pipetrain plan --model FILE (--stages K | --ranks N [--memory-mb X]) [options]",
     .about = "Partitions the model into K pipeline stages, places the ranks (stage, replica) on "
              "the machine's nodes, GPUs and cores, and predicts the communication time per step "
              "of the chosen placement and of rank order, and the step time: the schedule's "
@@ -79,16 +89,7 @@ static int usage_fail(void)
     return PT_EXIT_USAGE;
 }
 
-typedef struct {
-    const char *model, *xml, *method, *bandwidth, *latency, *schedule;
-    int stages, replicas, nodes, batch, microbatches, gpus_per_stage, exclusive, json;
-    reduce_method reduce;
-    double bucket_mb;
-    int overlap;
-    int emit; /* 0, or plan_emit_kind */
-    int replica_batch; /* batch / replicas: the samples each replica sees per step */
-    topo_device device;
-} plan_args;
+
 
 /* Returns 0, 1 when the help was shown, or −1 with a message. */
 static int plan_parse(plan_args *a, int argc, char **argv)
@@ -110,6 +111,9 @@ static int plan_parse(plan_args *a, int argc, char **argv)
         case O_LATENCY: a->latency = p.arg; break;
         case O_HELP: opt_print_help(&plan_command, stdout); return 1;
         case O_STAGES: a->stages = (int)p.num; break;
+        case O_RANKS: a->ranks = (int)p.num; break;
+        case O_MEMORY: a->memory_mb = p.real; break;
+        case O_TOP: a->top = (int)p.num; break;
         case O_REPLICAS: a->replicas = (int)p.num; break;
         case O_NODES: a->nodes = (int)p.num; break;
         case O_BATCH: a->batch = (int)p.num; break;
@@ -124,6 +128,24 @@ static int plan_parse(plan_args *a, int argc, char **argv)
         }
     }
     if (id == OPT_ERROR) return -1;
+    if (opt_given(&p, O_STAGES) == opt_given(&p, O_RANKS))
+        return opt_error(&p, "give --stages K (one layout) or --ranks N (search the layouts of "
+                             "N ranks), not %s", a->ranks ? "both" : "neither");
+    if (a->ranks) {
+        const int fixed[] = {O_REPLICAS, O_MICRO, O_GPUS, O_EMIT};
+        const char *names[] = {"--replicas", "--microbatches", "--gpus-per-stage", "--emit"};
+        for (int k = 0; k < 4; k++)
+            if (opt_given(&p, fixed[k]))
+                return opt_error(&p, "%s is chosen by the search with --ranks: leave it out, "
+                                     "or give --stages instead", names[k]);
+        if (opt_given(&p, O_SCHED))
+            return opt_error(&p, "--schedule is chosen by the search with --ranks");
+        a->stages = 1;
+        a->replicas = 1;
+        a->microbatches = 1;
+    } else if (opt_given(&p, O_MEMORY) || opt_given(&p, O_TOP)) {
+        return opt_error(&p, "--memory-mb and --top go with --ranks");
+    }
     if (!(a->bucket_mb > 0))
         return opt_error(&p, "--bucket-mb %g: must be positive", a->bucket_mb);
     if (a->emit && a->json)
@@ -161,17 +183,7 @@ static void print_gpu(char *buf, size_t size, const topo_machine *m, const topo_
         snprintf(buf, size, "%d", p->gpu);
 }
 
-typedef struct {
-    const plan_args *a;
-    const net_desc *net;
-    const partition *part;
-    const topo_machine *m;
-    const topo_traffic *tr;
-    const topo_cost_model *cm;
-    const topo_placement *pl;
-    double *rank_time;
-    const plan_prediction *pred;
-} plan_result;
+
 
 static double sent_bytes(const topo_traffic *tr, int i)
 {
@@ -265,12 +277,15 @@ static void print_plan_text(const plan_result *r)
     printf("\nPredicted step (simulator, schedule %s, reduce %s): %s, bubble %.3f\n"
            "  (layer times profiled on this machine's CPU; the optimizer's update left out)\n",
            a->schedule, a->replicas > 1 ? reduce_method_name(a->reduce) : "-", st, pr->bubble);
-    printf("%7s %11s %11s %11s\n", "stage", "compute", "reductions", "exposed");
+    printf("%7s %11s %11s %11s %14s\n", "stage", "compute", "reductions", "exposed",
+           "memory/rank");
     for (int s = 0; s < S; s++) {
+        char mem[32];
         topo_format_seconds(c1, sizeof c1, pr->busy_s[s]);
         topo_format_seconds(c2, sizeof c2, pr->reduce_s[s]);
         topo_format_seconds(c3, sizeof c3, pr->exposed_s[s]);
-        printf("%7d %11s %11s %11s\n", s, c1, c2, c3);
+        topo_format_bytes(mem, sizeof mem, r->stage_bytes[s]);
+        printf("%7d %11s %11s %11s %14s\n", s, c1, c2, c3, mem);
     }
 }
 
@@ -378,6 +393,9 @@ static int print_plan_json(const plan_result *r)
     put(pj, "stage_compute_s", busy, &ok);
     put(pj, "stage_reduce_s", red, &ok);
     put(pj, "stage_reduce_exposed_s", exp, &ok);
+    json_t *mem = json_array();
+    for (int s = 0; s < S; s++) append(mem, topo_json_number(r->stage_bytes[s]), &ok);
+    put(pj, "stage_memory_bytes", mem, &ok);
     put(o, "predicted", pj, &ok);
     put(o, "rank_order", json_places(r->m, pl->naive, pl->n_ranks, &ok), &ok);
     if (!ok) {
@@ -431,6 +449,74 @@ static int predict_step(plan_prediction *out, const plan_args *a, const net_desc
     return rc;
 }
 
+int plan_memory(double *out, const net_desc *net, const partition *part, const char *sched_name,
+                int microbatches, int microbatch)
+{
+    schedule sched;
+    if (schedule_init_by_name(&sched, sched_name, part->stages, microbatches)) return -1;
+    schedule_report rep;
+    int rc = schedule_verify(&sched, &rep);
+    schedule_free(&sched);
+    if (rc) return -1;
+    /* as src/exec.c sizes the engine: 2M micro-batch buffers (two steps), at least 3 */
+    size_t nb = 2 * (size_t)microbatches > 3 ? 2 * (size_t)microbatches : 3;
+    for (int s = 0; s < part->stages; s++) {
+        int first = part->first[s], last = part->first[s + 1];
+        stage_bytes b = stage_estimate(net, first, last, microbatch, 1);
+        size_t in = layer_shape_count(net->layers[first].in);
+        size_t outc = layer_shape_count(net->layers[last - 1].out);
+        /* inputs, gradients in, gradients out (not on the first stage), labels and ids */
+        double buffers = (double)nb * microbatch *
+                         (4.0 * (in + outc + (first > 0 ? in : 0)) + 4 + 8);
+        int slots = rep.peak_inflight[s] > 0 ? rep.peak_inflight[s] : 1;
+        out[s] = (double)(b.state + b.groups + b.workers) + (double)slots * (double)b.slot +
+                 buffers;
+    }
+    schedule_report_free(&rep);
+    return 0;
+}
+
+int plan_build(plan_built *b, const plan_args *a, const net_desc *net,
+               const partition_profile *prof, const topo_machine *m, const topo_cost_model *cm)
+{
+    *b = (plan_built){0};
+    topo_place_options opt = {.device = a->device, .nodes = a->nodes, .exclusive = a->exclusive};
+    int rc = -1;
+    if (partition_by_method(&b->part, a->method, net, prof, a->stages) < 0) return -1;
+    if (topo_traffic_from_partition(&b->tr, net, &b->part, a->replicas, a->replica_batch,
+                                    a->microbatches) < 0 ||
+        topo_place_ranks(&b->pl, m, &b->tr, cm, &opt) < 0)
+        goto out;
+    b->rank_time = calloc((size_t)b->pl.n_ranks, sizeof *b->rank_time);
+    b->stage_bytes = calloc((size_t)a->stages, sizeof *b->stage_bytes);
+    if (!b->rank_time || !b->stage_bytes) {
+        pt_error_set("out of memory");
+        goto out;
+    }
+    topo_placement_cost(m, &b->tr, cm, b->pl.places, b->rank_time);
+    if (predict_step(&b->pred, a, net, &b->part, prof, m, cm, &b->pl) < 0 ||
+        plan_memory(b->stage_bytes, net, &b->part, a->schedule, a->microbatches,
+                    a->replica_batch / a->microbatches) < 0)
+        goto out;
+    for (int s = 0; s < a->stages; s++)
+        if (b->stage_bytes[s] > b->peak_bytes) b->peak_bytes = b->stage_bytes[s];
+    rc = 0;
+out:
+    if (rc) plan_built_free(b);
+    return rc;
+}
+
+void plan_built_free(plan_built *b)
+{
+    free(b->rank_time);
+    free(b->stage_bytes);
+    plan_prediction_free(&b->pred);
+    topo_placement_free(&b->pl);
+    topo_traffic_free(&b->tr);
+    if (b->part.first) partition_free(&b->part);
+    *b = (plan_built){0};
+}
+
 int topo_cmd_plan(int argc, char **argv)
 {
     plan_args a;
@@ -445,41 +531,27 @@ int topo_cmd_plan(int argc, char **argv)
         return PT_EXIT_USAGE;
     }
     net_desc net = {0};
-    partition part = {0};
     partition_profile prof = {0};
     topo_t *t = NULL;
-    topo_traffic tr = {0};
-    topo_placement pl = {0};
-    double *rank_time = NULL;
-    plan_prediction pred = {0};
+    plan_built b = {0};
     int have_prof = 0;
     rc = 1;
-    if (net_desc_load(&net, a.model) < 0 || partition_check(net.n_layers, a.stages) < 0)
-        goto out;
+    if (net_desc_load(&net, a.model) < 0 || topo_init(&t, a.xml) < 0) goto out;
+    const topo_machine *m = topo_get_machine(t);
+    if (a.ranks) {
+        rc = plan_search(&a, &net, m, &cm);
+        goto done;
+    }
+    if (partition_check(net.n_layers, a.stages) < 0) goto out;
     /* profiled on this machine with the CPU kernels, whatever --topology says, at the
      * micro-batch size train would profile at: the "time" partition and the prediction */
     if (partition_profile_measure(&prof, &net, a.replica_batch / a.microbatches, 1, 3) < 0)
         goto out;
     have_prof = 1;
-    if (partition_by_method(&part, a.method, &net, have_prof ? &prof : NULL, a.stages) < 0 ||
-        topo_init(&t, a.xml) < 0)
-        goto out;
-    const topo_machine *m = topo_get_machine(t);
-    topo_place_options opt = {.device = a.device, .nodes = a.nodes, .exclusive = a.exclusive};
-    if (topo_traffic_from_partition(&tr, &net, &part, a.replicas, a.replica_batch,
-                                    a.microbatches) < 0 ||
-        topo_place_ranks(&pl, m, &tr, &cm, &opt) < 0)
-        goto out;
-    rank_time = calloc((size_t)pl.n_ranks, sizeof *rank_time);
-    if (!rank_time) {
-        pt_error_set("out of memory");
-        goto out;
-    }
-    topo_placement_cost(m, &tr, &cm, pl.places, rank_time);
-    if (predict_step(&pred, &a, &net, &part, &prof, m, &cm, &pl) < 0)
-        goto out;
-    plan_result r = {.a = &a, .net = &net, .part = &part, .m = m, .tr = &tr, .cm = &cm,
-                     .pl = &pl, .rank_time = rank_time, .pred = &pred};
+    if (plan_build(&b, &a, &net, &prof, m, &cm) < 0) goto out;
+    plan_result r = {.a = &a, .net = &net, .part = &b.part, .m = m, .tr = &b.tr, .cm = &cm,
+                     .pl = &b.pl, .rank_time = b.rank_time, .pred = &b.pred,
+                     .stage_bytes = b.stage_bytes};
     if (a.emit) {
         char extra[128] = "";
         if (a.replicas > 1)
@@ -491,14 +563,14 @@ int topo_cmd_plan(int argc, char **argv)
             .microbatches = a.microbatches, .schedule = a.schedule, .train_options = extra,
             .cuda = a.device == TOPO_DEVICE_CUDA,
         };
-        if (plan_emit(stdout, &ea, &part, &pl) < 0)
+        if (plan_emit(stdout, &ea, &b.part, &b.pl) < 0)
             goto out;
     } else if (a.json) {
         if (print_plan_json(&r) < 0)
             goto out;
     } else {
         /* the layer times appear only where they chose the partition */
-        partition_print(&part, &net, !strcmp(a.method, "time") ? &prof : NULL, stdout);
+        partition_print(&b.part, &net, !strcmp(a.method, "time") ? &prof : NULL, stdout);
         putchar('\n');
         print_plan_text(&r);
     }
@@ -506,15 +578,11 @@ int topo_cmd_plan(int argc, char **argv)
 out:
     if (rc)
         fail(pt_error_get());
-    free(rank_time);
-    plan_prediction_free(&pred);
-    topo_placement_free(&pl);
-    topo_traffic_free(&tr);
+done:
+    plan_built_free(&b);
     topo_free(t);
     if (have_prof)
         partition_profile_free(&prof);
-    if (part.first)
-        partition_free(&part);
     net_desc_free(&net);
     return rc;
 }
