@@ -421,6 +421,10 @@ static json_t *run_json(const train_run *run)
         {"bucket_mb", json_number(o->bucket_mb)},
         {"overlap", json_boolean(o->overlap)},
         {"reduce_link", json_string(topo_link_name(run->reduce_link))},
+        /* where it started: in --json and in the metrics file's first line */
+        {"resumed_from_step",
+         run->resumed_from_step >= 0 ? json_integer(run->resumed_from_step) : json_null()},
+        {"resumed_from", run->resumed_from_step >= 0 ? json_text(run->resumed_from) : json_null()},
     };
     json_t *obj = json_object();
     if (put_fields(obj, fields, sizeof fields / sizeof *fields)) {
@@ -475,9 +479,6 @@ static json_t *results_json(const train_run *run, const train_results *res,
         {"step_predicted_s", json_number(rf.step_predicted)},
         /* outputs written */
         {"checkpoint", json_text(res->saved)},
-        {"resumed_from_step",
-         run->resumed_from_step >= 0 ? json_integer(run->resumed_from_step) : json_null()},
-        {"resumed_from", run->resumed_from_step >= 0 ? json_text(run->resumed_from) : json_null()},
         {"last_checkpoint_step",
          run->last_checkpoint_step >= 0 ? json_integer(run->last_checkpoint_step) : json_null()},
         /* rank 0's: what checkpoints held training up (gathers, waits for a write) and

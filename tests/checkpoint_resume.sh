@@ -19,11 +19,14 @@ ls "$WORK/c1" | tr '\n' ' ' | grep -qx "ckpt-0000000004.safetensors ckpt-0000000
     && pass "--checkpoint-every 2 --keep 2 over 5 steps: steps 4 and 5 kept" \
     || failed "checkpoints kept: $(ls "$WORK/c1" | tr '\n' ' ')"
 "$PIPETRAIN" train "${CNN[@]}" --steps 12 --resume "$WORK/c1" --save "$WORK/cnn_res.st" --json \
-    >"$WORK/res.json"
+    --metrics "$WORK/res.jsonl" >"$WORK/res.json"
 same "$WORK/cnn_res.st" "$WORK/cnn_full.st" "Adam + dropout, stopped at 5, resumed to 12: bit-identical"
-python3 -c "import json,sys; d=json.loads(open(sys.argv[1]).read().splitlines()[-1]); \
-assert d['resumed_from_step'] == 5 and d['resumed_from'].endswith('ckpt-0000000005.safetensors')" \
-    "$WORK/res.json" && pass "--json: resumed_from_step 5" || failed "--json lacks resumed_from_step"
+python3 -c "import json,sys
+for d in (json.loads(open(sys.argv[1]).read().splitlines()[-1]),
+          json.loads(open(sys.argv[2]).readline())):
+    assert d['resumed_from_step'] == 5 and d['resumed_from'].endswith('ckpt-0000000005.safetensors')" \
+    "$WORK/res.json" "$WORK/res.jsonl" && pass "--json and the metrics' run line: resumed_from_step 5" \
+    || failed "--json or --metrics lacks resumed_from_step"
 
 # momentum, 2-stage pipeline interrupted at 6 then resumed as one process and as 2 replicas
 "$PIPETRAIN" train "${MLP[@]}" --steps 12 --microbatches 2 --save "$WORK/mlp_full.st" >/dev/null
