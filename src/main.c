@@ -8,6 +8,7 @@
 #include "partition/partition.h"
 #include "schedule/schedule.h"
 #include "src/profile.h"
+#include "src/cmd_launch.h"
 #include "src/cmd_topo.h"
 #include "src/devices.h"
 #include "src/base/error.h"
@@ -33,6 +34,7 @@ static void usage(FILE *f)
         "  devices    the CPU and CUDA devices training can use, and MPI's CUDA support\n"
         "  plan       partition + placement + predicted communication for a machine\n"
         "  diff       compare two safetensors checkpoints tensor by tensor\n"
+        "  launch     run a training job and restart it from its checkpoints when it fails\n"
         "  version    the version of pipetrain (also --version)\n");
 }
 
@@ -370,6 +372,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "devices")) return devices_cmd(argc, argv);
     if (!strcmp(cmd, "plan")) return topo_cmd_plan(argc, argv);
     if (!strcmp(cmd, "diff")) return cmd_diff(argc, argv);
+    if (!strcmp(cmd, "launch")) return launch_main(argc, argv);
     fprintf(stderr, "pipetrain: unknown command %s\n", cmd);
     usage(stderr);
     return PT_EXIT_USAGE;

@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <getopt.h>
 #include <limits.h>
+#include <errno.h>
 #include <stdint.h>
 #include <math.h>
 #include <stdio.h>
@@ -420,11 +421,47 @@ static void plan_steps(train_run *run)
 }
 
 /* Model, partition, schedule, data, executor and parameters, agreed on by every rank. */
+/* Rank 0 writes --save, --trace and --metrics: their directories must exist and be
+ * writable now, not after the whole run (and a restart would only fail the same way). */
+static int check_outputs(const train_options *o, int rank)
+{
+    const char *paths[] = {o->save, o->trace, o->metrics};
+    const char *names[] = {"--save", "--trace", "--metrics"};
+    for (int i = 0; rank == 0 && i < 3; i++) {
+        if (!paths[i]) continue;
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", paths[i]);
+        char *slash = strrchr(dir, '/');
+        if (!slash) snprintf(dir, sizeof dir, ".");
+        else if (slash == dir) dir[1] = '\0';
+        else *slash = '\0';
+        if (access(dir, W_OK | X_OK) != 0)
+            return pt_error_set("%s %s: cannot write in %s: %s", names[i], paths[i], dir,
+                                strerror(errno));
+    }
+    return 0;
+}
+
+/* For `pipetrain launch` (src/cmd_launch.c): rank 0 notes the wall-clock time of the run's
+ * first completed step in the file PT_LAUNCH_FIRST_STEP names, if any. */
+static void note_first_step(const train_run *run)
+{
+    const char *path = getenv("PT_LAUNCH_FIRST_STEP");
+    if (run->rank != 0 || !path || !*path) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    FILE *f = fopen(path, "w");
+    if (!f) return; /* a measurement only: the run goes on */
+    fprintf(f, "%.6f\n", (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec);
+    fclose(f);
+}
+
 static int setup_run(train_run *run)
 {
     const train_options *o = &run->o;
     MPI_Comm comm = run->comm;
     run->rep = replicas_of(o);
+    if (agree(check_outputs(o, run->rank), comm, o->timeout)) return -1;
     if (agree(setup_layout(run), comm, o->timeout)) return -1;
     if (agree(net_desc_load(&run->net, o->model), comm, o->timeout)) return -1;
     if (agree(choose_partition(o, &run->net, &run->part, comm, run->rank, run->gpu), comm,
@@ -647,6 +684,8 @@ static int train_epoch(train_run *run, long ep, train_progress *prog, train_resu
             res->timed_steps++;
         }
         res->steps++;
+        if (res->steps == (run->resumed_from_step > 0 ? run->resumed_from_step : 0) + 1)
+            note_first_step(run);
         loss_sum += r.loss_sum;
         correct += r.correct;
         samples += o->batch;
@@ -759,16 +798,20 @@ int train_main(int argc, char **argv)
         return 0;
     }
     if (prc) return prc;
-    if (check_ranks(&run)) return 2;
-    if (setup_threads(&run) || setup_gpu(&run)) return 1;
+    /* Exit statuses: what is found before training starts (options, ranks, model, data,
+     * checkpoints, output paths, the device) is the input's fault: PT_EXIT_USAGE, which
+     * `pipetrain launch` never restarts; a failure while training is PT_EXIT_FAIL. */
+    if (check_ranks(&run)) return PT_EXIT_USAGE;
+    if (setup_threads(&run) || setup_gpu(&run)) return PT_EXIT_USAGE;
 
-    int rc = 1;
+    int rc = PT_EXIT_USAGE;
     train_results res;
     run.last_checkpoint_step = -1;
     run.ckpt_req = MPI_REQUEST_NULL;
     run.ckpt_t_last = pt_now();
     if (!setup_run(&run) && !train_checkpoint_setup(&run) && !metrics_start(&run)) {
         train_report_banner(&run);
+        rc = PT_EXIT_FAIL;
         if (!train_loop(&run, &res)) rc = finish_run(&run, &res);
         else train_checkpoint_finish(&run); /* a write in progress lands before the exit */
     }

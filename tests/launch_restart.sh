@@ -1,0 +1,135 @@
+# pipetrain launch: a job that fails is run again from its newest complete checkpoint and
+# ends bit-identical to the run that never failed: a rank killed (SIGKILL from outside), a
+# rank stopped (SIGSTOP) until the watchdog ends the job, a rank killed while a checkpoint is
+# being written, a node lost (fewer ranks: re-planned); a full disk ends with the message
+# and the previous checkpoint intact; a job whose input is at fault is not restarted; bad
+# launch commands are refused.
+source "$(dirname "$0")/lib/common.bash"
+export OPENBLAS_NUM_THREADS=1
+MLP=(--model "$MODELS/seed-mlp.cfg" --batch 32 --train-samples 2048 --test-samples 0
+     --threads 1 --seed 5 --optimizer momentum --lr 0.01)
+STEPS=3000   # about 2 s on 2 ranks here: long enough to hit mid-run
+same() { "$PIPETRAIN" diff "$1" "$2" >/dev/null && pass "$3" || failed "$3: differs"; }
+events() { python3 -c "import json, sys
+print(' '.join(json.loads(l)['event'] for l in open(sys.argv[1])))" "$1"; }
+
+# the reference: one process, the same 2 micro-batches per step
+"$PIPETRAIN" train "${MLP[@]}" --microbatches 2 --steps $STEPS --save "$WORK/full.st" >/dev/null
+
+# launch_job NAME [LAUNCH-OPTIONS...] -- [TRAIN-OPTIONS...]: in the background; $JOB_PID
+launch_job() {
+    local name=$1; shift
+    local lopts=()
+    while [ "$1" != -- ]; do lopts+=("$1"); shift; done
+    shift
+    "$PIPETRAIN" launch --log "$WORK/$name.jsonl" "${lopts[@]}" -- \
+        "$MPIEXEC" "${LAUNCHER_ARGS[@]}" "$PIPETRAIN" train "${MLP[@]}" --microbatches 2 \
+        --steps $STEPS --checkpoint-dir "$WORK/$name" --checkpoint-every 500 \
+        --save "$WORK/$name.st" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+    JOB_PID=$!
+}
+wait_for_checkpoint() { # DIR: until its first complete checkpoint exists (30 s at most)
+    for _ in $(seq 600); do
+        ls "$1"/ckpt-*.safetensors >/dev/null 2>&1 && return 0
+        sleep 0.05
+    done
+    return 1
+}
+rank_pid() { pgrep -n -f -- "--checkpoint-dir $1 " || pgrep -n -f -- "--checkpoint-dir $1\$"; }
+
+# 1. a rank killed mid-run
+LAUNCHER_ARGS=(-n 2)
+launch_job kill -- --stages 2
+wait_for_checkpoint "$WORK/kill" && kill -KILL "$(rank_pid "$WORK/kill")"
+wait $JOB_PID && rc=0 || rc=$?
+[ $rc = 0 ] && [ "$(events "$WORK/kill.jsonl")" = "start failed restart start done" ] \
+    && pass "rank killed: failed, restarted from its checkpoint, done ($(events "$WORK/kill.jsonl"))" \
+    || { failed "rank killed: exit $rc, events $(events "$WORK/kill.jsonl")"; cat "$WORK/kill.err"; }
+same "$WORK/kill.st" "$WORK/full.st" "rank killed and restarted: bit-identical to the uninterrupted run"
+grep -q -- "--resume $WORK/kill" "$WORK/kill.jsonl" && pass "the restart resumed (--resume DIR)" \
+    || failed "the restart did not resume"
+
+# 2. a rank stopped until the watchdog ends the job
+launch_job stop -- --stages 2 --timeout 2
+wait_for_checkpoint "$WORK/stop" && victim=$(rank_pid "$WORK/stop") && kill -STOP "$victim"
+wait $JOB_PID && rc=0 || rc=$?
+kill -CONT "$victim" 2>/dev/null || true
+[ $rc = 0 ] && [ "$(events "$WORK/stop.jsonl")" = "start failed restart start done" ] \
+    && pass "rank stopped: the watchdog ended the job, restarted, done" \
+    || { failed "rank stopped: exit $rc, events $(events "$WORK/stop.jsonl")"; cat "$WORK/stop.err"; }
+same "$WORK/stop.st" "$WORK/full.st" "rank stopped and restarted: bit-identical"
+
+# 3. killed while writing the checkpoint of step 1000 (the temporary complete, not renamed):
+# the restart resumes from step 500's, the temporary is never taken for a checkpoint
+echo ckpt-0000001000 >"$WORK/kill_flag"
+PT_TEST_KILL_BEFORE_RENAME=$WORK/kill_flag launch_job inwrite -- --stages 2
+wait $JOB_PID && rc=0 || rc=$?
+[ $rc = 0 ] && [ ! -e "$WORK/kill_flag" ] \
+    && [ "$(events "$WORK/inwrite.jsonl")" = "start failed restart start done" ] \
+    && pass "killed while writing a checkpoint: restarted, done" \
+    || { failed "killed while writing: exit $rc, events $(events "$WORK/inwrite.jsonl")"; cat "$WORK/inwrite.err"; }
+same "$WORK/inwrite.st" "$WORK/full.st" "killed while writing, restarted: bit-identical"
+ls "$WORK/inwrite" | grep -q tmp && failed "a temporary was left: $(ls "$WORK/inwrite")" \
+    || pass "no temporary left behind ($(ls "$WORK/inwrite" | tr '\n' ' '))"
+
+# 4. a node lost: 4 slots, 2 stages × 2 replicas (ordered reduction); the host file shrinks
+# to 2 slots before the kill, the restart runs 2 ranks as 2 stages × 1 replica with 4
+# micro-batches: the same arithmetic, bit for bit
+"$PIPETRAIN" train "${MLP[@]}" --microbatches 4 --steps $STEPS --save "$WORK/full4.st" >/dev/null
+echo "localhost:4" >"$WORK/hosts"
+LAUNCHER_ARGS=(-n 4 -f "$WORK/hosts")
+launch_job lost --min-ranks 2 --hostfile "$WORK/hosts" -- --stages 2 --replicas 2 --reduce ordered
+wait_for_checkpoint "$WORK/lost" && echo "localhost:2" >"$WORK/hosts" && kill -KILL "$(rank_pid "$WORK/lost")"
+wait $JOB_PID && rc=0 || rc=$?
+[ $rc = 0 ] && grep -q '"event":"replan","ranks":2,"stages":2,"replicas":1,"microbatches":4' "$WORK/lost.jsonl" \
+    && pass "node lost: re-planned on 2 ranks (2 stages × 1 replica, 4 micro-batches), done" \
+    || { failed "node lost: exit $rc, $(cat "$WORK/lost.jsonl")"; cat "$WORK/lost.err"; }
+same "$WORK/lost.st" "$WORK/full4.st" "node lost, resumed in the new layout: bit-identical"
+LAUNCHER_ARGS=(-n 2)
+
+# 5. a full disk (a 2 MiB tmpfs holds one checkpoint of about 1.1 MB, not two): the run ends
+# with the message, the restart fails the same way, and the first checkpoint stays readable
+if [ "$(id -u)" = 0 ] && mkdir -p "$WORK/small" && mount -t tmpfs -o size=2m tmpfs "$WORK/small" 2>/dev/null; then
+    "$PIPETRAIN" launch --max-restarts 1 --log "$WORK/full.jsonl" -- "$MPIEXEC" -n 2 \
+        "$PIPETRAIN" train "${MLP[@]}" --microbatches 2 --steps $STEPS --stages 2 \
+        --checkpoint-dir "$WORK/small/ck" --checkpoint-every 500 --keep 2 \
+        >/dev/null 2>"$WORK/full.err" && rc=0 || rc=$?
+    first=$(ls "$WORK/small/ck" | head -1)
+    [ $rc = 1 ] && grep -q "No space left on device" "$WORK/full.err" \
+        && [ "$(events "$WORK/full.jsonl")" = "start failed restart start failed gave_up" ] \
+        && pass "disk full: the message, one restart, then given up (exit 1)" \
+        || { failed "disk full: exit $rc, events $(events "$WORK/full.jsonl")"; tail -5 "$WORK/full.err"; }
+    "$PIPETRAIN" train "${MLP[@]}" --microbatches 2 --steps 600 --resume "$WORK/small/ck/$first" \
+        >/dev/null 2>&1 && [ "$first" = ckpt-0000000500.safetensors ] \
+        && pass "the checkpoint before the full disk is intact and resumes ($first)" \
+        || failed "the checkpoint before the full disk ($first) does not resume"
+    umount "$WORK/small"
+else
+    echo "skip: the full-disk check needs root to mount a small tmpfs"
+fi
+
+# 6. the job's input at fault: not restarted
+"$PIPETRAIN" launch --log "$WORK/bad.jsonl" -- "$MPIEXEC" -n 2 "$PIPETRAIN" train \
+    --model "$WORK/missing.cfg" --stages 2 --checkpoint-dir "$WORK/bad" >/dev/null 2>"$WORK/bad.err" \
+    && rc=0 || rc=$?
+[ $rc = 2 ] && [ "$(events "$WORK/bad.jsonl")" = "start failed not_restarted" ] \
+    && grep -q "missing.cfg" "$WORK/bad.err" \
+    && pass "a missing model file: exit 2, not restarted" \
+    || { failed "missing model under launch: exit $rc, $(events "$WORK/bad.jsonl")"; cat "$WORK/bad.err"; }
+
+# 7. bad launch commands
+expect_fail "no command" "no job to run" "$PIPETRAIN" launch --max-restarts 3
+expect_fail "no command after --" "no job to run" "$PIPETRAIN" launch --max-restarts 3 --
+expect_fail "not a pipetrain job" "not a pipetrain training job" "$PIPETRAIN" launch -- ls -l
+expect_fail "pipetrain but not train" "not a pipetrain training job" \
+    "$PIPETRAIN" launch -- "$PIPETRAIN" plan --model x --ranks 2
+expect_fail "no --checkpoint-dir" "has no --checkpoint-dir" \
+    "$PIPETRAIN" launch -- "$MPIEXEC" -n 2 "$PIPETRAIN" train "${MLP[@]}" --stages 2
+expect_fail "--max-restarts -1" "max-restarts" \
+    "$PIPETRAIN" launch --max-restarts -1 -- "$PIPETRAIN" train "${MLP[@]}" --checkpoint-dir "$WORK/x"
+expect_fail "--min-ranks without a rank count" "needs a launcher with a rank count" \
+    "$PIPETRAIN" launch --min-ranks 1 -- "$PIPETRAIN" train "${MLP[@]}" --checkpoint-dir "$WORK/x"
+expect_fail "unreadable --hostfile" "cannot read" \
+    "$PIPETRAIN" launch --hostfile "$WORK/nohosts" -- "$MPIEXEC" -n 2 "$PIPETRAIN" train \
+    "${MLP[@]}" --checkpoint-dir "$WORK/x"
+finish
