@@ -62,7 +62,7 @@ static const opt_spec plan_opts[] = {
 };
 static const opt_command plan_command = {
     .name = "plan",
-    .usage = "pipetrain plan --model FILE (--stages K | --ranks N [--memory-mb X]) [options]",
+    .usage = "pipetrain plan --model FILE (--stages K | --ranks N) [options]",
     .about = "Partitions the model into K pipeline stages, places the ranks (stage, replica) on "
              "the machine's nodes, GPUs and cores, and predicts the communication time per step "
              "of the chosen placement and of rank order, and the step time: the schedule's "

@@ -34,7 +34,7 @@ static void usage(FILE *f)
         "  devices    the CPU and CUDA devices training can use, and MPI's CUDA support\n"
         "  plan       partition + placement + predicted communication for a machine\n"
         "  diff       compare two safetensors checkpoints tensor by tensor\n"
-        "  launch     run a training job and restart it from its checkpoints when it fails\n"
+        "  launch     run a training job; restart it from its checkpoints if it fails\n"
         "  version    the version of pipetrain (also --version)\n");
 }
 

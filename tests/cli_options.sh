@@ -3,7 +3,7 @@
 # options several commands share have the same letter, text and default in each.
 # `pipetrain --version` and `pipetrain version` print the CMake project version.
 source "$(dirname "$0")/lib/common.bash"
-COMMANDS=(train summary partition schedule topo plan devices diff)
+COMMANDS=(train summary partition schedule topo plan devices diff launch)
 
 for c in "${COMMANDS[@]}"; do
     rc=0
@@ -74,7 +74,7 @@ then pass "shared options: one letter, text and default"; else failed "shared op
 # required options and their message
 expect_fail "train without --model" "--model FILE is required (see pipetrain train --help)" \
     "$PIPETRAIN" train
-expect_fail "plan without --stages" "--stages K is required" \
+expect_fail "plan without --stages" "give --stages K" \
     "$PIPETRAIN" plan --model "$MODELS/seed-mlp.cfg"
 expect_fail "a value out of range" "--stages 0: must be between 1 and 4096" \
     "$PIPETRAIN" partition --model "$MODELS/seed-mlp.cfg" --stages 0
