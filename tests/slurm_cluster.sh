@@ -59,6 +59,30 @@ else
     failed "plan --emit slurm job"; tail -n 20 "$WORK/plan.out" 2>/dev/null; cat "$WORK/plan.sbatch"
 fi
 
+# pipetrain launch inside an allocation: a task killed from outside, srun ends the step,
+# launch runs it again from the newest checkpoint; bit-identical to one process
+LARGS=(--model "$MODELS/seed-mlp.cfg" --batch 32 --train-samples 2048 --test-samples 0
+       --threads 1 --seed 5 --optimizer momentum --lr 0.01 --microbatches 2 --steps 3000)
+"$PIPETRAIN" train "${LARGS[@]}" --save "$WORK/lref.st" >/dev/null
+cat >"$WORK/launch.sbatch" <<SB
+#!/bin/bash
+exec "$PIPETRAIN" launch --max-restarts 2 --log "$WORK/launch.jsonl" -- srun --mpi=pmi2 \\
+    -n \$SLURM_NTASKS "$PIPETRAIN" train ${LARGS[*]} --stages 2 --checkpoint-dir "$WORK/lck" \\
+    --checkpoint-every 500 --save "$WORK/launch.st"
+SB
+timeout 120 sbatch --wait --nodes=2 --ntasks-per-node=1 -o "$WORK/launch.out" \
+    "$WORK/launch.sbatch" >/dev/null 2>&1 &
+job=$!
+for _ in $(seq 600); do ls "$WORK"/lck/ckpt-*.safetensors >/dev/null 2>&1 && break; sleep 0.05; done
+pkill -KILL -n -f -- "--checkpoint-dir $WORK/lck " || true
+wait $job && rc=0 || rc=$?
+if [ $rc = 0 ] && grep -q '"event":"restart"' "$WORK/launch.jsonl" \
+    && "$PIPETRAIN" diff "$WORK/launch.st" "$WORK/lref.st" >/dev/null; then
+    pass "launch -- srun in an allocation: a task killed, restarted, bit-identical to one process"
+else
+    failed "launch under srun: exit $rc"; tail -n 20 "$WORK/launch.out"; cat "$WORK/launch.jsonl"
+fi
+
 # MPICH's network path: UCX over TCP on loopback instead of shared memory
 if timeout 120 env UCX_TLS=tcp,self UCX_NET_DEVICES=lo "$MPIEXEC" -n 2 "$PIPETRAIN" train "${ARGS[@]}" \
         --stages 2 --save "$WORK/tcp.st" >/dev/null 2>"$WORK/tcp.err" \
