@@ -53,7 +53,7 @@ assert lines[0]["type"] == "run" and lines[-1]["type"] != "final", [l["type"] fo
 assert 1 <= sum(l["type"] == "step" for l in lines) <= 12
 PY
 
-expect_fail "--metrics in a missing directory" "--metrics $WORK/none/m.jsonl: cannot create" \
+expect_fail "--metrics in a missing directory" "--metrics $WORK/none/m.jsonl: cannot write in $WORK/none" \
     "$MPIEXEC" -n 2 "$PIPETRAIN" train "${T[@]}" --stages 2 --steps 2 --metrics "$WORK/none/m.jsonl"
 expect_fail "--log-every 0" "--log-every 0" "$PIPETRAIN" train "${T[@]}" --steps 2 \
     --metrics "$WORK/x.jsonl" --log-every 0

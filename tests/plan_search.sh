@@ -23,7 +23,7 @@ PYEOF
 limit=$(python3 -c "
 import json, sys
 c = json.load(open(sys.argv[1]))['choices']
-lo = min(x['peak_bytes'] for x in c); hi = c[0]['peak_bytes']
+lo = min(x['peak_bytes'] for x in c); hi = max(x['peak_bytes'] for x in c)
 assert lo < hi, (lo, hi)
 print((lo + hi) / 2 / 2**20)" "$WORK/all.json")
 "$PIPETRAIN" plan "${P[@]}" --ranks 8 --top 1000 --memory-mb "$limit" --json >"$WORK/lim.json"
@@ -34,12 +34,15 @@ c = lim['choices']
 assert c and all(x['fits'] and x['peak_bytes'] <= mb * 2**20 for x in c)
 fit = [x for x in full['choices'] if x['peak_bytes'] <= mb * 2**20]
 assert len(c) == len(fit), (len(c), len(fit))
-assert c[0]['step_s'] <= min(x['step_s'] for x in fit) * 1.5  # profiles are re-measured
+steps = [x['step_s'] for x in c]
+assert steps == sorted(steps), steps
 PYEOF
 "$PIPETRAIN" plan "${P[@]}" --ranks 8 --memory-mb "$limit" >"$WORK/lim.txt"
+# (which layout is fastest depends on the profile of the moment: the line about the
+# excluded one appears when the limit excluded a faster layout)
 grep -q "^Choice: --stages" "$WORK/lim.txt" && grep -q "^Runner-up lost: predicted step" "$WORK/lim.txt" \
-    && grep -q "^Excluded by the memory limit" "$WORK/lim.txt" \
-    && pass "text: the choice, why the runner-up lost, what the limit excluded" \
+    && { ! grep -q "^Excluded" "$WORK/lim.txt" || grep -q "^Excluded by the memory limit: --stages .* MiB per rank" "$WORK/lim.txt"; } \
+    && pass "text: the choice, why the runner-up lost (and what the limit excluded)" \
     || { failed "text output"; cat "$WORK/lim.txt"; }
 
 expect_fail "--memory-mb smaller than any layout" "the smallest needs .* MiB per rank (--stages" \

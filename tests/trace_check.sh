@@ -179,7 +179,7 @@ bad_trace() {
     fi
 }
 bad_trace "trace in a missing directory" \
-    "cannot write trace $WORK/missing/t.json: No such file or directory" "$WORK/missing/t.json"
+    "--trace $WORK/missing/t.json: cannot write in $WORK/missing: No such file or directory" "$WORK/missing/t.json"
 bad_trace "trace under /proc" "cannot write trace /proc/pipetrain-trace.json: " \
     /proc/pipetrain-trace.json
 mkdir "$WORK/adir"

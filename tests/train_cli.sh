@@ -125,6 +125,9 @@ ok_run "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 20 --test-samples 0 -
     || { failed "--json printed more than its line"; cat "$WORK/j.txt"; }
 
 # --- a failed output costs no other output ---
+# (the outputs are existing directories: their parents are writable, so the check before
+# training passes, and writing them fails at the end)
+mkdir -p "$WORK/DIR_T" "$WORK/DIR_S"
 # run_outputs NAME STAGES ARGS...: must exit non-zero (no hang) and write what it can.
 run_outputs() {
     local name=$1 k=$2 rc=0
@@ -139,8 +142,8 @@ run_outputs() {
     fi
     pass "$name: exit $rc"
 }
-if run_outputs "unwritable --trace" 1 --trace "$WORK/FULL/t.json" --save "$WORK/keep.st"; then
-    grep -q "trace.*FULL/t.json" "$WORK/err" && pass "the trace failure is reported" \
+if run_outputs "unwritable --trace" 1 --trace "$WORK/DIR_T" --save "$WORK/keep.st"; then
+    grep -q "trace.*DIR_T" "$WORK/err" && pass "the trace failure is reported" \
         || { failed "the trace failure is not reported"; cat "$WORK/err"; }
     [ -s "$WORK/keep.st" ] && "$PIPETRAIN" diff "$WORK/keep.st" "$WORK/keep.st" >/dev/null \
         && pass "the checkpoint is still written" || failed "no checkpoint after a failed trace"
@@ -148,21 +151,28 @@ if run_outputs "unwritable --trace" 1 --trace "$WORK/FULL/t.json" --save "$WORK/
         && pass "the report names the checkpoint, not the trace" \
         || { failed "the report claims the wrong outputs"; cat "$WORK/out"; }
 fi
-if run_outputs "unwritable --trace and --save" 1 --trace "$WORK/FULL/t.json" \
-        --save "$WORK/FULL/keep.st" --json; then
-    [ "$(grep -c "FULL/" "$WORK/err")" -ge 2 ] && pass "both failures are reported" \
+if run_outputs "unwritable --trace and --save" 1 --trace "$WORK/DIR_T" \
+        --save "$WORK/DIR_S" --json; then
+    [ "$(grep -c "DIR_" "$WORK/err")" -ge 2 ] && pass "both failures are reported" \
         || { failed "not every failure is reported"; cat "$WORK/err"; }
     check "the results are still printed, with no outputs" "$WORK/out" '
 assert r["steps"] == 20 and r["checkpoint"] is None and r["trace"] is None, r'
 fi
-if run_outputs "unwritable --save, writable --trace" 1 --save "$WORK/FULL/keep.st" \
+if run_outputs "unwritable --save, writable --trace" 1 --save "$WORK/DIR_S" \
         --trace "$WORK/t.json"; then
     python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$WORK/t.json" \
         && pass "the trace is still written" || failed "no trace after a failed checkpoint"
 fi
 if run_outputs "two stages, unwritable --trace" 2 --microbatches 2 \
-        --trace "$WORK/FULL/t.json" --save "$WORK/keep2.st"; then
+        --trace "$WORK/DIR_T" --save "$WORK/keep2.st"; then
     [ -s "$WORK/keep2.st" ] && pass "two stages: the checkpoint is still written" \
         || failed "two stages: no checkpoint after a failed trace"
 fi
+# a missing directory is found before training, not after it
+rc=0
+timeout 60 "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 100000 --test-samples 0 \
+    --save "$WORK/nodir/x.st" >"$WORK/out" 2>"$WORK/err" || rc=$?
+[ $rc = 2 ] && grep -q "cannot write in $WORK/nodir" "$WORK/err" && ! grep -q "step" "$WORK/out" \
+    && pass "--save into a missing directory: exit 2 before training" \
+    || { failed "--save into a missing directory: exit $rc"; cat "$WORK/err"; }
 finish
