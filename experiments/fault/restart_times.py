@@ -15,7 +15,7 @@ Prints a table (median [min-max], seconds).
 import argparse, json, os, signal, statistics, subprocess, sys, tempfile, time
 
 def rank_pid(ckdir):
-    out = subprocess.run(['pgrep', '-n', '-f', f'--checkpoint-dir {ckdir} '],
+    out = subprocess.run(['pgrep', '-n', '-f', '--', f'--checkpoint-dir {ckdir} '],
                          capture_output=True, text=True).stdout.split()
     return int(out[0]) if out else None
 
