@@ -368,9 +368,13 @@ void kernel_conv2d_forward_cpu(float *out, float *work, const float *in, const f
     }
 }
 
-void kernel_conv2d_backward_cpu(float *din, float *dw, float *db, float *work,
-                                const float *dout, const float *in, const float *w,
-                                const kernel_conv2d_dims *d)
+/* The backward's two halves share the dout → dy transpose; each computes exactly what the
+ * fused call does for its outputs, so B and W apart give the fused call's bits. */
+enum { CONV_WEIGHT = 1, CONV_INPUT = 2 };
+
+static void conv_backward(float *din, float *dw, float *db, float *work, const float *dout,
+                          const float *in, const float *w, const kernel_conv2d_dims *d,
+                          int parts)
 {
     conv_geom g;
     conv_geom_init(&g, d);
@@ -388,21 +392,23 @@ void kernel_conv2d_backward_cpu(float *din, float *dw, float *db, float *work,
             const float *src = dout + (smp * d->filters + f) * plane;
             if (!g.batch_minor)
                 memcpy(dst_f + smp * plane, src, plane * sizeof *dst_f);
-            if (db)
+            if (db && (parts & CONV_WEIGHT))
                 db[f] += conv_sum(src, plane);
         }
     }
-    /* The forward's col is not kept (the workspace may have served other layers since), so
-     * it is rebuilt here. */
-    if (g.batch_minor) {
-        conv_pack_input(xp, in, d, &g);
-        conv_im2col_bm(col, xp, d, &g);
-    } else {
-        conv_im2col(col, in, d, &g);
+    if (parts & CONV_WEIGHT) {
+        /* The forward's col is not kept (the workspace may have served other layers since),
+         * so it is rebuilt here. */
+        if (g.batch_minor) {
+            conv_pack_input(xp, in, d, &g);
+            conv_im2col_bm(col, xp, d, &g);
+        } else {
+            conv_im2col(col, in, d, &g);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d->filters, g.kk, (int)g.cols,
+                    1.0f, dy, (int)g.cols, col, (int)g.cols, 1.0f, dw, g.kk);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d->filters, g.kk, (int)g.cols, 1.0f,
-                dy, (int)g.cols, col, (int)g.cols, 1.0f, dw, g.kk);
-    if (!din)
+    if (!din || !(parts & CONV_INPUT))
         return;
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g.kk, (int)g.cols, d->filters, 1.0f,
                 w, g.kk, dy, (int)g.cols, 0.0f, col, (int)g.cols);
@@ -412,4 +418,23 @@ void kernel_conv2d_backward_cpu(float *din, float *dw, float *db, float *work,
     } else {
         conv_col2im(din, col, d, &g);
     }
+}
+
+void kernel_conv2d_backward_cpu(float *din, float *dw, float *db, float *work,
+                                const float *dout, const float *in, const float *w,
+                                const kernel_conv2d_dims *d)
+{
+    conv_backward(din, dw, db, work, dout, in, w, d, CONV_WEIGHT | CONV_INPUT);
+}
+
+void kernel_conv2d_backward_weight_cpu(float *dw, float *db, float *work, const float *dout,
+                                       const float *in, const kernel_conv2d_dims *d)
+{
+    conv_backward(NULL, dw, db, work, dout, in, NULL, d, CONV_WEIGHT);
+}
+
+void kernel_conv2d_backward_input_cpu(float *din, float *work, const float *dout,
+                                      const float *w, const kernel_conv2d_dims *d)
+{
+    conv_backward(din, NULL, NULL, work, dout, NULL, w, d, CONV_INPUT);
 }

@@ -32,6 +32,18 @@ void kernel_dense_forward_cpu(float *out, const float *in, const float *w, const
 /* dw += dout^T · in, db += Σ_n dout, din = dout · w (skipped when din is NULL). */
 void kernel_dense_backward_cpu(float *din, float *dw, float *db, const float *dout,
                                const float *in, const float *w, int n, int in_f, int out_f);
+/* Its two halves (zero-bubble schedules run them apart): the weight gradient (dw += dout^T ·
+ * in, db += column sums) and the input gradient (din = dout · w). Together they are the call
+ * above, bit for bit. */
+void kernel_dense_backward_weight_cpu(float *dw, float *db, const float *dout, const float *in,
+                                      int n, int in_f, int out_f);
+void kernel_dense_backward_input_cpu(float *din, const float *dout, const float *w, int n,
+                                     int in_f, int out_f);
+/* The weight gradient of output units [u0, u0 + units) alone, written (not added):
+ * dw[u0.., :] = dout[:, u0..]^T · in, db[u0..] = column sums of dout (rows in order). The
+ * batched weight gradient forms a layer's in fixed tiles of units this way. */
+void kernel_dense_weight_grad_units_cpu(float *dw, float *db, const float *dout, const float *in,
+                                        int n, int in_f, int out_f, int u0, int units);
 
 /* ---- 2-D convolution (cross-correlation, as torch.nn.Conv2d), square kernel ---- */
 typedef struct {
@@ -50,6 +62,12 @@ void kernel_conv2d_forward_cpu(float *out, float *work, const float *in, const f
 void kernel_conv2d_backward_cpu(float *din, float *dw, float *db, float *work,
                                 const float *dout, const float *in, const float *w,
                                 const kernel_conv2d_dims *d);
+/* Its two halves, each bit for bit what the call above computes for its outputs (the
+ * weight half rebuilds im2col, as the fused call does). */
+void kernel_conv2d_backward_weight_cpu(float *dw, float *db, float *work, const float *dout,
+                                       const float *in, const kernel_conv2d_dims *d);
+void kernel_conv2d_backward_input_cpu(float *din, float *work, const float *dout,
+                                      const float *w, const kernel_conv2d_dims *d);
 
 /* ---- pooling, no padding, output (h − size) / stride + 1 (floor), as torch ---- */
 /* argmax[i] is the index inside the input plane (0 .. h·w−1) of the first maximum. */

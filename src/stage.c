@@ -216,8 +216,14 @@ void stage_free(stage *s)
             free(s->slots[k].mask);
         }
     }
+    if (s->slots)
+        for (int k = 0; k < s->n_slots; k++) free(s->slots[k].gout);
     free(s->slots);
     free(s->slot_memory);
+    free(s->split_memory);
+    free(s->stash_x);
+    free(s->stash_g);
+    free(s->stash_memory);
     free(s->memory);
     free(s->w);
     free(s->b);
@@ -303,7 +309,17 @@ typedef struct {
     const float *dout;
     float *din;
     int lo, hi; /* backward: local layers [lo, hi) */
+    int parts;  /* backward: BW_INPUT and/or BW_WEIGHT */
 } chunk_job;
+
+/* What a backward computes: the input gradient (B), the parameter gradients (W), or both. */
+enum { BW_INPUT = 1, BW_WEIGHT = 2, BW_BOTH = 3 };
+
+/* Local layer i's weight gradient is formed over the whole step (stage_wgrad_flush). */
+static int batched(const stage *s, int i)
+{
+    return s->wgrad_rows > 0 && s->stash_x[i] != NULL;
+}
 
 static void forward_chunk(const stage *s, stage_worker *wk, const stage_slot *sl, int off, int n,
                           const int64_t *ids, uint64_t seed, uint64_t step)
@@ -377,12 +393,39 @@ size_t stage_param_end(const stage *s, int i)
     return i < s->last - s->first ? s->param_off[i] : s->param_count;
 }
 
+/* W alone for local layers [lo, hi) of one chunk, from the output gradients B kept. */
+static void weight_chunk(const stage *s, stage_worker *wk, float *grads, const stage_slot *sl,
+                         int off, int n, int lo, int hi)
+{
+    for (int i = hi - 1; i >= lo; i--) {
+        const layer_desc *L = &s->net->layers[s->first + i];
+        if (!L->weight_count || batched(s, i)) continue;
+        size_t in_count = layer_shape_count(L->in), out_count = layer_shape_count(L->out);
+        const float *x = (i == 0 ? sl->input : sl->out[i - 1]) + (size_t)off * in_count;
+        const float *g = sl->gout[i] + (size_t)off * out_count;
+        float *dw = grads + s->param_off[i], *db = dw + L->weight_count;
+        if (L->type == LAYER_CONV) {
+            kernel_conv2d_dims d = conv_dims(L, n);
+            kernel_conv2d_backward_weight_cpu(dw, db, wk->work, g, x, &d);
+        } else {
+            kernel_dense_backward_weight_cpu(dw, db, g, x, n, (int)in_count, L->u.dense.units);
+        }
+    }
+}
+
 /* Local layers [lo, hi) of one chunk, from the gradient of layer hi − 1's output (dout's
  * rows, or the rows the range above left in the carry). Below lo > 0 the gradient is left
- * in the carry, in the chunk's own rows off · widest: chunks never share carry memory. */
+ * in the carry, in the chunk's own rows off · widest: chunks never share carry memory.
+ * parts: BW_BOTH, or BW_INPUT alone (the split backward's B, which keeps each parameter
+ * layer's output gradient in the slot for W). Batched dense layers stash their rows. */
 static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const stage_slot *sl,
-                           int off, int n, int lo, int hi, const float *dout, float *din)
+                           int off, int n, int lo, int hi, const float *dout, float *din,
+                           int parts)
 {
+    if (parts == BW_WEIGHT) {
+        weight_chunk(s, wk, grads, sl, off, n, lo, hi);
+        return;
+    }
     const float *g = dout;
     int gi = -1; /* which scratch buffer g lives in, −1 for the caller's */
     for (int l = s->first + hi - 1; l >= s->first + lo; l--) {
@@ -402,15 +445,31 @@ static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const
         int ti = gi < 0 ? 0 : 1 - gi;
         float *dx = i == 0 ? din : wk->scratch[ti];
         float *dw = grads + s->param_off[i], *db = dw + L->weight_count;
+        /* the weight half happens now (both parts, not batched), in W (split), or in the
+         * step's flush (batched: the rows go to the stash) */
+        int weight_now = (parts & BW_WEIGHT) && !batched(s, i);
+        if (L->weight_count && batched(s, i)) {
+            size_t row = (size_t)sl->row + (size_t)off;
+            memcpy(s->stash_x[i] + row * in_count, x, (size_t)n * in_count * sizeof(float));
+            memcpy(s->stash_g[i] + row * out_count, g, (size_t)n * out_count * sizeof(float));
+        } else if (L->weight_count && !(parts & BW_WEIGHT)) {
+            memcpy(sl->gout[i] + (size_t)off * out_count, g,
+                   (size_t)n * out_count * sizeof(float));
+        }
         switch (L->type) {
         case LAYER_CONV: {
             kernel_conv2d_dims d = conv_dims(L, n);
-            kernel_conv2d_backward_cpu(dx, dw, db, wk->work, g, x, s->w[i], &d);
+            if (weight_now) kernel_conv2d_backward_cpu(dx, dw, db, wk->work, g, x, s->w[i], &d);
+            else if (dx) kernel_conv2d_backward_input_cpu(dx, wk->work, g, s->w[i], &d);
             break;
         }
         case LAYER_DENSE:
-            kernel_dense_backward_cpu(dx, dw, db, g, x, s->w[i], n, (int)in_count,
-                                      L->u.dense.units);
+            if (weight_now)
+                kernel_dense_backward_cpu(dx, dw, db, g, x, s->w[i], n, (int)in_count,
+                                          L->u.dense.units);
+            else if (dx)
+                kernel_dense_backward_input_cpu(dx, g, s->w[i], n, (int)in_count,
+                                                L->u.dense.units);
             break;
         case LAYER_MAXPOOL:
             if (dx)
@@ -442,22 +501,43 @@ static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const
     }
 }
 
+/* The parameters of local layers [lo, hi) whose gradients a backward forms per micro-batch
+ * (all but batched layers) as at most `cap` maximal runs [begin, end) of offsets. */
+static int grad_runs(const stage *s, int lo, int hi, size_t (*runs)[2], int cap)
+{
+    int n = 0;
+    for (int i = lo; i < hi; i++) {
+        size_t b = s->param_off[i], e = stage_param_end(s, i + 1);
+        if (b == e || batched(s, i)) continue;
+        /* past `cap` runs, the last one spans a batched layer too: its groups are zeroed
+         * and summed for nothing, and stage_wgrad_flush overwrites its gradient */
+        if (n && (runs[n - 1][1] == b || n == cap)) runs[n - 1][1] = e;
+        else runs[n][0] = b, runs[n++][1] = e;
+    }
+    return n;
+}
+
+enum { MAX_RUNS = 64 };
+
 static void backward_worker(void *arg, int t)
 {
     chunk_job *j = arg;
     stage *s = j->s;
     size_t in_count = stage_in_count(s), out_count = stage_out_count(s);
     int top = j->hi == s->last - s->first; /* the gradient comes from dout, else the carry */
-    size_t p0 = s->param_off[j->lo], pn = stage_param_end(s, j->hi) - p0;
+    size_t runs[MAX_RUNS][2];
+    int nr = j->parts & BW_WEIGHT ? grad_runs(s, j->lo, j->hi, runs, MAX_RUNS) : 0;
     for (int g = t; g < s->groups && g * j->chunk < j->n; g += s->threads) {
         if (g > 0 || s->group_grads[0] == s->mb_grads)
-            memset(s->group_grads[g] + p0, 0, pn * sizeof(float));
+            for (int r = 0; r < nr; r++)
+                memset(s->group_grads[g] + runs[r][0], 0,
+                       (runs[r][1] - runs[r][0]) * sizeof(float));
         for (int off = g * j->chunk; off < j->n; off += s->groups * j->chunk)
             backward_chunk(s, &s->workers[t], s->group_grads[g], j->sl, off, chunk_len(j, off),
                            j->lo, j->hi,
                            top ? j->dout + (size_t)off * out_count
                                : s->carry + (size_t)off * s->widest,
-                           j->din ? j->din + (size_t)off * in_count : NULL);
+                           j->din ? j->din + (size_t)off * in_count : NULL, j->parts);
     }
 }
 
@@ -504,22 +584,31 @@ static void reduce_worker(void *arg, int t)
  * after the first, summed apart in mb_grads) does not change between the ranges of one
  * micro-batch, since only the last range (lo = 0) sets `accumulated`. */
 static void backward_span(stage *s, int slot, int lo, int hi, const float *dout, float *din,
-                          float *grads)
+                          float *grads, int parts)
 {
     stage_slot *sl = &s->slots[slot];
-    size_t p0 = s->param_off[lo], p1 = stage_param_end(s, hi);
+    chunk_job j = {.s = s, .sl = sl, .n = sl->n, .chunk = stage_chunk(s, sl->n), .dout = dout,
+                   .din = din, .lo = lo, .hi = hi, .parts = parts};
+    if (!(parts & BW_WEIGHT)) {
+        pool_run(s->pool, backward_worker, &j);
+        return;
+    }
+    size_t runs[MAX_RUNS][2];
+    int nr = grad_runs(s, lo, hi, runs, MAX_RUNS);
     /* `grads` alone is the first micro-batch's case: its gradient is formed in place */
     float *target = grads ? grads : s->grads;
     int add = !grads && s->accumulated;
-    if (grads) memset(grads + p0, 0, (p1 - p0) * sizeof(float));
+    for (int r = 0; grads && r < nr; r++)
+        memset(grads + runs[r][0], 0, (runs[r][1] - runs[r][0]) * sizeof(float));
     s->group_grads[0] = add ? s->mb_grads : target;
-    chunk_job j = {.s = s, .sl = sl, .n = sl->n, .chunk = stage_chunk(s, sl->n), .dout = dout,
-                   .din = din, .lo = lo, .hi = hi};
     pool_run(s->pool, backward_worker, &j);
-    reduce_job r = {.s = s, .used = (sl->n + j.chunk - 1) / j.chunk, .dst = target,
-                    .begin = p0, .end = p1};
-    if (r.used > s->groups) r.used = s->groups;
-    if (r.used > 1 || add) pool_run(s->pool, reduce_worker, &r);
+    int used = (sl->n + j.chunk - 1) / j.chunk;
+    if (used > s->groups) used = s->groups;
+    for (int k = 0; k < nr && (used > 1 || add); k++) {
+        reduce_job r = {.s = s, .used = used, .dst = target, .begin = runs[k][0],
+                        .end = runs[k][1]};
+        pool_run(s->pool, reduce_worker, &r);
+    }
     if (!grads && lo == 0) s->accumulated = 1;
 }
 
@@ -530,7 +619,7 @@ void stage_backward(stage *s, int slot, const float *dout, float *din)
 
 void stage_backward_to(stage *s, int slot, const float *dout, float *din, float *grads)
 {
-    backward_span(s, slot, 0, s->last - s->first, dout, din, grads);
+    backward_span(s, slot, 0, s->last - s->first, dout, din, grads, BW_BOTH);
 }
 
 int stage_backward_range(stage *s, int slot, int lo, int hi, const float *dout, float *din,
@@ -552,11 +641,152 @@ int stage_backward_range(stage *s, int slot, int lo, int hi, const float *dout, 
             return pt_error_set("stage %d..%d: out of memory for the gradients carried "
                                 "between backward ranges", s->first, s->last - 1);
     }
-    backward_span(s, slot, lo, hi, dout, din, grads);
+    backward_span(s, slot, lo, hi, dout, din, grads, BW_BOTH);
     s->range_hi = lo;
     s->range_slot = slot;
     s->range_grads = grads;
     return 0;
+}
+
+size_t stage_split_slot_bytes(const net_desc *net, int first, int last, int max_batch)
+{
+    size_t bytes = 0;
+    for (int l = first; l < last; l++)
+        if (net->layers[l].weight_count)
+            bytes += round_up((size_t)max_batch * layer_shape_count(net->layers[l].out) *
+                              sizeof(float));
+    return bytes;
+}
+
+int stage_enable_split(stage *s)
+{
+    if (s->split) return 0;
+    int nl = s->last - s->first;
+    size_t per = stage_split_slot_bytes(s->net, s->first, s->last, s->max_batch);
+    s->split_memory = alloc_zeroed(per * (size_t)s->n_slots);
+    if (!s->split_memory)
+        return pt_error_set("stage %d..%d: out of memory for the output gradients of %d "
+                            "micro-batches (split backward)", s->first, s->last - 1, s->n_slots);
+    char *mem = s->split_memory;
+    for (int k = 0; k < s->n_slots; k++) {
+        stage_slot *sl = &s->slots[k];
+        if (!(sl->gout = calloc((size_t)nl, sizeof *sl->gout)))
+            return pt_error_set("stage %d..%d: out of memory", s->first, s->last - 1);
+        for (int i = 0; i < nl; i++) {
+            const layer_desc *L = &s->net->layers[s->first + i];
+            if (!L->weight_count) continue;
+            sl->gout[i] = (float *)mem;
+            mem += round_up((size_t)s->max_batch * layer_shape_count(L->out) * sizeof(float));
+        }
+    }
+    s->split = 1;
+    return 0;
+}
+
+int stage_backward_input(stage *s, int slot, const float *dout, float *din)
+{
+    if (!s->split)
+        return pt_error_set("stage %d..%d: backward_input without stage_enable_split",
+                            s->first, s->last - 1);
+    if (s->range_hi)
+        return pt_error_set("stage %d..%d: backward_input while a backward by ranges is "
+                            "unfinished", s->first, s->last - 1);
+    backward_span(s, slot, 0, s->last - s->first, dout, din, NULL, BW_INPUT);
+    return 0;
+}
+
+int stage_backward_weight(stage *s, int slot, int lo, int hi, float *grads)
+{
+    int nl = s->last - s->first;
+    if (!s->split)
+        return pt_error_set("stage %d..%d: backward_weight without stage_enable_split",
+                            s->first, s->last - 1);
+    if (lo < 0 || hi > nl || lo >= hi)
+        return pt_error_set("stage %d..%d: weight gradients of local layers [%d, %d), outside "
+                            "the stage's %d", s->first, s->last - 1, lo, hi, nl);
+    backward_span(s, slot, lo, hi, NULL, NULL, grads, BW_WEIGHT);
+    return 0;
+}
+
+size_t stage_wgrad_row_bytes(const net_desc *net, int first, int last)
+{
+    size_t bytes = 0;
+    for (int l = first; l < last; l++) {
+        const layer_desc *L = &net->layers[l];
+        if (L->type == LAYER_DENSE)
+            bytes += (layer_shape_count(L->in) + layer_shape_count(L->out)) * sizeof(float);
+    }
+    return bytes;
+}
+
+int stage_enable_batched_wgrad(stage *s, int rows)
+{
+    int nl = s->last - s->first;
+    if (rows < 1 || s->wgrad_rows)
+        return pt_error_set("stage %d..%d: batched weight gradients over %d rows (already: %d)",
+                            s->first, s->last - 1, rows, s->wgrad_rows);
+    s->stash_x = calloc((size_t)nl, sizeof *s->stash_x);
+    s->stash_g = calloc((size_t)nl, sizeof *s->stash_g);
+    size_t total = 0;
+    for (int i = 0; i < nl; i++) {
+        const layer_desc *L = &s->net->layers[s->first + i];
+        if (L->type == LAYER_DENSE)
+            total += round_up((size_t)rows * layer_shape_count(L->in) * sizeof(float)) +
+                     round_up((size_t)rows * layer_shape_count(L->out) * sizeof(float));
+    }
+    s->stash_memory = total ? alloc_zeroed(total) : NULL;
+    if (!s->stash_x || !s->stash_g || (total && !s->stash_memory))
+        return pt_error_set("stage %d..%d: out of memory for the batched weight gradients' "
+                            "%zu bytes (%d rows)", s->first, s->last - 1, total, rows);
+    char *mem = s->stash_memory;
+    for (int i = 0; i < nl; i++) {
+        const layer_desc *L = &s->net->layers[s->first + i];
+        if (L->type != LAYER_DENSE) continue;
+        s->stash_x[i] = (float *)mem;
+        mem += round_up((size_t)rows * layer_shape_count(L->in) * sizeof(float));
+        s->stash_g[i] = (float *)mem;
+        mem += round_up((size_t)rows * layer_shape_count(L->out) * sizeof(float));
+    }
+    s->stash_bytes = total;
+    s->wgrad_rows = rows;
+    return 0;
+}
+
+void stage_slot_set_row(stage *s, int slot, int row) { s->slots[slot].row = row; }
+
+/* Tiles of a batched product: TILE output units of one layer, dealt to the threads in
+ * order; each tile's sums run over the rows in order whatever the thread count. */
+enum { WGRAD_TILE = 64 };
+
+typedef struct {
+    stage *s;
+    int lo, hi;
+} flush_job;
+
+static void flush_worker(void *arg, int t)
+{
+    flush_job *j = arg;
+    stage *s = j->s;
+    int rows = s->wgrad_rows, k = 0;
+    for (int i = j->lo; i < j->hi; i++) {
+        if (!batched(s, i)) continue;
+        const layer_desc *L = &s->net->layers[s->first + i];
+        int in = (int)layer_shape_count(L->in), out = L->u.dense.units;
+        float *dw = s->grads + s->param_off[i], *db = dw + L->weight_count;
+        for (int a = 0; a < out; a += WGRAD_TILE, k++) {
+            if (k % s->threads != t) continue;
+            int w = out - a < WGRAD_TILE ? out - a : WGRAD_TILE;
+            kernel_dense_weight_grad_units_cpu(dw, db, s->stash_g[i], s->stash_x[i], rows, in,
+                                               out, a, w);
+        }
+    }
+}
+
+void stage_wgrad_flush(stage *s, int lo, int hi)
+{
+    if (!s->wgrad_rows) return;
+    flush_job j = {.s = s, .lo = lo, .hi = hi};
+    pool_run(s->pool, flush_worker, &j);
 }
 
 void stage_zero_grad(stage *s)

@@ -27,6 +27,11 @@ typedef struct {
                             the layer's input: flatten, dropout when not training) */
     int32_t **argmax;    /* per local layer: maxpool positions, else NULL */
     uint8_t **mask;      /* per local layer: dropout mask, else NULL */
+    float **gout;        /* split backward: per local layer with parameters, the gradient
+                            of its output (after the activation's backward), which
+                            stage_backward_input leaves for stage_backward_weight */
+    int row;             /* batched weight gradients: the micro-batch's first row in the
+                            step's stash (stage_slot_set_row) */
 } stage_slot;
 
 /* Scratch of one worker thread. A micro-batch is cut into chunks of samples that run
@@ -75,6 +80,17 @@ typedef struct {
     float *range_grads;     /* the `grads` argument of the micro-batch's first range */
     float *carry;
     long step;              /* optimizer steps taken */
+    /* zero-bubble split backward (stage_enable_split): per-slot output gradients */
+    int split;
+    void *split_memory;     /* owned */
+    /* batched weight gradients (stage_enable_batched_wgrad): dense layers keep every
+     * micro-batch's input and output-gradient rows of the step, and their weight gradient
+     * is one product over all of them (stage_wgrad_flush) */
+    int wgrad_rows;         /* rows of the step (0: off) */
+    float **stash_x, **stash_g; /* per local layer: [wgrad_rows][in], [wgrad_rows][out]
+                                 * (dense layers only; else NULL); one owned block */
+    void *stash_memory;
+    size_t stash_bytes;
 } stage;
 
 /* Allocates a stage for layers [first, last) of `net`, micro-batches of up to `max_batch`
@@ -139,6 +155,34 @@ int stage_backward_range(stage *s, int slot, int lo, int hi, const float *dout, 
 /* Offset in params/grads where local layer i's parameters start (i = last − first: the
  * parameter count). */
 size_t stage_param_end(const stage *s, int i);
+
+/* Zero-bubble split of the backward into the input gradient (B) and the parameter
+ * gradients (W). stage_enable_split allocates, per slot, the output gradient of every
+ * layer with parameters (stage_split_slot_bytes). stage_backward_input runs B of the
+ * slot's micro-batch (din may be NULL) and keeps those gradients; the slot must stay
+ * acquired until its W. stage_backward_weight runs W for the local layers [lo, hi) (call
+ * it for ranges from the top, hi = layer count first, down to lo = 0, as
+ * stage_backward_range; `grads` as in stage_backward_to). B then W is
+ * stage_backward_to bit for bit, whatever runs between them. */
+int stage_enable_split(stage *s);
+size_t stage_split_slot_bytes(const net_desc *net, int first, int last, int max_batch);
+int stage_backward_input(stage *s, int slot, const float *dout, float *din);
+int stage_backward_weight(stage *s, int slot, int lo, int hi, float *grads);
+
+/* Batched weight gradients of dense layers: every backward (whole, by range, or B) copies
+ * the dense layers' input and output-gradient rows of its micro-batch into a stash of
+ * `rows` rows (the step's samples), at the slot's row (stage_slot_set_row, before the
+ * backward), and leaves those layers' gradients alone; stage_wgrad_flush then forms them
+ * in one product per layer over all rows (dw = G^T·X, db = column sums of G, written, not
+ * added), in fixed tiles of output units, so the result does not depend on the thread
+ * count or the pipeline layout (for the same micro-batches: the forward's products round
+ * differently for another micro-batch size). Convolutions keep per-micro-batch
+ * gradients (their products are large already). stage_wgrad_row_bytes: stash bytes per
+ * row. Not with `grads` other than NULL (gradient pieces). */
+int stage_enable_batched_wgrad(stage *s, int rows);
+size_t stage_wgrad_row_bytes(const net_desc *net, int first, int last);
+void stage_slot_set_row(stage *s, int slot, int row);
+void stage_wgrad_flush(stage *s, int lo, int hi);
 
 /* Zeroes the gradients; ends a stage_backward_range sequence left unfinished. */
 void stage_zero_grad(stage *s);
