@@ -1,7 +1,13 @@
-/* Printer: each stage's list in a compact notation, then the unit-cost timeline (F = B = R
- * = 1 slot, messages and the optimizer step free), which is the picture the bubble formula
- * describes. A stage's reductions together cost one slot there (as much as one backward),
- * enough to show what overlap hides and what it leaves exposed. */
+/* Printer: each stage's list in a compact notation, then the unit-cost timeline (every F,
+ * B, b, w, R of any chunk = 1 slot, messages and the optimizer step free), which is the
+ * picture the bubble formula describes. A stage's reductions together cost one slot there
+ * (as much as one backward), enough to show what overlap hides and what it leaves exposed.
+ *
+ * Chunks: an op of chunk v > 0 carries ".v" after its micro-batch ("F3.1": forward of
+ * micro-batch 3 on the rank's chunk 1, model chunk K + s), chunk 0 is unmarked, so lists
+ * of schedules with one chunk per rank read as before. Zero bubble's input and weight
+ * backwards are "b3" and "w3" (lower case: "B3" is the whole backward and "W1" the wait for
+ * bucket 1's reduction). */
 #include "schedule/schedule.h"
 
 #include "src/base/error.h"
@@ -10,24 +16,33 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Compact token for one op: "F3", "B3", "B3/1" (part 1), "R3", "<a3", ">a3", "<g3", ">g3",
+/* Compact token for one op: "F3", "B3", "B3/1" (part 1), "b3", "w3", "w3/1", "R3", "<a3",
+ * ">a3", "<g3", ">g3" (".v" after the micro-batch for chunk v > 0: "F3.1", "w3.1/0"),
  * "A1" (start reducing bucket 1), "W1" (wait for it), "STEP". */
 static void op_token(const schedule_op *op, char *buf, size_t n)
 {
-    int m = op->microbatch;
+    char m[32];
+    if (op->chunk != 0)
+        snprintf(m, sizeof m, "%d.%d", op->microbatch, op->chunk);
+    else
+        snprintf(m, sizeof m, "%d", op->microbatch);
     switch (op->kind) {
-    case SCHED_OP_FORWARD: snprintf(buf, n, "F%d", m); break;
+    case SCHED_OP_FORWARD: snprintf(buf, n, "F%s", m); break;
     case SCHED_OP_BACKWARD:
+    case SCHED_OP_BACKWARD_WEIGHT: {
+        char c = op->kind == SCHED_OP_BACKWARD ? 'B' : 'w';
         if (op->bucket >= 0)
-            snprintf(buf, n, "B%d/%d", m, op->bucket);
+            snprintf(buf, n, "%c%s/%d", c, m, op->bucket);
         else
-            snprintf(buf, n, "B%d", m);
+            snprintf(buf, n, "%c%s", c, m);
         break;
-    case SCHED_OP_RECOMPUTE: snprintf(buf, n, "R%d", m); break;
-    case SCHED_OP_RECV_ACT: snprintf(buf, n, "<a%d", m); break;
-    case SCHED_OP_SEND_ACT: snprintf(buf, n, ">a%d", m); break;
-    case SCHED_OP_RECV_GRAD: snprintf(buf, n, "<g%d", m); break;
-    case SCHED_OP_SEND_GRAD: snprintf(buf, n, ">g%d", m); break;
+    }
+    case SCHED_OP_BACKWARD_INPUT: snprintf(buf, n, "b%s", m); break;
+    case SCHED_OP_RECOMPUTE: snprintf(buf, n, "R%s", m); break;
+    case SCHED_OP_RECV_ACT: snprintf(buf, n, "<a%s", m); break;
+    case SCHED_OP_SEND_ACT: snprintf(buf, n, ">a%s", m); break;
+    case SCHED_OP_RECV_GRAD: snprintf(buf, n, "<g%s", m); break;
+    case SCHED_OP_SEND_GRAD: snprintf(buf, n, ">g%s", m); break;
     case SCHED_OP_ALLREDUCE: snprintf(buf, n, "A%d", op->bucket); break;
     case SCHED_OP_REDUCE_WAIT: snprintf(buf, n, "W%d", op->bucket); break;
     case SCHED_OP_OPTIMIZER_STEP: snprintf(buf, n, "STEP"); break;
@@ -53,14 +68,33 @@ static int has_reductions(const schedule *s)
     return 0;
 }
 
+static int has_kind(const schedule *s, schedule_op_kind kind)
+{
+    for (int st = 0; st < s->stages; st++)
+        for (int i = 0; i < s->lists[st].n_ops; i++)
+            if (s->lists[st].ops[i].kind == kind)
+                return 1;
+    return 0;
+}
+
 static void print_lists(const schedule *s, FILE *out)
 {
-    char tok[32];
+    char tok[48];
     int w = digits(s->stages > 0 ? s->stages - 1 : 0);
-    fprintf(out, "schedule '%s': %d stages, %d micro-batches\n", s->name, s->stages,
+    fprintf(out, "schedule '%s': %d stages, %d micro-batches", s->name, s->stages,
             s->microbatches);
+    if (s->virtual_stages > 1)
+        fprintf(out, ", %d chunks per stage (model chunk of stage s, chunk v: v*%d + s)",
+                s->virtual_stages, s->stages);
+    fputc('\n', out);
     fprintf(out, "legend: Fm forward, Bm backward, Rm recompute, <am/>am receive/send "
                  "activation, <gm/>gm receive/send gradient, STEP optimizer step\n");
+    if (has_kind(s, SCHED_OP_BACKWARD_INPUT) || has_kind(s, SCHED_OP_BACKWARD_WEIGHT))
+        fprintf(out, "        bm backward of m's input gradient only (zero bubble), wm its "
+                     "weight gradients\n");
+    if (s->virtual_stages > 1)
+        fprintf(out, "        m.v micro-batch m on the stage's chunk v (no suffix: chunk "
+                     "0)\n");
     if (has_reductions(s))
         fprintf(out, "        Bm/b backward of m through bucket b's layers only, Ab start "
                      "reducing bucket b (bucket 0 = the stage's last layers), Wb wait for "
@@ -81,16 +115,24 @@ static double overlap(double a0, double a1, double t)
     return hi - lo > 1e-9 ? hi - lo : 0.0;
 }
 
-/* Timeline token of op i of stage st: what occupies compute ("F3", "B3" also for a part,
- * "R3", "W" for a wait), or "" for an op that takes no time there. */
+/* Timeline token of op i of stage st: what occupies compute ("F3", "B3" and "w3" also for
+ * a part, "b3", "R3", "F3.1" on chunk 1, "W" for a wait), or "" for an op that takes no time
+ * there. */
 static void cell_token(const schedule_op *op, char *buf, size_t n)
 {
     switch (op->kind) {
     case SCHED_OP_FORWARD:
     case SCHED_OP_RECOMPUTE:
+    case SCHED_OP_BACKWARD_INPUT:
         op_token(op, buf, n);
         break;
-    case SCHED_OP_BACKWARD: snprintf(buf, n, "B%d", op->microbatch); break;
+    case SCHED_OP_BACKWARD:
+    case SCHED_OP_BACKWARD_WEIGHT: {
+        schedule_op whole = *op;
+        whole.bucket = -1;
+        op_token(&whole, buf, n);
+        break;
+    }
     case SCHED_OP_REDUCE_WAIT: snprintf(buf, n, "W"); break;
     default: snprintf(buf, n, "%s", ""); break;
     }
@@ -139,7 +181,7 @@ static void print_timeline(const schedule *s, const schedule_sim *sim, FILE *out
     }
     for (size_t i = 0; i < cells; i++)
         cell[i] = -1;
-    char tok[32];
+    char tok[48];
     int width = digits(slots > 0 ? slots - 1 : 0);
     for (int st = 0; st < s->stages; st++) {
         for (int i = 0; i < s->lists[st].n_ops; i++) {
@@ -165,12 +207,15 @@ static void print_timeline(const schedule *s, const schedule_sim *sim, FILE *out
         }
     }
     int w = digits(s->stages > 0 ? s->stages - 1 : 0);
+    const char *units = has_kind(s, SCHED_OP_BACKWARD_INPUT) ? "F = b = w = R = 1 slot"
+                        : s->virtual_stages > 1            ? "F = B = R = 1 slot per chunk"
+                                                           : "F = B = R = 1 slot";
     if (has_reductions(s))
-        fprintf(out, "timeline (unit costs: F = B = R = 1 slot, a stage's reductions 1 slot "
-                     "together, messages and step free; row nK: stage K's network, W: "
-                     "compute waits for it):\n");
+        fprintf(out, "timeline (unit costs: %s, a stage's reductions 1 slot together, "
+                     "messages and step free; row nK: stage K's network, W: compute waits "
+                     "for it):\n", units);
     else
-        fprintf(out, "timeline (unit costs: F = B = R = 1 slot, messages and step free):\n");
+        fprintf(out, "timeline (unit costs: %s, messages and step free):\n", units);
     fprintf(out, "%*s |", w + 1, "t");
     for (int t = 0; t < slots; t++)
         fprintf(out, " %*d", width, t);
@@ -199,17 +244,25 @@ static void print_timeline(const schedule *s, const schedule_sim *sim, FILE *out
     free(best);
 }
 
-/* The unit-cost simulation the timeline draws: each bucket's reduction 1/B slot. */
+/* The unit-cost simulation the timeline draws: every compute op of any chunk 1 slot, each
+ * bucket's reduction 1/B slot. */
 static int simulate_units(const schedule *s, schedule_sim *sim)
 {
-    if (s->stages < 1)
-        return pt_error_set("schedule '%s' has %d stages", s->name, s->stages);
+    if (s->stages < 1 || s->virtual_stages < 1)
+        return pt_error_set("schedule '%s' has %d stages and %d chunks per stage", s->name,
+                            s->stages, s->virtual_stages);
+    size_t n = (size_t)s->stages * (size_t)s->virtual_stages;
     double **rows = calloc((size_t)s->stages, sizeof *rows);
+    double *ones = malloc(n * sizeof *ones);
     int rc = -1;
-    if (!rows) {
+    if (!rows || !ones) {
+        free(rows);
+        free(ones);
         pt_error_set("out of memory");
         return -1;
     }
+    for (size_t k = 0; k < n; k++)
+        ones[k] = 1.0;
     for (int st = 0; st < s->stages; st++) {
         int B = s->lists[st].buckets;
         if (B <= 0)
@@ -223,13 +276,15 @@ static int simulate_units(const schedule *s, schedule_sim *sim)
             rows[st][b] = 1.0 / B;
     }
     /* ring all-reduce among 2 replicas with alpha 0: time = bytes / beta */
-    schedule_costs c = {.replicas = 2, .alpha = 0.0, .beta = 1.0,
+    schedule_costs c = {.fwd = ones, .bwd = ones, .bwd_input = ones, .bwd_weight = ones,
+                        .replicas = 2, .alpha = 0.0, .beta = 1.0,
                         .bucket_bytes = (const double *const *)rows};
     rc = schedule_simulate_costs(s, &c, sim);
 done:
     for (int st = 0; st < s->stages; st++)
         free(rows[st]);
     free(rows);
+    free(ones);
     return rc;
 }
 
@@ -253,10 +308,22 @@ void schedule_print(const schedule *s, FILE *out)
         snprintf(span, sizeof span, "%d", (int)lround(sim.makespan));
     else
         snprintf(span, sizeof span, "%.2f", sim.makespan);
-    fprintf(out, "bubble: %.4f simulated (unit costs), %.4f GPipe formula (K-1)/(M+K-1) "
-                 "with K=%d M=%d; makespan %s slots\n",
-            sim.bubble, schedule_bubble_theory(s->stages, s->microbatches), s->stages,
-            s->microbatches, span);
+    const char *formula = NULL;
+    double want = schedule_bubble_formula(s, &formula);
+    int published = s->virtual_stages > 1 || !strcmp(s->name, "interleaved") ||
+                    !strcmp(s->name, "zb-h1");
+    int extra = has_reductions(s) || has_kind(s, SCHED_OP_RECOMPUTE);
+    if (published && formula)
+        fprintf(out, "bubble: %.4f of the ideal time simulated (unit costs), %.4f formula %s "
+                     "with K=%d V=%d M=%d%s; makespan %s slots\n",
+                sim.bubble_ideal, want, formula, s->stages, s->virtual_stages,
+                s->microbatches, extra ? " (for the lists without R and reductions)" : "",
+                span);
+    else
+        fprintf(out, "bubble: %.4f simulated (unit costs), %.4f GPipe formula (K-1)/(M+K-1) "
+                     "with K=%d M=%d; makespan %s slots\n",
+                sim.bubble, schedule_bubble_theory(s->stages, s->microbatches), s->stages,
+                s->microbatches, span);
     if (has_reductions(s)) {
         fprintf(out, "reductions (unit costs), exposed / total per stage:");
         for (int st = 0; st < s->stages; st++)

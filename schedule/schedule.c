@@ -1,4 +1,6 @@
-/* Schedule lists and the generators that fill them (GPipe, 1F1B / PipeDream-Flush).
+/* Schedule lists, the generators that fill them (GPipe, 1F1B / PipeDream-Flush; the
+ * interleaved and zero-bubble ones are in generate.c) and the passes that add reductions
+ * and recomputation to a generated schedule.
  *
  * Generators place each SEND right after the op that produced its data and each RECV right
  * before the op that consumes it: the executor posts receives early on its own, so a RECV in
@@ -7,6 +9,7 @@
 
 #include "src/base/error.h"
 
+#include <ctype.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +25,9 @@ static const char *const op_names[SCHED_OP_COUNT] = {
     [SCHED_OP_RECOMPUTE] = "R",
     [SCHED_OP_OPTIMIZER_STEP] = "optimizer_step",
     [SCHED_OP_REDUCE_WAIT] = "reduce_wait",
+    /* lower case: zero bubble's B and W, told apart from the whole backward "B" */
+    [SCHED_OP_BACKWARD_INPUT] = "b",
+    [SCHED_OP_BACKWARD_WEIGHT] = "w",
 };
 
 const char *schedule_op_name(schedule_op_kind kind)
@@ -51,7 +57,43 @@ int schedule_init_empty(schedule *s, const char *name, int stages, int microbatc
     strcpy(s->name, name);
     s->stages = stages;
     s->microbatches = microbatches;
+    s->virtual_stages = 1;
     return 0;
+}
+
+int schedule_next_chunk(int stages, int virtual_stages, int stage, int chunk,
+                        int *next_stage, int *next_chunk)
+{
+    int ns = stage + 1, nc = chunk;
+    if (ns == stages) {
+        ns = 0;
+        nc++;
+    }
+    if (nc >= virtual_stages)
+        return 0;
+    if (next_stage)
+        *next_stage = ns;
+    if (next_chunk)
+        *next_chunk = nc;
+    return 1;
+}
+
+int schedule_prev_chunk(int stages, int virtual_stages, int stage, int chunk,
+                        int *prev_stage, int *prev_chunk)
+{
+    (void)virtual_stages;
+    int ps = stage - 1, pc = chunk;
+    if (ps < 0) {
+        ps = stages - 1;
+        pc--;
+    }
+    if (pc < 0)
+        return 0;
+    if (prev_stage)
+        *prev_stage = ps;
+    if (prev_chunk)
+        *prev_chunk = pc;
+    return 1;
 }
 
 /* Grows a list by one op. */
@@ -88,7 +130,8 @@ int schedule_append_op(schedule *s, int stage, schedule_op op)
 int schedule_append(schedule *s, int stage, schedule_op_kind kind, int microbatch, int peer)
 {
     return schedule_append_op(s, stage, (schedule_op){.kind = kind, .microbatch = microbatch,
-                                                      .peer = peer, .bucket = -1});
+                                                      .peer = peer, .bucket = -1,
+                                                      .chunk = 0});
 }
 
 void schedule_free(schedule *s)
@@ -195,9 +238,41 @@ int schedule_init_by_name(schedule *s, const char *name, int stages, int microba
     return pt_error_set("unknown schedule '%s' (known: gpipe, 1f1b)", name);
 }
 
+int schedule_init_named(schedule *s, const char *name, int stages, int virtual_stages,
+                        int microbatches)
+{
+    if (s)
+        memset(s, 0, sizeof *s);
+    static const char known[] = "known: gpipe, 1f1b, interleaved, zb-h1";
+    if (!name)
+        return pt_error_set("no schedule name given (%s)", known);
+    int interleaved = strcmp(name, "interleaved") == 0;
+    int other = strcmp(name, "gpipe") == 0 || strcmp(name, "1f1b") == 0 ||
+                strcmp(name, "zb-h1") == 0;
+    if (!interleaved && !other)
+        return pt_error_set("unknown schedule '%s' (%s)", name, known);
+    if (virtual_stages < 1)
+        return pt_error_set("--virtual %d: need at least 1 chunk per rank", virtual_stages);
+    if (virtual_stages > 1 && !interleaved)
+        return pt_error_set("--virtual %d needs --schedule interleaved (schedule '%s' runs one "
+                            "chunk per rank)", virtual_stages, name);
+    if (interleaved)
+        return schedule_init_interleaved(s, stages, virtual_stages, microbatches);
+    if (strcmp(name, "zb-h1") == 0)
+        return schedule_init_zb_h1(s, stages, microbatches);
+    return schedule_init_by_name(s, name, stages, microbatches);
+}
+
 static schedule_op reduction_op(schedule_op_kind kind, int bucket)
 {
-    return (schedule_op){.kind = kind, .microbatch = -1, .peer = -1, .bucket = bucket};
+    return (schedule_op){.kind = kind, .microbatch = -1, .peer = -1, .bucket = bucket,
+                         .chunk = 0};
+}
+
+/* Ops that add to the parameter gradients: the ones a reduction must follow. */
+static int adds_gradients(schedule_op_kind kind)
+{
+    return kind == SCHED_OP_BACKWARD || kind == SCHED_OP_BACKWARD_WEIGHT;
 }
 
 /* Stage st's list with its B buckets' reductions, built into `out` (empty on entry). */
@@ -208,11 +283,11 @@ static int rewrite_with_reductions(const schedule_list *in, int st, int B, int o
     for (int i = 0; i < in->n_ops; i++) {
         const schedule_op *op = &in->ops[i];
         if (op->kind == SCHED_OP_ALLREDUCE || op->kind == SCHED_OP_REDUCE_WAIT ||
-            (op->kind == SCHED_OP_BACKWARD && op->bucket != -1))
+            (adds_gradients(op->kind) && op->bucket != -1))
             return pt_error_set("schedule_add_reductions: stage %d op %d (%s) is a reduction "
                                 "or a backward part already; add reductions to a schedule "
                                 "without them", st, i, schedule_op_name(op->kind));
-        if (op->kind == SCHED_OP_BACKWARD)
+        if (adds_gradients(op->kind))
             split = i;
         if (op->kind == SCHED_OP_OPTIMIZER_STEP && step < 0)
             step = i;
@@ -226,10 +301,13 @@ static int rewrite_with_reductions(const schedule_list *in, int st, int B, int o
     if (B == 0 || !overlap)
         split = -1;
     /* The ops that follow the split backward and belong to it (its gradient's send) come
-     * before the last bucket's start: the previous stage waits for that gradient. */
+     * before the last bucket's start: the previous stage waits for that gradient. A
+     * BACKWARD_WEIGHT has no send of its own (it follows its BACKWARD_INPUT's). */
     int tail = split;
-    while (tail >= 0 && tail + 1 < step && in->ops[tail + 1].kind == SCHED_OP_SEND_GRAD &&
-           in->ops[tail + 1].microbatch == in->ops[split].microbatch)
+    while (tail >= 0 && in->ops[split].kind == SCHED_OP_BACKWARD && tail + 1 < step &&
+           in->ops[tail + 1].kind == SCHED_OP_SEND_GRAD &&
+           in->ops[tail + 1].microbatch == in->ops[split].microbatch &&
+           in->ops[tail + 1].chunk == in->ops[split].chunk)
         tail++;
     for (int i = 0; i < in->n_ops; i++) {
         const schedule_op *op = &in->ops[i];
@@ -270,6 +348,10 @@ int schedule_add_reductions_per_stage(schedule *s, const int *buckets, int overl
         return pt_error_set("schedule_add_reductions: schedule has %d stages", s->stages);
     if (!buckets)
         return pt_error_set("schedule_add_reductions: no bucket counts given");
+    if (s->virtual_stages > 1)
+        return pt_error_set("schedule_add_reductions: replicas with interleaved schedules are "
+                            "not supported (schedule '%s' has %d chunks per rank)", s->name,
+                            s->virtual_stages);
     for (int st = 0; st < s->stages; st++) {
         if (buckets[st] < 0)
             return pt_error_set("schedule_add_reductions: stage %d has %d buckets; need >= 0",
@@ -283,6 +365,7 @@ int schedule_add_reductions_per_stage(schedule *s, const int *buckets, int overl
         return pt_error_set("schedule_add_reductions: out of memory");
     for (int st = 0; st < s->stages; st++) {
         fresh[st].buckets = buckets[st];
+        fresh[st].recompute = s->lists[st].recompute;
         if (rewrite_with_reductions(&s->lists[st], st, buckets[st], overlap, &fresh[st])) {
             for (int k = 0; k <= st; k++)
                 free(fresh[k].ops);
@@ -313,4 +396,141 @@ int schedule_add_reductions(schedule *s, int buckets, int overlap)
     int rc = schedule_add_reductions_per_stage(s, per, overlap);
     free(per);
     return rc;
+}
+
+/* Index of the first backward op (BACKWARD, its part 0, BACKWARD_INPUT) of (chunk, m), or
+ * −1. */
+static int first_backward(const schedule_list *l, int chunk, int m)
+{
+    for (int i = 0; i < l->n_ops; i++) {
+        const schedule_op *op = &l->ops[i];
+        if (op->microbatch == m && op->chunk == chunk &&
+            (op->kind == SCHED_OP_BACKWARD_INPUT ||
+             (op->kind == SCHED_OP_BACKWARD && op->bucket <= 0)))
+            return i;
+    }
+    return -1;
+}
+
+/* Stage st's list with a RECOMPUTE before each micro-batch's first backward op (and before
+ * the RECV_GRAD of the same micro-batch right before it), built into `out`. */
+static int rewrite_with_recompute(const schedule *s, int st, schedule_list *out)
+{
+    const schedule_list *in = &s->lists[st];
+    int M = s->microbatches, V = s->virtual_stages;
+    char *at = calloc((size_t)in->n_ops + 1, 1); /* at[i]: a RECOMPUTE goes before op i */
+    if (!at)
+        return pt_error_set("schedule_add_recompute: out of memory");
+    for (int v = 0; v < V; v++)
+        for (int m = 0; m < M; m++) {
+            int i = first_backward(in, v, m);
+            if (i < 0) {
+                free(at);
+                return pt_error_set("schedule_add_recompute: stage %d has no backward of m=%d "
+                                    "chunk %d to recompute for", st, m, v);
+            }
+            const schedule_op *prev = i > 0 ? &in->ops[i - 1] : NULL;
+            if (prev && prev->kind == SCHED_OP_RECV_GRAD && prev->microbatch == m &&
+                prev->chunk == v)
+                i--;
+            at[i] = 1;
+        }
+    for (int i = 0; i < in->n_ops; i++) {
+        if (at[i]) {
+            /* the op at i is m's backward or the receive right before it */
+            const schedule_op *op = &in->ops[i];
+            schedule_op r = {.kind = SCHED_OP_RECOMPUTE, .microbatch = op->microbatch,
+                             .peer = -1, .bucket = -1, .chunk = op->chunk};
+            if (list_push(out, st, r)) {
+                free(at);
+                return -1;
+            }
+        }
+        if (list_push(out, st, in->ops[i])) {
+            free(at);
+            return -1;
+        }
+    }
+    free(at);
+    out->buckets = in->buckets;
+    out->recompute = 1;
+    return 0;
+}
+
+int schedule_add_recompute(schedule *s, const int *stages)
+{
+    if (!s || !s->lists)
+        return pt_error_set("schedule_add_recompute: schedule is not initialised");
+    if (!stages)
+        return pt_error_set("schedule_add_recompute: no stage flags given");
+    for (int st = 0; st < s->stages; st++) {
+        if (s->lists[st].recompute)
+            return pt_error_set("schedule_add_recompute: stage %d of schedule '%s' has "
+                                "recomputation already", st, s->name);
+        for (int i = 0; i < s->lists[st].n_ops; i++)
+            if (s->lists[st].ops[i].kind == SCHED_OP_RECOMPUTE)
+                return pt_error_set("schedule_add_recompute: stage %d op %d of schedule '%s' "
+                                    "is a recompute already", st, i, s->name);
+    }
+    if (s->stages < 1)
+        return pt_error_set("schedule_add_recompute: schedule has %d stages", s->stages);
+    schedule_list *fresh = calloc((size_t)s->stages, sizeof *fresh);
+    if (!fresh)
+        return pt_error_set("schedule_add_recompute: out of memory");
+    for (int st = 0; st < s->stages; st++) {
+        int rc = 0;
+        if (stages[st]) {
+            rc = rewrite_with_recompute(s, st, &fresh[st]);
+        } else {
+            fresh[st] = s->lists[st];
+            fresh[st].ops = NULL;
+            fresh[st].n_ops = fresh[st].cap = 0;
+            for (int i = 0; i < s->lists[st].n_ops && !rc; i++)
+                rc = list_push(&fresh[st], st, s->lists[st].ops[i]);
+        }
+        if (rc) {
+            for (int k = 0; k <= st; k++)
+                free(fresh[k].ops);
+            free(fresh);
+            return -1;
+        }
+    }
+    for (int st = 0; st < s->stages; st++)
+        free(s->lists[st].ops);
+    free(s->lists);
+    s->lists = fresh;
+    return 0;
+}
+
+int schedule_parse_recompute(const char *spec, int stages, int *flags)
+{
+    if (!spec || !flags || stages < 1)
+        return pt_error_set("--recompute: nothing to parse");
+    for (int st = 0; st < stages; st++)
+        flags[st] = 0;
+    if (strcmp(spec, "none") == 0)
+        return 0;
+    if (strcmp(spec, "all") == 0) {
+        for (int st = 0; st < stages; st++)
+            flags[st] = 1;
+        return 0;
+    }
+    const char *p = spec;
+    for (;;) {
+        if (!isdigit((unsigned char)*p))
+            return pt_error_set("--recompute %s: expected none, all or a comma list of stage "
+                                "numbers like 0,2", spec);
+        char *end;
+        long st = strtol(p, &end, 10);
+        if (st >= stages)
+            return pt_error_set("--recompute %s: stage %ld does not exist (stages 0..%d)",
+                                spec, st, stages - 1);
+        flags[st] = 1;
+        if (*end == '\0')
+            return 0;
+        if (*end != ',')
+            return pt_error_set("--recompute %s: expected none, all or a comma list of stage "
+                                "numbers like 0,2", spec);
+        p = end + 1;
+    }
 }

@@ -17,6 +17,25 @@
  * (SEND_GRAD) is ready after part B−1. Every replica of a stage runs the same list, so the
  * collectives of a stage's group are issued in the same order everywhere (see
  * schedule_verify_replicas for lists that differ).
+ *
+ * Virtual stages (interleaved schedules): the model is cut into K·V chunks and rank
+ * (stage) s holds V of them; op.chunk = v in [0, V) names which, and rank s, chunk v runs
+ * model chunk c = v·K + s. Activations go from (s, v) to (s+1, v), and from (K−1, v) to
+ * (0, v+1); gradients the reverse way (schedule_next_chunk / schedule_prev_chunk). Model
+ * chunk 0 reads the data, model chunk K·V−1 computes the loss. `peer` is always a rank. A
+ * message is identified by (direction, micro-batch, receiving model chunk). V = 1 and
+ * chunk 0 everywhere is the plain pipeline above.
+ *
+ * Zero bubble: a micro-batch's backward on a (stage, chunk) is either BACKWARD (whole or in
+ * bucket parts) or BACKWARD_INPUT (the gradient of its input only: SEND_GRAD may follow)
+ * and later BACKWARD_WEIGHT (its parameter gradients; whole, or in bucket parts like
+ * BACKWARD). The ops that add parameter gradients (BACKWARD, BACKWARD_WEIGHT) run in
+ * micro-batch order per (stage, chunk), and so do BACKWARD / BACKWARD_INPUT, so gradients
+ * accumulate in the order of sequential training.
+ *
+ * Recomputation: a list with `recompute` set keeps only each micro-batch's input after its
+ * FORWARD and runs RECOMPUTE m (once per micro-batch and chunk) between FORWARD m and m's
+ * first backward op to rebuild the activations.
  */
 #ifndef PT_SCHEDULE_H
 #define PT_SCHEDULE_H
@@ -34,6 +53,10 @@ typedef enum {
     SCHED_OP_RECOMPUTE,     /* re-run m's forward to rebuild dropped activations */
     SCHED_OP_OPTIMIZER_STEP,
     SCHED_OP_REDUCE_WAIT,   /* wait until bucket b's reduction has completed */
+    SCHED_OP_BACKWARD_INPUT,  /* "B" of zero bubble: gradient of m's input only; SEND_GRAD
+                               * of m may follow it */
+    SCHED_OP_BACKWARD_WEIGHT, /* "W": m's parameter gradients (or part b), after its
+                               * BACKWARD_INPUT */
     SCHED_OP_COUNT
 } schedule_op_kind;
 
@@ -41,8 +64,11 @@ typedef struct {
     schedule_op_kind kind;
     int microbatch; /* −1 for ALLREDUCE, REDUCE_WAIT and OPTIMIZER_STEP */
     int peer;       /* stage sent to or received from; −1 when none */
-    int bucket;     /* ALLREDUCE, REDUCE_WAIT: bucket b in [0, buckets); BACKWARD: −1 for
-                     * the whole stage, b for part b only; −1 for every other op */
+    int bucket;     /* ALLREDUCE, REDUCE_WAIT: bucket b in [0, buckets); BACKWARD and
+                     * BACKWARD_WEIGHT: −1 for the whole stage, b for part b only; −1 for
+                     * every other op */
+    int chunk;      /* virtual chunk v in [0, V) of this rank (model chunk v·K + s); 0 for
+                     * reductions, the step and every schedule with V = 1 */
 } schedule_op;
 
 typedef struct {
@@ -50,11 +76,14 @@ typedef struct {
     schedule_op *ops; /* owned */
     int buckets;      /* B, buckets this stage reduces among its replicas; 0: none (no
                        * replicas, or a stage without parameters) */
+    int recompute;    /* 1: this stage keeps only inputs after FORWARD and runs RECOMPUTE m
+                       * once per micro-batch and chunk before m's backward; 0 by default */
 } schedule_list;
 
 typedef struct {
     char name[32];
     int stages, microbatches;
+    int virtual_stages;   /* V >= 1 chunks per rank */
     schedule_list *lists; /* owned, one per stage */
 } schedule;
 
@@ -64,11 +93,46 @@ typedef struct {
  * microbatches < 1. */
 int schedule_init_gpipe(schedule *s, int stages, int microbatches);
 int schedule_init_1f1b(schedule *s, int stages, int microbatches);
-/* name: "gpipe" or "1f1b"; an unknown name is an error listing the known ones. */
+/* Megatron-LM's interleaved 1F1B over V chunks per rank: micro-batches go through the
+ * chunks in groups of K, with a warm-up of 2(K−1−s) + (V−1)·K forwards on rank s, then one
+ * forward and one backward in turn, then the cool-down. V > 1 needs K >= 2 (a rank does not
+ * send to itself) and M a multiple of K (as Megatron-LM: a smaller last group deadlocks
+ * that warm-up); with unit costs (1/V per chunk op) the bubble is then (K−1)/(V·M) of the
+ * ideal time. V = 1 gives 1F1B's lists, for any M. Named "interleaved". */
+int schedule_init_interleaved(schedule *s, int stages, int virtual_stages, int microbatches);
+/* Zero Bubble H1 (Qi et al. 2023): backward split into BACKWARD_INPUT (b) and
+ * BACKWARD_WEIGHT (w). Each stage runs 1F1B's order of F and b, and stage s delays each w
+ * by s micro-batches so that the w's fill the bubbles of the cool-down. Every stage holds at
+ * most min(K, M) micro-batches (FORWARD to w): 1F1B's peak (its stage 0), but more than
+ * 1F1B holds on its later stages, which no schedule with this bubble can avoid (the last
+ * stage must run ~K forwards and b's ahead of its w's). Unit costs F = b = w = 1: makespan
+ * 3M + K − 1 for M >= K, a bubble of (K−1)/(3M) of the ideal 3M; for M < K the makespan
+ * is 2M + 2K − 1 (the least possible: the last micro-batch's F and b cross every stage),
+ * a bubble of (2K − M − 1)/(3M). Any M >= 1. Named "zb-h1". */
+int schedule_init_zb_h1(schedule *s, int stages, int microbatches);
+/* The same with any per-stage memory cap max_inflight[s] >= min(K−s, M) (1F1B's own):
+ * stage s delays its w's by max_inflight[s] − min(K−s, M) micro-batches. zb-h1 is cap
+ * min(K, M) everywhere; 1F1B's caps keep every stage's memory at 1F1B's, and the bubble is
+ * then 2(K−1)/(3M) for M >= K (only the b on the critical path is shorter than 1F1B's
+ * backward). Named "zb". */
+int schedule_init_zb(schedule *s, int stages, int microbatches, const int *max_inflight);
+/* name: "gpipe" or "1f1b"; an unknown name is an error listing the known ones. V = 1. */
 int schedule_init_by_name(schedule *s, const char *name, int stages, int microbatches);
-/* Empty schedule, for building lists by hand (tests, future generators). */
+/* name: "gpipe", "1f1b", "interleaved" or "zb-h1"; virtual_stages > 1 only with
+ * "interleaved". Errors name the known schedules. */
+int schedule_init_named(schedule *s, const char *name, int stages, int virtual_stages,
+                        int microbatches);
+/* Empty schedule (V = 1), for building lists by hand (tests, future generators). */
 int schedule_init_empty(schedule *s, const char *name, int stages, int microbatches);
-/* Appends an op with bucket −1; schedule_append_op appends any op as given. */
+/* Where the activations of (stage, chunk) go: returns 1 and sets *next_stage and *next_chunk,
+ * or 0 for the last model chunk (it computes the loss). Gradients come back from there. */
+int schedule_next_chunk(int stages, int virtual_stages, int stage, int chunk,
+                        int *next_stage, int *next_chunk);
+/* Where the activations of (stage, chunk) come from: 1 and the previous (stage, chunk), or 0
+ * for model chunk 0 (it reads the data). Gradients go back there. */
+int schedule_prev_chunk(int stages, int virtual_stages, int stage, int chunk,
+                        int *prev_stage, int *prev_chunk);
+/* Appends an op with bucket −1 and chunk 0; schedule_append_op appends any op as given. */
 int schedule_append(schedule *s, int stage, schedule_op_kind kind, int microbatch, int peer);
 int schedule_append_op(schedule *s, int stage, schedule_op op);
 void schedule_free(schedule *s);
@@ -85,27 +149,54 @@ void schedule_free(schedule *s);
  * reductions (it has no parameters). On error the schedule is unchanged. */
 int schedule_add_reductions(schedule *s, int buckets, int overlap);
 int schedule_add_reductions_per_stage(schedule *s, const int *buckets, int overlap);
+/* (Zero bubble lists: the last op adding parameter gradients is a BACKWARD_WEIGHT; with
+ * overlap it is the one split, with ALLREDUCE b right after part b. Schedules with V > 1
+ * are refused: replicas with interleaved schedules are not supported.) */
+
+/* Recomputation on the stages with stages[s] != 0 (K flags): RECOMPUTE m of every chunk
+ * just before m's first backward op, and before the RECV_GRAD that precedes it so that it
+ * can run while the gradient is on its way; sets those lists' `recompute`. Works before or
+ * after schedule_add_reductions. Error on a schedule that has recomputation already; on
+ * error the schedule is unchanged. */
+int schedule_add_recompute(schedule *s, const int *stages);
+/* Parses "none", "all" or a comma list of stage numbers ("0,2") into K flags. */
+int schedule_parse_recompute(const char *spec, int stages, int *flags);
 
 const char *schedule_op_name(schedule_op_kind kind); /* "F", "B", "send_act", ... */
 
-/* What the verifier found. peak_inflight[s]: the most micro-batches whose activations
- * stage s holds at once (forwarded, not yet backwarded). Arrays owned, freed by
- * schedule_report_free. */
+/* What the verifier found. Arrays owned, freed by schedule_report_free. */
 typedef struct {
     int stages;
-    int *peak_inflight;
+    int virtual_stages;
+    int *peak_inflight;       /* [s]: the most micro-batches whose activations rank s holds
+                               * at once, summed over its chunks (as peak_inflight_chunk) */
+    int *peak_inflight_chunk; /* [s·V + v]: most micro-batches (s, v) holds activations for
+                               * at once: from FORWARD until its last backward op (W, or the
+                               * whole/last-part BACKWARD); with recomputation from RECOMPUTE
+                               * instead of FORWARD (the forward's own activations are
+                               * dropped right after it, but count while it runs) */
+    int *peak_inputs_chunk;   /* [s·V + v]: most micro-batches whose INPUT (s, v) keeps at
+                               * once, FORWARD to last backward op (= peak_inflight_chunk
+                               * without recomputation) */
+    int *peak_inputs;         /* [s]: the same summed over the rank's chunks at each moment */
 } schedule_report;
 
 /* Checks, returning −1 with a message naming stage, instruction index and reason:
- * - every micro-batch is forwarded exactly once and backwarded exactly once per stage
- *   (whole, or in parts 0..B−1 in this order), forward before backward, and the list ends
- *   with one OPTIMIZER_STEP;
- * - on stage s > 0, RECV_ACT m precedes FORWARD m; on s < K−1, FORWARD m precedes SEND_ACT m,
- *   RECV_GRAD m precedes BACKWARD m; BACKWARD m precedes SEND_GRAD m on s > 0;
- * - each send has exactly one matching receive on the peer, with matching peers;
+ * - every op's chunk is in [0, V) (0 for reductions and the step);
+ * - every micro-batch is forwarded exactly once and backwarded exactly once per (stage,
+ *   chunk): BACKWARD (whole, or in parts 0..B−1 in this order), or BACKWARD_INPUT then
+ *   BACKWARD_WEIGHT (whole or in parts); forward before backward; BACKWARD/BACKWARD_INPUT
+ *   and the gradient-adding ops (BACKWARD, BACKWARD_WEIGHT, per bucket) in micro-batch
+ *   order; the list ends with one OPTIMIZER_STEP;
+ * - RECV_ACT m precedes FORWARD m (except on model chunk 0), FORWARD m precedes SEND_ACT m
+ *   and RECV_GRAD m precedes m's first backward op (except on the last model chunk), the
+ *   op producing the input gradient (BACKWARD, its last part, BACKWARD_INPUT) precedes
+ *   SEND_GRAD m; RECOMPUTE m lies between FORWARD m and m's first backward op, once per
+ *   micro-batch and chunk on a list with `recompute` (at most once elsewhere);
+ * - each send has exactly one matching receive on the peer (chunk routing above);
  * - on a stage with B = buckets > 0, every bucket b is reduced exactly once: one
  *   ALLREDUCE b after its last gradient contribution (every micro-batch's whole backward
- *   or its part b) and one REDUCE_WAIT b after it and before OPTIMIZER_STEP; a stage with
+ *   or BACKWARD_WEIGHT, or their part b) and one REDUCE_WAIT b after it and before OPTIMIZER_STEP; a stage with
  *   B = 0 has no reductions and no split backward;
  * - the whole schedule cannot deadlock, assuming sends complete without waiting for
  *   the receiver (buffered/non-blocking) and receives block: simulated to completion.
@@ -136,8 +227,14 @@ void schedule_report_free(schedule_report *r);
  * stage's previous reduction finishes (a stage's reductions are serialised); REDUCE_WAIT b
  * holds compute until it has finished. A reduction of n bytes among R replicas costs a
  * ring all-reduce in the α–β model: 2(R−1)·α + 2(R−1)/R · n/β. */
+/* Costs are per stage when V = 1 and per model chunk c = v·K + s (K·V entries) when V > 1.
+ * NULL arrays mean unit costs: 1 per op for V = 1, and 1/V per chunk op for V > 1, so that a
+ * rank's work is the same whatever V (F = B = 1 per rank and micro-batch). */
 typedef struct {
-    const double *fwd, *bwd; /* per stage; NULL: 1 each */
+    const double *fwd, *bwd; /* per stage or model chunk; NULL: unit */
+    const double *bwd_input, *bwd_weight; /* BACKWARD_INPUT / BACKWARD_WEIGHT per stage or
+                                           * model chunk; NULL: half of bwd each */
+    const double *recompute; /* RECOMPUTE per stage or model chunk; NULL: = fwd */
     double comm_cost, step_cost;
     int replicas;            /* R; 0 or 1: one replica, reductions are free */
     double alpha;            /* latency per ring step, >= 0 */
@@ -145,9 +242,10 @@ typedef struct {
     const double *alpha_stage, *beta_stage; /* per stage, replacing alpha and beta where
                                              * not NULL (e.g. measured on each group) */
     const double *const *bucket_bytes; /* [stage][b], b < buckets; NULL or a NULL row: 0 */
-    const double *const *part_share;   /* [stage][b]: share of bwd[stage] that part b
-                                        * costs, >= 0, summing to 1 per stage; NULL or a
-                                        * NULL row: 1/B each */
+    const double *const *part_share;   /* [stage][b]: share of bwd[stage] (of the W cost
+                                        * for BACKWARD_WEIGHT parts) that part b costs,
+                                        * >= 0, summing to 1 per stage; NULL or a NULL
+                                        * row: 1/B each */
 } schedule_costs;
 
 /* Fills, per stage, busy time and the reductions' figures, and the step's makespan. */
@@ -155,6 +253,9 @@ typedef struct {
     double makespan;
     double *busy;         /* per stage: compute time (waits excluded), owned */
     double bubble;        /* mean over stages of idle / makespan */
+    double bubble_ideal;  /* mean over stages of (makespan − busy) / busy: the idle time
+                           * relative to the ideal (busy) time, as published bubbles of
+                           * interleaved and zero-bubble schedules are stated */
     double *start, *end;  /* per stage × op, index lists[s] offset; owned */
     int *offset;          /* offset[s]: index of stage s's first op in start/end */
     double *reduce;       /* per stage: time its reductions occupy its network, owned */
@@ -175,12 +276,19 @@ double schedule_allreduce_time(double bytes, int replicas, double alpha, double 
 /* Bubble fraction of the unit-cost simulation (F = B = 1, messages free) and the GPipe
  * formula (K−1)/(M+K−1). */
 double schedule_bubble_theory(int stages, int microbatches);
+/* The published unit-cost bubble of a generated schedule, relative to the ideal time
+ * (schedule_sim.bubble_ideal): (K−1)/M for gpipe and 1f1b, (K−1)/(V·M) for interleaved
+ * (K dividing M), (K−1)/(3M) for zb-h1 (M >= K, F = B = W = 1); *formula (may be NULL) gets
+ * the text. −1 for a schedule without one (hand-built). */
+double schedule_bubble_formula(const schedule *s, const char **formula);
 
 /* Prints each stage's instruction list, then a text timeline (one row per stage, one
- * column per unit slot: "F3" forward of micro-batch 3, "B3" backward, "W" waiting for a
- * reduction, "." idle; below a stage with buckets, a row of its network: "A0" or "A0-2",
- * the buckets being reduced) and the bubble fraction. Unit costs: F = B = R = 1 slot, a
- * stage's whole reduction 1 slot (1/B per bucket), messages and the step free. */
+ * column per unit slot: "F3" forward of micro-batch 3, "B3" backward, "b3"/"w3" zero
+ * bubble's input/weight gradient backward, "R3" recompute, "W" waiting for a reduction,
+ * "." idle; ops of chunk v > 0 carry ".v": "F3.1"; below a stage with buckets, a row of
+ * its network: "A0" or "A0-2", the buckets being reduced) and the bubble fraction. Unit
+ * costs: every F, B, b, w, R of any chunk = 1 slot, a stage's whole reduction 1 slot (1/B
+ * per bucket), messages and the step free. */
 void schedule_print(const schedule *s, FILE *out);
 
 #endif

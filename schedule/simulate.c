@@ -29,16 +29,34 @@ static double stage_beta(const schedule_costs *c, int st)
     return c->beta_stage ? c->beta_stage[st] : c->beta;
 }
 
+/* Cost arrays are per stage (V = 1) or per model chunk v·K + s (V > 1). */
+static size_t cost_index(const schedule *s, int st, int chunk)
+{
+    return s->virtual_stages > 1 ? (size_t)chunk * (size_t)s->stages + (size_t)st : (size_t)st;
+}
+
+static int check_cost_array(const schedule *s, const double *a, const char *what)
+{
+    int n = s->stages * s->virtual_stages;
+    for (int k = 0; a && k < n; k++)
+        if (!cost_ok(a[k])) {
+            if (s->virtual_stages > 1)
+                return pt_error_set("schedule_simulate: %s cost of model chunk %d (stage %d "
+                                    "chunk %d) is %g; costs must be finite and >= 0", what, k,
+                                    k % s->stages, k / s->stages, a[k]);
+            return pt_error_set("schedule_simulate: %s cost of stage %d is %g; costs must be "
+                                "finite and >= 0", what, k, a[k]);
+        }
+    return 0;
+}
+
 static int check_costs(const schedule *s, const schedule_costs *c)
 {
-    for (int st = 0; st < s->stages; st++) {
-        if (c->fwd && !cost_ok(c->fwd[st]))
-            return pt_error_set("schedule_simulate: forward cost of stage %d is %g; costs "
-                                "must be finite and >= 0", st, c->fwd[st]);
-        if (c->bwd && !cost_ok(c->bwd[st]))
-            return pt_error_set("schedule_simulate: backward cost of stage %d is %g; costs "
-                                "must be finite and >= 0", st, c->bwd[st]);
-    }
+    if (check_cost_array(s, c->fwd, "forward") || check_cost_array(s, c->bwd, "backward") ||
+        check_cost_array(s, c->bwd_input, "input-gradient backward") ||
+        check_cost_array(s, c->bwd_weight, "weight-gradient backward") ||
+        check_cost_array(s, c->recompute, "recompute"))
+        return -1;
     if (!cost_ok(c->comm_cost) || !cost_ok(c->step_cost))
         return pt_error_set("schedule_simulate: comm_cost %g and step_cost %g must be finite "
                             "and >= 0", c->comm_cost, c->step_cost);
@@ -82,20 +100,35 @@ double schedule_allreduce_time(double bytes, int replicas, double alpha, double 
     return steps * alpha + steps / replicas * bytes / beta;
 }
 
-/* Duration on stage st's compute of an op that neither receives nor waits. */
-static double op_cost(const schedule_op *op, int st, int buckets, const schedule_costs *c)
+/* A part b of a backward costing `whole`. */
+static double part_cost(double whole, const schedule_op *op, int st, int buckets,
+                        const schedule_costs *c)
 {
+    if (op->bucket < 0)
+        return whole;
+    const double *share = c->part_share ? c->part_share[st] : NULL;
+    return whole * (share ? share[op->bucket] : 1.0 / buckets);
+}
+
+/* Duration on stage st's compute of an op that neither receives nor waits. Unit costs are
+ * 1/V per chunk op, so that a rank's work is the same whatever V. */
+static double op_cost(const schedule *s, const schedule_op *op, int st, int buckets,
+                      const schedule_costs *c)
+{
+    size_t k = cost_index(s, st, op->chunk);
+    double unit = 1.0 / s->virtual_stages;
+    double fwd = c->fwd ? c->fwd[k] : unit, bwd = c->bwd ? c->bwd[k] : unit;
     switch (op->kind) {
     case SCHED_OP_FORWARD:
+        return fwd;
     case SCHED_OP_RECOMPUTE:
-        return c->fwd ? c->fwd[st] : 1.0;
-    case SCHED_OP_BACKWARD: {
-        double whole = c->bwd ? c->bwd[st] : 1.0;
-        if (op->bucket < 0)
-            return whole;
-        const double *share = c->part_share ? c->part_share[st] : NULL;
-        return whole * (share ? share[op->bucket] : 1.0 / buckets);
-    }
+        return c->recompute ? c->recompute[k] : fwd;
+    case SCHED_OP_BACKWARD:
+        return part_cost(bwd, op, st, buckets, c);
+    case SCHED_OP_BACKWARD_INPUT:
+        return c->bwd_input ? c->bwd_input[k] : bwd / 2;
+    case SCHED_OP_BACKWARD_WEIGHT:
+        return part_cost(c->bwd_weight ? c->bwd_weight[k] : bwd / 2, op, st, buckets, c);
     case SCHED_OP_SEND_ACT:
     case SCHED_OP_SEND_GRAD:
         return c->comm_cost;
@@ -121,8 +154,8 @@ int schedule_simulate_costs(const schedule *s, const schedule_costs *costs,
     if (check_costs(s, costs))
         return -1;
 
-    int K = s->stages, M = s->microbatches;
-    if (K < 1 || M < 1) /* verified already; restated so the compiler sees sizes are sane */
+    int K = s->stages, M = s->microbatches, V = s->virtual_stages;
+    if (K < 1 || M < 1 || V < 1) /* verified already; restated so the compiler sees it */
         return pt_error_set("schedule_simulate: need stages and microbatches >= 1");
     size_t total = 0, buckets = 0;
     for (int st = 0; st < K; st++) {
@@ -143,9 +176,10 @@ int schedule_simulate_costs(const schedule *s, const schedule_costs *costs,
     double *free_at = calloc((size_t)K, sizeof *free_at);
     double *net_free = calloc((size_t)K, sizeof *net_free);
     double *reduced = malloc((buckets ? buckets : 1) * sizeof *reduced); /* bucket's end */
-    /* ready[(st * 2 + g) * M + m]: when stage st has micro-batch m's activation (g = 0) or
-     * gradient (g = 1); −1 until the peer's send has run. */
-    double *ready = malloc((size_t)K * 2 * (size_t)M * sizeof *ready);
+    /* ready[((st * V + v) * 2 + g) * M + m]: when (stage st, chunk v) has micro-batch m's
+     * activation (g = 0) or gradient (g = 1); −1 until the peer's send has run. */
+    size_t n_ready = (size_t)K * (size_t)V * 2 * (size_t)M;
+    double *ready = malloc(n_ready * sizeof *ready);
     int rc = -1;
     if (!out->offset || !out->busy || !out->reduce || !out->exposed || !out->start ||
         !out->end || !out->net_start || !out->net_end || !pc || !boff || !free_at ||
@@ -153,7 +187,7 @@ int schedule_simulate_costs(const schedule *s, const schedule_costs *costs,
         pt_error_set("schedule_simulate: out of memory for %zu ops", total);
         goto done;
     }
-    for (size_t i = 0; i < (size_t)K * 2 * (size_t)M; i++)
+    for (size_t i = 0; i < n_ready; i++)
         ready[i] = -1.0;
     size_t boffs = 0;
     for (int st = 0, off = 0; st < K; st++) {
@@ -175,8 +209,8 @@ int schedule_simulate_costs(const schedule *s, const schedule_costs *costs,
                 out->net_start[idx] = out->net_end[idx] = -1.0;
                 if (op->kind == SCHED_OP_RECV_ACT || op->kind == SCHED_OP_RECV_GRAD) {
                     int g = op->kind == SCHED_OP_RECV_GRAD;
-                    double t = ready[((size_t)st * 2 + (size_t)g) * (size_t)M +
-                                     (size_t)op->microbatch];
+                    double t = ready[(((size_t)st * V + (size_t)op->chunk) * 2 + (size_t)g) *
+                                         (size_t)M + (size_t)op->microbatch];
                     if (t < 0)
                         break; /* the peer has not sent it yet */
                     if (t > begin)
@@ -188,7 +222,7 @@ int schedule_simulate_costs(const schedule *s, const schedule_costs *costs,
                     len = t > begin ? t - begin : 0.0;
                     out->exposed[st] += len;
                 } else {
-                    len = op_cost(op, st, l->buckets, costs);
+                    len = op_cost(s, op, st, l->buckets, costs);
                     out->busy[st] += len;
                 }
                 if (op->kind == SCHED_OP_ALLREDUCE) {
@@ -207,8 +241,13 @@ int schedule_simulate_costs(const schedule *s, const schedule_costs *costs,
                 out->end[idx] = begin + len;
                 free_at[st] = begin + len;
                 if (op->kind == SCHED_OP_SEND_ACT || op->kind == SCHED_OP_SEND_GRAD) {
-                    int g = op->kind == SCHED_OP_SEND_GRAD;
-                    ready[((size_t)op->peer * 2 + (size_t)g) * (size_t)M +
+                    int g = op->kind == SCHED_OP_SEND_GRAD, ps = 0, pv = 0;
+                    if (g)
+                        schedule_prev_chunk(K, V, st, op->chunk, &ps, &pv);
+                    else
+                        schedule_next_chunk(K, V, st, op->chunk, &ps, &pv);
+                    /* ps == op->peer: verified */
+                    ready[(((size_t)op->peer * V + (size_t)pv) * 2 + (size_t)g) * (size_t)M +
                           (size_t)op->microbatch] = begin + len;
                 }
                 if (begin + len > out->makespan)
@@ -226,11 +265,15 @@ int schedule_simulate_costs(const schedule *s, const schedule_costs *costs,
                      done_ops, total);
         goto done;
     }
-    double idle = 0.0;
+    double idle = 0.0, rel = 0.0;
     if (out->makespan > 0) {
-        for (int st = 0; st < K; st++)
+        for (int st = 0; st < K; st++) {
             idle += (out->makespan - out->busy[st]) / out->makespan;
+            if (out->busy[st] > 0)
+                rel += (out->makespan - out->busy[st]) / out->busy[st];
+        }
         out->bubble = idle / K;
+        out->bubble_ideal = rel / K;
     }
     rc = 0;
 done:
@@ -273,4 +316,26 @@ double schedule_bubble_theory(int stages, int microbatches)
     if (stages < 1 || microbatches < 1)
         return 0.0;
     return (double)(stages - 1) / (double)(microbatches + stages - 1);
+}
+
+double schedule_bubble_formula(const schedule *s, const char **formula)
+{
+    const char *text = NULL;
+    double v = -1;
+    if (s && s->stages >= 1 && s->microbatches >= 1) {
+        double K = s->stages, M = s->microbatches, V = s->virtual_stages;
+        if (!strcmp(s->name, "gpipe") || !strcmp(s->name, "1f1b")) {
+            text = "(K-1)/M";
+            v = (K - 1) / M;
+        } else if (!strcmp(s->name, "interleaved")) {
+            text = "(K-1)/(V*M)";
+            v = (K - 1) / (V * M);
+        } else if (!strcmp(s->name, "zb-h1")) {
+            text = "(K-1)/(3M)";
+            v = (K - 1) / (3 * M);
+        }
+    }
+    if (formula)
+        *formula = text;
+    return v;
 }

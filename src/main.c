@@ -52,7 +52,7 @@ static int usage_fail(void)
 }
 
 enum { O_MODEL = 1, O_STAGES, O_MICRO, O_BATCH, O_SCHED, O_PART, O_METHOD, O_RTOL, O_BUCKETS,
-       O_OVERLAP, O_HELP };
+       O_OVERLAP, O_VIRTUAL, O_RECOMPUTE, O_HELP };
 
 static const opt_spec summary_opts[] = {
     {.id = O_MODEL, .name = "model", .shared = 1},
@@ -158,26 +158,43 @@ static const opt_spec schedule_opts[] = {
      .def = "0", .help = "gradient buckets each stage reduces among its data-parallel "
                          "replicas (0: no reductions)"},
     {.id = O_OVERLAP, .name = "overlap", .shared = 1},
+    {.id = O_VIRTUAL, .name = "virtual", .shared = 1},
+    {.id = O_RECOMPUTE, .name = "recompute", .shared = 1},
     {.id = O_HELP, .name = "help", .shared = 1},
     {0},
 };
 static const opt_command schedule_command = {
     .name = "schedule",
     .usage = "pipetrain schedule --stages K [--microbatches M] [--schedule NAME]\n"
-             "pipetrain schedule --stages K ... --buckets B [--overlap on|off]",
+             "pipetrain schedule --stages K ... --schedule interleaved --virtual V\n"
+             "pipetrain schedule --stages K ... --buckets B [--overlap on|off]\n"
+             "pipetrain schedule --stages K ... --recompute none|all|0,2",
     .about = "Prints each stage's instruction list and a unit-time timeline of the schedule, "
              "verifies it (no deadlock) and reports the bubble and the peak micro-batches each "
-             "stage holds.",
+             "stage holds (per chunk with --virtual, and the inputs kept with --recompute).",
     .opts = schedule_opts,
 };
+
+/* The verifier's peaks: per stage, and per chunk "a+b" when there are several. */
+static void print_peaks(const char *what, const int *per_stage, const int *per_chunk, int K,
+                        int V)
+{
+    printf("%s:", what);
+    for (int k = 0; k < K; k++) {
+        printf(" %d", per_stage[k]);
+        for (int v = 0; v < V && V > 1; v++)
+            printf("%s%d%s", v ? "+" : " (", per_chunk[k * V + v], v == V - 1 ? ")" : "");
+    }
+    printf("\n");
+}
 
 /* What the printer can show in a terminal's worth of text. */
 enum { SCHEDULE_MAX_STAGES = 256, SCHEDULE_MAX_MICRO = 4096 };
 
 static int cmd_schedule(int argc, char **argv)
 {
-    const char *name = NULL;
-    int stages = 0, micro = 0, buckets = 0, overlap = 1;
+    const char *name = NULL, *recompute = "none";
+    int stages = 0, micro = 0, buckets = 0, overlap = 1, virt = 1;
     opt_parser p;
     if (opt_parser_init(&p, &schedule_command, argc, argv)) return usage_fail();
     int id;
@@ -188,6 +205,8 @@ static int cmd_schedule(int argc, char **argv)
         case O_MICRO: micro = (int)p.num; break;
         case O_BUCKETS: buckets = (int)p.num; break;
         case O_OVERLAP: overlap = p.choice == 0; break;
+        case O_VIRTUAL: virt = (int)p.num; break;
+        case O_RECOMPUTE: recompute = p.arg; break;
         case O_HELP: opt_print_help(&schedule_command, stdout); return PT_EXIT_OK;
         }
     }
@@ -197,9 +216,19 @@ static int cmd_schedule(int argc, char **argv)
                   SCHEDULE_MAX_STAGES, SCHEDULE_MAX_MICRO);
         return usage_fail();
     }
+    int flags[SCHEDULE_MAX_STAGES];
+    if (schedule_parse_recompute(recompute, stages, flags)) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", pt_error_get());
+        opt_error(&p, "%s", why);
+        return usage_fail();
+    }
+    int any_recompute = 0;
+    for (int k = 0; k < stages; k++) any_recompute |= flags[k];
     schedule s;
-    if (schedule_init_by_name(&s, name, stages, micro)) return fail(pt_error_get());
-    if (buckets && schedule_add_reductions(&s, buckets, overlap)) {
+    if (schedule_init_named(&s, name, stages, virt, micro)) return fail(pt_error_get());
+    if ((buckets && schedule_add_reductions(&s, buckets, overlap)) ||
+        (any_recompute && schedule_add_recompute(&s, flags))) {
         schedule_free(&s);
         return fail(pt_error_get());
     }
@@ -209,9 +238,13 @@ static int cmd_schedule(int argc, char **argv)
         return fail(pt_error_get());
     }
     schedule_print(&s, stdout);
-    printf("verified: no deadlock; peak micro-batches held per stage:");
-    for (int k = 0; k < rep.stages; k++) printf(" %d", rep.peak_inflight[k]);
-    printf("\n");
+    int V = rep.virtual_stages;
+    print_peaks(V > 1 ? "verified: no deadlock; peak micro-batches held per stage (per chunk)"
+                      : "verified: no deadlock; peak micro-batches held per stage",
+                rep.peak_inflight, rep.peak_inflight_chunk, rep.stages, V);
+    if (any_recompute)
+        print_peaks("inputs kept per stage (recomputation keeps only these between F and R)",
+                    rep.peak_inputs, rep.peak_inputs_chunk, rep.stages, V);
     schedule_report_free(&rep);
     schedule_free(&s);
     return PT_EXIT_OK;
