@@ -52,6 +52,14 @@ typedef struct {
                              gradient is kept apart in piece m mod P (piece 0 is the stage's
                              gradients), each formed on its own (stage_backward_to), so that
                              replicas can sum every micro-batch's gradient in one fixed order */
+    int microbatches;     /* M of a step: buffer b holds micro-batch b mod M of its half */
+    int split_backward;   /* zero-bubble schedules: backward_input and backward_weight */
+    int wgrad_rows;       /* > 0: dense layers' weight gradients batched over this many
+                             rows, the step's samples (stage_enable_batched_wgrad), formed
+                             at the backward of micro-batch M − 1 (the last, schedules
+                             backward in micro-batch order) */
+    int recompute;        /* a training forward keeps only its input (and output, to send);
+                             recompute(m) rebuilds the activations before the backward */
 } engine_config;
 
 typedef struct engine engine;
@@ -95,6 +103,16 @@ typedef struct {
      * m's contribution, so a reduction of those layers can start while the lower layers
      * are computed. GRAD_OUT of m is written by the range with lo = 0. */
     int (*backward_range)(engine *, int m, int lo, int hi, int tick);
+    /* Zero-bubble split (split_backward): B, the gradient of m's input (GRAD_OUT; the
+     * activations stay held), and W, the parameter gradients of local layers [lo, hi)
+     * from what B kept, for consecutive ranges from the top as backward_range; W releases
+     * nothing (release(m) follows). B then W is backward(m), bit for bit. NULL where the
+     * engine has no split. */
+    int (*backward_input)(engine *, int m, int tick);
+    int (*backward_weight)(engine *, int m, int lo, int hi, int tick);
+    /* recompute: takes a slot for m again and re-runs its training forward from the input
+     * kept (same dropout masks); the loss is not counted twice. NULL: not supported. */
+    int (*recompute)(engine *, int m, uint64_t seed, uint64_t step, int tick);
     /* Gradients [off, off + count) of piece `piece` (0 unless grad_pieces > 1) in host
      * memory that MPI may read and write: the CPU engine's own, or for the CUDA engine a
      * pinned mirror filled from the device (waiting for the queued work that writes it). */
@@ -167,6 +185,18 @@ static inline int engine_backward(engine *e, int m, int tick)
 static inline int engine_backward_range(engine *e, int m, int lo, int hi, int tick)
 {
     return e->ops->backward_range(e, m, lo, hi, tick);
+}
+static inline int engine_backward_input(engine *e, int m, int tick)
+{
+    return e->ops->backward_input(e, m, tick);
+}
+static inline int engine_backward_weight(engine *e, int m, int lo, int hi, int tick)
+{
+    return e->ops->backward_weight(e, m, lo, hi, tick);
+}
+static inline int engine_recompute(engine *e, int m, uint64_t seed, uint64_t step, int tick)
+{
+    return e->ops->recompute(e, m, seed, step, tick);
 }
 static inline int engine_grads_host(engine *e, int piece, size_t off, size_t count,
                                     float **host)

@@ -17,7 +17,11 @@ typedef struct {
     float **grad_out;  /* [buffers] GRAD_OUT (not on stage 0) */
     int32_t **labels;  /* [buffers][max_batch] (last stage) */
     int64_t **ids;     /* [buffers][max_batch] */
-    int *slot_of;
+    int *slot_of;      /* [buffers] the slot holding m's activations, −1 for none */
+    float **act_out;   /* recompute: [buffers] the output of m's training forward, kept to
+                          send while its activations are dropped (not on the last stage) */
+    int *act_kept;     /* recompute: [buffers] ACT_OUT of m is act_out[m] */
+    int *n_of;         /* [buffers] samples of m's last forward */
     int *polls[2];     /* [buffers]: msg_ready polls of ACT_OUT and GRAD_OUT since prepare */
     int first_stage, last_stage;
     int pieces;        /* grad_pieces, at least 1 */
@@ -65,6 +69,9 @@ static void cpu_destroy(engine *e)
         free_arrays((void **)c->labels, n);
         free_arrays((void **)c->ids, n);
         free(c->slot_of);
+        free_arrays((void **)c->act_out, n);
+        free(c->act_kept);
+        free(c->n_of);
         free(c->polls[0]);
         free(c->polls[1]);
         if (c->piece)
@@ -134,15 +141,35 @@ static void tick(engine *e, int t, double t0)
     e->tick_t1[t] = pt_now();
 }
 
+/* The micro-batch of buffer m is the last of its step (batched weight gradients are formed
+ * at its backward). */
+static int last_microbatch(const engine *e, int m)
+{
+    return m % e->cfg.microbatches == e->cfg.microbatches - 1;
+}
+
+/* Takes a slot for m and runs its forward; its first row in the step's stash. */
+static const float *forward_slot(engine *e, int m, int n, uint64_t seed, uint64_t step,
+                                 int training)
+{
+    cpu_engine *c = impl(e);
+    int slot = stage_slot_acquire(&c->st);
+    if (slot < 0) return NULL;
+    c->slot_of[m] = slot;
+    c->n_of[m] = n;
+    if (e->cfg.wgrad_rows)
+        stage_slot_set_row(&c->st, slot, (m % e->cfg.microbatches) * e->cfg.max_batch);
+    return stage_forward(&c->st, slot, c->in[m], n, c->ids[m], seed, step, training);
+}
+
 static int cpu_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, int training,
                        int t)
 {
     cpu_engine *c = impl(e);
     double t0 = pt_now();
-    int slot = stage_slot_acquire(&c->st);
-    if (slot < 0) return -1;
-    c->slot_of[m] = slot;
-    const float *y = stage_forward(&c->st, slot, c->in[m], n, c->ids[m], seed, step, training);
+    const float *y = forward_slot(e, m, n, seed, step, training);
+    if (!y) return -1;
+    if (c->act_kept) c->act_kept[m] = 0;
     if (c->last_stage) {
         int ok = 0;
         double l = kernel_softmax_xent_cpu(training ? c->grad_in[m] : NULL, &ok, y, c->labels[m],
@@ -152,6 +179,28 @@ static int cpu_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, in
         c->sums.loss_sum += l;
         c->sums.correct += ok;
     }
+    if (e->cfg.recompute && training) {
+        /* keep the output to send (the last stage keeps the loss gradient instead) and
+         * drop the activations until recompute(m) */
+        if (!c->last_stage) {
+            memcpy(c->act_out[m], y, (size_t)n * e->out_count * sizeof(float));
+            c->act_kept[m] = 1;
+        }
+        stage_slot_release(&c->st, c->slot_of[m]);
+        c->slot_of[m] = -1;
+    }
+    tick(e, t, t0);
+    return 0;
+}
+
+static int cpu_recompute(engine *e, int m, uint64_t seed, uint64_t step, int t)
+{
+    cpu_engine *c = impl(e);
+    double t0 = pt_now();
+    if (!e->cfg.recompute || c->slot_of[m] >= 0)
+        return pt_error_set("CPU engine: recompute of micro-batch buffer %d, which %s", m,
+                            e->cfg.recompute ? "holds its activations" : "is not recomputed");
+    if (!forward_slot(e, m, c->n_of[m], seed, step, 1)) return -1;
     tick(e, t, t0);
     return 0;
 }
@@ -173,6 +222,29 @@ static int cpu_backward(engine *e, int m, int t)
                             c->st.range_hi);
     stage_backward_to(&c->st, c->slot_of[m], c->grad_in[m],
                       c->first_stage ? NULL : c->grad_out[m], grads_of(c, m));
+    if (e->cfg.wgrad_rows && last_microbatch(e, m))
+        stage_wgrad_flush(&c->st, 0, c->st.last - c->st.first);
+    tick(e, t, t0);
+    return 0;
+}
+
+static int cpu_backward_input(engine *e, int m, int t)
+{
+    cpu_engine *c = impl(e);
+    double t0 = pt_now();
+    if (stage_backward_input(&c->st, c->slot_of[m], c->grad_in[m],
+                             c->first_stage ? NULL : c->grad_out[m]))
+        return -1;
+    tick(e, t, t0);
+    return 0;
+}
+
+static int cpu_backward_weight(engine *e, int m, int lo, int hi, int t)
+{
+    cpu_engine *c = impl(e);
+    double t0 = pt_now();
+    if (stage_backward_weight(&c->st, c->slot_of[m], lo, hi, grads_of(c, m))) return -1;
+    if (e->cfg.wgrad_rows && last_microbatch(e, m)) stage_wgrad_flush(&c->st, lo, hi);
     tick(e, t, t0);
     return 0;
 }
@@ -187,6 +259,7 @@ static int cpu_backward_range(engine *e, int m, int lo, int hi, int t)
     if (stage_backward_range(&c->st, c->slot_of[m], lo, hi, c->grad_in[m],
                              c->first_stage ? NULL : c->grad_out[m], grads_of(c, m)))
         return -1;
+    if (e->cfg.wgrad_rows && last_microbatch(e, m)) stage_wgrad_flush(&c->st, lo, hi);
     tick(e, t, t0);
     return 0;
 }
@@ -224,7 +297,9 @@ static int cpu_zero_grads(engine *e)
 
 static int cpu_release(engine *e, int m)
 {
-    stage_slot_release(&impl(e)->st, impl(e)->slot_of[m]);
+    cpu_engine *c = impl(e);
+    if (c->slot_of[m] >= 0) stage_slot_release(&c->st, c->slot_of[m]);
+    c->slot_of[m] = -1;
     return 0;
 }
 
@@ -247,6 +322,7 @@ static void *cpu_msg_buffer(engine *e, engine_msg k, int m)
     case ENGINE_MSG_ACT_IN: return c->in[m];
     case ENGINE_MSG_GRAD_IN: return c->grad_in[m];
     case ENGINE_MSG_ACT_OUT:
+        if (c->act_kept && c->act_kept[m]) return c->act_out[m];
         /* the last layer's output, which may alias the input (an all-identity stage) */
         return (void *)c->st.slots[c->slot_of[m]].out[c->st.last - c->st.first - 1];
     case ENGINE_MSG_GRAD_OUT: return c->grad_out[m];
@@ -292,6 +368,9 @@ static const engine_ops cpu_ops = {
     .forward = cpu_forward,
     .backward = cpu_backward,
     .backward_range = cpu_backward_range,
+    .backward_input = cpu_backward_input,
+    .backward_weight = cpu_backward_weight,
+    .recompute = cpu_recompute,
     .grads_host = cpu_grads_host,
     .grads_commit = cpu_grads_commit,
     .zero_grads = cpu_zero_grads,
@@ -335,7 +414,15 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
                                  : (float **)alloc_arrays(nb, mb * e->in_count * sizeof(float));
     c->labels = (int32_t **)alloc_arrays(nb, mb * sizeof(int32_t));
     c->ids = (int64_t **)alloc_arrays(nb, mb * sizeof(int64_t));
-    c->slot_of = calloc((size_t)nb, sizeof *c->slot_of);
+    c->slot_of = malloc((size_t)nb * sizeof *c->slot_of);
+    c->n_of = calloc((size_t)nb, sizeof *c->n_of);
+    for (int m = 0; c->slot_of && m < nb; m++) c->slot_of[m] = -1;
+    int extras_ok = c->n_of != NULL;
+    if (cfg->recompute && !c->last_stage) {
+        c->act_out = (float **)alloc_arrays(nb, mb * e->out_count * sizeof(float));
+        c->act_kept = calloc((size_t)nb, sizeof *c->act_kept);
+        extras_ok = extras_ok && c->act_out && c->act_kept;
+    }
     c->polls[0] = calloc((size_t)nb, sizeof *c->polls[0]);
     c->polls[1] = calloc((size_t)nb, sizeof *c->polls[1]);
     c->pieces = cfg->grad_pieces > 1 ? cfg->grad_pieces : 1;
@@ -347,11 +434,16 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
         else pieces_ok = 0;
     }
     if (c->piece) c->piece[0] = c->st.grads;
-    if (!pieces_ok || !c->in || !c->grad_in || (!c->first_stage && !c->grad_out) || !c->labels ||
+    if (!extras_ok || !pieces_ok || !c->in || !c->grad_in || (!c->first_stage && !c->grad_out) || !c->labels ||
         !c->ids || !c->slot_of || !c->polls[0] || !c->polls[1]) {
         cpu_destroy(e);
         return pt_error_set("out of memory for %d micro-batch buffers of %d samples", nb,
                             cfg->max_batch);
+    }
+    if ((cfg->split_backward && stage_enable_split(&c->st)) ||
+        (cfg->wgrad_rows && stage_enable_batched_wgrad(&c->st, cfg->wgrad_rows))) {
+        cpu_destroy(e);
+        return -1;
     }
     *out = e;
     return 0;

@@ -22,9 +22,13 @@
 enum { TAG_ACT = 0, TAG_GRAD = 1, TAG_EVAL = 2, TAG_CLOCK = 3, TAG_WRAP = 8192 };
 enum { EVAL_BUFFERS = 3 }; /* micro-batch buffers evaluation cycles through */
 static int tag_of(int kind, int m) { return (m % TAG_WRAP) * 4 + kind; }
+/* With V model chunks per rank (interleaved schedules), a message also names the chunk that
+ * receives it: between two ranks, each direction carries one chunk's messages per (m, v). */
+static int chunk_tag(int kind, int m, int v, int V) { return tag_of(kind, m * V + v); }
 
 /* An outgoing message waiting for its bytes (a GPU copy) before MPI_Isend. */
 typedef struct {
+    engine *eng;
     engine_msg kind;
     int m, count, peer, tag;
     MPI_Request *req;
@@ -45,8 +49,14 @@ struct exec {
     exec_config cfg;
     int mb; /* micro-batch size */
     size_t in_count, out_count;
-    engine *eng;
-    MPI_Request *req_act, *req_grad, *req_send_act, *req_send_grad;
+    engine *eng;     /* engs[0] */
+    /* Interleaved schedules: this rank holds V model chunks, chunk v being model chunk
+     * v·K + rank of the partition's K·V (V = 1 otherwise). */
+    int V;
+    engine **engs;         /* [V] */
+    size_t *chunk_params;  /* [K·V]: parameters of each model chunk, in model order */
+    size_t held_bytes, peak_bytes; /* activation bytes the rank's slots hold (peak) */
+    MPI_Request *req_act, *req_grad, *req_send_act, *req_send_grad; /* [V·M], v·M + m */
     MPI_Request eval_send, eval_recv[3];
     /* sends whose buffers are not filled yet, posted in order as they become ready */
     pending_send *pending;
@@ -153,9 +163,15 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     PT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
     PT_MPI_CHECK(MPI_Comm_size(comm, &size));
     int R = cfg->rep.replicas > 1 ? cfg->rep.replicas : 1;
-    if (part->stages != size || sched->stages != size)
+    int V = sched->virtual_stages > 1 ? sched->virtual_stages : 1;
+    if (sched->stages != size || part->stages != size * V)
         return pt_error_set("the pipeline has %d ranks but the layout has %d stages: run with "
-                            "mpiexec -n %d", size, part->stages, part->stages * R);
+                            "mpiexec -n %d", size, sched->stages, sched->stages * R);
+    if (V > 1 && size < 2)
+        return pt_error_set("interleaved schedules (--virtual %d) need at least 2 stages", V);
+    if (V > 1 && R > 1)
+        return pt_error_set("--replicas with interleaved schedules (--virtual %d) is not "
+                            "supported yet: use --replicas 1 or --virtual 1", V);
     if (sched->microbatches != cfg->microbatches || part->n_layers != net->n_layers)
         return pt_error_set("the schedule has %d micro-batches and the partition %d layers; "
                             "expected %d and %d", sched->microbatches, part->n_layers,
@@ -165,11 +181,16 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
                             cfg->microbatches, cfg->batch);
     schedule_report rep;
     if (schedule_verify(sched, &rep)) return -1;
-    int slots = rep.peak_inflight[rank];
+    int slots[V];
+    for (int v = 0; v < V; v++) slots[v] = rep.peak_inflight_chunk[rank * V + v];
     schedule_report_free(&rep);
+    const schedule_list *list = &sched->lists[rank];
+    int split = 0;
+    for (int i = 0; i < list->n_ops; i++) split |= list->ops[i].kind == SCHED_OP_BACKWARD_INPUT;
 
     exec_t *e = calloc(1, sizeof *e);
     if (!e) return pt_error_set("out of memory");
+    e->V = V;
     e->comm = comm;
     e->rank = rank;
     e->size = size;
@@ -190,44 +211,58 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     e->cfg = *cfg;
     int M = cfg->microbatches;
     e->mb = cfg->batch / (R * M);
-    size_t in_count, out_count, params;
-    engine_stage_sizes(net, part->first[rank], part->first[rank + 1], &in_count, &out_count,
-                       &params);
-    if ((double)e->mb * (double)(in_count > out_count ? in_count : out_count) > (double)INT_MAX) {
-        free(e->pipe_world);
-        free(e);
-        return pt_error_set("a micro-batch of %d samples is too large for one MPI message",
-                            cfg->batch / (R * M));
+    e->engs = calloc((size_t)V, sizeof *e->engs);
+    e->chunk_params = calloc((size_t)(size * V), sizeof *e->chunk_params);
+    if (!e->engs || !e->chunk_params) {
+        exec_free(e);
+        return pt_error_set("out of memory");
     }
-    engine_config ec = {
-        .net = net, .first = part->first[rank], .last = part->first[rank + 1],
-        /* two halves, see exec.half; evaluation cycles through 0, 1 and 2 */
-        .buffers = 2 * M > EVAL_BUFFERS ? 2 * M : EVAL_BUFFERS,
-        .max_batch = e->mb, .n_slots = slots > 0 ? slots : 1, .batch = cfg->batch,
-        .threads = cfg->threads > 0 ? cfg->threads : 1, .device = cfg->gpu,
-        .device_messages = cfg->device_messages,
-        .max_ticks = sched->lists[rank].n_ops, .debug_ready_delay = cfg->debug_ready_delay,
-        .grad_pieces = replicas_grad_pieces(&cfg->rep),
-    };
-    if (engine_create(&e->eng, cfg->device, &ec)) {
-        free(e->pipe_world);
-        free(e);
-        return -1;
+    for (int c = 0; c < size * V; c++) {
+        size_t in_count, out_count;
+        engine_stage_sizes(net, part->first[c], part->first[c + 1], &in_count, &out_count,
+                           &e->chunk_params[c]);
+        if ((double)e->mb * (double)(in_count > out_count ? in_count : out_count) >
+            (double)INT_MAX) {
+            exec_free(e);
+            return pt_error_set("a micro-batch of %d samples is too large for one MPI "
+                                "message", cfg->batch / (R * M));
+        }
     }
+    for (int v = 0; v < V; v++) {
+        int c = v * size + rank;
+        engine_config ec = {
+            .net = net, .first = part->first[c], .last = part->first[c + 1],
+            /* two halves, see exec.half; evaluation cycles through 0, 1 and 2 */
+            .buffers = 2 * M > EVAL_BUFFERS ? 2 * M : EVAL_BUFFERS,
+            .max_batch = e->mb, .n_slots = slots[v] > 0 ? slots[v] : 1, .batch = cfg->batch,
+            .threads = cfg->threads > 0 ? cfg->threads : 1, .device = cfg->gpu,
+            .device_messages = cfg->device_messages,
+            .max_ticks = list->n_ops, .debug_ready_delay = cfg->debug_ready_delay,
+            .grad_pieces = replicas_grad_pieces(&cfg->rep),
+            .microbatches = M, .split_backward = split,
+            .wgrad_rows = cfg->wgrad_batched ? e->mb * M : 0, .recompute = list->recompute,
+        };
+        if (engine_create(&e->engs[v], cfg->device, &ec)) {
+            exec_free(e);
+            return -1;
+        }
+    }
+    e->eng = e->engs[0];
     e->in_count = e->eng->in_count;
     e->out_count = e->eng->out_count;
-    e->req_act = malloc((size_t)M * sizeof *e->req_act);
-    e->req_grad = malloc((size_t)M * sizeof *e->req_grad);
-    e->req_send_act = malloc((size_t)M * sizeof *e->req_send_act);
-    e->req_send_grad = malloc((size_t)M * sizeof *e->req_send_grad);
-    e->pending_cap = 2 * M + 2;
+    size_t VM = (size_t)V * (size_t)M;
+    e->req_act = malloc(VM * sizeof *e->req_act);
+    e->req_grad = malloc(VM * sizeof *e->req_grad);
+    e->req_send_act = malloc(VM * sizeof *e->req_send_act);
+    e->req_send_grad = malloc(VM * sizeof *e->req_send_grad);
+    e->pending_cap = 2 * (int)VM + 2;
     e->pending = malloc((size_t)e->pending_cap * sizeof *e->pending);
     if (!e->req_act || !e->req_grad || !e->req_send_act || !e->req_send_grad || !e->pending) {
         exec_free(e);
         return pt_error_set("out of memory for %d micro-batches", M);
     }
-    for (int m = 0; m < M; m++)
-        e->req_act[m] = e->req_grad[m] = e->req_send_act[m] = e->req_send_grad[m] =
+    for (size_t k = 0; k < VM; k++)
+        e->req_act[k] = e->req_grad[k] = e->req_send_act[k] = e->req_send_grad[k] =
             MPI_REQUEST_NULL;
     e->eval_send = e->eval_recv[0] = e->eval_recv[1] = e->eval_recv[2] = MPI_REQUEST_NULL;
     /* the default 50 µs timer slack would double every polite pause */
@@ -281,7 +316,9 @@ void exec_free(exec_t *e)
     if (!e) return;
     replicas_free(e->rep);
     free(e->pipe_world);
-    engine_destroy(e->eng);
+    for (int v = 0; e->engs && v < e->V; v++) engine_destroy(e->engs[v]);
+    free(e->engs);
+    free(e->chunk_params);
     free(e->req_act);
     free(e->req_grad);
     free(e->req_send_act);
@@ -292,6 +329,8 @@ void exec_free(exec_t *e)
 }
 
 engine *exec_engine(exec_t *e) { return e->eng; }
+int exec_chunks(const exec_t *e) { return e->V; }
+engine *exec_chunk_engine(exec_t *e, int v) { return v >= 0 && v < e->V ? e->engs[v] : NULL; }
 int exec_rank(const exec_t *e) { return e->rank; }
 int exec_stages(const exec_t *e) { return e->size; }
 
@@ -336,12 +375,12 @@ static int progress_sends(exec_t *e)
     while (done < e->n_pending) {
         pending_send *p = &e->pending[done];
         int ready = 0;
-        if (engine_msg_ready(e->eng, p->kind, p->m, &ready)) {
+        if (engine_msg_ready(p->eng, p->kind, p->m, &ready)) {
             rc = -1;
             break;
         }
         if (!ready) break;
-        void *buf = engine_msg_buffer(e->eng, p->kind, p->m);
+        void *buf = engine_msg_buffer(p->eng, p->kind, p->m);
         if (!buf) {
             rc = -1;
             break;
@@ -362,10 +401,10 @@ static int progress_sends(exec_t *e)
 
 /* MPI_Irecv into the engine's buffer for message `kind` of buffer b (NULL: the engine
  * failed, its message is set). */
-static int post_recv(exec_t *e, engine_msg kind, int b, int count, int peer, int tag,
-                     MPI_Request *req)
+static int post_recv(exec_t *e, engine *g, engine_msg kind, int b, int count, int peer,
+                     int tag, MPI_Request *req)
 {
-    void *buf = engine_msg_buffer(e->eng, kind, b);
+    void *buf = engine_msg_buffer(g, kind, b);
     if (!buf) return -1;
     PT_MPI_CHECK(MPI_Irecv(buf, count, MPI_FLOAT, peer, tag, e->comm, req));
     return 0;
@@ -373,13 +412,13 @@ static int post_recv(exec_t *e, engine_msg kind, int b, int count, int peer, int
 
 /* Starts the send of outgoing message `kind` of m: the engine fills its buffer, MPI_Isend
  * follows as soon as it is full (into *req). */
-static int start_send(exec_t *e, engine_msg kind, int m, int count, int peer, int tag,
-                      MPI_Request *req)
+static int start_send(exec_t *e, engine *g, engine_msg kind, int m, int count, int peer,
+                      int tag, MPI_Request *req)
 {
-    if (engine_msg_prepare(e->eng, kind, m)) return -1;
+    if (engine_msg_prepare(g, kind, m)) return -1;
     if (e->n_pending == e->pending_cap)
         return pt_error_set("rank %d: more than %d sends pending", e->rank, e->pending_cap);
-    e->pending[e->n_pending++] = (pending_send){kind, m, count, peer, tag, req};
+    e->pending[e->n_pending++] = (pending_send){g, kind, m, count, peer, tag, req};
     return progress_sends(e);
 }
 
@@ -453,23 +492,80 @@ static void record_reductions(exec_t *e)
 static double account_ticks(exec_t *e, const schedule_list *list)
 {
     double compute = 0;
-    for (int i = 0; i < list->n_ops; i++) {
-        const schedule_op *op = &list->ops[i];
-        double t0 = e->eng->tick_t0[i], t1 = e->eng->tick_t1[i];
-        if (t1 < t0) continue;
-        double dt = t1 - t0;
-        trace_kind kind;
-        switch (op->kind) {
-        case SCHED_OP_FORWARD: e->forward_s += dt; kind = TRACE_FORWARD; break;
-        case SCHED_OP_BACKWARD: e->backward_s += dt; kind = TRACE_BACKWARD; break;
-        case SCHED_OP_OPTIMIZER_STEP: e->optimizer_s += dt; kind = TRACE_OPTIMIZER; break;
-        default: continue;
+    for (int v = 0; v < e->V; v++) {
+        engine *g = e->engs[v];
+        for (int i = 0; i < list->n_ops; i++) {
+            const schedule_op *op = &list->ops[i];
+            double t0 = g->tick_t0[i], t1 = g->tick_t1[i];
+            if (t1 < t0) continue;
+            double dt = t1 - t0;
+            trace_kind kind;
+            switch (op->kind) {
+            case SCHED_OP_FORWARD: e->forward_s += dt; kind = TRACE_FORWARD; break;
+            case SCHED_OP_RECOMPUTE: e->forward_s += dt; kind = TRACE_RECOMPUTE; break;
+            case SCHED_OP_BACKWARD: e->backward_s += dt; kind = TRACE_BACKWARD; break;
+            case SCHED_OP_BACKWARD_INPUT:
+                e->backward_s += dt;
+                kind = TRACE_BACKWARD_INPUT;
+                break;
+            case SCHED_OP_BACKWARD_WEIGHT:
+                e->backward_s += dt;
+                kind = TRACE_BACKWARD_WEIGHT;
+                break;
+            case SCHED_OP_OPTIMIZER_STEP: e->optimizer_s += dt; kind = TRACE_OPTIMIZER; break;
+            default: continue;
+            }
+            compute += dt;
+            record(e, kind, t0, t1, op->kind == SCHED_OP_OPTIMIZER_STEP ? -1 : op->microbatch);
+            g->tick_t1[i] = t0 - 1; /* used */
         }
-        compute += dt;
-        record(e, kind, t0, t1, op->kind == SCHED_OP_OPTIMIZER_STEP ? -1 : op->microbatch);
-        e->eng->tick_t1[i] = t0 - 1; /* used */
     }
     return compute;
+}
+
+/* Chunk routing of interleaved schedules (schedule/schedule.h): the chunk of the peer
+ * rank that receives what chunk v sends forward or backward. */
+static int act_receiver_chunk(const exec_t *e, int v) { return e->rank < e->size - 1 ? v : v + 1; }
+static int grad_receiver_chunk(const exec_t *e, int v) { return e->rank > 0 ? v : v - 1; }
+
+/* Activation bytes the rank holds: a slot taken (forward, recompute) or given back. */
+static void hold(exec_t *e, int v, int sign)
+{
+    size_t b = e->engs[v]->slot_bytes;
+    if (sign > 0) {
+        e->held_bytes += b;
+        if (e->held_bytes > e->peak_bytes) e->peak_bytes = e->held_bytes;
+        if (++e->inflight > e->peak_inflight) e->peak_inflight = e->inflight;
+    } else {
+        e->held_bytes -= b;
+        e->inflight--;
+    }
+}
+
+/* The end of micro-batch m's backward on chunk v: its output may still be on its way to the
+ * next stage; then its slot goes back. */
+static int end_backward(exec_t *e, int v, int m, int b)
+{
+    if (wait_send(e, &e->req_send_act[v * e->cfg.microbatches + m], "send of the activation",
+                  m, e->rank + 1))
+        return -1;
+    if (engine_release(e->engs[v], b)) return -1;
+    hold(e, v, -1);
+    return 0;
+}
+
+/* A backward part's local layers: bucket b's (replicas), or the whole chunk. */
+static int part_range(exec_t *e, int v, int bucket, int *lo, int *hi)
+{
+    if (bucket < 0) {
+        *lo = 0;
+        *hi = e->engs[v]->cfg.last - e->engs[v]->cfg.first;
+        return 0;
+    }
+    if (!e->rep)
+        return pt_error_set("rank %d: a backward part without buckets", e->world_rank);
+    replicas_part_range(e->rep, bucket, lo, hi);
+    return 0;
 }
 
 int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
@@ -478,7 +574,6 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
 {
     const schedule_list *list = &e->sched->lists[e->rank];
     int mb = e->mb, M = e->cfg.microbatches, base = e->half * M;
-    engine *g = e->eng;
     double t_step = pt_now();
     e->trace_step = (long)step;
     /* this replica's share of the batch */
@@ -490,79 +585,106 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
         stall_forever(e->cfg.stall_kills == EXEC_STALL_KILL);
 
     /* Post every receive of the step up front: a message may arrive before we wait. */
+    int V = e->V;
     for (int i = 0; i < list->n_ops; i++) {
         const schedule_op *op = &list->ops[i];
-        int m = op->microbatch, b = base + m;
+        int m = op->microbatch, b = base + m, v = op->chunk, k = v * M + m;
+        engine *gv = e->engs[v];
         if (op->kind == SCHED_OP_RECV_ACT &&
-            post_recv(e, ENGINE_MSG_ACT_IN, b, (int)(mb * e->in_count), op->peer,
-                      tag_of(TAG_ACT, m), &e->req_act[m]))
+            post_recv(e, gv, ENGINE_MSG_ACT_IN, b, (int)(mb * gv->in_count), op->peer,
+                      chunk_tag(TAG_ACT, m, v, V), &e->req_act[k]))
             return -1;
         if (op->kind == SCHED_OP_RECV_GRAD &&
-            post_recv(e, ENGINE_MSG_GRAD_IN, b, (int)(mb * e->out_count), op->peer,
-                      tag_of(TAG_GRAD, m), &e->req_grad[m]))
+            post_recv(e, gv, ENGINE_MSG_GRAD_IN, b, (int)(mb * gv->out_count), op->peer,
+                      chunk_tag(TAG_GRAD, m, v, V), &e->req_grad[k]))
             return -1;
     }
     if (fault && post_invalid_send(e)) return -1;
     /* Every micro-batch's samples: pixels on stage 0, labels on the last stage; already
      * there when the previous step loaded them. */
-    for (int m = 0; m < M && !e->prefetched; m++)
-        if (engine_load(g, base + m, data, indices + (size_t)m * mb, mb)) return -1;
+    for (int v = 0; v < V; v++)
+        for (int m = 0; m < M && !e->prefetched; m++)
+            if (engine_load(e->engs[v], base + m, data, indices + (size_t)m * mb, mb)) return -1;
     for (int i = 0; i < list->n_ops; i++) {
         const schedule_op *op = &list->ops[i];
-        int m = op->microbatch, b = base + m;
+        int m = op->microbatch, b = base + m, v = op->chunk, k = v * M + m, lo, hi;
+        engine *g = e->engs[v];
         double t0 = pt_now();
         if (e->rep && replicas_progress(e->rep)) return -1;
         switch (op->kind) {
         case SCHED_OP_RECV_ACT:
-            if (wait_request(e, &e->req_act[m], "the activation", m, op->peer)) return -1;
+            if (wait_request(e, &e->req_act[k], "the activation", m, op->peer)) return -1;
             if (engine_msg_received(g, ENGINE_MSG_ACT_IN, b)) return -1;
             record_message(e, TRACE_WAIT_ACT, t0, pt_now(), m, op->peer);
             break;
         case SCHED_OP_RECV_GRAD:
-            if (wait_request(e, &e->req_grad[m], "the gradient", m, op->peer)) return -1;
+            if (wait_request(e, &e->req_grad[k], "the gradient", m, op->peer)) return -1;
             if (engine_msg_received(g, ENGINE_MSG_GRAD_IN, b)) return -1;
             record_message(e, TRACE_WAIT_GRAD, t0, pt_now(), m, op->peer);
             break;
         case SCHED_OP_FORWARD:
             if (engine_forward(g, b, mb, seed, step, 1, i)) return -1;
-            if (++e->inflight > e->peak_inflight) e->peak_inflight = e->inflight;
+            hold(e, v, 1);
+            /* with recomputation the activations are dropped at once (recompute holds
+             * them again before the backward) */
+            if (list->recompute) hold(e, v, -1);
+            break;
+        case SCHED_OP_RECOMPUTE:
+            if (!g->ops->recompute)
+                return pt_error_set("rank %d: the %s engine cannot recompute activations",
+                                    e->world_rank, g->ops->name);
+            if (engine_recompute(g, b, seed, step, i)) return -1;
+            hold(e, v, 1);
             break;
         case SCHED_OP_SEND_ACT:
-            if (start_send(e, ENGINE_MSG_ACT_OUT, b, (int)(mb * e->out_count), op->peer,
-                           tag_of(TAG_ACT, m), &e->req_send_act[m]))
+            if (start_send(e, g, ENGINE_MSG_ACT_OUT, b, (int)(mb * g->out_count), op->peer,
+                           chunk_tag(TAG_ACT, m, act_receiver_chunk(e, v), V),
+                           &e->req_send_act[k]))
                 return -1;
             record_message(e, TRACE_SEND_ACT, t0, pt_now(), m, op->peer);
             break;
         case SCHED_OP_BACKWARD:
             if (op->bucket >= 0) {
                 /* part b: the layers of bucket b (and those without parameters above) */
-                int lo, hi;
-                if (!e->rep)
-                    return pt_error_set("rank %d: a backward part without buckets",
-                                        e->world_rank);
-                replicas_part_range(e->rep, op->bucket, &lo, &hi);
-                if (engine_backward_range(g, b, lo, hi, i)) return -1;
+                if (part_range(e, v, op->bucket, &lo, &hi) ||
+                    engine_backward_range(g, b, lo, hi, i))
+                    return -1;
                 if (op->bucket < replicas_buckets(e->rep) - 1) break;
             } else if (engine_backward(g, b, i)) {
                 return -1;
             }
-            /* the slot's output may still be on its way to the next stage */
-            if (wait_send(e, &e->req_send_act[m], "send of the activation", m, e->rank + 1))
+            if (end_backward(e, v, m, b)) return -1;
+            break;
+        case SCHED_OP_BACKWARD_INPUT:
+            if (!g->ops->backward_input)
+                return pt_error_set("rank %d: the %s engine has no split backward",
+                                    e->world_rank, g->ops->name);
+            if (engine_backward_input(g, b, i)) return -1;
+            break;
+        case SCHED_OP_BACKWARD_WEIGHT:
+            if (part_range(e, v, op->bucket, &lo, &hi) || engine_backward_weight(g, b, lo, hi, i))
                 return -1;
-            if (engine_release(g, b)) return -1;
-            e->inflight--;
+            if (op->bucket >= 0 && op->bucket < replicas_buckets(e->rep) - 1) break;
+            if (end_backward(e, v, m, b)) return -1;
             break;
         case SCHED_OP_SEND_GRAD:
-            if (start_send(e, ENGINE_MSG_GRAD_OUT, b, (int)(mb * e->in_count), op->peer,
-                           tag_of(TAG_GRAD, m), &e->req_send_grad[m]))
+            if (start_send(e, g, ENGINE_MSG_GRAD_OUT, b, (int)(mb * g->in_count), op->peer,
+                           chunk_tag(TAG_GRAD, m, grad_receiver_chunk(e, v), V),
+                           &e->req_send_grad[k]))
                 return -1;
             record_message(e, TRACE_SEND_GRAD, t0, pt_now(), m, op->peer);
             break;
         case SCHED_OP_OPTIMIZER_STEP:
-            for (int k = 0; k < M; k++)
-                if (wait_send(e, &e->req_send_grad[k], "send of the gradient", k, e->rank - 1))
+            for (int q = 0; q < V * M; q++)
+                if (wait_send(e, &e->req_send_grad[q], "send of the gradient", q % M,
+                              e->rank - 1))
                     return -1;
-            if (e->rep ? replicas_step(e->rep, opt, i) : engine_step(g, opt, i)) return -1;
+            if (e->rep) {
+                if (replicas_step(e->rep, opt, i)) return -1;
+            } else {
+                for (int w = 0; w < V; w++)
+                    if (engine_step(e->engs[w], opt, i)) return -1; /* own ticks */
+            }
             break;
         case SCHED_OP_ALLREDUCE:
         case SCHED_OP_REDUCE_WAIT:
@@ -575,7 +697,6 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
                 return -1;
             }
             break;
-        case SCHED_OP_RECOMPUTE:
         case SCHED_OP_COUNT:
             return pt_error_set("rank %d: instruction %s is not supported by this executor",
                                 e->rank, schedule_op_name(op->kind));
@@ -585,10 +706,18 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
      * step's samples into the other half now. */
     e->half = 1 - e->half;
     e->prefetched = next_indices != NULL;
-    for (int m = 0; m < M && next_indices; m++)
-        if (engine_load(g, e->half * M + m, data, next_indices + (size_t)m * mb, mb)) return -1;
-    engine_result r;
-    if (engine_finish(g, &r)) return -1;
+    for (int v = 0; v < V; v++)
+        for (int m = 0; m < M && next_indices; m++)
+            if (engine_load(e->engs[v], e->half * M + m, data, next_indices + (size_t)m * mb, mb))
+                return -1;
+    engine_result r = {0};
+    for (int v = 0; v < V; v++) {
+        engine_result rv;
+        if (engine_finish(e->engs[v], &rv)) return -1;
+        r.loss_sum += rv.loss_sum;
+        r.correct += rv.correct;
+        r.nonfinite |= rv.nonfinite;
+    }
     e->compute_s += account_ticks(e, list);
     if (e->rep) {
         replicas_end_step(e->rep);
@@ -611,6 +740,52 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
     return 0;
 }
 
+/* Evaluation through V > 1 model chunks per rank: each data chunk goes through the rank's
+ * chunks in order, receiving from the previous model chunk and sending to the next. Each
+ * rank works through (data chunk, chunk) in that order and waits for a send only where
+ * that needs nothing later in the order, so it cannot deadlock. */
+static int evaluate_chunked(exec_t *e, const dataset *data, int64_t lo, int count,
+                            engine_result *r)
+{
+    int mb = e->mb, K = e->size, V = e->V, chunks = (count + mb - 1) / mb;
+    int64_t ids[mb];
+    for (int c = 0; c < chunks; c++) {
+        int n = c == chunks - 1 ? count - c * mb : mb, b = c % EVAL_BUFFERS;
+        for (int j = 0; j < n; j++) ids[j] = lo + (int64_t)c * mb + j;
+        for (int v = 0; v < V; v++) {
+            engine *g = e->engs[v];
+            int model = v * K + e->rank;
+            if (engine_load(g, b, data, ids, n)) return -1;
+            if (model > 0) {
+                int prev = e->rank > 0 ? e->rank - 1 : K - 1;
+                if (post_recv(e, g, ENGINE_MSG_ACT_IN, b, (int)(n * g->in_count), prev,
+                              chunk_tag(TAG_EVAL, c, v, V), &e->eval_recv[0]) ||
+                    wait_request(e, &e->eval_recv[0], "the evaluation activation", c, prev) ||
+                    engine_msg_received(g, ENGINE_MSG_ACT_IN, b))
+                    return -1;
+            }
+            if (engine_forward(g, b, n, 0, 0, 0, -1)) return -1;
+            if (model < K * V - 1) {
+                int next = e->rank < K - 1 ? e->rank + 1 : 0;
+                if (start_send(e, g, ENGINE_MSG_ACT_OUT, b, (int)(n * g->out_count), next,
+                               chunk_tag(TAG_EVAL, c, act_receiver_chunk(e, v), V),
+                               &e->eval_send) ||
+                    wait_send(e, &e->eval_send, "send of the evaluation activation", c, next))
+                    return -1;
+            }
+            if (engine_release(g, b)) return -1;
+        }
+    }
+    *r = (engine_result){0};
+    for (int v = 0; v < V; v++) {
+        engine_result rv;
+        if (engine_finish(e->engs[v], &rv)) return -1;
+        r->loss_sum += rv.loss_sum;
+        r->correct += rv.correct;
+    }
+    return 0;
+}
+
 int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy)
 {
     int mb = e->mb, last = e->rank == e->size - 1, first = e->rank == 0;
@@ -621,6 +796,17 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
     int chunks = (count + mb - 1) / mb;
     engine *g = e->eng;
     double t_start = pt_now();
+    if (e->V > 1) {
+        engine_result r;
+        e->prefetched = 0;
+        if (evaluate_chunked(e, data, lo, count, &r)) return -1;
+        record(e, TRACE_EVAL, t_start, pt_now(), -1);
+        double sums[2] = {r.loss_sum, (double)r.correct};
+        if (exec_allreduce(sums, 2, MPI_DOUBLE, MPI_SUM, e->world, e->cfg.timeout_s)) return -1;
+        *loss = data->count ? sums[0] / data->count : 0;
+        *accuracy = data->count ? sums[1] / data->count : 0;
+        return 0;
+    }
     int64_t ids[mb];
     e->prefetched = 0; /* evaluation reuses the first buffers */
     /* Chunk c in buffer c mod 3: the next chunk's receive is posted before this chunk's
@@ -628,7 +814,7 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
      * host need not wait for it. */
     int in_floats = (int)(mb * e->in_count);
     if (!first && chunks > 0 &&
-        post_recv(e, ENGINE_MSG_ACT_IN, 0, in_floats, e->rank - 1, tag_of(TAG_EVAL, 0),
+        post_recv(e, g, ENGINE_MSG_ACT_IN, 0, in_floats, e->rank - 1, tag_of(TAG_EVAL, 0),
                   &e->eval_recv[0]))
         return -1;
     for (int c = 0; c < chunks; c++) {
@@ -650,14 +836,14 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
                 return -1;
             if (engine_msg_received(g, ENGINE_MSG_ACT_IN, m)) return -1;
             if (c + 1 < chunks &&
-                post_recv(e, ENGINE_MSG_ACT_IN, next, in_floats, e->rank - 1,
+                post_recv(e, g, ENGINE_MSG_ACT_IN, next, in_floats, e->rank - 1,
                           tag_of(TAG_EVAL, c + 1), &e->eval_recv[next]))
                 return -1;
         }
         if (engine_forward(g, m, n, 0, 0, 0, -1)) return -1;
         if (last) {
             if (engine_release(g, m)) return -1;
-        } else if (start_send(e, ENGINE_MSG_ACT_OUT, m, (int)(n * e->out_count), e->rank + 1,
+        } else if (start_send(e, g, ENGINE_MSG_ACT_OUT, m, (int)(n * e->out_count), e->rank + 1,
                               tag_of(TAG_EVAL, c), &e->eval_send)) {
             return -1;
         }
@@ -712,16 +898,50 @@ static int gather_array(exec_t *e, const float *local, int mine, float *all, con
     return 0;
 }
 
+/* Rank 0 (V > 1): the gathered blocks come rank by rank, each its chunks v = 0..V−1 in
+ * turn; the model's order is model chunk c = v·K + rank. */
+static int reorder_chunks(const exec_t *e, float *all)
+{
+    int K = e->size, V = e->V;
+    size_t total = e->net->param_count;
+    float *tmp = malloc((total ? total : 1) * sizeof *tmp);
+    if (!tmp) return pt_error_set("out of memory for the parameters");
+    memcpy(tmp, all, total * sizeof *tmp);
+    size_t dst = 0;
+    for (int c = 0; c < K * V; c++) {
+        int rank = c % K, v = c / K;
+        size_t src = 0;
+        for (int q = 0; q < K * V; q++)
+            if (q % K < rank || (q % K == rank && q / K < v)) src += e->chunk_params[q];
+        memcpy(all + dst, tmp + src, e->chunk_params[c] * sizeof *all);
+        dst += e->chunk_params[c];
+    }
+    free(tmp);
+    return 0;
+}
+
+/* This rank's parameters (and optimizer moments) of its chunks in turn; 0 or −1. */
+static int read_local(exec_t *e, float *local, size_t P, int state, long *upd)
+{
+    size_t off = 0;
+    for (int q = 0; q < e->V; q++) {
+        engine *g = e->engs[q];
+        if (engine_read_params(g, local + off)) return -1;
+        if (state && engine_read_state(g, local + P + off, local + 2 * P + off, upd)) return -1;
+        off += g->param_count;
+    }
+    return 0;
+}
+
 int exec_gather_state(exec_t *e, float *params, float *m, float *v, int with_m, int with_v,
                       long *updates)
 {
-    size_t P = e->eng->param_count;
+    size_t P = 0;
+    for (int q = 0; q < e->V; q++) P += e->engs[q]->param_count;
     float *local = malloc(3 * (P ? P : 1) * sizeof *local);
     long upd = 0;
-    int ok = local ? engine_read_params(e->eng, local) == 0
+    int ok = local ? read_local(e, local, P, with_m || with_v, &upd) == 0
                    : pt_error_set("out of memory for the parameters") == 0;
-    if (ok && (with_m || with_v))
-        ok = engine_read_state(e->eng, local + P, local + 2 * P, &upd) == 0;
     /* A rank whose copy failed sends nothing: rank 0 then sees a short model, and every
      * rank still takes part in every gather. */
     int mine = ok ? (int)P : -1;
@@ -730,6 +950,11 @@ int exec_gather_state(exec_t *e, float *params, float *m, float *v, int with_m, 
     if (with_m && gather_array(e, local + P, mine, m, "optimizer's first moments")) rc = -1;
     if (with_v && gather_array(e, local + 2 * P, mine, v, "optimizer's second moments")) rc = -1;
     free(local);
+    if (!rc && e->V > 1 && e->rank == 0) {
+        if (reorder_chunks(e, params)) rc = -1;
+        if (!rc && with_m && reorder_chunks(e, m)) rc = -1;
+        if (!rc && with_v && reorder_chunks(e, v)) rc = -1;
+    }
     if (updates) *updates = upd; /* every stage takes the same number of updates */
     return rc;
 }
@@ -747,7 +972,7 @@ void exec_get_stats(const exec_t *e, exec_stats *st)
     st->optimizer_s = e->optimizer_s;
     st->wall_s = e->wall_s;
     st->steps = e->steps;
-    st->peak_act_bytes = (size_t)e->peak_inflight * e->eng->slot_bytes;
+    st->peak_act_bytes = e->peak_bytes;
     st->peak_microbatches = e->peak_inflight;
     replicas_get_stats(e->rep, &st->reduce);
     st->reduce_cal = e->rep_cal;
@@ -758,6 +983,7 @@ void exec_reset_stats(exec_t *e)
     e->compute_s = e->wall_s = e->forward_s = e->backward_s = e->optimizer_s = 0;
     e->steps = 0;
     e->peak_inflight = 0;
+    e->peak_bytes = e->held_bytes;
     replicas_reset_stats(e->rep);
 }
 

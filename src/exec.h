@@ -34,6 +34,7 @@ typedef struct {
     MPI_Comm world;        /* every rank of the job (comm itself with one replica): losses,
                               evaluation, trace */
     /* hybrid mode: rep.replicas > 1 replicas of the pipeline */
+    int wgrad_batched;     /* dense layers' weight gradients in one product per step */
     MPI_Comm group;        /* the replicas of this rank's stage, rank = replica */
     int replica;           /* this rank's replica */
     replicas_config rep;
@@ -74,6 +75,10 @@ void exec_free(exec_t *e);
  * 0's and sets the trace's origin. */
 int exec_start(exec_t *e);
 engine *exec_engine(exec_t *e);
+/* Interleaved schedules: the V model chunks this rank holds (1 otherwise); chunk v is
+ * model chunk v·K + stage of the partition's K·V, run by engine v (NULL out of range). */
+int exec_chunks(const exec_t *e);
+engine *exec_chunk_engine(exec_t *e, int v);
 int exec_rank(const exec_t *e);
 int exec_stages(const exec_t *e);
 

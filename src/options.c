@@ -56,7 +56,18 @@ static const opt_spec opt_shared[] = {
     {.name = "batch", .letter = 'b', .kind = OPT_INT, .arg = "N", .min = 1, .max = 1 << 20,
      .def = "128", .help = "samples per optimizer step (all replicas together)"},
     {.name = "schedule", .letter = 's', .kind = OPT_TEXT, .arg = "NAME", .def = "1f1b",
-     .help = "pipeline schedule: gpipe | 1f1b"},
+     .help = "pipeline schedule: gpipe | 1f1b | interleaved (with --virtual V) | zb-h1 "
+             "(zero bubble: backward split into input and weight gradients)"},
+    {.name = "virtual", .letter = 'v', .kind = OPT_INT, .arg = "V", .min = 1, .max = 64,
+     .def = "1", .help = "model chunks per rank (schedule interleaved): the layers are cut "
+                         "into stages × V chunks and rank k holds chunks k, k+K, ..."},
+    {.name = "recompute", .kind = OPT_TEXT, .arg = "WHICH", .def = "none",
+     .help = "activation recomputation: none | all | stage list like 0,2: those stages keep "
+             "only their input per micro-batch and re-run the forward before the backward"},
+    {.name = "wgrad", .kind = OPT_CHOICE, .choices = "per-microbatch|batched",
+     .def = "per-microbatch",
+     .help = "dense layers' weight gradients: per micro-batch, or one product over every "
+             "micro-batch of the step (keeps their inputs and output gradients until then)"},
     {.name = "reduce", .kind = OPT_CHOICE,
      .choices = "allreduce|reduce-bcast|gather-bcast|ordered", .def = "allreduce",
      .help = "how a stage's replicas sum their gradients: bucketed MPI_Iallreduce; "

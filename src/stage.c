@@ -756,7 +756,7 @@ void stage_slot_set_row(stage *s, int slot, int row) { s->slots[slot].row = row;
 
 /* Tiles of a batched product: TILE output units of one layer, dealt to the threads in
  * order; each tile's sums run over the rows in order whatever the thread count. */
-enum { WGRAD_TILE = 64 };
+enum { WGRAD_TILE = 512 };
 
 typedef struct {
     stage *s;

@@ -16,6 +16,7 @@
 static const char *const names[TRACE_KIND_COUNT] = {
     "forward", "backward", "send_act", "send_grad", "wait_act",
     "wait_grad", "optimizer", "sync", "eval", "reduce",
+    "backward_input", "backward_weight", "recompute",
 };
 
 /* Each rank's process has two threads (tracks): what it computes, and what it sends,
@@ -81,7 +82,8 @@ double trace_clock_to_rank0(const trace_clock *c, double t)
 static int is_compute(trace_kind k)
 {
     return k == TRACE_FORWARD || k == TRACE_BACKWARD || k == TRACE_OPTIMIZER ||
-           k == TRACE_EVAL;
+           k == TRACE_EVAL || k == TRACE_BACKWARD_INPUT || k == TRACE_BACKWARD_WEIGHT ||
+           k == TRACE_RECOMPUTE;
 }
 
 /* Streams the trace: one event per line inside the array, each encoded by jansson. The

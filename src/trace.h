@@ -16,6 +16,9 @@ typedef enum {
     TRACE_SYNC,
     TRACE_EVAL,
     TRACE_REDUCE, /* a bucket's gradient reduction among the stage's replicas */
+    TRACE_BACKWARD_INPUT,  /* zero bubble's B: the gradient of the input only */
+    TRACE_BACKWARD_WEIGHT, /* zero bubble's W: the parameters' gradients */
+    TRACE_RECOMPUTE,       /* a forward re-run to rebuild dropped activations */
     TRACE_KIND_COUNT
 } trace_kind;
 

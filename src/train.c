@@ -106,10 +106,12 @@ static int choose_partition(const train_options *o, const net_desc *net, partiti
                             MPI_Comm comm, int rank, int gpu)
 {
     memset(part, 0, sizeof *part);
-    if (partition_check(net->n_layers, o->stages)) return -1;
+    /* interleaved schedules cut the layers into K·V model chunks */
+    int parts = o->stages * o->virtual_stages;
+    if (partition_check(net->n_layers, parts)) return -1;
     partition_profile prof = {0};
     /* One stage needs no cut, and so no profile. */
-    int have_profile = !strcmp(o->partition, "time") && o->stages > 1;
+    int have_profile = !strcmp(o->partition, "time") && parts > 1;
     int rc = 0;
     if (have_profile) {
         /* Rank 0 measures; the others take its figures so that all cut the same way. */
@@ -147,16 +149,31 @@ static int choose_partition(const train_options *o, const net_desc *net, partiti
         }
         free(costs);
     }
-    if (!rc && o->stages == 1 && !strcmp(o->partition, "time"))
+    if (!rc && parts == 1 && !strcmp(o->partition, "time"))
         rc = partition_uniform(part, net->n_layers, 1);
     else if (!rc) rc = partition_by_method(part, o->partition, net, have_profile ? &prof : NULL,
-                                           o->stages);
-    if (!rc && rank == 0 && !o->json && o->stages > 1) {
+                                           parts);
+    if (!rc && rank == 0 && !o->json && parts > 1) {
         printf("partition (%s):\n", o->partition);
         partition_print(part, net, have_profile ? &prof : NULL, stdout);
     }
     partition_profile_free(&prof);
     return rc;
+}
+
+/* The schedule the options name, with recomputation on the stages --recompute lists. */
+static int make_schedule(const train_options *o, schedule *s)
+{
+    int K = o->stages, flags[K];
+    if (schedule_parse_recompute(o->recompute, K, flags)) return -1;
+    if (schedule_init_named(s, o->schedule, K, o->virtual_stages, o->microbatches)) return -1;
+    int any = 0;
+    for (int k = 0; k < K; k++) any |= flags[k];
+    if (any && schedule_add_recompute(s, flags)) {
+        schedule_free(s);
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- per-stage figures at the end of a run ---- */
@@ -236,18 +253,29 @@ static void abort_job(MPI_Comm comm)
 }
 
 /* The seed's initialisation, then the checkpoint's values when --load names one. */
-static int init_parameters(engine *eng, const train_options *o, const net_desc *net,
-                           const partition *part, int my_stage)
+static int init_chunk(engine *eng, const train_options *o, const net_desc *net, int first,
+                      int last)
 {
     if (engine_init_params(eng, o->seed)) return -1;
     if (!o->load) return 0;
     float *p = malloc(eng->param_count ? eng->param_count * sizeof *p : 1);
     if (!p) return pt_error_set("out of memory for the checkpoint");
-    int rc = checkpoint_load_layers(o->load, net, part->first[my_stage],
-                                    part->first[my_stage + 1], p);
+    int rc = checkpoint_load_layers(o->load, net, first, last, p);
     if (!rc) rc = engine_write_params(eng, p);
     free(p);
     return rc;
+}
+
+/* Every model chunk this rank holds (one, unless the schedule is interleaved). */
+static int init_parameters(exec_t *ex, const train_options *o, const net_desc *net,
+                           const partition *part, int my_stage)
+{
+    for (int v = 0; v < exec_chunks(ex); v++) {
+        int c = v * o->stages + my_stage;
+        if (init_chunk(exec_chunk_engine(ex, v), o, net, part->first[c], part->first[c + 1]))
+            return -1;
+    }
+    return 0;
 }
 
 /* ---- set-up ---- */
@@ -467,9 +495,7 @@ static int setup_run(train_run *run)
     if (agree(choose_partition(o, &run->net, &run->part, comm, run->rank, run->gpu), comm,
               o->timeout))
         return -1;
-    if (agree(schedule_init_by_name(&run->sched, o->schedule, o->stages, o->microbatches), comm,
-              o->timeout))
-        return -1;
+    if (agree(make_schedule(o, &run->sched), comm, o->timeout)) return -1;
     if (agree(replicas_schedule(&run->sched, &run->net, &run->part, &run->rep), comm,
               o->timeout))
         return -1;
@@ -491,6 +517,7 @@ static int setup_run(train_run *run)
         .gpu = run->gpu,
         .device_messages = run->device_messages,
         .debug_ready_delay = o->ready_delay,
+        .wgrad_batched = o->wgrad_batched,
         .world = comm,
         .group = run->comms.group,
         .replica = run->replica,
@@ -501,7 +528,7 @@ static int setup_run(train_run *run)
               comm, o->timeout))
         return -1;
     if (exec_start(run->ex)) abort_job(comm);
-    if (agree(init_parameters(exec_engine(run->ex), o, &run->net, &run->part, run->stage), comm,
+    if (agree(init_parameters(run->ex, o, &run->net, &run->part, run->stage), comm,
               o->timeout))
         return -1;
     run->order = malloc((size_t)run->train.count * sizeof *run->order);

@@ -149,8 +149,10 @@ int train_checkpoint_setup(train_run *run)
         return -1;
     snprintf(run->resumed_from, sizeof run->resumed_from, "%s", path);
 
-    engine *eng = exec_engine(run->ex);
-    size_t P = eng->param_count;
+    size_t P = 0; /* the largest chunk's: one buffer serves each in turn */
+    for (int v = 0; v < exec_chunks(run->ex); v++)
+        if (exec_chunk_engine(run->ex, v)->param_count > P)
+            P = exec_chunk_engine(run->ex, v)->param_count;
     int use_m, use_v;
     moments_used(run, &use_m, &use_v);
     float *buf = calloc(3 * (P ? P : 1), sizeof *buf);
@@ -165,11 +167,16 @@ int train_checkpoint_setup(train_run *run)
         updates = u ? strtol(u, NULL, 10) : step;
     }
     st_free(&f);
-    int first = run->part.first[run->stage], last = run->part.first[run->stage + 1];
-    if (!rc)
+    /* each model chunk this rank holds (one, unless the schedule is interleaved) */
+    for (int v = 0; !rc && v < exec_chunks(run->ex); v++) {
+        engine *eng = exec_chunk_engine(run->ex, v);
+        int c = v * run->o.stages + run->stage;
+        int first = run->part.first[c], last = run->part.first[c + 1];
         rc = checkpoint_load_full(path, &run->net, first, last, buf, use_m ? buf + P : NULL,
-                                  use_v ? buf + 2 * P : NULL);
-    if (!rc) rc = engine_write_params(eng, buf) || engine_write_state(eng, buf + P, buf + 2 * P, updates);
+                                  use_v ? buf + 2 * P : NULL) ||
+             engine_write_params(eng, buf) ||
+             engine_write_state(eng, buf + P, buf + 2 * P, updates);
+    }
     free(buf);
     (void)epoch;
     if (all_ok(run, rc)) return -1;

@@ -14,7 +14,8 @@ enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS
        O_SCHED, O_PART, O_THREADS, O_BIND, O_DEVICE, O_TIMEOUT, O_TRACE, O_JSON, O_VERBOSE,
        O_HELP, O_STALL, O_KILL, O_DELAY, O_PROGRESS, O_MPI_ERROR, O_REPLICAS, O_REDUCE,
        O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT, O_METRICS, O_LOG_EVERY, O_CKPT_DIR,
-       O_CKPT_EVERY, O_KEEP, O_RESUME, O_CKPT_MIN, O_CKPT_WRITE };
+       O_CKPT_EVERY, O_KEEP, O_RESUME, O_CKPT_MIN, O_CKPT_WRITE, O_VIRTUAL, O_RECOMPUTE,
+       O_WGRAD };
 
 /* The largest step count, sample count or seed we take: far beyond any run, exact in a
  * double (the table's ranges are doubles). */
@@ -74,6 +75,9 @@ static const opt_spec train_opts[] = {
     {.id = O_STAGES, .name = "stages", .shared = 1},
     {.id = O_MICRO, .name = "microbatches", .shared = 1},
     {.id = O_SCHED, .name = "schedule", .shared = 1},
+    {.id = O_VIRTUAL, .name = "virtual", .shared = 1},
+    {.id = O_RECOMPUTE, .name = "recompute", .shared = 1},
+    {.id = O_WGRAD, .name = "wgrad", .shared = 1},
     {.id = O_PART, .name = "partition", .shared = 1},
     {.id = O_REPLICAS, .name = "replicas", .shared = 1},
     {.id = O_REDUCE, .name = "reduce", .shared = 1},
@@ -161,6 +165,9 @@ int train_options_parse(train_options *o, int argc, char **argv)
         case O_RESUME: o->resume = p.arg; break;
         case O_TRACE: o->trace = p.arg; break;
         case O_SCHED: o->schedule = p.arg; break;
+        case O_VIRTUAL: o->virtual_stages = (int)p.num; break;
+        case O_RECOMPUTE: o->recompute = p.arg; break;
+        case O_WGRAD: o->wgrad_batched = p.choice == 1; break;
         case O_PART: o->partition = p.arg; break;
         case O_JSON: o->json = 1; break;
         case O_VERBOSE: o->verbose = 1; break;
@@ -222,6 +229,9 @@ int train_options_parse(train_options *o, int argc, char **argv)
                          "= %ld: each replica takes batch/replicas samples in micro-batches of "
                          "equal size", o->batch, o->replicas, o->microbatches,
                          (long)o->replicas * o->microbatches);
+    if (o->replicas > 1 && o->virtual_stages > 1)
+        return opt_error(&p, "--replicas with interleaved schedules (--virtual %d) is not "
+                         "supported yet: use --replicas 1 or --virtual 1", o->virtual_stages);
     if (o->batch % o->microbatches)
         return opt_error(&p, "--microbatches %d does not divide --batch %d", o->microbatches,
                          o->batch);

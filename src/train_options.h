@@ -40,6 +40,10 @@ typedef struct {
     int keep;             /* checkpoints kept */
     const char *resume;   /* --resume DIR|FILE (NULL: a fresh start) */
     long log_every;       /* a metrics "step" line every N steps */
+    /* schedules beyond 1F1B */
+    int virtual_stages;   /* --virtual V: model chunks per rank (interleaved) */
+    const char *recompute; /* --recompute none|all|LIST */
+    int wgrad_batched;    /* --wgrad batched */
 } train_options;
 
 /* Fills o from argv (defaults first). Returns 0, 1 for --help, or −1 with a message. */

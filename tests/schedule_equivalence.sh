@@ -1,0 +1,89 @@
+# The schedules beyond 1F1B must give parameters bit-identical to one process with the same
+# micro-batches: interleaved (virtual stages), zb-h1 (split backward), recomputation, and
+# with replicas; batched weight gradients (--wgrad batched) identical between layouts and
+# within 1e-4 of per-micro-batch ones after 3 Adam steps; and evaluation through
+# interleaved chunks equal to the one-process evaluation. seed-cnn has dropout, so the
+# recomputed masks must agree too. Each comparison can fail: a different seed must differ.
+source "$(dirname "$0")/lib/common.bash"
+export OPENBLAS_NUM_THREADS=1
+COMMON=(--model "$MODELS/seed-cnn.cfg" --batch 16 --steps 3 --train-samples 256
+        --test-samples 200 --seed 7 --threads 1 --json --optimizer adam --lr 0.001)
+"$PIPETRAIN" train "${COMMON[@]}" --steps 1 --optimizer sgd --lr 0 --test-samples 0 \
+    --save "$WORK/init.st" >/dev/null
+
+run() { # run OUT K ARGS...
+    local out=$1 k=$2
+    shift 2
+    if [ "$k" -eq 1 ]; then
+        "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st" --save "$out" "$@" \
+            >"$out.json" 2>"$out.err"
+    else
+        "$MPIEXEC" -n "$k" "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st" \
+            --save "$out" "$@" >"$out.json" 2>"$out.err"
+    fi
+}
+test_loss() { tail -n 1 "$1.json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["test_loss"])'; }
+
+for M in 4 8; do run "$WORK/ref_$M.st" 1 --microbatches $M; done
+# interleaved takes M a multiple of K: for K = 3, batch 12 in 6 micro-batches
+run "$WORK/ref_b12_6.st" 1 --batch 12 --microbatches 6
+run "$WORK/wb_4.st" 1 --microbatches 4 --wgrad batched
+
+check() { # check NAME REF RANKS ARGS...
+    local name=$1 ref=$2 k=$3
+    shift 3
+    local out="$WORK/$(echo "$name" | tr -c 'a-zA-Z0-9' _).st"
+    if ! run "$out" "$k" "$@"; then
+        failed "$name: run failed"; tail -n 3 "$out.err"; return
+    fi
+    if ! "$PIPETRAIN" diff "$out" "$ref" >"$WORK/diff" 2>&1; then
+        failed "$name: differs from one process"; tail -n 2 "$WORK/diff"; return
+    fi
+    if [ "$(test_loss "$out")" != "$(test_loss "${ref}")" ]; then
+        failed "$name: test loss $(test_loss "$out") != $(test_loss "$ref")"; return
+    fi
+    pass "$name: bit-identical to one process (parameters and test loss)"
+}
+
+# interleaved: K stages x V chunks (seed-cnn has 11 layers: K·V <= 11)
+check "interleaved K=2 V=2 M=4" "$WORK/ref_4.st" 2 --stages 2 --schedule interleaved --virtual 2 --microbatches 4
+check "interleaved K=3 V=2 M=6" "$WORK/ref_b12_6.st" 3 --stages 3 --schedule interleaved --virtual 2 --batch 12 --microbatches 6
+check "interleaved K=2 V=3 M=8" "$WORK/ref_8.st" 2 --stages 2 --schedule interleaved --virtual 3 --microbatches 8
+check "interleaved K=4 V=2 M=8" "$WORK/ref_8.st" 4 --stages 4 --schedule interleaved --virtual 2 --microbatches 8
+# zero bubble
+check "zb-h1 K=2 M=4" "$WORK/ref_4.st" 2 --stages 2 --schedule zb-h1 --microbatches 4
+check "zb-h1 K=3 M=8" "$WORK/ref_8.st" 3 --stages 3 --schedule zb-h1 --microbatches 8
+check "zb-h1 K=4 M=8" "$WORK/ref_8.st" 4 --stages 4 --schedule zb-h1 --microbatches 8
+# recomputation (dropout masks rebuilt)
+check "1f1b K=2 M=4 recompute all" "$WORK/ref_4.st" 2 --stages 2 --microbatches 4 --recompute all
+check "gpipe K=3 M=8 recompute 1" "$WORK/ref_8.st" 3 --stages 3 --schedule gpipe --microbatches 8 --recompute 1
+check "zb-h1 K=2 M=8 recompute all" "$WORK/ref_8.st" 2 --stages 2 --schedule zb-h1 --microbatches 8 --recompute all
+check "interleaved K=3 V=2 M=6 recompute 0,2" "$WORK/ref_b12_6.st" 3 --stages 3 --schedule interleaved --virtual 2 --batch 12 --microbatches 6 --recompute 0,2
+# with replicas: the fixed-order reduction reproduces one process with R·M micro-batches
+check "zb-h1 K=2 x R=2 M=2 ordered" "$WORK/ref_4.st" 4 --stages 2 --replicas 2 --schedule zb-h1 --microbatches 2 --reduce ordered
+check "zb-h1 K=2 x R=2 M=2 ordered overlap off" "$WORK/ref_4.st" 4 --stages 2 --replicas 2 --schedule zb-h1 --microbatches 2 --reduce ordered --overlap off
+check "zb-h1 K=2 x R=2 M=2 ordered recompute" "$WORK/ref_4.st" 4 --stages 2 --replicas 2 --schedule zb-h1 --microbatches 2 --reduce ordered --recompute all
+# batched weight gradients: the same in every layout and thread count
+check "wgrad batched, 2 threads" "$WORK/wb_4.st" 1 --microbatches 4 --wgrad batched --threads 2
+check "wgrad batched 1f1b K=2" "$WORK/wb_4.st" 2 --stages 2 --microbatches 4 --wgrad batched
+check "wgrad batched zb-h1 K=3" "$WORK/wb_4.st" 3 --stages 3 --schedule zb-h1 --microbatches 4 --wgrad batched
+check "wgrad batched interleaved K=2 V=2" "$WORK/wb_4.st" 2 --stages 2 --schedule interleaved --virtual 2 --microbatches 4 --wgrad batched
+check "wgrad batched gpipe K=2 recompute" "$WORK/wb_4.st" 2 --stages 2 --schedule gpipe --microbatches 4 --wgrad batched --recompute all
+if "$PIPETRAIN" diff "$WORK/wb_4.st" "$WORK/ref_4.st" --rtol 1e-4 >"$WORK/diff" 2>&1; then
+    pass "wgrad batched within 1e-4 of per-micro-batch gradients after 3 Adam steps ($(tail -n 1 "$WORK/diff" | grep -o 'difference [^ ]*'))"
+else
+    failed "wgrad batched vs per-micro-batch"; tail -n 2 "$WORK/diff"
+fi
+# the comparisons can fail
+run "$WORK/other.st" 2 --stages 2 --schedule zb-h1 --microbatches 4 --seed 8
+if "$PIPETRAIN" diff "$WORK/other.st" "$WORK/ref_4.st" >/dev/null 2>&1; then
+    failed "a different seed gave the same parameters: the comparison cannot fail"
+else
+    pass "a different seed differs"
+fi
+if "$PIPETRAIN" diff "$WORK/wb_4.st" "$WORK/ref_4.st" >/dev/null 2>&1; then
+    failed "batched and per-micro-batch weight gradients bit-identical: the comparison is void"
+else
+    pass "batched weight gradients differ in the last bits from per-micro-batch ones"
+fi
+finish

@@ -1,0 +1,29 @@
+# Bad inputs for the schedules beyond 1F1B: a message and a non-zero exit on every rank,
+# never a hang (expect_fail allows 60 s).
+source "$(dirname "$0")/lib/common.bash"
+A=(train --model "$MODELS/seed-cnn.cfg" --batch 16 --steps 1 --train-samples 64
+   --test-samples 0 --threads 1)
+MLP=(train --model "$MODELS/seed-mlp.cfg" --batch 16 --steps 1 --train-samples 64
+     --test-samples 0 --threads 1)
+expect_fail "unknown schedule" "known" \
+    "$MPIEXEC" -n 2 "$PIPETRAIN" "${A[@]}" --stages 2 --schedule zb-h9
+expect_fail "--virtual with a schedule that does not use it" "interleaved" \
+    "$MPIEXEC" -n 2 "$PIPETRAIN" "${A[@]}" --stages 2 --schedule 1f1b --virtual 2
+expect_fail "K·V chunks beyond the layers" "layers" \
+    "$MPIEXEC" -n 2 "$PIPETRAIN" "${MLP[@]}" --stages 2 --schedule interleaved --virtual 2 --microbatches 2
+expect_fail "micro-batches interleaved does not take" "multiple" \
+    "$MPIEXEC" -n 3 "$PIPETRAIN" "${A[@]}" --stages 3 --schedule interleaved --virtual 2 --microbatches 4
+expect_fail "interleaved on one stage" "2 stages" \
+    "$PIPETRAIN" "${A[@]}" --schedule interleaved --virtual 2 --microbatches 2
+expect_fail "--recompute names a stage that does not exist" "stage 5" \
+    "$MPIEXEC" -n 2 "$PIPETRAIN" "${A[@]}" --stages 2 --recompute 5
+expect_fail "--recompute that is not a list" "recompute" \
+    "$MPIEXEC" -n 2 "$PIPETRAIN" "${A[@]}" --stages 2 --recompute some
+expect_fail "--wgrad unknown" "wgrad" "$PIPETRAIN" "${A[@]}" --wgrad sometimes
+expect_fail "--wgrad batched with --reduce ordered" "ordered" \
+    "$MPIEXEC" -n 2 "$PIPETRAIN" "${A[@]}" --replicas 2 --microbatches 2 --wgrad batched --reduce ordered
+expect_fail "replicas with interleaved" "interleaved" \
+    "$MPIEXEC" -n 4 "$PIPETRAIN" "${A[@]}" --stages 2 --replicas 2 --schedule interleaved --virtual 2 --microbatches 2
+expect_fail "zb-h1 on the CUDA engine" "CUDA" \
+    env PIPETRAIN_CUDA_PLUGIN=/nonexistent "$PIPETRAIN" "${A[@]}" --schedule zb-h1 --device cuda
+finish
