@@ -195,6 +195,15 @@ static int parse_job(job_cmd *j, int argc, char **argv)
     if (j->launcher < 0)
         return pt_error_set("%s: not a launcher launch knows (mpiexec, mpirun, srun, or "
                             "pipetrain itself)", argv[0]);
+    /* srun lets the other tasks run on when one dies (KillOnBadExit=0 by default): they
+     * would wait for it until --timeout. Ask srun to end the step at once, as mpiexec
+     * does, unless the command says otherwise. */
+    int kill_set = 0;
+    for (int i = 1; j->launcher == 2 && i < j->pt; i++)
+        kill_set |= !strncmp(j->argv[i], "--kill-on-bad-exit", 18) ||
+                    !strncmp(j->argv[i], "-K", 2);
+    if (j->launcher == 2 && !kill_set && job_insert(j, 1, "--kill-on-bad-exit=1", NULL))
+        return -1;
     /* srun --ntasks=N: split, so that it can be rewritten */
     for (int i = 1; i < j->pt; i++)
         if (!strncmp(j->argv[i], "--ntasks=", 9)) {

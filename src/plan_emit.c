@@ -156,7 +156,7 @@ int plan_emit(FILE *out, const plan_emit_args *a, const partition *part,
                  "the allocation has ${#hosts[@]}\" >&2; exit 2; }\n", a->nodes, a->nodes);
     fputs("export SLURM_HOSTFILE=$(mktemp)\ntrap 'rm -f \"$SLURM_HOSTFILE\"' EXIT\n"
           "for n in \"${node_of[@]}\"; do echo \"${hosts[$n]}\"; done >\"$SLURM_HOSTFILE\"\n", out);
-    fputs("srun --mpi=pmi2 --distribution=arbitrary", out);
+    fputs("srun --mpi=pmi2 --kill-on-bad-exit=1 --distribution=arbitrary", out);
     if (uniform) {
         fputs(" --cpu-bind=mask_cpu:", out);
         put_slurm_masks(out, pl);
