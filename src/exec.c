@@ -56,6 +56,7 @@ struct exec {
     engine **engs;         /* [V] */
     size_t *chunk_params;  /* [K·V]: parameters of each model chunk, in model order */
     size_t held_bytes, peak_bytes; /* activation bytes the rank's slots hold (peak) */
+    double *chunk_s;       /* [V · EXEC_TIMES]: compute time per chunk and kind of op */
     MPI_Request *req_act, *req_grad, *req_send_act, *req_send_grad; /* [V·M], v·M + m */
     MPI_Request eval_send, eval_recv[3];
     /* sends whose buffers are not filled yet, posted in order as they become ready */
@@ -213,7 +214,8 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     e->mb = cfg->batch / (R * M);
     e->engs = calloc((size_t)V, sizeof *e->engs);
     e->chunk_params = calloc((size_t)(size * V), sizeof *e->chunk_params);
-    if (!e->engs || !e->chunk_params) {
+    e->chunk_s = calloc((size_t)V * EXEC_TIMES, sizeof *e->chunk_s);
+    if (!e->engs || !e->chunk_params || !e->chunk_s) {
         exec_free(e);
         return pt_error_set("out of memory");
     }
@@ -319,6 +321,7 @@ void exec_free(exec_t *e)
     for (int v = 0; e->engs && v < e->V; v++) engine_destroy(e->engs[v]);
     free(e->engs);
     free(e->chunk_params);
+    free(e->chunk_s);
     free(e->req_act);
     free(e->req_grad);
     free(e->req_send_act);
@@ -500,21 +503,24 @@ static double account_ticks(exec_t *e, const schedule_list *list)
             if (t1 < t0) continue;
             double dt = t1 - t0;
             trace_kind kind;
+            exec_time what;
             switch (op->kind) {
-            case SCHED_OP_FORWARD: e->forward_s += dt; kind = TRACE_FORWARD; break;
-            case SCHED_OP_RECOMPUTE: e->forward_s += dt; kind = TRACE_RECOMPUTE; break;
-            case SCHED_OP_BACKWARD: e->backward_s += dt; kind = TRACE_BACKWARD; break;
+            case SCHED_OP_FORWARD: kind = TRACE_FORWARD, what = EXEC_TIME_FORWARD; break;
+            case SCHED_OP_RECOMPUTE: kind = TRACE_RECOMPUTE, what = EXEC_TIME_RECOMPUTE; break;
+            case SCHED_OP_BACKWARD: kind = TRACE_BACKWARD, what = EXEC_TIME_BACKWARD; break;
             case SCHED_OP_BACKWARD_INPUT:
-                e->backward_s += dt;
-                kind = TRACE_BACKWARD_INPUT;
+                kind = TRACE_BACKWARD_INPUT, what = EXEC_TIME_BACKWARD_INPUT;
                 break;
             case SCHED_OP_BACKWARD_WEIGHT:
-                e->backward_s += dt;
-                kind = TRACE_BACKWARD_WEIGHT;
+                kind = TRACE_BACKWARD_WEIGHT, what = EXEC_TIME_BACKWARD_WEIGHT;
                 break;
-            case SCHED_OP_OPTIMIZER_STEP: e->optimizer_s += dt; kind = TRACE_OPTIMIZER; break;
+            case SCHED_OP_OPTIMIZER_STEP: kind = TRACE_OPTIMIZER, what = EXEC_TIMES; break;
             default: continue;
             }
+            if (what == EXEC_TIMES) e->optimizer_s += dt;
+            else if (what == EXEC_TIME_FORWARD || what == EXEC_TIME_RECOMPUTE) e->forward_s += dt;
+            else e->backward_s += dt;
+            if (what < EXEC_TIMES) e->chunk_s[v * EXEC_TIMES + what] += dt;
             compute += dt;
             record(e, kind, t0, t1, op->kind == SCHED_OP_OPTIMIZER_STEP ? -1 : op->microbatch);
             g->tick_t1[i] = t0 - 1; /* used */
@@ -973,6 +979,8 @@ void exec_get_stats(const exec_t *e, exec_stats *st)
     st->wall_s = e->wall_s;
     st->steps = e->steps;
     st->peak_act_bytes = e->peak_bytes;
+    st->chunks = e->V;
+    st->chunk_s = e->chunk_s;
     st->peak_microbatches = e->peak_inflight;
     replicas_get_stats(e->rep, &st->reduce);
     st->reduce_cal = e->rep_cal;
@@ -984,6 +992,7 @@ void exec_reset_stats(exec_t *e)
     e->steps = 0;
     e->peak_inflight = 0;
     e->peak_bytes = e->held_bytes;
+    memset(e->chunk_s, 0, (size_t)e->V * EXEC_TIMES * sizeof *e->chunk_s);
     replicas_reset_stats(e->rep);
 }
 

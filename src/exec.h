@@ -49,6 +49,13 @@ typedef struct {
     long correct;
 } exec_step_result;
 
+/* What the per-chunk times of exec_stats.chunk_s count: forward, whole backward, the split
+ * backward's B and W, and recomputation. */
+typedef enum {
+    EXEC_TIME_FORWARD = 0, EXEC_TIME_BACKWARD, EXEC_TIME_BACKWARD_INPUT,
+    EXEC_TIME_BACKWARD_WEIGHT, EXEC_TIME_RECOMPUTE, EXEC_TIMES
+} exec_time;
+
 /* Per-rank figures since exec_init (or the last exec_reset_stats). */
 typedef struct {
     double compute_s;      /* forward, backward, loss and optimizer time */
@@ -57,6 +64,9 @@ typedef struct {
     long steps;
     size_t peak_act_bytes; /* most activation bytes held at once (slots in use × slot size) */
     int peak_microbatches; /* most micro-batches whose activations were held at once */
+    int chunks;            /* model chunks this rank runs (exec_chunks) */
+    const double *chunk_s; /* [chunk · EXEC_TIMES + t]: seconds per chunk in each kind of
+                            * op (exec_time), owned by the executor */
     replicas_stats reduce; /* hybrid mode: the stage's reductions (zeros otherwise) */
     replicas_calibration reduce_cal; /* and their α–β figures measured at exec_start */
 } exec_stats;

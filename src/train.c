@@ -180,6 +180,7 @@ static int make_schedule(const train_options *o, schedule *s)
 
 static void figures_free(stage_figures *f)
 {
+    free(f->chunk);
     free(f->compute);
     memset(f, 0, sizeof *f);
 }
@@ -230,6 +231,23 @@ static int gather_figures(const train_run *run, stage_figures *f)
     }
     for (int r = 0; r < K; r++) f->bubble += f->wall[r] > 0 ? 1 - f->compute[r] / f->wall[r] : 0;
     f->bubble /= K;
+    /* per model chunk c = v·K + stage, each kind of op */
+    int C = K * st.chunks;
+    f->chunks = C;
+    f->chunk = calloc((size_t)C * EXEC_TIMES, sizeof *f->chunk);
+    if (!f->chunk) {
+        figures_free(f);
+        return pt_error_set("out of memory");
+    }
+    for (int v = 0; v < st.chunks; v++)
+        for (int t = 0; t < EXEC_TIMES; t++)
+            f->chunk[(size_t)t * C + v * K + me] = st.chunk_s[v * EXEC_TIMES + t];
+    if (exec_allreduce(f->chunk, C * EXEC_TIMES, MPI_DOUBLE, MPI_SUM, run->comm,
+                       run->o.timeout)) {
+        figures_free(f);
+        return -1;
+    }
+    for (int i = 0; i < C * EXEC_TIMES; i++) f->chunk[i] /= R;
     return 0;
 }
 

@@ -145,25 +145,49 @@ void train_progress_clear(train_progress *p)
 
 /* The simulator's bubble for the measured mean forward/backward time of each stage: what
  * the schedule costs with these (possibly unbalanced) stages and free messages. */
+/* The simulator's costs of one micro-batch's ops, from the measured times: per stage, or
+ * per model chunk for interleaved schedules; B and W (zero bubble) and recomputation as
+ * measured. With --wgrad batched the last micro-batch's W or backward carries the step's
+ * batched products, which the mean spreads over the micro-batches. Returns the owned block
+ * (NULL when out of memory); step: the slowest stage's optimizer step. */
+static double *measured_costs(const stage_figures *f, int micro, schedule_costs *c,
+                              double *step)
+{
+    int C = f->chunks;
+    double *a = calloc((size_t)EXEC_TIMES * C, sizeof *a);
+    if (!a) return NULL;
+    double n = (double)f->steps * micro, split = 0, recompute = 0;
+    for (int i = 0; i < EXEC_TIMES * C; i++) a[i] = f->chunk[i] / n;
+    double *fwd = a, *bwd = a + C, *bin = a + 2 * C, *bwt = a + 3 * C, *rec = a + 4 * C;
+    for (int k = 0; k < C; k++) {
+        split += bin[k] + bwt[k];
+        recompute += rec[k];
+        if (bwd[k] == 0) bwd[k] = bin[k] + bwt[k];
+    }
+    *c = (schedule_costs){.fwd = fwd, .bwd = bwd, .bwd_input = split > 0 ? bin : NULL,
+                          .bwd_weight = split > 0 ? bwt : NULL,
+                          .recompute = recompute > 0 ? rec : NULL};
+    *step = 0;
+    for (int r = 0; r < f->stages; r++)
+        if (f->optimizer_max[r] / f->steps > *step) *step = f->optimizer_max[r] / f->steps;
+    return a;
+}
+
 static double simulated_bubble(const schedule *sched, const stage_figures *f, int micro)
 {
     if (f->steps < 1) return NAN;
-    int K = f->stages;
-    double *costs = calloc(2 * (size_t)K, sizeof *costs);
-    if (!costs) return NAN;
-    double step = 0;
-    for (int r = 0; r < K; r++) {
-        costs[r] = f->forward[r] / ((double)f->steps * micro);
-        costs[K + r] = f->backward[r] / ((double)f->steps * micro);
-        if (f->optimizer_max[r] / f->steps > step) step = f->optimizer_max[r] / f->steps;
-    }
+    schedule_costs c;
+    double step;
+    double *block = measured_costs(f, micro, &c, &step);
+    if (!block) return NAN;
+    c.step_cost = step;
     schedule_sim sim;
     double b = NAN;
-    if (!schedule_simulate(sched, costs, costs + K, 0.0, step, &sim)) {
+    if (!schedule_simulate_costs(sched, &c, &sim)) {
         b = sim.bubble;
         schedule_sim_free(&sim);
     }
-    free(costs);
+    free(block);
     return b;
 }
 
@@ -176,10 +200,13 @@ static bubble_figures bubbles(const train_run *run, const stage_figures *fig)
 {
     if (run->o.stages < 2)
         return (bubble_figures){.measured = NAN, .simulated = NAN, .theory = NAN};
+    /* the schedule's published bubble is relative to the ideal time; measured and simulated
+     * ones are the idle fraction of the step: f / (1 + f) */
+    double f = schedule_bubble_formula(&run->sched, NULL);
     return (bubble_figures){
         .measured = fig->bubble,
         .simulated = simulated_bubble(&run->sched, fig, run->o.microbatches),
-        .theory = schedule_bubble_theory(run->o.stages, run->o.microbatches),
+        .theory = f >= 0 ? f / (1 + f) : NAN,
     };
 }
 
@@ -217,14 +244,12 @@ static void reduce_figures_init(reduce_figures *rf, const train_run *run,
                                          : NAN;
     }
     if (f->steps < 1) return;
-    double *costs = calloc(2 * (size_t)K, sizeof *costs);
+    schedule_costs c;
+    double step;
+    double *costs = measured_costs(f, M, &c, &step);
     double **bytes = calloc((size_t)K, sizeof *bytes);
     int ok = costs && bytes;
-    double step = 0;
     for (int s = 0; ok && s < K; s++) {
-        costs[s] = f->forward[s] / ((double)f->steps * M);
-        costs[K + s] = f->backward[s] / ((double)f->steps * M);
-        if (f->optimizer_max[s] / f->steps > step) step = f->optimizer_max[s] / f->steps;
         reduce_plan plan;
         if (R < 2 || replicas_plan(&plan, &run->net, run->part.first[s], run->part.first[s + 1],
                                    &run->rep))
@@ -250,12 +275,13 @@ static void reduce_figures_init(reduce_figures *rf, const train_run *run,
         alpha[s] = measured ? f->reduce_alpha[s] : cm.latency[run->reduce_link];
         beta[s] = measured ? f->reduce_beta[s] : cm.bandwidth[run->reduce_link];
     }
-    schedule_costs c = {
-        .fwd = costs, .bwd = costs + K, .comm_cost = 0, .step_cost = step + bcast,
-        .replicas = R, .alpha = cm.latency[run->reduce_link],
-        .beta = cm.bandwidth[run->reduce_link], .alpha_stage = alpha, .beta_stage = beta,
-        .bucket_bytes = (const double *const *)bytes,
-    };
+    c.step_cost = step + bcast;
+    c.replicas = R;
+    c.alpha = cm.latency[run->reduce_link];
+    c.beta = cm.bandwidth[run->reduce_link];
+    c.alpha_stage = alpha;
+    c.beta_stage = beta;
+    c.bucket_bytes = (const double *const *)bytes;
     schedule_sim sim;
     if (ok && !schedule_simulate_costs(&run->sched, &c, &sim)) {
         for (int s = 0; s < K; s++) rf->predicted[s] = sim.reduce[s] * (double)f->steps;
@@ -277,8 +303,11 @@ static void report_text(const train_run *run, const train_results *res,
     else printf("%.0f samples/s", rate);
     if (run->o.stages > 1) {
         bubble_figures b = bubbles(run, fig);
+        const char *formula = NULL;
+        schedule_bubble_formula(&run->sched, &formula);
         printf("; bubble %.3f measured, %.3f simulated from the measured stage times, "
-               "%.3f for balanced stages ((K-1)/(M+K-1))\n", b.measured, b.simulated, b.theory);
+               "%.3f for balanced stages (%s of the ideal time)\n", b.measured, b.simulated,
+               b.theory, formula ? formula : "no formula");
     } else {
         printf("\n");
     }
@@ -414,6 +443,9 @@ static json_t *run_json(const train_run *run)
         {"stages", json_integer(o->stages)},
         {"microbatches", json_integer(o->microbatches)},
         {"schedule", json_text(run->sched.name)},
+        {"virtual", json_integer(o->virtual_stages)},
+        {"recompute", json_text(o->recompute)},
+        {"wgrad", json_text(o->wgrad_batched ? "batched" : "per-microbatch")},
         {"partition", json_text(o->partition)},
         {"stage_layers", json_stage_layers(&run->part)},
         {"replicas", json_integer(o->replicas)},
@@ -444,6 +476,21 @@ static json_t *results_json(const train_run *run, const train_results *res,
     reduce_figures rf;
     reduce_figures_init(&rf, run, fig);
     if (!rf.predicted) return NULL;
+    /* the verifier's bound on the micro-batches each stage holds (what the measured peak
+     * must not pass), and the split backward's and recomputation's times per stage */
+    double bound[K], per_stage[3][K];
+    schedule_report sr;
+    int have_bound = schedule_verify(&run->sched, &sr) == 0;
+    for (int k = 0; k < K; k++) {
+        bound[k] = have_bound ? sr.peak_inflight[k] : NAN;
+        for (int t = 0; t < 3; t++) per_stage[t][k] = 0;
+        for (int c = k; c < fig->chunks; c += K) {
+            per_stage[0][k] += fig->chunk[EXEC_TIME_BACKWARD_INPUT * fig->chunks + c];
+            per_stage[1][k] += fig->chunk[EXEC_TIME_BACKWARD_WEIGHT * fig->chunks + c];
+            per_stage[2][k] += fig->chunk[EXEC_TIME_RECOMPUTE * fig->chunks + c];
+        }
+    }
+    if (have_bound) schedule_report_free(&sr);
     json_field fields[] = {
         /* results */
         {"samples_per_s", json_number(samples_per_s(run, res))},
@@ -468,6 +515,10 @@ static json_t *results_json(const train_run *run, const train_results *res,
         {"stage_optimizer_s", json_reals(fig->optimizer, K)},
         {"stage_peak_act_bytes", json_counts(fig->peak_bytes, K)},
         {"stage_peak_microbatches", json_counts(fig->peak_mb, K)},
+        {"stage_peak_microbatches_bound", json_counts(bound, K)},
+        {"stage_backward_input_s", json_reals(per_stage[0], K)},
+        {"stage_backward_weight_s", json_reals(per_stage[1], K)},
+        {"stage_recompute_s", json_reals(per_stage[2], K)},
         {"stage_reduce_s", json_reals(fig->reduce, K)},
         {"stage_reduce_exposed_s", json_reals(fig->reduce_exposed, K)},
         {"stage_reduce_bytes", json_counts(fig->reduce_bytes, K)},

@@ -87,6 +87,9 @@ typedef struct {
         *optimizer_max; /* per stage: the slowest replica's optimizer time (not the mean) */
     double bubble; /* measured: mean over stages of the idle fraction of the step time */
     long steps;
+    int chunks;    /* model chunks: K·V (interleaved), else K */
+    double *chunk; /* [t · chunks + c]: seconds in ops of kind t (exec_time) of model chunk
+                    * c, the mean over replicas; owned */
 } stage_figures;
 
 /* Rank 0, unless --json: model, data, layout and (for a pipeline) the schedule's timeline. */
