@@ -383,12 +383,12 @@ int main(int argc, char **argv)
         /* MPI errors return to the caller, which says where (src/base/mpi_check.h) */
         if (pt_mpi_errors_return()) {
             fprintf(stderr, "pipetrain: %s\n", pt_error_get());
-            MPI_Abort(MPI_COMM_WORLD, 1);
+            pt_mpi_abort(MPI_COMM_WORLD, 1);
         }
         if (provided < MPI_THREAD_FUNNELED) {
             fprintf(stderr, "pipetrain: this MPI cannot run threads beside MPI (level %d)\n",
                     provided);
-            MPI_Abort(MPI_COMM_WORLD, 1);
+            pt_mpi_abort(MPI_COMM_WORLD, 1);
         }
         pt_stdio_whole_lines(); /* MPICH's MPI_Init made stdout unbuffered again */
         int rc = train_main(argc, argv);

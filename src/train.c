@@ -51,7 +51,7 @@ static int agree(int status, MPI_Comm comm, double timeout)
         /* a rank that never arrives may be hung: only ending the job helps */
         fprintf(stderr, "pipetrain: %s\n", pt_error_get());
         fflush(stderr);
-        MPI_Abort(comm, 1);
+        pt_mpi_abort(comm, 1);
     }
     if (first_bad == INT_MAX) return 0;
     if (rank == first_bad) {
@@ -267,7 +267,7 @@ static void abort_job(MPI_Comm comm)
     /* mpiexec may end the job before it has forwarded the message (seen under load): give
      * it a moment */
     nanosleep(&(struct timespec){.tv_nsec = 200000000}, NULL);
-    MPI_Abort(comm, 1);
+    pt_mpi_abort(comm, 1);
 }
 
 /* The seed's initialisation, then the checkpoint's values when --load names one. */

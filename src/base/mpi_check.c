@@ -1,5 +1,6 @@
 #include "src/base/mpi_check.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -46,4 +47,12 @@ int pt_mpi_errors_return(void)
         PT_MPI_CALL(MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN)))
         return -1;
     return 0;
+}
+
+_Noreturn void pt_mpi_abort(MPI_Comm comm, int code)
+{
+    signal(SIGALRM, SIG_DFL);
+    alarm(PT_ABORT_GRACE_S);
+    MPI_Abort(comm, code);
+    _exit(code); /* MPI_Abort returned: it could not end the job */
 }

@@ -46,4 +46,12 @@ int pt_mpi_errors_return(void);
 }
 #endif
 
+/* Ends the job: MPI_Abort, with a watchdog. MPI_Abort asks the process manager to kill
+ * every rank; when that manager is gone or stuck (seen: a Slurm step whose other task had
+ * died, after the daemons were stopped) MPI_Abort waits forever. A SIGALRM after
+ * PT_ABORT_GRACE_S seconds ends this process anyway, so a rank never outlives its failure;
+ * the others' own timeouts end them. Does not return. */
+enum { PT_ABORT_GRACE_S = 10 };
+_Noreturn void pt_mpi_abort(MPI_Comm comm, int code);
+
 #endif
