@@ -275,6 +275,74 @@ static int adds_gradients(schedule_op_kind kind)
     return kind == SCHED_OP_BACKWARD || kind == SCHED_OP_BACKWARD_WEIGHT;
 }
 
+static schedule_op chunk_reduction_op(schedule_op_kind kind, int bucket, int chunk)
+{
+    schedule_op op = reduction_op(kind, bucket);
+    op.chunk = chunk;
+    return op;
+}
+
+/* Stage st's list of a schedule with V > 1 chunks, with the reductions of buckets[v]
+ * buckets per chunk (numbered chunk by chunk: chunk v's are base_v .. base_v + B_v − 1,
+ * reduction ops naming chunk v), built into `out`. Backwards stay whole: with overlap,
+ * chunk v's reductions start right after its last gradient op (and that op's SEND_GRAD),
+ * so a chunk done early (the last model chunks finish their backwards first) reduces while
+ * the others compute; without, at the step. Every wait comes just before the step. */
+static int rewrite_chunks_with_reductions(const schedule_list *in, int st, int V,
+                                          const int *buckets, int overlap, schedule_list *out)
+{
+    int step = -1, base[V + 1], after[V];
+    base[0] = 0;
+    for (int v = 0; v < V; v++) {
+        base[v + 1] = base[v] + buckets[v];
+        after[v] = -1;
+    }
+    for (int i = 0; i < in->n_ops; i++) {
+        const schedule_op *op = &in->ops[i];
+        if (op->kind == SCHED_OP_ALLREDUCE || op->kind == SCHED_OP_REDUCE_WAIT ||
+            (adds_gradients(op->kind) && op->bucket != -1))
+            return pt_error_set("schedule_add_reductions: stage %d op %d (%s) is a reduction "
+                                "or a backward part already; add reductions to a schedule "
+                                "without them", st, i, schedule_op_name(op->kind));
+        if (adds_gradients(op->kind)) after[op->chunk] = i;
+        if (op->kind == SCHED_OP_OPTIMIZER_STEP && step < 0) step = i;
+    }
+    if (step < 0)
+        return pt_error_set("schedule_add_reductions: stage %d has no optimizer_step to "
+                            "reduce the gradients before", st);
+    for (int v = 0; v < V; v++) {
+        if (buckets[v] > 0 && after[v] < 0)
+            return pt_error_set("schedule_add_reductions: stage %d chunk %d has no backward "
+                                "to reduce the gradients of", st, v);
+        /* the gradient's send that follows a whole backward goes first */
+        int a = after[v];
+        while (a >= 0 && in->ops[after[v]].kind == SCHED_OP_BACKWARD && a + 1 < step &&
+               in->ops[a + 1].kind == SCHED_OP_SEND_GRAD &&
+               in->ops[a + 1].microbatch == in->ops[after[v]].microbatch &&
+               in->ops[a + 1].chunk == v)
+            a++;
+        after[v] = overlap ? a : -1;
+    }
+    for (int i = 0; i < in->n_ops; i++) {
+        if (i == step) {
+            for (int v = 0; v < V; v++)
+                for (int b = base[v]; b < base[v + 1] && after[v] < 0; b++)
+                    if (list_push(out, st, chunk_reduction_op(SCHED_OP_ALLREDUCE, b, v)))
+                        return -1;
+            for (int v = 0; v < V; v++)
+                for (int b = base[v]; b < base[v + 1]; b++)
+                    if (list_push(out, st, chunk_reduction_op(SCHED_OP_REDUCE_WAIT, b, v)))
+                        return -1;
+        }
+        if (list_push(out, st, in->ops[i])) return -1;
+        for (int v = 0; v < V; v++)
+            for (int b = base[v]; b < base[v + 1] && after[v] == i; b++)
+                if (list_push(out, st, chunk_reduction_op(SCHED_OP_ALLREDUCE, b, v)))
+                    return -1;
+    }
+    return 0;
+}
+
 /* Stage st's list with its B buckets' reductions, built into `out` (empty on entry). */
 static int rewrite_with_reductions(const schedule_list *in, int st, int B, int overlap,
                                    schedule_list *out)
@@ -349,8 +417,8 @@ int schedule_add_reductions_per_stage(schedule *s, const int *buckets, int overl
     if (!buckets)
         return pt_error_set("schedule_add_reductions: no bucket counts given");
     if (s->virtual_stages > 1)
-        return pt_error_set("schedule_add_reductions: replicas with interleaved schedules are "
-                            "not supported (schedule '%s' has %d chunks per rank)", s->name,
+        return pt_error_set("schedule_add_reductions: schedule '%s' has %d chunks per rank: "
+                            "give buckets per chunk (schedule_add_reductions_chunks)", s->name,
                             s->virtual_stages);
     for (int st = 0; st < s->stages; st++) {
         if (buckets[st] < 0)
@@ -375,6 +443,40 @@ int schedule_add_reductions_per_stage(schedule *s, const int *buckets, int overl
     }
     for (int st = 0; st < s->stages; st++)
         free(s->lists[st].ops);
+    free(s->lists);
+    s->lists = fresh;
+    return 0;
+}
+
+int schedule_add_reductions_chunks(schedule *s, const int *buckets, int overlap)
+{
+    if (!s || !s->lists || !buckets)
+        return pt_error_set("schedule_add_reductions: schedule or bucket counts missing");
+    int K = s->stages, V = s->virtual_stages;
+    if (V <= 1) return schedule_add_reductions_per_stage(s, buckets, overlap);
+    if (K < 1) return pt_error_set("schedule_add_reductions: schedule has %d stages", K);
+    for (int st = 0; st < K; st++) {
+        if (s->lists[st].buckets != 0)
+            return pt_error_set("schedule_add_reductions: stage %d has reductions already "
+                                "(%d buckets)", st, s->lists[st].buckets);
+        for (int v = 0; v < V; v++)
+            if (buckets[st * V + v] < 0)
+                return pt_error_set("schedule_add_reductions: stage %d chunk %d has %d "
+                                    "buckets; need >= 0", st, v, buckets[st * V + v]);
+    }
+    schedule_list *fresh = calloc((size_t)K, sizeof *fresh);
+    if (!fresh) return pt_error_set("schedule_add_reductions: out of memory");
+    for (int st = 0; st < K; st++) {
+        for (int v = 0; v < V; v++) fresh[st].buckets += buckets[st * V + v];
+        fresh[st].recompute = s->lists[st].recompute;
+        if (rewrite_chunks_with_reductions(&s->lists[st], st, V, buckets + st * V, overlap,
+                                           &fresh[st])) {
+            for (int k = 0; k <= st; k++) free(fresh[k].ops);
+            free(fresh);
+            return -1;
+        }
+    }
+    for (int st = 0; st < K; st++) free(s->lists[st].ops);
     free(s->lists);
     s->lists = fresh;
     return 0;

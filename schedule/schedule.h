@@ -151,7 +151,13 @@ int schedule_add_reductions(schedule *s, int buckets, int overlap);
 int schedule_add_reductions_per_stage(schedule *s, const int *buckets, int overlap);
 /* (Zero bubble lists: the last op adding parameter gradients is a BACKWARD_WEIGHT; with
  * overlap it is the one split, with ALLREDUCE b right after part b. Schedules with V > 1
- * are refused: replicas with interleaved schedules are not supported.) */
+ * take schedule_add_reductions_chunks.) */
+/* The same for any V: buckets[s·V + v] per stage and chunk (V = 1: _per_stage). With
+ * V > 1 a rank's buckets are numbered chunk by chunk (chunk v's follow chunk v−1's), its
+ * reduction ops name their bucket's chunk, and backwards stay whole: with overlap, chunk
+ * v's buckets start right after its last gradient op (and that op's SEND_GRAD), else at
+ * the step; every wait comes just before the step. */
+int schedule_add_reductions_chunks(schedule *s, const int *buckets, int overlap);
 
 /* Recomputation on the stages with stages[s] != 0 (K flags): RECOMPUTE m of every chunk
  * just before m's first backward op, and before the RECV_GRAD that precedes it so that it

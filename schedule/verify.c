@@ -237,6 +237,11 @@ static int check_one(verify_ctx *c, int st, int i, int step)
     } else if (op->microbatch != -1) {
         return pt_error_set("schedule '%s' stage %d op %d (%s): micro-batch must be -1, got "
                             "%d", s->name, st, i, d, op->microbatch);
+    } else if (is_reduction(op->kind)) {
+        /* a reduction belongs to the chunk whose bucket it reduces */
+        if (op->chunk < 0 || op->chunk >= c->V)
+            return pt_error_set("schedule '%s' stage %d op %d (%s): chunk must be one of the "
+                                "rank's %d, got %d", s->name, st, i, d, c->V, op->chunk);
     } else if (op->chunk != 0) {
         return pt_error_set("schedule '%s' stage %d op %d (%s): chunk must be 0, got %d (the "
                             "op belongs to the whole rank)", s->name, st, i, d, op->chunk);
@@ -336,25 +341,25 @@ static int check_matching(const verify_ctx *c)
 }
 
 /* Per bucket of stage st: one ALLREDUCE after every gradient contribution to the bucket
- * (each micro-batch's whole BACKWARD or BACKWARD_WEIGHT, or its part b, on any chunk), one
- * REDUCE_WAIT after it (pass 1 saw that nothing follows the step). */
+ * (each micro-batch's whole BACKWARD or BACKWARD_WEIGHT, or its part b, on the bucket's
+ * chunk: the chunk its ALLREDUCE names), one REDUCE_WAIT of the same chunk after it (pass
+ * 1 saw that nothing follows the step). */
 static int check_reductions(const verify_ctx *c, int st)
 {
     const schedule *s = c->s;
     const schedule_list *l = &s->lists[st];
-    int B = l->buckets;
+    int B = l->buckets, V = c->V;
     if (B == 0)
         return 0;
-    int *contrib = malloc((size_t)B * sizeof *contrib);
+    int *contrib = malloc(((size_t)B + (size_t)V) * sizeof *contrib), *whole = contrib + B;
     if (!contrib)
         return pt_error_set("schedule_verify: out of memory");
-    int whole = -1;
-    for (int b = 0; b < B; b++)
+    for (int b = 0; b < B + V; b++)
         contrib[b] = -1;
     for (int i = 0; i < l->n_ops; i++)
         if (may_split(l->ops[i].kind)) {
             if (l->ops[i].bucket == -1)
-                whole = i;
+                whole[l->ops[i].chunk] = i;
             else
                 contrib[l->ops[i].bucket] = i;
         }
@@ -362,8 +367,13 @@ static int check_reductions(const verify_ctx *c, int st)
     char d[96];
     for (int b = 0; b < B && !rc; b++) {
         int ar = c->ar[c->boff[st] + b], w = c->wait[c->boff[st] + b];
-        int last = contrib[b] > whole ? contrib[b] : whole;
-        if (ar < 0) {
+        int v = ar >= 0 ? l->ops[ar].chunk : 0;
+        int last = contrib[b] > whole[v] ? contrib[b] : whole[v];
+        if (ar >= 0 && w >= 0 && l->ops[w].chunk != v) {
+            rc = pt_error_set("schedule '%s' stage %d op %d: reduce_wait bucket %d names chunk "
+                              "%d, its allreduce (op %d) chunk %d", s->name, st, w, b,
+                              l->ops[w].chunk, ar, v);
+        } else if (ar < 0) {
             rc = pt_error_set("schedule '%s' stage %d: bucket %d of %d is never reduced (no "
                               "allreduce bucket %d in %d ops)", s->name, st, b, B, b,
                               l->n_ops);

@@ -40,7 +40,9 @@ struct exec {
     MPI_Comm world;  /* every rank of the job */
     int world_rank, world_size;
     int replica, replicas;
-    replicas_t *rep; /* the stage's reductions among its replicas; NULL: none */
+    replicas_t *rep; /* the first chunk's reductions among its replicas (NULL: none) */
+    replicas_t **reps; /* [V]: each chunk's (reps[0] = rep; NULL where a chunk has none) */
+    int *rep_base;   /* [V + 1]: chunk v's buckets are the list's rep_base[v] .. [v+1] − 1 */
     replicas_calibration rep_cal; /* their α–β figures, measured by exec_start */
     int *pipe_world; /* [size]: the world rank of each stage of this pipeline */
     char host[64];
@@ -81,6 +83,7 @@ struct exec {
  * few microseconds, and the pipeline's critical path crosses one wait per micro-batch),
  * then MPI_Test with exec_wait_pause() between tests (src/exec_wait.h). */
 static int progress_sends(exec_t *e);
+static int reps_progress(exec_t *e);
 
 /* e (may be NULL) keeps posting its pending sends while waiting: a peer may be waiting for
  * one of them before it can answer. */
@@ -97,7 +100,7 @@ static int test_politely(exec_t *e, MPI_Request *req, double t0, double timeout_
             return 0;
         }
         if (e && e->n_pending && progress_sends(e)) return -1;
-        if (e && e->rep && replicas_progress(e->rep)) return -1;
+        if (e && reps_progress(e)) return -1;
         exec_wait_pause();
         PT_MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
     }
@@ -170,9 +173,6 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
                             "mpiexec -n %d", size, sched->stages, sched->stages * R);
     if (V > 1 && size < 2)
         return pt_error_set("interleaved schedules (--virtual %d) need at least 2 stages", V);
-    if (V > 1 && R > 1)
-        return pt_error_set("--replicas with interleaved schedules (--virtual %d) is not "
-                            "supported yet: use --replicas 1 or --virtual 1", V);
     if (sched->microbatches != cfg->microbatches || part->n_layers != net->n_layers)
         return pt_error_set("the schedule has %d micro-batches and the partition %d layers; "
                             "expected %d and %d", sched->microbatches, part->n_layers,
@@ -290,15 +290,30 @@ int exec_start(exec_t *e)
 {
     const exec_config *c = &e->cfg;
     if (c->rep.replicas > 1) {
-        int first = e->eng->cfg.first, last = e->eng->cfg.last;
-        if (replicas_init(&e->rep, c->group, e->eng, e->net, first, last, e->rank, &c->rep))
-            return -1;
-        int want = e->sched->lists[e->rank].buckets, have = replicas_buckets(e->rep);
+        e->reps = calloc((size_t)e->V, sizeof *e->reps);
+        e->rep_base = calloc((size_t)e->V + 1, sizeof *e->rep_base);
+        if (!e->reps || !e->rep_base) return pt_error_set("out of memory");
+        for (int v = 0; v < e->V; v++) {
+            engine *g = e->engs[v];
+            if (replicas_init(&e->reps[v], c->group, g, e->net, g->cfg.first, g->cfg.last,
+                              e->rank, &c->rep))
+                return -1;
+            e->rep_base[v + 1] = e->rep_base[v] + replicas_buckets(e->reps[v]);
+        }
+        e->rep = e->reps[0];
+        int want = e->sched->lists[e->rank].buckets, have = e->rep_base[e->V];
         if (want != have)
             return pt_error_set("rank %d, stage %d: the schedule reduces %d buckets, the "
                                 "stage's plan has %d", e->world_rank, e->rank, want, have);
+        /* the α–β figures of the group, measured on its first chunk with parameters (every
+         * replica of the stage has the same chunks, so they all calibrate the same one) */
         enum { CALIBRATION_ROUNDS = 9 };
-        if (replicas_calibrate(e->rep, c->group, CALIBRATION_ROUNDS, &e->rep_cal)) return -1;
+        for (int v = 0; v < e->V; v++)
+            if (e->reps[v]) {
+                if (replicas_calibrate(e->reps[v], c->group, CALIBRATION_ROUNDS, &e->rep_cal))
+                    return -1;
+                break;
+            }
     }
     /* every rank has its stage */
     if (exec_allreduce(&(int){0}, 1, MPI_INT, MPI_SUM, e->world, e->cfg.timeout_s)) return -1;
@@ -316,7 +331,9 @@ int exec_start(exec_t *e)
 void exec_free(exec_t *e)
 {
     if (!e) return;
-    replicas_free(e->rep);
+    for (int v = 0; e->reps && v < e->V; v++) replicas_free(e->reps[v]);
+    free(e->reps);
+    free(e->rep_base);
     free(e->pipe_world);
     for (int v = 0; e->engs && v < e->V; v++) engine_destroy(e->engs[v]);
     free(e->engs);
@@ -468,7 +485,7 @@ static int flush_sends(exec_t *e)
 {
     double t0 = pt_now();
     while (e->n_pending) {
-        if (progress_sends(e) || replicas_progress(e->rep)) return -1;
+        if (progress_sends(e) || reps_progress(e)) return -1;
         if (!e->n_pending) break;
         if (pt_now() - t0 > e->cfg.timeout_s)
             return pt_error_set("rank %d (%s, stage %d): no progress for %.0f s: a send never "
@@ -482,12 +499,39 @@ static int flush_sends(exec_t *e)
 /* The trace's slice of each bucket reduction of the step that just ended. */
 static void record_reductions(exec_t *e)
 {
-    for (int b = 0; e->cfg.trace && b < replicas_buckets(e->rep); b++) {
-        double t0, t1;
-        size_t bytes;
-        if (replicas_bucket_event(e->rep, b, &t0, &t1, &bytes))
-            record_reduction(e, t0, t1, b, bytes);
+    for (int v = 0; e->cfg.trace && e->reps && v < e->V; v++)
+        for (int b = 0; b < replicas_buckets(e->reps[v]); b++) {
+            double t0, t1;
+            size_t bytes;
+            if (replicas_bucket_event(e->reps[v], b, &t0, &t1, &bytes))
+                record_reduction(e, t0, t1, e->rep_base[v] + b, bytes);
+        }
+}
+
+static int reps_progress(exec_t *e)
+{
+    for (int v = 0; e->reps && v < e->V; v++)
+        if (e->reps[v] && replicas_progress(e->reps[v])) return -1;
+    return 0;
+}
+
+/* The chunk's reductions and the local index of the rank's bucket b (−1 with a message
+ * when the chunk has none). */
+static replicas_t *bucket_of(exec_t *e, int v, int b, int *local)
+{
+    replicas_t *r = e->reps ? e->reps[v] : NULL;
+    if (!r || b < e->rep_base[v] || b >= e->rep_base[v + 1]) {
+        pt_error_set("rank %d: bucket %d is not one of chunk %d's", e->world_rank, b, v);
+        return NULL;
     }
+    *local = b - e->rep_base[v];
+    return r;
+}
+
+/* A backward part (bucket b ≥ 0) that is not its micro-batch's last. */
+static int part_not_last(exec_t *e, int v, int b)
+{
+    return b >= 0 && e->reps && b < e->rep_base[v + 1] - 1;
 }
 
 /* After the engine has finished the step: its timed operations into the figures and the
@@ -568,9 +612,10 @@ static int part_range(exec_t *e, int v, int bucket, int *lo, int *hi)
         *hi = e->engs[v]->cfg.last - e->engs[v]->cfg.first;
         return 0;
     }
-    if (!e->rep)
-        return pt_error_set("rank %d: a backward part without buckets", e->world_rank);
-    replicas_part_range(e->rep, bucket, lo, hi);
+    int local;
+    replicas_t *r = bucket_of(e, v, bucket, &local);
+    if (!r) return -1;
+    replicas_part_range(r, local, lo, hi);
     return 0;
 }
 
@@ -616,7 +661,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
         int m = op->microbatch, b = base + m, v = op->chunk, k = v * M + m, lo, hi;
         engine *g = e->engs[v];
         double t0 = pt_now();
-        if (e->rep && replicas_progress(e->rep)) return -1;
+        if (reps_progress(e)) return -1;
         switch (op->kind) {
         case SCHED_OP_RECV_ACT:
             if (wait_request(e, &e->req_act[k], "the activation", m, op->peer)) return -1;
@@ -655,7 +700,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
                 if (part_range(e, v, op->bucket, &lo, &hi) ||
                     engine_backward_range(g, b, lo, hi, i))
                     return -1;
-                if (op->bucket < replicas_buckets(e->rep) - 1) break;
+                if (part_not_last(e, v, op->bucket)) break;
             } else if (engine_backward(g, b, i)) {
                 return -1;
             }
@@ -670,7 +715,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
         case SCHED_OP_BACKWARD_WEIGHT:
             if (part_range(e, v, op->bucket, &lo, &hi) || engine_backward_weight(g, b, lo, hi, i))
                 return -1;
-            if (op->bucket >= 0 && op->bucket < replicas_buckets(e->rep) - 1) break;
+            if (part_not_last(e, v, op->bucket)) break;
             if (end_backward(e, v, m, b)) return -1;
             break;
         case SCHED_OP_SEND_GRAD:
@@ -685,24 +730,23 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
                 if (wait_send(e, &e->req_send_grad[q], "send of the gradient", q % M,
                               e->rank - 1))
                     return -1;
-            if (e->rep) {
-                if (replicas_step(e->rep, opt, i)) return -1;
-            } else {
-                for (int w = 0; w < V; w++)
-                    if (engine_step(e->engs[w], opt, i)) return -1; /* own ticks */
+            for (int w = 0; w < V; w++) { /* each engine has ticks of its own */
+                replicas_t *r = e->reps ? e->reps[w] : NULL;
+                if (r ? replicas_step(r, opt, i) : engine_step(e->engs[w], opt, i)) return -1;
             }
             break;
         case SCHED_OP_ALLREDUCE:
-        case SCHED_OP_REDUCE_WAIT:
-            if (!e->rep)
-                return pt_error_set("rank %d: a reduction on a stage without buckets",
-                                    e->world_rank);
+        case SCHED_OP_REDUCE_WAIT: {
+            int local;
+            replicas_t *r = bucket_of(e, v, op->bucket, &local);
+            if (!r) return -1;
             if (op->kind == SCHED_OP_ALLREDUCE) {
-                if (replicas_start(e->rep, op->bucket)) return -1;
-            } else if (flush_sends(e) || replicas_wait(e->rep, op->bucket)) {
+                if (replicas_start(r, local)) return -1;
+            } else if (flush_sends(e) || replicas_wait(r, local)) {
                 return -1;
             }
             break;
+        }
         case SCHED_OP_COUNT:
             return pt_error_set("rank %d: instruction %s is not supported by this executor",
                                 e->rank, schedule_op_name(op->kind));
@@ -725,10 +769,9 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
         r.nonfinite |= rv.nonfinite;
     }
     e->compute_s += account_ticks(e, list);
-    if (e->rep) {
-        replicas_end_step(e->rep);
-        record_reductions(e);
-    }
+    for (int w = 0; e->reps && w < V; w++)
+        if (e->reps[w]) replicas_end_step(e->reps[w]);
+    record_reductions(e);
     /* Share the loss (it lives on the last stages) and stop everyone on a non-finite one. */
     double t0 = pt_now();
     double sums[3] = {r.loss_sum, (double)r.correct, (double)r.nonfinite};
@@ -982,7 +1025,15 @@ void exec_get_stats(const exec_t *e, exec_stats *st)
     st->chunks = e->V;
     st->chunk_s = e->chunk_s;
     st->peak_microbatches = e->peak_inflight;
-    replicas_get_stats(e->rep, &st->reduce);
+    st->reduce = (replicas_stats){0};
+    for (int v = 0; e->reps && v < e->V; v++) {
+        replicas_stats rs;
+        replicas_get_stats(e->reps[v], &rs);
+        st->reduce.reduce_s += rs.reduce_s;
+        st->reduce.exposed_s += rs.exposed_s;
+        st->reduce.bytes += rs.bytes;
+        st->reduce.steps = rs.steps > st->reduce.steps ? rs.steps : st->reduce.steps;
+    }
     st->reduce_cal = e->rep_cal;
 }
 
@@ -993,7 +1044,7 @@ void exec_reset_stats(exec_t *e)
     e->peak_inflight = 0;
     e->peak_bytes = e->held_bytes;
     memset(e->chunk_s, 0, (size_t)e->V * EXEC_TIMES * sizeof *e->chunk_s);
-    replicas_reset_stats(e->rep);
+    for (int v = 0; e->reps && v < e->V; v++) replicas_reset_stats(e->reps[v]);
 }
 
 int exec_write_trace(exec_t *e, const char *path)

@@ -227,7 +227,10 @@ static int cmd_schedule(int argc, char **argv)
     for (int k = 0; k < stages; k++) any_recompute |= flags[k];
     schedule s;
     if (schedule_init_named(&s, name, stages, virt, micro)) return fail(pt_error_get());
-    if ((buckets && schedule_add_reductions(&s, buckets, overlap)) ||
+    /* --buckets B: B buckets on every stage, or on every chunk of an interleaved one */
+    int per_chunk[stages * virt];
+    for (int k = 0; k < stages * virt; k++) per_chunk[k] = buckets;
+    if ((buckets && schedule_add_reductions_chunks(&s, per_chunk, overlap)) ||
         (any_recompute && schedule_add_recompute(&s, flags))) {
         schedule_free(&s);
         return fail(pt_error_get());

@@ -50,20 +50,24 @@ int replicas_schedule(schedule *s, const net_desc *net, const partition *part,
                       const replicas_config *cfg)
 {
     if (cfg->replicas <= 1) return 0;
-    int K = part->stages;
-    if (s->stages != K)
-        return pt_error_set("replicas_schedule: %d stages in the schedule, %d in the partition",
-                            s->stages, K);
-    int *buckets = malloc((size_t)K * sizeof *buckets);
+    /* interleaved schedules: the partition holds K·V model chunks, chunk v of stage k being
+     * model chunk v·K + k */
+    int K = s->stages, V = s->virtual_stages > 1 ? s->virtual_stages : 1;
+    if (part->stages != K * V)
+        return pt_error_set("replicas_schedule: %d stages × %d chunks in the schedule, %d in "
+                            "the partition", K, V, part->stages);
+    int *buckets = malloc((size_t)(K * V) * sizeof *buckets);
     const schedule **per_replica = malloc((size_t)cfg->replicas * sizeof *per_replica);
     int rc = buckets && per_replica ? 0 : pt_error_set("out of memory");
-    for (int k = 0; k < K && !rc; k++) {
-        reduce_plan plan;
-        rc = replicas_plan(&plan, net, part->first[k], part->first[k + 1], cfg);
-        buckets[k] = plan.n_buckets;
-        reduce_plan_free(&plan);
-    }
-    if (!rc) rc = schedule_add_reductions_per_stage(s, buckets, replicas_overlap(cfg));
+    for (int k = 0; k < K && !rc; k++)
+        for (int v = 0; v < V && !rc; v++) {
+            int c = v * K + k;
+            reduce_plan plan;
+            rc = replicas_plan(&plan, net, part->first[c], part->first[c + 1], cfg);
+            buckets[k * V + v] = plan.n_buckets;
+            reduce_plan_free(&plan);
+        }
+    if (!rc) rc = schedule_add_reductions_chunks(s, buckets, replicas_overlap(cfg));
     /* every replica runs this same list; the check is cheap and guards the generators */
     for (int r = 0; r < cfg->replicas && !rc; r++) per_replica[r] = s;
     if (!rc) rc = schedule_verify_replicas(per_replica, cfg->replicas);

@@ -229,9 +229,6 @@ int train_options_parse(train_options *o, int argc, char **argv)
                          "= %ld: each replica takes batch/replicas samples in micro-batches of "
                          "equal size", o->batch, o->replicas, o->microbatches,
                          (long)o->replicas * o->microbatches);
-    if (o->replicas > 1 && o->virtual_stages > 1)
-        return opt_error(&p, "--replicas with interleaved schedules (--virtual %d) is not "
-                         "supported yet: use --replicas 1 or --virtual 1", o->virtual_stages);
     if (o->batch % o->microbatches)
         return opt_error(&p, "--microbatches %d does not divide --batch %d", o->microbatches,
                          o->batch);

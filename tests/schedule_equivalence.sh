@@ -63,6 +63,21 @@ check "interleaved K=3 V=2 M=6 recompute 0,2" "$WORK/ref_b12_6.st" 3 --stages 3 
 check "zb-h1 K=2 x R=2 M=2 ordered" "$WORK/ref_4.st" 4 --stages 2 --replicas 2 --schedule zb-h1 --microbatches 2 --reduce ordered
 check "zb-h1 K=2 x R=2 M=2 ordered overlap off" "$WORK/ref_4.st" 4 --stages 2 --replicas 2 --schedule zb-h1 --microbatches 2 --reduce ordered --overlap off
 check "zb-h1 K=2 x R=2 M=2 ordered recompute" "$WORK/ref_4.st" 4 --stages 2 --replicas 2 --schedule zb-h1 --microbatches 2 --reduce ordered --recompute all
+check "interleaved K=2 V=2 x R=2 M=2 ordered" "$WORK/ref_4.st" 4 --stages 2 --replicas 2 --schedule interleaved --virtual 2 --microbatches 2 --reduce ordered
+check "interleaved K=2 V=2 x R=2 M=2 ordered overlap off" "$WORK/ref_4.st" 4 --stages 2 --replicas 2 --schedule interleaved --virtual 2 --microbatches 2 --reduce ordered --overlap off
+# the other reduction methods sum in another order: within 1e-6 after 3 SGD steps
+SGD=(--optimizer sgd --lr 0.05 --test-samples 0)
+run "$WORK/sgd_4.st" 1 --microbatches 4 "${SGD[@]}"
+for method in allreduce reduce-bcast gather-bcast; do
+    out="$WORK/il_$method.st"
+    if run "$out" 4 --stages 2 --replicas 2 --schedule interleaved --virtual 2 --microbatches 2 \
+            --reduce $method "${SGD[@]}" \
+        && "$PIPETRAIN" diff "$out" "$WORK/sgd_4.st" --rtol 1e-6 >"$WORK/diff" 2>&1; then
+        pass "interleaved K=2 V=2 x R=2 --reduce $method: within 1e-6 of one process (SGD)"
+    else
+        failed "interleaved x replicas --reduce $method"; tail -n 3 "$out.err" "$WORK/diff"
+    fi
+done
 # batched weight gradients: the same in every layout and thread count
 check "wgrad batched, 2 threads" "$WORK/wb_4.st" 1 --microbatches 4 --wgrad batched --threads 2
 check "wgrad batched 1f1b K=2" "$WORK/wb_4.st" 2 --stages 2 --microbatches 4 --wgrad batched
