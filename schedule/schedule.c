@@ -269,6 +269,28 @@ static schedule_op reduction_op(schedule_op_kind kind, int bucket)
                          .chunk = 0};
 }
 
+/* Replaces every stage's list with what `rewrite` builds into an empty list (it sets the
+ * list's buckets and recompute); on error the schedule is left as it was. */
+typedef int (*list_rewrite)(const schedule *s, int st, schedule_list *out, const void *arg);
+
+static int rewrite_lists(schedule *s, list_rewrite rewrite, const void *arg)
+{
+    if (s->stages < 1) return pt_error_set("schedule: %d stages", s->stages);
+    schedule_list *fresh = calloc((size_t)s->stages, sizeof *fresh);
+    if (!fresh) return pt_error_set("schedule: out of memory");
+    for (int st = 0; st < s->stages; st++) {
+        if (rewrite(s, st, &fresh[st], arg)) {
+            for (int k = 0; k <= st; k++) free(fresh[k].ops);
+            free(fresh);
+            return -1;
+        }
+    }
+    for (int st = 0; st < s->stages; st++) free(s->lists[st].ops);
+    free(s->lists);
+    s->lists = fresh;
+    return 0;
+}
+
 /* Ops that add to the parameter gradients: the ones a reduction must follow. */
 static int adds_gradients(schedule_op_kind kind)
 {
@@ -408,6 +430,31 @@ static int rewrite_with_reductions(const schedule_list *in, int st, int B, int o
     return 0;
 }
 
+/* rewrite_lists' callbacks of the reductions: stage st's buckets (per stage, or per chunk
+ * at [st·V + v]) and whether they overlap the backward. */
+typedef struct {
+    const int *buckets;
+    int overlap;
+} reductions_arg;
+
+static int stage_reductions(const schedule *s, int st, schedule_list *out, const void *arg)
+{
+    const reductions_arg *a = arg;
+    out->buckets = a->buckets[st];
+    out->recompute = s->lists[st].recompute;
+    return rewrite_with_reductions(&s->lists[st], st, a->buckets[st], a->overlap, out);
+}
+
+static int chunk_reductions(const schedule *s, int st, schedule_list *out, const void *arg)
+{
+    const reductions_arg *a = arg;
+    int V = s->virtual_stages;
+    for (int v = 0; v < V; v++) out->buckets += a->buckets[st * V + v];
+    out->recompute = s->lists[st].recompute;
+    return rewrite_chunks_with_reductions(&s->lists[st], st, V, a->buckets + st * V,
+                                          a->overlap, out);
+}
+
 int schedule_add_reductions_per_stage(schedule *s, const int *buckets, int overlap)
 {
     if (!s || !s->lists)
@@ -428,24 +475,8 @@ int schedule_add_reductions_per_stage(schedule *s, const int *buckets, int overl
             return pt_error_set("schedule_add_reductions: stage %d has reductions already "
                                 "(%d buckets)", st, s->lists[st].buckets);
     }
-    schedule_list *fresh = calloc((size_t)s->stages, sizeof *fresh);
-    if (!fresh)
-        return pt_error_set("schedule_add_reductions: out of memory");
-    for (int st = 0; st < s->stages; st++) {
-        fresh[st].buckets = buckets[st];
-        fresh[st].recompute = s->lists[st].recompute;
-        if (rewrite_with_reductions(&s->lists[st], st, buckets[st], overlap, &fresh[st])) {
-            for (int k = 0; k <= st; k++)
-                free(fresh[k].ops);
-            free(fresh);
-            return -1;
-        }
-    }
-    for (int st = 0; st < s->stages; st++)
-        free(s->lists[st].ops);
-    free(s->lists);
-    s->lists = fresh;
-    return 0;
+    reductions_arg a = {buckets, overlap};
+    return rewrite_lists(s, stage_reductions, &a);
 }
 
 int schedule_add_reductions_chunks(schedule *s, const int *buckets, int overlap)
@@ -464,22 +495,8 @@ int schedule_add_reductions_chunks(schedule *s, const int *buckets, int overlap)
                 return pt_error_set("schedule_add_reductions: stage %d chunk %d has %d "
                                     "buckets; need >= 0", st, v, buckets[st * V + v]);
     }
-    schedule_list *fresh = calloc((size_t)K, sizeof *fresh);
-    if (!fresh) return pt_error_set("schedule_add_reductions: out of memory");
-    for (int st = 0; st < K; st++) {
-        for (int v = 0; v < V; v++) fresh[st].buckets += buckets[st * V + v];
-        fresh[st].recompute = s->lists[st].recompute;
-        if (rewrite_chunks_with_reductions(&s->lists[st], st, V, buckets + st * V, overlap,
-                                           &fresh[st])) {
-            for (int k = 0; k <= st; k++) free(fresh[k].ops);
-            free(fresh);
-            return -1;
-        }
-    }
-    for (int st = 0; st < K; st++) free(s->lists[st].ops);
-    free(s->lists);
-    s->lists = fresh;
-    return 0;
+    reductions_arg a = {buckets, overlap};
+    return rewrite_lists(s, chunk_reductions, &a);
 }
 
 int schedule_add_reductions(schedule *s, int buckets, int overlap)
@@ -559,6 +576,19 @@ static int rewrite_with_recompute(const schedule *s, int st, schedule_list *out)
     return 0;
 }
 
+/* rewrite_lists' callback: the stages flagged in `arg` (K ints) get recomputation, the
+ * others a copy of their list. */
+static int stage_recompute(const schedule *s, int st, schedule_list *out, const void *arg)
+{
+    const int *stages = arg;
+    if (stages[st]) return rewrite_with_recompute(s, st, out);
+    out->buckets = s->lists[st].buckets;
+    out->recompute = s->lists[st].recompute;
+    for (int i = 0; i < s->lists[st].n_ops; i++)
+        if (list_push(out, st, s->lists[st].ops[i])) return -1;
+    return 0;
+}
+
 int schedule_add_recompute(schedule *s, const int *stages)
 {
     if (!s || !s->lists)
@@ -574,34 +604,7 @@ int schedule_add_recompute(schedule *s, const int *stages)
                 return pt_error_set("schedule_add_recompute: stage %d op %d of schedule '%s' "
                                     "is a recompute already", st, i, s->name);
     }
-    if (s->stages < 1)
-        return pt_error_set("schedule_add_recompute: schedule has %d stages", s->stages);
-    schedule_list *fresh = calloc((size_t)s->stages, sizeof *fresh);
-    if (!fresh)
-        return pt_error_set("schedule_add_recompute: out of memory");
-    for (int st = 0; st < s->stages; st++) {
-        int rc = 0;
-        if (stages[st]) {
-            rc = rewrite_with_recompute(s, st, &fresh[st]);
-        } else {
-            fresh[st] = s->lists[st];
-            fresh[st].ops = NULL;
-            fresh[st].n_ops = fresh[st].cap = 0;
-            for (int i = 0; i < s->lists[st].n_ops && !rc; i++)
-                rc = list_push(&fresh[st], st, s->lists[st].ops[i]);
-        }
-        if (rc) {
-            for (int k = 0; k <= st; k++)
-                free(fresh[k].ops);
-            free(fresh);
-            return -1;
-        }
-    }
-    for (int st = 0; st < s->stages; st++)
-        free(s->lists[st].ops);
-    free(s->lists);
-    s->lists = fresh;
-    return 0;
+    return rewrite_lists(s, stage_recompute, stages);
 }
 
 int schedule_parse_recompute(const char *spec, int stages, int *flags)
