@@ -19,6 +19,11 @@ LAYOUTS = [
                                     '--threads', '1']),
     ('pipeline K=2 1f1b M=4', 2, ['--stages', '2', '--schedule', '1f1b', '--microbatches', '4',
                                    '--threads', '1']),
+    ('pipeline K=2 interleaved V=2 M=4', 2, ['--stages', '2', '--schedule', 'interleaved',
+                                              '--virtual', '2', '--microbatches', '4',
+                                              '--threads', '1']),
+    ('pipeline K=2 zb-h1 M=4', 2, ['--stages', '2', '--schedule', 'zb-h1', '--microbatches', '4',
+                                    '--threads', '1']),
     ('hybrid K=2 x R=2 1f1b M=2', 4, ['--stages', '2', '--replicas', '2', '--microbatches', '2',
                                        '--threads', '1']),
 ]

@@ -7,6 +7,8 @@ from . import common
 
 TITLE = 'Schedules'
 CANDIDATES = ['gpipe', '1f1b', 'interleaved', 'zb-h1']
+# what each schedule needs beyond its name: interleaved runs 2 model chunks per rank
+EXTRA = {'interleaved': ['--virtual', 2]}
 
 
 def runnable(ctx):
@@ -30,7 +32,8 @@ def run(ctx):
     for s in scheds:
         for m in micro:
             args = ['--model', 'models/seed-cnn.cfg', '--batch', 128, '--stages', 2,
-                    '--schedule', s, '--microbatches', m, '--threads', 1, '--steps',
+                    '--schedule', s, *EXTRA.get(s, []), '--microbatches', m, '--threads', 1,
+                    '--steps',
                     steps + warmup, '--warmup', warmup, '--train-samples', samples,
                     '--test-samples', 0, '--optimizer', 'adam', '--lr', '0.001']
             r = ctx.train('seed-cnn K=2 %s M=%d' % (s, m), args, 2)
@@ -41,7 +44,8 @@ def run(ctx):
             lines.setdefault(s, []).append((m, r.get('bubble'), r.get('bubble_simulated'),
                                             r.get('bubble_theory'), max(act)))
     skipped = [s for s in CANDIDATES if s not in scheds]
-    md = common.table(['schedule', 'M', 'bubble measured', 'bubble simulated', 'formula (K-1)/(M+K-1)',
+    md = common.table(['schedule', 'M', 'bubble measured', 'bubble simulated',
+                       'formula (share of the step)',
                        'step ms', 'step ms simulated', 'peak activations MB per stage'], rows)
     if skipped:
         md += '\nNot measured (train does not run them in this build): %s.\n' % ', '.join(skipped)
@@ -60,9 +64,8 @@ def draw(ctx, lines):
         m = [p[0] for p in pts]
         a.plot(m, [p[1] for p in pts], 'o-', color=c, label='%s measured' % s)
         a.plot(m, [p[2] for p in pts], 'o--', mfc='none', color=c, label='%s simulated' % s)
+        a.plot(m, [p[3] for p in pts], ':', color=c, label='%s formula' % s)
         b.plot(m, [p[4] for p in pts], 'o-', color=c, label=s)
-    m = sorted({p[0] for pts in lines.values() for p in pts})
-    a.plot(m, [1 / (x + 1) for x in m], 'k:', label='formula (K-1)/(M+K-1)')
     for ax in (a, b):
         ax.set_xscale('log', base=2)
         ax.set_xlabel('micro-batches M (K = 2 stages, batch 128)')
