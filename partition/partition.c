@@ -60,6 +60,8 @@ void partition_profile_free(partition_profile *prof)
         return;
     free(prof->fwd_s);
     free(prof->bwd_s);
+    free(prof->bwd_input_s);
+    free(prof->bwd_weight_s);
     *prof = (partition_profile){0};
 }
 

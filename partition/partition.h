@@ -25,9 +25,13 @@ void partition_free(partition *p);
 /* Layers per stage must be ≥ 1: more stages than layers is an error. */
 int partition_check(int n_layers, int stages);
 
-/* Per-layer costs a method balances. */
+/* Per-layer costs a method balances (and the planner's simulator prices). */
 typedef struct {
     double *fwd_s, *bwd_s; /* owned; measured seconds per sample for forward / backward */
+    /* owned, may be NULL (not measured, e.g. on a GPU): the backward split as zero-bubble
+     * schedules run it, seconds per sample of the input gradient (B) and of the parameter
+     * gradients (W, 0 for a layer without parameters); B + W is about bwd_s */
+    double *bwd_input_s, *bwd_weight_s;
     int n_layers;
 } partition_profile;
 

@@ -10,6 +10,7 @@
 #include "src/base/error.h"
 #include "src/cmd_plan.h"
 #include "src/cmd_topo.h"
+#include "src/engine.h"
 #include "src/model/net.h"
 #include "src/options.h"
 #include "src/plan_emit.h"
@@ -20,14 +21,16 @@
 
 enum { O_TOPOLOGY = 1, O_JSON, O_HELP, O_MODEL, O_STAGES, O_REPLICAS, O_NODES, O_PARTITION,
        O_BATCH, O_MICRO, O_DEVICE, O_GPUS, O_EXCLUSIVE, O_BANDWIDTH, O_LATENCY, O_SCHED,
-       O_REDUCE, O_BUCKET_MB, O_OVERLAP, O_EMIT, O_RANKS, O_MEMORY, O_TOP };
+       O_REDUCE, O_BUCKET_MB, O_OVERLAP, O_EMIT, O_RANKS, O_MEMORY, O_TOP, O_VIRTUAL,
+       O_RECOMPUTE, O_WGRAD };
 
 static const opt_spec plan_opts[] = {
     {.id = O_MODEL, .name = "model", .shared = 1},
     {.id = O_STAGES, .name = "stages", .shared = 1},
     {.id = O_RANKS, .name = "ranks", .kind = OPT_INT, .arg = "N", .min = 1, .max = 65536,
      .help = "instead of --stages: search every layout of N ranks (stages × replicas, "
-             "micro-batches, schedule) and print the best"},
+             "micro-batches, schedule and its virtual stages, recomputation) and print the "
+             "best"},
     {.id = O_MEMORY, .name = "memory-mb", .kind = OPT_REAL, .arg = "X", .min = 0, .max = 1e12,
      .help = "with --ranks: memory per rank in MiB; layouts that need more are never "
              "proposed (0: no limit)"},
@@ -41,6 +44,9 @@ static const opt_spec plan_opts[] = {
     {.id = O_BATCH, .name = "batch", .shared = 1},
     {.id = O_MICRO, .name = "microbatches", .shared = 1},
     {.id = O_SCHED, .name = "schedule", .shared = 1},
+    {.id = O_VIRTUAL, .name = "virtual", .shared = 1},
+    {.id = O_RECOMPUTE, .name = "recompute", .shared = 1},
+    {.id = O_WGRAD, .name = "wgrad", .shared = 1},
     {.id = O_REDUCE, .name = "reduce", .shared = 1},
     {.id = O_BUCKET_MB, .name = "bucket-mb", .shared = 1},
     {.id = O_OVERLAP, .name = "overlap", .shared = 1},
@@ -121,6 +127,9 @@ static int plan_parse(plan_args *a, int argc, char **argv)
         case O_GPUS: a->gpus_per_stage = (int)p.num; break;
         case O_DEVICE: a->device = p.choice ? TOPO_DEVICE_CUDA : TOPO_DEVICE_CPU; break;
         case O_SCHED: a->schedule = p.arg; break;
+        case O_VIRTUAL: a->virtual_stages = (int)p.num; break;
+        case O_RECOMPUTE: a->recompute = p.arg; break;
+        case O_WGRAD: a->wgrad_batched = p.choice == 1; break;
         case O_REDUCE: a->reduce = methods[p.choice]; break;
         case O_BUCKET_MB: a->bucket_mb = p.real; break;
         case O_OVERLAP: a->overlap = p.choice == 0; break;
@@ -138,9 +147,14 @@ static int plan_parse(plan_args *a, int argc, char **argv)
             if (opt_given(&p, fixed[k]))
                 return opt_error(&p, "%s is chosen by the search with --ranks: leave it out, "
                                      "or give --stages instead", names[k]);
-        if (opt_given(&p, O_SCHED))
-            return opt_error(&p, "--schedule is chosen by the search with --ranks");
+        const int chosen[] = {O_SCHED, O_VIRTUAL, O_RECOMPUTE};
+        const char *chosen_names[] = {"--schedule", "--virtual", "--recompute"};
+        for (int k = 0; k < 3; k++)
+            if (opt_given(&p, chosen[k]))
+                return opt_error(&p, "%s is chosen by the search with --ranks", chosen_names[k]);
         a->stages = 1;
+        a->virtual_stages = 1;
+        a->recompute = "none";
         a->replicas = 1;
         a->microbatches = 1;
     } else if (opt_given(&p, O_MEMORY) || opt_given(&p, O_TOP)) {
@@ -158,6 +172,30 @@ static int plan_parse(plan_args *a, int argc, char **argv)
                                  "--replicas");
         a->device = TOPO_DEVICE_CUDA;
         a->replicas = a->gpus_per_stage;
+    }
+    if (a->virtual_stages < 1) a->virtual_stages = 1;
+    if (!a->recompute) a->recompute = "none";
+    if (!a->schedule) a->schedule = "1f1b";
+    if (!a->ranks) {
+        /* as train checks them, before any profiling */
+        int V = a->virtual_stages;
+        if (V > 1 && strcmp(a->schedule, "interleaved"))
+            return opt_error(&p, "--virtual %d needs --schedule interleaved", V);
+        if (V > 1 && a->stages < 2)
+            return opt_error(&p, "interleaved schedules (--virtual %d) need at least 2 stages",
+                             V);
+        if (V > 1 && a->replicas > 1)
+            return opt_error(&p, "--replicas with interleaved schedules (--virtual %d) is not "
+                                 "supported yet: use --replicas 1 or --virtual 1", V);
+        if (V > 1 && a->microbatches % a->stages)
+            return opt_error(&p, "--microbatches %d: interleaved schedules need a multiple of "
+                                 "--stages %d", a->microbatches, a->stages);
+        int flags[a->stages];
+        if (schedule_parse_recompute(a->recompute, a->stages, flags)) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", pt_error_get());
+            return opt_error(&p, "%s", why);
+        }
     }
     if (a->exclusive && a->device == TOPO_DEVICE_CUDA)
         a->exclusive = 0; /* GPUs are never shared anyway */
@@ -193,13 +231,47 @@ static double sent_bytes(const topo_traffic *tr, int i)
     return b;
 }
 
-/* Bytes of one activation message from stage s to s+1 (per micro-batch). */
+/* Bytes of one activation message from model chunk c to c+1 (per micro-batch); 0 for the
+ * last chunk. */
+static double chunk_message_bytes(const plan_args *a, const net_desc *net, const partition *part,
+                                  int c)
+{
+    if (c + 1 >= part->stages) return 0;
+    const layer_desc *l = &net->layers[part->first[c + 1] - 1];
+    return (double)layer_shape_count(l->out) * 4.0 * a->replica_batch / a->microbatches;
+}
+
+/* 1 when rank s sends activations to the next rank ((s + 1) mod K: with V > 1 the last
+ * rank's chunks but the last feed rank 0's next chunks). */
+static int rank_sends(const plan_result *r, int s)
+{
+    int K = r->a->stages;
+    return r->a->virtual_stages > 1 ? K > 1 : s + 1 < K;
+}
+
+/* The largest activation message rank s sends (per micro-batch), over its chunks. */
 static double message_bytes(const plan_result *r, int s)
 {
-    if (s + 1 >= r->part->stages)
-        return 0;
-    const layer_desc *l = &r->net->layers[r->part->first[s + 1] - 1];
-    return (double)layer_shape_count(l->out) * 4.0 * r->a->replica_batch / r->a->microbatches;
+    int K = r->a->stages, V = r->a->virtual_stages;
+    double most = 0;
+    for (int v = 0; v < V; v++) {
+        double b = chunk_message_bytes(r->a, r->net, r->part, v * K + s);
+        if (b > most) most = b;
+    }
+    return most;
+}
+
+/* Rank s's layers: "3", "3-5", or its chunks' ranges "0-1,6-7" (V > 1). */
+static void format_layers(char *buf, size_t size, const plan_result *r, int s)
+{
+    int K = r->a->stages, V = r->a->virtual_stages, len = 0;
+    buf[0] = '\0';
+    for (int v = 0; v < V && len < (int)size; v++) {
+        int lo = r->part->first[v * K + s], hi = r->part->first[v * K + s + 1] - 1;
+        len += lo == hi ? snprintf(buf + len, size - (size_t)len, "%s%d", v ? "," : "", lo)
+                        : snprintf(buf + len, size - (size_t)len, "%s%d-%d", v ? "," : "", lo,
+                                   hi);
+    }
 }
 
 static void print_plan_text(const plan_result *r)
@@ -212,8 +284,12 @@ static void print_plan_text(const plan_result *r)
            a->model, S, S > 1 ? "s" : "", a->replicas, a->replicas > 1 ? "s" : "",
            pl->n_ranks, a->nodes, a->nodes > 1 ? "s" : "", m->source,
            a->device == TOPO_DEVICE_CUDA ? "cuda" : "cpu");
-    printf("Batch %d per step (%d per replica) in %d micro-batches; partition \"%s\"\n\n",
+    printf("Batch %d per step (%d per replica) in %d micro-batches; partition \"%s\"",
            a->batch, a->replica_batch, a->microbatches, a->method);
+    if (a->virtual_stages > 1)
+        printf(" into %d model chunks, %d per rank (rank k holds chunks k, k+%d, ...)",
+               S * a->virtual_stages, a->virtual_stages, S);
+    printf("\n\n");
     printf("Placement (%s):\n", pl->method);
     printf("%4s %5s %7s %-7s %4s %-10s %-12s %11s %11s %-24s %11s\n", "rank", "stage", "replica",
            "layers", "node", "GPU", "cores", "sent/step", "msg/ubatch", "link to next stage",
@@ -222,19 +298,17 @@ static void print_plan_text(const plan_result *r)
     for (int i = 0; i < pl->n_ranks; i++) {
         const topo_place *p = &pl->places[i];
         int s = i % S, rep = i / S;
-        char layers[32], gpu[32], cores[64], sent[32], msg[32], link[64], time[32];
-        if (r->part->first[s + 1] - r->part->first[s] == 1)
-            snprintf(layers, sizeof layers, "%d", r->part->first[s]);
-        else
-            snprintf(layers, sizeof layers, "%d-%d", r->part->first[s], r->part->first[s + 1] - 1);
+        char layers[64], gpu[32], cores[64], sent[32], msg[32], link[64], time[32];
+        format_layers(layers, sizeof layers, r, s);
         print_gpu(gpu, sizeof gpu, m, p);
         topo_format_list(cores, sizeof cores, p->cores, p->n_cores);
         if (p->shared)
             strncat(cores, "*", sizeof cores - strlen(cores) - 1);
         topo_format_bytes(sent, sizeof sent, sent_bytes(r->tr, i));
-        if (s + 1 < S) {
+        if (rank_sends(r, s)) {
             double bw;
-            topo_link l = topo_link_between(m, r->cm, p, &pl->places[i + 1], &bw, NULL);
+            topo_link l = topo_link_between(m, r->cm, p, &pl->places[rep * S + (s + 1) % S],
+                                            &bw, NULL);
             boundaries[l]++;
             topo_format_bytes(msg, sizeof msg, message_bytes(r, s));
             char rate[32];
@@ -274,9 +348,16 @@ static void print_plan_text(const plan_result *r)
     const plan_prediction *pr = r->pred;
     char st[32];
     topo_format_seconds(st, sizeof st, pr->step_s);
-    printf("\nPredicted step (simulator, schedule %s, reduce %s): %s, bubble %.3f\n"
-           "  (layer times profiled on this machine's CPU; the optimizer's update left out)\n",
-           a->schedule, a->replicas > 1 ? reduce_method_name(a->reduce) : "-", st, pr->bubble);
+    char sched[64];
+    if (a->virtual_stages > 1)
+        snprintf(sched, sizeof sched, "%s --virtual %d", a->schedule, a->virtual_stages);
+    else
+        snprintf(sched, sizeof sched, "%s", a->schedule);
+    printf("\nPredicted step (simulator, schedule %s, recompute %s, reduce %s): %s, bubble %.3f\n"
+           "  (layer times profiled on this machine's CPU; the optimizer's update left out%s)\n",
+           sched, a->recompute, a->replicas > 1 ? reduce_method_name(a->reduce) : "-", st,
+           pr->bubble,
+           a->wgrad_batched ? "; weight gradients priced per micro-batch, memory batched" : "");
     printf("%7s %11s %11s %11s %14s\n", "stage", "compute", "reductions", "exposed",
            "memory/rank");
     for (int s = 0; s < S; s++) {
@@ -343,9 +424,11 @@ static int print_plan_json(const plan_result *r)
     put(o, "device", json_string(a->device == TOPO_DEVICE_CUDA ? "cuda" : "cpu"), &ok);
     put(o, "batch", json_integer(a->batch), &ok);
     put(o, "microbatches", json_integer(a->microbatches), &ok);
+    put(o, "virtual", json_integer(a->virtual_stages), &ok);
     json_t *part = json_object();
     put(part, "method", topo_json_text(a->method), &ok);
-    put(part, "first", topo_json_int_list(r->part->first, S + 1), &ok);
+    /* model chunks: K·V + 1 entries */
+    put(part, "first", topo_json_int_list(r->part->first, r->part->stages + 1), &ok);
     put(o, "partition", part, &ok);
     put(o, "search", topo_json_text(pl->method), &ok);
     put(o, "cost_s", topo_json_number(pl->cost_s), &ok);
@@ -354,12 +437,20 @@ static int print_plan_json(const plan_result *r)
     json_t *placement = json_array();
     for (int i = 0; ok && i < pl->n_ranks; i++) {
         const topo_place *p = &pl->places[i];
-        int s = i % S, last = s + 1 == S;
+        int s = i % S, last = !rank_sends(r, s), V = a->virtual_stages;
         json_t *j = json_object();
         put(j, "rank", json_integer(i), &ok);
         put(j, "stage", json_integer(s), &ok);
         put(j, "replica", json_integer(i / S), &ok);
-        put(j, "layers", json_pack("[ii]", r->part->first[s], r->part->first[s + 1] - 1), &ok);
+        /* [first, last]; with V > 1 one such pair per chunk the rank holds */
+        json_t *layers = V > 1 ? json_array() : NULL;
+        for (int v = 0; v < V; v++) {
+            int c = v * S + s;
+            json_t *pair = json_pack("[ii]", r->part->first[c], r->part->first[c + 1] - 1);
+            if (V == 1) layers = pair;
+            else append(layers, pair, &ok);
+        }
+        put(j, "layers", layers, &ok);
         put(j, "node", json_integer(p->node), &ok);
         put_gpu(j, r->m, p, 0, &ok);
         put(j, "cores", topo_json_int_list(p->cores, p->n_cores), &ok);
@@ -370,7 +461,8 @@ static int print_plan_json(const plan_result *r)
         put(j, "next_link",
             last ? json_null()
                  : json_string(topo_link_name(
-                       topo_link_between(r->m, r->cm, p, &pl->places[i + 1], NULL, NULL))),
+                       topo_link_between(r->m, r->cm, p, &pl->places[i - s + (s + 1) % S],
+                                         NULL, NULL))),
             &ok);
         put(j, "time_s", topo_json_number(r->rank_time[i]), &ok);
         append(placement, j, &ok);
@@ -379,6 +471,9 @@ static int print_plan_json(const plan_result *r)
     const plan_prediction *pr = r->pred;
     json_t *pj = json_object();
     put(pj, "schedule", topo_json_text(a->schedule), &ok);
+    put(pj, "virtual", json_integer(a->virtual_stages), &ok);
+    put(pj, "recompute", topo_json_text(a->recompute), &ok);
+    put(pj, "wgrad", json_string(a->wgrad_batched ? "batched" : "per-microbatch"), &ok);
     put(pj, "reduce", json_string(reduce_method_name(a->reduce)), &ok);
     put(pj, "bucket_mb", topo_json_number(a->bucket_mb), &ok);
     put(pj, "overlap", json_boolean(a->overlap), &ok);
@@ -406,39 +501,40 @@ static int print_plan_json(const plan_result *r)
 }
 
 /* The step time of the chosen placement (src/plan_predict.h): each stage's reductions
- * priced by the slowest link of its group's ring, messages by the link to the next stage
- * (the slowest over replicas). */
+ * priced by the slowest link of its group's ring, messages between model chunks by the
+ * link between their ranks (the slowest over replicas). */
 static int predict_step(plan_prediction *out, const plan_args *a, const net_desc *net,
                         const partition *part, const partition_profile *prof,
                         const topo_machine *m, const topo_cost_model *cm,
-                        const topo_placement *pl)
+                        const topo_placement *pl, const int *recompute)
 {
-    int S = a->stages, R = a->replicas;
-    double *alpha = calloc(3 * (size_t)S, sizeof *alpha);
+    int S = a->stages, R = a->replicas, C = part->stages;
+    double *alpha = calloc(2 * (size_t)S + (size_t)C, sizeof *alpha);
     if (!alpha) return pt_error_set("out of memory");
     double *beta = alpha + S, *msg = alpha + 2 * S;
     for (int s = 0; s < S; s++) {
         beta[s] = 1; /* no replicas: unused */
-        for (int r = 0; r < R; r++) {
-            const topo_place *p = &pl->places[r * S + s];
+        for (int r = 0; r < R && R > 1; r++) {
             double bw, lat;
-            if (R > 1) {
-                topo_link_between(m, cm, p, &pl->places[((r + 1) % R) * S + s], &bw, &lat);
-                if (r == 0 || bw < beta[s]) beta[s] = bw;
-                if (lat > alpha[s]) alpha[s] = lat;
-            }
-            if (s + 1 < S) {
-                topo_link_between(m, cm, p, &pl->places[r * S + s + 1], &bw, &lat);
-                double bytes = (double)layer_shape_count(net->layers[part->first[s + 1] - 1].out) *
-                               4.0 * a->replica_batch / a->microbatches;
-                double t = lat + bytes / bw;
-                if (t > msg[s]) msg[s] = t;
-            }
+            topo_link_between(m, cm, &pl->places[r * S + s], &pl->places[((r + 1) % R) * S + s],
+                              &bw, &lat);
+            if (r == 0 || bw < beta[s]) beta[s] = bw;
+            if (lat > alpha[s]) alpha[s] = lat;
         }
     }
+    /* chunk c on rank c mod S sends to chunk c + 1 on rank (c + 1) mod S */
+    for (int c = 0; c + 1 < C; c++)
+        for (int r = 0; r < R; r++) {
+            double bw, lat;
+            topo_link_between(m, cm, &pl->places[r * S + c % S],
+                              &pl->places[r * S + (c + 1) % S], &bw, &lat);
+            double t = lat + chunk_message_bytes(a, net, part, c) / bw;
+            if (t > msg[c]) msg[c] = t;
+        }
     double bytes = a->bucket_mb * 1048576.0;
     plan_predict_config cfg = {
-        .schedule = a->schedule, .microbatch = a->replica_batch / a->microbatches,
+        .schedule = a->schedule, .virtual_stages = a->virtual_stages, .recompute = recompute,
+        .microbatch = a->replica_batch / a->microbatches,
         .rep = {.replicas = R, .method = a->reduce, .overlap = a->overlap,
                 .bucket_bytes = bytes < 1 ? 1 : bytes > 1e18 ? (size_t)1e18 : (size_t)bytes,
                 .microbatches = a->microbatches, .skip_bucket = -1},
@@ -449,61 +545,97 @@ static int predict_step(plan_prediction *out, const plan_args *a, const net_desc
     return rc;
 }
 
-int plan_memory(double *out, const net_desc *net, const partition *part, const char *sched_name,
-                int microbatches, int microbatch)
+/* The traffic per step between ranks: V = 1 as topologies/ prices a pipeline; V > 1 (one
+ * replica) every boundary between model chunks c and c + 1 crosses from rank c mod K to
+ * rank (c + 1) mod K, activations one way and gradients the other. */
+static int plan_traffic(topo_traffic *tr, const plan_args *a, const net_desc *net,
+                        const partition *part)
 {
-    schedule sched;
-    if (schedule_init_by_name(&sched, sched_name, part->stages, microbatches)) return -1;
-    schedule_report rep;
-    int rc = schedule_verify(&sched, &rep);
-    schedule_free(&sched);
-    if (rc) return -1;
-    /* as src/exec.c sizes the engine: 2M micro-batch buffers (two steps), at least 3 */
-    size_t nb = 2 * (size_t)microbatches > 3 ? 2 * (size_t)microbatches : 3;
-    for (int s = 0; s < part->stages; s++) {
-        int first = part->first[s], last = part->first[s + 1];
-        stage_bytes b = stage_estimate(net, first, last, microbatch, 1);
-        size_t in = layer_shape_count(net->layers[first].in);
-        size_t outc = layer_shape_count(net->layers[last - 1].out);
-        /* inputs, gradients in, gradients out (not on the first stage), labels and ids */
-        double buffers = (double)nb * microbatch *
-                         (4.0 * (in + outc + (first > 0 ? in : 0)) + 4 + 8);
-        int slots = rep.peak_inflight[s] > 0 ? rep.peak_inflight[s] : 1;
-        out[s] = (double)(b.state + b.groups + b.workers) + (double)slots * (double)b.slot +
-                 buffers;
+    if (a->virtual_stages <= 1)
+        return topo_traffic_from_partition(tr, net, part, a->replicas, a->replica_batch,
+                                           a->microbatches);
+    int K = a->stages;
+    double *none = calloc((size_t)K, sizeof *none);
+    if (!none) return pt_error_set("out of memory");
+    int rc = topo_traffic_init(tr, K, 1, none, NULL, a->replica_batch, a->microbatches);
+    free(none);
+    for (int c = 0; !rc && c + 1 < part->stages; c++) {
+        int i = c % K, j = (c + 1) % K, n = tr->n_ranks;
+        double b = chunk_message_bytes(a, net, part, c) * a->microbatches;
+        tr->bytes[i * n + j] += b;
+        tr->bytes[j * n + i] += b;
+        tr->messages[i * n + j] += a->microbatches;
+        tr->messages[j * n + i] += a->microbatches;
     }
-    schedule_report_free(&rep);
+    return rc;
+}
+
+int plan_layout(plan_built *b, const plan_args *a, const net_desc *net,
+                const partition_profile *prof, const topo_machine *m, const topo_cost_model *cm)
+{
+    *b = (plan_built){0};
+    topo_place_options opt = {.device = a->device, .nodes = a->nodes, .exclusive = a->exclusive};
+    int V = a->virtual_stages > 1 ? a->virtual_stages : 1;
+    if (partition_by_method(&b->part, a->method, net, prof, a->stages * V) < 0) return -1;
+    if (plan_traffic(&b->tr, a, net, &b->part) < 0 ||
+        topo_place_ranks(&b->pl, m, &b->tr, cm, &opt) < 0)
+        goto fail;
+    b->rank_time = calloc((size_t)b->pl.n_ranks, sizeof *b->rank_time);
+    if (!b->rank_time) {
+        pt_error_set("out of memory");
+        goto fail;
+    }
+    topo_placement_cost(m, &b->tr, cm, b->pl.places, b->rank_time);
     return 0;
+fail:
+    plan_built_free(b);
+    return -1;
+}
+
+int plan_price(plan_built *b, const plan_args *a, const net_desc *net,
+               const partition_profile *prof, const topo_machine *m, const topo_cost_model *cm)
+{
+    int K = a->stages, V = a->virtual_stages > 1 ? a->virtual_stages : 1, rc = -1;
+    plan_prediction_free(&b->pred);
+    free(b->stage_bytes);
+    b->peak_bytes = 0;
+    b->stage_bytes = calloc((size_t)K, sizeof *b->stage_bytes);
+    int *flags = malloc((size_t)K * sizeof *flags);
+    schedule sched = {0};
+    int have_sched = 0;
+    if (!flags || !b->stage_bytes) {
+        pt_error_set("out of memory");
+        goto out;
+    }
+    if (schedule_parse_recompute(a->recompute, K, flags) < 0 ||
+        predict_step(&b->pred, a, net, &b->part, prof, m, cm, &b->pl, flags) < 0 ||
+        plan_schedule(&sched, a->schedule, K, V, a->microbatches, flags) < 0)
+        goto out;
+    have_sched = 1;
+    replicas_config rep = {.replicas = a->replicas, .method = a->reduce,
+                           .microbatches = a->microbatches};
+    plan_memory_config mc = {.microbatch = a->replica_batch / a->microbatches,
+                             .wgrad_batched = a->wgrad_batched,
+                             .grad_pieces = replicas_grad_pieces(&rep)};
+    if (plan_memory(b->stage_bytes, net, &b->part, &sched, &mc) < 0) goto out;
+    for (int s = 0; s < K; s++)
+        if (b->stage_bytes[s] > b->peak_bytes) b->peak_bytes = b->stage_bytes[s];
+    rc = 0;
+out:
+    if (have_sched) schedule_free(&sched);
+    free(flags);
+    return rc;
 }
 
 int plan_build(plan_built *b, const plan_args *a, const net_desc *net,
                const partition_profile *prof, const topo_machine *m, const topo_cost_model *cm)
 {
-    *b = (plan_built){0};
-    topo_place_options opt = {.device = a->device, .nodes = a->nodes, .exclusive = a->exclusive};
-    int rc = -1;
-    if (partition_by_method(&b->part, a->method, net, prof, a->stages) < 0) return -1;
-    if (topo_traffic_from_partition(&b->tr, net, &b->part, a->replicas, a->replica_batch,
-                                    a->microbatches) < 0 ||
-        topo_place_ranks(&b->pl, m, &b->tr, cm, &opt) < 0)
-        goto out;
-    b->rank_time = calloc((size_t)b->pl.n_ranks, sizeof *b->rank_time);
-    b->stage_bytes = calloc((size_t)a->stages, sizeof *b->stage_bytes);
-    if (!b->rank_time || !b->stage_bytes) {
-        pt_error_set("out of memory");
-        goto out;
+    if (plan_layout(b, a, net, prof, m, cm) < 0) return -1;
+    if (plan_price(b, a, net, prof, m, cm) < 0) {
+        plan_built_free(b);
+        return -1;
     }
-    topo_placement_cost(m, &b->tr, cm, b->pl.places, b->rank_time);
-    if (predict_step(&b->pred, a, net, &b->part, prof, m, cm, &b->pl) < 0 ||
-        plan_memory(b->stage_bytes, net, &b->part, a->schedule, a->microbatches,
-                    a->replica_batch / a->microbatches) < 0)
-        goto out;
-    for (int s = 0; s < a->stages; s++)
-        if (b->stage_bytes[s] > b->peak_bytes) b->peak_bytes = b->stage_bytes[s];
-    rc = 0;
-out:
-    if (rc) plan_built_free(b);
-    return rc;
+    return 0;
 }
 
 void plan_built_free(plan_built *b)
@@ -542,21 +674,33 @@ int topo_cmd_plan(int argc, char **argv)
         rc = plan_search(&a, &net, m, &cm);
         goto done;
     }
-    if (partition_check(net.n_layers, a.stages) < 0) goto out;
+    if (partition_check(net.n_layers, a.stages * a.virtual_stages) < 0) goto out;
     /* profiled on this machine with the CPU kernels, whatever --topology says, at the
      * micro-batch size train would profile at: the "time" partition and the prediction */
-    if (partition_profile_measure(&prof, &net, a.replica_batch / a.microbatches, 1, 3) < 0)
-        goto out;
+    /* the split backward only where it is priced */
+    profile_options po = {.batch = a.replica_batch / a.microbatches, .warmup = 1, .repeats = 3,
+                          .device = ENGINE_CPU, .split = !strcmp(a.schedule, "zb-h1")};
+    if (partition_profile_measure_with(&prof, &net, &po) < 0) goto out;
     have_prof = 1;
     if (plan_build(&b, &a, &net, &prof, m, &cm) < 0) goto out;
     plan_result r = {.a = &a, .net = &net, .part = &b.part, .m = m, .tr = &b.tr, .cm = &cm,
                      .pl = &b.pl, .rank_time = b.rank_time, .pred = &b.pred,
                      .stage_bytes = b.stage_bytes};
     if (a.emit) {
-        char extra[128] = "";
+        char extra[512] = "";
+        int len = 0;
         if (a.replicas > 1)
-            snprintf(extra, sizeof extra, "--reduce %s --bucket-mb %g --overlap %s",
-                     reduce_method_name(a.reduce), a.bucket_mb, a.overlap ? "on" : "off");
+            len += snprintf(extra, sizeof extra, "--reduce %s --bucket-mb %g --overlap %s",
+                            reduce_method_name(a.reduce), a.bucket_mb, a.overlap ? "on" : "off");
+        if (a.virtual_stages > 1)
+            len += snprintf(extra + len, sizeof extra - (size_t)len, "%s--virtual %d",
+                            len ? " " : "", a.virtual_stages);
+        if (strcmp(a.recompute, "none"))
+            len += snprintf(extra + len, sizeof extra - (size_t)len, "%s--recompute %s",
+                            len ? " " : "", a.recompute);
+        if (a.wgrad_batched)
+            snprintf(extra + len, sizeof extra - (size_t)len, "%s--wgrad batched",
+                     len ? " " : "");
         plan_emit_args ea = {
             .kind = (plan_emit_kind)a.emit, .model = a.model, .stages = a.stages,
             .replicas = a.replicas, .nodes = a.nodes, .batch = a.batch,

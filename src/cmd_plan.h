@@ -12,7 +12,11 @@
 
 typedef struct {
     const char *model, *xml, *method, *bandwidth, *latency, *schedule;
+    const char *recompute; /* --recompute: "none", "all" or a list of stages */
     int stages, replicas, nodes, batch, microbatches, gpus_per_stage, exclusive, json;
+    int virtual_stages;    /* --virtual V (interleaved): K·V model chunks, V per rank */
+    int wgrad_batched;     /* --wgrad batched (memory only: the step is priced as
+                            * per-micro-batch weight gradients) */
     reduce_method reduce;
     double bucket_mb;
     int overlap;
@@ -25,11 +29,11 @@ typedef struct {
     double memory_mb;
 } plan_args;
 
-/* One layout built: partition, traffic, placement, predicted step, memory per stage. */
+/* One layout built: partition, traffic, placement, predicted step, memory per rank. */
 typedef struct {
     const plan_args *a;
     const net_desc *net;
-    const partition *part;
+    const partition *part; /* K·V model chunks (V = a->virtual_stages) */
     const topo_machine *m;
     const topo_traffic *tr;
     const topo_cost_model *cm;
@@ -40,7 +44,7 @@ typedef struct {
 } plan_result;
 
 typedef struct {
-    partition part;
+    partition part;      /* K·V model chunks */
     topo_traffic tr;
     topo_placement pl;
     double *rank_time;   /* per rank, owned */
@@ -49,22 +53,26 @@ typedef struct {
     double peak_bytes;   /* the largest */
 } plan_built;
 
-/* Partitions (a->method), places the ranks on m, predicts the step and estimates each
- * stage's memory (plan_memory). −1 with a message. */
+/* Partitions (a->method, into K·V model chunks as train cuts them), places the ranks on m,
+ * predicts the step (plan_predict: a->schedule, a->virtual_stages, a->recompute) and
+ * estimates each stage's memory per rank (plan_memory). −1 with a message. */
 int plan_build(plan_built *b, const plan_args *a, const net_desc *net,
                const partition_profile *prof, const topo_machine *m, const topo_cost_model *cm);
 void plan_built_free(plan_built *b);
+/* plan_build in two halves, so that layouts that differ only in schedule or recomputation
+ * share one partition and placement: plan_layout (partition, traffic, placement; *b
+ * cleared on error) and plan_price (prediction and memory, replacing any earlier ones;
+ * on error b keeps its layout and is still freed by plan_built_free). */
+int plan_layout(plan_built *b, const plan_args *a, const net_desc *net,
+                const partition_profile *prof, const topo_machine *m, const topo_cost_model *cm);
+int plan_price(plan_built *b, const plan_args *a, const net_desc *net,
+               const partition_profile *prof, const topo_machine *m, const topo_cost_model *cm);
 
-/* Peak bytes one rank of each stage allocates (stage_estimate: parameters, gradients, both
- * moment buffers, gradient groups, workspaces, one activation slot per micro-batch the
- * schedule keeps in flight there; plus the engine's micro-batch input, gradient and label
- * buffers, two steps' worth). out: part->stages entries. −1 with a message. */
-int plan_memory(double *out, const net_desc *net, const partition *part, const char *sched_name,
-                int microbatches, int microbatch);
-
-/* --ranks: every layout of a->ranks ranks (stages × replicas, micro-batches, schedule,
- * partition a->method) built and ranked; prints the best a->top (text or JSON) and why the
- * runner-up lost. Returns the exit status. */
+/* --ranks: every layout of a->ranks ranks (stages × replicas, micro-batches, schedule with
+ * its virtual stages, recomputation off or everywhere; partition a->method) built and
+ * ranked; prints the best a->top that fit a->memory_mb (text or JSON) and why the
+ * runner-up lost, or fails naming the smallest layout when none fits. Returns the exit
+ * status. */
 int plan_search(const plan_args *a, const net_desc *net, const topo_machine *m,
                 const topo_cost_model *cm);
 

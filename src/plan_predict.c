@@ -1,9 +1,10 @@
 #include "src/plan_predict.h"
 
 #include <stdlib.h>
+#include <string.h>
 
-#include "schedule/schedule.h"
 #include "src/base/error.h"
+#include "src/stage.h"
 
 void plan_prediction_free(plan_prediction *p)
 {
@@ -11,14 +12,39 @@ void plan_prediction_free(plan_prediction *p)
     *p = (plan_prediction){0};
 }
 
-/* Per stage: the profile's forward and backward of one micro-batch, and (R > 1) its
- * buckets' bytes and each backward part's share of the backward. */
-typedef struct {
-    double *fwd, *bwd;     /* one block, 2K */
-    double **bytes, **share; /* [K][buckets], NULL rows for stages without buckets */
-} stage_costs;
+int plan_schedule(schedule *s, const char *name, int stages, int virtual_stages,
+                  int microbatches, const int *recompute)
+{
+    if (schedule_init_named(s, name, stages, virtual_stages > 1 ? virtual_stages : 1,
+                            microbatches))
+        return -1;
+    int any = 0;
+    for (int k = 0; recompute && k < stages; k++) any |= recompute[k] != 0;
+    if (any && schedule_add_recompute(s, recompute)) {
+        schedule_free(s);
+        return -1;
+    }
+    return 0;
+}
 
-static void stage_costs_free(stage_costs *c, int K)
+/* 1 when rank s's list splits backwards into B and W (zero bubble). */
+static int list_splits(const schedule *s, int st)
+{
+    const schedule_list *l = &s->lists[st];
+    for (int i = 0; i < l->n_ops; i++)
+        if (l->ops[i].kind == SCHED_OP_BACKWARD_INPUT) return 1;
+    return 0;
+}
+
+/* Per model chunk (per stage when V = 1): the profile's forward, backward and split
+ * backward of one micro-batch, and (R > 1, V = 1) each stage's buckets' bytes and each
+ * backward part's share of the backward (of W on a split list). */
+typedef struct {
+    double *fwd, *bwd, *bin, *bw; /* one block, 4·C; bin, bw NULL without a split profile */
+    double **bytes, **share;      /* [K][buckets], NULL rows for stages without buckets */
+} chunk_costs;
+
+static void chunk_costs_free(chunk_costs *c, int K)
 {
     for (int s = 0; s < K && c->bytes; s++) free(c->bytes[s]);
     for (int s = 0; s < K && c->share; s++) free(c->share[s]);
@@ -27,23 +53,40 @@ static void stage_costs_free(stage_costs *c, int K)
     free(c->fwd);
 }
 
-static int stage_costs_init(stage_costs *c, const net_desc *net, const partition *part,
-                            const partition_profile *prof, const plan_predict_config *cfg)
+static int chunk_costs_init(chunk_costs *c, const net_desc *net, const partition *part,
+                            const partition_profile *prof, const plan_predict_config *cfg,
+                            const schedule *sched)
 {
-    int K = part->stages;
-    *c = (stage_costs){0};
-    c->fwd = calloc(2 * (size_t)K, sizeof *c->fwd);
+    int C = part->stages, K = sched->stages;
+    double mb = cfg->microbatch;
+    *c = (chunk_costs){0};
+    c->fwd = calloc(4 * (size_t)C, sizeof *c->fwd);
     c->bytes = calloc((size_t)K, sizeof *c->bytes);
     c->share = calloc((size_t)K, sizeof *c->share);
     if (!c->fwd || !c->bytes || !c->share) return pt_error_set("out of memory");
-    c->bwd = c->fwd + K;
+    c->bwd = c->fwd + C;
+    int split = prof->bwd_input_s && prof->bwd_weight_s;
+    if (split) {
+        c->bin = c->fwd + 2 * C;
+        c->bw = c->fwd + 3 * C;
+    }
+    for (int k = 0; k < C; k++)
+        for (int l = part->first[k]; l < part->first[k + 1]; l++) {
+            c->fwd[k] += prof->fwd_s[l] * mb;
+            c->bwd[k] += prof->bwd_s[l] * mb;
+            if (split) {
+                c->bin[k] += prof->bwd_input_s[l] * mb;
+                c->bw[k] += prof->bwd_weight_s[l] * mb;
+            }
+        }
+    if (cfg->rep.replicas < 2) return 0;
     for (int s = 0; s < K; s++) {
         int first = part->first[s], last = part->first[s + 1];
-        for (int l = first; l < last; l++) {
-            c->fwd[s] += prof->fwd_s[l] * cfg->microbatch;
-            c->bwd[s] += prof->bwd_s[l] * cfg->microbatch;
-        }
-        if (cfg->rep.replicas < 2) continue;
+        /* a split list's parts are W's: their shares are of the weight gradients */
+        const double *per_layer = split && list_splits(sched, s) ? prof->bwd_weight_s
+                                                                 : prof->bwd_s;
+        double whole = 0;
+        for (int l = first; l < last; l++) whole += per_layer[l];
         reduce_plan plan;
         if (replicas_plan(&plan, net, first, last, &cfg->rep)) return -1;
         int B = plan.n_buckets;
@@ -57,9 +100,9 @@ static int stage_costs_init(stage_costs *c, const net_desc *net, const partition
             int lo, hi;
             double t = 0;
             replicas_plan_part_range(&plan, last - first, b, &lo, &hi);
-            for (int l = lo; l < hi; l++) t += prof->bwd_s[first + l] * cfg->microbatch;
+            for (int l = lo; l < hi; l++) t += per_layer[first + l];
             c->bytes[s][b] = (double)plan.buckets[b].count * sizeof(float);
-            c->share[s][b] = c->bwd[s] > 0 ? t / c->bwd[s] : 1.0 / B;
+            c->share[s][b] = whole > 0 ? t / whole : 1.0 / B;
         }
         /* the shares must sum to 1 exactly (the simulator checks): give the rounding to
          * the last part */
@@ -75,23 +118,32 @@ int plan_predict(plan_prediction *out, const net_desc *net, const partition *par
                  const partition_profile *prof, const plan_predict_config *cfg)
 {
     *out = (plan_prediction){0};
-    int K = part->stages;
+    int V = cfg->virtual_stages > 1 ? cfg->virtual_stages : 1;
+    int C = part->stages, K = C / V;
     if (prof->n_layers != net->n_layers)
         return pt_error_set("plan_predict: a profile of %d layers for a model of %d",
                             prof->n_layers, net->n_layers);
+    if (C % V)
+        return pt_error_set("plan_predict: %d model chunks do not make %d per rank", C, V);
+    if (V > 1 && cfg->rep.replicas > 1)
+        return pt_error_set("plan_predict: replicas with interleaved schedules (--virtual %d) "
+                            "are not supported", V);
     schedule sched;
-    if (schedule_init_by_name(&sched, cfg->schedule, K, cfg->rep.microbatches)) return -1;
-    stage_costs c = {0};
+    if (plan_schedule(&sched, cfg->schedule, K, V, cfg->rep.microbatches, cfg->recompute))
+        return -1;
+    chunk_costs c = {0};
     int rc = replicas_schedule(&sched, net, part, &cfg->rep) ||
-             stage_costs_init(&c, net, part, prof, cfg);
+             chunk_costs_init(&c, net, part, prof, cfg, &sched);
     /* the slowest boundary prices every message (the simulator has one message cost) */
     double msg = 0;
-    for (int s = 0; !rc && cfg->message_s && s + 1 < K; s++)
-        if (cfg->message_s[s] > msg) msg = cfg->message_s[s];
+    for (int k = 0; !rc && cfg->message_s && k + 1 < C; k++)
+        if (cfg->message_s[k] > msg) msg = cfg->message_s[k];
     schedule_sim sim;
     if (!rc) {
         schedule_costs sc = {
-            .fwd = c.fwd, .bwd = c.bwd, .comm_cost = msg, .step_cost = 0,
+            .fwd = c.fwd, .bwd = c.bwd, .bwd_input = c.bin, .bwd_weight = c.bw,
+            .recompute = NULL, /* = fwd */
+            .comm_cost = msg, .step_cost = 0,
             .replicas = cfg->rep.replicas, .alpha = 0, .beta = 1,
             .alpha_stage = cfg->alpha, .beta_stage = cfg->beta,
             .bucket_bytes = (const double *const *)c.bytes,
@@ -116,7 +168,50 @@ int plan_predict(plan_prediction *out, const net_desc *net, const partition *par
         }
         schedule_sim_free(&sim);
     }
-    stage_costs_free(&c, K);
+    chunk_costs_free(&c, K);
     schedule_free(&sched);
     return rc ? -1 : 0;
+}
+
+int plan_memory(double *out, const net_desc *net, const partition *part, const schedule *sched,
+                const plan_memory_config *cfg)
+{
+    int K = sched->stages, V = sched->virtual_stages > 1 ? sched->virtual_stages : 1;
+    int M = sched->microbatches;
+    if (part->stages != K * V || part->n_layers != net->n_layers)
+        return pt_error_set("plan_memory: a partition of %d chunks and %d layers for %d ranks "
+                            "× %d chunks and %d layers", part->stages, part->n_layers, K, V,
+                            net->n_layers);
+    schedule_report rep;
+    if (schedule_verify(sched, &rep)) return -1;
+    /* as src/exec.c sizes each chunk's engine: 2M micro-batch buffers (two steps), at
+     * least 3 (evaluation) */
+    double nb = 2.0 * M > 3 ? 2.0 * M : 3;
+    double mb = cfg->microbatch;
+    for (int s = 0; s < K; s++) {
+        int split = list_splits(sched, s), recompute = sched->lists[s].recompute;
+        out[s] = 0;
+        for (int v = 0; v < V; v++) {
+            int c = v * K + s, first = part->first[c], last = part->first[c + 1];
+            stage_bytes b = stage_estimate(net, first, last, cfg->microbatch, 1);
+            double in = (double)layer_shape_count(net->layers[first].in);
+            double outc = (double)layer_shape_count(net->layers[last - 1].out);
+            int slots = rep.peak_inflight_chunk[s * V + v];
+            if (slots < 1) slots = 1;
+            double bytes = (double)(b.state + b.groups + b.workers) + slots * (double)b.slot;
+            if (split)
+                bytes += slots * (double)stage_split_slot_bytes(net, first, last,
+                                                                cfg->microbatch);
+            /* inputs, gradients in, gradients out (not on chunk 0), labels and ids */
+            bytes += nb * mb * (4.0 * (in + outc + (first > 0 ? in : 0)) + 4 + 8);
+            if (recompute && last < net->n_layers) bytes += nb * mb * outc * 4.0;
+            if (cfg->wgrad_batched)
+                bytes += (double)stage_wgrad_row_bytes(net, first, last) * mb * M;
+            if (cfg->grad_pieces > 1)
+                bytes += (cfg->grad_pieces - 1.0) * (double)b.state / 4.0;
+            out[s] += bytes;
+        }
+    }
+    schedule_report_free(&rep);
+    return 0;
 }

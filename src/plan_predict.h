@@ -1,34 +1,78 @@
-/* The step time a layout would take, before running it: the schedule's simulator fed with
- * per-layer times (a profile measured on this machine), the pipeline messages priced by
- * the links between neighbouring stages and each stage's reductions among its replicas by
- * the α–β figures of the link its group's ring crosses. `plan` prints it; `train --json`
- * reports the same simulation from measured stage times (src/train_report.c). */
+/* What a layout would cost, before running it: the step time and each rank's memory.
+ *
+ * Time: the schedule's simulator fed with per-layer times (a profile measured on this
+ * machine), the pipeline messages priced by the links between neighbouring model chunks and
+ * each stage's reductions among its replicas by the α–β figures of the link its group's
+ * ring crosses. Zero-bubble schedules' input and weight gradients (B, W) are priced by the
+ * profile's split backward where it was measured (else half of the backward each), and
+ * recomputation by the forward. `plan` prints it; `train --json` reports the same
+ * simulation from measured stage times (src/train_report.c).
+ *
+ * Memory: what train's CPU engine allocates on each rank (plan_memory). */
 #ifndef PT_PLAN_PREDICT_H
 #define PT_PLAN_PREDICT_H
 
 #include "partition/partition.h"
+#include "schedule/schedule.h"
 #include "src/model/net.h"
 #include "src/replicas.h"
 
+/* The schedule a layout runs, built as train builds it: generator `name` ("gpipe", "1f1b",
+ * "interleaved" or "zb-h1") for `stages` ranks with `virtual_stages` chunks each (V > 1
+ * only with "interleaved") and `microbatches` micro-batches, then recomputation on the
+ * ranks with recompute[s] != 0 (NULL: none). No reductions. −1 with a message. */
+int plan_schedule(schedule *s, const char *name, int stages, int virtual_stages,
+                  int microbatches, const int *recompute);
+
 typedef struct {
-    const char *schedule;      /* generator name, e.g. "1f1b" */
+    const char *schedule;      /* generator name, as plan_schedule */
+    int virtual_stages;        /* V chunks per rank (0 or 1: one); the partition then has
+                                * K·V stages, model chunk c = v·K + s on rank s */
+    const int *recompute;      /* per rank: recomputation there; NULL: none */
     int microbatch;            /* samples per micro-batch */
     replicas_config rep;       /* replicas, method, buckets, overlap, micro-batches (M) */
-    const double *alpha, *beta; /* per stage: the group's link (R > 1), seconds / bytes/s */
-    const double *message_s;   /* per stage: one activation or gradient message to the next
-                                * stage (K − 1 entries; may be NULL: free) */
+    const double *alpha, *beta; /* per rank: the group's link (R > 1), seconds / bytes/s */
+    const double *message_s;   /* per boundary between model chunks c and c+1: one
+                                * activation or gradient message (K·V − 1 entries; may be
+                                * NULL: free) */
 } plan_predict_config;
 
 typedef struct {
     double step_s;                    /* makespan of one optimizer step */
-    double bubble;                    /* mean over stages of idle / step */
-    double *busy_s, *reduce_s, *exposed_s; /* per stage, one block (owned) */
+    double bubble;                    /* mean over ranks of idle / step */
+    double *busy_s, *reduce_s, *exposed_s; /* per rank, one block (owned) */
 } plan_prediction;
 
 /* Simulates one step. The optimizer's update is left out (not in the profile). −1 with a
- * message for an unknown schedule or a profile of another model. */
+ * message for an unknown schedule, a profile of another model, a partition that is not
+ * K·V chunks, or replicas with V > 1 (train does not run them). */
 int plan_predict(plan_prediction *out, const net_desc *net, const partition *part,
                  const partition_profile *prof, const plan_predict_config *cfg);
 void plan_prediction_free(plan_prediction *p);
+
+typedef struct {
+    int microbatch;    /* samples per micro-batch */
+    int wgrad_batched; /* train --wgrad batched */
+    int grad_pieces;   /* the engine's gradient pieces (replicas_grad_pieces), 0 or 1: none */
+} plan_memory_config;
+
+/* Peak bytes each rank allocates (out: sched->stages entries), summed over its model
+ * chunks c (part has K·V stages; each chunk is an engine of its own):
+ * - stage_estimate: parameters, gradients, both moment buffers, gradient groups, one
+ *   thread's workspaces, and one activation slot per micro-batch the verifier finds the
+ *   chunk holding at once (peak_inflight_chunk, at least 1; with recomputation it counts
+ *   the forward's moment and the recomputed micro-batches, as train sizes the slots);
+ * - split backward (lists with BACKWARD_INPUT): a slot's output gradients per slot
+ *   (stage_split_slot_bytes);
+ * - the engine's micro-batch buffers, max(2M, 3) of them: inputs, gradients in, gradients
+ *   out (not on model chunk 0), labels and ids;
+ * - recomputation (not on the last model chunk): the forward's output kept to send, one
+ *   per buffer (the kept inputs are the input buffers above, counted already);
+ * - batched weight gradients: stage_wgrad_row_bytes per row, micro-batch × M rows;
+ * - gradient pieces: grad_pieces − 1 more gradient arrays.
+ * Not counted: MPI's own buffers, the allocator's slack, the reductions' scratch. −1 with a
+ * message. */
+int plan_memory(double *out, const net_desc *net, const partition *part, const schedule *sched,
+                const plan_memory_config *cfg);
 
 #endif

@@ -1,16 +1,29 @@
 /* `plan --ranks N [--memory-mb X]`: which layout of N ranks to run (src/cmd_plan.h).
  *
- * The space: stages K dividing N with K ≤ layers (replicas R = N / K, dividing the batch),
- * micro-batches M a power of two up to 64 dividing batch / R, and the schedules train runs
- * (gpipe and 1f1b; K = 1 runs 1f1b only, they are the same there). For each, the partition
- * is the --partition method's (by default "time": the exact dynamic programme over
- * contiguous cuts, on layer times profiled at that micro-batch size), the placement the
- * topology search of `plan --stages`, the step the schedule's simulator and the memory
- * plan_memory's. The search over (K, M, schedule) is exhaustive: at most
- * divisors(N) × 7 × 2 layouts, each simulated in well under a millisecond; the profile is
- * measured once per micro-batch size. What is not searched: uneven replica shares, the
- * reduction method, bucket size and overlap (taken from the options), and schedules train
- * cannot run yet. */
+ * The space, exhaustive: stages K dividing N with K ≤ layers (replicas R = N / K, dividing
+ * the batch), micro-batches M a power of two up to 64 dividing batch / R, the schedules
+ * train runs, each with recomputation off and on every stage:
+ *   gpipe, 1f1b and zb-h1 (K = 1 runs 1f1b only: the others do the same work there, zb-h1
+ *   with more memory);
+ *   interleaved with V = 2, 3, 4 model chunks per rank where train runs it: K ≥ 2, R = 1,
+ *   M a multiple of K, K·V ≤ layers.
+ * At most divisors(N) × 7 × 6 × 2 layouts. The profile is measured once per micro-batch
+ * size; the partition and placement once per (K, M, V) and shared by the schedules and
+ * recomputation settings (they change neither); each layout is then simulated and its
+ * memory estimated in well under a millisecond.
+ *
+ * Exact given the profile: the simulated step of each layout and its memory per rank
+ * (plan_memory: what train's CPU engine allocates). Heuristic or fixed:
+ * - the partition is train's (the --partition method, by default "time": the min-max cut
+ *   of forward + backward into K·V contiguous chunks), not a joint optimum: for interleaved
+ *   schedules it balances the chunks, not the sums of each rank's V chunks, and it ignores
+ *   that recomputation adds a forward and that zero bubble moves W into the bubbles;
+ * - recomputation is searched off or on every stage only, not per-stage subsets;
+ * - not searched: uneven replica shares, the reduction method, bucket size and overlap,
+ *   --wgrad (taken from the options), M beyond powers of two, V beyond 4, and zb-h1's
+ *   memory-capped variant ("zb"), which train does not run.
+ * A layout over the memory limit is never proposed; when none fits, the error names the
+ * smallest. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -20,15 +33,25 @@
 #include "src/base/error.h"
 #include "src/cmd_plan.h"
 
-enum { MAX_M = 64, N_SCHEDULES = 2 };
-static const char *const schedules[N_SCHEDULES] = {"1f1b", "gpipe"};
+enum { MAX_M = 64 };
+
+/* The schedules searched: a generator and its chunks per rank. */
+typedef struct {
+    const char *name;
+    int virtual_stages;
+} sched_kind;
+static const sched_kind kinds[] = {
+    {"1f1b", 1}, {"gpipe", 1}, {"zb-h1", 1}, {"interleaved", 2}, {"interleaved", 3},
+    {"interleaved", 4},
+};
+enum { N_KINDS = sizeof kinds / sizeof kinds[0] };
 
 typedef struct {
-    int stages, replicas, microbatches;
+    int stages, replicas, microbatches, virtual_stages, recompute;
     const char *schedule;
     double step_s, bubble, peak_bytes;
-    double *stage_bytes; /* owned */
-    int *first;          /* owned: the partition, stages + 1 entries */
+    double *stage_bytes; /* owned: per rank (stage), `stages` entries */
+    int *first;          /* owned: the partition, stages · virtual_stages + 1 entries */
     int fits;
 } candidate;
 
@@ -37,50 +60,102 @@ typedef struct {
     partition_profile prof;
 } cached_profile;
 
-static const partition_profile *profile_for(cached_profile *cache, int *n, const net_desc *net,
+typedef struct {
+    cached_profile *c;
+    int n, cap;
+} profile_cache;
+
+static const partition_profile *profile_for(profile_cache *pc, const net_desc *net,
                                             int microbatch)
 {
-    for (int i = 0; i < *n; i++)
-        if (cache[i].microbatch == microbatch) return &cache[i].prof;
-    cached_profile *c = &cache[*n];
+    for (int i = 0; i < pc->n; i++)
+        if (pc->c[i].microbatch == microbatch) return &pc->c[i].prof;
+    if (pc->n == pc->cap) {
+        int cap = pc->cap ? 2 * pc->cap : 8;
+        cached_profile *c = realloc(pc->c, (size_t)cap * sizeof *c);
+        if (!c) {
+            pt_error_set("out of memory");
+            return NULL;
+        }
+        pc->c = c;
+        pc->cap = cap;
+    }
+    cached_profile *c = &pc->c[pc->n];
     if (partition_profile_measure(&c->prof, net, microbatch, 1, 3) < 0) return NULL;
     c->microbatch = microbatch;
-    (*n)++;
+    pc->n++;
     return &c->prof;
 }
 
-/* Fastest first; among equal times, less memory, then fewer stages. */
+/* Fitting first, then fastest; among equal times, less memory, then fewer stages, fewer
+ * chunks, no recomputation, and the schedule's name (a total order: the ranking does not
+ * depend on qsort). */
 static int by_step(const void *pa, const void *pb)
 {
     const candidate *a = pa, *b = pb;
     if (a->fits != b->fits) return b->fits - a->fits;
     if (a->step_s != b->step_s) return a->step_s < b->step_s ? -1 : 1;
     if (a->peak_bytes != b->peak_bytes) return a->peak_bytes < b->peak_bytes ? -1 : 1;
-    return a->stages - b->stages;
+    if (a->stages != b->stages) return a->stages - b->stages;
+    if (a->microbatches != b->microbatches) return a->microbatches - b->microbatches;
+    if (a->virtual_stages != b->virtual_stages) return a->virtual_stages - b->virtual_stages;
+    if (a->recompute != b->recompute) return a->recompute - b->recompute;
+    return strcmp(a->schedule, b->schedule);
 }
 
+/* The train options of a layout. */
 static void describe(char *buf, size_t size, const candidate *c)
 {
-    snprintf(buf, size, "--stages %d --replicas %d --microbatches %d --schedule %s", c->stages,
-             c->replicas, c->microbatches, c->schedule);
+    char virt[32] = "";
+    if (c->virtual_stages > 1) snprintf(virt, sizeof virt, " --virtual %d", c->virtual_stages);
+    snprintf(buf, size, "--stages %d --replicas %d --microbatches %d --schedule %s%s "
+             "--recompute %s", c->stages, c->replicas, c->microbatches, c->schedule, virt,
+             c->recompute ? "all" : "none");
 }
 
-/* Why `b` ranks below `a`, in words. */
-static void why_lost(char *buf, size_t size, const candidate *a, const candidate *b)
+/* Why `b` ranks below `a` (both fit), in words. */
+static void why_lost(char *buf, size_t size, const candidate *a, const candidate *b, int batch)
 {
-    char ta[32], tb[32];
+    char ta[32], tb[32], dt[32];
     topo_format_seconds(ta, sizeof ta, a->step_s);
     topo_format_seconds(tb, sizeof tb, b->step_s);
+    if (b->step_s <= a->step_s) { /* as fast: the tie went to memory, then the order */
+        if (b->peak_bytes > a->peak_bytes)
+            snprintf(buf, size, "predicted step %s, as fast as the choice, but it needs %.2f "
+                     "MiB per rank against %.2f", tb, b->peak_bytes / 1048576.0,
+                     a->peak_bytes / 1048576.0);
+        else
+            snprintf(buf, size, "predicted step %s and %.2f MiB per rank, the same as the "
+                     "choice; the simpler layout (fewer stages, chunks, no recomputation) "
+                     "ranks first", tb, b->peak_bytes / 1048576.0);
+        return;
+    }
+    topo_format_seconds(dt, sizeof dt, b->step_s - a->step_s);
     double pct = a->step_s > 0 ? 100 * (b->step_s / a->step_s - 1) : 0;
-    const char *cause =
-        b->bubble > a->bubble + 0.02 ? "more of its step is pipeline bubble"
-        : b->stages < a->stages      ? "fewer stages leave each rank more layers to compute"
-        : b->replicas < a->replicas  ? "fewer replicas: each rank computes more samples"
-        : b->replicas > a->replicas  ? "its gradient reductions cost more than the work they share"
-        : b->microbatches > a->microbatches ? "smaller micro-batches run the kernels less efficiently"
-                                             : "its stages are less balanced";
-    snprintf(buf, size, "predicted step %s against %s (+%.1f%%, bubble %.3f against %.3f): %s",
-             tb, ta, pct, b->bubble, a->bubble, cause);
+    char cause[128];
+    int mb_a = batch / (a->replicas * a->microbatches);
+    int mb_b = batch / (b->replicas * b->microbatches);
+    if (b->recompute && !a->recompute)
+        snprintf(cause, sizeof cause, "recomputation runs every forward twice");
+    else if (b->bubble > a->bubble + 0.02)
+        snprintf(cause, sizeof cause, "more of its step is pipeline bubble");
+    else if (b->stages < a->stages)
+        snprintf(cause, sizeof cause, "fewer stages leave each rank more layers to compute");
+    else if (b->replicas < a->replicas)
+        snprintf(cause, sizeof cause, "fewer replicas: each rank computes more samples");
+    else if (b->replicas > a->replicas)
+        snprintf(cause, sizeof cause, "its gradient reductions cost more than the work they "
+                 "share");
+    else if (mb_b != mb_a)
+        snprintf(cause, sizeof cause, "the kernels run %d-sample micro-batches less "
+                 "efficiently than %d-sample ones (profile)", mb_b, mb_a);
+    else if (strcmp(b->schedule, a->schedule) || b->virtual_stages != a->virtual_stages)
+        snprintf(cause, sizeof cause, "its schedule orders the same work less well "
+                 "(messages, chunk balance)");
+    else
+        snprintf(cause, sizeof cause, "its stages are less balanced");
+    snprintf(buf, size, "predicted step %s against %s, slower by %s (+%.1f%%; bubble %.3f "
+             "against %.3f): %s", tb, ta, dt, pct, b->bubble, a->bubble, cause);
 }
 
 static int print_json(const plan_args *a, const candidate *c, int n, int shown,
@@ -89,13 +164,15 @@ static int print_json(const plan_args *a, const candidate *c, int n, int shown,
     json_t *o = json_object(), *arr = json_array();
     int ok = o && arr;
     for (int i = 0; ok && i < shown; i++) {
-        json_t *j = json_pack("{s:i, s:i, s:i, s:s, s:f, s:f, s:f, s:b}", "stages",
+        json_t *j = json_pack("{s:i, s:i, s:i, s:s, s:i, s:s, s:f, s:f, s:f, s:b}", "stages",
                               c[i].stages, "replicas", c[i].replicas, "microbatches",
-                              c[i].microbatches, "schedule", c[i].schedule, "step_s",
-                              c[i].step_s, "bubble", c[i].bubble, "peak_bytes",
+                              c[i].microbatches, "schedule", c[i].schedule, "virtual",
+                              c[i].virtual_stages, "recompute", c[i].recompute ? "all" : "none",
+                              "step_s", c[i].step_s, "bubble", c[i].bubble, "peak_bytes",
                               c[i].peak_bytes, "fits", c[i].fits);
         json_t *first = json_array(), *mem = json_array();
-        for (int s = 0; s <= c[i].stages; s++) json_array_append_new(first, json_integer(c[i].first[s]));
+        for (int s = 0; s <= c[i].stages * c[i].virtual_stages; s++)
+            json_array_append_new(first, json_integer(c[i].first[s]));
         for (int s = 0; s < c[i].stages; s++)
             json_array_append_new(mem, json_real(c[i].stage_bytes[s]));
         ok = j && !json_object_set_new(j, "partition_first", first) &&
@@ -107,6 +184,8 @@ static int print_json(const plan_args *a, const candidate *c, int n, int shown,
         json_object_set_new(o, "batch", json_integer(a->batch));
         json_object_set_new(o, "memory_limit_bytes",
                             a->memory_mb > 0 ? json_real(a->memory_mb * 1048576.0) : json_null());
+        json_object_set_new(o, "wgrad",
+                            json_string(a->wgrad_batched ? "batched" : "per-microbatch"));
         json_object_set_new(o, "layouts_searched", json_integer(n));
         json_object_set_new(o, "choices", arr);
         json_object_set_new(o, "smallest_peak_bytes", json_real(smallest->peak_bytes));
@@ -116,15 +195,95 @@ static int print_json(const plan_args *a, const candidate *c, int n, int shown,
     return topo_json_print(ok ? o : NULL, stdout);
 }
 
+static void print_text(const plan_args *base, const topo_machine *m, const candidate *c, int n,
+                       int fitting, int shown)
+{
+    int N = base->ranks;
+    printf("Plan for %d ranks: %s, batch %d, partition \"%s\", on %s; %d layouts simulated",
+           N, base->model, base->batch, base->method, m->source, n);
+    if (base->memory_mb > 0)
+        printf(", %d fit in %g MiB per rank", fitting, base->memory_mb);
+    printf("\n(step: the schedule's simulator on layer times profiled on this machine's CPU; "
+           "memory: the largest rank's; V: model chunks per rank; partition: the first layer "
+           "of each stage, or of each model chunk with V > 1)\n\n");
+    printf("%3s %6s %8s %4s %-11s %2s %-9s %11s %7s %10s  %s\n", "#", "stages", "replicas", "M",
+           "schedule", "V", "recompute", "step", "bubble", "MiB/rank", "partition");
+    for (int i = 0; i < shown; i++) {
+        char st[32], cut[160] = "";
+        topo_format_seconds(st, sizeof st, c[i].step_s);
+        int chunks = c[i].stages * c[i].virtual_stages;
+        for (int s = 0, len = 0; s < chunks && len < (int)sizeof cut - 8; s++)
+            len += snprintf(cut + len, sizeof cut - (size_t)len, "%s%d", s ? "," : "",
+                            c[i].first[s]);
+        printf("%3d %6d %8d %4d %-11s %2d %-9s %11s %7.3f %10.2f  %s\n", i + 1, c[i].stages,
+               c[i].replicas, c[i].microbatches, c[i].schedule, c[i].virtual_stages,
+               c[i].recompute ? "all" : "none", st, c[i].bubble, c[i].peak_bytes / 1048576.0,
+               cut);
+    }
+    char lay[192], why[320];
+    describe(lay, sizeof lay, &c[0]);
+    printf("\nChoice: %s\n", lay);
+    if (fitting > 1) {
+        why_lost(why, sizeof why, &c[0], &c[1], base->batch);
+        printf("Runner-up lost: %s\n", why);
+    }
+    if (fitting < n) {
+        /* the fastest layout the limit excluded, if it would have won */
+        const candidate *x = &c[fitting];
+        for (int i = fitting + 1; i < n; i++)
+            if (c[i].step_s < x->step_s) x = &c[i];
+        if (x->step_s < c[0].step_s) {
+            char st[32];
+            describe(lay, sizeof lay, x);
+            topo_format_seconds(st, sizeof st, x->step_s);
+            printf("Excluded by the memory limit: %s would take %s per step but needs %.2f "
+                   "MiB per rank, more than %g\n", lay, st, x->peak_bytes / 1048576.0,
+                   base->memory_mb);
+        }
+    }
+}
+
+/* Prices every schedule and recomputation setting with `V` chunks per rank on the layout
+ * in b (built for a->stages, a->virtual_stages = V), appending to c. */
+static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, const net_desc *net,
+                         const partition_profile *prof, const topo_machine *m,
+                         const topo_cost_model *cm)
+{
+    int K = a->stages, V = a->virtual_stages;
+    for (int k = 0; k < N_KINDS; k++) {
+        if (kinds[k].virtual_stages != V) continue;
+        if (K == 1 && strcmp(kinds[k].name, "1f1b")) continue;
+        for (int rc = 0; rc < 2; rc++) {
+            a->schedule = kinds[k].name;
+            a->recompute = rc ? "all" : "none";
+            if (plan_price(b, a, net, prof, m, cm) < 0) return -1;
+            int chunks = K * V;
+            int *first = malloc(((size_t)chunks + 1) * sizeof *first);
+            if (!first) return pt_error_set("out of memory");
+            memcpy(first, b->part.first, ((size_t)chunks + 1) * sizeof *first);
+            candidate *x = &c[(*n)++];
+            *x = (candidate){.stages = K, .replicas = a->replicas,
+                             .microbatches = a->microbatches, .virtual_stages = V,
+                             .recompute = rc, .schedule = kinds[k].name,
+                             .step_s = b->pred.step_s, .bubble = b->pred.bubble,
+                             .peak_bytes = b->peak_bytes, .stage_bytes = b->stage_bytes,
+                             .first = first};
+            x->fits = a->memory_mb <= 0 || x->peak_bytes <= a->memory_mb * 1048576.0;
+            b->stage_bytes = NULL; /* kept by the candidate */
+        }
+    }
+    return 0;
+}
+
 int plan_search(const plan_args *base, const net_desc *net, const topo_machine *m,
                 const topo_cost_model *cm)
 {
     int N = base->ranks, cap = 0;
     for (int K = 1; K <= N; K++) cap += N % K == 0;
-    cap *= 7 * N_SCHEDULES;
+    cap *= 7 * N_KINDS * 2;
     candidate *c = calloc((size_t)cap, sizeof *c);
-    cached_profile cache[8];
-    int n = 0, n_prof = 0, rc = 1;
+    profile_cache pc = {0};
+    int n = 0, rc = 1;
     if (!c) {
         fprintf(stderr, "pipetrain: out of memory\n");
         return 1;
@@ -135,24 +294,18 @@ int plan_search(const plan_args *base, const net_desc *net, const topo_machine *
         int rb = base->batch / R;
         for (int M = 1; M <= MAX_M && M <= rb; M *= 2) {
             if (rb % M) continue;
-            const partition_profile *prof = profile_for(cache, &n_prof, net, rb / M);
+            const partition_profile *prof = profile_for(&pc, net, rb / M);
             if (!prof) goto out;
-            for (int k = 0; k < N_SCHEDULES; k++) {
-                if (K == 1 && strcmp(schedules[k], "1f1b")) continue;
+            for (int V = 1; V <= 4; V++) {
+                if (V > 1 && (K < 2 || R > 1 || M % K || K * V > net->n_layers)) continue;
                 plan_args a = *base;
                 a.stages = K, a.replicas = R, a.microbatches = M, a.replica_batch = rb;
-                a.schedule = schedules[k];
+                a.virtual_stages = V;
                 plan_built b;
-                if (plan_build(&b, &a, net, prof, m, cm) < 0) goto out;
-                candidate *x = &c[n++];
-                *x = (candidate){.stages = K, .replicas = R, .microbatches = M,
-                                 .schedule = schedules[k], .step_s = b.pred.step_s,
-                                 .bubble = b.pred.bubble, .peak_bytes = b.peak_bytes,
-                                 .stage_bytes = b.stage_bytes, .first = b.part.first};
-                x->fits = base->memory_mb <= 0 || x->peak_bytes <= base->memory_mb * 1048576.0;
-                b.stage_bytes = NULL; /* kept by the candidate */
-                b.part.first = NULL;
+                if (plan_layout(&b, &a, net, prof, m, cm) < 0) goto out;
+                int bad = price_layouts(c, &n, &a, &b, net, prof, m, cm);
                 plan_built_free(&b);
+                if (bad) goto out;
             }
         }
     }
@@ -166,59 +319,21 @@ int plan_search(const plan_args *base, const net_desc *net, const topo_machine *
     for (int i = 1; i < n; i++)
         if (c[i].peak_bytes < smallest->peak_bytes) smallest = &c[i];
     if (!c[0].fits) {
-        char lay[160];
+        char lay[192];
         describe(lay, sizeof lay, smallest);
-        pt_error_set("no layout of %d ranks fits in --memory-mb %g per rank: the smallest needs "
-                     "%.2f MiB per rank (%s)", N, base->memory_mb,
-                     smallest->peak_bytes / 1048576.0, lay);
+        pt_error_set("--memory-mb %g: no layout of %d ranks fits; the smallest needs %.2f MiB "
+                     "per rank (%s)", base->memory_mb, N, smallest->peak_bytes / 1048576.0, lay);
         goto out;
     }
     int fitting = 0;
     while (fitting < n && c[fitting].fits) fitting++;
     int shown = fitting < base->top ? fitting : base->top;
-    if (base->json) {
+    if (base->json)
         rc = print_json(base, c, n, shown, smallest) ? 1 : 0;
-        goto done;
+    else {
+        print_text(base, m, c, n, fitting, shown);
+        rc = 0;
     }
-    printf("Plan for %d ranks: %s, batch %d, partition \"%s\", on %s; %d layouts simulated",
-           N, base->model, base->batch, base->method, m->source, n);
-    if (base->memory_mb > 0)
-        printf(", %d fit in %g MiB per rank", fitting, base->memory_mb);
-    printf("\n(step: the schedule's simulator on layer times profiled on this machine's CPU; "
-           "memory: the largest stage's rank)\n\n");
-    printf("%3s %6s %8s %4s %-9s %11s %7s %12s  %s\n", "#", "stages", "replicas", "M",
-           "schedule", "step", "bubble", "MiB/rank", "partition (first layer of each stage)");
-    for (int i = 0; i < shown; i++) {
-        char st[32], cut[128] = "";
-        topo_format_seconds(st, sizeof st, c[i].step_s);
-        for (int s = 0, len = 0; s < c[i].stages && len < (int)sizeof cut - 8; s++)
-            len += snprintf(cut + len, sizeof cut - (size_t)len, "%s%d", s ? "," : "",
-                            c[i].first[s]);
-        printf("%3d %6d %8d %4d %-9s %11s %7.3f %12.2f  %s\n", i + 1, c[i].stages,
-               c[i].replicas, c[i].microbatches, c[i].schedule, st, c[i].bubble,
-               c[i].peak_bytes / 1048576.0, cut);
-    }
-    char lay[160], why[256];
-    describe(lay, sizeof lay, &c[0]);
-    printf("\nChoice: %s\n", lay);
-    if (fitting > 1) {
-        why_lost(why, sizeof why, &c[0], &c[1]);
-        printf("Runner-up lost: %s\n", why);
-    }
-    if (fitting < n) {
-        /* the fastest layout the limit excluded, if it would have won */
-        const candidate *x = &c[fitting];
-        for (int i = fitting + 1; i < n; i++)
-            if (c[i].step_s < x->step_s) x = &c[i];
-        if (x->step_s < c[0].step_s) {
-            char st[32];
-            describe(lay, sizeof lay, x);
-            topo_format_seconds(st, sizeof st, x->step_s);
-            printf("Excluded by the memory limit: %s would take %s per step but needs %.2f "
-                   "MiB per rank\n", lay, st, x->peak_bytes / 1048576.0);
-        }
-    }
-    rc = 0;
     goto done;
 out:
     fprintf(stderr, "pipetrain: %s\n", pt_error_get());
@@ -229,6 +344,7 @@ done:
         free(c[i].first);
     }
     free(c);
-    for (int i = 0; i < n_prof; i++) partition_profile_free(&cache[i].prof);
+    for (int i = 0; i < pc.n; i++) partition_profile_free(&pc.c[i].prof);
+    free(pc.c);
     return rc;
 }

@@ -5,12 +5,21 @@
 
 #include "partition/partition.h"
 
-/* Measures each layer of `net` on this machine with the CPU kernels (batch `batch`,
- * `warmup` untimed runs, then the median of `repeats`), in seconds per sample.
- */
+typedef struct {
+    int batch;           /* samples per run */
+    int warmup, repeats; /* untimed runs, then the median of `repeats` */
+    int device, gpu;     /* src/engine.h: ENGINE_CPU, or ENGINE_CUDA on GPU `gpu` */
+    int split;           /* also the split backward (bwd_input_s, bwd_weight_s): CPU only,
+                          * ignored elsewhere (they stay NULL) */
+} profile_options;
+
+/* Measures each layer of `net`, in seconds per sample. −1 with a message. */
+int partition_profile_measure_with(partition_profile *prof, const net_desc *net,
+                                   const profile_options *opt);
+/* On this machine's CPU, with the split backward (the planner's). */
 int partition_profile_measure(partition_profile *prof, const net_desc *net, int batch,
                               int warmup, int repeats);
-/* The same on a device (src/engine.h: ENGINE_CPU, or ENGINE_CUDA on GPU `gpu`). */
+/* On a device, forward and fused backward only (the "time" partitioner's). */
 int partition_profile_measure_on(partition_profile *prof, const net_desc *net, int batch,
                                  int warmup, int repeats, int device, int gpu);
 

@@ -1,29 +1,75 @@
-# plan --ranks N [--memory-mb X]: the layouts of N ranks searched and ranked by predicted
-# step; a layout over the memory limit is never proposed; too small a limit is an error
-# that names the smallest layout; the search's options exclude the ones it chooses.
+# plan --ranks N [--memory-mb X]: the layouts of N ranks (stages × replicas, micro-batches,
+# the schedules train runs with their virtual stages, recomputation off and on) searched
+# exhaustively and ranked by predicted step; a layout over the memory limit is never
+# proposed; too small a limit is an error that names the smallest layout; the search's
+# options exclude the ones it chooses. plan --stages prices interleaved, zb-h1 and
+# recomputation too.
 source "$(dirname "$0")/lib/common.bash"
 export OPENBLAS_NUM_THREADS=1
 P=(--model "$MODELS/seed-cnn.cfg" --topology "$PT_SOURCE_DIR/topologies/node-2s-8gpu.xml")
+LAYERS=$(grep -c '^\[' "$MODELS/seed-cnn.cfg")
+LAYERS=$((LAYERS - 1)) # [net]
 
-"$PIPETRAIN" plan "${P[@]}" --ranks 8 --top 1000 --json >"$WORK/all.json"
-python3 - "$WORK/all.json" <<'PYEOF' && pass "--ranks 8: every layout of 8 ranks, ranked by step" || failed "--ranks 8"
+# the space, enumerated here independently: every layout must be there, and no other
+cat >"$WORK/space.py" <<'PYEOF'
 import json, sys
-d = json.load(open(sys.argv[1]))
-c = d['choices']
-assert d['layouts_searched'] == len(c) > 10, (d['layouts_searched'], len(c))
-assert all(x['stages'] * x['replicas'] == 8 for x in c)
-assert all(128 % (x['replicas'] * x['microbatches']) == 0 for x in c)
-steps = [x['step_s'] for x in c]
-assert steps == sorted(steps), steps
-assert {x['stages'] for x in c} == {1, 2, 4, 8}, {x['stages'] for x in c}
-assert all(len(x['partition_first']) == x['stages'] + 1 for x in c)
-assert all(x['peak_bytes'] == max(x['stage_memory_bytes']) for x in c)
+def check(path, N, L, batch=128):
+    d = json.load(open(path))
+    c = d['choices']
+    want = set()
+    for K in range(1, N + 1):
+        R = N // K
+        if N % K or K > L or batch % R: continue
+        for M in (1, 2, 4, 8, 16, 32, 64):
+            if M > batch // R or (batch // R) % M: continue
+            kinds = [('1f1b', 1)] if K == 1 else [('1f1b', 1), ('gpipe', 1), ('zb-h1', 1)]
+            kinds += [('interleaved', V) for V in (2, 3, 4)
+                      if K >= 2 and R == 1 and M % K == 0 and K * V <= L]
+            for s, V in kinds:
+                for rc in ('none', 'all'):
+                    want.add((K, R, M, s, V, rc))
+    got = [(x['stages'], x['replicas'], x['microbatches'], x['schedule'], x['virtual'],
+            x['recompute']) for x in c]
+    assert len(got) == len(set(got)), 'a layout appears twice'
+    assert set(got) == want, ('missing', want - set(got), 'extra', set(got) - want)
+    assert d['layouts_searched'] == len(c), (d['layouts_searched'], len(c))
+    steps = [x['step_s'] for x in c]
+    assert steps == sorted(steps), steps
+    assert all(len(x['partition_first']) == x['stages'] * x['virtual'] + 1 for x in c)
+    assert all(x['partition_first'][-1] == L for x in c)
+    assert all(len(x['stage_memory_bytes']) == x['stages'] for x in c)
+    assert all(x['peak_bytes'] == max(x['stage_memory_bytes']) for x in c)
+    # recomputation re-runs the forward: never faster than the same layout without it
+    by = dict(zip(got, c))
+    for g, x in by.items():
+        if g[5] == 'all':
+            y = by[g[:5] + ('none',)]
+            assert x['step_s'] >= y['step_s'] * 0.999, (g, x['step_s'], y['step_s'])
+    return c
 PYEOF
-# a limit between the smallest and the fastest layout's memory
+"$PIPETRAIN" plan "${P[@]}" --ranks 8 --top 1000 --json >"$WORK/all.json"
+python3 -c "
+import sys; sys.path.insert(0, sys.argv[1]); import space
+space.check(sys.argv[2], 8, int(sys.argv[3]))" "$WORK" "$WORK/all.json" "$LAYERS" \
+    && pass "--ranks 8: every layout of 8 ranks, ranked by step" || failed "--ranks 8"
+# two ranks: one stage per rank leaves room for every schedule and V = 2, 3, 4
+"$PIPETRAIN" plan --model "$MODELS/seed-cnn.cfg" --ranks 2 --top 1000 --json >"$WORK/two.json"
+python3 -c "
+import sys; sys.path.insert(0, sys.argv[1]); import space
+c = space.check(sys.argv[2], 2, int(sys.argv[3]))
+assert {x['schedule'] for x in c} == {'gpipe', '1f1b', 'zb-h1', 'interleaved'}, c
+assert {x['virtual'] for x in c} == {1, 2, 3, 4}, c
+assert {x['recompute'] for x in c} == {'none', 'all'}, c" "$WORK" "$WORK/two.json" "$LAYERS" \
+    && pass "--ranks 2: gpipe, 1f1b, zb-h1, interleaved V = 2, 3, 4, with and without recomputation" \
+    || failed "--ranks 2: the new schedules"
+# a limit between the smallest and the fastest layout's memory; the "params" cut, so that
+# each layout's memory is the same in every run (the "time" cut follows the profile)
+P=("${P[@]}" --partition params)
+"$PIPETRAIN" plan "${P[@]}" --ranks 8 --top 1000 --json >"$WORK/all.json"
 limit=$(python3 -c "
 import json, sys
 c = json.load(open(sys.argv[1]))['choices']
-lo = min(x['peak_bytes'] for x in c); hi = max(x['peak_bytes'] for x in c)
+lo = min(x['peak_bytes'] for x in c); hi = c[0]['peak_bytes']
 assert lo < hi, (lo, hi)
 print((lo + hi) / 2 / 2**20)" "$WORK/all.json")
 "$PIPETRAIN" plan "${P[@]}" --ranks 8 --top 1000 --memory-mb "$limit" --json >"$WORK/lim.json"
@@ -37,23 +83,159 @@ assert len(c) == len(fit), (len(c), len(fit))
 steps = [x['step_s'] for x in c]
 assert steps == sorted(steps), steps
 PYEOF
-"$PIPETRAIN" plan "${P[@]}" --ranks 8 --memory-mb "$limit" >"$WORK/lim.txt"
+"$PIPETRAIN" plan "${P[@]}" --ranks 8 --top 1000 --memory-mb "$limit" >"$WORK/lim.txt"
 # (which layout is fastest depends on the profile of the moment: the line about the
 # excluded one appears when the limit excluded a faster layout)
-grep -q "^Choice: --stages" "$WORK/lim.txt" && grep -q "^Runner-up lost: predicted step" "$WORK/lim.txt" \
-    && { ! grep -q "^Excluded" "$WORK/lim.txt" || grep -q "^Excluded by the memory limit: --stages .* MiB per rank" "$WORK/lim.txt"; } \
+grep -q "^Choice: --stages .* --recompute \(none\|all\)$" "$WORK/lim.txt" \
+    && grep -q "^Runner-up lost: predicted step" "$WORK/lim.txt" \
+    && { ! grep -q "^Excluded" "$WORK/lim.txt" || grep -q "^Excluded by the memory limit: --stages .* MiB per rank, more than" "$WORK/lim.txt"; } \
     && pass "text: the choice, why the runner-up lost (and what the limit excluded)" \
     || { failed "text output"; cat "$WORK/lim.txt"; }
+# every row printed: its MiB/rank column within the limit
+python3 - "$WORK/lim.txt" "$limit" <<'PYEOF' && pass "text: every printed layout within --memory-mb" || { failed "text rows over the limit"; cat "$WORK/lim.txt"; }
+import re, sys
+rows = [l.split() for l in open(sys.argv[1]) if re.match(r'^\s*\d+\s+\d+\s+\d+\s+\d+\s+\S+\s+\d+\s+(none|all)\s', l)]
+assert len(rows) > 3, rows
+# columns: # stages replicas M schedule V recompute step(2 words) bubble MiB/rank partition
+assert all(float(r[10]) <= float(sys.argv[2]) for r in rows), [r[10] for r in rows]
+PYEOF
 
-expect_fail "--memory-mb smaller than any layout" "the smallest needs .* MiB per rank (--stages" \
+# A model whose convolutions hold far more activations than they pass on: with 3 ranks and
+# a batch of 4 (3 stages only, M <= 4), recomputation is the only way into the smallest
+# memory, so a limit below every layout without it must choose one with it (memory does
+# not depend on timing, and the "params" cut neither).
+cat >"$WORK/deep.cfg" <<'EOF'
+[net]
+input=1,28,28
+[conv]
+filters=32
+size=3
+stride=1
+pad=1
+activation=relu
+[conv]
+filters=32
+size=3
+stride=1
+pad=1
+activation=relu
+[conv]
+filters=32
+size=3
+stride=1
+pad=1
+activation=relu
+[maxpool]
+size=2
+[conv]
+filters=16
+size=3
+stride=1
+pad=1
+activation=relu
+[conv]
+filters=16
+size=3
+stride=1
+pad=1
+activation=relu
+[maxpool]
+size=2
+[flatten]
+[dense]
+units=10
+activation=linear
+EOF
+D=(--model "$WORK/deep.cfg" --ranks 3 --batch 4 --partition params)
+"$PIPETRAIN" plan "${D[@]}" --top 1000 --json >"$WORK/deep.json"
+rlimit=$(python3 -c "
+import json, sys
+c = json.load(open(sys.argv[1]))['choices']
+on = min(x['peak_bytes'] for x in c if x['recompute'] == 'all')
+off = min(x['peak_bytes'] for x in c if x['recompute'] == 'none')
+assert on < off, ('recomputation saves nothing here', on, off)
+print((on + off) / 2 / 2**20)" "$WORK/deep.json") \
+    && pass "deep convolutions: recomputation needs the least memory" \
+    || failed "deep convolutions: recomputation needs the least memory"
+"$PIPETRAIN" plan "${D[@]}" --top 1000 --memory-mb "${rlimit:-0}" --json >"$WORK/deep_lim.json"
+python3 - "$WORK/deep_lim.json" "${rlimit:-0}" <<'PYEOF' && pass "--memory-mb ${rlimit:-?}: a recompute layout, none over the limit" || failed "tight limit: recompute"
+import json, sys
+c, mb = json.load(open(sys.argv[1]))['choices'], float(sys.argv[2])
+assert c and all(x['recompute'] == 'all' and x['peak_bytes'] <= mb * 2**20 for x in c), c
+PYEOF
+"$PIPETRAIN" plan "${D[@]}" --memory-mb "${rlimit:-0}" | grep -q "^Choice: --stages 3 .* --recompute all$" \
+    && pass "text: the choice recomputes" || failed "text: the choice recomputes"
+
+# nothing fits: the error names the smallest layout, with its memory
+smallest=$(python3 -c "
+import json, sys
+print('%.2f' % (json.load(open(sys.argv[1]))['smallest_peak_bytes'] / 2**20))" "$WORK/all.json")
+expect_fail "--memory-mb smaller than any layout" \
+    "--memory-mb 1: no layout of 8 ranks fits; the smallest needs $smallest MiB per rank (--stages .* --recompute" \
     "$PIPETRAIN" plan "${P[@]}" --ranks 8 --memory-mb 1
 expect_fail "--ranks with --replicas" "chosen by the search" \
     "$PIPETRAIN" plan "${P[@]}" --ranks 8 --replicas 2
 expect_fail "--ranks with --schedule" "chosen by the search" \
     "$PIPETRAIN" plan "${P[@]}" --ranks 8 --schedule gpipe
+expect_fail "--ranks with --virtual" "--virtual is chosen by the search" \
+    "$PIPETRAIN" plan "${P[@]}" --ranks 8 --virtual 2
+expect_fail "--ranks with --recompute" "--recompute is chosen by the search" \
+    "$PIPETRAIN" plan "${P[@]}" --ranks 8 --recompute all
 expect_fail "--ranks and --stages" "not both" "$PIPETRAIN" plan "${P[@]}" --ranks 8 --stages 2
 expect_fail "neither --ranks nor --stages" "not neither" "$PIPETRAIN" plan "${P[@]}"
 expect_fail "--memory-mb without --ranks" "go with --ranks" \
     "$PIPETRAIN" plan "${P[@]}" --stages 2 --memory-mb 100
 expect_fail "--ranks 0" "ranks" "$PIPETRAIN" plan "${P[@]}" --ranks 0
+
+# ---- plan --stages K with the new schedules ----------------------------------------------
+"$PIPETRAIN" plan "${P[@]}" --stages 2 --microbatches 4 --schedule interleaved --virtual 2 \
+    --recompute all --json >"$WORK/il.json"
+python3 - "$WORK/il.json" "$LAYERS" <<'PYEOF' && pass "--stages 2 --virtual 2: 4 model chunks, 2 per rank, priced" || failed "--stages 2 --virtual 2"
+import json, sys
+d, L = json.load(open(sys.argv[1])), int(sys.argv[2])
+first = d['partition']['first']
+assert d['virtual'] == 2 and len(first) == 5 and first[0] == 0 and first[-1] == L, first
+assert [p['layers'] for p in d['placement']] == [[[first[0], first[1] - 1], [first[2], first[3] - 1]],
+                                               [[first[1], first[2] - 1], [first[3], first[4] - 1]]]
+# the last rank feeds rank 0's second chunk: both ranks send
+assert all(p['next_link'] is not None for p in d['placement'])
+p = d['predicted']
+assert p['schedule'] == 'interleaved' and p['virtual'] == 2 and p['recompute'] == 'all'
+assert p['step_s'] > 0 and len(p['stage_memory_bytes']) == 2
+PYEOF
+for s in 1f1b zb-h1; do
+    "$PIPETRAIN" plan "${P[@]}" --stages 4 --microbatches 8 --partition uniform --schedule $s --json \
+        | python3 -c "import json, sys; p = json.load(sys.stdin)['predicted']; print(p['step_s'], sum(p['stage_compute_s']), max(p['stage_memory_bytes']))" >"$WORK/$s.txt"
+done
+python3 - "$WORK/1f1b.txt" "$WORK/zb-h1.txt" <<'PYEOF' && pass "--schedule zb-h1: the same work as 1f1b (B + W about B), more memory" || failed "--schedule zb-h1"
+import sys
+a, z = [list(map(float, open(f).read().split())) for f in sys.argv[1:]]
+assert abs(z[1] - a[1]) <= 0.5 * a[1], ('compute', a[1], z[1])
+assert z[2] > a[2], ('memory', a[2], z[2])
+PYEOF
+"$PIPETRAIN" plan "${P[@]}" --stages 2 --microbatches 4 --schedule interleaved --virtual 2 >"$WORK/il.txt"
+grep -q "^Predicted step (simulator, schedule interleaved --virtual 2, recompute none" "$WORK/il.txt" \
+    && grep -q 'into 4 model chunks, 2 per rank' "$WORK/il.txt" \
+    && pass "text: the interleaved layout" || { failed "text: interleaved"; cat "$WORK/il.txt"; }
+cmd=$("$PIPETRAIN" plan "${P[@]}" --stages 2 --microbatches 4 --schedule interleaved --virtual 2 \
+      --recompute all --partition uniform --emit mpiexec)
+case "$cmd" in
+    *"--schedule interleaved --partition 3,3,3,2 "*"--virtual 2 --recompute all"*)
+        pass "--emit: train gets the 4 chunks' counts, --virtual and --recompute" ;;
+    *) failed "--emit with --virtual printed: $cmd" ;;
+esac
+expect_fail "--virtual without interleaved" "needs --schedule interleaved" \
+    "$PIPETRAIN" plan "${P[@]}" --stages 2 --microbatches 4 --virtual 2
+expect_fail "--virtual with one stage" "at least 2 stages" \
+    "$PIPETRAIN" plan "${P[@]}" --stages 1 --microbatches 4 --schedule interleaved --virtual 2
+expect_fail "--virtual with replicas" "not supported yet" \
+    "$PIPETRAIN" plan "${P[@]}" --stages 2 --replicas 2 --microbatches 4 --schedule interleaved --virtual 2
+expect_fail "--virtual, M not a multiple of K" "multiple of --stages 2" \
+    "$PIPETRAIN" plan "${P[@]}" --stages 2 --microbatches 3 --batch 96 --schedule interleaved --virtual 2
+expect_fail "--virtual, more chunks than layers" "cannot cut" \
+    "$PIPETRAIN" plan "${P[@]}" --stages 4 --microbatches 4 --schedule interleaved --virtual 4
+expect_fail "--recompute of a stage that is not there" "recompute" \
+    "$PIPETRAIN" plan "${P[@]}" --stages 2 --recompute 5
+expect_fail "unknown --schedule" "interleaved" \
+    "$PIPETRAIN" plan "${P[@]}" --stages 2 --schedule zigzag
 finish

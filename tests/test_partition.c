@@ -1,6 +1,8 @@
 /* Stage partitioners: uniform, exact min-max (against brute force), counts lists, the
  * method switch, and the printed table. Nets are built by hand so that these tests do not
- * depend on the model-file parser. */
+ * depend on the model-file parser. Then what the planner builds on a partition: the
+ * profile's split backward (measured, src/profile.c), and the step and memory a layout is
+ * priced at (src/plan_predict.c), on models/ files. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
@@ -9,7 +11,11 @@
 #include <string.h>
 
 #include "partition/partition.h"
+#include "schedule/schedule.h"
 #include "src/base/error.h"
+#include "src/plan_predict.h"
+#include "src/profile.h"
+#include "src/stage.h"
 #include "tests/check.h"
 
 static void expect_first(const partition *p, const int *want, int stages, const char *what)
@@ -310,6 +316,7 @@ Test(partition, params_method_on_cnn)
 
 static void profile_fill(partition_profile *prof, const double *fwd, const double *bwd, int n)
 {
+    *prof = (partition_profile){0};
     prof->n_layers = n;
     prof->fwd_s = malloc((size_t)n * sizeof(double));
     prof->bwd_s = malloc((size_t)n * sizeof(double));
@@ -546,4 +553,209 @@ Test(partition, imbalance_values)
     cr_assert(isnan(partition_imbalance(&p, NULL)), "NULL costs give NaN");
     partition_free(&p);
     cr_assert(isnan(partition_imbalance(&p, cost)), "an empty partition gives NaN");
+}
+
+/* ---- the profile's split backward, the planner's prices ---- */
+
+void openblas_set_num_threads(int);
+
+static void load_model(net_desc *net, const char *name)
+{
+    const char *src = getenv("PT_SOURCE_DIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/models/%s", src ? src : ".", name);
+    cr_assert_eq(net_desc_load(net, path), 0, "%s", pt_error_get());
+}
+
+/* B and W measured per layer: both positive where the layer has parameters (W is zero
+ * work elsewhere), and together about the fused backward: within 50% over the model and
+ * over its convolutions (timings on a shared machine; the split does the same work). */
+Test(profile, split_backward_close_to_fused)
+{
+    openblas_set_num_threads(1);
+    net_desc net;
+    load_model(&net, "seed-cnn.cfg");
+    partition_profile prof;
+    cr_assert_eq(partition_profile_measure(&prof, &net, 16, 2, 7), 0, "%s", pt_error_get());
+    cr_assert(prof.bwd_input_s && prof.bwd_weight_s, "the CPU profile measures B and W");
+    double fused = 0, split = 0, conv_fused = 0, conv_split = 0;
+    for (int l = 0; l < net.n_layers; l++) {
+        const layer_desc *L = &net.layers[l];
+        double b = prof.bwd_input_s[l], w = prof.bwd_weight_s[l];
+        cr_assert(b >= 0 && w >= 0 && isfinite(b) && isfinite(w), "layer %d: B %g, W %g", l, b,
+                  w);
+        if (L->weight_count + L->bias_count > 0)
+            cr_assert(b > 0 && w > 0, "layer %d (%s) has parameters: B %g and W %g must be > 0",
+                      l, layer_type_name(L->type), b, w);
+        fused += prof.bwd_s[l];
+        split += b + w;
+        if (L->type == LAYER_CONV) {
+            conv_fused += prof.bwd_s[l];
+            conv_split += b + w;
+        }
+    }
+    cr_assert(fabs(split - fused) <= 0.5 * fused, "B + W = %g s/sample against the fused %g",
+              split, fused);
+    cr_assert(conv_fused > 0 && fabs(conv_split - conv_fused) <= 0.5 * conv_fused,
+              "convolutions: B + W = %g s/sample against the fused %g", conv_split, conv_fused);
+    partition_profile_free(&prof);
+    cr_assert(prof.bwd_input_s == NULL && prof.bwd_weight_s == NULL,
+              "partition_profile_free must clear the split too");
+    net_desc_free(&net);
+}
+
+/* A profile of per-sample costs: every layer forward f, backward b, split bi + bw. */
+static void profile_const(partition_profile *prof, int n, double f, double b, double bi,
+                          double bw)
+{
+    double fwd[n], bwd[n];
+    for (int l = 0; l < n; l++) fwd[l] = f, bwd[l] = b;
+    profile_fill(prof, fwd, bwd, n);
+    prof->bwd_input_s = malloc((size_t)n * sizeof(double));
+    prof->bwd_weight_s = malloc((size_t)n * sizeof(double));
+    cr_assert(prof->bwd_input_s && prof->bwd_weight_s);
+    for (int l = 0; l < n; l++) prof->bwd_input_s[l] = bi, prof->bwd_weight_s[l] = bw;
+}
+
+static plan_prediction predict(const net_desc *net, const partition *part,
+                               const partition_profile *prof, const char *sched, int V, int M,
+                               const int *recompute)
+{
+    plan_predict_config cfg = {.schedule = sched, .virtual_stages = V, .recompute = recompute,
+                               .microbatch = 1, .rep = {.replicas = 1, .microbatches = M}};
+    plan_prediction p;
+    cr_assert_eq(plan_predict(&p, net, part, prof, &cfg), 0, "%s: %s", sched, pt_error_get());
+    return p;
+}
+
+/* Layer costs on the 8-layer net, 4 stages of 2 (per stage F = 2, B = 8, split 2 + 2):
+ * 1F1B's step is (M + K − 1)(F + B); zb-h1 runs B and W at the profile's split costs (not
+ * half the fused backward: the split must be used); recomputation adds a forward per
+ * micro-batch to every stage's busy time; interleaved (8 chunks) has a smaller bubble. */
+Test(plan, predict_prices_split_recompute_and_chunks)
+{
+    layer_desc l[8];
+    net_desc net = cnn_net(l);
+    int n = net.n_layers, K = 4, M = 8;
+    partition_profile prof;
+    profile_const(&prof, n, 1, 4, 1, 1);
+    partition p4, p8;
+    cr_assert_eq(partition_uniform(&p4, n, K), 0);
+    cr_assert_eq(partition_uniform(&p8, n, 2 * K), 0);
+    double f = 2, b = 8;
+    plan_prediction a = predict(&net, &p4, &prof, "1f1b", 1, M, NULL);
+    double want = (M + K - 1) * (f + b);
+    CHECK_CLOSE("1f1b step", &a.step_s, &want, 1, 1e-9, 1e-12);
+    plan_prediction z = predict(&net, &p4, &prof, "zb-h1", 1, M, NULL);
+    double busy = M * (f + 2 + 2); /* F + B + W of stage 0 */
+    CHECK_CLOSE("zb-h1 busy of stage 0", &z.busy_s[0], &busy, 1, 1e-9, 1e-12);
+    cr_assert(z.step_s < a.step_s, "zb-h1 %g against 1f1b %g", z.step_s, a.step_s);
+    int all[4] = {1, 1, 1, 1};
+    plan_prediction r = predict(&net, &p4, &prof, "1f1b", 1, M, all);
+    busy = M * (f + b + f);
+    CHECK_CLOSE("recompute busy of stage 0", &r.busy_s[0], &busy, 1, 1e-9, 1e-12);
+    cr_assert(r.step_s > a.step_s, "recompute %g against %g", r.step_s, a.step_s);
+    plan_prediction v = predict(&net, &p8, &prof, "interleaved", 2, M, NULL);
+    cr_assert(v.bubble < a.bubble, "interleaved bubble %g against 1f1b %g", v.bubble, a.bubble);
+    /* without the split in the profile, B and W are half the backward each */
+    free(prof.bwd_input_s), free(prof.bwd_weight_s);
+    prof.bwd_input_s = prof.bwd_weight_s = NULL;
+    plan_prediction h = predict(&net, &p4, &prof, "zb-h1", 1, M, NULL);
+    busy = M * (f + b);
+    CHECK_CLOSE("zb-h1 without a split profile", &h.busy_s[0], &busy, 1, 1e-9, 1e-12);
+    /* a partition that is not K·V chunks, replicas with V > 1 */
+    plan_prediction bad;
+    plan_predict_config cfg = {.schedule = "interleaved", .virtual_stages = 3,
+                               .microbatch = 1, .rep = {.replicas = 1, .microbatches = M}};
+    expect_error(plan_predict(&bad, &net, &p8, &prof, &cfg), "per rank", "8 chunks, V = 3");
+    cfg.virtual_stages = 2;
+    cfg.rep.replicas = 2;
+    expect_error(plan_predict(&bad, &net, &p8, &prof, &cfg), "not supported", "V 2, R 2");
+    plan_prediction_free(&a), plan_prediction_free(&z), plan_prediction_free(&r);
+    plan_prediction_free(&v), plan_prediction_free(&h);
+    partition_free(&p4), partition_free(&p8);
+    partition_profile_free(&prof);
+}
+
+static void memory_of(double *out, const net_desc *net, const partition *part, const char *name,
+                      int K, int V, int M, const int *recompute, const plan_memory_config *mc)
+{
+    schedule s;
+    cr_assert_eq(plan_schedule(&s, name, K, V, M, recompute), 0, "%s", pt_error_get());
+    cr_assert_eq(plan_memory(out, net, part, &s, mc), 0, "%s", pt_error_get());
+    schedule_free(&s);
+}
+
+/* What each schedule adds to a rank's memory, against 1F1B on the same cut: zb-h1 the
+ * split's output gradients per slot (and the slots it holds longer), recomputation the
+ * kept outputs minus the slots it frees, batched weight gradients the stash, and interleaved
+ * the sum over a rank's chunks. */
+Test(plan, memory_counts_what_train_allocates)
+{
+    net_desc net;
+    load_model(&net, "seed-cnn.cfg");
+    int n = net.n_layers, K = 2, M = 8, mb = 4;
+    partition p;
+    cr_assert_eq(partition_uniform(&p, n, K), 0);
+    plan_memory_config mc = {.microbatch = mb};
+    double base[2], zb[2], rc[2], wg[2];
+    memory_of(base, &net, &p, "1f1b", K, 1, M, NULL, &mc);
+    memory_of(zb, &net, &p, "zb-h1", K, 1, M, NULL, &mc);
+    int all[2] = {1, 1};
+    memory_of(rc, &net, &p, "1f1b", K, 1, M, all, &mc);
+    mc.wgrad_batched = 1;
+    memory_of(wg, &net, &p, "1f1b", K, 1, M, NULL, &mc);
+    mc.wgrad_batched = 0;
+    schedule s1, s2, s3;
+    schedule_report r1, r2, r3;
+    cr_assert_eq(plan_schedule(&s1, "1f1b", K, 1, M, NULL), 0);
+    cr_assert_eq(plan_schedule(&s2, "zb-h1", K, 1, M, NULL), 0);
+    cr_assert_eq(plan_schedule(&s3, "1f1b", K, 1, M, all), 0);
+    cr_assert_eq(schedule_verify(&s1, &r1), 0);
+    cr_assert_eq(schedule_verify(&s2, &r2), 0);
+    cr_assert_eq(schedule_verify(&s3, &r3), 0);
+    for (int s = 0; s < K; s++) {
+        int first = p.first[s], last = p.first[s + 1];
+        stage_bytes sb = stage_estimate(&net, first, last, mb, 1);
+        double split = (double)stage_split_slot_bytes(&net, first, last, mb);
+        double want = base[s] + r2.peak_inflight_chunk[s] * (sb.slot + split) -
+                      r1.peak_inflight_chunk[s] * (double)sb.slot;
+        CHECK_CLOSE("zb-h1 memory", &zb[s], &want, 1, 0.5, 0.0);
+        double kept = last < n ? 2.0 * M * mb * 4.0 *
+                                     (double)layer_shape_count(net.layers[last - 1].out)
+                               : 0;
+        want = base[s] + kept +
+               (r3.peak_inflight_chunk[s] - r1.peak_inflight_chunk[s]) * (double)sb.slot;
+        CHECK_CLOSE("recompute memory", &rc[s], &want, 1, 0.5, 0.0);
+        want = base[s] + (double)stage_wgrad_row_bytes(&net, first, last) * mb * M;
+        CHECK_CLOSE("batched wgrad memory", &wg[s], &want, 1, 0.5, 0.0);
+    }
+    cr_assert(r3.peak_inflight_chunk[0] < r1.peak_inflight_chunk[0],
+              "recomputation must hold fewer activations on stage 0: %d against %d",
+              r3.peak_inflight_chunk[0], r1.peak_inflight_chunk[0]);
+    schedule_report_free(&r1), schedule_report_free(&r2), schedule_report_free(&r3);
+    schedule_free(&s1), schedule_free(&s2), schedule_free(&s3);
+
+    /* interleaved: rank s holds chunks s and s + K; its memory is more than either chunk's
+     * stage_estimate state alone and the plan refuses a cut of the wrong size */
+    partition p4;
+    cr_assert_eq(partition_uniform(&p4, n, 2 * K), 0);
+    double iv[2];
+    memory_of(iv, &net, &p4, "interleaved", K, 2, M, NULL, &mc);
+    for (int s = 0; s < K; s++) {
+        double state = 0;
+        for (int v = 0; v < 2; v++) {
+            stage_bytes sb = stage_estimate(&net, p4.first[v * K + s], p4.first[v * K + s + 1],
+                                            mb, 1);
+            state += (double)(sb.state + sb.groups + sb.workers + sb.slot);
+        }
+        cr_assert(iv[s] > state, "rank %d: %g bytes, less than its chunks' %g", s, iv[s], state);
+    }
+    schedule s4;
+    cr_assert_eq(plan_schedule(&s4, "interleaved", K, 2, M, NULL), 0);
+    expect_error(plan_memory(iv, &net, &p, &s4, &mc), "plan_memory", "2 chunks for 2 × 2");
+    schedule_free(&s4);
+    partition_free(&p4);
+    partition_free(&p);
+    net_desc_free(&net);
 }
