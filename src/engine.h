@@ -60,6 +60,9 @@ typedef struct {
                              backward in micro-batch order) */
     int recompute;        /* a training forward keeps only its input (and output, to send);
                              recompute(m) rebuilds the activations before the backward */
+    int kept_outputs;     /* recompute: outputs kept at once (the verifier's inputs-kept
+                             peak: a micro-batch's output waits from its forward until its
+                             backward has made sure the send is done); 0: buffers */
 } engine_config;
 
 typedef struct engine engine;

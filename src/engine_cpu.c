@@ -18,9 +18,11 @@ typedef struct {
     int32_t **labels;  /* [buffers][max_batch] (last stage) */
     int64_t **ids;     /* [buffers][max_batch] */
     int *slot_of;      /* [buffers] the slot holding m's activations, −1 for none */
-    float **act_out;   /* recompute: [buffers] the output of m's training forward, kept to
-                          send while its activations are dropped (not on the last stage) */
-    int *act_kept;     /* recompute: [buffers] ACT_OUT of m is act_out[m] */
+    float **act_out;   /* recompute: [n_kept] outputs of training forwards, kept to send
+                          while their activations are dropped (not on the last stage) */
+    int n_kept;
+    int *kept_of;      /* recompute: [buffers] m's entry of act_out, −1 for none */
+    int *kept_busy;    /* [n_kept] */
     int *n_of;         /* [buffers] samples of m's last forward */
     int *polls[2];     /* [buffers]: msg_ready polls of ACT_OUT and GRAD_OUT since prepare */
     int first_stage, last_stage;
@@ -69,8 +71,9 @@ static void cpu_destroy(engine *e)
         free_arrays((void **)c->labels, n);
         free_arrays((void **)c->ids, n);
         free(c->slot_of);
-        free_arrays((void **)c->act_out, n);
-        free(c->act_kept);
+        free_arrays((void **)c->act_out, c->n_kept);
+        free(c->kept_of);
+        free(c->kept_busy);
         free(c->n_of);
         free(c->polls[0]);
         free(c->polls[1]);
@@ -169,7 +172,6 @@ static int cpu_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, in
     double t0 = pt_now();
     const float *y = forward_slot(e, m, n, seed, step, training);
     if (!y) return -1;
-    if (c->act_kept) c->act_kept[m] = 0;
     if (c->last_stage) {
         int ok = 0;
         double l = kernel_softmax_xent_cpu(training ? c->grad_in[m] : NULL, &ok, y, c->labels[m],
@@ -183,8 +185,15 @@ static int cpu_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, in
         /* keep the output to send (the last stage keeps the loss gradient instead) and
          * drop the activations until recompute(m) */
         if (!c->last_stage) {
-            memcpy(c->act_out[m], y, (size_t)n * e->out_count * sizeof(float));
-            c->act_kept[m] = 1;
+            int k = 0;
+            while (k < c->n_kept && c->kept_busy[k]) k++;
+            if (k == c->n_kept)
+                return pt_error_set("CPU engine: all %d kept outputs are in use (the "
+                                    "schedule holds more micro-batches than its verifier "
+                                    "counted)", c->n_kept);
+            c->kept_busy[k] = 1;
+            c->kept_of[m] = k;
+            memcpy(c->act_out[k], y, (size_t)n * e->out_count * sizeof(float));
         }
         stage_slot_release(&c->st, c->slot_of[m]);
         c->slot_of[m] = -1;
@@ -300,6 +309,9 @@ static int cpu_release(engine *e, int m)
     cpu_engine *c = impl(e);
     if (c->slot_of[m] >= 0) stage_slot_release(&c->st, c->slot_of[m]);
     c->slot_of[m] = -1;
+    /* the output kept to send (recompute): the send is done by now */
+    if (c->kept_of && c->kept_of[m] >= 0) c->kept_busy[c->kept_of[m]] = 0;
+    if (c->kept_of) c->kept_of[m] = -1;
     return 0;
 }
 
@@ -322,7 +334,7 @@ static void *cpu_msg_buffer(engine *e, engine_msg k, int m)
     case ENGINE_MSG_ACT_IN: return c->in[m];
     case ENGINE_MSG_GRAD_IN: return c->grad_in[m];
     case ENGINE_MSG_ACT_OUT:
-        if (c->act_kept && c->act_kept[m]) return c->act_out[m];
+        if (c->kept_of && c->kept_of[m] >= 0) return c->act_out[c->kept_of[m]];
         /* the last layer's output, which may alias the input (an all-identity stage) */
         return (void *)c->st.slots[c->slot_of[m]].out[c->st.last - c->st.first - 1];
     case ENGINE_MSG_GRAD_OUT: return c->grad_out[m];
@@ -419,9 +431,12 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
     for (int m = 0; c->slot_of && m < nb; m++) c->slot_of[m] = -1;
     int extras_ok = c->n_of != NULL;
     if (cfg->recompute && !c->last_stage) {
-        c->act_out = (float **)alloc_arrays(nb, mb * e->out_count * sizeof(float));
-        c->act_kept = calloc((size_t)nb, sizeof *c->act_kept);
-        extras_ok = extras_ok && c->act_out && c->act_kept;
+        c->n_kept = cfg->kept_outputs > 0 ? cfg->kept_outputs : nb;
+        c->act_out = (float **)alloc_arrays(c->n_kept, mb * e->out_count * sizeof(float));
+        c->kept_of = malloc((size_t)nb * sizeof *c->kept_of);
+        c->kept_busy = calloc((size_t)c->n_kept, sizeof *c->kept_busy);
+        extras_ok = extras_ok && c->act_out && c->kept_of && c->kept_busy;
+        for (int m = 0; c->kept_of && m < nb; m++) c->kept_of[m] = -1;
     }
     c->polls[0] = calloc((size_t)nb, sizeof *c->polls[0]);
     c->polls[1] = calloc((size_t)nb, sizeof *c->polls[1]);

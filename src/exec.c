@@ -183,7 +183,11 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     schedule_report rep;
     if (schedule_verify(sched, &rep)) return -1;
     int slots[V];
-    for (int v = 0; v < V; v++) slots[v] = rep.peak_inflight_chunk[rank * V + v];
+    int kept[V];
+    for (int v = 0; v < V; v++) {
+        slots[v] = rep.peak_inflight_chunk[rank * V + v];
+        kept[v] = rep.peak_inputs_chunk[rank * V + v];
+    }
     schedule_report_free(&rep);
     const schedule_list *list = &sched->lists[rank];
     int split = 0;
@@ -243,6 +247,7 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
             .grad_pieces = replicas_grad_pieces(&cfg->rep),
             .microbatches = M, .split_backward = split,
             .wgrad_rows = cfg->wgrad_batched ? e->mb * M : 0, .recompute = list->recompute,
+            .kept_outputs = kept[v],
         };
         if (engine_create(&e->engs[v], cfg->device, &ec)) {
             exec_free(e);

@@ -204,7 +204,10 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                                                                 cfg->microbatch);
             /* inputs, gradients in, gradients out (not on chunk 0), labels and ids */
             bytes += nb * mb * (4.0 * (in + outc + (first > 0 ? in : 0)) + 4 + 8);
-            if (recompute && last < net->n_layers) bytes += nb * mb * outc * 4.0;
+            /* recomputation: the outputs of the micro-batches between forward and backward
+             * stay until sent (the engine's pool, sized by the verifier) */
+            if (recompute && last < net->n_layers)
+                bytes += rep.peak_inputs_chunk[s * V + v] * mb * outc * 4.0;
             if (cfg->wgrad_batched)
                 bytes += (double)stage_wgrad_row_bytes(net, first, last) * mb * M;
             if (cfg->grad_pieces > 1)
