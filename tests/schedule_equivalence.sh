@@ -42,7 +42,14 @@ check() { # check NAME REF RANKS ARGS...
     if [ "$(test_loss "$out")" != "$(test_loss "${ref}")" ]; then
         failed "$name: test loss $(test_loss "$out") != $(test_loss "$ref")"; return
     fi
-    pass "$name: bit-identical to one process (parameters and test loss)"
+    # the micro-batches each stage held at most: what the verifier bounds, exactly
+    local held bound
+    held=$(json_field stage_peak_microbatches <"$out.json")
+    bound=$(json_field stage_peak_microbatches_bound <"$out.json")
+    if [ "$held" != "$bound" ]; then
+        failed "$name: peak micro-batches held $held, the verifier's bound $bound"; return
+    fi
+    pass "$name: bit-identical to one process (parameters and test loss), held $held = bound"
 }
 
 # interleaved: K stages x V chunks (seed-cnn has 11 layers: K·V <= 11)
