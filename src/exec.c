@@ -359,17 +359,21 @@ engine *exec_chunk_engine(exec_t *e, int v) { return v >= 0 && v < e->V ? e->eng
 int exec_rank(const exec_t *e) { return e->rank; }
 int exec_stages(const exec_t *e) { return e->size; }
 
-/* An event between pt_now() times t0 and t1; a send or receive (peer ≥ 0) also gets the
- * id of its message, which the other end computes alike. */
-static void record_message(exec_t *e, trace_kind kind, double t0, double t1, int m, int peer)
+/* An event of chunk v between pt_now() times t0 and t1; a send or receive (peer ≥ 0) also
+ * gets the id of its message, which the other end computes alike: keyed by the chunk that
+ * receives it (recv_v), since one micro-batch may cross between two ranks once per chunk. */
+static void record_message(exec_t *e, trace_kind kind, double t0, double t1, int m, int v,
+                           int peer, int recv_v)
 {
     if (!e->cfg.trace) return;
     int grad = kind == TRACE_SEND_GRAD || kind == TRACE_WAIT_GRAD;
     int sender = kind == TRACE_SEND_ACT || kind == TRACE_SEND_GRAD ? e->rank : peer;
+    int M = e->cfg.microbatches;
     trace_event ev = {
         .t0 = trace_time(e, t0) - e->t_origin, .t1 = trace_time(e, t1) - e->t_origin,
-        .kind = (int)kind, .microbatch = m, .rank = e->world_rank, .step = e->trace_step,
-        .flow = peer < 0 ? -1 : trace_flow_id(e->trace_step, grad, m, e->cfg.microbatches,
+        .kind = (int)kind, .microbatch = m, .chunk = m < 0 ? -1 : v, .rank = e->world_rank,
+        .step = e->trace_step,
+        .flow = peer < 0 ? -1 : trace_flow_id(e->trace_step, grad, recv_v * M + m, e->V * M,
                                               e->pipe_world[sender], e->world_size),
     };
     trace_add(&e->trace, &ev);
@@ -380,15 +384,15 @@ static void record_reduction(exec_t *e, double t0, double t1, int bucket, size_t
 {
     trace_event ev = {
         .t0 = trace_time(e, t0) - e->t_origin, .t1 = trace_time(e, t1) - e->t_origin,
-        .kind = TRACE_REDUCE, .microbatch = bucket, .rank = e->world_rank,
+        .kind = TRACE_REDUCE, .microbatch = bucket, .chunk = -1, .rank = e->world_rank,
         .step = e->trace_step, .flow = -1, .bytes = (long long)bytes,
     };
     trace_add(&e->trace, &ev);
 }
 
-static void record(exec_t *e, trace_kind kind, double t0, double t1, int m)
+static void record(exec_t *e, trace_kind kind, double t0, double t1, int m, int v)
 {
-    record_message(e, kind, t0, t1, m, -1);
+    record_message(e, kind, t0, t1, m, v, -1, v);
 }
 
 /* Posts, in order, the pending sends whose buffers are ready (at once on the CPU; when
@@ -571,7 +575,7 @@ static double account_ticks(exec_t *e, const schedule_list *list)
             else e->backward_s += dt;
             if (what < EXEC_TIMES) e->chunk_s[v * EXEC_TIMES + what] += dt;
             compute += dt;
-            record(e, kind, t0, t1, op->kind == SCHED_OP_OPTIMIZER_STEP ? -1 : op->microbatch);
+            record(e, kind, t0, t1, op->kind == SCHED_OP_OPTIMIZER_STEP ? -1 : op->microbatch, v);
             g->tick_t1[i] = t0 - 1; /* used */
         }
     }
@@ -671,12 +675,12 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
         case SCHED_OP_RECV_ACT:
             if (wait_request(e, &e->req_act[k], "the activation", m, op->peer)) return -1;
             if (engine_msg_received(g, ENGINE_MSG_ACT_IN, b)) return -1;
-            record_message(e, TRACE_WAIT_ACT, t0, pt_now(), m, op->peer);
+            record_message(e, TRACE_WAIT_ACT, t0, pt_now(), m, v, op->peer, v);
             break;
         case SCHED_OP_RECV_GRAD:
             if (wait_request(e, &e->req_grad[k], "the gradient", m, op->peer)) return -1;
             if (engine_msg_received(g, ENGINE_MSG_GRAD_IN, b)) return -1;
-            record_message(e, TRACE_WAIT_GRAD, t0, pt_now(), m, op->peer);
+            record_message(e, TRACE_WAIT_GRAD, t0, pt_now(), m, v, op->peer, v);
             break;
         case SCHED_OP_FORWARD:
             if (engine_forward(g, b, mb, seed, step, 1, i)) return -1;
@@ -697,7 +701,8 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
                            chunk_tag(TAG_ACT, m, act_receiver_chunk(e, v), V),
                            &e->req_send_act[k]))
                 return -1;
-            record_message(e, TRACE_SEND_ACT, t0, pt_now(), m, op->peer);
+            record_message(e, TRACE_SEND_ACT, t0, pt_now(), m, v, op->peer,
+                           act_receiver_chunk(e, v));
             break;
         case SCHED_OP_BACKWARD:
             if (op->bucket >= 0) {
@@ -728,7 +733,8 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
                            chunk_tag(TAG_GRAD, m, grad_receiver_chunk(e, v), V),
                            &e->req_send_grad[k]))
                 return -1;
-            record_message(e, TRACE_SEND_GRAD, t0, pt_now(), m, op->peer);
+            record_message(e, TRACE_SEND_GRAD, t0, pt_now(), m, v, op->peer,
+                           grad_receiver_chunk(e, v));
             break;
         case SCHED_OP_OPTIMIZER_STEP:
             for (int q = 0; q < V * M; q++)
@@ -781,7 +787,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
     double t0 = pt_now();
     double sums[3] = {r.loss_sum, (double)r.correct, (double)r.nonfinite};
     if (exec_allreduce(sums, 3, MPI_DOUBLE, MPI_SUM, e->world, e->cfg.timeout_s)) return -1;
-    record(e, TRACE_SYNC, t0, pt_now(), -1);
+    record(e, TRACE_SYNC, t0, pt_now(), -1, 0);
     e->wall_s += pt_now() - t_step;
     e->steps++;
     res->loss_sum = sums[0];
@@ -854,7 +860,7 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
         engine_result r;
         e->prefetched = 0;
         if (evaluate_chunked(e, data, lo, count, &r)) return -1;
-        record(e, TRACE_EVAL, t_start, pt_now(), -1);
+        record(e, TRACE_EVAL, t_start, pt_now(), -1, 0);
         double sums[2] = {r.loss_sum, (double)r.correct};
         if (exec_allreduce(sums, 2, MPI_DOUBLE, MPI_SUM, e->world, e->cfg.timeout_s)) return -1;
         *loss = data->count ? sums[0] / data->count : 0;
@@ -910,7 +916,7 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
     }
     engine_result r;
     if (engine_finish(g, &r)) return -1;
-    record(e, TRACE_EVAL, t_start, pt_now(), -1);
+    record(e, TRACE_EVAL, t_start, pt_now(), -1, 0);
     double sums[2] = {r.loss_sum, (double)r.correct};
     if (exec_allreduce(sums, 2, MPI_DOUBLE, MPI_SUM, e->world, e->cfg.timeout_s)) return -1;
     *loss = data->count ? sums[0] / data->count : 0;

@@ -159,6 +159,8 @@ static void write_event(writer *w, const trace_event *e, const trace_rank *ranks
     int reduce = kind == TRACE_REDUCE; /* its microbatch is the bucket */
     if (reduce)
         snprintf(name, sizeof name, "reduce bucket %d", e->microbatch);
+    else if (e->microbatch >= 0 && e->chunk > 0) /* as the schedule's printer: m.v */
+        snprintf(name, sizeof name, "%s %d.%d", cat, e->microbatch, e->chunk);
     else if (e->microbatch >= 0)
         snprintf(name, sizeof name, "%s %d", cat, e->microbatch);
     else
@@ -169,6 +171,8 @@ static void write_event(writer *w, const trace_event *e, const trace_rank *ranks
     json_t *args = json_pack("{s:I}", "step", (json_int_t)e->step);
     if (args && e->microbatch >= 0 &&
         json_object_set_new(args, reduce ? "bucket" : "microbatch", json_integer(e->microbatch)))
+        args = (json_decref(args), NULL);
+    if (args && e->chunk > 0 && json_object_set_new(args, "chunk", json_integer(e->chunk)))
         args = (json_decref(args), NULL);
     if (args && reduce && json_object_set_new(args, "bytes", json_integer(e->bytes)))
         args = (json_decref(args), NULL);

@@ -25,6 +25,7 @@ typedef enum {
 typedef struct {
     double t0, t1;  /* seconds since its rank's origin, on that rank's clock */
     int kind, microbatch, rank; /* microbatch −1: none */
+    int chunk;      /* interleaved schedules: the rank's model chunk (0: the only one); −1 */
     long step;      /* the training step (the last one, for evaluation) */
     long long flow; /* sends and receives: the message's id, the same at both ends; −1 */
     long long bytes; /* TRACE_REDUCE: the bucket's bytes (microbatch holds the bucket) */
