@@ -21,11 +21,6 @@ int engine_create(engine **e, engine_device device, const engine_config *cfg)
         return pt_error_set("--wgrad batched forms one gradient per step; --reduce ordered "
                             "needs each micro-batch's apart: use another --reduce method");
     if (device == ENGINE_CPU) return engine_cpu_create(e, cfg);
-    if (cfg->split_backward || cfg->wgrad_rows || cfg->recompute)
-        return pt_error_set("the CUDA engine does not run %s yet: use --device cpu",
-                            cfg->split_backward ? "split backwards (schedule zb-h1)"
-                            : cfg->wgrad_rows  ? "batched weight gradients (--wgrad batched)"
-                                               : "recomputation (--recompute)");
     const cuda_plugin *p;
     if (cuda_plugin_load(&p)) return -1;
     return p->engine_create(e, cfg);

@@ -177,10 +177,15 @@ extern "C" int kernel_conv2d_forward_cuda(float *out, float *work, const float *
     return 0;
 }
 
-extern "C" int kernel_conv2d_backward_cuda(float *din, float *dw, float *db, float *work,
-                                           const float *dout, const float *in,
-                                           const float *w, const kernel_conv2d_dims *d,
-                                           const kernel_cuda_ctx *ctx)
+/* The backward's parts (CONV_WEIGHT, CONV_INPUT), as the CPU's conv_backward: each half
+ * makes exactly the calls the fused backward makes for its outputs (the weight half
+ * rebuilds im2col, as the fused call does), so the halves and the fused call agree bit for
+ * bit. */
+enum { CONV_WEIGHT = 1, CONV_INPUT = 2 };
+
+static int conv_backward(float *din, float *dw, float *db, float *work, const float *dout,
+                         const float *in, const float *w, const kernel_conv2d_dims *d,
+                         int parts, const kernel_cuda_ctx *ctx)
 {
     conv_geom g;
     if (conv_geom_init(&g, d) != 0)
@@ -192,20 +197,22 @@ extern "C" int kernel_conv2d_backward_cuda(float *din, float *dw, float *db, flo
     const size_t ycount = (size_t)g.f * g.cols;
     conv_gather_dy<<<cuda_grid(ycount), CUDA_THREADS, 0, ctx->stream>>>(dy, dout, g);
     CUDA_CHECK_LAUNCH("conv_gather_dy");
-    if (db) {
-        conv_bias_grad<<<g.f, CONV_SUM_THREADS, 0, ctx->stream>>>(db, dy, g);
-        CUDA_CHECK_LAUNCH("conv_bias_grad");
-    }
-    /* The forward's col is not kept (the workspace may have served other layers since). */
-    conv_im2col<<<cuda_grid((size_t)g.kk * g.cols), CUDA_THREADS, 0, ctx->stream>>>(col, in,
-                                                                                   g);
-    CUDA_CHECK_LAUNCH("conv_im2col");
     const float one = 1.0f, zero = 0.0f;
-    /* dwᵀ[kk × F] += col[kk × nP] · dyᵀ[nP × F]; col's buffer is colᵀ to cuBLAS (op T),
-     * dy's buffer is dyᵀ (op N). */
-    CUBLAS_CHECK(cublasSgemm(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, g.kk, g.f, (int)g.cols, &one,
-                             col, (int)g.cols, dy, (int)g.cols, &one, dw, g.kk));
-    if (!din)
+    if (parts & CONV_WEIGHT) {
+        if (db) {
+            conv_bias_grad<<<g.f, CONV_SUM_THREADS, 0, ctx->stream>>>(db, dy, g);
+            CUDA_CHECK_LAUNCH("conv_bias_grad");
+        }
+        /* The forward's col is not kept (the workspace may have served other layers since). */
+        conv_im2col<<<cuda_grid((size_t)g.kk * g.cols), CUDA_THREADS, 0, ctx->stream>>>(col,
+                                                                                       in, g);
+        CUDA_CHECK_LAUNCH("conv_im2col");
+        /* dwᵀ[kk × F] += col[kk × nP] · dyᵀ[nP × F]; col's buffer is colᵀ to cuBLAS (op T),
+         * dy's buffer is dyᵀ (op N). */
+        CUBLAS_CHECK(cublasSgemm(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, g.kk, g.f, (int)g.cols,
+                                 &one, col, (int)g.cols, dy, (int)g.cols, &one, dw, g.kk));
+    }
+    if (!(parts & CONV_INPUT) || !din)
         return 0;
     /* dcolᵀ[nP × kk] = dyᵀ[nP × F] · w[F × kk], written over col (dw no longer needs it). */
     CUBLAS_CHECK(cublasSgemm(ctx->blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)g.cols, g.kk, g.f, &one,
@@ -214,4 +221,31 @@ extern "C" int kernel_conv2d_backward_cuda(float *din, float *dw, float *db, flo
     conv_col2im<<<cuda_grid(icount), CUDA_THREADS, 0, ctx->stream>>>(din, col, g);
     CUDA_CHECK_LAUNCH("conv_col2im");
     return 0;
+}
+
+extern "C" int kernel_conv2d_backward_cuda(float *din, float *dw, float *db, float *work,
+                                           const float *dout, const float *in,
+                                           const float *w, const kernel_conv2d_dims *d,
+                                           const kernel_cuda_ctx *ctx)
+{
+    return conv_backward(din, dw, db, work, dout, in, w, d, CONV_WEIGHT | CONV_INPUT, ctx);
+}
+
+extern "C" int kernel_conv2d_backward_weight_cuda(float *dw, float *db, float *work,
+                                                  const float *dout, const float *in,
+                                                  const kernel_conv2d_dims *d,
+                                                  const kernel_cuda_ctx *ctx)
+{
+    return conv_backward(NULL, dw, db, work, dout, in, NULL, d, CONV_WEIGHT, ctx);
+}
+
+extern "C" int kernel_conv2d_backward_input_cuda(float *din, float *work, const float *dout,
+                                                 const float *w, const kernel_conv2d_dims *d,
+                                                 const kernel_cuda_ctx *ctx)
+{
+    if (!din) {
+        conv_geom g; /* nothing to write, but the sizes are still checked */
+        return conv_geom_init(&g, d);
+    }
+    return conv_backward(din, NULL, NULL, work, dout, NULL, w, d, CONV_INPUT, ctx);
 }

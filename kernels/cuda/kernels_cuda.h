@@ -58,6 +58,20 @@ int kernel_dense_forward_cuda(float *out, const float *in, const float *w, const
 int kernel_dense_backward_cuda(float *din, float *dw, float *db, const float *dout,
                                const float *in, const float *w, int n, int in_f, int out_f,
                                const kernel_cuda_ctx *ctx);
+/* Its two halves (zero-bubble schedules run them apart), kernels.h's: the weight gradient
+ * (dw += dout^T · in, db += column sums) and the input gradient (din = dout · w; nothing
+ * when din is NULL). The fused call above is the weight half then the input half, so the
+ * halves give its bits. */
+int kernel_dense_backward_weight_cuda(float *dw, float *db, const float *dout, const float *in,
+                                      int n, int in_f, int out_f, const kernel_cuda_ctx *ctx);
+int kernel_dense_backward_input_cuda(float *din, const float *dout, const float *w, int n,
+                                     int in_f, int out_f, const kernel_cuda_ctx *ctx);
+/* The weight gradient of output units [u0, u0 + units) alone, WRITTEN (not added):
+ * dw[u0.., :] = dout[:, u0..]^T · in, db[u0..] = column sums of dout (the batched weight
+ * gradient forms a layer's in fixed tiles of units this way). */
+int kernel_dense_weight_grad_units_cuda(float *dw, float *db, const float *dout,
+                                        const float *in, int n, int in_f, int out_f, int u0,
+                                        int units, const kernel_cuda_ctx *ctx);
 
 /* ---- 2-D convolution: im2col + cuBLAS ----
  * Workspace (device floats): col[c·k·k][n·oh·ow], then, for the backward, dy[filters]
@@ -69,6 +83,14 @@ int kernel_conv2d_forward_cuda(float *out, float *work, const float *in, const f
 int kernel_conv2d_backward_cuda(float *din, float *dw, float *db, float *work,
                                 const float *dout, const float *in, const float *w,
                                 const kernel_conv2d_dims *d, const kernel_cuda_ctx *ctx);
+/* Its two halves, each making the fused call's kernel calls for its outputs (the weight
+ * half rebuilds im2col), so bit for bit what the fused call gives; the same workspace. */
+int kernel_conv2d_backward_weight_cuda(float *dw, float *db, float *work, const float *dout,
+                                       const float *in, const kernel_conv2d_dims *d,
+                                       const kernel_cuda_ctx *ctx);
+int kernel_conv2d_backward_input_cuda(float *din, float *work, const float *dout,
+                                      const float *w, const kernel_conv2d_dims *d,
+                                      const kernel_cuda_ctx *ctx);
 
 /* ---- pooling (same rules as the CPU: first maximum wins, NaN propagates) ---- */
 int kernel_maxpool2d_forward_cuda(float *out, int32_t *argmax, const float *in, int n, int c,

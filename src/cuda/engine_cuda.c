@@ -73,7 +73,20 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
             sl->buf = arena_take(d, ob);
             sl->argmax = arena_take(d, ab);
             sl->mask = arena_take(d, mb);
+            /* split backward: B's output gradient for W (batched layers stash theirs) */
+            const layer_desc *L = &c->net->layers[l];
+            sl->gout = cfg->split_backward && L->weight_count &&
+                               !engine_cuda_batched(c, l - c->first)
+                           ? arena_take(d, mbs * layer_shape_count(L->out) * fl)
+                           : NULL;
         }
+    }
+    for (int i = 0; i < c->nl; i++) {
+        const layer_desc *L = &c->net->layers[c->first + i];
+        if (!engine_cuda_batched(c, i)) continue;
+        size_t rows = (size_t)c->wgrad_rows;
+        c->stash_x[i] = arena_take(d, rows * layer_shape_count(L->in) * fl);
+        c->stash_g[i] = arena_take(d, rows * layer_shape_count(L->out) * fl);
     }
     c->work = arena_take(d, c->work_floats * fl);
     for (int k = 0; k < 2; k++) c->scratch[k] = arena_take(d, c->widest * mbs * fl);
@@ -85,6 +98,8 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
         b->pixels = c->is_first ? arena_take(d, mbs * e->in_count) : NULL;
         b->labels = c->is_last ? arena_take(d, mbs * sizeof(int32_t)) : NULL;
         b->ids = c->has_dropout ? arena_take(d, mbs * sizeof(int64_t)) : NULL;
+        b->act_out = cfg->recompute && !c->is_last ? arena_take(d, mbs * e->out_count * fl)
+                                                   : NULL;
         b->h_pixels = c->is_first ? arena_take(h, mbs * e->in_count) : NULL;
         b->h_labels = c->is_last ? arena_take(h, mbs * sizeof(int32_t)) : NULL;
         b->h_ids = c->has_dropout ? arena_take(h, mbs * sizeof(int64_t)) : NULL;
@@ -118,8 +133,13 @@ static int create_memory(engine *e, cuda_engine *c)
     c->piece = calloc((size_t)c->pieces, sizeof *c->piece);
     c->ev_grads = calloc((size_t)nl, sizeof *c->ev_grads);
     c->grads_ev = calloc((size_t)nl, sizeof *c->grads_ev);
+    c->wgrad_rows = cfg->wgrad_rows > 0 ? cfg->wgrad_rows : 0;
+    c->stash_x = calloc((size_t)nl, sizeof *c->stash_x);
+    c->stash_g = calloc((size_t)nl, sizeof *c->stash_g);
+    c->runs = calloc((size_t)nl, sizeof *c->runs);
     if (!c->param_off || !c->slots || !c->slot_layers || !c->mb || !c->tick_ev ||
-        !c->tick_used || !c->piece || !c->ev_grads || !c->grads_ev)
+        !c->tick_used || !c->piece || !c->ev_grads || !c->grads_ev || !c->stash_x ||
+        !c->stash_g || !c->runs)
         return pt_error_set("CUDA engine: out of host memory");
     for (int k = 0; k < cfg->n_slots; k++) c->slots[k].layers = c->slot_layers + (size_t)k * nl;
     for (int m = 0; m < cfg->buffers; m++) c->mb[m].slot = -1;
@@ -187,7 +207,7 @@ static int create_events(engine *e, cuda_engine *c)
     for (int m = 0; m < e->cfg.buffers; m++) {
         cuda_mb *b = &c->mb[m];
         cudaEvent_t *evs[] = {&b->ev_loaded, &b->ev_act_in,  &b->ev_grad_in, &b->ev_fwd,
-                              &b->ev_bwd,    &b->ev_act_out, &b->ev_grad_out};
+                              &b->ev_bwd,    &b->ev_act_out, &b->ev_grad_out, &b->ev_late};
         for (size_t i = 0; i < sizeof evs / sizeof *evs; i++)
             CUDA_CHECK(cudaEventCreateWithFlags(evs[i], sync_only));
     }
@@ -218,7 +238,7 @@ static void cuda_destroy(engine *e)
             for (int m = 0; m < e->cfg.buffers; m++) {
                 cuda_mb *b = &c->mb[m];
                 cudaEvent_t evs[] = {b->ev_loaded, b->ev_act_in,  b->ev_grad_in, b->ev_fwd,
-                                     b->ev_bwd,    b->ev_act_out, b->ev_grad_out};
+                                     b->ev_bwd,    b->ev_act_out, b->ev_grad_out, b->ev_late};
                 for (size_t i = 0; i < sizeof evs / sizeof *evs; i++)
                     if (evs[i]) (void)cudaEventDestroy(evs[i]);
             }
@@ -248,6 +268,9 @@ static void cuda_destroy(engine *e)
         free(c->piece);
         free(c->ev_grads);
         free(c->grads_ev);
+        free(c->stash_x);
+        free(c->stash_g);
+        free(c->runs);
         free(c);
     }
     engine_base_free(e);
@@ -560,8 +583,9 @@ static int cuda_load(engine *e, int m, const dataset *d, const int64_t *ids, int
         if (c->is_last) b->h_labels[j] = d->labels[ids[j]];
         if (c->has_dropout) b->h_ids[j] = ids[j];
     }
-    /* the device copies are read by m's forward, which may still be queued */
+    /* the device copies are read by m's forward (and recompute), which may still be queued */
     CUDA_CHECK(cudaStreamWaitEvent(c->h2d, b->ev_fwd, 0));
+    CUDA_CHECK(cudaStreamWaitEvent(c->h2d, b->ev_late, 0));
     if (n > 0) {
         size_t nn = (size_t)n;
         if (c->is_first)
@@ -623,6 +647,9 @@ static const engine_ops cuda_ops = {
     .forward = engine_cuda_forward,
     .backward = engine_cuda_backward,
     .backward_range = engine_cuda_backward_range,
+    .backward_input = engine_cuda_backward_input,
+    .backward_weight = engine_cuda_backward_weight,
+    .recompute = engine_cuda_recompute,
     .grads_host = cuda_grads_host,
     .grads_commit = cuda_grads_commit,
     .zero_grads = cuda_zero_grads,
@@ -665,6 +692,13 @@ int engine_cuda_create(engine **out, const engine_config *cfg)
         return pt_error_set("CUDA engine: %d buffers, batch %d of %d, %d slots, %d ticks: out "
                             "of range", cfg->buffers, cfg->max_batch, cfg->batch, cfg->n_slots,
                             cfg->max_ticks);
+    if ((cfg->split_backward || cfg->wgrad_rows || cfg->recompute) && cfg->microbatches < 1)
+        return pt_error_set("CUDA engine: split backward, batched weight gradients and "
+                            "recomputation need the step's micro-batch count");
+    if (cfg->wgrad_rows < 0 || (cfg->wgrad_rows && cfg->grad_pieces > 1))
+        return pt_error_set("CUDA engine: batched weight gradients over %d rows%s",
+                            cfg->wgrad_rows, cfg->wgrad_rows > 0 ? " form one gradient per "
+                            "step, not one per gradient piece" : ": out of range");
     engine *e = calloc(1, sizeof *e);
     if (!e) return pt_error_set("CUDA engine: out of host memory");
     if (engine_base_init(e, &cuda_ops, cfg)) {

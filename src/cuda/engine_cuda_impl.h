@@ -24,6 +24,9 @@
  *                                                                       only after it
  *                       grad_out  d2h      GRAD_OUT copied            → msg_ready; the next
  *                                                                       backward of m waits
+ *                       late      compute  m's last recompute or W    → h2d waits likewise
+ *                                          (they read m's input after
+ *                                          its forward and its B)
  *   per slot            read      d2h      last copy out of the slot  → a forward reusing it
  *   per local layer     grads[k]  compute  the last write of layer i's → grads_host's copy of
  *                                          gradients, k = grads_ev[i]   them waits (on the
@@ -51,6 +54,19 @@
  * the slots), and another backward or a step is refused until the last range (zero_grads
  * abandons an unfinished one).
  *
+ * Zero-bubble split (split_backward): B (backward_input) runs the backward's input halves
+ * and keeps, per slot, the gradient of each parameter layer's output (slot_layer.gout);
+ * W (backward_weight) forms the parameter gradients of a range of layers from them with
+ * the kernels' weight halves, into the same targets, with the same zeroing and adding, as
+ * backward_range would (so B then W is backward, bit for bit, as on the CPU). Recomputation
+ * (recompute): a training forward copies its output into the buffer's act_out (what
+ * ACT_OUT then sends) and gives its slot back at once; recompute(m) runs the training
+ * forward again into a fresh slot from the input the buffer still holds (no loss). Batched
+ * weight gradients (wgrad_rows): dense layers copy each micro-batch's input and output-
+ * gradient rows into a device stash (stash_x, stash_g) and skip their weight half; the
+ * backward (or W) of the step's last micro-batch writes those layers' gradients in the
+ * CPU's fixed tiles of output units (ENGINE_CUDA_WGRAD_TILE).
+ *
  * The layer loops mirror src/stage.c (forward_chunk, backward_chunk) with the whole
  * micro-batch as one chunk: a GPU kernel fills the chip, and each layer then sees the same
  * shapes in every pipeline layout, so a layout does not change the bits. */
@@ -63,6 +79,11 @@
 /* LOSS_CAPACITY: per-micro-batch loss entries held on the device between two reads;
  * evaluation forwards thousands of chunks between finishes and drains them when full. */
 enum { ENGINE_CUDA_ALIGN = 64, LOSS_CAPACITY = 1024 };
+/* Output units per product of a batched weight gradient: src/stage.c's WGRAD_TILE, which
+ * fixes the CPU's sums (the two must be equal for the engines to agree bit for bit). */
+enum { ENGINE_CUDA_WGRAD_TILE = 512 };
+/* What a backward computes: the input gradient (B), the parameter gradients (W), or both. */
+enum { ENGINE_CUDA_BW_INPUT = 1, ENGINE_CUDA_BW_WEIGHT = 2, ENGINE_CUDA_BW_BOTH = 3 };
 
 typedef struct {
     float *buf;      /* device: the layer's output storage (NULL for flatten) */
@@ -70,11 +91,14 @@ typedef struct {
     int32_t *argmax; /* maxpool */
     uint8_t *mask;   /* dropout */
     int identity;    /* the last forward passed the input through (out aliases it) */
+    float *gout;     /* split backward, layers with parameters (not batched ones): the
+                        gradient of the output after the activation's, B's for W */
 } slot_layer;
 
 typedef struct {
     int busy, m, n;     /* held by micro-batch m since its forward of n samples */
     int training;       /* that forward trained (dropout on, loss gradient written) */
+    int has_gout;       /* split backward: B has run since that forward */
     slot_layer *layers; /* [last − first] */
     cudaEvent_t ev_read; /* the last copy out of the slot's memory */
 } cuda_slot;
@@ -92,12 +116,17 @@ typedef struct {
     int32_t *h_labels;
     int64_t *h_ids;
     float *h_act_in, *h_grad_in, *h_act_out, *h_grad_out; /* host-staged messages only */
+    float *act_out;    /* device, recompute (not on the last stage): the output of m's
+                          training forward, ACT_OUT while its activations are dropped */
     cudaEvent_t ev_loaded, ev_act_in, ev_grad_in, ev_fwd, ev_bwd, ev_act_out, ev_grad_out;
+    cudaEvent_t ev_late;
     int slot;          /* −1: none */
     int n;             /* samples of the last forward */
     int loaded_n;      /* samples of the last load */
     int has_grad_out;  /* a backward has written GRAD_OUT since the last forward */
     int act_out_prepared, grad_out_prepared;
+    int act_kept;      /* recompute: ACT_OUT of m is act_out */
+    int dropped;       /* recompute: m's last forward trained and dropped its activations */
 } cuda_mb;
 
 typedef struct {
@@ -125,6 +154,9 @@ typedef struct {
     const float *range_g;     /* the running gradient between ranges; range_gi: the scratch
                                  buffer it lives in, −1 for GRAD_IN */
     size_t *param_off; /* per local layer: its weight's offset in params and grads */
+    int wgrad_rows;    /* batched weight gradients: rows of the step (0: off) */
+    float **stash_x, **stash_g; /* [nl]: dense layers' [wgrad_rows][in], [wgrad_rows][out] */
+    size_t (*runs)[2]; /* [nl]: scratch of the backward's gradient runs */
     size_t work_floats, widest;
     float *work, *scratch[2];
     double *d_loss, *h_loss; /* [LOSS_CAPACITY], last stage */
@@ -143,6 +175,13 @@ typedef struct {
 } cuda_engine;
 
 static inline cuda_engine *engine_cuda_impl(engine *e) { return e->impl; }
+
+/* Local layer i's weight gradient is formed over the whole step (batched): dense layers
+ * when wgrad_rows > 0. */
+static inline int engine_cuda_batched(const cuda_engine *c, int i)
+{
+    return c->wgrad_rows > 0 && c->net->layers[c->first + i].type == LAYER_DENSE;
+}
 
 static inline kernel_conv2d_dims engine_cuda_conv_dims(const layer_desc *L, int n)
 {
@@ -170,6 +209,9 @@ int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, i
                         int tick);
 int engine_cuda_backward(engine *e, int m, int tick);
 int engine_cuda_backward_range(engine *e, int m, int lo, int hi, int tick);
+int engine_cuda_backward_input(engine *e, int m, int tick);
+int engine_cuda_backward_weight(engine *e, int m, int lo, int hi, int tick);
+int engine_cuda_recompute(engine *e, int m, uint64_t seed, uint64_t step, int tick);
 int engine_cuda_release(engine *e, int m);
 void *engine_cuda_msg_buffer(engine *e, engine_msg k, int m);
 int engine_cuda_msg_received(engine *e, engine_msg k, int m);

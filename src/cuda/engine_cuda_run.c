@@ -64,6 +64,35 @@ static int forward_layers(engine *e, cuda_slot *s, int m, int n, uint64_t seed, 
     return 0;
 }
 
+/* A free slot for m's activations, or −1 with a message. */
+static int take_slot(engine *e)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    int k = 0;
+    while (k < e->cfg.n_slots && c->slots[k].busy) k++;
+    if (k == e->cfg.n_slots)
+        return pt_error_set("CUDA engine, layers %d..%d: all %d activation slots are in use",
+                            c->first, c->last - 1, e->cfg.n_slots);
+    return k;
+}
+
+/* The compute stream waits for m's inputs to be copied in, and for the copies out of the
+ * memory a forward into slot s overwrites. */
+static int forward_waits(cuda_engine *c, const cuda_mb *b, const cuda_slot *s, int recompute)
+{
+    cudaStream_t cs = c->ctx.stream;
+    if (c->needs_load) CUDA_CHECK(cudaStreamWaitEvent(cs, b->ev_loaded, 0));
+    if (!c->dm) {
+        if (!c->is_first) CUDA_CHECK(cudaStreamWaitEvent(cs, b->ev_act_in, 0));
+        CUDA_CHECK(cudaStreamWaitEvent(cs, s->ev_read, 0));
+        /* stage 0 rewrites its input, which an all-identity stage sent out as ACT_OUT; a
+         * recomputing stage's training forward rewrites act_out, sent the same way */
+        if (!recompute && (c->is_first || b->act_out))
+            CUDA_CHECK(cudaStreamWaitEvent(cs, b->ev_act_out, 0));
+    }
+    return 0;
+}
+
 int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, int training,
                         int tick)
 {
@@ -79,23 +108,13 @@ int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, i
     if (c->needs_load && b->loaded_n < n)
         return pt_error_set("CUDA engine: forward of %d samples of micro-batch %d, but %d "
                             "were loaded", n, m, b->loaded_n);
-    int k = 0;
-    while (k < e->cfg.n_slots && c->slots[k].busy) k++;
-    if (k == e->cfg.n_slots)
-        return pt_error_set("CUDA engine, layers %d..%d: all %d activation slots are in use",
-                            c->first, c->last - 1, e->cfg.n_slots);
+    int k = take_slot(e);
+    if (k < 0) return -1;
     cuda_slot *s = &c->slots[k];
     cudaStream_t cs = c->ctx.stream;
     CUDA_CHECK(cudaSetDevice(c->device));
     if (engine_cuda_tick_check(e, tick)) return -1;
-    /* Inputs copied in, and copies out of the memory this forward overwrites, finished. */
-    if (c->needs_load) CUDA_CHECK(cudaStreamWaitEvent(cs, b->ev_loaded, 0));
-    if (!c->dm) {
-        if (!c->is_first) CUDA_CHECK(cudaStreamWaitEvent(cs, b->ev_act_in, 0));
-        CUDA_CHECK(cudaStreamWaitEvent(cs, s->ev_read, 0));
-        /* stage 0 rewrites its input, which an all-identity stage sent out as ACT_OUT */
-        if (c->is_first) CUDA_CHECK(cudaStreamWaitEvent(cs, b->ev_act_out, 0));
-    }
+    if (forward_waits(c, b, s, 0)) return -1;
     if (engine_cuda_tick_begin(e, tick)) return -1;
     if (c->is_first && kernel_bytes_to_float_cuda(b->in, b->pixels, (size_t)n * e->in_count,
                                                   &c->ctx))
@@ -112,24 +131,96 @@ int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, i
             return engine_cuda_layer_fail("loss", c->last - 1, m);
         c->n_loss++;
     }
+    /* recompute: the output is kept to send (the last stage keeps the loss gradient) and
+     * the activations are dropped until recompute(m) */
+    int drop = e->cfg.recompute && training;
+    if (drop && b->act_out && n > 0)
+        CUDA_CHECK(cudaMemcpyAsync(b->act_out, s->layers[c->nl - 1].out,
+                                   (size_t)n * e->out_count * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, cs));
     CUDA_CHECK(cudaEventRecord(b->ev_fwd, cs));
     if (engine_cuda_tick_end(e, tick)) return -1;
-    s->busy = 1;
+    s->busy = !drop;
     s->m = m;
     s->n = n;
-    b->slot = k;
+    s->has_gout = 0;
+    b->slot = drop ? -1 : k;
     b->n = n;
     b->has_grad_out = 0;
     b->act_out_prepared = b->grad_out_prepared = 0;
+    b->act_kept = drop && b->act_out != NULL;
+    b->dropped = drop;
+    return 0;
+}
+
+int engine_cuda_recompute(engine *e, int m, uint64_t seed, uint64_t step, int tick)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    if (engine_cuda_check_m(e, m, "recompute")) return -1;
+    cuda_mb *b = &c->mb[m];
+    if (!e->cfg.recompute || b->slot >= 0 || !b->dropped)
+        return pt_error_set("CUDA engine: recompute of micro-batch buffer %d, which %s", m,
+                            !e->cfg.recompute ? "is not recomputed (engine without recompute)"
+                            : b->slot >= 0    ? "holds its activations"
+                                              : "had no training forward since its last "
+                                                "evaluation");
+    int k = take_slot(e);
+    if (k < 0) return -1;
+    cuda_slot *s = &c->slots[k];
+    cudaStream_t cs = c->ctx.stream;
+    CUDA_CHECK(cudaSetDevice(c->device));
+    if (engine_cuda_tick_check(e, tick)) return -1;
+    if (forward_waits(c, b, s, 1)) return -1;
+    if (engine_cuda_tick_begin(e, tick)) return -1;
+    /* the input is still there: stage 0's converted pixels, or ACT_IN */
+    s->training = 1;
+    if (forward_layers(e, s, m, b->n, seed, step)) return -1;
+    CUDA_CHECK(cudaEventRecord(b->ev_late, cs));
+    if (engine_cuda_tick_end(e, tick)) return -1;
+    s->busy = 1;
+    s->m = m;
+    s->n = b->n;
+    s->has_gout = 0;
+    b->slot = k;
+    return 0;
+}
+
+static int copy_d2d(float *dst, const float *src, size_t count, cudaStream_t st)
+{
+    if (count)
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice,
+                                   st));
+    return 0;
+}
+
+/* Batched layer i: m's input rows x and output-gradient rows g into the step's stash, at
+ * m's place in the step (its micro-batch index times the micro-batch size, as the CPU
+ * engine's stage_slot_set_row). */
+static int stash_rows(engine *e, int i, int m, int n, const float *x, const float *g)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    const layer_desc *L = &c->net->layers[c->first + i];
+    size_t in = layer_shape_count(L->in), out = layer_shape_count(L->out);
+    size_t row = (size_t)(m % e->cfg.microbatches) * (size_t)e->cfg.max_batch;
+    if (row + (size_t)n > (size_t)c->wgrad_rows)
+        return pt_error_set("CUDA engine, layer %d: rows [%zu, %zu) of micro-batch buffer %d "
+                            "outside the step's %d batched rows", c->first + i, row,
+                            row + (size_t)n, m, c->wgrad_rows);
+    if (copy_d2d(c->stash_x[i] + row * in, x, (size_t)n * in, c->ctx.stream) ||
+        copy_d2d(c->stash_g[i] + row * out, g, (size_t)n * out, c->ctx.stream))
+        return -1;
     return 0;
 }
 
 /* Local layers [lo, hi), from the running gradient c->range_g (in scratch buffer
  * c->range_gi, −1 for GRAD_IN), which is left where the next range starts; the ranges of one
  * micro-batch thus make exactly the kernel calls of one backward over all layers. Parameter
- * gradients go to `grads` (the stage's, mb_grads or a piece: see backward_range). */
-static int backward_layers(engine *e, const cuda_slot *s, int m, int lo, int hi, float *din,
-                           float *grads)
+ * gradients go to `grads` (the stage's, mb_grads or a piece: see backward_range; unused by
+ * B). parts, as src/stage.c's backward_chunk: ENGINE_CUDA_BW_BOTH, or ENGINE_CUDA_BW_INPUT
+ * alone (B, which keeps each parameter layer's output gradient in the slot for W). Batched
+ * layers stash their rows and leave their weight half to the step's flush. */
+static int backward_layers(engine *e, cuda_slot *s, int m, int lo, int hi, float *din,
+                           float *grads, int parts)
 {
     cuda_engine *c = engine_cuda_impl(e);
     const float *g = c->range_g;
@@ -153,16 +244,32 @@ static int backward_layers(engine *e, const cuda_slot *s, int m, int lo, int hi,
         int ti = gi < 0 ? 0 : 1 - gi;
         float *dx = i == 0 ? din : c->scratch[ti];
         const float *w = c->params + c->param_off[i];
-        float *dw = grads + c->param_off[i], *db = dw + L->weight_count;
+        float *dw = grads ? grads + c->param_off[i] : NULL, *db = dw ? dw + L->weight_count : NULL;
+        /* the weight half happens now (both parts, not batched), in W (split), or in the
+         * step's flush (batched: the rows go to the stash) */
+        int batched = engine_cuda_batched(c, i);
+        int weight_now = (parts & ENGINE_CUDA_BW_WEIGHT) && !batched;
+        if (L->weight_count && batched) {
+            if (stash_rows(e, i, m, n, x, g)) return -1;
+        } else if (L->weight_count && !(parts & ENGINE_CUDA_BW_WEIGHT)) {
+            if (copy_d2d(sl->gout, g, (size_t)n * out_count, c->ctx.stream)) return -1;
+        }
         switch (L->type) {
         case LAYER_CONV: {
             kernel_conv2d_dims d = engine_cuda_conv_dims(L, n);
-            rc = kernel_conv2d_backward_cuda(dx, dw, db, c->work, g, x, w, &d, &c->ctx);
+            if (weight_now)
+                rc = kernel_conv2d_backward_cuda(dx, dw, db, c->work, g, x, w, &d, &c->ctx);
+            else if (dx)
+                rc = kernel_conv2d_backward_input_cuda(dx, c->work, g, w, &d, &c->ctx);
             break;
         }
         case LAYER_DENSE:
-            rc = kernel_dense_backward_cuda(dx, dw, db, g, x, w, n, (int)in_count,
-                                            L->u.dense.units, &c->ctx);
+            if (weight_now)
+                rc = kernel_dense_backward_cuda(dx, dw, db, g, x, w, n, (int)in_count,
+                                                L->u.dense.units, &c->ctx);
+            else if (dx)
+                rc = kernel_dense_backward_input_cuda(dx, g, w, n, (int)in_count,
+                                                      L->u.dense.units, &c->ctx);
             break;
         case LAYER_MAXPOOL:
             if (dx)
@@ -198,18 +305,135 @@ static int backward_layers(engine *e, const cuda_slot *s, int m, int lo, int hi,
     return 0;
 }
 
+/* W of local layers [lo, hi), as src/stage.c's weight_chunk: each parameter layer's weight
+ * half from its input and the output gradient B kept. */
+static int weight_layers(engine *e, const cuda_slot *s, int m, int lo, int hi, float *grads)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    int n = s->n;
+    for (int i = hi - 1; i >= lo; i--) {
+        const layer_desc *L = &c->net->layers[c->first + i];
+        if (!L->weight_count || engine_cuda_batched(c, i)) continue;
+        size_t in_count = layer_shape_count(L->in);
+        const float *x = i == 0 ? c->mb[m].in : s->layers[i - 1].out;
+        const float *g = s->layers[i].gout;
+        float *dw = grads + c->param_off[i], *db = dw + L->weight_count;
+        int rc;
+        if (L->type == LAYER_CONV) {
+            kernel_conv2d_dims d = engine_cuda_conv_dims(L, n);
+            rc = kernel_conv2d_backward_weight_cuda(dw, db, c->work, g, x, &d, &c->ctx);
+        } else {
+            rc = kernel_dense_backward_weight_cuda(dw, db, g, x, n, (int)in_count,
+                                                   L->u.dense.units, &c->ctx);
+        }
+        if (rc) return engine_cuda_layer_fail("weight gradient", c->first + i, m);
+    }
+    return 0;
+}
+
+/* The parameters of local layers [lo, hi) whose gradients a backward forms per micro-batch
+ * (all but batched layers) as maximal runs [begin, end) of offsets (src/stage.c's
+ * grad_runs): what is zeroed before and added after a gradient formed apart. Without
+ * batched layers this is the one run [param_off[lo], end of layer hi − 1). */
+static int grad_runs(const engine *e, int lo, int hi, size_t (*runs)[2])
+{
+    const cuda_engine *c = e->impl;
+    int n = 0;
+    for (int i = lo; i < hi; i++) {
+        size_t b = c->param_off[i], end = i + 1 < c->nl ? c->param_off[i + 1] : e->param_count;
+        if (b == end || engine_cuda_batched(c, i)) continue;
+        if (n && runs[n - 1][1] == b) runs[n - 1][1] = end;
+        else runs[n][0] = b, runs[n++][1] = end;
+    }
+    return n;
+}
+
+/* m's parameter gradients of layers [lo, hi) into `target`: zeroed first when formed apart
+ * (`apart`: mb_grads or a piece), added to the stage's after when `add` (mb_grads).
+ * parts: BW_BOTH runs the backward of those layers (backward_range), BW_WEIGHT W alone. */
+static int grads_span(engine *e, cuda_slot *s, int m, int lo, int hi, float *target, int apart,
+                      int add, int parts)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    size_t(*runs)[2] = c->runs;
+    int nr = grad_runs(e, lo, hi, runs), rc = 0;
+    for (int r = 0; apart && r < nr && !rc; r++) {
+        cudaError_t err = cudaMemsetAsync(target + runs[r][0], 0,
+                                          (runs[r][1] - runs[r][0]) * sizeof(float),
+                                          c->ctx.stream);
+        if (err != cudaSuccess)
+            rc = pt_error_set("CUDA engine: cudaMemsetAsync: %s", cudaGetErrorString(err));
+    }
+    if (!rc)
+        rc = parts == ENGINE_CUDA_BW_WEIGHT
+                 ? weight_layers(e, s, m, lo, hi, target)
+                 : backward_layers(e, s, m, lo, hi, c->is_first ? NULL : c->mb[m].grad_out,
+                                   target, parts);
+    for (int r = 0; add && r < nr && !rc; r++)
+        rc = kernel_add_cuda(c->grads + runs[r][0], target + runs[r][0],
+                             runs[r][1] - runs[r][0], &c->ctx);
+    return rc;
+}
+
+/* Batched weight gradients: at the backward (or W) of the step's last micro-batch, the
+ * batched layers of [lo, hi) get theirs, written, in the CPU's tiles of output units. */
+static int wgrad_flush(engine *e, int m, int lo, int hi)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    int M = e->cfg.microbatches;
+    if (!c->wgrad_rows || m % M != M - 1) return 0;
+    for (int i = lo; i < hi; i++) {
+        if (!engine_cuda_batched(c, i)) continue;
+        const layer_desc *L = &c->net->layers[c->first + i];
+        int in = (int)layer_shape_count(L->in), out = L->u.dense.units;
+        float *dw = c->grads + c->param_off[i], *db = dw + L->weight_count;
+        for (int a = 0; a < out; a += ENGINE_CUDA_WGRAD_TILE) {
+            int w = out - a < ENGINE_CUDA_WGRAD_TILE ? out - a : ENGINE_CUDA_WGRAD_TILE;
+            if (kernel_dense_weight_grad_units_cuda(dw, db, c->stash_g[i], c->stash_x[i],
+                                                    c->wgrad_rows, in, out, a, w, &c->ctx))
+                return engine_cuda_layer_fail("batched weight gradient", c->first + i, m);
+        }
+    }
+    return 0;
+}
+
+/* The slot of m for a backward part, or NULL with a message. */
+static cuda_slot *backward_slot(engine *e, int m, const char *what)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    if (engine_cuda_check_m(e, m, what)) return NULL;
+    const cuda_mb *b = &c->mb[m];
+    if (b->slot < 0) {
+        pt_error_set("CUDA engine: %s of micro-batch %d, which holds no slot (no forward%s "
+                     "since its release)", what, m, e->cfg.recompute ? " or recompute" : "");
+        return NULL;
+    }
+    cuda_slot *s = &c->slots[b->slot];
+    if (!s->training) {
+        pt_error_set("CUDA engine: %s of micro-batch %d after an evaluation forward", what, m);
+        return NULL;
+    }
+    return s;
+}
+
+/* The compute stream waits for GRAD_IN of m, and for the copy out of GRAD_OUT, which the
+ * backward is about to rewrite. */
+static int backward_waits(cuda_engine *c, const cuda_mb *b)
+{
+    cudaStream_t cs = c->ctx.stream;
+    if (!c->dm) {
+        if (!c->is_last) CUDA_CHECK(cudaStreamWaitEvent(cs, b->ev_grad_in, 0));
+        if (!c->is_first) CUDA_CHECK(cudaStreamWaitEvent(cs, b->ev_grad_out, 0));
+    }
+    return 0;
+}
+
 int engine_cuda_backward_range(engine *e, int m, int lo, int hi, int tick)
 {
     cuda_engine *c = engine_cuda_impl(e);
-    if (engine_cuda_check_m(e, m, "backward")) return -1;
+    cuda_slot *s = backward_slot(e, m, "backward");
+    if (!s) return -1;
     cuda_mb *b = &c->mb[m];
-    if (b->slot < 0)
-        return pt_error_set("CUDA engine: backward of micro-batch %d, which holds no slot "
-                            "(no forward since its release)", m);
-    const cuda_slot *s = &c->slots[b->slot];
-    if (!s->training)
-        return pt_error_set("CUDA engine: backward of micro-batch %d after an evaluation "
-                            "forward", m);
     if (lo < 0 || hi > c->nl || lo >= hi)
         return pt_error_set("CUDA engine, layers %d..%d: backward of local layers [%d, %d), "
                             "outside the stage's %d", c->first, c->last - 1, lo, hi, c->nl);
@@ -222,14 +446,9 @@ int engine_cuda_backward_range(engine *e, int m, int lo, int hi, int tick)
         return pt_error_set("CUDA engine, layers %d..%d: backward of local layers [%d, %d) of "
                             "micro-batch %d before the ranges above it (the first ends at %d)",
                             c->first, c->last - 1, lo, hi, m, c->nl);
-    cudaStream_t cs = c->ctx.stream;
     CUDA_CHECK(cudaSetDevice(c->device));
     if (engine_cuda_tick_check(e, tick)) return -1;
-    if (!c->dm) {
-        if (!c->is_last) CUDA_CHECK(cudaStreamWaitEvent(cs, b->ev_grad_in, 0));
-        /* GRAD_OUT of m is about to be rewritten: its previous copy out must be over */
-        if (!c->is_first) CUDA_CHECK(cudaStreamWaitEvent(cs, b->ev_grad_out, 0));
-    }
+    if (backward_waits(c, b)) return -1;
     if (engine_cuda_tick_begin(e, tick)) return -1;
     if (hi == c->nl) {
         /* As the CPU stage (src/stage.h): the first micro-batch since the step sums into the
@@ -241,15 +460,11 @@ int engine_cuda_backward_range(engine *e, int m, int lo, int hi, int tick)
         c->range_g = b->grad_in;
         c->range_gi = -1;
     }
-    size_t p0 = c->param_off[lo], p1 = hi < c->nl ? c->param_off[hi] : e->param_count;
-    float *grads = c->range_target;
-    if ((c->range_add || c->pieces > 1) && p1 > p0) /* formed apart: from zero */
-        CUDA_CHECK(cudaMemsetAsync(grads + p0, 0, (p1 - p0) * sizeof(float), cs));
-    if (backward_layers(e, s, m, lo, hi, c->is_first ? NULL : b->grad_out, grads)) return -1;
-    if (c->range_add && p1 > p0 && kernel_add_cuda(c->grads + p0, grads + p0, p1 - p0, &c->ctx))
+    if (grads_span(e, s, m, lo, hi, c->range_target, c->range_add || c->pieces > 1,
+                   c->range_add, ENGINE_CUDA_BW_BOTH) ||
+        wgrad_flush(e, m, lo, hi) || engine_cuda_grads_written(c, lo, hi))
         return -1;
-    if (engine_cuda_grads_written(c, lo, hi)) return -1;
-    CUDA_CHECK(cudaEventRecord(b->ev_bwd, cs));
+    CUDA_CHECK(cudaEventRecord(b->ev_bwd, c->ctx.stream));
     if (engine_cuda_tick_end(e, tick)) return -1;
     c->range_m = m;
     c->range_hi = lo;
@@ -266,13 +481,75 @@ int engine_cuda_backward(engine *e, int m, int tick)
     return engine_cuda_backward_range(e, m, 0, engine_cuda_impl(e)->nl, tick);
 }
 
+int engine_cuda_backward_input(engine *e, int m, int tick)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    if (!e->cfg.split_backward)
+        return pt_error_set("CUDA engine: backward_input of micro-batch %d without "
+                            "split_backward", m);
+    cuda_slot *s = backward_slot(e, m, "backward_input");
+    if (!s) return -1;
+    cuda_mb *b = &c->mb[m];
+    if (c->range_hi)
+        return pt_error_set("CUDA engine, layers %d..%d: backward_input of micro-batch %d "
+                            "while micro-batch %d's backward by ranges is unfinished",
+                            c->first, c->last - 1, m, c->range_m);
+    CUDA_CHECK(cudaSetDevice(c->device));
+    if (engine_cuda_tick_check(e, tick)) return -1;
+    if (backward_waits(c, b)) return -1;
+    if (engine_cuda_tick_begin(e, tick)) return -1;
+    c->range_g = b->grad_in;
+    c->range_gi = -1;
+    if (backward_layers(e, s, m, 0, c->nl, c->is_first ? NULL : b->grad_out, NULL,
+                        ENGINE_CUDA_BW_INPUT))
+        return -1;
+    CUDA_CHECK(cudaEventRecord(b->ev_bwd, c->ctx.stream));
+    if (engine_cuda_tick_end(e, tick)) return -1;
+    s->has_gout = 1;
+    b->has_grad_out = !c->is_first;
+    b->grad_out_prepared = 0;
+    return 0;
+}
+
+int engine_cuda_backward_weight(engine *e, int m, int lo, int hi, int tick)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    if (!e->cfg.split_backward)
+        return pt_error_set("CUDA engine: backward_weight of micro-batch %d without "
+                            "split_backward", m);
+    cuda_slot *s = backward_slot(e, m, "backward_weight");
+    if (!s) return -1;
+    if (!s->has_gout)
+        return pt_error_set("CUDA engine: backward_weight of micro-batch %d before its "
+                            "backward_input", m);
+    if (lo < 0 || hi > c->nl || lo >= hi)
+        return pt_error_set("CUDA engine, layers %d..%d: weight gradients of local layers "
+                            "[%d, %d), outside the stage's %d", c->first, c->last - 1, lo, hi,
+                            c->nl);
+    CUDA_CHECK(cudaSetDevice(c->device));
+    if (engine_cuda_tick_check(e, tick) || engine_cuda_tick_begin(e, tick)) return -1;
+    /* the targets of backward_range, decided per call as src/stage.c does */
+    int add = c->pieces == 1 && c->accumulated;
+    float *target = c->pieces > 1 ? c->piece[m % c->pieces] : add ? c->mb_grads : c->grads;
+    if (grads_span(e, s, m, lo, hi, target, add || c->pieces > 1, add, ENGINE_CUDA_BW_WEIGHT) ||
+        wgrad_flush(e, m, lo, hi) || engine_cuda_grads_written(c, lo, hi))
+        return -1;
+    CUDA_CHECK(cudaEventRecord(c->mb[m].ev_late, c->ctx.stream));
+    if (engine_cuda_tick_end(e, tick)) return -1;
+    if (lo == 0 && c->pieces == 1) c->accumulated = 1;
+    return 0;
+}
+
 int engine_cuda_release(engine *e, int m)
 {
     cuda_engine *c = engine_cuda_impl(e);
     if (engine_cuda_check_m(e, m, "release")) return -1;
     cuda_mb *b = &c->mb[m];
-    if (b->slot < 0)
+    if (b->slot < 0) {
+        /* recompute: the training forward gave the slot back already (engine.h) */
+        if (e->cfg.recompute) return 0;
         return pt_error_set("CUDA engine: release of micro-batch %d, which holds no slot", m);
+    }
     c->slots[b->slot].busy = 0;
     b->slot = -1;
     return 0;
@@ -316,6 +593,7 @@ void *engine_cuda_msg_buffer(engine *e, engine_msg k, int m)
     cudaError_t r = cudaSuccess;
     void *p = NULL;
     if (k == ENGINE_MSG_ACT_OUT && c->dm) {
+        if (b->act_kept) return b->act_out;
         if (b->slot < 0) {
             pt_error_set("CUDA engine: ACT_OUT of micro-batch %d before its forward", m);
             return NULL;
@@ -329,6 +607,7 @@ void *engine_cuda_msg_buffer(engine *e, engine_msg k, int m)
         if (c->dm) {
             r = cudaEventSynchronize(b->ev_fwd);
             if (r == cudaSuccess) r = cudaEventSynchronize(b->ev_bwd);
+            if (r == cudaSuccess) r = cudaEventSynchronize(b->ev_late);
         } else {
             r = cudaEventSynchronize(b->ev_act_in);
         }
@@ -362,6 +641,7 @@ int engine_cuda_msg_received(engine *e, engine_msg k, int m)
     if (k == ENGINE_MSG_ACT_IN) {
         CUDA_CHECK(cudaStreamWaitEvent(c->h2d, b->ev_fwd, 0));
         CUDA_CHECK(cudaStreamWaitEvent(c->h2d, b->ev_bwd, 0));
+        CUDA_CHECK(cudaStreamWaitEvent(c->h2d, b->ev_late, 0));
         /* an all-identity stage's ACT_OUT is this very buffer */
         CUDA_CHECK(cudaStreamWaitEvent(c->h2d, b->ev_act_out, 0));
         CUDA_CHECK(cudaMemcpyAsync(b->in, b->h_act_in, mbs * e->in_count * sizeof(float),
@@ -384,17 +664,19 @@ int engine_cuda_msg_prepare(engine *e, engine_msg k, int m)
     cuda_mb *b = &c->mb[m];
     CUDA_CHECK(cudaSetDevice(c->device));
     if (k == ENGINE_MSG_ACT_OUT) {
-        if (b->slot < 0)
+        if (b->slot < 0 && !b->act_kept)
             return pt_error_set("CUDA engine: ACT_OUT of micro-batch %d before its forward", m);
-        cuda_slot *s = &c->slots[b->slot];
+        /* recompute: the kept copy of the output; else the slot's last layer */
+        cuda_slot *s = b->act_kept ? NULL : &c->slots[b->slot];
         if (!c->dm) {
             size_t bytes = (size_t)b->n * e->out_count * sizeof(float);
+            const float *src = s ? s->layers[c->nl - 1].out : b->act_out;
             CUDA_CHECK(cudaStreamWaitEvent(c->d2h, b->ev_fwd, 0));
             if (bytes)
-                CUDA_CHECK(cudaMemcpyAsync(b->h_act_out, s->layers[c->nl - 1].out, bytes,
-                                           cudaMemcpyDeviceToHost, c->d2h));
+                CUDA_CHECK(cudaMemcpyAsync(b->h_act_out, src, bytes, cudaMemcpyDeviceToHost,
+                                           c->d2h));
             CUDA_CHECK(cudaEventRecord(b->ev_act_out, c->d2h));
-            CUDA_CHECK(cudaEventRecord(s->ev_read, c->d2h));
+            if (s) CUDA_CHECK(cudaEventRecord(s->ev_read, c->d2h));
         }
         /* device messages: ready once the forward has run (msg_ready queries ev_fwd) */
         b->act_out_prepared = 1;

@@ -350,6 +350,39 @@ int kernel_dense_backward_cuda(float *din, float *dw, float *db, const float *do
     o->i[0] = n; o->i[1] = in_f; o->i[2] = out_f;
     DONE();
 }
+static void r_dense_bw(op *o) { kernel_dense_backward_weight_cpu(o->p[0], o->p[1], o->p[2], o->p[3], o->i[0], o->i[1], o->i[2]); }
+int kernel_dense_backward_weight_cuda(float *dw, float *db, const float *dout, const float *in,
+                                      int n, int in_f, int out_f, const kernel_cuda_ctx *ctx)
+{
+    need_dev(dw, "dw"); need_dev(db, "db"); need_dev(dout, "dout"); need_dev(in, "in");
+    KOP(r_dense_bw);
+    o->p[0] = dw; o->p[1] = db; o->p[2] = (void *)dout; o->p[3] = (void *)in;
+    o->i[0] = n; o->i[1] = in_f; o->i[2] = out_f;
+    DONE();
+}
+static void r_dense_bi(op *o) { kernel_dense_backward_input_cpu(o->p[0], o->p[1], o->p[2], o->i[0], o->i[1], o->i[2]); }
+int kernel_dense_backward_input_cuda(float *din, const float *dout, const float *w, int n,
+                                     int in_f, int out_f, const kernel_cuda_ctx *ctx)
+{
+    need_dev(din, "dense din"); need_dev(dout, "dout"); need_dev(w, "w");
+    if (!din) die("dense input gradient without din");
+    KOP(r_dense_bi);
+    o->p[0] = din; o->p[1] = (void *)dout; o->p[2] = (void *)w;
+    o->i[0] = n; o->i[1] = in_f; o->i[2] = out_f;
+    DONE();
+}
+static void r_dense_wu(op *o) { kernel_dense_weight_grad_units_cpu(o->p[0], o->p[1], o->p[2], o->p[3], o->i[0], o->i[1], o->i[2], o->i[3], o->i[4]); }
+int kernel_dense_weight_grad_units_cuda(float *dw, float *db, const float *dout,
+                                        const float *in, int n, int in_f, int out_f, int u0,
+                                        int units, const kernel_cuda_ctx *ctx)
+{
+    need_dev(dw, "dw"); need_dev(db, "db"); need_dev(dout, "dout"); need_dev(in, "in");
+    if (u0 < 0 || units < 0 || units > out_f - u0) die("weight gradient units out of range");
+    KOP(r_dense_wu);
+    o->p[0] = dw; o->p[1] = db; o->p[2] = (void *)dout; o->p[3] = (void *)in;
+    o->i[0] = n; o->i[1] = in_f; o->i[2] = out_f; o->i[3] = u0; o->i[4] = units;
+    DONE();
+}
 size_t kernel_conv2d_workspace_floats_cuda(const kernel_conv2d_dims *d)
 {
     size_t cols = (size_t)d->n * kernel_conv2d_out_h(d) * kernel_conv2d_out_w(d);
@@ -375,6 +408,27 @@ int kernel_conv2d_backward_cuda(float *din, float *dw, float *db, float *work,
     need_dev(din, "conv din"); need_dev(dw, "dw"); need_dev(db, "db"); need_dev(work, "work"); need_dev(dout, "dout"); need_dev(in, "in"); need_dev(w, "w");
     KOP(r_conv_b);
     o->p[0] = din; o->p[1] = dw; o->p[2] = db; o->p[3] = work; o->p[4] = (void *)dout; o->p[5] = (void *)in; o->p[6] = (void *)w; o->d = *d;
+    DONE();
+}
+static void r_conv_bw(op *o) { kernel_conv2d_backward_weight_cpu(o->p[0], o->p[1], o->p[2], o->p[3], o->p[4], &o->d); }
+int kernel_conv2d_backward_weight_cuda(float *dw, float *db, float *work, const float *dout,
+                                       const float *in, const kernel_conv2d_dims *d,
+                                       const kernel_cuda_ctx *ctx)
+{
+    need_dev(dw, "dw"); need_dev(db, "db"); need_dev(work, "work"); need_dev(dout, "dout"); need_dev(in, "in");
+    KOP(r_conv_bw);
+    o->p[0] = dw; o->p[1] = db; o->p[2] = work; o->p[3] = (void *)dout; o->p[4] = (void *)in; o->d = *d;
+    DONE();
+}
+static void r_conv_bi(op *o) { kernel_conv2d_backward_input_cpu(o->p[0], o->p[1], o->p[2], o->p[3], &o->d); }
+int kernel_conv2d_backward_input_cuda(float *din, float *work, const float *dout,
+                                      const float *w, const kernel_conv2d_dims *d,
+                                      const kernel_cuda_ctx *ctx)
+{
+    need_dev(din, "conv din"); need_dev(work, "work"); need_dev(dout, "dout"); need_dev(w, "w");
+    if (!din) die("conv input gradient without din");
+    KOP(r_conv_bi);
+    o->p[0] = din; o->p[1] = work; o->p[2] = (void *)dout; o->p[3] = (void *)w; o->d = *d;
     DONE();
 }
 static void r_maxf(op *o) { kernel_maxpool2d_forward_cpu(o->p[0], o->p[1], o->p[2], o->i[0], o->i[1], o->i[2], o->i[3], o->i[4], o->i[5]); }

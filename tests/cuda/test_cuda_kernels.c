@@ -10,6 +10,8 @@
  *   fails, backward passes called repeatedly on accumulating gradients, and the result
  *   compared with the CPU kernel: float-rounding kernels by the normwise relative error
  *   max|gpu − cpu| / max|cpu| (fails above 1e-4), the others bit for bit.
+ * - The backward halves against the CPU's and, bit for bit, against the fused CUDA call;
+ *   the dense weight gradient of a tile of units (tests/cuda/test_cuda_kernels_split.c).
  * Ends with "N passed, N failed" and exits 1 if anything failed. */
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/kernels_cuda.h"
@@ -671,6 +673,9 @@ static void test_errors(int devices)
            rc == -1 && strstr(pt_error_get(), "pool") != NULL, 0, 1, pt_error_get());
 }
 
+/* the backward halves and the batched weight gradient's tiles */
+#include "tests/cuda/test_cuda_kernels_split.c"
+
 static void print_summary(void)
 {
     printf("\n%-26s %6s %6s %14s  %s\n", "kernel", "checks", "failed", "max rel err",
@@ -747,6 +752,7 @@ static void run_gpu_cases(int devices)
     test_init(256000, 0.0625f, 0xfedcba9876543210ULL, rng_stream_init(9, 0));
     test_init(100003, 1.0f, ~0ULL, ~0ULL);
     test_bytes_to_float(784 * 16 + 3);
+    run_split_cases();
 }
 
 int main(void)

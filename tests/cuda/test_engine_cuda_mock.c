@@ -1,6 +1,8 @@
 /* Drives the CUDA engine (over the mock runtime) the way src/exec.c does, and compares it
  * bit for bit with the CPU engine. Micro-batches are small (8) so that the CPU stage runs
- * each micro-batch as one chunk: the same kernel calls, hence the same bits. */
+ * each micro-batch as one chunk: the same kernel calls, hence the same bits. The new
+ * schedules' operations (split backward, recomputation, batched weight gradients) are
+ * tested in tests/cuda/test_engine_cuda_sched.c, #included below. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +36,7 @@ static int failures;
         }                                                                                  \
     } while (0)
 
-enum { MB = 8, M = 4, STEPS = 3, MAXP = 20000 };
+enum { MB = 8, M = 4, STEPS = 3, MAXP = 40000 };
 
 typedef struct {
     float params[MAXP];
@@ -476,6 +478,9 @@ static void range_errors(const net_desc *net, const dataset *tr)
     }
 }
 
+/* split backward, recomputation, batched weight gradients */
+#include "tests/cuda/test_engine_cuda_sched.c"
+
 int main(int argc, char **argv)
 {
     const char *nets[] = {
@@ -498,7 +503,7 @@ int main(int argc, char **argv)
     };
     int sides[] = {12, 6}, classes[] = {5, 4};
     int only_net = argc > 1 ? atoi(argv[1]) : -1;
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 2; k++) { /* net 2: sched_wide_net */
         if (only_net >= 0 && k != only_net) continue;
         net_desc net;
         MUST(net_desc_parse_string(&net, nets[k], "test"));
@@ -589,10 +594,14 @@ int main(int argc, char **argv)
         mock_mode = 2;
         range_errors(&net, &tr);
         error_paths(&net, &tr);
+        sched_cases(&net, k, &tr, 1);
+        sched_errors(&net, &tr);
+        sched_late_readers(&net, k, &tr);
         data_free(&tr);
         data_free(&te);
         net_desc_free(&net);
     }
+    if (only_net < 0 || only_net == 2) sched_wide_net();
     printf("%s (%d failures, %ld mock ops)\n", failures ? "FAILED" : "PASSED", failures,
            mock_ops_run);
     return failures ? 1 : 0;
