@@ -721,7 +721,8 @@ Test(plan, memory_counts_what_train_allocates)
         double want = base[s] + r2.peak_inflight_chunk[s] * (sb.slot + split) -
                       r1.peak_inflight_chunk[s] * (double)sb.slot;
         CHECK_CLOSE("zb-h1 memory", &zb[s], &want, 1, 0.5, 0.0);
-        double kept = last < n ? 2.0 * M * mb * 4.0 *
+        /* the outputs waiting to be sent: the engine's pool, the verifier's inputs kept */
+        double kept = last < n ? r3.peak_inputs_chunk[s] * mb * 4.0 *
                                      (double)layer_shape_count(net.layers[last - 1].out)
                                : 0;
         want = base[s] + kept +
