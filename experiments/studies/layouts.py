@@ -5,8 +5,9 @@ from . import common
 
 TITLE = 'Layouts compared'
 
-MODELS = [('seed-cnn', 'models/seed-cnn.cfg', ['--optimizer', 'adam', '--lr', '0.001']),
-          ('seed-mlp', 'models/seed-mlp.cfg', ['--optimizer', 'sgd', '--lr', '0.01'])]
+# (name, file, options, layers): a layout needs at least as many layers as model chunks
+MODELS = [('seed-cnn', 'models/seed-cnn.cfg', ['--optimizer', 'adam', '--lr', '0.001'], 11),
+          ('seed-mlp', 'models/seed-mlp.cfg', ['--optimizer', 'sgd', '--lr', '0.01'], 3)]
 BATCH = 128
 
 # (label, ranks, options): ranks × threads never exceeds the cores for the speed figures;
@@ -34,10 +35,14 @@ def run(ctx):
     layouts = list(LAYOUTS)
     if ctx.supports('tensor'):
         layouts.append(('tensor parallel T=2', 2, ['--tensor', '2', '--threads', '1']))
-    rows, bars = [], {}
-    for mname, path, opt in MODELS:
+    rows, bars, skipped = [], {}, []
+    for mname, path, opt, n_layers in MODELS:
         bars[mname] = []
         for label, ranks, extra in layouts:
+            if chunks(extra) > n_layers:
+                skipped.append('%s: %s (%d model chunks, %d layers)' % (mname, label,
+                                                                        chunks(extra), n_layers))
+                continue
             args = ['--model', path, '--batch', BATCH, '--steps', steps + warmup, '--warmup',
                     warmup, '--train-samples', samples, '--test-samples', 0, '--seed', 1,
                     *opt, *extra]
@@ -57,9 +62,18 @@ def run(ctx):
                        'compute ms (slowest stage)', 'bubble', 'exposed reduction ms',
                        'peak activations MB', 'params+grads+state MB per rank (≈, even cut)',
                        'oversubscribed'], rows)
+    if skipped:
+        md += '\nNot run (more model chunks than layers): %s.\n' % '; '.join(skipped)
     if ctx.plot:
         md += '\n![step time by layout](%s)\n' % draw(ctx, bars)
     return md
+
+
+def chunks(extra):
+    """The model chunks a layout cuts: stages × virtual stages."""
+    def opt(name, default):
+        return int(extra[extra.index(name) + 1]) if name in extra else default
+    return opt('--stages', 1) * opt('--virtual', 1)
 
 
 def draw(ctx, bars):
