@@ -24,6 +24,6 @@ expect_fail "--wgrad batched with --reduce ordered" "ordered" \
     "$MPIEXEC" -n 2 "$PIPETRAIN" "${A[@]}" --replicas 2 --microbatches 2 --wgrad batched --reduce ordered
 expect_fail "interleaved x replicas, M not a multiple of K" "multiple" \
     "$MPIEXEC" -n 4 "$PIPETRAIN" "${A[@]}" --stages 2 --replicas 2 --schedule interleaved --virtual 2 --microbatches 1
-expect_fail "zb-h1 on the CUDA engine" "CUDA" \
+expect_fail "zb-h1 --device cuda without the CUDA plugin" "CUDA plugin" \
     env PIPETRAIN_CUDA_PLUGIN=/nonexistent "$PIPETRAIN" "${A[@]}" --schedule zb-h1 --device cuda
 finish
