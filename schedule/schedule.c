@@ -297,6 +297,17 @@ static int adds_gradients(schedule_op_kind kind)
     return kind == SCHED_OP_BACKWARD || kind == SCHED_OP_BACKWARD_WEIGHT;
 }
 
+/* Reductions go into a list that has none yet (no reduction, no backward part). */
+static int already_reduced(const schedule_op *op, int st, int i)
+{
+    if (op->kind == SCHED_OP_ALLREDUCE || op->kind == SCHED_OP_REDUCE_WAIT ||
+        (adds_gradients(op->kind) && op->bucket != -1))
+        return pt_error_set("schedule_add_reductions: stage %d op %d (%s) is a reduction or "
+                            "a backward part already; add reductions to a schedule without "
+                            "them", st, i, schedule_op_name(op->kind));
+    return 0;
+}
+
 static schedule_op chunk_reduction_op(schedule_op_kind kind, int bucket, int chunk)
 {
     schedule_op op = reduction_op(kind, bucket);
@@ -321,11 +332,7 @@ static int rewrite_chunks_with_reductions(const schedule_list *in, int st, int V
     }
     for (int i = 0; i < in->n_ops; i++) {
         const schedule_op *op = &in->ops[i];
-        if (op->kind == SCHED_OP_ALLREDUCE || op->kind == SCHED_OP_REDUCE_WAIT ||
-            (adds_gradients(op->kind) && op->bucket != -1))
-            return pt_error_set("schedule_add_reductions: stage %d op %d (%s) is a reduction "
-                                "or a backward part already; add reductions to a schedule "
-                                "without them", st, i, schedule_op_name(op->kind));
+        if (already_reduced(op, st, i)) return -1;
         if (adds_gradients(op->kind)) after[op->chunk] = i;
         if (op->kind == SCHED_OP_OPTIMIZER_STEP && step < 0) step = i;
     }
@@ -372,11 +379,7 @@ static int rewrite_with_reductions(const schedule_list *in, int st, int B, int o
     int split = -1, step = -1;
     for (int i = 0; i < in->n_ops; i++) {
         const schedule_op *op = &in->ops[i];
-        if (op->kind == SCHED_OP_ALLREDUCE || op->kind == SCHED_OP_REDUCE_WAIT ||
-            (adds_gradients(op->kind) && op->bucket != -1))
-            return pt_error_set("schedule_add_reductions: stage %d op %d (%s) is a reduction "
-                                "or a backward part already; add reductions to a schedule "
-                                "without them", st, i, schedule_op_name(op->kind));
+        if (already_reduced(op, st, i)) return -1;
         if (adds_gradients(op->kind))
             split = i;
         if (op->kind == SCHED_OP_OPTIMIZER_STEP && step < 0)
