@@ -52,10 +52,13 @@ static void drop_uniform_chunk(float u[DROP_CHUNK], uint64_t seed, uint64_t stre
 
 /* Keeps e when uniform(seed, stream, (sample << 32) | e) < 1 − p. The sample's index sits in
  * the high half of the counter and e in the low half, so (sample << 32) | e is a multiple of
- * 4 exactly when e is, and block e/4 of the sample is Philox block ((sample << 32) | e) / 4. */
-void kernel_dropout_forward_cpu(float *out, uint8_t *mask, const float *in, int n,
-                                size_t per_sample, float p, uint64_t seed, uint64_t stream,
-                                const int64_t *sample_ids)
+ * 4 exactly when e is, and block e/4 of the sample is Philox block ((sample << 32) | e) / 4.
+ * A row holds elements [elem_off, elem_off + per_sample) of its sample: the loop walks the
+ * whole 64-element chunks of the sample's index space that meet that range, and uses the
+ * lanes inside it (all of them but at the two ends; with elem_off = 0, all but the tail). */
+void kernel_dropout_forward_range_cpu(float *out, uint8_t *mask, const float *in, int n,
+                                      size_t per_sample, size_t elem_off, float p,
+                                      uint64_t seed, uint64_t stream, const int64_t *sample_ids)
 {
     if (p == 0.0f) {
         if (out != in)
@@ -66,22 +69,38 @@ void kernel_dropout_forward_cpu(float *out, uint8_t *mask, const float *in, int 
     }
     const float keep = 1.0f - p;
     const float scale = 1.0f / keep;
+    const size_t end = elem_off + per_sample;
+    const size_t chunk0 = elem_off & ~(size_t)(DROP_CHUNK - 1);
     for (int i = 0; i < n; i++) {
         const uint64_t base = (uint64_t)sample_ids[i] << 32;
         const float *x = in + (size_t)i * per_sample;
         float *y = out + (size_t)i * per_sample;
         uint8_t *mk = mask ? mask + (size_t)i * per_sample : NULL;
-        for (size_t e0 = 0; e0 < per_sample; e0 += DROP_CHUNK) {
+        for (size_t c = chunk0; c < end; c += DROP_CHUNK) {
             float u[DROP_CHUNK];
-            drop_uniform_chunk(u, seed, stream, (base | e0) >> 2);
-            const size_t len = per_sample - e0 < DROP_CHUNK ? per_sample - e0 : DROP_CHUNK;
+            drop_uniform_chunk(u, seed, stream, (base | c) >> 2);
+            /* Lanes [lo, hi) of this chunk are elements [c + lo, c + hi) of the sample, at
+             * row position r = c + lo − elem_off. */
+            const size_t lo = c < elem_off ? elem_off - c : 0;
+            const size_t hi = end - c < DROP_CHUNK ? end - c : DROP_CHUNK;
+            const size_t r = c + lo - elem_off, len = hi - lo;
+            const float *ul = u + lo, *xr = x + r;
+            float *yr = y + r;
             for (size_t l = 0; l < len; l++)
-                y[e0 + l] = u[l] < keep ? x[e0 + l] * scale : 0.0f;
+                yr[l] = ul[l] < keep ? xr[l] * scale : 0.0f;
             if (mk)
                 for (size_t l = 0; l < len; l++)
-                    mk[e0 + l] = (uint8_t)(u[l] < keep);
+                    mk[r + l] = (uint8_t)(ul[l] < keep);
         }
     }
+}
+
+void kernel_dropout_forward_cpu(float *out, uint8_t *mask, const float *in, int n,
+                                size_t per_sample, float p, uint64_t seed, uint64_t stream,
+                                const int64_t *sample_ids)
+{
+    kernel_dropout_forward_range_cpu(out, mask, in, n, per_sample, 0, p, seed, stream,
+                                     sample_ids);
 }
 
 void kernel_dropout_backward_cpu(float *din, const float *dout, const uint8_t *mask,
@@ -97,17 +116,27 @@ void kernel_dropout_backward_cpu(float *din, const float *dout, const uint8_t *m
         din[i] = mask[i] ? dout[i] * scale : 0.0f;
 }
 
-/* out[i] = (2·uniform(seed, stream, i) − 1)·bound. */
+/* out[i] = (2·uniform(seed, stream, first + i) − 1)·bound: whole 64-element chunks of the
+ * index space, of which the lanes in [first, first + count) are kept. */
+void kernel_init_uniform_range_cpu(float *out, size_t first, size_t count, float bound,
+                                   uint64_t seed, uint64_t stream)
+{
+    const size_t end = first + count;
+    for (size_t c = first & ~(size_t)(DROP_CHUNK - 1); c < end; c += DROP_CHUNK) {
+        float u[DROP_CHUNK];
+        drop_uniform_chunk(u, seed, stream, (uint64_t)c >> 2);
+        const size_t lo = c < first ? first - c : 0;
+        const size_t hi = end - c < DROP_CHUNK ? end - c : DROP_CHUNK;
+        float *o = out + (c + lo - first);
+        for (size_t l = lo; l < hi; l++)
+            o[l - lo] = (2.0f * u[l] - 1.0f) * bound;
+    }
+}
+
 void kernel_init_uniform_cpu(float *out, size_t count, float bound, uint64_t seed,
                              uint64_t stream)
 {
-    for (size_t i0 = 0; i0 < count; i0 += DROP_CHUNK) {
-        float u[DROP_CHUNK];
-        drop_uniform_chunk(u, seed, stream, i0 >> 2);
-        const size_t len = count - i0 < DROP_CHUNK ? count - i0 : DROP_CHUNK;
-        for (size_t l = 0; l < len; l++)
-            out[i0 + l] = (2.0f * u[l] - 1.0f) * bound;
-    }
+    kernel_init_uniform_range_cpu(out, 0, count, bound, seed, stream);
 }
 
 void kernel_bytes_to_float_cpu(float *out, const uint8_t *in, size_t count)

@@ -93,6 +93,13 @@ void kernel_activation_backward_cpu(float *din, const float *dout, const float *
 void kernel_dropout_forward_cpu(float *out, uint8_t *mask, const float *in, int n,
                                 size_t per_sample, float p, uint64_t seed, uint64_t stream,
                                 const int64_t *sample_ids);
+/* The same for rows that hold elements [elem_off, elem_off + per_sample) of each sample's
+ * whole vector (a shard of it): element e of a row uses the counter
+ * (sample_id << 32) | (elem_off + e), so the rows equal those columns of the whole-vector
+ * result. kernel_dropout_forward_cpu is this with elem_off = 0. */
+void kernel_dropout_forward_range_cpu(float *out, uint8_t *mask, const float *in, int n,
+                                      size_t per_sample, size_t elem_off, float p,
+                                      uint64_t seed, uint64_t stream, const int64_t *sample_ids);
 void kernel_dropout_backward_cpu(float *din, const float *dout, const uint8_t *mask,
                                  size_t count, float p);
 
@@ -130,6 +137,10 @@ kernel_adam_scalars kernel_adam_scalars_at(float lr, float beta1, float beta2, l
 /* ---- initialisation: U(−bound, bound) from the counter-based generator ---- */
 void kernel_init_uniform_cpu(float *out, size_t count, float bound, uint64_t seed,
                              uint64_t stream);
+/* out[i] = what kernel_init_uniform_cpu writes at index first + i, for any first: a slice
+ * [first, first + count) of the whole tensor. kernel_init_uniform_cpu is this with first = 0. */
+void kernel_init_uniform_range_cpu(float *out, size_t first, size_t count, float bound,
+                                   uint64_t seed, uint64_t stream);
 
 /* ---- small helpers ---- */
 /* y = bytes / 255 (input pixels). */

@@ -614,6 +614,62 @@ Test(kernels, dropout_statistics_and_batch_split)
     free(in); free(out); free(out2); free(mask); free(mask2);
 }
 
+/* Rows holding elements [off, off + len) of each sample equal those columns of the
+ * whole-row result, for offsets inside and across the 64-element chunks the kernel draws. */
+Test(kernels, dropout_range_equals_columns)
+{
+    const int n = 3;
+    const size_t per = 300; /* not a multiple of 64: a partial last chunk */
+    const int64_t ids[3] = {7, 1000, 5};
+    const size_t ranges[][2] = {{0, 300}, {3, 61}, {3, 1}, {61, 70}, {65, 130}, {130, 170},
+                                {64, 64}, {63, 2}, {299, 1}, {1, 299}, {128, 0}};
+    const size_t nr = sizeof ranges / sizeof ranges[0];
+    const float ps[2] = {0.5f, 0.0f};
+    float *in = rand_array(n * per, 1, 80), *whole = malloc(n * per * sizeof *whole);
+    uint8_t *wmask = malloc(n * per);
+    float *rin = malloc(n * per * sizeof *rin), *rout = malloc((n * per + 1) * sizeof *rout);
+    float *rout2 = malloc(n * per * sizeof *rout2);
+    uint8_t *rmask = malloc(n * per + 1);
+    for (int pi = 0; pi < 2; pi++) {
+        const float p = ps[pi];
+        kernel_dropout_forward_cpu(whole, wmask, in, n, per, p, 3, 9, ids);
+        for (size_t k = 0; k < nr; k++) {
+            const size_t off = ranges[k][0], len = ranges[k][1];
+            for (int i = 0; i < n; i++)
+                memcpy(rin + i * len, in + i * per + off, len * sizeof *rin);
+            rout[n * len] = -7.0f; /* guards: nothing is written past the rows */
+            rmask[n * len] = 9;
+            kernel_dropout_forward_range_cpu(rout, rmask, rin, n, len, off, p, 3, 9, ids);
+            cr_assert(rout[n * len] == -7.0f && rmask[n * len] == 9,
+                      "p %g [%zu, +%zu): wrote past the rows", (double)p, off, len);
+            for (int i = 0; i < n; i++)
+                for (size_t e = 0; e < len; e++) {
+                    const size_t w = i * per + off + e, r = i * len + e;
+                    cr_assert(rout[r] == whole[w] && rmask[r] == wmask[w],
+                              "p %g [%zu, +%zu): sample %d element %zu: %g/%d, whole %g/%d",
+                              (double)p, off, len, i, off + e, (double)rout[r], rmask[r],
+                              (double)whole[w], wmask[w]);
+                }
+            /* Without a mask, the same values. */
+            kernel_dropout_forward_range_cpu(rout2, NULL, rin, n, len, off, p, 3, 9, ids);
+            cr_assert(memcmp(rout, rout2, n * len * sizeof *rout) == 0,
+                      "p %g [%zu, +%zu): the mask changes the output", (double)p, off, len);
+            /* A wrong offset draws other numbers (p = 0 keeps everything whatever the
+             * offset, so only p = 0.5 can tell). */
+            if (p > 0.0f && len >= 32) {
+                kernel_dropout_forward_range_cpu(rout2, rmask, rin, n, len, off + 1, p, 3, 9,
+                                                 ids);
+                int same = 1;
+                for (int i = 0; i < n; i++)
+                    same &= memcmp(rmask + i * len, wmask + i * per + off, len) == 0;
+                cr_assert(!same, "p %g [%zu, +%zu): offset + 1 gave the same masks", (double)p,
+                          off, len);
+            }
+        }
+    }
+    free(in); free(whole); free(wmask); free(rin); free(rout); free(rout2); free(rmask);
+}
+
 /* ---- softmax cross-entropy ---- */
 
 typedef struct {
@@ -722,6 +778,46 @@ Test(kernels, init_uniform)
     cr_expect(memcmp(a, b, n * sizeof *a) != 0, "two streams gave the same numbers");
     free(a);
     free(b);
+}
+
+/* A slice [first, first + count) equals that slice of the whole tensor, for offsets inside
+ * and across the 64-element chunks the kernel draws. */
+Test(kernels, init_uniform_range_equals_slice)
+{
+    const size_t n = 400;
+    const float bound = 0.7f;
+    const uint64_t stream = rng_stream_init(3, 0);
+    const size_t ranges[][2] = {{0, 400}, {0, 63}, {3, 1}, {3, 61}, {3, 200}, {61, 3},
+                                {61, 70}, {63, 2}, {64, 64}, {65, 63}, {65, 130}, {127, 1},
+                                {130, 191}, {130, 0}, {1, 399}, {399, 1}};
+    const size_t nr = sizeof ranges / sizeof ranges[0];
+    float *whole = malloc(n * sizeof *whole), *part = malloc((n + 1) * sizeof *part);
+    kernel_init_uniform_cpu(whole, n, bound, 42, stream);
+    for (size_t k = 0; k < nr; k++) {
+        const size_t first = ranges[k][0], count = ranges[k][1];
+        part[count] = -7.0f; /* guard: nothing is written past the slice */
+        kernel_init_uniform_range_cpu(part, first, count, bound, 42, stream);
+        cr_assert(part[count] == -7.0f, "[%zu, +%zu): wrote past the slice", first, count);
+        for (size_t i = 0; i < count; i++)
+            cr_assert(part[i] == whole[first + i], "[%zu, +%zu): out[%zu] = %g, whole %g", first,
+                      count, i, (double)part[i], (double)whole[first + i]);
+        /* A wrong offset gives other values. */
+        if (count >= 2 && first + 1 + count <= n) {
+            kernel_init_uniform_range_cpu(part, first + 1, count, bound, 42, stream);
+            cr_assert(memcmp(part, whole + first, count * sizeof *part) != 0,
+                      "[%zu, +%zu): first + 1 gave the same values", first, count);
+        }
+    }
+    /* Offsets past 2^32 (the counter is 64-bit), against the definition. */
+    const size_t far = ((size_t)1 << 32) + 61;
+    kernel_init_uniform_range_cpu(part, far, 70, bound, 42, stream);
+    for (size_t i = 0; i < 70; i++) {
+        float expect = (2.0f * rng_uniform_at(42, stream, far + i) - 1.0f) * bound;
+        cr_assert(part[i] == expect, "far out[%zu] = %g, expected %g", i, (double)part[i],
+                  (double)expect);
+    }
+    free(whole);
+    free(part);
 }
 
 Test(kernels, bytes_to_float)
