@@ -60,6 +60,12 @@ typedef struct {
                              backward in micro-batch order) */
     int recompute;        /* a training forward keeps only its input (and output, to send);
                              recompute(m) rebuilds the activations before the backward */
+    const shard_plan *shard; /* tensor shards (NULL or T = 1: whole layers; not owned):
+                                the engine holds rank shard_rank's shards of its layers, its
+                                param_count and parameter buffers are that rank's, and the
+                                collectives go through tensor_comm (the CPU engine only) */
+    int shard_rank;
+    stage_tensor_comm tensor_comm;
     int kept_outputs;     /* recompute: outputs kept at once (the verifier's inputs-kept
                              peak: a micro-batch's output waits from its forward until its
                              backward has made sure the send is done); 0: buffers */
@@ -151,6 +157,8 @@ struct engine {
     size_t in_count, out_count; /* values per sample of the stage's input and output */
     size_t slot_bytes;    /* activation bytes one slot holds at max_batch */
     int msg_on_device;    /* message buffers are device memory (CUDA-aware MPI) */
+    double tensor_s;      /* tensor shards: seconds in the tensor group's collectives since
+                             the engine was created, as of the last finish */
     double *tick_t0, *tick_t1; /* [max_ticks], pt_now() seconds, valid after finish; a
                                   tick not used since the last finish has t1 < t0 */
     void *impl;

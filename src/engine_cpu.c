@@ -231,6 +231,7 @@ static int cpu_backward(engine *e, int m, int t)
                             c->st.range_hi);
     stage_backward_to(&c->st, c->slot_of[m], c->grad_in[m],
                       c->first_stage ? NULL : c->grad_out[m], grads_of(c, m));
+    if (stage_tensor_failed(&c->st)) return -1;
     if (e->cfg.wgrad_rows && last_microbatch(e, m))
         stage_wgrad_flush(&c->st, 0, c->st.last - c->st.first);
     tick(e, t, t0);
@@ -242,7 +243,8 @@ static int cpu_backward_input(engine *e, int m, int t)
     cpu_engine *c = impl(e);
     double t0 = pt_now();
     if (stage_backward_input(&c->st, c->slot_of[m], c->grad_in[m],
-                             c->first_stage ? NULL : c->grad_out[m]))
+                             c->first_stage ? NULL : c->grad_out[m]) ||
+        stage_tensor_failed(&c->st))
         return -1;
     tick(e, t, t0);
     return 0;
@@ -266,7 +268,8 @@ static int cpu_backward_range(engine *e, int m, int lo, int hi, int t)
         return pt_error_set("CPU engine: backward of micro-batch buffer %d, outside 0..%d", m,
                             e->cfg.buffers - 1);
     if (stage_backward_range(&c->st, c->slot_of[m], lo, hi, c->grad_in[m],
-                             c->first_stage ? NULL : c->grad_out[m], grads_of(c, m)))
+                             c->first_stage ? NULL : c->grad_out[m], grads_of(c, m)) ||
+        stage_tensor_failed(&c->st))
         return -1;
     if (e->cfg.wgrad_rows && last_microbatch(e, m)) stage_wgrad_flush(&c->st, lo, hi);
     tick(e, t, t0);
@@ -336,7 +339,7 @@ static void *cpu_msg_buffer(engine *e, engine_msg k, int m)
     case ENGINE_MSG_ACT_OUT:
         if (c->kept_of && c->kept_of[m] >= 0) return c->act_out[c->kept_of[m]];
         /* the last layer's output, which may alias the input (an all-identity stage) */
-        return (void *)c->st.slots[c->slot_of[m]].out[c->st.last - c->st.first - 1];
+        return (void *)stage_output(&c->st, c->slot_of[m]);
     case ENGINE_MSG_GRAD_OUT: return c->grad_out[m];
     }
     return NULL;
@@ -365,6 +368,7 @@ static int cpu_finish(engine *e, engine_result *r)
 {
     *r = impl(e)->sums;
     memset(&impl(e)->sums, 0, sizeof impl(e)->sums);
+    e->tensor_s = impl(e)->st.tp_s;
     return 0;
 }
 
@@ -410,11 +414,13 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
         cpu_destroy(e);
         return pt_error_set("out of memory");
     }
-    if (stage_init(&c->st, cfg->net, cfg->first, cfg->last, cfg->max_batch, cfg->n_slots,
-                   cfg->threads > 0 ? cfg->threads : 1)) {
+    if (stage_init_shard(&c->st, cfg->net, cfg->first, cfg->last, cfg->max_batch, cfg->n_slots,
+                         cfg->threads > 0 ? cfg->threads : 1, cfg->shard, cfg->shard_rank,
+                         &cfg->tensor_comm)) {
         cpu_destroy(e);
         return -1;
     }
+    e->param_count = c->st.param_count; /* this rank's shards with tensor shards */
     e->slot_bytes = c->st.slot_bytes;
     c->first_stage = cfg->first == 0;
     c->last_stage = cfg->last == cfg->net->n_layers;

@@ -73,6 +73,7 @@ struct exec {
     long trace_step;     /* the step being run, for the trace and its message ids */
     trace_skew skew;     /* testing: PIPETRAIN_DEBUG_CLOCK_SKEW */
     double compute_s, wall_s, forward_s, backward_s, optimizer_s;
+    double tensor_s0;      /* the engines' tensor_s at the last exec_reset_stats */
     long steps;
     int inflight, peak_inflight;
     trace_log trace;
@@ -157,6 +158,50 @@ static int world_ranks(exec_t *e)
     MPI_Group_free(&pipe);
     MPI_Group_free(&world);
     return rc;
+}
+
+/* The stage's tensor collectives (stage_tensor_comm): non-blocking, waited for politely
+ * under --timeout, as every wait of the executor. */
+static int tensor_allreduce(void *ctx, float *buf, size_t n)
+{
+    exec_t *e = ctx;
+    if (n > INT_MAX)
+        return pt_error_set("a tensor all-reduce of %zu floats is too large for MPI", n);
+    MPI_Request req;
+    return PT_MPI_CALL(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM,
+                                      e->cfg.tensor, &req)) ||
+                   exec_wait_collective(&req, e->cfg.tensor, e->cfg.timeout_s)
+               ? -1
+               : 0;
+}
+
+static int tensor_allgather(void *ctx, const float *send, float *recv, const size_t *count)
+{
+    exec_t *e = ctx;
+    int T = e->cfg.shard->T, counts[T], displs[T];
+    size_t total = 0;
+    for (int r = 0; r < T; r++) {
+        if (total + count[r] > INT_MAX)
+            return pt_error_set("a tensor all-gather of %zu floats is too large for MPI",
+                                total + count[r]);
+        counts[r] = (int)count[r];
+        displs[r] = (int)total;
+        total += count[r];
+    }
+    MPI_Request req;
+    return PT_MPI_CALL(MPI_Iallgatherv(send, counts[e->cfg.tensor_rank], MPI_FLOAT, recv, counts,
+                                       displs, MPI_FLOAT, e->cfg.tensor, &req)) ||
+                   exec_wait_collective(&req, e->cfg.tensor, e->cfg.timeout_s)
+               ? -1
+               : 0;
+}
+
+/* Every rank of a tensor group computes the same loss: tensor rank 0 counts it. */
+static void counted_once(const exec_t *e, engine_result *r)
+{
+    if (e->cfg.tensor_rank == 0) return;
+    r->loss_sum = 0;
+    r->correct = 0;
 }
 
 int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition *part,
@@ -248,6 +293,9 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
             .microbatches = M, .split_backward = split,
             .wgrad_rows = cfg->wgrad_batched ? e->mb * M : 0, .recompute = list->recompute,
             .kept_outputs = kept[v],
+            .shard = cfg->shard, .shard_rank = cfg->tensor_rank,
+            .tensor_comm = {.ctx = e, .allreduce = tensor_allreduce,
+                            .allgather = tensor_allgather},
         };
         if (engine_create(&e->engs[v], cfg->device, &ec)) {
             exec_free(e);
@@ -300,7 +348,8 @@ int exec_start(exec_t *e)
         if (!e->reps || !e->rep_base) return pt_error_set("out of memory");
         for (int v = 0; v < e->V; v++) {
             engine *g = e->engs[v];
-            if (replicas_init(&e->reps[v], c->group, g, e->net, g->cfg.first, g->cfg.last,
+            if (replicas_init(&e->reps[v], c->group, g,
+                              c->local_net ? c->local_net : e->net, g->cfg.first, g->cfg.last,
                               e->rank, &c->rep))
                 return -1;
             e->rep_base[v + 1] = e->rep_base[v] + replicas_buckets(e->reps[v]);
@@ -775,6 +824,7 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
     for (int v = 0; v < V; v++) {
         engine_result rv;
         if (engine_finish(e->engs[v], &rv)) return -1;
+        counted_once(e, &rv);
         r.loss_sum += rv.loss_sum;
         r.correct += rv.correct;
         r.nonfinite |= rv.nonfinite;
@@ -840,6 +890,7 @@ static int evaluate_chunked(exec_t *e, const dataset *data, int64_t lo, int coun
     for (int v = 0; v < V; v++) {
         engine_result rv;
         if (engine_finish(e->engs[v], &rv)) return -1;
+        counted_once(e, &rv);
         r->loss_sum += rv.loss_sum;
         r->correct += rv.correct;
     }
@@ -916,6 +967,7 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
     }
     engine_result r;
     if (engine_finish(g, &r)) return -1;
+    counted_once(e, &r);
     record(e, TRACE_EVAL, t_start, pt_now(), -1, 0);
     double sums[2] = {r.loss_sum, (double)r.correct};
     if (exec_allreduce(sums, 2, MPI_DOUBLE, MPI_SUM, e->world, e->cfg.timeout_s)) return -1;
@@ -993,6 +1045,64 @@ static int read_local(exec_t *e, float *local, size_t P, int state, long *upd)
     return 0;
 }
 
+/* Tensor shards: this rank's arrays (`arrays` of P floats each, one after the other) to
+ * tensor rank 0, which makes the whole tensors of its stage's layers of them (`whole`,
+ * arrays of W floats). Collective over the tensor group; ok = 0: this rank sends nothing
+ * (rank 0 then fails, and every rank still takes part). */
+static int tensor_whole(exec_t *e, const float *local, size_t P, int arrays, int ok,
+                        float *whole, size_t W)
+{
+    const shard_plan *sp = e->cfg.shard;
+    MPI_Comm tc = e->cfg.tensor;
+    double to = e->cfg.timeout_s;
+    int T = sp->T, me = e->cfg.tensor_rank, counts[T], displs[T];
+    long n = ok ? (long)P * arrays : 0;
+    if (n > INT_MAX) n = 0, ok = pt_error_set("a stage's parameters are too many for MPI") == 0;
+    int mine = (int)n;
+    MPI_Request req;
+    if (PT_MPI_CALL(MPI_Iallgather(&mine, 1, MPI_INT, counts, 1, MPI_INT, tc, &req)) ||
+        exec_wait_collective(&req, tc, to))
+        return -1;
+    long total = 0;
+    for (int r = 0; r < T; r++) {
+        displs[r] = (int)total;
+        total += counts[r];
+    }
+    float *all = me == 0 ? malloc((size_t)(total ? total : 1) * sizeof *all) : NULL;
+    int root_ok = me != 0 || (all && total <= INT_MAX);
+    if (PT_MPI_CALL(MPI_Iallreduce(MPI_IN_PLACE, &root_ok, 1, MPI_INT, MPI_MIN, tc, &req)) ||
+        exec_wait_collective(&req, tc, to) || !root_ok) {
+        free(all);
+        return root_ok ? -1 : pt_error_set("tensor rank 0: out of memory for the shards");
+    }
+    int rc = PT_MPI_CALL(MPI_Igatherv(local, mine, MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0,
+                                      tc, &req)) ||
+             exec_wait_collective(&req, tc, to);
+    for (int t = 0; !rc && me == 0 && t < T; t++) {
+        size_t Pt = 0;
+        for (int q = 0; q < e->V; q++)
+            Pt += shard_param_count(sp, e->net, e->engs[q]->cfg.first, e->engs[q]->cfg.last, t);
+        if ((long)Pt * arrays != counts[t]) {
+            rc = pt_error_set("gathering the tensor shards: tensor rank %d could not read its "
+                              "own", t);
+            break;
+        }
+        for (int a = 0; a < arrays; a++) {
+            float *src = all + displs[t] + (size_t)a * Pt;
+            size_t lo = 0, wo = 0;
+            for (int q = 0; q < e->V; q++) {
+                int f = e->engs[q]->cfg.first, l = e->engs[q]->cfg.last;
+                shard_copy_layers(sp, e->net, f, l, t, src + lo, whole + (size_t)a * W + wo, 0);
+                lo += shard_param_count(sp, e->net, f, l, t);
+                for (int k = f; k < l; k++)
+                    wo += e->net->layers[k].weight_count + e->net->layers[k].bias_count;
+            }
+        }
+    }
+    free(all);
+    return rc || !ok ? -1 : 0;
+}
+
 int exec_gather_state(exec_t *e, float *params, float *m, float *v, int with_m, int with_v,
                       long *updates)
 {
@@ -1002,6 +1112,22 @@ int exec_gather_state(exec_t *e, float *params, float *m, float *v, int with_m, 
     long upd = 0;
     int ok = local ? read_local(e, local, P, with_m || with_v, &upd) == 0
                    : pt_error_set("out of memory for the parameters") == 0;
+    if (e->cfg.shard && e->cfg.shard->T > 1) {
+        /* whole tensors on tensor rank 0, whose pipeline then gathers them as below */
+        size_t W = 0;
+        for (int c = 0; c < e->V; c++) W += e->chunk_params[c * e->size + e->rank];
+        float *whole = e->cfg.tensor_rank == 0 ? malloc(3 * (W ? W : 1) * sizeof *whole) : NULL;
+        if (e->cfg.tensor_rank == 0 && !whole) ok = pt_error_set("out of memory") == 0;
+        int rc = tensor_whole(e, local, P, with_m || with_v ? 3 : 1, ok, whole, W);
+        free(local);
+        if (e->cfg.tensor_rank != 0) {
+            if (updates) *updates = upd;
+            return rc;
+        }
+        local = whole;
+        P = W;
+        ok = ok && !rc && whole;
+    }
     /* A rank whose copy failed sends nothing: rank 0 then sees a short model, and every
      * rank still takes part in every gather. */
     int mine = ok ? (int)P : -1;
@@ -1036,6 +1162,8 @@ void exec_get_stats(const exec_t *e, exec_stats *st)
     st->chunks = e->V;
     st->chunk_s = e->chunk_s;
     st->peak_microbatches = e->peak_inflight;
+    st->tensor_s = -e->tensor_s0;
+    for (int v = 0; v < e->V; v++) st->tensor_s += e->engs[v]->tensor_s;
     st->reduce = (replicas_stats){0};
     for (int v = 0; e->reps && v < e->V; v++) {
         replicas_stats rs;
@@ -1051,6 +1179,8 @@ void exec_get_stats(const exec_t *e, exec_stats *st)
 void exec_reset_stats(exec_t *e)
 {
     e->compute_s = e->wall_s = e->forward_s = e->backward_s = e->optimizer_s = 0;
+    e->tensor_s0 = 0;
+    for (int v = 0; v < e->V; v++) e->tensor_s0 += e->engs[v]->tensor_s;
     e->steps = 0;
     e->peak_inflight = 0;
     e->peak_bytes = e->held_bytes;

@@ -38,6 +38,14 @@ typedef struct {
     MPI_Comm group;        /* the replicas of this rank's stage, rank = replica */
     int replica;           /* this rank's replica */
     replicas_config rep;
+    /* tensor shards (shard NULL or T = 1: none): this rank is tensor_rank of its stage's
+     * tensor group `tensor` (rank = tensor index); comm and group then join the ranks of
+     * this tensor index. local_net: the net as this rank runs it (shard_local_net), whose
+     * layers' parameter counts the replicas' reductions use. */
+    const shard_plan *shard;
+    int tensor_rank;
+    MPI_Comm tensor;
+    const net_desc *local_net;
 } exec_config;
 
 /* Testing faults at stall_rank:stall_step (exec_config.stall_kills): stop responding, die
@@ -67,6 +75,7 @@ typedef struct {
     int chunks;            /* model chunks this rank runs (exec_chunks) */
     const double *chunk_s; /* [chunk · EXEC_TIMES + t]: seconds per chunk in each kind of
                             * op (exec_time), owned by the executor */
+    double tensor_s;       /* tensor shards: seconds in the tensor group's collectives */
     replicas_stats reduce; /* hybrid mode: the stage's reductions (zeros otherwise) */
     replicas_calibration reduce_cal; /* and their α–β figures measured at exec_start */
 } exec_stats;
@@ -112,7 +121,8 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
 
 /* The whole model's parameters in layer order on the pipeline's stage 0 (count = net
  * param_count), from every stage. `all` is only written there and may be NULL elsewhere.
- * Collective over the pipeline (one replica's ranks). */
+ * Collective over the pipeline (one replica's ranks), and with tensor shards over each
+ * stage's tensor group first (whole tensors: the result is on tensor rank 0's stage 0). */
 int exec_gather_params(exec_t *e, float *all);
 /* The same for checkpoints: the parameters and, with with_m / with_v (the same on every
  * rank), the optimizer's moment buffers (whole model each into m, v on rank 0) and the

@@ -53,6 +53,13 @@ static const opt_spec opt_shared[] = {
      .max = 1 << 20, .def = "1", .help = "micro-batches per batch; must divide it"},
     {.name = "replicas", .letter = 'r', .kind = OPT_INT, .arg = "R", .min = 1, .max = 65536,
      .def = "1", .help = "data-parallel replicas of the pipeline (stages × replicas ranks)"},
+    {.name = "tensor", .kind = OPT_INT, .arg = "T", .min = 1, .max = 4096, .def = "1",
+     .help = "tensor shards: every layer with parameters split across T ranks "
+             "(stages × replicas × T ranks; tensor groups on consecutive ranks)"},
+    {.name = "tensor-mode", .kind = OPT_CHOICE, .choices = "megatron|gather",
+     .def = "megatron", .help = "megatron: layers split by outputs then by inputs in turn, one "
+                                "all-reduce per pair; gather: every layer split by outputs, "
+                                "its output all-gathered"},
     {.name = "batch", .letter = 'b', .kind = OPT_INT, .arg = "N", .min = 1, .max = 1 << 20,
      .def = "128", .help = "samples per optimizer step (all replicas together)"},
     {.name = "schedule", .letter = 's', .kind = OPT_TEXT, .arg = "NAME", .def = "1f1b",

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kernels/rng.h"
+#include "src/base/clock.h"
 #include "src/base/error.h"
 #include "src/pool.h"
 
@@ -53,6 +54,29 @@ int stage_chunk(const stage *s, int n)
 int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch, int n_slots,
                int threads)
 {
+    return stage_init_shard(s, net, first, last, max_batch, n_slots, threads, NULL, 0, NULL);
+}
+
+/* Bytes a slot holds for tensor collectives at local layer i: the input gathered whole or
+ * sliced, and the output gathered whole (stage_init_shard). */
+static size_t tp_in_count(const net_desc *net, const shard_plan *tp, int l, int first, int t)
+{
+    const shard_layer *sl = &tp->layers[l];
+    if (sl->gather_in && l > first) return layer_shape_count(net->layers[l].in);
+    if (l == first && sl->in.sharded) { /* the stage takes its slice of the whole input */
+        size_t off, len;
+        shard_values(&sl->in, layer_shape_count(net->layers[l].in), tp->T, t, &off, &len);
+        return len;
+    }
+    return 0;
+}
+
+static int tp_on(const shard_plan *tp) { return tp && tp->T > 1; }
+
+int stage_init_shard(stage *s, const net_desc *net, int first, int last, int max_batch,
+                     int n_slots, int threads, const shard_plan *tp, int tp_rank,
+                     const stage_tensor_comm *comm)
+{
     memset(s, 0, sizeof *s);
     if (first < 0 || last > net->n_layers || first >= last)
         return pt_error_set("stage: bad layer range [%d, %d) of %d layers", first, last,
@@ -71,9 +95,17 @@ int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch
     for (int l = 0; l < net->n_layers; l++) /* the whole net decides, not this stage */
         if (net->layers[l].type == LAYER_CONV) s->chunk_max = CONV_CHUNK;
     int chunk = stage_chunk(s, max_batch);
-
-    for (int l = first; l < last; l++)
-        s->param_count += net->layers[l].weight_count + net->layers[l].bias_count;
+    if (tp_on(tp)) {
+        s->tp = tp;
+        s->tp_rank = tp_rank;
+        s->tp_comm = *comm;
+    }
+    s->loc = calloc((size_t)nl, sizeof *s->loc);
+    if (!s->loc) goto oom;
+    for (int l = first; l < last; l++) {
+        s->loc[l - first] = s->tp ? shard_local_layer(tp, net, l, tp_rank) : net->layers[l];
+        s->param_count += s->loc[l - first].weight_count + s->loc[l - first].bias_count;
+    }
     size_t P = s->param_count;
     /* params | grads | m | v; each block rounded so every block stays aligned */
     size_t block = round_up(P * sizeof(float)) / sizeof(float);
@@ -96,7 +128,7 @@ int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch
     size_t off = 0;
     size_t work = 0, widest = 0, slot_bytes = 0;
     for (int l = first; l < last; l++) {
-        const layer_desc *L = &net->layers[l];
+        const layer_desc *L = &s->loc[l - first];
         int i = l - first;
         s->param_off[i] = off;
         if (L->weight_count) {
@@ -112,13 +144,27 @@ int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch
             size_t ws = kernel_conv2d_workspace_floats(&d);
             if (ws > work) work = ws;
         }
-        size_t in = layer_shape_count(L->in), out = layer_shape_count(L->out);
+        /* whole vectors too: tensor collectives gather and reduce them */
+        size_t in = layer_shape_count(net->layers[l].in), out = layer_shape_count(net->layers[l].out);
         if (in > widest) widest = in;
         if (out > widest) widest = out;
         size_t a, b, c;
         slot_bytes += layer_slot_bytes(L, max_batch, &a, &b, &c);
+        if (s->tp) slot_bytes += round_up((size_t)max_batch *
+                                          tp_in_count(net, tp, l, first, tp_rank) * sizeof(float));
     }
+    if (s->tp && tp->layers[last - 1].out.sharded)
+        slot_bytes += round_up((size_t)max_batch * layer_shape_count(net->layers[last - 1].out) *
+                               sizeof(float));
     s->slot_bytes = slot_bytes;
+    if (s->tp) {
+        size_t bytes = (size_t)max_batch * widest * sizeof(float);
+        s->tp_buf = alloc_zeroed(bytes);
+        s->tp_din = alloc_zeroed(bytes);
+        s->tp_dout = alloc_zeroed(bytes);
+        s->carry = alloc_zeroed(bytes);
+        if (!s->tp_buf || !s->tp_din || !s->tp_dout || !s->carry) goto oom;
+    }
     s->widest = widest;
     for (int t = 0; t < threads; t++) {
         stage_worker *wk = &s->workers[t];
@@ -152,17 +198,26 @@ int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch
         sl->out = calloc((size_t)nl, sizeof *sl->out);
         sl->argmax = calloc((size_t)nl, sizeof *sl->argmax);
         sl->mask = calloc((size_t)nl, sizeof *sl->mask);
-        if (!sl->buf || !sl->out || !sl->argmax || !sl->mask) goto oom;
+        sl->xin = calloc((size_t)nl, sizeof *sl->xin);
+        if (!sl->buf || !sl->out || !sl->argmax || !sl->mask || !sl->xin) goto oom;
         for (int l = first; l < last; l++) {
             size_t ob, ab, mb;
-            layer_slot_bytes(&net->layers[l], max_batch, &ob, &ab, &mb);
             int i = l - first;
+            layer_slot_bytes(&s->loc[i], max_batch, &ob, &ab, &mb);
             if (ob) sl->buf[i] = (float *)mem;
             mem += ob;
             if (ab) sl->argmax[i] = (int32_t *)mem;
             mem += ab;
             if (mb) sl->mask[i] = (uint8_t *)mem;
             mem += mb;
+            size_t xb = s->tp ? tp_in_count(net, tp, l, first, tp_rank) : 0;
+            if (xb) sl->xin[i] = (float *)mem;
+            mem += round_up((size_t)max_batch * xb * sizeof(float));
+        }
+        if (s->tp && tp->layers[last - 1].out.sharded) {
+            sl->whole_out = (float *)mem;
+            mem += round_up((size_t)max_batch * layer_shape_count(net->layers[last - 1].out) *
+                            sizeof(float));
         }
     }
     return 0;
@@ -174,7 +229,14 @@ oom:
 
 stage_bytes stage_estimate(const net_desc *net, int first, int last, int max_batch, int threads)
 {
+    return stage_estimate_shard(net, first, last, max_batch, threads, NULL, 0);
+}
+
+stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int max_batch,
+                                 int threads, const shard_plan *tp, int t)
+{
     stage_bytes b = {0};
+    if (!tp_on(tp)) tp = NULL;
     /* the chunk and group rules of stage_init and stage_chunk */
     int groups = threads > STAGE_MIN_GROUPS ? threads : STAGE_MIN_GROUPS, chunk_max = 0;
     for (int l = 0; l < net->n_layers; l++)
@@ -184,25 +246,32 @@ stage_bytes stage_estimate(const net_desc *net, int first, int last, int max_bat
     if (chunk > max_batch) chunk = max_batch;
     size_t P = 0, work = 0, widest = 0;
     for (int l = first; l < last; l++) {
-        const layer_desc *L = &net->layers[l];
+        layer_desc D = tp ? shard_local_layer(tp, net, l, t) : net->layers[l];
+        const layer_desc *L = &D;
         P += L->weight_count + L->bias_count;
         if (L->type == LAYER_CONV) {
             kernel_conv2d_dims d = conv_dims(L, chunk);
             size_t ws = kernel_conv2d_workspace_floats(&d);
             if (ws > work) work = ws;
         }
-        size_t in = layer_shape_count(L->in), out = layer_shape_count(L->out);
+        size_t in = layer_shape_count(net->layers[l].in), out = layer_shape_count(net->layers[l].out);
         if (in > widest) widest = in;
         if (out > widest) widest = out;
         size_t o, a, m;
         b.slot += layer_slot_bytes(L, max_batch, &o, &a, &m);
+        if (tp) b.slot += round_up((size_t)max_batch * tp_in_count(net, tp, l, first, t) *
+                                   sizeof(float));
     }
+    if (tp && tp->layers[last - 1].out.sharded)
+        b.slot += round_up((size_t)max_batch * layer_shape_count(net->layers[last - 1].out) *
+                           sizeof(float));
     b.state = 4 * round_up(P * sizeof(float));
     int used_groups = (max_batch + chunk - 1) / chunk;
     if (used_groups > groups) used_groups = groups;
     b.groups = (size_t)used_groups * round_up(P * sizeof(float)); /* mb_grads + groups 1.. */
     b.workers = (size_t)threads * (round_up(work * sizeof(float)) +
                                    2 * round_up(widest * chunk * sizeof(float)));
+    if (tp) b.workers += 4 * round_up((size_t)max_batch * widest * sizeof(float));
     return b;
 }
 
@@ -214,6 +283,7 @@ void stage_free(stage *s)
             free(s->slots[k].out);
             free(s->slots[k].argmax);
             free(s->slots[k].mask);
+            free(s->slots[k].xin);
         }
     }
     if (s->slots)
@@ -243,24 +313,75 @@ void stage_free(stage *s)
     free(s->group_grads);
     free(s->workers);
     free(s->param_off);
+    free(s->loc);
+    free(s->tp_buf);
+    free(s->tp_din);
+    free(s->tp_dout);
     pool_free(s->pool);
     memset(s, 0, sizeof *s);
+}
+
+typedef struct {
+    float *w;          /* the local layer's parameters: weight, then bias */
+    size_t weight_count; /* of the whole layer */
+    float bound;
+    uint64_t seed;
+    int layer;
+} init_ctx;
+
+/* A run of the whole layer's parameters this rank holds: the same draws as the whole. */
+static void init_run(void *arg, size_t whole, size_t local, size_t count)
+{
+    init_ctx *c = arg;
+    int bias = whole >= c->weight_count;
+    kernel_init_uniform_range_cpu(c->w + local, bias ? whole - c->weight_count : whole, count,
+                                  c->bound, c->seed, rng_stream_init(c->layer, bias));
 }
 
 void stage_init_params(stage *s, uint64_t seed)
 {
     for (int l = s->first; l < s->last; l++) {
-        const layer_desc *L = &s->net->layers[l];
+        const layer_desc *L = &s->net->layers[l]; /* the whole layer: its fan-in */
         int i = l - s->first;
         if (!L->weight_count) continue;
         size_t fan_in = L->weight_count / (L->type == LAYER_CONV ? (size_t)L->u.conv.filters
                                                                   : (size_t)L->u.dense.units);
         /* kaiming_uniform(a=√5) and the bias rule of torch.nn both give 1/√fan_in */
         float bound = (float)(1.0 / sqrt((double)fan_in));
+        if (s->tp) {
+            init_ctx c = {s->w[i], L->weight_count, bound, seed, l};
+            shard_layer_runs(s->tp, s->net, l, s->tp_rank, init_run, &c);
+            continue;
+        }
         kernel_init_uniform_cpu(s->w[i], L->weight_count, bound, seed, rng_stream_init(l, 0));
         kernel_init_uniform_cpu(s->b[i], L->bias_count, bound, seed, rng_stream_init(l, 1));
     }
     s->step = 0;
+}
+
+size_t stage_whole_param_count(const stage *s)
+{
+    size_t n = 0;
+    for (int l = s->first; l < s->last; l++)
+        n += s->net->layers[l].weight_count + s->net->layers[l].bias_count;
+    return n;
+}
+
+void stage_shard_copy(const stage *s, float *local, float *whole, int to_local)
+{
+    if (s->tp) {
+        shard_copy_layers(s->tp, s->net, s->first, s->last, s->tp_rank, local, whole, to_local);
+        return;
+    }
+    size_t n = stage_whole_param_count(s) * sizeof(float);
+    if (to_local) memcpy(local, whole, n);
+    else memcpy(whole, local, n);
+}
+
+const float *stage_output(const stage *s, int slot)
+{
+    const stage_slot *sl = &s->slots[slot];
+    return sl->whole_out ? sl->whole_out : sl->out[s->last - s->first - 1];
 }
 
 size_t stage_in_count(const stage *s) { return layer_shape_count(s->net->layers[s->first].in); }
@@ -290,14 +411,28 @@ static const float *set_outputs(stage *s, stage_slot *sl, const float *in, int t
 {
     const float *x = in;
     for (int l = s->first; l < s->last; l++) {
-        const layer_desc *L = &s->net->layers[l];
+        const layer_desc *L = &s->loc[l - s->first];
         int i = l - s->first;
+        if (sl->xin[i]) x = sl->xin[i]; /* gathered or sliced for tensor shards */
         int identity = L->type == LAYER_FLATTEN ||
                        (L->type == LAYER_DROPOUT && !(training && L->u.dropout.p > 0));
         sl->out[i] = identity ? x : sl->buf[i];
         x = sl->out[i];
     }
-    return x;
+    return sl->whole_out ? sl->whole_out : x;
+}
+
+/* Local layer i's input as it uses it. */
+static const float *layer_input(const stage_slot *sl, int i)
+{
+    return sl->xin[i] ? sl->xin[i] : i == 0 ? sl->input : sl->out[i - 1];
+}
+
+/* Local layer i is split by its inputs: its output is a partial sum until the tensor
+ * group's all-reduce; the bias and the activation come after (tp_finish). */
+static int split_in(const stage *s, int i)
+{
+    return s->tp && s->tp->layers[s->first + i].split == SHARD_IN;
 }
 
 typedef struct {
@@ -322,25 +457,29 @@ static int batched(const stage *s, int i)
 }
 
 static void forward_chunk(const stage *s, stage_worker *wk, const stage_slot *sl, int off, int n,
-                          const int64_t *ids, uint64_t seed, uint64_t step)
+                          const int64_t *ids, uint64_t seed, uint64_t step, int lo, int hi)
 {
-    for (int l = s->first; l < s->last; l++) {
-        const layer_desc *L = &s->net->layers[l];
-        int i = l - s->first;
+    for (int i = lo; i < hi; i++) {
+        int l = s->first + i;
+        const layer_desc *L = &s->loc[i];
         size_t in_count = layer_shape_count(L->in), out_count = layer_shape_count(L->out);
-        const float *x = (i == 0 ? sl->input : sl->out[i - 1]) + (size_t)off * in_count;
+        const float *x = layer_input(sl, i) + (size_t)off * in_count;
         float *y = sl->buf[i] ? sl->buf[i] + (size_t)off * out_count : NULL;
         if (sl->out[i] != sl->buf[i]) continue; /* identity */
+        int partial = split_in(s, i);
         switch (L->type) {
         case LAYER_CONV: {
             kernel_conv2d_dims d = conv_dims(L, n);
-            kernel_conv2d_forward_cpu(y, wk->work, x, s->w[i], s->b[i], &d);
-            kernel_activation_forward_cpu(y, y, (size_t)n * out_count, L->activation);
+            kernel_conv2d_forward_cpu(y, wk->work, x, s->w[i], partial ? NULL : s->b[i], &d);
+            if (!partial)
+                kernel_activation_forward_cpu(y, y, (size_t)n * out_count, L->activation);
             break;
         }
         case LAYER_DENSE:
-            kernel_dense_forward_cpu(y, x, s->w[i], s->b[i], n, (int)in_count, L->u.dense.units);
-            kernel_activation_forward_cpu(y, y, (size_t)n * out_count, L->activation);
+            kernel_dense_forward_cpu(y, x, s->w[i], partial ? NULL : s->b[i], n, (int)in_count,
+                                     L->u.dense.units);
+            if (!partial)
+                kernel_activation_forward_cpu(y, y, (size_t)n * out_count, L->activation);
             break;
         case LAYER_MAXPOOL:
             kernel_maxpool2d_forward_cpu(y, sl->argmax[i] + (size_t)off * out_count, x, n, L->in.c,
@@ -350,11 +489,17 @@ static void forward_chunk(const stage *s, stage_worker *wk, const stage_slot *sl
             kernel_avgpool2d_forward_cpu(y, x, n, L->in.c, L->in.h, L->in.w, L->u.pool.size,
                                          L->u.pool.stride);
             break;
-        case LAYER_DROPOUT:
-            kernel_dropout_forward_cpu(y, sl->mask[i] + (size_t)off * out_count, x, n, in_count,
-                                       L->u.dropout.p, seed, rng_stream_dropout(l, step),
-                                       ids + off);
+        case LAYER_DROPOUT: {
+            /* a slice's elements keep their places in the whole vector's mask */
+            size_t eoff = 0, len;
+            if (s->tp)
+                shard_values(&s->tp->layers[l].in, layer_shape_count(s->net->layers[l].in),
+                             s->tp->T, s->tp_rank, &eoff, &len);
+            kernel_dropout_forward_range_cpu(y, sl->mask[i] + (size_t)off * out_count, x, n,
+                                             in_count, eoff, L->u.dropout.p, seed,
+                                             rng_stream_dropout(l, step), ids + off);
             break;
+        }
         case LAYER_FLATTEN:
             break;
         }
@@ -372,7 +517,106 @@ static void forward_worker(void *arg, int t)
     for (int g = t; g < s->groups; g += s->threads)
         for (int off = g * j->chunk; off < j->n; off += s->groups * j->chunk)
             forward_chunk(s, &s->workers[t], j->sl, off, chunk_len(j, off), j->ids, j->seed,
-                          j->step);
+                          j->step, j->lo, j->hi);
+}
+
+/* ---- tensor shards: the collectives between the layers (src/model/shard.h) ---- */
+
+static int tp_allreduce(stage *s, float *buf, size_t n)
+{
+    double t0 = pt_now();
+    int rc = s->tp_comm.allreduce(s->tp_comm.ctx, buf, n);
+    s->tp_s += pt_now() - t0;
+    if (rc) s->tp_failed = 1;
+    return rc;
+}
+
+/* n samples of a vector of `whole` values in state st: this rank's slices (rows of its
+ * length, contiguous) all-gathered into whole rows. */
+static int tp_gather(stage *s, const shard_state *st, size_t whole, const float *local,
+                     float *out, int n)
+{
+    int T = s->tp->T;
+    size_t count[T], off[T], len[T];
+    for (int r = 0; r < T; r++) {
+        shard_values(st, whole, T, r, &off[r], &len[r]);
+        count[r] = (size_t)n * len[r];
+    }
+    double t0 = pt_now();
+    int rc = s->tp_comm.allgather(s->tp_comm.ctx, local, s->tp_buf, count);
+    s->tp_s += pt_now() - t0;
+    if (rc) {
+        s->tp_failed = 1;
+        return rc;
+    }
+    const float *blk = s->tp_buf;
+    for (int r = 0; r < T; blk += count[r], r++)
+        for (int j = 0; j < n; j++)
+            memcpy(out + (size_t)j * whole + off[r], blk + (size_t)j * len[r],
+                   len[r] * sizeof(float));
+    return 0;
+}
+
+/* This rank's slice of n whole rows, as contiguous rows. */
+static void tp_slice(const stage *s, const shard_state *st, size_t whole, const float *in,
+                     float *out, int n)
+{
+    size_t off, len;
+    shard_values(st, whole, s->tp->T, s->tp_rank, &off, &len);
+    for (int j = 0; j < n; j++)
+        memcpy(out + (size_t)j * len, in + (size_t)j * whole + off, len * sizeof(float));
+}
+
+/* A layer split by inputs after its all-reduce: bias, then activation. */
+static void tp_finish(const stage *s, int i, float *y, int n)
+{
+    const layer_desc *L = &s->loc[i];
+    size_t count = layer_shape_count(L->out);
+    size_t per = L->type == LAYER_CONV ? (size_t)L->out.h * L->out.w : 1;
+    const float *b = s->b[i];
+    for (int j = 0; j < n; j++) {
+        float *row = y + (size_t)j * count;
+        for (size_t k = 0; k < count; k++) row[k] += b[k / per];
+    }
+    kernel_activation_forward_cpu(y, y, (size_t)n * count, L->activation);
+}
+
+static void forward_worker(void *arg, int t);
+
+/* The forward in runs of layers between collectives: each run goes chunk by chunk through
+ * its layers (as the whole stage does without shards), then the tensor group completes
+ * what the next layer needs. */
+static int tp_forward(stage *s, stage_slot *sl, chunk_job *j)
+{
+    const net_desc *net = s->net;
+    int nl = s->last - s->first, n = sl->n, lo = 0;
+    if (sl->xin[0]) /* the stage's first layer works on a slice of the whole input */
+        tp_slice(s, &s->tp->layers[s->first].in, layer_shape_count(net->layers[s->first].in),
+                 sl->input, sl->xin[0], n);
+    for (int i = 0; i < nl; i++) {
+        int l = s->first + i;
+        int gather_next = i + 1 < nl && sl->xin[i + 1];
+        if (!(i == nl - 1 || split_in(s, i) || gather_next)) continue;
+        j->lo = lo;
+        j->hi = i + 1;
+        pool_run(s->pool, forward_worker, j);
+        lo = i + 1;
+        if (split_in(s, i)) {
+            if (tp_allreduce(s, sl->buf[i], (size_t)n * layer_shape_count(s->loc[i].out)))
+                return -1;
+            tp_finish(s, i, sl->buf[i], n);
+        }
+        if (gather_next &&
+            tp_gather(s, &s->tp->layers[l].out, layer_shape_count(net->layers[l].out),
+                      sl->out[i], sl->xin[i + 1], n))
+            return -1;
+    }
+    if (sl->whole_out &&
+        tp_gather(s, &s->tp->layers[s->last - 1].out,
+                  layer_shape_count(net->layers[s->last - 1].out), sl->out[nl - 1],
+                  sl->whole_out, n))
+        return -1;
+    return 0;
 }
 
 const float *stage_forward(stage *s, int slot, const float *in, int n,
@@ -383,7 +627,8 @@ const float *stage_forward(stage *s, int slot, const float *in, int n,
     sl->input = in;
     const float *y = set_outputs(s, sl, in, training);
     chunk_job j = {.s = s, .sl = sl, .n = n, .chunk = stage_chunk(s, n), .ids = sample_ids,
-                   .seed = seed, .step = step};
+                   .seed = seed, .step = step, .lo = 0, .hi = s->last - s->first};
+    if (s->tp) return tp_forward(s, sl, &j) ? NULL : y;
     pool_run(s->pool, forward_worker, &j);
     return y;
 }
@@ -398,10 +643,10 @@ static void weight_chunk(const stage *s, stage_worker *wk, float *grads, const s
                          int off, int n, int lo, int hi)
 {
     for (int i = hi - 1; i >= lo; i--) {
-        const layer_desc *L = &s->net->layers[s->first + i];
+        const layer_desc *L = &s->loc[i];
         if (!L->weight_count || batched(s, i)) continue;
         size_t in_count = layer_shape_count(L->in), out_count = layer_shape_count(L->out);
-        const float *x = (i == 0 ? sl->input : sl->out[i - 1]) + (size_t)off * in_count;
+        const float *x = layer_input(sl, i) + (size_t)off * in_count;
         const float *g = sl->gout[i] + (size_t)off * out_count;
         float *dw = grads + s->param_off[i], *db = dw + L->weight_count;
         if (L->type == LAYER_CONV) {
@@ -429,10 +674,10 @@ static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const
     const float *g = dout;
     int gi = -1; /* which scratch buffer g lives in, −1 for the caller's */
     for (int l = s->first + hi - 1; l >= s->first + lo; l--) {
-        const layer_desc *L = &s->net->layers[l];
         int i = l - s->first;
+        const layer_desc *L = &s->loc[i];
         size_t in_count = layer_shape_count(L->in), out_count = layer_shape_count(L->out);
-        const float *x = (i == 0 ? sl->input : sl->out[i - 1]) + (size_t)off * in_count;
+        const float *x = layer_input(sl, i) + (size_t)off * in_count;
         const float *y = sl->out[i] + (size_t)off * out_count;
         int identity = sl->out[i] != sl->buf[i];
         if (identity && i > 0) continue; /* the gradient passes through unchanged */
@@ -496,7 +741,7 @@ static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const
     if (lo > 0) {
         /* g is the carry itself only when every layer of the range passed it through */
         float *carry = s->carry + (size_t)off * s->widest;
-        size_t count = layer_shape_count(s->net->layers[s->first + lo].in);
+        size_t count = layer_shape_count(s->loc[lo].in);
         if (g != carry) memcpy(carry, g, (size_t)n * count * sizeof(float));
     }
 }
@@ -523,8 +768,10 @@ static void backward_worker(void *arg, int t)
 {
     chunk_job *j = arg;
     stage *s = j->s;
-    size_t in_count = stage_in_count(s), out_count = stage_out_count(s);
-    int top = j->hi == s->last - s->first; /* the gradient comes from dout, else the carry */
+    int nl = s->last - s->first;
+    size_t in_count = layer_shape_count(s->loc[0].in),
+           out_count = layer_shape_count(s->loc[nl - 1].out);
+    int top = j->hi == nl; /* the gradient comes from dout, else the carry */
     size_t runs[MAX_RUNS][2];
     int nr = j->parts & BW_WEIGHT ? grad_runs(s, j->lo, j->hi, runs, MAX_RUNS) : 0;
     for (int g = t; g < s->groups && g * j->chunk < j->n; g += s->threads) {
@@ -583,8 +830,8 @@ static void reduce_worker(void *arg, int t)
  * layers' parameters are zeroed, formed and summed into the target. `add` (a micro-batch
  * after the first, summed apart in mb_grads) does not change between the ranges of one
  * micro-batch, since only the last range (lo = 0) sets `accumulated`. */
-static void backward_span(stage *s, int slot, int lo, int hi, const float *dout, float *din,
-                          float *grads, int parts)
+static void backward_span_local(stage *s, int slot, int lo, int hi, const float *dout,
+                                float *din, float *grads, int parts)
 {
     stage_slot *sl = &s->slots[slot];
     chunk_job j = {.s = s, .sl = sl, .n = sl->n, .chunk = stage_chunk(s, sl->n), .dout = dout,
@@ -610,6 +857,72 @@ static void backward_span(stage *s, int slot, int lo, int hi, const float *dout,
         pool_run(s->pool, reduce_worker, &r);
     }
     if (!grads && lo == 0) s->accumulated = 1;
+}
+
+/* Tensor shards: the carried gradient at local layer b's input (chunks at off · widest,
+ * each its rows of `count`) packed into tp_buf's n contiguous rows, and back: rows of
+ * `keep` values from `from` of each packed row (a slice, or the whole row). */
+static void carry_pack(stage *s, int n, int chunk, size_t count)
+{
+    for (int off = 0; off < n; off += chunk) {
+        int m = n - off < chunk ? n - off : chunk;
+        memcpy(s->tp_buf + (size_t)off * count, s->carry + (size_t)off * s->widest,
+               (size_t)m * count * sizeof(float));
+    }
+}
+
+static void carry_unpack(stage *s, int n, int chunk, size_t count, size_t from, size_t keep)
+{
+    for (int j = 0; j < n; j++) {
+        int off = j / chunk * chunk;
+        memcpy(s->carry + (size_t)off * s->widest + (size_t)(j - off) * keep,
+               s->tp_buf + (size_t)j * count + from, keep * sizeof(float));
+    }
+}
+
+/* The backward of local layers [lo, hi) in runs between the collectives: the gradient of
+ * an output-split layer's input holds partial sums (all-reduced), a gathered input's
+ * gradient is whole (each rank keeps its slice), a sliced stage input's gradient is a slice
+ * (all-gathered for the previous stage), and a gathered stage output's gradient arrives
+ * whole (sliced first). The weight gradients (W) need none of it. */
+static void backward_span(stage *s, int slot, int lo, int hi, const float *dout, float *din,
+                          float *grads, int parts)
+{
+    if (!s->tp || parts == BW_WEIGHT) {
+        backward_span_local(s, slot, lo, hi, dout, din, grads, parts);
+        return;
+    }
+    const net_desc *net = s->net;
+    const shard_plan *tp = s->tp;
+    stage_slot *sl = &s->slots[slot];
+    int nl = s->last - s->first, n = sl->n, chunk = stage_chunk(s, n);
+    if (hi == nl && sl->whole_out) {
+        tp_slice(s, &tp->layers[s->last - 1].out, layer_shape_count(net->layers[s->last - 1].out),
+                 dout, s->tp_dout, n);
+        dout = s->tp_dout;
+    }
+    for (int h = hi; h > lo;) {
+        int b = h - 1;
+        while (b > lo && tp->layers[s->first + b].split != SHARD_OUT && !sl->xin[b]) b--;
+        int slice_in = b == 0 && sl->xin[0]; /* the gradient of a sliced stage input */
+        backward_span_local(s, slot, b, h, h == nl ? dout : NULL,
+                            b == 0 ? (slice_in && din ? s->tp_din : din) : NULL, grads, parts);
+        int l = s->first + b;
+        size_t whole = layer_shape_count(net->layers[l].in);
+        if (b > 0 && tp->layers[l].split == SHARD_OUT) {
+            carry_pack(s, n, chunk, whole);
+            if (tp_allreduce(s, s->tp_buf, (size_t)n * whole)) return;
+            size_t from = 0, keep = whole;
+            if (sl->xin[b]) /* gathered input: back to the previous layer's slice */
+                shard_values(&tp->layers[l - 1].out, whole, tp->T, s->tp_rank, &from, &keep);
+            carry_unpack(s, n, chunk, whole, from, keep);
+        } else if (b == 0 && din && tp->layers[l].split == SHARD_OUT) {
+            if (tp_allreduce(s, din, (size_t)n * whole)) return;
+        } else if (slice_in && din) {
+            if (tp_gather(s, &tp->layers[l].in, whole, s->tp_din, din, n)) return;
+        }
+        h = b;
+    }
 }
 
 void stage_backward(stage *s, int slot, const float *dout, float *din)
@@ -673,7 +986,7 @@ int stage_enable_split(stage *s)
         if (!(sl->gout = calloc((size_t)nl, sizeof *sl->gout)))
             return pt_error_set("stage %d..%d: out of memory", s->first, s->last - 1);
         for (int i = 0; i < nl; i++) {
-            const layer_desc *L = &s->net->layers[s->first + i];
+            const layer_desc *L = &s->loc[i];
             if (!L->weight_count) continue;
             sl->gout[i] = (float *)mem;
             mem += round_up((size_t)s->max_batch * layer_shape_count(L->out) * sizeof(float));
@@ -729,7 +1042,7 @@ int stage_enable_batched_wgrad(stage *s, int rows)
     s->stash_g = calloc((size_t)nl, sizeof *s->stash_g);
     size_t total = 0;
     for (int i = 0; i < nl; i++) {
-        const layer_desc *L = &s->net->layers[s->first + i];
+        const layer_desc *L = &s->loc[i];
         if (L->type == LAYER_DENSE)
             total += round_up((size_t)rows * layer_shape_count(L->in) * sizeof(float)) +
                      round_up((size_t)rows * layer_shape_count(L->out) * sizeof(float));
@@ -740,7 +1053,7 @@ int stage_enable_batched_wgrad(stage *s, int rows)
                             "%zu bytes (%d rows)", s->first, s->last - 1, total, rows);
     char *mem = s->stash_memory;
     for (int i = 0; i < nl; i++) {
-        const layer_desc *L = &s->net->layers[s->first + i];
+        const layer_desc *L = &s->loc[i];
         if (L->type != LAYER_DENSE) continue;
         s->stash_x[i] = (float *)mem;
         mem += round_up((size_t)rows * layer_shape_count(L->in) * sizeof(float));
@@ -770,7 +1083,7 @@ static void flush_worker(void *arg, int t)
     int rows = s->wgrad_rows, k = 0;
     for (int i = j->lo; i < j->hi; i++) {
         if (!batched(s, i)) continue;
-        const layer_desc *L = &s->net->layers[s->first + i];
+        const layer_desc *L = &s->loc[i];
         int in = (int)layer_shape_count(L->in), out = L->u.dense.units;
         float *dw = s->grads + s->param_off[i], *db = dw + L->weight_count;
         for (int a = 0; a < out; a += WGRAD_TILE, k++) {

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "src/model/net.h"
+#include "src/model/shard.h"
 
 typedef enum { OPT_SGD = 0, OPT_MOMENTUM, OPT_ADAM } optimizer_kind;
 
@@ -27,6 +28,9 @@ typedef struct {
                             the layer's input: flatten, dropout when not training) */
     int32_t **argmax;    /* per local layer: maxpool positions, else NULL */
     uint8_t **mask;      /* per local layer: dropout mask, else NULL */
+    float **xin;         /* tensor shards, per local layer: its input when it is not the
+                            previous output (gathered whole, or the stage input's slice) */
+    float *whole_out;    /* tensor shards: the stage's output gathered whole */
     float **gout;        /* split backward: per local layer with parameters, the gradient
                             of its output (after the activation's backward), which
                             stage_backward_input leaves for stage_backward_weight */
@@ -36,6 +40,16 @@ typedef struct {
 
 /* Scratch of one worker thread. A micro-batch is cut into chunks of samples that run
  * through all the stage's layers. */
+/* Tensor shards (src/model/shard.h): the collectives of the stage's tensor group, given by
+ * the executor (the stage itself knows no MPI). Each waits until done; −1 with a message.
+ * allreduce: sums n floats in place over the group. allgather: every rank's `count[r]`
+ * floats (this rank's at `send`) into `recv`, rank by rank in rank order. */
+typedef struct {
+    void *ctx;
+    int (*allreduce)(void *ctx, float *buf, size_t n);
+    int (*allgather)(void *ctx, const float *send, float *recv, const size_t *count);
+} stage_tensor_comm;
+
 typedef struct {
     float *work;            /* convolution scratch for one chunk */
     float *scratch[2];      /* gradients flowing backward through one chunk */
@@ -91,6 +105,16 @@ typedef struct {
                                  * (dense layers only; else NULL); one owned block */
     void *stash_memory;
     size_t stash_bytes;
+    /* tensor shards (stage_init_shard): rank tp_rank of a group of tp->T */
+    const shard_plan *tp;   /* not owned; NULL: whole layers */
+    int tp_rank;
+    stage_tensor_comm tp_comm;
+    layer_desc *loc;        /* owned: per local layer, the layer as this rank runs it */
+    float *tp_buf;          /* owned: max_batch · widest floats for collectives */
+    float *tp_din;          /* owned: the input gradient's slice before its all-gather */
+    float *tp_dout;         /* owned: the slice of a gathered output's gradient */
+    int tp_failed;          /* a collective failed: the forward or backward is void */
+    double tp_s;            /* seconds in tensor collectives since stage_init */
 } stage;
 
 /* Allocates a stage for layers [first, last) of `net`, micro-batches of up to `max_batch`
@@ -107,6 +131,17 @@ typedef struct {
     size_t state, groups, workers, slot;
 } stage_bytes;
 stage_bytes stage_estimate(const net_desc *net, int first, int last, int max_batch, int threads);
+/* The same for tensor rank t of `plan` (NULL or T = 1: stage_estimate). */
+stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int max_batch,
+                                 int threads, const shard_plan *plan, int t);
+/* stage_init for tensor rank t of `plan` (not owned; NULL or T = 1: stage_init): the stage
+ * holds rank t's shards of its layers, and runs the plan's collectives through `comm`.
+ * A failed collective makes stage_forward return NULL and the backwards set tp_failed
+ * (stage_tensor_failed); the message is set. */
+int stage_init_shard(stage *s, const net_desc *net, int first, int last, int max_batch,
+                     int n_slots, int threads, const shard_plan *plan, int t,
+                     const stage_tensor_comm *comm);
+static inline int stage_tensor_failed(const stage *s) { return s->tp_failed; }
 
 /* Samples per chunk for a micro-batch of n: 16 in nets with convolutions, else
  * max(64, ⌈n / groups⌉); never depends on the layout. */
@@ -117,7 +152,18 @@ void stage_free(stage *s);
  * from the counter-based generator per layer, so it is the same in every layout. */
 void stage_init_params(stage *s, uint64_t seed);
 
-/* Input/output values per sample. */
+/* Tensor shards: the stage's parameters (or one of its optimizer buffers) as this rank
+ * holds them, `local`, and the stage's whole ones in the one-process order, `whole`
+ * (shard_param_count of the stage's layers over all ranks: net param count of the
+ * layers). to_local = 1: local ← whole; 0: whole ← local (only what this rank holds). */
+void stage_shard_copy(const stage *s, float *local, float *whole, int to_local);
+/* Parameters of the stage's layers whole (what stage_shard_copy's `whole` holds). */
+size_t stage_whole_param_count(const stage *s);
+
+/* The output of the slot's last forward (whole: gathered with tensor shards). */
+const float *stage_output(const stage *s, int slot);
+
+/* Input/output values per sample (whole vectors, as the stage receives and sends them). */
 size_t stage_in_count(const stage *s);
 size_t stage_out_count(const stage *s);
 

@@ -190,7 +190,8 @@ static int gather_figures(const train_run *run, stage_figures *f)
 {
     int K = run->o.stages, R = run->o.replicas, me = run->stage;
     memset(f, 0, sizeof *f);
-    enum { N_ARRAYS = 13 };
+    enum { N_ARRAYS = 15 };
+    int copies = R * run->o.tensor; /* ranks per stage: replicas × tensor shards */
     /* the block, then the slowest replica's optimizer time per stage */
     double *block = calloc((N_ARRAYS + 1) * (size_t)K, sizeof *block);
     if (!block) return pt_error_set("out of memory");
@@ -198,7 +199,7 @@ static int gather_figures(const train_run *run, stage_figures *f)
     double **arrays[N_ARRAYS] = {&f->compute, &f->wall, &f->forward, &f->backward,
                                  &f->optimizer, &f->peak_bytes, &f->peak_mb, &f->reduce,
                                  &f->reduce_exposed, &f->reduce_bytes, &f->reduce_alpha,
-                                 &f->reduce_beta, &f->reduce_bcast};
+                                 &f->reduce_beta, &f->reduce_bcast, &f->tensor, &f->params};
     for (int k = 0; k < N_ARRAYS; k++) *arrays[k] = block + (size_t)k * K;
     exec_stats st;
     exec_get_stats(run->ex, &st);
@@ -216,11 +217,14 @@ static int gather_figures(const train_run *run, stage_figures *f)
     f->reduce_alpha[me] = st.reduce_cal.alpha; /* the same on every replica of the stage */
     f->reduce_beta[me] = st.reduce_cal.beta;
     f->reduce_bcast[me] = st.reduce_cal.bcast_s;
+    f->tensor[me] = st.tensor_s;
+    for (int v = 0; v < exec_chunks(run->ex); v++)
+        f->params[me] += (double)exec_chunk_engine(run->ex, v)->param_count;
     if (exec_allreduce(block, N_ARRAYS * K, MPI_DOUBLE, MPI_SUM, run->comm, run->o.timeout)) {
         figures_free(f);
         return -1;
     }
-    for (int i = 0; i < N_ARRAYS * K; i++) block[i] /= R;
+    for (int i = 0; i < N_ARRAYS * K; i++) block[i] /= copies;
     /* -bcast methods: one replica steps, the others wait for its broadcast: the step on the
      * critical path is the slowest replica's, not the mean */
     f->optimizer_max = block + (size_t)N_ARRAYS * K;
@@ -247,7 +251,7 @@ static int gather_figures(const train_run *run, stage_figures *f)
         figures_free(f);
         return -1;
     }
-    for (int i = 0; i < C * EXEC_TIMES; i++) f->chunk[i] /= R;
+    for (int i = 0; i < C * EXEC_TIMES; i++) f->chunk[i] /= copies;
     return 0;
 }
 
@@ -272,25 +276,35 @@ static void abort_job(MPI_Comm comm)
 
 /* The seed's initialisation, then the checkpoint's values when --load names one. */
 static int init_chunk(engine *eng, const train_options *o, const net_desc *net, int first,
-                      int last)
+                      int last, const shard_plan *sp, int t)
 {
     if (engine_init_params(eng, o->seed)) return -1;
     if (!o->load) return 0;
-    float *p = malloc(eng->param_count ? eng->param_count * sizeof *p : 1);
+    /* a checkpoint holds whole tensors: with tensor shards, this rank takes its slices */
+    size_t whole = 0;
+    for (int l = first; l < last; l++)
+        whole += net->layers[l].weight_count + net->layers[l].bias_count;
+    float *p = malloc((whole + eng->param_count + 1) * sizeof *p);
     if (!p) return pt_error_set("out of memory for the checkpoint");
     int rc = checkpoint_load_layers(o->load, net, first, last, p);
-    if (!rc) rc = engine_write_params(eng, p);
+    float *mine = p;
+    if (!rc && sp->T > 1) {
+        mine = p + whole;
+        shard_copy_layers(sp, net, first, last, t, mine, p, 1);
+    }
+    if (!rc) rc = engine_write_params(eng, mine);
     free(p);
     return rc;
 }
 
 /* Every model chunk this rank holds (one, unless the schedule is interleaved). */
-static int init_parameters(exec_t *ex, const train_options *o, const net_desc *net,
-                           const partition *part, int my_stage)
+static int init_parameters(train_run *run)
 {
-    for (int v = 0; v < exec_chunks(ex); v++) {
-        int c = v * o->stages + my_stage;
-        if (init_chunk(exec_chunk_engine(ex, v), o, net, part->first[c], part->first[c + 1]))
+    const train_options *o = &run->o;
+    for (int v = 0; v < exec_chunks(run->ex); v++) {
+        int c = v * o->stages + run->stage;
+        if (init_chunk(exec_chunk_engine(run->ex, v), o, &run->net, run->part.first[c],
+                       run->part.first[c + 1], &run->shard, run->tensor_rank))
             return -1;
     }
     return 0;
@@ -311,9 +325,15 @@ static void stamp_start(train_run *run)
 /* One rank per stage of each replica; the message says how to launch the job. */
 static int check_ranks(const train_run *run)
 {
-    int stages = run->o.stages, replicas = run->o.replicas;
-    long need = (long)stages * replicas;
+    int stages = run->o.stages, replicas = run->o.replicas, T = run->o.tensor;
+    long need = (long)stages * replicas * T;
     if (run->size == need) return 0;
+    if (run->rank == 0 && T > 1)
+        fprintf(stderr, "pipetrain: --stages %d × --replicas %d × --tensor %d needs exactly %ld "
+                "MPI ranks, the job has %d (run: mpiexec -n %ld pipetrain train ... --stages %d "
+                "--replicas %d --tensor %d)\n", stages, replicas, T, need, run->size, need,
+                stages, replicas, T);
+    else
     if (run->rank == 0 && replicas > 1)
         fprintf(stderr, "pipetrain: --stages %d × --replicas %d needs exactly %ld MPI ranks, "
                 "the job has %d (run: mpiexec -n %ld pipetrain train ... --stages %d "
@@ -385,9 +405,15 @@ static replicas_config replicas_of(const train_options *o)
 static int setup_layout(train_run *run)
 {
     const train_options *o = &run->o;
-    if (reduce_layout_default(run->rank, o->stages, o->replicas, &run->stage, &run->replica))
+    /* tensor groups innermost: world rank = t + T × (replica × stages + stage) */
+    int T = o->tensor, rest = run->rank / T;
+    run->tensor_rank = run->rank % T;
+    if (PT_MPI_CALL(MPI_Comm_split(run->comm, rest, run->tensor_rank, &run->tensor)) ||
+        PT_MPI_CALL(MPI_Comm_split(run->comm, run->tensor_rank, rest, &run->tensor_world)))
         return -1;
-    if (reduce_comms_init(&run->comms, run->comm, o->stages, o->replicas, run->stage,
+    if (reduce_layout_default(rest, o->stages, o->replicas, &run->stage, &run->replica))
+        return -1;
+    if (reduce_comms_init(&run->comms, run->tensor_world, o->stages, o->replicas, run->stage,
                           run->replica, o->timeout))
         return -1;
     /* the group on one host: shared memory; else the network */
@@ -466,6 +492,52 @@ static void plan_steps(train_run *run)
     run->epochs = total / per_epoch + (total % per_epoch != 0);
 }
 
+/* How the layers are cut across the tensor group (every rank plans all of them), and the
+ * net as this rank runs it. */
+static int setup_shards(train_run *run)
+{
+    const train_options *o = &run->o;
+    if (shard_plan_init(&run->shard, &run->net, o->tensor, o->tensor_mode)) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", pt_error_get());
+        return pt_error_set("%s: %s", o->model, msg);
+    }
+    if (o->tensor > 1 && o->device == ENGINE_CUDA)
+        return pt_error_set("--tensor %d: tensor shards run on the CPU engine only for now "
+                            "(--device cpu)", o->tensor);
+    return o->tensor > 1 ? shard_local_net(&run->local_net, &run->shard, &run->net,
+                                           run->tensor_rank)
+                         : 0;
+}
+
+/* The tensor group's α–β figures (the ring all-reduce's: 2(T−1)·α + 2(T−1)/T·n/β), from
+ * timed all-reduces of one float and of 4 MiB; the slowest group's, on every rank. */
+static int calibrate_tensor(train_run *run)
+{
+    int T = run->o.tensor;
+    if (T < 2) return 0;
+    enum { REPS = 5, BIG = 1 << 20 };
+    float *buf = calloc(BIG, sizeof *buf);
+    if (!buf) return pt_error_set("out of memory");
+    double t[2] = {0, 0};
+    int rc = 0;
+    for (int k = 0; k < 2 && !rc; k++) {
+        int n = k ? BIG : 1;
+        for (int r = 0; r <= REPS && !rc; r++) {
+            double t0 = pt_now();
+            rc = exec_allreduce(buf, n, MPI_FLOAT, MPI_SUM, run->tensor, run->o.timeout);
+            if (r > 0) t[k] += (pt_now() - t0) / REPS; /* the first one warms up */
+        }
+    }
+    free(buf);
+    if (!rc) rc = exec_allreduce(t, 2, MPI_DOUBLE, MPI_MAX, run->comm, run->o.timeout);
+    if (rc) return -1;
+    run->tensor_alpha = t[0] / (2.0 * (T - 1));
+    double per_byte = (t[1] - t[0]) / (2.0 * (T - 1) / T * BIG * sizeof(float));
+    run->tensor_beta = per_byte > 0 ? 1 / per_byte : 1e12;
+    return 0;
+}
+
 /* Model, partition, schedule, data, executor and parameters, agreed on by every rank. */
 /* Rank 0 writes --save, --trace and --metrics: their directories must exist and be
  * writable now, not after the whole run (and a restart would only fail the same way). */
@@ -510,12 +582,14 @@ static int setup_run(train_run *run)
     if (agree(check_outputs(o, run->rank), comm, o->timeout)) return -1;
     if (agree(setup_layout(run), comm, o->timeout)) return -1;
     if (agree(net_desc_load(&run->net, o->model), comm, o->timeout)) return -1;
+    if (agree(setup_shards(run), comm, o->timeout)) return -1;
     if (agree(choose_partition(o, &run->net, &run->part, comm, run->rank, run->gpu), comm,
               o->timeout))
         return -1;
     if (agree(make_schedule(o, &run->sched), comm, o->timeout)) return -1;
-    if (agree(replicas_schedule(&run->sched, &run->net, &run->part, &run->rep), comm,
-              o->timeout))
+    if (agree(replicas_schedule(&run->sched, o->tensor > 1 ? &run->local_net : &run->net,
+                                &run->part, &run->rep),
+              comm, o->timeout))
         return -1;
     double t_read = pt_now();
     int read_rc = load_data(o, &run->net, &run->train, &run->val, &run->test);
@@ -540,14 +614,18 @@ static int setup_run(train_run *run)
         .group = run->comms.group,
         .replica = run->replica,
         .rep = run->rep,
+        .shard = &run->shard,
+        .tensor_rank = run->tensor_rank,
+        .tensor = run->tensor,
+        .local_net = o->tensor > 1 ? &run->local_net : NULL,
     };
     if (agree(exec_init(&run->ex, run->comms.pipeline, &run->net, &run->part, &run->sched,
                         &cfg),
               comm, o->timeout))
         return -1;
     if (exec_start(run->ex)) abort_job(comm);
-    if (agree(init_parameters(run->ex, o, &run->net, &run->part, run->stage), comm,
-              o->timeout))
+    if (calibrate_tensor(run)) abort_job(comm);
+    if (agree(init_parameters(run), comm, o->timeout))
         return -1;
     run->order = malloc((size_t)run->train.count * sizeof *run->order);
     if (agree(run->order ? 0 : pt_error_set("out of memory"), comm, o->timeout)) return -1;
@@ -566,8 +644,12 @@ static void run_free(train_run *run)
     data_free(&run->test);
     schedule_free(&run->sched);
     partition_free(&run->part);
+    shard_plan_free(&run->shard);
+    if (run->local_net.layers) net_desc_free(&run->local_net);
     net_desc_free(&run->net);
     reduce_comms_free(&run->comms);
+    if (run->tensor != MPI_COMM_NULL) MPI_Comm_free(&run->tensor);
+    if (run->tensor_world != MPI_COMM_NULL) MPI_Comm_free(&run->tensor_world);
 }
 
 /* ---- the metrics file ---- */
@@ -626,7 +708,7 @@ static int metrics_step(train_run *run, long epoch, long step)
     }
     double *d = run->metrics_prev; /* becomes the interval's figures, then now's totals */
     for (int i = 0; i < 3 * K; i++) {
-        double v = now[i] / R;
+        double v = now[i] / (R * run->o.tensor);
         /* the figures restart after --warmup: then the interval is what came since */
         double delta = v >= d[i] ? v - d[i] : v;
         d[i] = v;
@@ -651,7 +733,7 @@ static int metrics_step(train_run *run, long epoch, long step)
         json_object_set_new(line, "stage_reduce_exposed_s", json_array_of(now + 2 * K, K));
         json_t *peak = json_array();
         for (int k = 0; peak && k < K; k++)
-            json_array_append_new(peak, json_integer((json_int_t)(now[3 * K + k] / R + 0.5)));
+            json_array_append_new(peak, json_integer((json_int_t)(now[3 * K + k] / (R * run->o.tensor) + 0.5)));
         json_object_set_new(line, "stage_peak_act_bytes", peak);
     }
     free(now);
@@ -831,7 +913,8 @@ static int finish_run(train_run *run, train_results *res)
 int train_main(int argc, char **argv)
 {
     train_run run = {.comm = MPI_COMM_WORLD,
-                     .comms = {.pipeline = MPI_COMM_NULL, .group = MPI_COMM_NULL}};
+                     .comms = {.pipeline = MPI_COMM_NULL, .group = MPI_COMM_NULL},
+                     .tensor = MPI_COMM_NULL, .tensor_world = MPI_COMM_NULL};
     if (PT_MPI_CALL(MPI_Comm_rank(run.comm, &run.rank)) ||
         PT_MPI_CALL(MPI_Comm_size(run.comm, &run.size)))
         abort_job(run.comm);

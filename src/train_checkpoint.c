@@ -149,13 +149,18 @@ int train_checkpoint_setup(train_run *run)
         return -1;
     snprintf(run->resumed_from, sizeof run->resumed_from, "%s", path);
 
-    size_t P = 0; /* the largest chunk's: one buffer serves each in turn */
-    for (int v = 0; v < exec_chunks(run->ex); v++)
-        if (exec_chunk_engine(run->ex, v)->param_count > P)
-            P = exec_chunk_engine(run->ex, v)->param_count;
+    size_t P = 0; /* the largest chunk's, whole: one buffer serves each in turn */
+    for (int v = 0; v < exec_chunks(run->ex); v++) {
+        int c = v * run->o.stages + run->stage;
+        size_t n = 0;
+        for (int l = run->part.first[c]; l < run->part.first[c + 1]; l++)
+            n += run->net.layers[l].weight_count + run->net.layers[l].bias_count;
+        if (n > P) P = n;
+    }
     int use_m, use_v;
     moments_used(run, &use_m, &use_v);
-    float *buf = calloc(3 * (P ? P : 1), sizeof *buf);
+    /* whole tensors, then (tensor shards) this rank's slices of them */
+    float *buf = calloc(6 * (P ? P : 1), sizeof *buf), *mine = buf + 3 * P;
     st_file f = {0};
     rc = buf ? st_read(&f, path) : pt_error_set("out of memory");
     if (!rc) rc = check_compatible(&f, path, &check);
@@ -173,9 +178,19 @@ int train_checkpoint_setup(train_run *run)
         int c = v * run->o.stages + run->stage;
         int first = run->part.first[c], last = run->part.first[c + 1];
         rc = checkpoint_load_full(path, &run->net, first, last, buf, use_m ? buf + P : NULL,
-                                  use_v ? buf + 2 * P : NULL) ||
-             engine_write_params(eng, buf) ||
-             engine_write_state(eng, buf + P, buf + 2 * P, updates);
+                                  use_v ? buf + 2 * P : NULL);
+        const float *src = buf;
+        size_t stride = P;
+        if (!rc && run->o.tensor > 1) {
+            stride = eng->param_count;
+            for (int a = 0; a < 3; a++)
+                shard_copy_layers(&run->shard, &run->net, first, last, run->tensor_rank,
+                                  mine + (size_t)a * stride, buf + (size_t)a * P, 1);
+            src = mine;
+        }
+        if (!rc)
+            rc = engine_write_params(eng, src) ||
+                 engine_write_state(eng, src + stride, src + 2 * stride, updates);
     }
     free(buf);
     (void)epoch;

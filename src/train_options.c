@@ -12,7 +12,7 @@
 enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS, O_STEPS,
        O_WARMUP, O_BATCH, O_OPT, O_LR, O_MOM, O_WD, O_SEED, O_SHUFFLE, O_STAGES, O_MICRO,
        O_SCHED, O_PART, O_THREADS, O_BIND, O_DEVICE, O_TIMEOUT, O_TRACE, O_JSON, O_VERBOSE,
-       O_HELP, O_STALL, O_KILL, O_DELAY, O_PROGRESS, O_MPI_ERROR, O_REPLICAS, O_REDUCE,
+       O_HELP, O_STALL, O_KILL, O_DELAY, O_PROGRESS, O_MPI_ERROR, O_REPLICAS, O_REDUCE, O_TENSOR, O_TENSOR_MODE,
        O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT, O_METRICS, O_LOG_EVERY, O_CKPT_DIR,
        O_CKPT_EVERY, O_KEEP, O_RESUME, O_CKPT_MIN, O_CKPT_WRITE, O_VIRTUAL, O_RECOMPUTE,
        O_WGRAD };
@@ -81,6 +81,8 @@ static const opt_spec train_opts[] = {
     {.id = O_PART, .name = "partition", .shared = 1},
     {.id = O_REPLICAS, .name = "replicas", .shared = 1},
     {.id = O_REDUCE, .name = "reduce", .shared = 1},
+    {.id = O_TENSOR, .name = "tensor", .shared = 1},
+    {.id = O_TENSOR_MODE, .name = "tensor-mode", .shared = 1},
     {.id = O_BUCKET_MB, .name = "bucket-mb", .shared = 1},
     {.id = O_OVERLAP, .name = "overlap", .shared = 1},
     {.id = O_THREADS, .name = "threads", .kind = OPT_INT, .arg = "N", .min = 1, .max = 1024,
@@ -146,7 +148,7 @@ int train_options_parse(train_options *o, int argc, char **argv)
     *o = (train_options){
         .steps = -1, .train_samples = -1, .test_samples = -1,
         .opt = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
-        .stall_rank = -1, .stall_step = -1, .skip_bucket = -1,
+        .stall_rank = -1, .stall_step = -1, .skip_bucket = -1, .tensor = 1,
     };
     opt_parser p;
     if (opt_parser_init(&p, &train_command, argc, argv)) return -1;
@@ -197,6 +199,8 @@ int train_options_parse(train_options *o, int argc, char **argv)
         case O_PROGRESS: o->progress = p.real; break;
         case O_DELAY: o->ready_delay = (int)p.num; break;
         case O_REPLICAS: o->replicas = (int)p.num; break;
+        case O_TENSOR: o->tensor = (int)p.num; break;
+        case O_TENSOR_MODE: o->tensor_mode = p.choice == 1 ? TENSOR_GATHER : TENSOR_MEGATRON; break;
         case O_REDUCE: o->reduce = methods[p.choice]; break;
         case O_BUCKET_MB: o->bucket_mb = p.real; break;
         case O_OVERLAP: o->overlap = p.choice == 0; break;

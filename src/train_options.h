@@ -6,6 +6,7 @@
 
 #include "kernels/kernels.h"
 #include "src/engine.h"
+#include "src/model/shard.h"
 #include "src/exec_wait.h"
 #include "src/reduce.h"
 
@@ -26,6 +27,8 @@ typedef struct {
     int ready_delay; /* testing: outgoing messages become ready late, as after a GPU copy */
     /* hybrid mode */
     int replicas;         /* data-parallel replicas of the pipeline (1: none) */
+    int tensor;           /* tensor shards per stage (1: none) */
+    tensor_mode tensor_mode;
     reduce_method reduce; /* how a stage's replicas sum their gradients */
     double bucket_mb;     /* bucket size in MiB */
     int overlap;          /* reductions start during the backward pass */

@@ -294,6 +294,35 @@ static void reduce_figures_init(reduce_figures *rf, const train_run *run,
     free(alpha);
 }
 
+/* Per stage, the tensor collectives of the run's steps priced with the group's α–β
+ * figures measured at the start: per micro-batch, shard_stage_traffic's all-reduces
+ * (2(T−1)·α + 2(T−1)/T·bytes/β each) and all-gathers ((T−1)·α + (T−1)/T·bytes/β), forwards
+ * twice where the stage recomputes. NAN without shards. */
+static void tensor_predicted(const train_run *run, const stage_figures *f, double *out)
+{
+    const train_options *o = &run->o;
+    int K = o->stages, T = o->tensor, M = o->microbatches;
+    int V = run->sched.virtual_stages > 1 ? run->sched.virtual_stages : 1;
+    double mb = (double)o->batch / ((double)o->replicas * M), a = run->tensor_alpha,
+           inv_b = 1 / run->tensor_beta, q = (double)(T - 1) / T;
+    for (int s = 0; s < K; s++) {
+        out[s] = NAN;
+        if (T < 2) continue;
+        double fwd = 0, bwd = 0;
+        for (int v = 0; v < V; v++) {
+            int c = v * K + s;
+            shard_traffic tr = shard_stage_traffic(&run->shard, &run->net, run->part.first[c],
+                                                   run->part.first[c + 1], c == 0);
+            fwd += tr.fwd_reduces * 2 * (T - 1) * a + 2 * q * tr.fwd_reduce * 4 * mb * inv_b +
+                   tr.fwd_gathers * (T - 1) * a + q * tr.fwd_gather * 4 * mb * inv_b;
+            bwd += tr.bwd_reduces * 2 * (T - 1) * a + 2 * q * tr.bwd_reduce * 4 * mb * inv_b +
+                   tr.bwd_gathers * (T - 1) * a + q * tr.bwd_gather * 4 * mb * inv_b;
+        }
+        if (run->sched.lists[s].recompute) fwd *= 2;
+        out[s] = (fwd + bwd) * M * (double)f->steps;
+    }
+}
+
 static void report_text(const train_run *run, const train_results *res,
                         const stage_figures *fig)
 {
@@ -449,6 +478,8 @@ static json_t *run_json(const train_run *run)
         {"partition", json_text(o->partition)},
         {"stage_layers", json_stage_layers(&run->part)},
         {"replicas", json_integer(o->replicas)},
+        {"tensor", json_integer(o->tensor)},
+        {"tensor_mode", json_string(tensor_mode_name(o->tensor_mode))},
         {"reduce", json_string(reduce_method_name(o->reduce))},
         {"bucket_mb", json_number(o->bucket_mb)},
         {"overlap", json_boolean(o->overlap)},
@@ -474,6 +505,8 @@ static json_t *results_json(const train_run *run, const train_results *res,
     bubble_figures b = bubbles(run, fig);
     int K = fig->stages;
     reduce_figures rf;
+    double tensor_pred[K > 0 ? K : 1];
+    tensor_predicted(run, fig, tensor_pred);
     reduce_figures_init(&rf, run, fig);
     if (!rf.predicted) return NULL;
     /* the verifier's bound on the micro-batches each stage holds (what the measured peak
@@ -528,6 +561,11 @@ static json_t *results_json(const train_run *run, const train_results *res,
         {"stage_reduce_beta_Bps", json_reals(fig->reduce_beta, K)},
         {"stage_reduce_bcast_s", json_reals(fig->reduce_bcast, K)},
         {"step_predicted_s", json_number(rf.step_predicted)},
+        {"stage_params", json_reals(fig->params, K)},
+        {"stage_tensor_s", json_reals(fig->tensor, K)},
+        {"stage_tensor_predicted_s", json_reals(tensor_pred, K)},
+        {"tensor_alpha_s", json_number(run->o.tensor > 1 ? run->tensor_alpha : NAN)},
+        {"tensor_beta_Bps", json_number(run->o.tensor > 1 ? run->tensor_beta : NAN)},
         /* outputs written */
         {"checkpoint", json_text(res->saved)},
         {"last_checkpoint_step",

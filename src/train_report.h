@@ -25,7 +25,17 @@ typedef struct {
     MPI_Comm comm;              /* the world: every rank of the job */
     int rank, size;             /* in the world */
     int stage, replica;         /* where this rank sits: world rank = replica × stages + stage */
-    reduce_comms comms;         /* its pipeline (rank = stage) and its stage's replicas */
+    reduce_comms comms;         /* its pipeline (rank = stage) and its stage's replicas,
+                                   among the ranks of its tensor index */
+    int tensor_rank;            /* tensor shards: world rank = tensor_rank + T × (the rank
+                                   above); tensor groups are consecutive ranks */
+    MPI_Comm tensor;            /* its stage's tensor group (rank = tensor_rank), or
+                                   MPI_COMM_NULL; tensor_world: the ranks of its tensor index */
+    MPI_Comm tensor_world;
+    shard_plan shard;           /* how the layers are cut (T = 1: not) */
+    net_desc local_net;         /* the net as this rank runs it (T > 1) */
+    double tensor_alpha, tensor_beta; /* T > 1: the tensor group's all-reduce latency (s)
+                                   and bandwidth (bytes/s), measured at the start */
     replicas_config rep;        /* the hybrid mode's settings, from the options */
     topo_link reduce_link;      /* between a group's ranks: prices the predicted reductions */
     char host[256];
@@ -84,6 +94,7 @@ typedef struct {
     double *compute, *wall, *forward, *backward, *optimizer, *peak_bytes, *peak_mb, /* one */
         *reduce, *reduce_exposed, *reduce_bytes,                                  /* block */
         *reduce_alpha, *reduce_beta, *reduce_bcast, /* measured at the start (replicas.h) */
+        *tensor, *params, /* tensor collectives (s); parameters per rank (mean over shards) */
         *optimizer_max; /* per stage: the slowest replica's optimizer time (not the mean) */
     double bubble; /* measured: mean over stages of the idle fraction of the step time */
     long steps;

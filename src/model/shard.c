@@ -1,0 +1,264 @@
+#include "src/model/shard.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/base/error.h"
+
+const char *tensor_mode_name(tensor_mode m) { return m == TENSOR_GATHER ? "gather" : "megatron"; }
+
+int tensor_mode_parse(const char *s, tensor_mode *m)
+{
+    if (!strcmp(s, "megatron")) *m = TENSOR_MEGATRON;
+    else if (!strcmp(s, "gather")) *m = TENSOR_GATHER;
+    else return pt_error_set("unknown tensor mode '%s' (megatron, gather)", s);
+    return 0;
+}
+
+const char *shard_split_name(shard_split s)
+{
+    return s == SHARD_OUT ? "outputs" : s == SHARD_IN ? "inputs" : "-";
+}
+
+void shard_cut(int n, int T, int t, int *off, int *len)
+{
+    long a = (long)t * n / T, b = (long)(t + 1) * n / T;
+    *off = (int)a;
+    *len = (int)(b - a);
+}
+
+void shard_values(const shard_state *s, size_t whole, int T, int t, size_t *off, size_t *len)
+{
+    if (!s->sharded) {
+        *off = 0;
+        *len = whole;
+        return;
+    }
+    int o, l;
+    shard_cut(s->units, T, t, &o, &l);
+    *off = (size_t)o * (size_t)s->unit;
+    *len = (size_t)l * (size_t)s->unit;
+}
+
+/* What a layer's parameters are cut along: dense units or conv filters. */
+static int out_units(const layer_desc *L)
+{
+    return L->type == LAYER_CONV ? L->u.conv.filters : L->u.dense.units;
+}
+
+int shard_plan_init(shard_plan *p, const net_desc *net, int T, tensor_mode mode)
+{
+    memset(p, 0, sizeof *p);
+    if (T < 1) return pt_error_set("--tensor %d: the tensor size must be at least 1", T);
+    p->layers = calloc((size_t)net->n_layers ? (size_t)net->n_layers : 1, sizeof *p->layers);
+    if (!p->layers) return pt_error_set("out of memory");
+    p->T = T;
+    p->mode = mode;
+    p->n_layers = net->n_layers;
+    shard_state st = {0, net->input.c, net->input.h * net->input.w};
+    for (int l = 0; l < net->n_layers; l++) {
+        const layer_desc *L = &net->layers[l];
+        shard_layer *sl = &p->layers[l];
+        sl->in = st;
+        if (T == 1) {
+            sl->out = st;
+            continue;
+        }
+        if (L->weight_count) {
+            if (mode == TENSOR_GATHER || !st.sharded) {
+                int n = out_units(L);
+                if (n < T) {
+                    shard_plan_free(p);
+                    return pt_error_set("layer %d (%s, line %d) has %d %s: it cannot be cut "
+                                        "into %d tensor shards (each needs at least one)",
+                                        l + 1, layer_type_name(L->type), L->line, n,
+                                        L->type == LAYER_CONV ? "filters" : "units", T);
+                }
+                sl->split = SHARD_OUT;
+                sl->gather_in = st.sharded;
+                sl->in = (shard_state){0, st.units, st.unit};
+                st = (shard_state){1, n, L->out.h * L->out.w};
+            } else {
+                sl->split = SHARD_IN;
+                st = (shard_state){0, L->out.c, L->out.h * L->out.w};
+            }
+        } else if (st.sharded && (L->type == LAYER_MAXPOOL || L->type == LAYER_AVGPOOL)) {
+            st.unit = L->out.h * L->out.w;
+        } else if (!st.sharded) {
+            st = (shard_state){0, L->out.c, L->out.h * L->out.w};
+        }
+        sl->out = st;
+    }
+    return 0;
+}
+
+void shard_plan_free(shard_plan *p)
+{
+    free(p->layers);
+    memset(p, 0, sizeof *p);
+}
+
+/* The local shape of a vector of shape `s` in state `st`. */
+static layer_shape local_shape(layer_shape s, const shard_state *st, int T, int t)
+{
+    if (!st->sharded) return s;
+    int off, len;
+    shard_cut(st->units, T, t, &off, &len);
+    if (s.c == st->units && s.h * s.w == st->unit) return (layer_shape){len, s.h, s.w};
+    return (layer_shape){len * st->unit, 1, 1};
+}
+
+layer_desc shard_local_layer(const shard_plan *p, const net_desc *net, int l, int t)
+{
+    layer_desc D = net->layers[l];
+    const shard_layer *sl = &p->layers[l];
+    D.in = local_shape(D.in, &sl->in, p->T, t);
+    D.out = local_shape(D.out, &sl->out, p->T, t);
+    size_t in_count = layer_shape_count(D.in);
+    if (sl->split == SHARD_OUT) {
+        if (D.type == LAYER_CONV) {
+            D.u.conv.filters = D.out.c;
+            D.weight_count = (size_t)D.out.c * D.in.c * D.u.conv.size * D.u.conv.size;
+        } else {
+            D.u.dense.units = (int)layer_shape_count(D.out);
+            D.weight_count = (size_t)D.u.dense.units * in_count;
+        }
+        D.bias_count = (size_t)out_units(&D);
+    } else if (sl->split == SHARD_IN) {
+        if (D.type == LAYER_CONV)
+            D.weight_count = (size_t)D.u.conv.filters * D.in.c * D.u.conv.size * D.u.conv.size;
+        else
+            D.weight_count = (size_t)D.u.dense.units * in_count;
+    }
+    return D;
+}
+
+size_t shard_param_count(const shard_plan *p, const net_desc *net, int first, int last, int t)
+{
+    size_t n = 0;
+    for (int l = first; l < last; l++) {
+        layer_desc D = shard_local_layer(p, net, l, t);
+        n += D.weight_count + D.bias_count;
+    }
+    return n;
+}
+
+void shard_layer_runs(const shard_plan *p, const net_desc *net, int l, int t,
+                      void (*fn)(void *ctx, size_t whole, size_t local, size_t count),
+                      void *ctx)
+{
+    const layer_desc *L = &net->layers[l];
+    const shard_layer *sl = &p->layers[l];
+    if (!L->weight_count) return;
+    layer_desc D = shard_local_layer(p, net, l, t);
+    /* a weight is [units or filters][per-unit values], PyTorch's order */
+    int units = out_units(L);
+    size_t per = L->weight_count / (size_t)units;
+    if (sl->split == SHARD_OUT) {
+        int off, len;
+        shard_cut(units, p->T, t, &off, &len);
+        fn(ctx, (size_t)off * per, 0, (size_t)len * per);
+        fn(ctx, L->weight_count + (size_t)off, D.weight_count, (size_t)len);
+    } else if (sl->split == SHARD_IN) {
+        /* each unit's weights over the input: the rank's run of input channels (conv: the
+         * channels' kernels, contiguous) or input values (dense) */
+        size_t voff, vlen;
+        shard_values(&sl->in, per, p->T, t, &voff, &vlen);
+        if (L->type == LAYER_CONV) {
+            size_t kk = (size_t)L->u.conv.size * L->u.conv.size;
+            int coff, clen;
+            shard_cut(sl->in.units, p->T, t, &coff, &clen);
+            voff = (size_t)coff * kk;
+            vlen = (size_t)clen * kk;
+        }
+        for (int u = 0; u < units; u++)
+            fn(ctx, (size_t)u * per + voff, (size_t)u * vlen, vlen);
+        fn(ctx, L->weight_count, D.weight_count, L->bias_count);
+    } else {
+        fn(ctx, 0, 0, L->weight_count + L->bias_count);
+    }
+}
+
+typedef struct {
+    float *local, *whole;
+    int to_local;
+} copy_ctx;
+
+static void copy_run(void *ctx, size_t whole, size_t local, size_t count)
+{
+    copy_ctx *c = ctx;
+    if (c->to_local) memcpy(c->local + local, c->whole + whole, count * sizeof(float));
+    else memcpy(c->whole + whole, c->local + local, count * sizeof(float));
+}
+
+void shard_copy_layer(const shard_plan *p, const net_desc *net, int l, int t, float *local,
+                      float *whole, int to_local)
+{
+    copy_ctx c = {local, whole, to_local};
+    shard_layer_runs(p, net, l, t, copy_run, &c);
+}
+
+void shard_copy_layers(const shard_plan *p, const net_desc *net, int first, int last, int t,
+                       float *local, float *whole, int to_local)
+{
+    size_t lo = 0, wo = 0;
+    for (int l = first; l < last; l++) {
+        const layer_desc *L = &net->layers[l];
+        layer_desc D = shard_local_layer(p, net, l, t);
+        shard_copy_layer(p, net, l, t, local + lo, whole + wo, to_local);
+        lo += D.weight_count + D.bias_count;
+        wo += L->weight_count + L->bias_count;
+    }
+}
+
+int shard_local_net(net_desc *out, const shard_plan *p, const net_desc *net, int t)
+{
+    *out = *net;
+    out->layers = malloc((size_t)(net->n_layers ? net->n_layers : 1) * sizeof *out->layers);
+    if (!out->layers) return pt_error_set("out of memory");
+    out->param_count = 0;
+    for (int l = 0; l < net->n_layers; l++) {
+        out->layers[l] = shard_local_layer(p, net, l, t);
+        out->param_count += out->layers[l].weight_count + out->layers[l].bias_count;
+    }
+    return 0;
+}
+
+shard_traffic shard_stage_traffic(const shard_plan *p, const net_desc *net, int first, int last,
+                                  int first_stage)
+{
+    shard_traffic tr = {0};
+    if (p->T == 1) return tr;
+    for (int l = first; l < last; l++) {
+        const layer_desc *L = &net->layers[l];
+        const shard_layer *sl = &p->layers[l];
+        size_t in = layer_shape_count(L->in), out = layer_shape_count(L->out);
+        if (sl->gather_in && l > first) tr.fwd_gather += in, tr.fwd_gathers++;
+        if (sl->split == SHARD_IN) tr.fwd_reduce += out, tr.fwd_reduces++;
+        /* the input gradient: partial sums of an output-split layer's, or the slices of
+         * a stage that took its slice of the input */
+        if (!(l == first && first_stage)) {
+            if (sl->split == SHARD_OUT) tr.bwd_reduce += in, tr.bwd_reduces++;
+            else if (l == first && sl->in.sharded) tr.bwd_gather += in, tr.bwd_gathers++;
+        }
+    }
+    if (p->layers[last - 1].out.sharded) {
+        tr.fwd_gather += layer_shape_count(net->layers[last - 1].out);
+        tr.fwd_gathers++;
+    }
+    return tr;
+}
+
+void shard_plan_print(const shard_plan *p, const net_desc *net, FILE *out)
+{
+    fprintf(out, "tensor shards: %d, mode %s\n", p->T, tensor_mode_name(p->mode));
+    fprintf(out, "  %-5s %-8s %-10s %-9s %s\n", "layer", "type", "split by", "input", "output");
+    for (int l = 0; l < net->n_layers; l++) {
+        const shard_layer *sl = &p->layers[l];
+        fprintf(out, "  %-5d %-8s %-10s %-9s %s%s\n", l + 1,
+                layer_type_name(net->layers[l].type), shard_split_name(sl->split),
+                sl->gather_in ? "gathered" : sl->in.sharded ? "sharded" : "whole",
+                sl->out.sharded ? "sharded" : "whole",
+                sl->split == SHARD_IN ? " (all-reduced)" : "");
+    }
+}

@@ -1,0 +1,111 @@
+/* Intra-layer model parallelism (tensor shards): how each layer of a net is cut across the
+ * T ranks of a tensor group, what every rank holds, and where collectives complete the
+ * layers. Pure description, as net.h: no MPI and no tensors here (the stage runs it,
+ * src/stage.h; the executor moves the data, src/exec.c).
+ *
+ * A per-sample vector between layers is either whole on every rank of the group (FULL) or
+ * cut (SHARDED) along its channels (a conv, pool or flattened conv output) or its features
+ * (a dense output): rank t holds channels [⌊t·C/T⌋, ⌊(t+1)·C/T⌋), which are one contiguous
+ * run of every sample's values, since tensors are channel-major. Shards may be uneven; a
+ * dimension smaller than T is an error naming the layer.
+ *
+ * A layer with parameters is split by its outputs (dense units, conv filters: SHARD_OUT)
+ * or by its inputs (SHARD_IN). A SHARD_OUT layer needs its whole input and leaves its
+ * output sharded; a SHARD_IN layer takes the sharded input and leaves partial sums of its
+ * whole output, all-reduced before its bias and activation (its bias is whole on every
+ * rank). Layers without parameters work on what they are given, sharded or not.
+ *   - mode gather (the classic scheme): every layer with parameters is SHARD_OUT, and a
+ *     sharded vector is all-gathered where a layer needs it whole;
+ *   - mode megatron: SHARD_OUT and SHARD_IN alternate from the net's first layer with
+ *     parameters, so a pair needs one all-reduce forward (the SHARD_IN layer's output)
+ *     and one backward (the SHARD_OUT layer's input gradient), and nothing in between.
+ * The plan is made for the whole net, so a layer is cut the same way in every pipeline
+ * layout; a stage whose first layer wants a sharded input takes its slice of the whole
+ * vector it receives, and a stage that ends sharded all-gathers its output. */
+#ifndef PT_SHARD_H
+#define PT_SHARD_H
+
+#include <stddef.h>
+
+#include "src/model/net.h"
+
+typedef enum { TENSOR_MEGATRON = 0, TENSOR_GATHER } tensor_mode;
+typedef enum { SHARD_NONE = 0, SHARD_OUT, SHARD_IN } shard_split;
+
+/* A per-sample vector: whole, or cut into `units` (channels or features) of `unit` values
+ * each (rank t: units [⌊t·units/T⌋, ⌊(t+1)·units/T⌋)). */
+typedef struct {
+    int sharded;
+    int units, unit;
+} shard_state;
+
+typedef struct {
+    shard_split split;
+    shard_state in;     /* the input as the layer uses it */
+    shard_state out;    /* its output (after its collective, for SHARD_IN) */
+    int gather_in;      /* the input arrives sharded and is all-gathered first */
+} shard_layer;
+
+typedef struct {
+    int T;
+    tensor_mode mode;
+    int n_layers;
+    shard_layer *layers; /* owned, per layer of the net */
+} shard_plan;
+
+/* Plans T shards (T ≥ 1; T = 1 plans nothing: every layer SHARD_NONE, every vector FULL).
+ * Returns −1 with a message naming the layer (file:line) that cannot be cut T ways. */
+int shard_plan_init(shard_plan *p, const net_desc *net, int T, tensor_mode mode);
+void shard_plan_free(shard_plan *p);
+const char *tensor_mode_name(tensor_mode m);
+/* "megatron" or "gather"; −1 with a message otherwise. */
+int tensor_mode_parse(const char *s, tensor_mode *m);
+const char *shard_split_name(shard_split s);
+
+/* Rank t's cut of n units: [*off, *off + *len). */
+void shard_cut(int n, int T, int t, int *off, int *len);
+/* Rank t's values of a per-sample vector in state s: [*off, *off + *len) of the whole
+ * vector's `whole` values (0, whole when not sharded). */
+void shard_values(const shard_state *s, size_t whole, int T, int t, size_t *off, size_t *len);
+
+/* Layer l as rank t runs it: shapes of its local input and output, its units or filters
+ * and its parameter counts (weight slice; bias slice for SHARD_OUT, whole for SHARD_IN). */
+layer_desc shard_local_layer(const shard_plan *p, const net_desc *net, int l, int t);
+/* Parameters rank t holds of layers [first, last). */
+size_t shard_param_count(const shard_plan *p, const net_desc *net, int first, int last, int t);
+
+/* Copies between rank t's parameters of layer l (weight then bias, as the stage keeps
+ * them) and the whole layer's (weight then bias, the one-process order):
+ * to_local = 1: local ← whole; 0: whole ← local (only the values rank t holds). */
+void shard_copy_layer(const shard_plan *p, const net_desc *net, int l, int t, float *local,
+                      float *whole, int to_local);
+/* The same for layers [first, last): rank t's parameters of them, concatenated in layer
+ * order, and the layers' whole parameters, concatenated. */
+void shard_copy_layers(const shard_plan *p, const net_desc *net, int first, int last, int t,
+                       float *local, float *whole, int to_local);
+/* The net as rank t runs it: every layer shard_local_layer's, param_count rank t's. For
+ * what counts parameters per layer (the replicas' reduction buckets). net_desc_free frees
+ * it. */
+int shard_local_net(net_desc *out, const shard_plan *p, const net_desc *net, int t);
+/* Calls fn(ctx, whole_index, local_index, count) for each contiguous run of layer l's
+ * parameters that rank t holds, in local order (weight runs, then bias runs), indices
+ * counted from the layer's first parameter. */
+void shard_layer_runs(const shard_plan *p, const net_desc *net, int l, int t,
+                      void (*fn)(void *ctx, size_t whole, size_t local, size_t count),
+                      void *ctx);
+
+/* Per sample, the floats a stage of layers [first, last) moves in tensor collectives:
+ * forward all-gathers (the values gathered, the whole vectors' sizes) and all-reduces,
+ * backward all-reduces and all-gathers. first_stage: no input gradient is needed. For
+ * the planner and the simulator's α–β pricing. */
+typedef struct {
+    size_t fwd_gather, fwd_reduce, bwd_reduce, bwd_gather;
+    int fwd_gathers, fwd_reduces, bwd_reduces, bwd_gathers; /* how many collectives */
+} shard_traffic;
+shard_traffic shard_stage_traffic(const shard_plan *p, const net_desc *net, int first, int last,
+                                  int first_stage);
+
+/* One line per layer with its cut (the README's and `plan`'s table). */
+void shard_plan_print(const shard_plan *p, const net_desc *net, FILE *out);
+
+#endif
