@@ -502,9 +502,6 @@ static int setup_shards(train_run *run)
         snprintf(msg, sizeof msg, "%s", pt_error_get());
         return pt_error_set("%s: %s", o->model, msg);
     }
-    if (o->tensor > 1 && o->device == ENGINE_CUDA)
-        return pt_error_set("--tensor %d: tensor shards run on the CPU engine only for now "
-                            "(--device cpu)", o->tensor);
     return o->tensor > 1 ? shard_local_net(&run->local_net, &run->shard, &run->net,
                                            run->tensor_rank)
                          : 0;
