@@ -15,7 +15,8 @@
  * --hostfile (MPICH's "host[:slots]" lines, re-read every time, so that a lost node can be
  * taken out of it) or from Slurm's SLURM_NTASKS; with fewer than the job had, but at least
  * R, the launcher's rank count (-n/-np; srun's -n/--ntasks) is rewritten and the layout
- * re-planned: --stages kept when it divides the ranks left (replicas = ranks / stages),
+ * re-planned: --tensor T kept (the ranks left must be a multiple of it), --stages kept
+ * when it divides the ranks left / T (replicas = ranks / (T · stages)),
  * else the largest stage count that does and is not larger; micro-batches per replica
  * scaled so that replicas × micro-batches stays what it was (with --reduce ordered the
  * arithmetic is then the same), else the largest count that divides the samples per
@@ -311,9 +312,14 @@ static int replan(job_cmd *j, launch_options *o, long n)
     if (at < 0) return pt_error_set("the command names no rank count (-n) to change");
     long K = value_or(j, "stages", 'k', 1), R = value_or(j, "replicas", 'r', 1);
     long M = value_or(j, "microbatches", 'M', 1), B = value_or(j, "batch", 'b', 128);
-    long K2 = K < n ? K : n;
-    while (K2 > 1 && n % K2) K2--;
-    long R2 = n / K2;
+    /* tensor groups stay whole: the stages and replicas share the ranks' n / T groups */
+    long T = value_or(j, "tensor", 0, 1);
+    if (T < 1 || n % T)
+        return pt_error_set("%ld ranks: not a multiple of --tensor %ld", n, T);
+    long G = n / T;
+    long K2 = K < G ? K : G;
+    while (K2 > 1 && G % K2) K2--;
+    long R2 = G / K2;
     if (B % R2)
         return pt_error_set("%ld ranks: the batch of %ld does not split over %ld replicas", n,
                             B, R2);
