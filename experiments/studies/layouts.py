@@ -34,7 +34,10 @@ def run(ctx):
     steps, warmup, samples = common.sizes(ctx.quick, (60, 10, 60000), (3, 1, 512))
     layouts = list(LAYOUTS)
     if ctx.supports('tensor'):
-        layouts.append(('tensor parallel T=2', 2, ['--tensor', '2', '--threads', '1']))
+        layouts.append(('tensor T=2 megatron', 2, ['--tensor', '2', '--tensor-mode', 'megatron',
+                                                   '--threads', '1']))
+        layouts.append(('tensor T=2 gather (classic model parallel)', 2,
+                        ['--tensor', '2', '--tensor-mode', 'gather', '--threads', '1']))
     rows, bars, skipped = [], {}, []
     for mname, path, opt, n_layers in MODELS:
         bars[mname] = []
@@ -53,14 +56,17 @@ def run(ctx):
             act = max(r.get('stage_peak_act_bytes') or [0]) / 1e6
             # parameters, gradients and optimizer state (Adam: 2 more) of the largest stage
             copies = {'adam': 4, 'momentum': 3}.get(r['optimizer'], 2)
-            params_mb = r['params'] * 4 * copies / r['stages'] / 1e6
+            if r.get('stage_params'):  # what each rank holds (tensor shards: its slices)
+                params_mb = max(r['stage_params']) * 4 * copies / 1e6
+            else:
+                params_mb = r['params'] * 4 * copies / r['stages'] / 1e6
             rows.append([mname, label, '%d×%d' % (ranks, r['threads']), r['samples_per_s'], step,
                          compute * 1e3 if compute else None, r.get('bubble'), exposed * 1e3,
                          act, params_mb, 'yes' if ranks * r['threads'] > ctx.cores else ''])
             bars[mname].append((label, step, compute, exposed, ranks * r['threads'] > ctx.cores))
     md = common.table(['model', 'layout', 'ranks×threads', 'samples/s', 'step ms',
                        'compute ms (slowest stage)', 'bubble', 'exposed reduction ms',
-                       'peak activations MB', 'params+grads+state MB per rank (≈, even cut)',
+                       'peak activations MB', 'params+grads+state MB per rank',
                        'oversubscribed'], rows)
     if skipped:
         md += '\nNot run (more model chunks than layers): %s.\n' % '; '.join(skipped)
