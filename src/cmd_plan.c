@@ -22,7 +22,7 @@
 enum { O_TOPOLOGY = 1, O_JSON, O_HELP, O_MODEL, O_STAGES, O_REPLICAS, O_NODES, O_PARTITION,
        O_BATCH, O_MICRO, O_DEVICE, O_GPUS, O_EXCLUSIVE, O_BANDWIDTH, O_LATENCY, O_SCHED,
        O_REDUCE, O_BUCKET_MB, O_OVERLAP, O_EMIT, O_RANKS, O_MEMORY, O_TOP, O_VIRTUAL,
-       O_RECOMPUTE, O_WGRAD };
+       O_RECOMPUTE, O_WGRAD, O_TENSOR, O_TENSOR_MODE };
 
 static const opt_spec plan_opts[] = {
     {.id = O_MODEL, .name = "model", .shared = 1},
@@ -37,6 +37,8 @@ static const opt_spec plan_opts[] = {
     {.id = O_TOP, .name = "top", .kind = OPT_INT, .arg = "K", .min = 1, .max = 1000,
      .def = "5", .help = "with --ranks: the best K layouts printed"},
     {.id = O_REPLICAS, .name = "replicas", .shared = 1},
+    {.id = O_TENSOR, .name = "tensor", .shared = 1},
+    {.id = O_TENSOR_MODE, .name = "tensor-mode", .shared = 1},
     {.id = O_NODES, .name = "nodes", .letter = 'n', .kind = OPT_INT, .arg = "N", .min = 1,
      .max = 65536, .def = "1", .help = "copies of the machine"},
     {.id = O_TOPOLOGY, .name = "topology", .shared = 1},
@@ -73,12 +75,17 @@ static const opt_command plan_command = {
              "the machine's nodes, GPUs and cores, and predicts the communication time per step "
              "of the chosen placement and of rank order, and the step time: the schedule's "
              "simulator with layer times profiled on this machine's CPU, messages and each "
-             "stage's gradient reductions priced by their links. No MPI launch needed. The options mean "
+             "stage's gradient reductions priced by their links. With --tensor T each stage's "
+             "layers are cut T ways (tensor shards): its compute shrinks T-fold, its tensor "
+             "collectives are priced on its group's links, and memory per rank is the largest "
+             "shard's. No MPI launch needed. The options mean "
              "what they mean to train: each replica gets batch / R samples per step, in M "
              "micro-batches; bytes per step do not depend on M, the message size (bytes / M) "
              "does.",
     .notes = "Links for --bandwidth and --latency: same-core same-l3 same-numa same-package "
-             "cross-package gpu-link pcie cross-node.",
+             "cross-package gpu-link pcie cross-node. With --ranks, --tensor and --tensor-mode "
+             "restrict the search to that T and mode (by default it tries every T dividing N, "
+             "in both modes).",
     .opts = plan_opts,
 };
 
@@ -134,9 +141,13 @@ static int plan_parse(plan_args *a, int argc, char **argv)
         case O_BUCKET_MB: a->bucket_mb = p.real; break;
         case O_OVERLAP: a->overlap = p.choice == 0; break;
         case O_EMIT: a->emit = p.choice == 0 ? PLAN_EMIT_MPIEXEC : PLAN_EMIT_SLURM; break;
+        case O_TENSOR: a->tensor = (int)p.num; break;
+        case O_TENSOR_MODE: a->tensor_mode = p.choice ? TENSOR_GATHER : TENSOR_MEGATRON; break;
         }
     }
     if (id == OPT_ERROR) return -1;
+    a->tensor_given = opt_given(&p, O_TENSOR);
+    a->tensor_mode_given = opt_given(&p, O_TENSOR_MODE);
     if (opt_given(&p, O_STAGES) == opt_given(&p, O_RANKS))
         return opt_error(&p, "give --stages K (one layout) or --ranks N (search the layouts of "
                              "N ranks), not %s", a->ranks ? "both" : "neither");
@@ -274,14 +285,95 @@ static void format_layers(char *buf, size_t size, const plan_result *r, int s)
     }
 }
 
+/* Parameters of stage s's model chunks: whole (t < 0), or as tensor rank t holds them. */
+static double stage_params(const plan_result *r, int s, int t)
+{
+    int K = r->a->stages, V = r->a->virtual_stages;
+    double n = 0;
+    for (int v = 0; v < V; v++) {
+        int c = v * K + s, first = r->part->first[c], last = r->part->first[c + 1];
+        if (t >= 0) {
+            n += (double)shard_param_count(r->shard, r->net, first, last, t);
+            continue;
+        }
+        for (int l = first; l < last; l++)
+            n += (double)(r->net->layers[l].weight_count + r->net->layers[l].bias_count);
+    }
+    return n;
+}
+
+/* The most parameters a tensor rank of stage s holds. */
+static double stage_rank_params(const plan_result *r, int s)
+{
+    double most = 0;
+    for (int t = 0; t < r->shard->T; t++) {
+        double n = stage_params(r, s, t);
+        if (n > most) most = n;
+    }
+    return most;
+}
+
+/* Stage s's tensor traffic per sample, summed over its model chunks. */
+static shard_traffic stage_traffic(const plan_result *r, int s)
+{
+    int K = r->a->stages, V = r->a->virtual_stages;
+    shard_traffic sum = {0};
+    for (int v = 0; v < V; v++) {
+        int c = v * K + s;
+        shard_traffic t = shard_stage_traffic(r->shard, r->net, r->part->first[c],
+                                              r->part->first[c + 1], c == 0);
+        sum.fwd_gather += t.fwd_gather, sum.fwd_reduce += t.fwd_reduce;
+        sum.bwd_reduce += t.bwd_reduce, sum.bwd_gather += t.bwd_gather;
+        sum.fwd_gathers += t.fwd_gathers, sum.fwd_reduces += t.fwd_reduces;
+        sum.bwd_reduces += t.bwd_reduces, sum.bwd_gathers += t.bwd_gathers;
+    }
+    return sum;
+}
+
+/* The tensor shards' part of the text: the cut, then per stage parameters per rank and
+ * collectives. */
+static void print_tensor_text(const plan_result *r)
+{
+    const plan_args *a = r->a;
+    int S = a->stages, T = a->tensor;
+    double mb = (double)a->replica_batch / a->microbatches;
+    printf("\n");
+    shard_plan_print(r->shard, r->net, stdout);
+    printf("Tensor collectives per micro-batch of %g samples, ring over the group's slowest "
+           "link (%s); parameters per rank: the largest shard's\n", mb,
+           topo_link_name(r->tensor_link));
+    printf("%7s %12s %12s %9s %9s %11s %11s\n", "stage", "params/rank", "params/stage",
+           "fwd coll", "bwd coll", "sent/ubatch", "coll/step");
+    for (int s = 0; s < S; s++) {
+        shard_traffic tr = stage_traffic(r, s);
+        double bytes, msgs, pw = stage_params(r, s, -1), pr = stage_rank_params(r, s);
+        plan_tensor_sent(&tr, T, mb, &bytes, &msgs);
+        char wb[32], rb[32], sent[32], st[32], fw[16], bw[16];
+        topo_format_bytes(wb, sizeof wb, 4 * pw);
+        topo_format_bytes(rb, sizeof rb, 4 * pr);
+        topo_format_bytes(sent, sizeof sent, bytes);
+        topo_format_seconds(st, sizeof st, r->pred->tensor_s[s]);
+        snprintf(fw, sizeof fw, "%dAG %dAR", tr.fwd_gathers, tr.fwd_reduces);
+        snprintf(bw, sizeof bw, "%dAR %dAG", tr.bwd_reduces, tr.bwd_gathers);
+        printf("%7d %12s %12s %9s %9s %11s %11s\n", s, rb, wb, fw, bw, sent, st);
+    }
+    printf("  (AG all-gather, AR all-reduce; compute: the profile's layer times / %d for the "
+           "layers cut or on sharded vectors, a first model that assumes the kernels scale "
+           "perfectly)\n", T);
+}
+
 static void print_plan_text(const plan_result *r)
 {
     const plan_args *a = r->a;
     const topo_placement *pl = r->pl;
     const topo_machine *m = r->m;
-    int S = a->stages;
-    printf("Plan: %s, %d stage%s × %d replica%s = %d ranks on %d node%s of %s, device %s\n",
-           a->model, S, S > 1 ? "s" : "", a->replicas, a->replicas > 1 ? "s" : "",
+    int S = a->stages, T = a->tensor;
+    char tensor[64] = "";
+    if (T > 1)
+        snprintf(tensor, sizeof tensor, " × %d tensor shards (%s)", T,
+                 tensor_mode_name(a->tensor_mode));
+    printf("Plan: %s, %d stage%s × %d replica%s%s = %d ranks on %d node%s of %s, device %s\n",
+           a->model, S, S > 1 ? "s" : "", a->replicas, a->replicas > 1 ? "s" : "", tensor,
            pl->n_ranks, a->nodes, a->nodes > 1 ? "s" : "", m->source,
            a->device == TOPO_DEVICE_CUDA ? "cuda" : "cpu");
     printf("Batch %d per step (%d per replica) in %d micro-batches; partition \"%s\"",
@@ -290,14 +382,19 @@ static void print_plan_text(const plan_result *r)
         printf(" into %d model chunks, %d per rank (rank k holds chunks k, k+%d, ...)",
                S * a->virtual_stages, a->virtual_stages, S);
     printf("\n\n");
-    printf("Placement (%s):\n", pl->method);
-    printf("%4s %5s %7s %-7s %4s %-10s %-12s %11s %11s %-24s %11s\n", "rank", "stage", "replica",
-           "layers", "node", "GPU", "cores", "sent/step", "msg/ubatch", "link to next stage",
-           "time/step");
-    int boundaries[TOPO_LINK_COUNT] = {0};
+    printf("Placement (%s%s):\n", pl->method,
+           r->tensor_first ? "; tensor groups kept close first: a shorter predicted step" : "");
+    printf("%4s %5s %7s", "rank", "stage", "replica");
+    if (T > 1) printf(" %6s", "tensor");
+    printf(" %-7s %4s %-10s %-12s %11s %11s %-24s %11s\n", "layers", "node", "GPU", "cores",
+           "sent/step", "msg/ubatch", "link to next stage", "time/step");
+    int boundaries[TOPO_LINK_COUNT] = {0}, groups[TOPO_LINK_COUNT] = {0};
     for (int i = 0; i < pl->n_ranks; i++) {
         const topo_place *p = &pl->places[i];
-        int s = i % S, rep = i / S;
+        int t = i % T, s = (i / T) % S, rep = i / (T * S);
+        if (T > 1)
+            groups[topo_link_between(m, r->cm, p, &pl->places[plan_rank(a, (t + 1) % T, s, rep)],
+                                     NULL, NULL)]++;
         char layers[64], gpu[32], cores[64], sent[32], msg[32], link[64], time[32];
         format_layers(layers, sizeof layers, r, s);
         print_gpu(gpu, sizeof gpu, m, p);
@@ -307,8 +404,9 @@ static void print_plan_text(const plan_result *r)
         topo_format_bytes(sent, sizeof sent, sent_bytes(r->tr, i));
         if (rank_sends(r, s)) {
             double bw;
-            topo_link l = topo_link_between(m, r->cm, p, &pl->places[rep * S + (s + 1) % S],
-                                            &bw, NULL);
+            topo_link l = topo_link_between(m, r->cm, p,
+                                            &pl->places[plan_rank(a, t, (s + 1) % S, rep)], &bw,
+                                            NULL);
             boundaries[l]++;
             topo_format_bytes(msg, sizeof msg, message_bytes(r, s));
             char rate[32];
@@ -319,8 +417,10 @@ static void print_plan_text(const plan_result *r)
             snprintf(link, sizeof link, "-");
         }
         topo_format_seconds(time, sizeof time, r->rank_time[i]);
-        printf("%4d %5d %7d %-7s %4d %-10s %-12s %11s %11s %-24s %11s\n", i, s, rep, layers,
-               p->node, gpu, cores, sent, msg, link, time);
+        printf("%4d %5d %7d", i, s, rep);
+        if (T > 1) printf(" %6d", t);
+        printf(" %-7s %4d %-10s %-12s %11s %11s %-24s %11s\n", layers, p->node, gpu, cores, sent,
+               msg, link, time);
     }
     double busiest = 0;
     for (int i = 0; i < pl->n_ranks; i++)
@@ -338,6 +438,15 @@ static void print_plan_text(const plan_result *r)
         }
     if (S == 1)
         printf(" none (one stage)");
+    if (T > 1) {
+        /* each rank's edge to the next of its group's ring */
+        printf("\nTensor group ring edges by link:");
+        for (int l = 0, first = 1; l < TOPO_LINK_COUNT; l++)
+            if (groups[l]) {
+                printf("%s %s %d", first ? "" : ",", topo_link_name(l), groups[l]);
+                first = 0;
+            }
+    }
     printf("\nPredicted communication per step (sum over ranks of bytes/bandwidth + messages × "
            "latency):\n  chosen placement %s, rank order %s", c1, c2);
     if (pl->cost_s > 0 && pl->naive_cost_s > pl->cost_s)
@@ -345,6 +454,7 @@ static void print_plan_text(const plan_result *r)
     printf("; busiest rank %s\n", c3);
     if (pl->oversubscribed)
         printf("Note: more ranks than cores: ranks marked * share cores (oversubscribed).\n");
+    if (T > 1) print_tensor_text(r);
     const plan_prediction *pr = r->pred;
     char st[32];
     topo_format_seconds(st, sizeof st, pr->step_s);
@@ -358,16 +468,22 @@ static void print_plan_text(const plan_result *r)
            sched, a->recompute, a->replicas > 1 ? reduce_method_name(a->reduce) : "-", st,
            pr->bubble,
            a->wgrad_batched ? "; weight gradients priced per micro-batch, memory batched" : "");
-    printf("%7s %11s %11s %11s %14s\n", "stage", "compute", "reductions", "exposed",
+    printf("%7s %11s %11s %11s %14s", "stage", "compute", "reductions", "exposed",
            "memory/rank");
+    printf(T > 1 ? " %11s\n" : "\n", "tensor");
     for (int s = 0; s < S; s++) {
-        char mem[32];
+        char mem[32], ten[32];
         topo_format_seconds(c1, sizeof c1, pr->busy_s[s]);
         topo_format_seconds(c2, sizeof c2, pr->reduce_s[s]);
         topo_format_seconds(c3, sizeof c3, pr->exposed_s[s]);
         topo_format_bytes(mem, sizeof mem, r->stage_bytes[s]);
-        printf("%7d %11s %11s %11s %14s\n", s, c1, c2, c3, mem);
+        topo_format_seconds(ten, sizeof ten, pr->tensor_s[s]);
+        printf("%7d %11s %11s %11s %14s", s, c1, c2, c3, mem);
+        printf(T > 1 ? " %11s\n" : "\n", ten);
     }
+    if (T > 1)
+        printf("  (compute includes the tensor collectives; tensor: their time per step; "
+               "memory/rank: the largest tensor rank's)\n");
 }
 
 /* Builders of the JSON tree, as in topologies/print.c: the setters take ownership of the
@@ -413,12 +529,16 @@ static int print_plan_json(const plan_result *r)
 {
     const plan_args *a = r->a;
     const topo_placement *pl = r->pl;
-    int S = a->stages, ok = 1;
+    int S = a->stages, T = a->tensor, ok = 1;
     json_t *o = json_object();
     put(o, "model", topo_json_text(a->model), &ok);
     put(o, "topology", topo_json_text(r->m->source), &ok);
     put(o, "stages", json_integer(S), &ok);
     put(o, "replicas", json_integer(a->replicas), &ok);
+    put(o, "tensor", json_integer(T), &ok);
+    put(o, "tensor_mode", json_string(tensor_mode_name(a->tensor_mode)), &ok);
+    put(o, "tensor_link", T > 1 ? json_string(topo_link_name(r->tensor_link)) : json_null(),
+        &ok);
     put(o, "ranks", json_integer(pl->n_ranks), &ok);
     put(o, "nodes", json_integer(a->nodes), &ok);
     put(o, "device", json_string(a->device == TOPO_DEVICE_CUDA ? "cuda" : "cpu"), &ok);
@@ -437,11 +557,13 @@ static int print_plan_json(const plan_result *r)
     json_t *placement = json_array();
     for (int i = 0; ok && i < pl->n_ranks; i++) {
         const topo_place *p = &pl->places[i];
-        int s = i % S, last = !rank_sends(r, s), V = a->virtual_stages;
+        int t = i % T, s = (i / T) % S, rep = i / (T * S);
+        int last = !rank_sends(r, s), V = a->virtual_stages;
         json_t *j = json_object();
         put(j, "rank", json_integer(i), &ok);
         put(j, "stage", json_integer(s), &ok);
-        put(j, "replica", json_integer(i / S), &ok);
+        put(j, "replica", json_integer(rep), &ok);
+        put(j, "tensor", json_integer(t), &ok);
         /* [first, last]; with V > 1 one such pair per chunk the rank holds */
         json_t *layers = V > 1 ? json_array() : NULL;
         for (int v = 0; v < V; v++) {
@@ -461,8 +583,9 @@ static int print_plan_json(const plan_result *r)
         put(j, "next_link",
             last ? json_null()
                  : json_string(topo_link_name(
-                       topo_link_between(r->m, r->cm, p, &pl->places[i - s + (s + 1) % S],
-                                         NULL, NULL))),
+                       topo_link_between(r->m, r->cm, p,
+                                         &pl->places[plan_rank(a, t, (s + 1) % S, rep)], NULL,
+                                         NULL))),
             &ok);
         put(j, "time_s", topo_json_number(r->rank_time[i]), &ok);
         append(placement, j, &ok);
@@ -491,6 +614,28 @@ static int print_plan_json(const plan_result *r)
     json_t *mem = json_array();
     for (int s = 0; s < S; s++) append(mem, topo_json_number(r->stage_bytes[s]), &ok);
     put(pj, "stage_memory_bytes", mem, &ok);
+    /* tensor shards: per stage, collectives per step (0 without), the traffic per sample
+     * (shard_stage_traffic, summed over the stage's chunks), parameters per rank (the
+     * largest shard) and whole */
+    json_t *tcs = json_array(), *ttr = json_array(), *prk = json_array(), *pwh = json_array();
+    for (int s = 0; s < S; s++) {
+        shard_traffic tr = stage_traffic(r, s);
+        append(tcs, topo_json_number(pr->tensor_s[s]), &ok);
+        append(ttr,
+               json_pack("{s:I, s:I, s:I, s:I, s:i, s:i, s:i, s:i}", "fwd_gather",
+                         (json_int_t)tr.fwd_gather, "fwd_reduce", (json_int_t)tr.fwd_reduce,
+                         "bwd_reduce", (json_int_t)tr.bwd_reduce, "bwd_gather",
+                         (json_int_t)tr.bwd_gather, "fwd_gathers", tr.fwd_gathers,
+                         "fwd_reduces", tr.fwd_reduces, "bwd_reduces", tr.bwd_reduces,
+                         "bwd_gathers", tr.bwd_gathers),
+               &ok);
+        append(prk, topo_json_number(4 * stage_rank_params(r, s)), &ok);
+        append(pwh, topo_json_number(4 * stage_params(r, s, -1)), &ok);
+    }
+    put(pj, "tensor_collective_s", tcs, &ok);
+    put(pj, "tensor_traffic_per_sample", ttr, &ok);
+    put(pj, "stage_param_bytes_per_rank", prk, &ok);
+    put(pj, "stage_param_bytes", pwh, &ok);
     put(o, "predicted", pj, &ok);
     put(o, "rank_order", json_places(r->m, pl->naive, pl->n_ranks, &ok), &ok);
     if (!ok) {
@@ -501,36 +646,41 @@ static int print_plan_json(const plan_result *r)
 }
 
 /* The step time of the chosen placement (src/plan_predict.h): each stage's reductions
- * priced by the slowest link of its group's ring, messages between model chunks by the
- * link between their ranks (the slowest over replicas). */
+ * priced by the slowest link of its group's ring, its tensor collectives by the slowest
+ * link of its tensor groups' rings (b->tensor_alpha, b->tensor_beta), messages between
+ * model chunks by the link between their ranks (the slowest over replicas and tensor
+ * ranks: each tensor rank sends the whole vector to its counterpart). */
 static int predict_step(plan_prediction *out, const plan_args *a, const net_desc *net,
-                        const partition *part, const partition_profile *prof,
-                        const topo_machine *m, const topo_cost_model *cm,
-                        const topo_placement *pl, const int *recompute)
+                        const partition_profile *prof, const topo_machine *m,
+                        const topo_cost_model *cm, const plan_built *b, const int *recompute)
 {
-    int S = a->stages, R = a->replicas, C = part->stages;
+    const partition *part = &b->part;
+    const topo_placement *pl = &b->pl;
+    int S = a->stages, R = a->replicas, T = a->tensor, C = part->stages;
     double *alpha = calloc(2 * (size_t)S + (size_t)C, sizeof *alpha);
     if (!alpha) return pt_error_set("out of memory");
     double *beta = alpha + S, *msg = alpha + 2 * S;
     for (int s = 0; s < S; s++) {
         beta[s] = 1; /* no replicas: unused */
-        for (int r = 0; r < R && R > 1; r++) {
-            double bw, lat;
-            topo_link_between(m, cm, &pl->places[r * S + s], &pl->places[((r + 1) % R) * S + s],
-                              &bw, &lat);
-            if (r == 0 || bw < beta[s]) beta[s] = bw;
-            if (lat > alpha[s]) alpha[s] = lat;
-        }
+        for (int t = 0; t < T && R > 1; t++)
+            for (int r = 0; r < R; r++) {
+                double bw, lat;
+                topo_link_between(m, cm, &pl->places[plan_rank(a, t, s, r)],
+                                  &pl->places[plan_rank(a, t, s, (r + 1) % R)], &bw, &lat);
+                if ((r == 0 && t == 0) || bw < beta[s]) beta[s] = bw;
+                if (lat > alpha[s]) alpha[s] = lat;
+            }
     }
     /* chunk c on rank c mod S sends to chunk c + 1 on rank (c + 1) mod S */
     for (int c = 0; c + 1 < C; c++)
-        for (int r = 0; r < R; r++) {
-            double bw, lat;
-            topo_link_between(m, cm, &pl->places[r * S + c % S],
-                              &pl->places[r * S + (c + 1) % S], &bw, &lat);
-            double t = lat + chunk_message_bytes(a, net, part, c) / bw;
-            if (t > msg[c]) msg[c] = t;
-        }
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++) {
+                double bw, lat;
+                topo_link_between(m, cm, &pl->places[plan_rank(a, t, c % S, r)],
+                                  &pl->places[plan_rank(a, t, (c + 1) % S, r)], &bw, &lat);
+                double x = lat + chunk_message_bytes(a, net, part, c) / bw;
+                if (x > msg[c]) msg[c] = x;
+            }
     double bytes = a->bucket_mb * 1048576.0;
     plan_predict_config cfg = {
         .schedule = a->schedule, .virtual_stages = a->virtual_stages, .recompute = recompute,
@@ -539,18 +689,78 @@ static int predict_step(plan_prediction *out, const plan_args *a, const net_desc
                 .bucket_bytes = bytes < 1 ? 1 : bytes > 1e18 ? (size_t)1e18 : (size_t)bytes,
                 .microbatches = a->microbatches, .skip_bucket = -1},
         .alpha = alpha, .beta = beta, .message_s = msg,
+        .shard = T > 1 ? &b->shard : NULL, .tensor_alpha = b->tensor_alpha,
+        .tensor_beta = b->tensor_beta,
     };
     int rc = plan_predict(out, net, part, prof, &cfg);
     free(alpha);
     return rc;
 }
 
+/* The traffic per step between the S·R·T ranks (plan_rank) with tensor shards: each
+ * tensor rank sends the whole activation (and receives the whole gradient) to its
+ * counterpart in the next model chunk's stage; a ring all-reduce over the replicas of each
+ * tensor rank's shards (2(R−1)/R of its parameter bytes, 2(R−1) messages to the next
+ * replica); and each model chunk's tensor collectives (plan_tensor_sent per micro-batch,
+ * M micro-batches) from each rank to the next of its group's ring, times tensor_weight
+ * (1: the traffic; more: a placement that keeps the tensor groups close first). */
+static int tensor_traffic(topo_traffic *tr, const plan_args *a, const net_desc *net,
+                          const partition *part, const shard_plan *sp, double tensor_weight)
+{
+    int S = a->stages, R = a->replicas, T = a->tensor, M = a->microbatches, C = part->stages;
+    long n = (long)S * R * T;
+    *tr = (topo_traffic){0};
+    if (n > 1024) return pt_error_set("traffic: %ld ranks are more than 1024", n);
+    tr->bytes = calloc((size_t)(n * n), sizeof *tr->bytes);
+    tr->messages = calloc((size_t)(n * n), sizeof *tr->messages);
+    if (!tr->bytes || !tr->messages) {
+        topo_traffic_free(tr);
+        return pt_error_set("out of memory");
+    }
+    tr->n_ranks = (int)n;
+    tr->stages = S;
+    tr->replicas = R;
+    double mb = (double)a->replica_batch / M;
+    for (int c = 0; c < C; c++) {
+        int s = c % S, first = part->first[c], last = part->first[c + 1];
+        shard_traffic st = shard_stage_traffic(sp, net, first, last, c == 0);
+        double tb, tm;
+        plan_tensor_sent(&st, T, mb, &tb, &tm);
+        double msg = chunk_message_bytes(a, net, part, c) * M;
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++) {
+                long i = plan_rank(a, t, s, r);
+                if (c + 1 < C) {
+                    long j = plan_rank(a, t, (c + 1) % S, r);
+                    tr->bytes[i * n + j] += msg;
+                    tr->bytes[j * n + i] += msg;
+                    tr->messages[i * n + j] += M;
+                    tr->messages[j * n + i] += M;
+                }
+                if (T > 1) {
+                    long j = plan_rank(a, (t + 1) % T, s, r);
+                    tr->bytes[i * n + j] += tb * M * tensor_weight;
+                    tr->messages[i * n + j] += tm * M * tensor_weight;
+                }
+                if (R > 1) {
+                    long j = plan_rank(a, t, s, (r + 1) % R);
+                    double pb = 4.0 * (double)shard_param_count(sp, net, first, last, t);
+                    tr->bytes[i * n + j] += 2.0 * (R - 1) / R * pb;
+                    tr->messages[i * n + j] += 2.0 * (R - 1);
+                }
+            }
+    }
+    return 0;
+}
+
 /* The traffic per step between ranks: V = 1 as topologies/ prices a pipeline; V > 1 (one
  * replica) every boundary between model chunks c and c + 1 crosses from rank c mod K to
- * rank (c + 1) mod K, activations one way and gradients the other. */
+ * rank (c + 1) mod K, activations one way and gradients the other; with tensor shards,
+ * tensor_traffic. */
 static int plan_traffic(topo_traffic *tr, const plan_args *a, const net_desc *net,
-                        const partition *part)
+                        const partition *part, const shard_plan *sp)
 {
+    if (a->tensor > 1) return tensor_traffic(tr, a, net, part, sp, 1);
     if (a->virtual_stages <= 1)
         return topo_traffic_from_partition(tr, net, part, a->replicas, a->replica_batch,
                                            a->microbatches);
@@ -570,16 +780,123 @@ static int plan_traffic(topo_traffic *tr, const plan_args *a, const net_desc *ne
     return rc;
 }
 
+/* Per stage, the slowest link of its tensor groups' rings (over replicas), and the
+ * slowest of all. */
+static int tensor_links(plan_built *b, const plan_args *a, const topo_machine *m,
+                        const topo_cost_model *cm)
+{
+    int S = a->stages, R = a->replicas, T = a->tensor;
+    b->tensor_alpha = calloc(2 * (size_t)S, sizeof *b->tensor_alpha);
+    if (!b->tensor_alpha) return pt_error_set("out of memory");
+    b->tensor_beta = b->tensor_alpha + S;
+    b->tensor_link = TOPO_LINK_SAME_CORE;
+    double slowest = 0;
+    for (int s = 0; s < S; s++) {
+        b->tensor_beta[s] = 1;
+        for (int r = 0; r < R && T > 1; r++)
+            for (int t = 0; t < T; t++) {
+                double bw, lat;
+                topo_link l = topo_link_between(m, cm, &b->pl.places[plan_rank(a, t, s, r)],
+                                                &b->pl.places[plan_rank(a, (t + 1) % T, s, r)],
+                                                &bw, &lat);
+                if ((r == 0 && t == 0) || bw < b->tensor_beta[s]) b->tensor_beta[s] = bw;
+                if (lat > b->tensor_alpha[s]) b->tensor_alpha[s] = lat;
+                if (slowest == 0 || bw < slowest || (bw == slowest && l > b->tensor_link)) {
+                    slowest = bw;
+                    b->tensor_link = l;
+                }
+            }
+    }
+    return 0;
+}
+
+/* The predicted step of b's layout with its current placement (the schedule of a, no
+ * recomputation), its tensor links recomputed; −1 with a message. */
+static int placement_step(double *step, plan_built *b, const plan_args *a, const net_desc *net,
+                          const partition_profile *prof, const topo_machine *m,
+                          const topo_cost_model *cm)
+{
+    free(b->tensor_alpha);
+    b->tensor_alpha = b->tensor_beta = NULL;
+    plan_prediction p = {0};
+    if (tensor_links(b, a, m, cm) < 0 || predict_step(&p, a, net, prof, m, cm, b, NULL) < 0)
+        return -1;
+    *step = p.step_s;
+    plan_prediction_free(&p);
+    return 0;
+}
+
+static int same_places(const topo_placement *x, const topo_placement *y)
+{
+    for (int i = 0; i < x->n_ranks; i++) {
+        const topo_place *p = &x->places[i], *q = &y->places[i];
+        if (p->node != q->node || p->gpu != q->gpu || p->n_cores != q->n_cores ||
+            memcmp(p->cores, q->cores, (size_t)p->n_cores * sizeof *p->cores))
+            return 0;
+    }
+    return 1;
+}
+
+/* Tensor shards: the placement minimises the traffic's total time, where a tensor group's
+ * collectives weigh no more than the replicas' reductions; but the collectives stall every
+ * micro-batch while the reductions overlap the backward. So a second placement that keeps
+ * the tensor groups on the closest links first (their traffic weighted 1000-fold) is
+ * tried too, and the one with the shorter predicted step (schedule a->schedule, no
+ * recomputation) kept; its communication figures are those of the real traffic. */
+static int tensor_placement(plan_built *b, const plan_args *a, const net_desc *net,
+                            const partition_profile *prof, const topo_machine *m,
+                            const topo_cost_model *cm, const topo_place_options *opt)
+{
+    topo_traffic w;
+    topo_placement alt;
+    double s0, s1;
+    if (tensor_traffic(&w, a, net, &b->part, &b->shard, 1000) < 0) return -1;
+    int rc = topo_place_ranks(&alt, m, &w, cm, opt);
+    topo_traffic_free(&w);
+    if (rc < 0) return -1;
+    if (same_places(&alt, &b->pl)) {
+        topo_placement_free(&alt);
+        return 0;
+    }
+    alt.cost_s = topo_placement_cost(m, &b->tr, cm, alt.places, NULL);
+    alt.naive_cost_s = topo_placement_cost(m, &b->tr, cm, alt.naive, NULL);
+    if (placement_step(&s0, b, a, net, prof, m, cm) < 0) goto fail;
+    topo_placement keep = b->pl;
+    b->pl = alt;
+    if (placement_step(&s1, b, a, net, prof, m, cm) < 0) {
+        b->pl = keep;
+        goto fail;
+    }
+    if (s1 < s0) {
+        b->tensor_first = 1;
+        topo_placement_free(&keep);
+        return 0;
+    }
+    b->pl = keep;
+    topo_placement_free(&alt);
+    return 0;
+fail:
+    topo_placement_free(&alt);
+    return -1;
+}
+
 int plan_layout(plan_built *b, const plan_args *a, const net_desc *net,
                 const partition_profile *prof, const topo_machine *m, const topo_cost_model *cm)
 {
     *b = (plan_built){0};
     topo_place_options opt = {.device = a->device, .nodes = a->nodes, .exclusive = a->exclusive};
     int V = a->virtual_stages > 1 ? a->virtual_stages : 1;
-    if (partition_by_method(&b->part, a->method, net, prof, a->stages * V) < 0) return -1;
-    if (plan_traffic(&b->tr, a, net, &b->part) < 0 ||
+    if (shard_plan_init(&b->shard, net, a->tensor, a->tensor_mode) < 0) return -1;
+    if (partition_by_method(&b->part, a->method, net, prof, a->stages * V) < 0) goto fail;
+    if (plan_traffic(&b->tr, a, net, &b->part, &b->shard) < 0 ||
         topo_place_ranks(&b->pl, m, &b->tr, cm, &opt) < 0)
         goto fail;
+    if (a->tensor > 1 && b->pl.n_ranks > a->tensor &&
+        tensor_placement(b, a, net, prof, m, cm, &opt) < 0)
+        goto fail;
+    free(b->tensor_alpha);
+    b->tensor_alpha = b->tensor_beta = NULL;
+    if (tensor_links(b, a, m, cm) < 0) goto fail;
     b->rank_time = calloc((size_t)b->pl.n_ranks, sizeof *b->rank_time);
     if (!b->rank_time) {
         pt_error_set("out of memory");
@@ -608,7 +925,7 @@ int plan_price(plan_built *b, const plan_args *a, const net_desc *net,
         goto out;
     }
     if (schedule_parse_recompute(a->recompute, K, flags) < 0 ||
-        predict_step(&b->pred, a, net, &b->part, prof, m, cm, &b->pl, flags) < 0 ||
+        predict_step(&b->pred, a, net, prof, m, cm, b, flags) < 0 ||
         plan_schedule(&sched, a->schedule, K, V, a->microbatches, flags) < 0)
         goto out;
     have_sched = 1;
@@ -616,7 +933,8 @@ int plan_price(plan_built *b, const plan_args *a, const net_desc *net,
                            .microbatches = a->microbatches};
     plan_memory_config mc = {.microbatch = a->replica_batch / a->microbatches,
                              .wgrad_batched = a->wgrad_batched,
-                             .grad_pieces = replicas_grad_pieces(&rep)};
+                             .grad_pieces = replicas_grad_pieces(&rep),
+                             .shard = a->tensor > 1 ? &b->shard : NULL};
     if (plan_memory(b->stage_bytes, net, &b->part, &sched, &mc) < 0) goto out;
     for (int s = 0; s < K; s++)
         if (b->stage_bytes[s] > b->peak_bytes) b->peak_bytes = b->stage_bytes[s];
@@ -642,6 +960,8 @@ void plan_built_free(plan_built *b)
 {
     free(b->rank_time);
     free(b->stage_bytes);
+    free(b->tensor_alpha);
+    shard_plan_free(&b->shard);
     plan_prediction_free(&b->pred);
     topo_placement_free(&b->pl);
     topo_traffic_free(&b->tr);
@@ -670,6 +990,12 @@ int topo_cmd_plan(int argc, char **argv)
     rc = 1;
     if (net_desc_load(&net, a.model) < 0 || topo_init(&t, a.xml) < 0) goto out;
     const topo_machine *m = topo_get_machine(t);
+    if (!a.ranks || a.tensor_given) {
+        /* a layer that cannot be cut T ways, before any profiling */
+        shard_plan sp;
+        if (shard_plan_init(&sp, &net, a.tensor, a.tensor_mode) < 0) goto out;
+        shard_plan_free(&sp);
+    }
     if (a.ranks) {
         rc = plan_search(&a, &net, m, &cm);
         goto done;
@@ -685,7 +1011,8 @@ int topo_cmd_plan(int argc, char **argv)
     if (plan_build(&b, &a, &net, &prof, m, &cm) < 0) goto out;
     plan_result r = {.a = &a, .net = &net, .part = &b.part, .m = m, .tr = &b.tr, .cm = &cm,
                      .pl = &b.pl, .rank_time = b.rank_time, .pred = &b.pred,
-                     .stage_bytes = b.stage_bytes};
+                     .stage_bytes = b.stage_bytes, .shard = &b.shard,
+                     .tensor_link = b.tensor_link, .tensor_first = b.tensor_first};
     if (a.emit) {
         char extra[512] = "";
         int len = 0;
@@ -699,8 +1026,11 @@ int topo_cmd_plan(int argc, char **argv)
             len += snprintf(extra + len, sizeof extra - (size_t)len, "%s--recompute %s",
                             len ? " " : "", a.recompute);
         if (a.wgrad_batched)
-            snprintf(extra + len, sizeof extra - (size_t)len, "%s--wgrad batched",
-                     len ? " " : "");
+            len += snprintf(extra + len, sizeof extra - (size_t)len, "%s--wgrad batched",
+                            len ? " " : "");
+        if (a.tensor > 1)
+            snprintf(extra + len, sizeof extra - (size_t)len, "%s--tensor %d --tensor-mode %s",
+                     len ? " " : "", a.tensor, tensor_mode_name(a.tensor_mode));
         plan_emit_args ea = {
             .kind = (plan_emit_kind)a.emit, .model = a.model, .stages = a.stages,
             .replicas = a.replicas, .nodes = a.nodes, .batch = a.batch,

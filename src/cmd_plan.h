@@ -5,6 +5,7 @@
 
 #include "partition/partition.h"
 #include "src/model/net.h"
+#include "src/model/shard.h"
 #include "src/plan_predict.h"
 #include "src/profile.h"
 #include "src/reduce.h"
@@ -27,7 +28,19 @@ typedef struct {
      * (0: no limit); --top K choices printed */
     int ranks, top;
     double memory_mb;
+    /* --tensor T, --tensor-mode: T tensor shards per stage (1: none); the job's ranks are
+     * stages × replicas × T, rank = t + T·(stage + stages·replica) (plan_rank). With
+     * --ranks: given, the search tries that T (and mode) only. */
+    int tensor;
+    tensor_mode tensor_mode;
+    int tensor_given, tensor_mode_given;
 } plan_args;
+
+/* The rank of tensor shard t of stage s in replica r. */
+static inline int plan_rank(const plan_args *a, int t, int s, int r)
+{
+    return t + a->tensor * (s + a->stages * r);
+}
 
 /* One layout built: partition, traffic, placement, predicted step, memory per rank. */
 typedef struct {
@@ -41,6 +54,9 @@ typedef struct {
     double *rank_time;
     const plan_prediction *pred;
     const double *stage_bytes; /* per stage: estimated peak memory of one of its ranks */
+    const shard_plan *shard;   /* the tensor shards (T = 1: none) */
+    topo_link tensor_link;     /* T > 1: the slowest link inside a tensor group */
+    int tensor_first;          /* the placement that keeps tensor groups close was kept */
 } plan_result;
 
 typedef struct {
@@ -51,9 +67,17 @@ typedef struct {
     plan_prediction pred;
     double *stage_bytes; /* per stage, owned */
     double peak_bytes;   /* the largest */
+    shard_plan shard;    /* a->tensor shards (T = 1 plans nothing) */
+    /* per stage (owned, one block of 2·stages): the slowest link of its tensor groups'
+     * rings, as latency (s) and bandwidth (bytes/s); T = 1: 0 and 1 */
+    double *tensor_alpha, *tensor_beta;
+    topo_link tensor_link; /* the slowest of them (T > 1) */
+    int tensor_first;      /* pl keeps the tensor groups close first (plan_layout tries it
+                            * too, and keeps it where the step is predicted shorter) */
 } plan_built;
 
-/* Partitions (a->method, into K·V model chunks as train cuts them), places the ranks on m,
+/* Partitions (a->method, into K·V model chunks as train cuts them), plans the tensor shards
+ * (a->tensor, a->tensor_mode), places the ranks on m,
  * predicts the step (plan_predict: a->schedule, a->virtual_stages, a->recompute) and
  * estimates each stage's memory per rank (plan_memory). −1 with a message. */
 int plan_build(plan_built *b, const plan_args *a, const net_desc *net,
@@ -68,7 +92,8 @@ int plan_layout(plan_built *b, const plan_args *a, const net_desc *net,
 int plan_price(plan_built *b, const plan_args *a, const net_desc *net,
                const partition_profile *prof, const topo_machine *m, const topo_cost_model *cm);
 
-/* --ranks: every layout of a->ranks ranks (stages × replicas, micro-batches, schedule with
+/* --ranks: every layout of a->ranks ranks (stages × replicas × tensor shards in both modes,
+ * micro-batches, schedule with
  * its virtual stages, recomputation off or everywhere; partition a->method) built and
  * ranked; prints the best a->top that fit a->memory_mb (text or JSON) and why the
  * runner-up lost, or fails naming the smallest layout when none fits. Returns the exit

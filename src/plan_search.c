@@ -1,13 +1,20 @@
 /* `plan --ranks N [--memory-mb X]`: which layout of N ranks to run (src/cmd_plan.h).
  *
- * The space, exhaustive: stages K dividing N with K ≤ layers (replicas R = N / K, dividing
- * the batch), micro-batches M a power of two up to 64 dividing batch / R, the schedules
- * train runs, each with recomputation off and on every stage:
+ * The space, exhaustive: tensor shards T dividing N (--tensor: that T only), in both modes
+ * for T > 1 (--tensor-mode: that one only), skipping a T some layer cannot be cut into;
+ * stages K dividing N / T with K ≤ layers (replicas R = N / (K·T), dividing the batch),
+ * micro-batches M a power of two up to 64 dividing batch / R, the schedules train runs,
+ * each with recomputation off and on every stage:
  *   gpipe, 1f1b and zb-h1 (K = 1 runs 1f1b only: the others do the same work there, zb-h1
  *   with more memory);
  *   interleaved with V = 2, 3, 4 model chunks per rank where train runs it: K ≥ 2, R = 1,
- *   M a multiple of K, K·V ≤ layers.
- * At most divisors(N) × 7 × 6 × 2 layouts. The profile is measured once per micro-batch
+ *   M a multiple of K, K·V ≤ layers, and no tensor shards (T = 1: interleaving tensor
+ *   groups is not searched).
+ * At most Σ_{T | N} modes(T) × divisors(N / T) × 7 × 6 × 2 layouts. Tensor layouts are
+ * priced as plan --tensor prices them (src/plan_predict.h: compute / T where layers are
+ * cut, each stage's collectives α–β on its tensor group's slowest link, memory of the
+ * largest shard); the placement sees their collectives as traffic, so it keeps a group on
+ * the closest links it can. The profile is measured once per micro-batch
  * size; the partition and placement once per (K, M, V) and shared by the schedules and
  * recomputation settings (they change neither); each layout is then simulated and its
  * memory estimated in well under a millisecond.
@@ -19,6 +26,8 @@
  *   schedules it balances the chunks, not the sums of each rank's V chunks, and it ignores
  *   that recomputation adds a forward and that zero bubble moves W into the bubbles;
  * - recomputation is searched off or on every stage only, not per-stage subsets;
+ * - tensor compute is the profile's / T (perfect scaling; small shards run less
+ *   efficiently than that);
  * - not searched: uneven replica shares, the reduction method, bucket size and overlap,
  *   --wgrad (taken from the options), M beyond powers of two, V beyond 4, and zb-h1's
  *   memory-capped variant ("zb"), which train does not run.
@@ -48,6 +57,12 @@ enum { N_KINDS = sizeof kinds / sizeof kinds[0] };
 
 typedef struct {
     int stages, replicas, microbatches, virtual_stages, recompute;
+    int tensor;                 /* shards per stage, 1: none */
+    tensor_mode mode;
+    double tensor_s;            /* the largest stage's tensor collectives per step */
+    topo_link tensor_link;      /* the slowest link inside a tensor group (T > 1) */
+    double rank_param_bytes;    /* the largest rank's parameters */
+    double stage_param_bytes;   /* the largest stage's parameters, whole */
     const char *schedule;
     double step_s, bubble, peak_bytes;
     double *stage_bytes; /* owned: per rank (stage), `stages` entries */
@@ -96,6 +111,8 @@ static int by_step(const void *pa, const void *pb)
     if (a->fits != b->fits) return b->fits - a->fits;
     if (a->step_s != b->step_s) return a->step_s < b->step_s ? -1 : 1;
     if (a->peak_bytes != b->peak_bytes) return a->peak_bytes < b->peak_bytes ? -1 : 1;
+    if (a->tensor != b->tensor) return a->tensor - b->tensor;
+    if (a->mode != b->mode) return (int)a->mode - (int)b->mode;
     if (a->stages != b->stages) return a->stages - b->stages;
     if (a->microbatches != b->microbatches) return a->microbatches - b->microbatches;
     if (a->virtual_stages != b->virtual_stages) return a->virtual_stages - b->virtual_stages;
@@ -106,10 +123,13 @@ static int by_step(const void *pa, const void *pb)
 /* The train options of a layout. */
 static void describe(char *buf, size_t size, const candidate *c)
 {
-    char virt[32] = "";
+    char virt[32] = "", ten[64] = "";
     if (c->virtual_stages > 1) snprintf(virt, sizeof virt, " --virtual %d", c->virtual_stages);
-    snprintf(buf, size, "--stages %d --replicas %d --microbatches %d --schedule %s%s "
-             "--recompute %s", c->stages, c->replicas, c->microbatches, c->schedule, virt,
+    if (c->tensor > 1)
+        snprintf(ten, sizeof ten, " --tensor %d --tensor-mode %s", c->tensor,
+                 tensor_mode_name(c->mode));
+    snprintf(buf, size, "--stages %d --replicas %d%s --microbatches %d --schedule %s%s "
+             "--recompute %s", c->stages, c->replicas, ten, c->microbatches, c->schedule, virt,
              c->recompute ? "all" : "none");
 }
 
@@ -132,11 +152,25 @@ static void why_lost(char *buf, size_t size, const candidate *a, const candidate
     }
     topo_format_seconds(dt, sizeof dt, b->step_s - a->step_s);
     double pct = a->step_s > 0 ? 100 * (b->step_s / a->step_s - 1) : 0;
-    char cause[128];
+    char cause[192];
     int mb_a = batch / (a->replicas * a->microbatches);
     int mb_b = batch / (b->replicas * b->microbatches);
+    char ts[32];
+    topo_format_seconds(ts, sizeof ts, b->tensor_s);
     if (b->recompute && !a->recompute)
         snprintf(cause, sizeof cause, "recomputation runs every forward twice");
+    else if (b->tensor > a->tensor)
+        snprintf(cause, sizeof cause, "its tensor collectives cost %s per step on %s links, "
+                 "more than %s", ts, topo_link_name(b->tensor_link),
+                 b->replicas < a->replicas ? "the gradient reductions of fewer replicas save"
+                 : b->stages < a->stages   ? "the pipeline's bubble and messages it avoids"
+                                           : "the compute the shards split");
+    else if (b->tensor < a->tensor)
+        snprintf(cause, sizeof cause, "with %s tensor shards each rank computes more of "
+                 "every layer", b->tensor > 1 ? "fewer" : "no");
+    else if (b->tensor > 1 && b->mode != a->mode)
+        snprintf(cause, sizeof cause, "tensor mode %s: its collectives cost %s per step",
+                 tensor_mode_name(b->mode), ts);
     else if (b->bubble > a->bubble + 0.02)
         snprintf(cause, sizeof cause, "more of its step is pipeline bubble");
     else if (b->stages < a->stages)
@@ -159,7 +193,7 @@ static void why_lost(char *buf, size_t size, const candidate *a, const candidate
 }
 
 static int print_json(const plan_args *a, const candidate *c, int n, int shown,
-                      const candidate *smallest)
+                      const candidate *smallest, const char *skipped)
 {
     json_t *o = json_object(), *arr = json_array();
     int ok = o && arr;
@@ -175,7 +209,15 @@ static int print_json(const plan_args *a, const candidate *c, int n, int shown,
             json_array_append_new(first, json_integer(c[i].first[s]));
         for (int s = 0; s < c[i].stages; s++)
             json_array_append_new(mem, json_real(c[i].stage_bytes[s]));
-        ok = j && !json_object_set_new(j, "partition_first", first) &&
+        json_t *tj = json_pack("{s:i, s:s, s:f, s:o, s:f}", "tensor", c[i].tensor,
+                               "tensor_mode", tensor_mode_name(c[i].mode),
+                               "tensor_collective_s", c[i].tensor_s, "tensor_link",
+                               c[i].tensor > 1 ? json_string(topo_link_name(c[i].tensor_link))
+                                               : json_null(),
+                               "rank_param_bytes", c[i].rank_param_bytes);
+        ok = j && tj && !json_object_update(j, tj);
+        json_decref(tj);
+        ok = ok && !json_object_set_new(j, "partition_first", first) &&
              !json_object_set_new(j, "stage_memory_bytes", mem) && !json_array_append_new(arr, j);
     }
     if (ok) {
@@ -187,6 +229,7 @@ static int print_json(const plan_args *a, const candidate *c, int n, int shown,
         json_object_set_new(o, "wgrad",
                             json_string(a->wgrad_batched ? "batched" : "per-microbatch"));
         json_object_set_new(o, "layouts_searched", json_integer(n));
+        json_object_set_new(o, "tensor_skipped", skipped ? json_string(skipped) : json_null());
         json_object_set_new(o, "choices", arr);
         json_object_set_new(o, "smallest_peak_bytes", json_real(smallest->peak_bytes));
     } else {
@@ -195,19 +238,69 @@ static int print_json(const plan_args *a, const candidate *c, int n, int shown,
     return topo_json_print(ok ? o : NULL, stdout);
 }
 
+/* Where a tensor group's slowest link keeps it, in words. */
+static const char *link_place(topo_link l)
+{
+    switch (l) {
+    case TOPO_LINK_SAME_CORE: return "on shared cores";
+    case TOPO_LINK_SAME_L3: return "inside an L3 cache domain";
+    case TOPO_LINK_SAME_NUMA: return "inside a NUMA node";
+    case TOPO_LINK_SAME_PACKAGE: return "inside a socket";
+    case TOPO_LINK_CROSS_PACKAGE: return "across sockets";
+    case TOPO_LINK_GPU: return "on direct GPU links (NVLink)";
+    case TOPO_LINK_PCIE: return "on PCIe inside a socket";
+    default: return "across nodes";
+    }
+}
+
+/* Why the choice has tensor shards, or what the best layout with them would cost. */
+static void tensor_reason(const candidate *c, int n)
+{
+    char ts[32], st[32], lay[192];
+    const candidate *x = &c[0];
+    if (x->tensor > 1) {
+        char cut[64];
+        if (x->tensor == 2) snprintf(cut, sizeof cut, "halve each rank's parameters");
+        else snprintf(cut, sizeof cut, "cut each rank's parameters to about 1/%d", x->tensor);
+        topo_format_seconds(ts, sizeof ts, x->tensor_s);
+        topo_format_seconds(st, sizeof st, x->step_s);
+        printf("Tensor: %d shards (%s) %s %s (%.2f MiB of the largest stage's %.2f); their "
+               "collectives cost %s per step (of %s) on the %s links\n", x->tensor,
+               tensor_mode_name(x->mode), link_place(x->tensor_link), cut,
+               x->rank_param_bytes / 1048576.0, x->stage_param_bytes / 1048576.0, ts, st,
+               topo_link_name(x->tensor_link));
+        return;
+    }
+    /* c is ranked: the first fitting layout with shards is the best of them */
+    for (int i = 1; i < n; i++) {
+        const candidate *y = &c[i];
+        if (y->tensor < 2 || !y->fits) continue;
+        describe(lay, sizeof lay, y);
+        topo_format_seconds(ts, sizeof ts, y->tensor_s);
+        topo_format_seconds(st, sizeof st, y->step_s);
+        printf("Tensor shards: the best layout with them (%s, #%d) would take %s per step; "
+               "its collectives cost %s of it on %s links (%s)\n", lay, i + 1, st, ts,
+               topo_link_name(y->tensor_link), link_place(y->tensor_link));
+        return;
+    }
+}
+
 static void print_text(const plan_args *base, const topo_machine *m, const candidate *c, int n,
-                       int fitting, int shown)
+                       int fitting, int shown, const char *skipped)
 {
     int N = base->ranks;
     printf("Plan for %d ranks: %s, batch %d, partition \"%s\", on %s; %d layouts simulated",
            N, base->model, base->batch, base->method, m->source, n);
     if (base->memory_mb > 0)
         printf(", %d fit in %g MiB per rank", fitting, base->memory_mb);
-    printf("\n(step: the schedule's simulator on layer times profiled on this machine's CPU; "
-           "memory: the largest rank's; V: model chunks per rank; partition: the first layer "
-           "of each stage, or of each model chunk with V > 1)\n\n");
-    printf("%3s %6s %8s %4s %-11s %2s %-9s %11s %7s %10s  %s\n", "#", "stages", "replicas", "M",
-           "schedule", "V", "recompute", "step", "bubble", "MiB/rank", "partition");
+    printf("\n(step: the schedule's simulator on layer times profiled on this machine's CPU, "
+           "divided by T where tensor shards cut a layer; memory: the largest rank's; tensor: "
+           "shards per stage T and how layers are cut; V: model chunks per rank; partition: "
+           "the first layer of each stage, or of each model chunk with V > 1)\n");
+    if (skipped) printf("(tensor shards not searched: %s)\n", skipped);
+    printf("\n%3s %6s %8s %-10s %4s %-11s %2s %-9s %11s %7s %10s  %s\n", "#", "stages",
+           "replicas", "tensor", "M", "schedule", "V", "recompute", "step", "bubble",
+           "MiB/rank", "partition");
     for (int i = 0; i < shown; i++) {
         char st[32], cut[160] = "";
         topo_format_seconds(st, sizeof st, c[i].step_s);
@@ -215,14 +308,21 @@ static void print_text(const plan_args *base, const topo_machine *m, const candi
         for (int s = 0, len = 0; s < chunks && len < (int)sizeof cut - 8; s++)
             len += snprintf(cut + len, sizeof cut - (size_t)len, "%s%d", s ? "," : "",
                             c[i].first[s]);
-        printf("%3d %6d %8d %4d %-11s %2d %-9s %11s %7.3f %10.2f  %s\n", i + 1, c[i].stages,
-               c[i].replicas, c[i].microbatches, c[i].schedule, c[i].virtual_stages,
+        char ten[32];
+        if (c[i].tensor > 1)
+            snprintf(ten, sizeof ten, "%d:%s", c[i].tensor, tensor_mode_name(c[i].mode));
+        else
+            snprintf(ten, sizeof ten, "1");
+        printf("%3d %6d %8d %-10s %4d %-11s %2d %-9s %11s %7.3f %10.2f  %s\n", i + 1,
+               c[i].stages, c[i].replicas, ten, c[i].microbatches, c[i].schedule,
+               c[i].virtual_stages,
                c[i].recompute ? "all" : "none", st, c[i].bubble, c[i].peak_bytes / 1048576.0,
                cut);
     }
-    char lay[192], why[320];
+    char lay[192], why[512];
     describe(lay, sizeof lay, &c[0]);
     printf("\nChoice: %s\n", lay);
+    tensor_reason(c, n);
     if (fitting > 1) {
         why_lost(why, sizeof why, &c[0], &c[1], base->batch);
         printf("Runner-up lost: %s\n", why);
@@ -269,9 +369,42 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
                              .peak_bytes = b->peak_bytes, .stage_bytes = b->stage_bytes,
                              .first = first};
             x->fits = a->memory_mb <= 0 || x->peak_bytes <= a->memory_mb * 1048576.0;
+            x->tensor = a->tensor;
+            x->mode = a->tensor_mode;
+            x->tensor_link = b->tensor_link;
+            for (int s = 0; s < K; s++) {
+                if (b->pred.tensor_s[s] > x->tensor_s) x->tensor_s = b->pred.tensor_s[s];
+                double whole = 0, most = 0;
+                for (int v = 0; v < V; v++) {
+                    int ch = v * K + s, lo = b->part.first[ch], hi = b->part.first[ch + 1];
+                    for (int l = lo; l < hi; l++)
+                        whole += (double)(net->layers[l].weight_count +
+                                          net->layers[l].bias_count);
+                }
+                for (int t = 0; t < a->tensor; t++) {
+                    double mine = 0;
+                    for (int v = 0; v < V; v++) {
+                        int ch = v * K + s;
+                        mine += (double)shard_param_count(&b->shard, net, b->part.first[ch],
+                                                          b->part.first[ch + 1], t);
+                    }
+                    if (mine > most) most = mine;
+                }
+                if (4 * whole > x->stage_param_bytes) x->stage_param_bytes = 4 * whole;
+                if (4 * most > x->rank_param_bytes) x->rank_param_bytes = 4 * most;
+            }
             b->stage_bytes = NULL; /* kept by the candidate */
         }
     }
+    return 0;
+}
+
+/* Whether T tensor shards in `mode` cut every layer of net (0), else −1 with the reason. */
+static int can_cut(const net_desc *net, int T, tensor_mode mode)
+{
+    shard_plan sp;
+    if (shard_plan_init(&sp, net, T, mode) < 0) return -1;
+    shard_plan_free(&sp);
     return 0;
 }
 
@@ -279,35 +412,57 @@ int plan_search(const plan_args *base, const net_desc *net, const topo_machine *
                 const topo_cost_model *cm)
 {
     int N = base->ranks, cap = 0;
-    for (int K = 1; K <= N; K++) cap += N % K == 0;
+    for (int T = 1; T <= N; T++)
+        for (int K = 1; N % T == 0 && K <= N / T; K++) cap += (N / T) % K == 0 ? 2 : 0;
     cap *= 7 * N_KINDS * 2;
     candidate *c = calloc((size_t)cap, sizeof *c);
     profile_cache pc = {0};
     int n = 0, rc = 1;
+    char skipped[512] = "";
     if (!c) {
         fprintf(stderr, "pipetrain: out of memory\n");
         return 1;
     }
-    for (int K = 1; K <= N && K <= net->n_layers; K++) {
-        int R = N / K;
-        if (N % K || base->batch % R) continue;
-        int rb = base->batch / R;
-        for (int M = 1; M <= MAX_M && M <= rb; M *= 2) {
-            if (rb % M) continue;
-            const partition_profile *prof = profile_for(&pc, net, rb / M);
-            if (!prof) goto out;
-            for (int V = 1; V <= 4; V++) {
-                if (V > 1 && (K < 2 || R > 1 || M % K || K * V > net->n_layers)) continue;
-                plan_args a = *base;
-                a.stages = K, a.replicas = R, a.microbatches = M, a.replica_batch = rb;
-                a.virtual_stages = V;
-                plan_built b;
-                if (plan_layout(&b, &a, net, prof, m, cm) < 0) goto out;
-                int bad = price_layouts(c, &n, &a, &b, net, prof, m, cm);
-                plan_built_free(&b);
-                if (bad) goto out;
+    for (int T = 1; T <= N; T++) {
+        if (N % T || (base->tensor_given && T != base->tensor)) continue;
+        for (int mode = 0; mode < (T > 1 ? 2 : 1); mode++) {
+            tensor_mode tm = T > 1 ? (tensor_mode)mode : base->tensor_mode;
+            if (T > 1 && base->tensor_mode_given && tm != base->tensor_mode) continue;
+            if (T > 1 && can_cut(net, T, tm) < 0) {
+                size_t len = strlen(skipped);
+                snprintf(skipped + len, sizeof skipped - len, "%s%d %s: %s", len ? "; " : "",
+                         T, tensor_mode_name(tm), pt_error_get());
+                continue;
+            }
+            int NT = N / T;
+            for (int K = 1; K <= NT && K <= net->n_layers; K++) {
+                int R = NT / K;
+                if (NT % K || base->batch % R) continue;
+                int rb = base->batch / R;
+                for (int M = 1; M <= MAX_M && M <= rb; M *= 2) {
+                    if (rb % M) continue;
+                    const partition_profile *prof = profile_for(&pc, net, rb / M);
+                    if (!prof) goto out;
+                    for (int V = 1; V <= 4; V++) {
+                        if (V > 1 && (T > 1 || K < 2 || R > 1 || M % K || K * V > net->n_layers))
+                            continue;
+                        plan_args a = *base;
+                        a.stages = K, a.replicas = R, a.microbatches = M, a.replica_batch = rb;
+                        a.virtual_stages = V;
+                        a.tensor = T, a.tensor_mode = tm;
+                        plan_built b;
+                        if (plan_layout(&b, &a, net, prof, m, cm) < 0) goto out;
+                        int bad = price_layouts(c, &n, &a, &b, net, prof, m, cm);
+                        plan_built_free(&b);
+                        if (bad) goto out;
+                    }
+                }
             }
         }
+    }
+    if (n == 0 && base->tensor_given && skipped[0]) {
+        pt_error_set("%s", skipped);
+        goto out;
     }
     if (n == 0) {
         pt_error_set("no layout of %d ranks: the batch of %d does not split over any "
@@ -329,9 +484,9 @@ int plan_search(const plan_args *base, const net_desc *net, const topo_machine *
     while (fitting < n && c[fitting].fits) fitting++;
     int shown = fitting < base->top ? fitting : base->top;
     if (base->json)
-        rc = print_json(base, c, n, shown, smallest) ? 1 : 0;
+        rc = print_json(base, c, n, shown, smallest, skipped[0] ? skipped : NULL) ? 1 : 0;
     else {
-        print_text(base, m, c, n, fitting, shown);
+        print_text(base, m, c, n, fitting, shown, skipped[0] ? skipped : NULL);
         rc = 0;
     }
     goto done;

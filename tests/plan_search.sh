@@ -1,5 +1,6 @@
-# plan --ranks N [--memory-mb X]: the layouts of N ranks (stages × replicas, micro-batches,
-# the schedules train runs with their virtual stages, recomputation off and on) searched
+# plan --ranks N [--memory-mb X]: the layouts of N ranks (stages × replicas × tensor shards
+# in both modes, micro-batches, the schedules train runs with their virtual stages,
+# recomputation off and on) searched
 # exhaustively and ranked by predicted step; a layout over the memory limit is never
 # proposed; too small a limit is an error that names the smallest layout; the search's
 # options exclude the ones it chooses. plan --stages prices interleaved, zb-h1 and
@@ -17,19 +18,24 @@ def check(path, N, L, batch=128):
     d = json.load(open(path))
     c = d['choices']
     want = set()
-    for K in range(1, N + 1):
-        R = N // K
-        if N % K or K > L or batch % R: continue
-        for M in (1, 2, 4, 8, 16, 32, 64):
-            if M > batch // R or (batch // R) % M: continue
-            kinds = [('1f1b', 1)] if K == 1 else [('1f1b', 1), ('gpipe', 1), ('zb-h1', 1)]
-            kinds += [('interleaved', V) for V in (2, 3, 4)
-                      if K >= 2 and R == 1 and M % K == 0 and K * V <= L]
-            for s, V in kinds:
-                for rc in ('none', 'all'):
-                    want.add((K, R, M, s, V, rc))
-    got = [(x['stages'], x['replicas'], x['microbatches'], x['schedule'], x['virtual'],
-            x['recompute']) for x in c]
+    # tensor shards T dividing N, both modes (every layer of the models here cuts 8 ways);
+    # interleaving only without them
+    for T in range(1, N + 1):
+        if N % T: continue
+        for mode in (('megatron', 'gather') if T > 1 else ('megatron',)):
+            for K in range(1, N // T + 1):
+                R = N // T // K
+                if (N // T) % K or K > L or batch % R: continue
+                for M in (1, 2, 4, 8, 16, 32, 64):
+                    if M > batch // R or (batch // R) % M: continue
+                    kinds = [('1f1b', 1)] if K == 1 else [('1f1b', 1), ('gpipe', 1), ('zb-h1', 1)]
+                    kinds += [('interleaved', V) for V in (2, 3, 4)
+                              if T == 1 and K >= 2 and R == 1 and M % K == 0 and K * V <= L]
+                    for s, V in kinds:
+                        for rc in ('none', 'all'):
+                            want.add((K, R, T, mode, M, s, V, rc))
+    got = [(x['stages'], x['replicas'], x['tensor'], x['tensor_mode'], x['microbatches'],
+            x['schedule'], x['virtual'], x['recompute']) for x in c]
     assert len(got) == len(set(got)), 'a layout appears twice'
     assert set(got) == want, ('missing', want - set(got), 'extra', set(got) - want)
     assert d['layouts_searched'] == len(c), (d['layouts_searched'], len(c))
@@ -42,8 +48,8 @@ def check(path, N, L, batch=128):
     # recomputation re-runs the forward: never faster than the same layout without it
     by = dict(zip(got, c))
     for g, x in by.items():
-        if g[5] == 'all':
-            y = by[g[:5] + ('none',)]
+        if g[7] == 'all':
+            y = by[g[:7] + ('none',)]
             assert x['step_s'] >= y['step_s'] * 0.999, (g, x['step_s'], y['step_s'])
     return c
 PYEOF
@@ -51,7 +57,7 @@ PYEOF
 python3 -c "
 import sys; sys.path.insert(0, sys.argv[1]); import space
 space.check(sys.argv[2], 8, int(sys.argv[3]))" "$WORK" "$WORK/all.json" "$LAYERS" \
-    && pass "--ranks 8: every layout of 8 ranks, ranked by step" || failed "--ranks 8"
+    && pass "--ranks 8: every layout of 8 ranks (tensor shards too), ranked by step" || failed "--ranks 8"
 # two ranks: one stage per rank leaves room for every schedule and V = 2, 3, 4
 "$PIPETRAIN" plan --model "$MODELS/seed-cnn.cfg" --ranks 2 --top 1000 --json >"$WORK/two.json"
 python3 -c "
@@ -94,16 +100,17 @@ grep -q "^Choice: --stages .* --recompute \(none\|all\)$" "$WORK/lim.txt" \
 # every row printed: its MiB/rank column within the limit
 python3 - "$WORK/lim.txt" "$limit" <<'PYEOF' && pass "text: every printed layout within --memory-mb" || { failed "text rows over the limit"; cat "$WORK/lim.txt"; }
 import re, sys
-rows = [l.split() for l in open(sys.argv[1]) if re.match(r'^\s*\d+\s+\d+\s+\d+\s+\d+\s+\S+\s+\d+\s+(none|all)\s', l)]
+rows = [l.split() for l in open(sys.argv[1]) if re.match(r'^\s*\d+\s+\d+\s+\d+\s+(1|\d+:(megatron|gather))\s+\d+\s+\S+\s+\d+\s+(none|all)\s', l)]
 assert len(rows) > 3, rows
-# columns: # stages replicas M schedule V recompute step(2 words) bubble MiB/rank partition
-assert all(float(r[10]) <= float(sys.argv[2]) for r in rows), [r[10] for r in rows]
+# columns: # stages replicas tensor M schedule V recompute step(2 words) bubble MiB/rank partition
+assert all(float(r[11]) <= float(sys.argv[2]) for r in rows), [r[11] for r in rows]
 PYEOF
 
 # A model whose convolutions hold far more activations than they pass on: with 3 ranks and
-# a batch of 4 (3 stages only, M <= 4), recomputation is the only way into the smallest
-# memory, so a limit below every layout without it must choose one with it (memory does
-# not depend on timing, and the "params" cut neither).
+# a batch of 4 (3 stages only, M <= 4) and no tensor shards (--tensor 1: the search tries
+# T = 1 only; shards would cut the activations too), recomputation is the only way into
+# the smallest memory, so a limit below every layout without it must choose one with it
+# (memory does not depend on timing, and the "params" cut neither).
 cat >"$WORK/deep.cfg" <<'EOF'
 [net]
 input=1,28,28
@@ -146,7 +153,7 @@ size=2
 units=10
 activation=linear
 EOF
-D=(--model "$WORK/deep.cfg" --ranks 3 --batch 4 --partition params)
+D=(--model "$WORK/deep.cfg" --ranks 3 --batch 4 --partition params --tensor 1)
 "$PIPETRAIN" plan "${D[@]}" --top 1000 --json >"$WORK/deep.json"
 rlimit=$(python3 -c "
 import json, sys
