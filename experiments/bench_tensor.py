@@ -18,7 +18,9 @@ rank; the median of --repeats runs by samples/s is reported.
     python3 experiments/bench_tensor.py --quick          # smoke test
 """
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 
@@ -65,6 +67,22 @@ def train(n, base, extra):
     return j
 
 
+def plan_step(model, extra):
+    """pipetrain plan's prediction of the step for the layout (its profile of this machine's
+    CPU, one thread per rank), or None."""
+    keep = {'--stages', '--replicas', '--tensor', '--tensor-mode', '--microbatches', '--reduce'}
+    opts = [] if '--stages' in extra else ['--stages', '1']
+    for k, v in zip(extra[::2], extra[1::2]):
+        if k in keep:
+            opts += [k, v]
+    cmd = [args.pipetrain, 'plan', '--model', MODELS[model][1], '--batch', '128', '--json', *opts]
+    try:
+        out = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+        return json.loads(out.stdout)['predicted']['step_s']
+    except (OSError, ValueError, KeyError, subprocess.TimeoutExpired):
+        return None
+
+
 def median_run(n, base, extra):
     runs = sorted((train(n, base, extra) for _ in range(args.repeats)),
                   key=lambda r: r['samples_per_s'])
@@ -77,9 +95,9 @@ for model in args.models.split(','):
     if model not in MODELS:
         benchlib.fail('unknown model %s (%s)' % (model, ', '.join(MODELS)))
     print('\n%s, batch 128' % model)
-    print('%-24s %10s %7s %10s %10s %12s %9s %9s %6s' % (
+    print('%-24s %10s %7s %10s %10s %12s %9s %9s %6s %9s %6s' % (
         'layout', 'samples/s', 'vs 2thr', 'coll ms/st', 'pred ms/st', 'params/rank', 'step ms',
-        'sim ms', 'err'))
+        'sim ms', 'err', 'plan ms', 'err'))
     rows = []
     ideal = None
     for label, n, extra in LAYOUTS:
@@ -93,16 +111,21 @@ for model in args.models.split(','):
         coll = max(t or 0 for t in tens) / args.steps
         cpred = (max(t for t in tpred) / args.steps) if tpred[0] is not None else None
         params = max(r.get('stage_params') or [0])
+        # plan prices one thread per rank
+        planned = plan_step(model, extra) if extra[extra.index('--threads') + 1] == '1' else None
         row = {'layout': label, 'ranks': n, 'samples_per_s': r['samples_per_s'], 'runs': runs,
                'tensor_s_per_step': coll, 'tensor_predicted_s_per_step': cpred,
                'params_per_rank': params, 'step_s': step, 'step_predicted_s': pred,
-               'tensor_alpha_s': r.get('tensor_alpha_s'), 'tensor_beta_Bps': r.get('tensor_beta_Bps')}
+               'tensor_alpha_s': r.get('tensor_alpha_s'), 'tensor_beta_Bps': r.get('tensor_beta_Bps'),
+               'plan_step_s': planned}
         rows.append(row)
-        print('%-24s %10.0f %7s %10.2f %10s %12.0f %9.1f %9s %6s' % (
+        print('%-24s %10.0f %7s %10.2f %10s %12.0f %9.1f %9s %6s %9s %6s' % (
             label, r['samples_per_s'], '%.2f' % (r['samples_per_s'] / ideal) if ideal else '-',
             1e3 * coll, '%.2f' % (1e3 * cpred) if cpred is not None else '-', params, 1e3 * step,
             '%.1f' % (1e3 * pred) if pred else '-',
-            '%+.0f%%' % (100 * (pred - step) / step) if pred else '-'), flush=True)
+            '%+.0f%%' % (100 * (pred - step) / step) if pred else '-',
+            '%.1f' % (1e3 * planned) if planned else '-',
+            '%+.0f%%' % (100 * (planned - step) / step) if planned else '-'), flush=True)
     out['models'][model] = rows
 out['noise'] = noise
 if args.json:

@@ -340,9 +340,11 @@ static void report_text(const train_run *run, const train_results *res,
     } else {
         printf("\n");
     }
-    if (run->o.stages > 1 || run->o.replicas > 1) {
+    if (run->o.stages > 1 || run->o.replicas > 1 || run->o.tensor > 1) {
         reduce_figures rf;
         reduce_figures_init(&rf, run, fig);
+        double tensor_pred[fig->stages > 0 ? fig->stages : 1];
+        tensor_predicted(run, fig, tensor_pred);
         for (int r = 0; r < fig->stages; r++) {
             printf("  stage %d: compute %.2f s of %.2f s, peak activations %.2f MB "
                    "(%.0f micro-batch%s)", r, fig->compute[r], fig->wall[r],
@@ -351,6 +353,9 @@ static void report_text(const train_run *run, const train_results *res,
                 printf("; reductions %.4f s (%.4f s exposed, %.4f s predicted), %.1f MB, "
                        "bus %.2f GB/s", fig->reduce[r], fig->reduce_exposed[r],
                        rf.predicted[r], fig->reduce_bytes[r] / 1e6, rf.bus_bw[r] / 1e9);
+            if (run->o.tensor > 1)
+                printf("; tensor collectives %.4f s (%.4f s predicted), %.0f parameters per "
+                       "rank", fig->tensor[r], tensor_pred[r], fig->params[r]);
             printf("\n");
         }
         reduce_figures_free(&rf);
