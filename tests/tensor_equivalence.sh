@@ -1,7 +1,7 @@
 # Tensor shards (train --tensor T): every layer with parameters cut across T ranks must give
 # the parameters of one process. SGD agrees within 1e-5 relative after 3 steps (the sums
 # are cut and all-reduced in another order, so the last bits differ): seed-mlp and seed-cnn
-# (dropout on a sharded vector in megatron mode), T = 2 and 4, both --tensor-mode. The runs
+# (dropout on a sharded vector in megatron mode), T = 2 and 4 (and 3: uneven shards), both --tensor-mode. The runs
 # start from the seed, not a checkpoint, so the initial parameters must be slices of the
 # one-process run's. Then: Adam; the 3-D layout (stages × replicas × tensor); pipelines of
 # shards under every schedule; checkpoints written by shards (whole tensors) loaded in
@@ -65,6 +65,12 @@ for model in seed-mlp seed-cnn; do
         done
     done
 done
+
+# T = 3: uneven shards (256, 128 and 10 units; 32, 128 and 256 filters cut 3 ways)
+check "seed-mlp T=3 (uneven) megatron SGD" 1e-5 "$(ref seed-mlp "${SGD[@]}")" 3 3 seed-mlp \
+    --tensor-mode megatron "${SGD[@]}"
+check "seed-cnn T=3 (uneven) gather SGD" 1e-5 "$(ref seed-cnn "${SGD[@]}")" 3 3 seed-cnn \
+    --tensor-mode gather "${SGD[@]}"
 
 # Adam: rtol 1e-3, not 1e-5. The shards' sums run in another order, so gradients differ in
 # their last bits, and Adam divides each by sqrt(v): a gradient of ~1e-9 (a ReLU unit almost
