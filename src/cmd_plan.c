@@ -357,9 +357,12 @@ static void print_tensor_text(const plan_result *r)
         snprintf(bw, sizeof bw, "%dAR %dAG", tr.bwd_reduces, tr.bwd_gathers);
         printf("%7d %12s %12s %9s %9s %11s %11s\n", s, rb, wb, fw, bw, sent, st);
     }
-    printf("  (AG all-gather, AR all-reduce; compute: the profile's layer times / %d for the "
-           "layers cut or on sharded vectors, a first model that assumes the kernels scale "
-           "perfectly)\n", T);
+    if (r->a->shard_profile)
+        printf("  (AG all-gather, AR all-reduce; compute: each layer profiled as tensor rank %d "
+               "runs its shard, the largest)\n", T - 1);
+    else
+        printf("  (AG all-gather, AR all-reduce; compute: the profile's layer times / %d for the "
+               "layers cut or on sharded vectors, assuming the kernels scale perfectly)\n", T);
 }
 
 static void print_plan_text(const plan_result *r)
@@ -689,7 +692,8 @@ static int predict_step(plan_prediction *out, const plan_args *a, const net_desc
                 .bucket_bytes = bytes < 1 ? 1 : bytes > 1e18 ? (size_t)1e18 : (size_t)bytes,
                 .microbatches = a->microbatches, .skip_bucket = -1},
         .alpha = alpha, .beta = beta, .message_s = msg,
-        .shard = T > 1 ? &b->shard : NULL, .tensor_alpha = b->tensor_alpha,
+        .shard = T > 1 ? &b->shard : NULL, .shard_profile = T > 1 && a->shard_profile,
+        .tensor_alpha = b->tensor_alpha,
         .tensor_beta = b->tensor_beta,
     };
     int rc = plan_predict(out, net, part, prof, &cfg);
@@ -1006,7 +1010,16 @@ int topo_cmd_plan(int argc, char **argv)
     /* the split backward only where it is priced */
     profile_options po = {.batch = a.replica_batch / a.microbatches, .warmup = 1, .repeats = 3,
                           .device = ENGINE_CPU, .split = !strcmp(a.schedule, "zb-h1")};
-    if (partition_profile_measure_with(&prof, &net, &po) < 0) goto out;
+    if (a.tensor > 1) { /* what a rank of the tensor group computes, measured */
+        shard_plan sp;
+        if (shard_plan_init(&sp, &net, a.tensor, a.tensor_mode) < 0) goto out;
+        int prc = plan_profile_shards(&prof, &net, &sp, &po);
+        shard_plan_free(&sp);
+        if (prc < 0) goto out;
+        a.shard_profile = 1;
+    } else if (partition_profile_measure_with(&prof, &net, &po) < 0) {
+        goto out;
+    }
     have_prof = 1;
     if (plan_build(&b, &a, &net, &prof, m, &cm) < 0) goto out;
     plan_result r = {.a = &a, .net = &net, .part = &b.part, .m = m, .tr = &b.tr, .cm = &cm,

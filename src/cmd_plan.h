@@ -33,6 +33,8 @@ typedef struct {
      * --ranks: given, the search tries that T (and mode) only. */
     int tensor;
     tensor_mode tensor_mode;
+    int shard_profile;   /* the profile given with these args is of the shards
+                            (plan_profile_shards), not of whole layers */
     int tensor_given, tensor_mode_given;
 } plan_args;
 

@@ -125,7 +125,7 @@ static int chunk_costs_init(chunk_costs *c, const net_desc *net, const partition
     }
     for (int k = 0; k < C; k++) {
         for (int l = part->first[k]; l < part->first[k + 1]; l++) {
-            double f = plan_tensor_share(sp, l) * mb;
+            double f = (cfg->shard_profile ? 1 : plan_tensor_share(sp, l)) * mb;
             c->fwd[k] += prof->fwd_s[l] * f;
             c->bwd[k] += prof->bwd_s[l] * f;
             if (split) {
@@ -300,4 +300,18 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
     }
     schedule_report_free(&rep);
     return 0;
+}
+
+int plan_profile_shards(partition_profile *prof, const net_desc *net, const shard_plan *sp,
+                        const profile_options *po)
+{
+    net_desc local;
+    if (shard_local_net(&local, sp, net, sp->T - 1)) return -1;
+    /* the loss needs the whole logits: a last layer cut by outputs is profiled whole (an
+     * overestimate of a layer that is small where it is the classifier) */
+    int last = net->n_layers - 1;
+    if (last >= 0 && sp->layers[last].out.sharded) local.layers[last] = net->layers[last];
+    int rc = partition_profile_measure_with(prof, &local, po) < 0 ? -1 : 0;
+    net_desc_free(&local);
+    return rc;
 }

@@ -16,6 +16,7 @@
 #include "schedule/schedule.h"
 #include "src/model/net.h"
 #include "src/model/shard.h"
+#include "src/profile.h"
 #include "src/replicas.h"
 
 /* The schedule a layout runs, built as train builds it: generator `name` ("gpipe", "1f1b",
@@ -44,6 +45,8 @@ typedef struct {
      * backward). The replicas' buckets shrink to the largest rank's share of the stage's
      * parameters. */
     const shard_plan *shard;
+    int shard_profile;         /* the profile measured the layers as a tensor rank runs them
+                                * (profile_shards): their times are taken as they are */
     const double *tensor_alpha, *tensor_beta; /* per rank (stage): the tensor group's link */
 } plan_predict_config;
 
@@ -69,6 +72,11 @@ void plan_tensor_sent(const shard_traffic *tr, int T, double microbatch, double 
 /* The share of a layer's profiled time one tensor rank does: 1/T where the layer is cut or
  * works on a sharded vector, else 1 (p NULL: 1). */
 double plan_tensor_share(const shard_plan *p, int l);
+/* The profile of tensor rank T − 1's layers (the largest shards: ⌊·⌋ cuts give the last
+ * rank the most), each layer alone as its shard runs (shard_local_net): what a rank of the
+ * group computes, with the small products' lower efficiency, not the whole layer's / T. */
+int plan_profile_shards(partition_profile *prof, const net_desc *net, const shard_plan *sp,
+                        const profile_options *po);
 
 /* Simulates one step. The optimizer's update is left out (not in the profile). −1 with a
  * message for an unknown schedule, a profile of another model, a partition that is not

@@ -26,8 +26,8 @@
  *   schedules it balances the chunks, not the sums of each rank's V chunks, and it ignores
  *   that recomputation adds a forward and that zero bubble moves W into the bubbles;
  * - recomputation is searched off or on every stage only, not per-stage subsets;
- * - tensor compute is the profile's / T (perfect scaling; small shards run less
- *   efficiently than that);
+ * - tensor compute is a profile of the shards tensor rank T − 1 runs (each layer alone,
+ *   as for whole layers), once per micro-batch, T and mode;
  * - not searched: uneven replica shares, the reduction method, bucket size and overlap,
  *   --wgrad (taken from the options), M beyond powers of two, V beyond 4, and zb-h1's
  *   memory-capped variant ("zb"), which train does not run.
@@ -71,8 +71,9 @@ typedef struct {
 } candidate;
 
 typedef struct {
-    int microbatch;
-    partition_profile prof;
+    int microbatch, T;
+    tensor_mode mode;
+    partition_profile prof; /* T > 1: of the shards (plan_profile_shards) */
 } cached_profile;
 
 typedef struct {
@@ -81,10 +82,12 @@ typedef struct {
 } profile_cache;
 
 static const partition_profile *profile_for(profile_cache *pc, const net_desc *net,
-                                            int microbatch)
+                                            int microbatch, int T, tensor_mode mode)
 {
     for (int i = 0; i < pc->n; i++)
-        if (pc->c[i].microbatch == microbatch) return &pc->c[i].prof;
+        if (pc->c[i].microbatch == microbatch && pc->c[i].T == T &&
+            (T == 1 || pc->c[i].mode == mode))
+            return &pc->c[i].prof;
     if (pc->n == pc->cap) {
         int cap = pc->cap ? 2 * pc->cap : 8;
         cached_profile *c = realloc(pc->c, (size_t)cap * sizeof *c);
@@ -96,8 +99,20 @@ static const partition_profile *profile_for(profile_cache *pc, const net_desc *n
         pc->cap = cap;
     }
     cached_profile *c = &pc->c[pc->n];
-    if (partition_profile_measure(&c->prof, net, microbatch, 1, 3) < 0) return NULL;
+    if (T > 1) {
+        shard_plan sp;
+        if (shard_plan_init(&sp, net, T, mode) < 0) return NULL;
+        profile_options po = {.batch = microbatch, .warmup = 1, .repeats = 3,
+                              .device = ENGINE_CPU};
+        int rc = plan_profile_shards(&c->prof, net, &sp, &po);
+        shard_plan_free(&sp);
+        if (rc < 0) return NULL;
+    } else if (partition_profile_measure(&c->prof, net, microbatch, 1, 3) < 0) {
+        return NULL;
+    }
     c->microbatch = microbatch;
+    c->T = T;
+    c->mode = mode;
     pc->n++;
     return &c->prof;
 }
@@ -441,7 +456,7 @@ int plan_search(const plan_args *base, const net_desc *net, const topo_machine *
                 int rb = base->batch / R;
                 for (int M = 1; M <= MAX_M && M <= rb; M *= 2) {
                     if (rb % M) continue;
-                    const partition_profile *prof = profile_for(&pc, net, rb / M);
+                    const partition_profile *prof = profile_for(&pc, net, rb / M, T, tm);
                     if (!prof) goto out;
                     for (int V = 1; V <= 4; V++) {
                         if (V > 1 && (T > 1 || K < 2 || R > 1 || M % K || K * V > net->n_layers))
@@ -449,7 +464,7 @@ int plan_search(const plan_args *base, const net_desc *net, const topo_machine *
                         plan_args a = *base;
                         a.stages = K, a.replicas = R, a.microbatches = M, a.replica_batch = rb;
                         a.virtual_stages = V;
-                        a.tensor = T, a.tensor_mode = tm;
+                        a.tensor = T, a.tensor_mode = tm, a.shard_profile = T > 1;
                         plan_built b;
                         if (plan_layout(&b, &a, net, prof, m, cm) < 0) goto out;
                         int bad = price_layouts(c, &n, &a, &b, net, prof, m, cm);
