@@ -162,17 +162,21 @@ static int world_ranks(exec_t *e)
 
 /* The stage's tensor collectives (stage_tensor_comm): non-blocking, waited for politely
  * under --timeout, as every wait of the executor. */
+static void record_tensor(exec_t *e, double t0, size_t bytes);
+
 static int tensor_allreduce(void *ctx, float *buf, size_t n)
 {
     exec_t *e = ctx;
     if (n > INT_MAX)
         return pt_error_set("a tensor all-reduce of %zu floats is too large for MPI", n);
     MPI_Request req;
-    return PT_MPI_CALL(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM,
-                                      e->cfg.tensor, &req)) ||
-                   exec_wait_collective(&req, e->cfg.tensor, e->cfg.timeout_s)
-               ? -1
-               : 0;
+    double t0 = pt_now();
+    if (PT_MPI_CALL(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, e->cfg.tensor,
+                                   &req)) ||
+        exec_wait_collective(&req, e->cfg.tensor, e->cfg.timeout_s))
+        return -1;
+    record_tensor(e, t0, n * sizeof(float));
+    return 0;
 }
 
 static int tensor_allgather(void *ctx, const float *send, float *recv, const size_t *count)
@@ -189,11 +193,13 @@ static int tensor_allgather(void *ctx, const float *send, float *recv, const siz
         total += count[r];
     }
     MPI_Request req;
-    return PT_MPI_CALL(MPI_Iallgatherv(send, counts[e->cfg.tensor_rank], MPI_FLOAT, recv, counts,
-                                       displs, MPI_FLOAT, e->cfg.tensor, &req)) ||
-                   exec_wait_collective(&req, e->cfg.tensor, e->cfg.timeout_s)
-               ? -1
-               : 0;
+    double t0 = pt_now();
+    if (PT_MPI_CALL(MPI_Iallgatherv(send, counts[e->cfg.tensor_rank], MPI_FLOAT, recv, counts,
+                                    displs, MPI_FLOAT, e->cfg.tensor, &req)) ||
+        exec_wait_collective(&req, e->cfg.tensor, e->cfg.timeout_s))
+        return -1;
+    record_tensor(e, t0, (total - count[e->cfg.tensor_rank]) * sizeof(float));
+    return 0;
 }
 
 /* Every rank of a tensor group computes the same loss: tensor rank 0 counts it. */
@@ -434,6 +440,19 @@ static void record_reduction(exec_t *e, double t0, double t1, int bucket, size_t
     trace_event ev = {
         .t0 = trace_time(e, t0) - e->t_origin, .t1 = trace_time(e, t1) - e->t_origin,
         .kind = TRACE_REDUCE, .microbatch = bucket, .chunk = -1, .rank = e->world_rank,
+        .step = e->trace_step, .flow = -1, .bytes = (long long)bytes,
+    };
+    trace_add(&e->trace, &ev);
+}
+
+/* A tensor collective that began at t0 and just ended (with --trace). */
+static void record_tensor(exec_t *e, double t0, size_t bytes)
+{
+    if (!e->cfg.trace) return;
+    double t1 = pt_now();
+    trace_event ev = {
+        .t0 = trace_time(e, t0) - e->t_origin, .t1 = trace_time(e, t1) - e->t_origin,
+        .kind = TRACE_TENSOR, .microbatch = -1, .chunk = -1, .rank = e->world_rank,
         .step = e->trace_step, .flow = -1, .bytes = (long long)bytes,
     };
     trace_add(&e->trace, &ev);

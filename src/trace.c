@@ -16,7 +16,7 @@
 static const char *const names[TRACE_KIND_COUNT] = {
     "forward", "backward", "send_act", "send_grad", "wait_act",
     "wait_grad", "optimizer", "sync", "eval", "reduce",
-    "backward_input", "backward_weight", "recompute",
+    "backward_input", "backward_weight", "recompute", "tensor",
 };
 
 /* Each rank's process has two threads (tracks): what it computes, and what it sends,
@@ -174,7 +174,8 @@ static void write_event(writer *w, const trace_event *e, const trace_rank *ranks
         args = (json_decref(args), NULL);
     if (args && e->chunk > 0 && json_object_set_new(args, "chunk", json_integer(e->chunk)))
         args = (json_decref(args), NULL);
-    if (args && reduce && json_object_set_new(args, "bytes", json_integer(e->bytes)))
+    if (args && (reduce || kind == TRACE_TENSOR) &&
+        json_object_set_new(args, "bytes", json_integer(e->bytes)))
         args = (json_decref(args), NULL);
     if (args && e->flow >= 0 && json_object_set_new(args, "flow", json_integer(e->flow)))
         args = (json_decref(args), NULL);

@@ -19,6 +19,8 @@ typedef enum {
     TRACE_BACKWARD_INPUT,  /* zero bubble's B: the gradient of the input only */
     TRACE_BACKWARD_WEIGHT, /* zero bubble's W: the parameters' gradients */
     TRACE_RECOMPUTE,       /* a forward re-run to rebuild dropped activations */
+    TRACE_TENSOR,          /* a collective of the stage's tensor group (all-reduce or
+                              all-gather), inside a forward or backward */
     TRACE_KIND_COUNT
 } trace_kind;
 
@@ -28,7 +30,8 @@ typedef struct {
     int chunk;      /* interleaved schedules: the rank's model chunk (0: the only one); −1 */
     long step;      /* the training step (the last one, for evaluation) */
     long long flow; /* sends and receives: the message's id, the same at both ends; −1 */
-    long long bytes; /* TRACE_REDUCE: the bucket's bytes (microbatch holds the bucket) */
+    long long bytes; /* TRACE_REDUCE: the bucket's bytes (microbatch holds the bucket);
+                        TRACE_TENSOR: the bytes this rank receives */
 } trace_event;
 
 typedef struct {
