@@ -7,6 +7,7 @@
 #include "kernels/rng.h"
 #include "src/base/clock.h"
 #include "src/base/error.h"
+#include "src/layer_ops.h"
 #include "src/pool.h"
 
 enum { ALIGN = 64 };
@@ -20,21 +21,15 @@ static void *alloc_zeroed(size_t bytes)
     return p;
 }
 
-static kernel_conv2d_dims conv_dims(const layer_desc *L, int n)
-{
-    kernel_conv2d_dims d = {n, L->in.c, L->in.h, L->in.w, L->u.conv.filters, L->u.conv.size,
-                            L->u.conv.stride, L->u.conv.pad};
-    return d;
-}
-
 /* Bytes of one slot's storage for layer L at batch n: output, argmax, mask. */
 static size_t layer_slot_bytes(const layer_desc *L, int n, size_t *out_b, size_t *arg_b,
                                size_t *mask_b)
 {
     size_t count = (size_t)n * layer_shape_count(L->out);
-    *out_b = L->type == LAYER_FLATTEN ? 0 : round_up(count * sizeof(float));
-    *arg_b = L->type == LAYER_MAXPOOL ? round_up(count * sizeof(int32_t)) : 0;
-    *mask_b = L->type == LAYER_DROPOUT ? round_up(count) : 0;
+    const layer_kind *k = layer_kind_of(L->type);
+    *out_b = k->own_output ? round_up(count * sizeof(float)) : 0;
+    *arg_b = k->argmax ? round_up(count * sizeof(int32_t)) : 0;
+    *mask_b = k->mask ? round_up(count) : 0;
     return *out_b + *arg_b + *mask_b;
 }
 
@@ -140,7 +135,7 @@ int stage_init_shard(stage *s, const net_desc *net, int first, int last, int max
             off += L->bias_count;
         }
         if (L->type == LAYER_CONV) {
-            kernel_conv2d_dims d = conv_dims(L, chunk);
+            kernel_conv2d_dims d = layer_conv_dims(L, chunk);
             size_t ws = kernel_conv2d_workspace_floats(&d);
             if (ws > work) work = ws;
         }
@@ -250,7 +245,7 @@ stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int m
         const layer_desc *L = &D;
         P += L->weight_count + L->bias_count;
         if (L->type == LAYER_CONV) {
-            kernel_conv2d_dims d = conv_dims(L, chunk);
+            kernel_conv2d_dims d = layer_conv_dims(L, chunk);
             size_t ws = kernel_conv2d_workspace_floats(&d);
             if (ws > work) work = ws;
         }
@@ -414,9 +409,7 @@ static const float *set_outputs(stage *s, stage_slot *sl, const float *in, int t
         const layer_desc *L = &s->loc[l - s->first];
         int i = l - s->first;
         if (sl->xin[i]) x = sl->xin[i]; /* gathered or sliced for tensor shards */
-        int identity = L->type == LAYER_FLATTEN ||
-                       (L->type == LAYER_DROPOUT && !(training && L->u.dropout.p > 0));
-        sl->out[i] = identity ? x : sl->buf[i];
+        sl->out[i] = layer_is_identity(L, training) ? x : sl->buf[i];
         x = sl->out[i];
     }
     return sl->whole_out ? sl->whole_out : x;
@@ -448,7 +441,7 @@ typedef struct {
 } chunk_job;
 
 /* What a backward computes: the input gradient (B), the parameter gradients (W), or both. */
-enum { BW_INPUT = 1, BW_WEIGHT = 2, BW_BOTH = 3 };
+enum { BW_INPUT = LAYER_BW_INPUT, BW_WEIGHT = LAYER_BW_WEIGHT, BW_BOTH = LAYER_BW_BOTH };
 
 /* Local layer i's weight gradient is formed over the whole step (stage_wgrad_flush). */
 static int batched(const stage *s, int i)
@@ -456,54 +449,73 @@ static int batched(const stage *s, int i)
     return s->wgrad_rows > 0 && s->stash_x[i] != NULL;
 }
 
+/* One chunk of a slot as the shared layer loop sees it (src/layer_ops.h). */
+typedef struct {
+    const stage *s;
+    const stage_slot *sl;
+    size_t off;          /* the chunk's first sample */
+    const int64_t *ids;  /* forward: the micro-batch's sample ids */
+    float *grads;        /* backward, weight: where parameter gradients go */
+} stage_chunk_io;
+
+/* Where local layer i's data lives for the chunk. */
+static int chunk_io(void *self, int i, int phase, layer_io *io)
+{
+    const stage_chunk_io *c = self;
+    const stage *s = c->s;
+    const stage_slot *sl = c->sl;
+    const layer_desc *L = &s->loc[i];
+    size_t in_count = layer_shape_count(L->in), out_count = layer_shape_count(L->out);
+    size_t off = c->off;
+    io->x = layer_input(sl, i) + off * in_count;
+    io->identity = sl->out[i] != sl->buf[i];
+    io->argmax = sl->argmax[i] ? sl->argmax[i] + off * out_count : NULL;
+    io->mask = sl->mask[i] ? sl->mask[i] + off * out_count : NULL;
+    io->w = s->w[i];
+    io->b = s->b[i];
+    if (phase == LAYER_PHASE_FORWARD) {
+        io->y = sl->buf[i] ? sl->buf[i] + off * out_count : NULL;
+        io->partial = split_in(s, i);
+        io->ids = c->ids ? c->ids + off : NULL;
+        /* a slice's elements keep their places in the whole vector's mask */
+        if (s->tp && io->mask) {
+            int l = s->first + i;
+            size_t len;
+            shard_values(&s->tp->layers[l].in, layer_shape_count(s->net->layers[l].in),
+                         s->tp->T, s->tp_rank, &io->elem_off, &len);
+        }
+        return 0;
+    }
+    io->out = sl->out[i] + off * out_count;
+    io->batched = batched(s, i);
+    if (L->weight_count && c->grads) {
+        io->dw = c->grads + s->param_off[i];
+        io->db = io->dw + L->weight_count;
+    }
+    if (sl->gout && sl->gout[i]) io->gout = sl->gout[i] + off * out_count;
+    if (io->batched && phase == LAYER_PHASE_BACKWARD) {
+        size_t row = (size_t)sl->row + off;
+        io->stash_x = s->stash_x[i] + row * in_count;
+        io->stash_g = s->stash_g[i] + row * out_count;
+    }
+    return 0;
+}
+
+static layer_run chunk_run(const stage *s, stage_worker *wk, stage_chunk_io *io, int n)
+{
+    layer_run r = {.k = &layer_kernels_cpu, .layers = s->loc, .first = s->first, .n = n,
+                   .work = wk->work, .io = chunk_io, .self = io};
+    return r;
+}
+
 static void forward_chunk(const stage *s, stage_worker *wk, const stage_slot *sl, int off, int n,
                           const int64_t *ids, uint64_t seed, uint64_t step, int lo, int hi)
 {
-    for (int i = lo; i < hi; i++) {
-        int l = s->first + i;
-        const layer_desc *L = &s->loc[i];
-        size_t in_count = layer_shape_count(L->in), out_count = layer_shape_count(L->out);
-        const float *x = layer_input(sl, i) + (size_t)off * in_count;
-        float *y = sl->buf[i] ? sl->buf[i] + (size_t)off * out_count : NULL;
-        if (sl->out[i] != sl->buf[i]) continue; /* identity */
-        int partial = split_in(s, i);
-        switch (L->type) {
-        case LAYER_CONV: {
-            kernel_conv2d_dims d = conv_dims(L, n);
-            kernel_conv2d_forward_cpu(y, wk->work, x, s->w[i], partial ? NULL : s->b[i], &d);
-            if (!partial)
-                kernel_activation_forward_cpu(y, y, (size_t)n * out_count, L->activation);
-            break;
-        }
-        case LAYER_DENSE:
-            kernel_dense_forward_cpu(y, x, s->w[i], partial ? NULL : s->b[i], n, (int)in_count,
-                                     L->u.dense.units);
-            if (!partial)
-                kernel_activation_forward_cpu(y, y, (size_t)n * out_count, L->activation);
-            break;
-        case LAYER_MAXPOOL:
-            kernel_maxpool2d_forward_cpu(y, sl->argmax[i] + (size_t)off * out_count, x, n, L->in.c,
-                                         L->in.h, L->in.w, L->u.pool.size, L->u.pool.stride);
-            break;
-        case LAYER_AVGPOOL:
-            kernel_avgpool2d_forward_cpu(y, x, n, L->in.c, L->in.h, L->in.w, L->u.pool.size,
-                                         L->u.pool.stride);
-            break;
-        case LAYER_DROPOUT: {
-            /* a slice's elements keep their places in the whole vector's mask */
-            size_t eoff = 0, len;
-            if (s->tp)
-                shard_values(&s->tp->layers[l].in, layer_shape_count(s->net->layers[l].in),
-                             s->tp->T, s->tp_rank, &eoff, &len);
-            kernel_dropout_forward_range_cpu(y, sl->mask[i] + (size_t)off * out_count, x, n,
-                                             in_count, eoff, L->u.dropout.p, seed,
-                                             rng_stream_dropout(l, step), ids + off);
-            break;
-        }
-        case LAYER_FLATTEN:
-            break;
-        }
-    }
+    stage_chunk_io io = {.s = s, .sl = sl, .off = (size_t)off, .ids = ids};
+    layer_run r = chunk_run(s, wk, &io, n);
+    r.seed = seed;
+    r.step = step;
+    (void)layer_run_forward(&r, lo, hi); /* the CPU's kernels cannot fail */
 }
 
 /* Chunk c belongs to group c mod G; worker t runs groups t, t+T, ..., each group's chunks
@@ -642,20 +654,9 @@ size_t stage_param_end(const stage *s, int i)
 static void weight_chunk(const stage *s, stage_worker *wk, float *grads, const stage_slot *sl,
                          int off, int n, int lo, int hi)
 {
-    for (int i = hi - 1; i >= lo; i--) {
-        const layer_desc *L = &s->loc[i];
-        if (!L->weight_count || batched(s, i)) continue;
-        size_t in_count = layer_shape_count(L->in), out_count = layer_shape_count(L->out);
-        const float *x = layer_input(sl, i) + (size_t)off * in_count;
-        const float *g = sl->gout[i] + (size_t)off * out_count;
-        float *dw = grads + s->param_off[i], *db = dw + L->weight_count;
-        if (L->type == LAYER_CONV) {
-            kernel_conv2d_dims d = conv_dims(L, n);
-            kernel_conv2d_backward_weight_cpu(dw, db, wk->work, g, x, &d);
-        } else {
-            kernel_dense_backward_weight_cpu(dw, db, g, x, n, (int)in_count, L->u.dense.units);
-        }
-    }
+    stage_chunk_io io = {.s = s, .sl = sl, .off = (size_t)off, .grads = grads};
+    layer_run r = chunk_run(s, wk, &io, n);
+    (void)layer_run_weight(&r, lo, hi);
 }
 
 /* Local layers [lo, hi) of one chunk, from the gradient of layer hi − 1's output (dout's
@@ -673,71 +674,9 @@ static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const
     }
     const float *g = dout;
     int gi = -1; /* which scratch buffer g lives in, −1 for the caller's */
-    for (int l = s->first + hi - 1; l >= s->first + lo; l--) {
-        int i = l - s->first;
-        const layer_desc *L = &s->loc[i];
-        size_t in_count = layer_shape_count(L->in), out_count = layer_shape_count(L->out);
-        const float *x = layer_input(sl, i) + (size_t)off * in_count;
-        const float *y = sl->out[i] + (size_t)off * out_count;
-        int identity = sl->out[i] != sl->buf[i];
-        if (identity && i > 0) continue; /* the gradient passes through unchanged */
-        if (L->activation != KERNEL_ACT_LINEAR) {
-            float *ga = gi < 0 ? wk->scratch[0] : wk->scratch[gi];
-            kernel_activation_backward_cpu(ga, g, y, (size_t)n * out_count, L->activation);
-            g = ga;
-            gi = gi < 0 ? 0 : gi;
-        }
-        int ti = gi < 0 ? 0 : 1 - gi;
-        float *dx = i == 0 ? din : wk->scratch[ti];
-        float *dw = grads + s->param_off[i], *db = dw + L->weight_count;
-        /* the weight half happens now (both parts, not batched), in W (split), or in the
-         * step's flush (batched: the rows go to the stash) */
-        int weight_now = (parts & BW_WEIGHT) && !batched(s, i);
-        if (L->weight_count && batched(s, i)) {
-            size_t row = (size_t)sl->row + (size_t)off;
-            memcpy(s->stash_x[i] + row * in_count, x, (size_t)n * in_count * sizeof(float));
-            memcpy(s->stash_g[i] + row * out_count, g, (size_t)n * out_count * sizeof(float));
-        } else if (L->weight_count && !(parts & BW_WEIGHT)) {
-            memcpy(sl->gout[i] + (size_t)off * out_count, g,
-                   (size_t)n * out_count * sizeof(float));
-        }
-        switch (L->type) {
-        case LAYER_CONV: {
-            kernel_conv2d_dims d = conv_dims(L, n);
-            if (weight_now) kernel_conv2d_backward_cpu(dx, dw, db, wk->work, g, x, s->w[i], &d);
-            else if (dx) kernel_conv2d_backward_input_cpu(dx, wk->work, g, s->w[i], &d);
-            break;
-        }
-        case LAYER_DENSE:
-            if (weight_now)
-                kernel_dense_backward_cpu(dx, dw, db, g, x, s->w[i], n, (int)in_count,
-                                          L->u.dense.units);
-            else if (dx)
-                kernel_dense_backward_input_cpu(dx, g, s->w[i], n, (int)in_count,
-                                                L->u.dense.units);
-            break;
-        case LAYER_MAXPOOL:
-            if (dx)
-                kernel_maxpool2d_backward_cpu(dx, g, sl->argmax[i] + (size_t)off * out_count, n,
-                                              L->in.c, L->in.h, L->in.w, L->u.pool.size,
-                                              L->u.pool.stride);
-            break;
-        case LAYER_AVGPOOL:
-            if (dx)
-                kernel_avgpool2d_backward_cpu(dx, g, n, L->in.c, L->in.h, L->in.w,
-                                              L->u.pool.size, L->u.pool.stride);
-            break;
-        case LAYER_DROPOUT:
-        case LAYER_FLATTEN:
-            if (!dx) break;
-            if (identity) memcpy(dx, g, (size_t)n * in_count * sizeof(float));
-            else kernel_dropout_backward_cpu(dx, g, sl->mask[i] + (size_t)off * out_count,
-                                             (size_t)n * in_count, L->u.dropout.p);
-            break;
-        }
-        g = dx;
-        gi = ti;
-    }
+    stage_chunk_io io = {.s = s, .sl = sl, .off = (size_t)off, .grads = grads};
+    layer_run r = chunk_run(s, wk, &io, n);
+    (void)layer_run_backward(&r, lo, hi, &g, &gi, wk->scratch, din, parts);
     if (lo > 0) {
         /* g is the carry itself only when every layer of the range passed it through */
         float *carry = s->carry + (size_t)off * s->widest;

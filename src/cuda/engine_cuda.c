@@ -42,9 +42,10 @@ static size_t layer_slot_bytes(const layer_desc *L, int n, size_t *out_b, size_t
                                size_t *mask_b)
 {
     size_t count = (size_t)n * layer_shape_count(L->out);
-    *out_b = L->type == LAYER_FLATTEN ? 0 : round_up(count * sizeof(float));
-    *arg_b = L->type == LAYER_MAXPOOL ? round_up(count * sizeof(int32_t)) : 0;
-    *mask_b = L->type == LAYER_DROPOUT ? round_up(count) : 0;
+    const layer_kind *k = layer_kind_of(L->type);
+    *out_b = k->own_output ? round_up(count * sizeof(float)) : 0;
+    *arg_b = k->argmax ? round_up(count * sizeof(int32_t)) : 0;
+    *mask_b = k->mask ? round_up(count) : 0;
     return *out_b + *arg_b + *mask_b;
 }
 
@@ -154,7 +155,7 @@ static int create_memory(engine *e, cuda_engine *c)
             size_t ws = kernel_conv2d_workspace_floats_cuda(&dd);
             if (ws > c->work_floats) c->work_floats = ws;
         }
-        if (L->type == LAYER_DROPOUT) c->has_dropout = 1;
+        if (layer_kind_of(L->type)->mask) c->has_dropout = 1;
         size_t in = layer_shape_count(L->in), out = layer_shape_count(L->out);
         if (in > c->widest) c->widest = in;
         if (out > c->widest) c->widest = out;

@@ -67,14 +67,15 @@
  * backward (or W) of the step's last micro-batch writes those layers' gradients in the
  * CPU's fixed tiles of output units (ENGINE_CUDA_WGRAD_TILE).
  *
- * The layer loops mirror src/stage.c (forward_chunk, backward_chunk) with the whole
- * micro-batch as one chunk: a GPU kernel fills the chip, and each layer then sees the same
+ * The layer loop is src/stage.c's (src/layer_ops.h: one loop, the CUDA kernel set in
+ * engine_cuda_run.c) with the whole micro-batch as one chunk: a GPU kernel fills the chip, and each layer then sees the same
  * shapes in every pipeline layout, so a layout does not change the bits. */
 #ifndef PT_ENGINE_CUDA_IMPL_H
 #define PT_ENGINE_CUDA_IMPL_H
 
 #include "kernels/cuda/kernels_cuda.h"
 #include "src/engine.h"
+#include "src/model/layer_table.h"
 
 /* LOSS_CAPACITY: per-micro-batch loss entries held on the device between two reads;
  * evaluation forwards thousands of chunks between finishes and drains them when full. */
@@ -185,9 +186,7 @@ static inline int engine_cuda_batched(const cuda_engine *c, int i)
 
 static inline kernel_conv2d_dims engine_cuda_conv_dims(const layer_desc *L, int n)
 {
-    kernel_conv2d_dims d = {n, L->in.c, L->in.h, L->in.w, L->u.conv.filters, L->u.conv.size,
-                            L->u.conv.stride, L->u.conv.pad};
-    return d;
+    return layer_conv_dims(L, n);
 }
 
 /* engine_cuda.c: helpers of both files. Each returns 0, or −1 with a message. */

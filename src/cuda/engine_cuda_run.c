@@ -1,66 +1,210 @@
 /* The CUDA engine's forward, backward, slot release and messages (state and stream
- * ordering: engine_cuda_impl.h). The layer loops mirror src/stage.c's forward_chunk and
- * backward_chunk with the whole micro-batch as one chunk. */
+ * ordering: engine_cuda_impl.h). The layers run through the shared layer loop
+ * (src/layer_ops.h) with the CUDA kernel set below and the whole micro-batch as one
+ * chunk, as src/stage.c runs it chunk by chunk with the CPU's. */
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/kernels_cuda.h"
-#include "kernels/rng.h"
 #include "src/cuda/engine_cuda_impl.h"
+#include "src/layer_ops.h"
 #include "src/base/error.h"
 
+/* ------------------------------------------------------------ the CUDA kernel set ---- */
+
+/* kernels/cuda/kernels_cuda.h as the shared layer loop's device (src/layer_ops.h); ctx is
+ * the engine's kernel_cuda_ctx. */
+static int cu_dense_forward(void *ctx, float *out, const float *in, const float *w,
+                            const float *b, int n, int in_f, int out_f)
+{
+    return kernel_dense_forward_cuda(out, in, w, b, n, in_f, out_f, ctx);
+}
+static int cu_dense_backward(void *ctx, float *din, float *dw, float *db, const float *dout,
+                             const float *in, const float *w, int n, int in_f, int out_f)
+{
+    return kernel_dense_backward_cuda(din, dw, db, dout, in, w, n, in_f, out_f, ctx);
+}
+static int cu_dense_backward_weight(void *ctx, float *dw, float *db, const float *dout,
+                                    const float *in, int n, int in_f, int out_f)
+{
+    return kernel_dense_backward_weight_cuda(dw, db, dout, in, n, in_f, out_f, ctx);
+}
+static int cu_dense_backward_input(void *ctx, float *din, const float *dout, const float *w,
+                                   int n, int in_f, int out_f)
+{
+    return kernel_dense_backward_input_cuda(din, dout, w, n, in_f, out_f, ctx);
+}
+static int cu_conv_forward(void *ctx, float *out, float *work, const float *in, const float *w,
+                           const float *b, const kernel_conv2d_dims *d)
+{
+    return kernel_conv2d_forward_cuda(out, work, in, w, b, d, ctx);
+}
+static int cu_conv_backward(void *ctx, float *din, float *dw, float *db, float *work,
+                            const float *dout, const float *in, const float *w,
+                            const kernel_conv2d_dims *d)
+{
+    return kernel_conv2d_backward_cuda(din, dw, db, work, dout, in, w, d, ctx);
+}
+static int cu_conv_backward_weight(void *ctx, float *dw, float *db, float *work,
+                                   const float *dout, const float *in, const kernel_conv2d_dims *d)
+{
+    return kernel_conv2d_backward_weight_cuda(dw, db, work, dout, in, d, ctx);
+}
+static int cu_conv_backward_input(void *ctx, float *din, float *work, const float *dout,
+                                  const float *w, const kernel_conv2d_dims *d)
+{
+    return kernel_conv2d_backward_input_cuda(din, work, dout, w, d, ctx);
+}
+static int cu_maxpool_forward(void *ctx, float *out, int32_t *argmax, const float *in, int n,
+                              int c, int h, int w, int size, int stride)
+{
+    return kernel_maxpool2d_forward_cuda(out, argmax, in, n, c, h, w, size, stride, ctx);
+}
+static int cu_maxpool_backward(void *ctx, float *din, const float *dout, const int32_t *argmax,
+                               int n, int c, int h, int w, int size, int stride)
+{
+    return kernel_maxpool2d_backward_cuda(din, dout, argmax, n, c, h, w, size, stride, ctx);
+}
+static int cu_avgpool_forward(void *ctx, float *out, const float *in, int n, int c, int h, int w,
+                              int size, int stride)
+{
+    return kernel_avgpool2d_forward_cuda(out, in, n, c, h, w, size, stride, ctx);
+}
+static int cu_avgpool_backward(void *ctx, float *din, const float *dout, int n, int c, int h,
+                               int w, int size, int stride)
+{
+    return kernel_avgpool2d_backward_cuda(din, dout, n, c, h, w, size, stride, ctx);
+}
+static int cu_activation_forward(void *ctx, float *out, const float *in, size_t count,
+                                 kernel_act act)
+{
+    return kernel_activation_forward_cuda(out, in, count, act, ctx);
+}
+static int cu_activation_backward(void *ctx, float *din, const float *dout, const float *out,
+                                  size_t count, kernel_act act)
+{
+    return kernel_activation_backward_cuda(din, dout, out, count, act, ctx);
+}
+static int cu_dropout_forward(void *ctx, float *out, uint8_t *mask, const float *in, int n,
+                              size_t per_sample, size_t elem_off, float p, uint64_t seed,
+                              uint64_t stream, const int64_t *sample_ids)
+{
+    /* whole vectors only: the CUDA engine takes no tensor shards */
+    if (elem_off)
+        return pt_error_set("CUDA dropout of a shard (element offset %zu) is not supported",
+                            elem_off);
+    return kernel_dropout_forward_cuda(out, mask, in, n, per_sample, p, seed, stream,
+                                       sample_ids, ctx);
+}
+static int cu_dropout_backward(void *ctx, float *din, const float *dout, const uint8_t *mask,
+                               size_t count, float p)
+{
+    if (!count) return 0;
+    return kernel_dropout_backward_cuda(din, dout, mask, count, p, ctx);
+}
+static int cu_copy(void *ctx, float *dst, const float *src, size_t count)
+{
+    const kernel_cuda_ctx *k = ctx;
+    if (count)
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice,
+                                   k->stream));
+    return 0;
+}
+
+static const layer_kernels layer_kernels_cuda = {
+    .dense_forward = cu_dense_forward,
+    .dense_backward = cu_dense_backward,
+    .dense_backward_weight = cu_dense_backward_weight,
+    .dense_backward_input = cu_dense_backward_input,
+    .conv_forward = cu_conv_forward,
+    .conv_backward = cu_conv_backward,
+    .conv_backward_weight = cu_conv_backward_weight,
+    .conv_backward_input = cu_conv_backward_input,
+    .maxpool_forward = cu_maxpool_forward,
+    .maxpool_backward = cu_maxpool_backward,
+    .avgpool_forward = cu_avgpool_forward,
+    .avgpool_backward = cu_avgpool_backward,
+    .activation_forward = cu_activation_forward,
+    .activation_backward = cu_activation_backward,
+    .dropout_forward = cu_dropout_forward,
+    .dropout_backward = cu_dropout_backward,
+    .copy = cu_copy,
+};
+
 /* ------------------------------------------------------------ forward, backward ---- */
+
+/* Micro-batch m in slot s as the shared layer loop sees it: the whole micro-batch is one
+ * chunk. */
+typedef struct {
+    engine *e;
+    cuda_slot *s;
+    int m;
+    float *grads; /* backward, W: where parameter gradients go (NULL: B alone) */
+} cuda_layer_io;
+
+/* Where local layer i's data lives. The forward decides here whether the layer is the
+ * identity (set_outputs in src/stage.c). */
+static int layer_io_of(void *self, int i, int phase, layer_io *io)
+{
+    const cuda_layer_io *q = self;
+    engine *e = q->e;
+    cuda_engine *c = engine_cuda_impl(e);
+    cuda_slot *s = q->s;
+    slot_layer *sl = &s->layers[i];
+    const layer_desc *L = &c->net->layers[c->first + i];
+    io->x = i == 0 ? c->mb[q->m].in : s->layers[i - 1].out;
+    if (phase == LAYER_PHASE_FORWARD) {
+        sl->identity = layer_is_identity(L, s->training);
+        sl->out = sl->identity ? io->x : sl->buf;
+    }
+    io->identity = sl->identity;
+    io->y = sl->buf;
+    io->out = sl->out;
+    io->argmax = sl->argmax;
+    io->mask = sl->mask;
+    io->w = c->params + c->param_off[i];
+    io->b = io->w + L->weight_count;
+    io->ids = c->mb[q->m].ids;
+    io->dw = q->grads ? q->grads + c->param_off[i] : NULL;
+    io->db = io->dw ? io->dw + L->weight_count : NULL;
+    io->gout = sl->gout;
+    io->batched = engine_cuda_batched(c, i);
+    if (phase == LAYER_PHASE_BACKWARD && io->batched && L->weight_count) {
+        /* m's rows of the step's stash: its micro-batch index times the micro-batch size,
+         * as the CPU engine's stage_slot_set_row */
+        size_t in = layer_shape_count(L->in), out = layer_shape_count(L->out);
+        size_t row = (size_t)(q->m % e->cfg.microbatches) * (size_t)e->cfg.max_batch;
+        if (row + (size_t)s->n > (size_t)c->wgrad_rows)
+            return pt_error_set("CUDA engine, layer %d: rows [%zu, %zu) of micro-batch buffer "
+                                "%d outside the step's %d batched rows", c->first + i, row,
+                                row + (size_t)s->n, q->m, c->wgrad_rows);
+        io->stash_x = c->stash_x[i] + row * in;
+        io->stash_g = c->stash_g[i] + row * out;
+    }
+    return 0;
+}
+
+static layer_run cuda_layer_run(engine *e, cuda_layer_io *q, int n)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    layer_run r = {.k = &layer_kernels_cuda, .kctx = &c->ctx,
+                   .layers = c->net->layers + c->first, .first = c->first, .n = n,
+                   .work = c->work, .io = layer_io_of, .self = q};
+    return r;
+}
+
+/* The loop failed: a kernel's message gets the operation, layer and micro-batch. */
+static int layer_run_fail(const cuda_engine *c, const layer_run *r, int m)
+{
+    return r->what ? engine_cuda_layer_fail(r->what, c->first + r->failed, m) : -1;
+}
 
 static int forward_layers(engine *e, cuda_slot *s, int m, int n, uint64_t seed, uint64_t step)
 {
     cuda_engine *c = engine_cuda_impl(e);
-    const cuda_mb *b = &c->mb[m];
-    const float *x = b->in;
-    for (int l = c->first; l < c->last; l++) {
-        const layer_desc *L = &c->net->layers[l];
-        slot_layer *sl = &s->layers[l - c->first];
-        size_t in_count = layer_shape_count(L->in), out_count = layer_shape_count(L->out);
-        /* set_outputs: flatten, and dropout when not training, are the identity */
-        sl->identity = L->type == LAYER_FLATTEN ||
-                       (L->type == LAYER_DROPOUT && !(s->training && L->u.dropout.p > 0));
-        if (sl->identity) {
-            sl->out = x;
-            continue;
-        }
-        float *y = sl->buf;
-        const float *w = c->params + c->param_off[l - c->first];
-        const float *bias = w + L->weight_count;
-        size_t count = (size_t)n * out_count;
-        int rc = 0;
-        switch (L->type) {
-        case LAYER_CONV: {
-            kernel_conv2d_dims d = engine_cuda_conv_dims(L, n);
-            rc = kernel_conv2d_forward_cuda(y, c->work, x, w, bias, &d, &c->ctx);
-            if (!rc) rc = kernel_activation_forward_cuda(y, y, count, L->activation, &c->ctx);
-            break;
-        }
-        case LAYER_DENSE:
-            rc = kernel_dense_forward_cuda(y, x, w, bias, n, (int)in_count, L->u.dense.units,
-                                           &c->ctx);
-            if (!rc) rc = kernel_activation_forward_cuda(y, y, count, L->activation, &c->ctx);
-            break;
-        case LAYER_MAXPOOL:
-            rc = kernel_maxpool2d_forward_cuda(y, sl->argmax, x, n, L->in.c, L->in.h, L->in.w,
-                                               L->u.pool.size, L->u.pool.stride, &c->ctx);
-            break;
-        case LAYER_AVGPOOL:
-            rc = kernel_avgpool2d_forward_cuda(y, x, n, L->in.c, L->in.h, L->in.w,
-                                               L->u.pool.size, L->u.pool.stride, &c->ctx);
-            break;
-        case LAYER_DROPOUT:
-            rc = kernel_dropout_forward_cuda(y, sl->mask, x, n, in_count, L->u.dropout.p, seed,
-                                             rng_stream_dropout(l, step), b->ids, &c->ctx);
-            break;
-        case LAYER_FLATTEN:
-            break;
-        }
-        if (rc) return engine_cuda_layer_fail("forward", l, m);
-        sl->out = y;
-        x = y;
-    }
+    cuda_layer_io q = {.e = e, .s = s, .m = m};
+    layer_run r = cuda_layer_run(e, &q, n);
+    r.seed = seed;
+    r.step = step;
+    if (layer_run_forward(&r, 0, c->nl)) return layer_run_fail(c, &r, m);
     return 0;
 }
 
@@ -185,33 +329,6 @@ int engine_cuda_recompute(engine *e, int m, uint64_t seed, uint64_t step, int ti
     return 0;
 }
 
-static int copy_d2d(float *dst, const float *src, size_t count, cudaStream_t st)
-{
-    if (count)
-        CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice,
-                                   st));
-    return 0;
-}
-
-/* Batched layer i: m's input rows x and output-gradient rows g into the step's stash, at
- * m's place in the step (its micro-batch index times the micro-batch size, as the CPU
- * engine's stage_slot_set_row). */
-static int stash_rows(engine *e, int i, int m, int n, const float *x, const float *g)
-{
-    cuda_engine *c = engine_cuda_impl(e);
-    const layer_desc *L = &c->net->layers[c->first + i];
-    size_t in = layer_shape_count(L->in), out = layer_shape_count(L->out);
-    size_t row = (size_t)(m % e->cfg.microbatches) * (size_t)e->cfg.max_batch;
-    if (row + (size_t)n > (size_t)c->wgrad_rows)
-        return pt_error_set("CUDA engine, layer %d: rows [%zu, %zu) of micro-batch buffer %d "
-                            "outside the step's %d batched rows", c->first + i, row,
-                            row + (size_t)n, m, c->wgrad_rows);
-    if (copy_d2d(c->stash_x[i] + row * in, x, (size_t)n * in, c->ctx.stream) ||
-        copy_d2d(c->stash_g[i] + row * out, g, (size_t)n * out, c->ctx.stream))
-        return -1;
-    return 0;
-}
-
 /* Local layers [lo, hi), from the running gradient c->range_g (in scratch buffer
  * c->range_gi, −1 for GRAD_IN), which is left where the next range starts; the ranges of one
  * micro-batch thus make exactly the kernel calls of one backward over all layers. Parameter
@@ -223,111 +340,21 @@ static int backward_layers(engine *e, cuda_slot *s, int m, int lo, int hi, float
                            float *grads, int parts)
 {
     cuda_engine *c = engine_cuda_impl(e);
-    const float *g = c->range_g;
-    int gi = c->range_gi, n = s->n; /* gi: the scratch buffer g lives in, −1 for dout */
-    for (int l = c->first + hi - 1; l >= c->first + lo; l--) {
-        const layer_desc *L = &c->net->layers[l];
-        int i = l - c->first;
-        const slot_layer *sl = &s->layers[i];
-        size_t in_count = layer_shape_count(L->in), out_count = layer_shape_count(L->out);
-        const float *x = i == 0 ? c->mb[m].in : s->layers[i - 1].out;
-        if (sl->identity && i > 0) continue; /* the gradient passes through unchanged */
-        int rc = 0;
-        if (L->activation != KERNEL_ACT_LINEAR) {
-            float *ga = gi < 0 ? c->scratch[0] : c->scratch[gi];
-            rc = kernel_activation_backward_cuda(ga, g, sl->out, (size_t)n * out_count,
-                                                 L->activation, &c->ctx);
-            if (rc) return engine_cuda_layer_fail("activation backward", l, m);
-            g = ga;
-            gi = gi < 0 ? 0 : gi;
-        }
-        int ti = gi < 0 ? 0 : 1 - gi;
-        float *dx = i == 0 ? din : c->scratch[ti];
-        const float *w = c->params + c->param_off[i];
-        float *dw = grads ? grads + c->param_off[i] : NULL, *db = dw ? dw + L->weight_count : NULL;
-        /* the weight half happens now (both parts, not batched), in W (split), or in the
-         * step's flush (batched: the rows go to the stash) */
-        int batched = engine_cuda_batched(c, i);
-        int weight_now = (parts & ENGINE_CUDA_BW_WEIGHT) && !batched;
-        if (L->weight_count && batched) {
-            if (stash_rows(e, i, m, n, x, g)) return -1;
-        } else if (L->weight_count && !(parts & ENGINE_CUDA_BW_WEIGHT)) {
-            if (copy_d2d(sl->gout, g, (size_t)n * out_count, c->ctx.stream)) return -1;
-        }
-        switch (L->type) {
-        case LAYER_CONV: {
-            kernel_conv2d_dims d = engine_cuda_conv_dims(L, n);
-            if (weight_now)
-                rc = kernel_conv2d_backward_cuda(dx, dw, db, c->work, g, x, w, &d, &c->ctx);
-            else if (dx)
-                rc = kernel_conv2d_backward_input_cuda(dx, c->work, g, w, &d, &c->ctx);
-            break;
-        }
-        case LAYER_DENSE:
-            if (weight_now)
-                rc = kernel_dense_backward_cuda(dx, dw, db, g, x, w, n, (int)in_count,
-                                                L->u.dense.units, &c->ctx);
-            else if (dx)
-                rc = kernel_dense_backward_input_cuda(dx, g, w, n, (int)in_count,
-                                                      L->u.dense.units, &c->ctx);
-            break;
-        case LAYER_MAXPOOL:
-            if (dx)
-                rc = kernel_maxpool2d_backward_cuda(dx, g, sl->argmax, n, L->in.c, L->in.h,
-                                                    L->in.w, L->u.pool.size, L->u.pool.stride,
-                                                    &c->ctx);
-            break;
-        case LAYER_AVGPOOL:
-            if (dx)
-                rc = kernel_avgpool2d_backward_cuda(dx, g, n, L->in.c, L->in.h, L->in.w,
-                                                    L->u.pool.size, L->u.pool.stride, &c->ctx);
-            break;
-        case LAYER_DROPOUT:
-        case LAYER_FLATTEN:
-            if (!dx || !n) break;
-            if (sl->identity) {
-                cudaError_t r = cudaMemcpyAsync(dx, g, (size_t)n * in_count * sizeof(float),
-                                                cudaMemcpyDeviceToDevice, c->ctx.stream);
-                if (r != cudaSuccess)
-                    rc = pt_error_set("cudaMemcpyAsync: %s", cudaGetErrorString(r));
-            } else {
-                rc = kernel_dropout_backward_cuda(dx, g, sl->mask, (size_t)n * in_count,
-                                                  L->u.dropout.p, &c->ctx);
-            }
-            break;
-        }
-        if (rc) return engine_cuda_layer_fail("backward", l, m);
-        g = dx;
-        gi = ti;
-    }
-    c->range_g = g;
-    c->range_gi = gi;
+    cuda_layer_io q = {.e = e, .s = s, .m = m, .grads = grads};
+    layer_run r = cuda_layer_run(e, &q, s->n);
+    if (layer_run_backward(&r, lo, hi, &c->range_g, &c->range_gi, c->scratch, din, parts))
+        return layer_run_fail(c, &r, m);
     return 0;
 }
 
 /* W of local layers [lo, hi), as src/stage.c's weight_chunk: each parameter layer's weight
  * half from its input and the output gradient B kept. */
-static int weight_layers(engine *e, const cuda_slot *s, int m, int lo, int hi, float *grads)
+static int weight_layers(engine *e, cuda_slot *s, int m, int lo, int hi, float *grads)
 {
     cuda_engine *c = engine_cuda_impl(e);
-    int n = s->n;
-    for (int i = hi - 1; i >= lo; i--) {
-        const layer_desc *L = &c->net->layers[c->first + i];
-        if (!L->weight_count || engine_cuda_batched(c, i)) continue;
-        size_t in_count = layer_shape_count(L->in);
-        const float *x = i == 0 ? c->mb[m].in : s->layers[i - 1].out;
-        const float *g = s->layers[i].gout;
-        float *dw = grads + c->param_off[i], *db = dw + L->weight_count;
-        int rc;
-        if (L->type == LAYER_CONV) {
-            kernel_conv2d_dims d = engine_cuda_conv_dims(L, n);
-            rc = kernel_conv2d_backward_weight_cuda(dw, db, c->work, g, x, &d, &c->ctx);
-        } else {
-            rc = kernel_dense_backward_weight_cuda(dw, db, g, x, n, (int)in_count,
-                                                   L->u.dense.units, &c->ctx);
-        }
-        if (rc) return engine_cuda_layer_fail("weight gradient", c->first + i, m);
-    }
+    cuda_layer_io q = {.e = e, .s = s, .m = m, .grads = grads};
+    layer_run r = cuda_layer_run(e, &q, s->n);
+    if (layer_run_weight(&r, lo, hi)) return layer_run_fail(c, &r, m);
     return 0;
 }
 

@@ -22,6 +22,7 @@
 
 #include "src/base/error.h"
 #include "src/base/io.h"
+#include "src/model/layer_table.h"
 
 /* A model file is a few dozen lines; anything this big is not one. */
 #define NET_MAX_FILE_BYTES (1 << 20)
@@ -114,15 +115,7 @@ __attribute__((format(printf, 3, 4))) static int parser_fail(net_parser *p, int 
 
 const char *layer_type_name(layer_type t)
 {
-    switch (t) {
-    case LAYER_CONV: return "conv";
-    case LAYER_MAXPOOL: return "maxpool";
-    case LAYER_AVGPOOL: return "avgpool";
-    case LAYER_DENSE: return "dense";
-    case LAYER_DROPOUT: return "dropout";
-    case LAYER_FLATTEN: return "flatten";
-    }
-    return "?";
+    return (int)t >= 0 && t < LAYER_TYPE_COUNT ? layer_kinds[t].name : "?";
 }
 
 const char *layer_act_name(kernel_act a)
@@ -227,8 +220,6 @@ static int parse_value(net_parser *p, key_id k, const char *v)
 
 /* ---- layers ---- */
 
-static int mul_size(size_t a, size_t b, size_t *out) { return __builtin_mul_overflow(a, b, out); }
-
 /* Line to blame for a shape problem: the key that set the size, else the header. */
 static int blame_line(const net_parser *p, key_id k)
 {
@@ -250,77 +241,23 @@ static int finish_layer(net_parser *p)
     L.line = p->sec_line;
     L.in = p->n_layers ? p->layers[p->n_layers - 1].out : p->input;
     L.activation = KERNEL_ACT_LINEAR;
-    layer_shape in = L.in;
-    size_t in_count = layer_shape_count(in);
-    long long out_h = 0, out_w = 0;
-
-    switch (L.type) {
-    case LAYER_CONV: {
-        int k = p->ival[KEY_SIZE], stride = 1, pad = 0;
-        if (p->seen & (1u << KEY_STRIDE))
-            stride = p->ival[KEY_STRIDE];
-        if (p->seen & (1u << KEY_PAD))
-            pad = p->ival[KEY_PAD];
-        if (p->seen & (1u << KEY_ACTIVATION))
-            L.activation = (kernel_act)p->ival[KEY_ACTIVATION];
-        L.u.conv.filters = p->ival[KEY_FILTERS];
-        L.u.conv.size = k;
-        L.u.conv.stride = stride;
-        L.u.conv.pad = pad;
-        long long ph = (long long)in.h + 2LL * pad, pw = (long long)in.w + 2LL * pad;
-        if (k > ph || k > pw)
-            return parser_fail(p, blame_line(p, KEY_SIZE),
-                               "conv kernel %d×%d is larger than its padded input %lld×%lld", k,
-                               k, ph, pw);
-        out_h = (ph - k) / stride + 1;
-        out_w = (pw - k) / stride + 1;
-        if (out_h > INT_MAX || out_w > INT_MAX)
-            return parser_fail(p, p->sec_line, "conv output %lld×%lld is too large", out_h, out_w);
-        L.out = (layer_shape){L.u.conv.filters, (int)out_h, (int)out_w};
-        size_t w;
-        if (mul_size((size_t)L.u.conv.filters, (size_t)in.c, &w) || mul_size(w, (size_t)k, &w) ||
-            mul_size(w, (size_t)k, &w))
-            return parser_fail(p, p->sec_line, "conv weight count overflows");
-        L.weight_count = w;
-        L.bias_count = (size_t)L.u.conv.filters;
-        break;
-    }
-    case LAYER_MAXPOOL:
-    case LAYER_AVGPOOL: {
-        int size = 2;
-        if (p->seen & (1u << KEY_SIZE))
-            size = p->ival[KEY_SIZE];
-        int stride = (p->seen & (1u << KEY_STRIDE)) ? p->ival[KEY_STRIDE] : size;
-        L.u.pool.size = size;
-        L.u.pool.stride = stride;
-        if (size > in.h || size > in.w)
-            return parser_fail(p, blame_line(p, KEY_SIZE),
-                               "%s window %d×%d is larger than its input %d×%d",
-                               section_names[s], size, size, in.h, in.w);
-        out_h = (in.h - size) / stride + 1;
-        out_w = (in.w - size) / stride + 1;
-        L.out = (layer_shape){in.c, (int)out_h, (int)out_w};
-        break;
-    }
-    case LAYER_DENSE:
-        if (p->seen & (1u << KEY_ACTIVATION))
-            L.activation = (kernel_act)p->ival[KEY_ACTIVATION];
-        L.u.dense.units = p->ival[KEY_UNITS];
-        /* a dense layer after a spatial one flattens implicitly */
-        L.in = (layer_shape){(int)in_count, 1, 1};
-        L.out = (layer_shape){L.u.dense.units, 1, 1};
-        if (mul_size((size_t)L.u.dense.units, in_count, &L.weight_count))
-            return parser_fail(p, p->sec_line, "dense weight count overflows");
-        L.bias_count = (size_t)L.u.dense.units;
-        break;
-    case LAYER_DROPOUT:
-        L.u.dropout.p = p->p;
-        L.out = in;
-        break;
-    case LAYER_FLATTEN:
-        L.out = (layer_shape){(int)in_count, 1, 1};
-        break;
-    }
+    layer_spec spec = {
+        .given = ((p->seen & (1u << KEY_SIZE)) ? LAYER_SPEC_SIZE : 0u) |
+                 ((p->seen & (1u << KEY_STRIDE)) ? LAYER_SPEC_STRIDE : 0u) |
+                 ((p->seen & (1u << KEY_PAD)) ? LAYER_SPEC_PAD : 0u) |
+                 ((p->seen & (1u << KEY_ACTIVATION)) ? LAYER_SPEC_ACTIVATION : 0u),
+        .filters = p->ival[KEY_FILTERS],
+        .size = p->ival[KEY_SIZE],
+        .stride = p->ival[KEY_STRIDE],
+        .pad = p->ival[KEY_PAD],
+        .units = p->ival[KEY_UNITS],
+        .activation = (kernel_act)p->ival[KEY_ACTIVATION],
+        .p = p->p,
+    };
+    layer_shape_error err = {.blame_size = 0};
+    if (layer_kind_of(L.type)->shape(&L, &spec, &err))
+        return parser_fail(p, err.blame_size ? blame_line(p, KEY_SIZE) : p->sec_line, "%s",
+                           err.reason);
     /* later stages index activations with int; keep every shape within that */
     if ((size_t)layer_shape_count(L.out) > INT_MAX)
         return parser_fail(p, p->sec_line, "output of [%s] has too many elements (%d×%d×%d)",
@@ -593,37 +530,6 @@ static void format_thousands(char *buf, size_t size, size_t v)
     buf[o] = '\0';
 }
 
-static void layer_describe(char *buf, size_t size, const layer_desc *L)
-{
-    switch (L->type) {
-    case LAYER_CONV: {
-        int n = snprintf(buf, size, "conv2d (%d×%d, %d, %s", L->u.conv.size, L->u.conv.size,
-                         L->u.conv.filters, layer_act_name(L->activation));
-        if (L->u.conv.stride != 1 && n >= 0 && (size_t)n < size)
-            n += snprintf(buf + n, size - (size_t)n, ", stride %d", L->u.conv.stride);
-        if (L->u.conv.pad != 0 && n >= 0 && (size_t)n < size)
-            n += snprintf(buf + n, size - (size_t)n, ", pad %d", L->u.conv.pad);
-        if (n >= 0 && (size_t)n < size)
-            snprintf(buf + n, size - (size_t)n, ")");
-        break;
-    }
-    case LAYER_MAXPOOL:
-    case LAYER_AVGPOOL:
-        if (L->u.pool.stride == L->u.pool.size)
-            snprintf(buf, size, "%s2d (%d×%d)", layer_type_name(L->type), L->u.pool.size,
-                     L->u.pool.size);
-        else
-            snprintf(buf, size, "%s2d (%d×%d, stride %d)", layer_type_name(L->type),
-                     L->u.pool.size, L->u.pool.size, L->u.pool.stride);
-        break;
-    case LAYER_DENSE:
-        snprintf(buf, size, "dense (%d, %s)", L->u.dense.units, layer_act_name(L->activation));
-        break;
-    case LAYER_DROPOUT: snprintf(buf, size, "dropout (%g)", (double)L->u.dropout.p); break;
-    case LAYER_FLATTEN: snprintf(buf, size, "flatten"); break;
-    }
-}
-
 #define SUMMARY_IDX_W 5
 #define SUMMARY_NAME_W 40
 #define SUMMARY_SHAPE_W 18
@@ -650,13 +556,11 @@ void net_desc_print_summary(const net_desc *net, FILE *out)
     int flat = 0; /* the current activation is a vector rather than C×H×W planes */
     for (int i = 0; i < net->n_layers; i++) {
         const layer_desc *L = &net->layers[i];
-        if (L->type == LAYER_DENSE || L->type == LAYER_FLATTEN)
-            flat = 1;
-        else if (L->type != LAYER_DROPOUT)
-            flat = 0;
+        if (layer_kind_of(L->type)->flat >= 0)
+            flat = layer_kind_of(L->type)->flat;
         snprintf(buf, sizeof buf, "%d", i);
         print_padded(out, buf, SUMMARY_IDX_W, 0);
-        layer_describe(buf, sizeof buf, L);
+        layer_kind_of(L->type)->describe(buf, sizeof buf, L);
         print_padded(out, buf, SUMMARY_NAME_W - 1, 0);
         fputc(' ', out);
         if (flat)

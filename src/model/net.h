@@ -15,6 +15,7 @@ typedef enum {
     LAYER_DENSE,
     LAYER_DROPOUT,
     LAYER_FLATTEN,
+    LAYER_TYPE_COUNT /* what each type is and does: src/model/layer_table.h, src/layer_ops.h */
 } layer_type;
 
 typedef struct {

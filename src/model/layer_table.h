@@ -1,0 +1,65 @@
+/* The description half of the layer table: for each layer type its name, how a model
+ * file's values make its shapes and parameter counts, its summary text, and what storage a
+ * forward keeps. The compute half (which kernels each pass calls, on each device, and the
+ * one layer loop) is src/layer_ops.h. A new layer type is one entry here, one there, and
+ * its kernels. */
+#ifndef PT_LAYER_TABLE_H
+#define PT_LAYER_TABLE_H
+
+#include <stddef.h>
+
+#include "src/model/net.h"
+
+/* A layer section's values as the model file gave them (the parser checked their ranges);
+ * `given` has bit LAYER_SPEC_x for each key present. */
+enum { LAYER_SPEC_SIZE = 1, LAYER_SPEC_STRIDE = 2, LAYER_SPEC_PAD = 4, LAYER_SPEC_ACTIVATION = 8 };
+typedef struct {
+    unsigned given;
+    int filters, size, stride, pad, units;
+    kernel_act activation;
+    float p;
+} layer_spec;
+
+/* Why a layer's shapes failed: the reason, and whether the 'size' key is to blame (else
+ * the section header). */
+typedef struct {
+    char reason[256];
+    int blame_size;
+} layer_shape_error;
+
+typedef struct {
+    const char *name;   /* the model file's section and layer_type_name */
+    /* Sets L's parameters, output shape and parameter counts from L->in and spec (L->in
+     * may be replaced: dense flattens). −1 with *err filled when they cannot be made. */
+    int (*shape)(layer_desc *L, const layer_spec *spec, layer_shape_error *err);
+    /* The summary's "Layer (type)" text. */
+    void (*describe)(char *buf, size_t size, const layer_desc *L);
+    int flat;           /* summary: its output is shown as a vector (1), as planes (0), or
+                           as its input was (−1) */
+    int own_output;     /* a forward writes its output into storage of its own (flatten
+                           passes its input through) */
+    int argmax, mask;   /* a forward keeps maxpool positions / a dropout mask per output */
+    /* the forward passes its input through unchanged (NULL: never) */
+    int (*identity)(const layer_desc *L, int training);
+} layer_kind;
+
+extern const layer_kind layer_kinds[LAYER_TYPE_COUNT];
+
+static inline const layer_kind *layer_kind_of(layer_type t) { return &layer_kinds[t]; }
+
+/* Whether L's forward is the identity (flatten; dropout when not training or p = 0). */
+static inline int layer_is_identity(const layer_desc *L, int training)
+{
+    const layer_kind *k = layer_kind_of(L->type);
+    return k->identity && k->identity(L, training);
+}
+
+/* A convolution's dimensions at batch n. */
+static inline kernel_conv2d_dims layer_conv_dims(const layer_desc *L, int n)
+{
+    kernel_conv2d_dims d = {n, L->in.c, L->in.h, L->in.w, L->u.conv.filters, L->u.conv.size,
+                            L->u.conv.stride, L->u.conv.pad};
+    return d;
+}
+
+#endif
