@@ -579,18 +579,37 @@ static void tp_slice(const stage *s, const shard_state *st, size_t whole, const 
         memcpy(out + (size_t)j * len, in + (size_t)j * whole + off, len * sizeof(float));
 }
 
-/* A layer split by inputs after its all-reduce: bias, then activation. */
-static void tp_finish(const stage *s, int i, float *y, int n)
+/* A layer split by inputs after its all-reduce: bias, then activation, sample by sample
+ * (each sample's row stays in cache between the two), the samples dealt to the threads. */
+typedef struct {
+    const stage *s;
+    int i, n;
+    float *y;
+} finish_job;
+
+static void finish_worker(void *arg, int t)
 {
-    const layer_desc *L = &s->loc[i];
+    const finish_job *j = arg;
+    const stage *s = j->s;
+    const layer_desc *L = &s->loc[j->i];
     size_t count = layer_shape_count(L->out);
     size_t per = L->type == LAYER_CONV ? (size_t)L->out.h * L->out.w : 1;
-    const float *b = s->b[i];
-    for (int j = 0; j < n; j++) {
-        float *row = y + (size_t)j * count;
-        for (size_t k = 0; k < count; k++) row[k] += b[k / per];
+    const float *b = s->b[j->i];
+    int lo = (int)((long)j->n * t / s->threads), hi = (int)((long)j->n * (t + 1) / s->threads);
+    for (int m = lo; m < hi; m++) {
+        float *row = j->y + (size_t)m * count;
+        for (size_t u = 0; u < count / per; u++) {
+            float *v = row + u * per;
+            for (size_t k = 0; k < per; k++) v[k] += b[u];
+        }
+        kernel_activation_forward_cpu(row, row, count, L->activation);
     }
-    kernel_activation_forward_cpu(y, y, (size_t)n * count, L->activation);
+}
+
+static void tp_finish(stage *s, int i, float *y, int n)
+{
+    finish_job j = {.s = s, .i = i, .n = n, .y = y};
+    pool_run(s->pool, finish_worker, &j);
 }
 
 static void forward_worker(void *arg, int t);
