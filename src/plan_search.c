@@ -309,7 +309,7 @@ static void print_text(const plan_args *base, const topo_machine *m, const candi
     if (base->memory_mb > 0)
         printf(", %d fit in %g MiB per rank", fitting, base->memory_mb);
     printf("\n(step: the schedule's simulator on layer times profiled on this machine's CPU, "
-           "divided by T where tensor shards cut a layer; memory: the largest rank's; tensor: "
+           "of the shards a rank runs with --tensor; memory: the largest rank's; tensor: "
            "shards per stage T and how layers are cut; V: model chunks per rank; partition: "
            "the first layer of each stage, or of each model chunk with V > 1)\n");
     if (skipped) printf("(tensor shards not searched: %s)\n", skipped);
