@@ -237,6 +237,20 @@ static int forward_waits(cuda_engine *c, const cuda_mb *b, const cuda_slot *s, i
     return 0;
 }
 
+/* What a forward and a recompute begin with: a slot, the device, the waits of the slot's
+ * reuse and the tick's start. The slot's index, or −1 with a message. */
+static int begin_forward(engine *e, const cuda_mb *b, int recompute, int tick)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    int k = take_slot(e);
+    if (k < 0) return -1;
+    CUDA_CHECK(cudaSetDevice(c->device));
+    if (engine_cuda_tick_check(e, tick) || forward_waits(c, b, &c->slots[k], recompute) ||
+        engine_cuda_tick_begin(e, tick))
+        return -1;
+    return k;
+}
+
 int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, int training,
                         int tick)
 {
@@ -252,14 +266,10 @@ int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, i
     if (c->needs_load && b->loaded_n < n)
         return pt_error_set("CUDA engine: forward of %d samples of micro-batch %d, but %d "
                             "were loaded", n, m, b->loaded_n);
-    int k = take_slot(e);
+    int k = begin_forward(e, b, 0, tick);
     if (k < 0) return -1;
     cuda_slot *s = &c->slots[k];
     cudaStream_t cs = c->ctx.stream;
-    CUDA_CHECK(cudaSetDevice(c->device));
-    if (engine_cuda_tick_check(e, tick)) return -1;
-    if (forward_waits(c, b, s, 0)) return -1;
-    if (engine_cuda_tick_begin(e, tick)) return -1;
     if (c->is_first && kernel_bytes_to_float_cuda(b->in, b->pixels, (size_t)n * e->in_count,
                                                   &c->ctx))
         return engine_cuda_layer_fail("pixel conversion", c->first, m);
@@ -308,14 +318,10 @@ int engine_cuda_recompute(engine *e, int m, uint64_t seed, uint64_t step, int ti
                             : b->slot >= 0    ? "holds its activations"
                                               : "had no training forward since its last "
                                                 "evaluation");
-    int k = take_slot(e);
+    int k = begin_forward(e, b, 1, tick);
     if (k < 0) return -1;
     cuda_slot *s = &c->slots[k];
     cudaStream_t cs = c->ctx.stream;
-    CUDA_CHECK(cudaSetDevice(c->device));
-    if (engine_cuda_tick_check(e, tick)) return -1;
-    if (forward_waits(c, b, s, 1)) return -1;
-    if (engine_cuda_tick_begin(e, tick)) return -1;
     /* the input is still there: stage 0's converted pixels, or ACT_IN */
     s->training = 1;
     if (forward_layers(e, s, m, b->n, seed, step)) return -1;
