@@ -52,23 +52,10 @@ SCHEDULES = (('gpipe', []), ('1f1b', []), ('interleaved', ['--virtual', '2']), (
 noise = []
 
 
-def train(k, base, extra):
-    cmd = [args.pipetrain, 'train', *base, '--steps', str(args.warmup + args.steps), '--warmup',
-           str(args.warmup), '--stages', str(k), *extra]
-    if k > 1:
-        cmd = [args.mpiexec, '-n', str(k), *cmd]
-    try:
-        j = benchlib.run(cmd, ENV, 'pipetrain')
-    except RuntimeError as e:
-        benchlib.fail(e)
-    noise.append(j['noise'])
-    return j
-
-
 def median_run(k, base, extra):
-    runs = sorted((train(k, base, extra) for _ in range(args.repeats)),
-                  key=lambda r: r['samples_per_s'])
-    return runs[len(runs) // 2], [r['samples_per_s'] for r in runs]
+    return benchlib.median_train(args, ENV, k, [*base, '--steps', args.warmup + args.steps,
+                                                '--warmup', args.warmup, '--stages', k, *extra],
+                                 noise)
 
 
 def step_s(r):

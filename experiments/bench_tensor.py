@@ -54,19 +54,6 @@ LAYOUTS = (
 noise = []
 
 
-def train(n, base, extra):
-    cmd = [args.pipetrain, 'train', *base, *COMMON, '--steps', str(args.warmup + args.steps),
-           '--warmup', str(args.warmup), *extra]
-    if n > 1:
-        cmd = [args.mpiexec, '-n', str(n), *cmd]
-    try:
-        j = benchlib.run(cmd, ENV, 'pipetrain')
-    except RuntimeError as e:
-        benchlib.fail(e)
-    noise.append(j['noise'])
-    return j
-
-
 def plan_step(model, extra):
     """pipetrain plan's prediction of the step for the layout (its profile of this machine's
     CPU, one thread per rank), or None."""
@@ -84,9 +71,9 @@ def plan_step(model, extra):
 
 
 def median_run(n, base, extra):
-    runs = sorted((train(n, base, extra) for _ in range(args.repeats)),
-                  key=lambda r: r['samples_per_s'])
-    return runs[len(runs) // 2], [r['samples_per_s'] for r in runs]
+    return benchlib.median_train(args, ENV, n, [*base, *COMMON, '--steps',
+                                                args.warmup + args.steps, '--warmup',
+                                                args.warmup, *extra], noise)
 
 
 out = {'time': time.strftime('%Y-%m-%d %H:%M:%S'), 'env': args.env, 'steps': args.steps,

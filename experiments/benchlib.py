@@ -98,6 +98,27 @@ def run(cmd, env, what=None):
     return j
 
 
+def train(args, env, ranks, train_args, noise):
+    """One `pipetrain train` run (under args.mpiexec for ranks > 1) with train_args; its
+    JSON, whose noise figure is appended to `noise`. Stops the script on failure."""
+    cmd = [args.pipetrain, 'train', *map(str, train_args)]
+    if ranks > 1:
+        cmd = [args.mpiexec, '-n', str(ranks), *cmd]
+    try:
+        j = run(cmd, env, 'pipetrain')
+    except RuntimeError as e:
+        fail(e)
+    noise.append(j['noise'])
+    return j
+
+
+def median_train(args, env, ranks, train_args, noise):
+    """args.repeats runs of train(): the median one by samples/s, and every run's figure."""
+    runs = sorted((train(args, env, ranks, train_args, noise) for _ in range(args.repeats)),
+                  key=lambda r: r['samples_per_s'])
+    return runs[len(runs) // 2], [r['samples_per_s'] for r in runs]
+
+
 def summary(values):
     return {'median': statistics.median(values), 'min': min(values), 'max': max(values),
             'runs': values}
