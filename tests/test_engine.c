@@ -7,18 +7,12 @@
 
 #include "src/base/error.h"
 #include "src/engine.h"
+#include "tests/check.h"
 
 void openblas_set_num_threads(int);
 
 enum { MB = 16, M = 4 };
 
-static void load_model(net_desc *net, const char *name)
-{
-    const char *src = getenv("PT_SOURCE_DIR");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/models/%s", src ? src : ".", name);
-    cr_assert_eq(net_desc_load(net, path), 0, "%s", pt_error_get());
-}
 
 static dataset make_data(int count, unsigned seed)
 {

@@ -10,12 +10,6 @@
 #include "src/model/net.h"
 #include "tests/check.h"
 
-static void load_model(net_desc *net, const char *name)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/models/%s", check_source_dir(), name);
-    cr_assert_eq(net_desc_load(net, path), 0, "%s: %s", path, pt_error_get());
-}
 
 static void assert_shape(layer_shape s, int c, int h, int w, const char *what)
 {

@@ -559,13 +559,6 @@ Test(partition, imbalance_values)
 
 void openblas_set_num_threads(int);
 
-static void load_model(net_desc *net, const char *name)
-{
-    const char *src = getenv("PT_SOURCE_DIR");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/models/%s", src ? src : ".", name);
-    cr_assert_eq(net_desc_load(net, path), 0, "%s", pt_error_get());
-}
 
 /* B and W measured per layer: both positive where the layer has parameters (W is zero
  * work elsewhere), and together about the fused backward: within 50% over the model and

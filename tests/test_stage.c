@@ -10,16 +10,10 @@
 #include "src/base/error.h"
 #include "src/model/net.h"
 #include "src/stage.h"
+#include "tests/check.h"
 
 void openblas_set_num_threads(int);
 
-static void load_model(net_desc *net, const char *name)
-{
-    const char *src = getenv("PT_SOURCE_DIR");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/models/%s", src ? src : ".", name);
-    cr_assert_eq(net_desc_load(net, path), 0, "%s", pt_error_get());
-}
 
 /* Forward and backward of micro-batch m (n samples of deterministic data) into `grads`
  * (NULL: accumulate into the stage's gradients). bounds: NULL, one stage_backward_to; else
@@ -145,12 +139,6 @@ Test(stage, sum_is_the_same_for_one_and_two_threads)
     net_desc_free(&net);
 }
 
-static size_t count_differences(const float *a, const float *b, size_t n)
-{
-    size_t diff = 0;
-    for (size_t i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], sizeof(float)) != 0;
-    return diff;
-}
 
 /* Layers [first, last) of `model`: M micro-batches of n samples, each by the ranges of
  * `bounds` on one stage and whole on another. pieces = 0: accumulated in the stage's

@@ -11,16 +11,10 @@
 #include "src/base/error.h"
 #include "src/model/net.h"
 #include "src/stage.h"
+#include "tests/check.h"
 
 void openblas_set_num_threads(int);
 
-static void load_model(net_desc *net, const char *name)
-{
-    const char *src = getenv("PT_SOURCE_DIR");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/models/%s", src ? src : ".", name);
-    cr_assert_eq(net_desc_load(net, path), 0, "%s", pt_error_get());
-}
 
 /* Deterministic inputs and output gradients of samples [first, first + n) of a step: keyed
  * by the sample, so that any cut into micro-batches sees the same data. */
@@ -53,12 +47,6 @@ static void free_data(mb_data *d)
     free(d->ids);
 }
 
-static size_t count_diff(const float *a, const float *b, size_t n)
-{
-    size_t diff = 0;
-    for (size_t i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], sizeof(float)) != 0;
-    return diff;
-}
 
 /* M micro-batches of n through a stage of layers [first, last): fused backwards in order
  * (reference), against F0..F(M−1), B0..B(M−1), then W in micro-batch order (the W of the
@@ -98,7 +86,7 @@ static size_t split_vs_fused(const char *model, int first, int last, int threads
     for (int m = 0; m < M; m++) {
         cr_assert_eq(stage_backward_input(&b, slot[m], e[m].dy, first ? e[m].din : NULL), 0,
                      "%s", pt_error_get());
-        if (first) diff += count_diff(d[m].din, e[m].din, (size_t)n * in);
+        if (first) diff += count_differences(d[m].din, e[m].din, (size_t)n * in);
     }
     int nl = last - first;
     for (int m = 0; m < M; m++) {
@@ -113,7 +101,7 @@ static size_t split_vs_fused(const char *model, int first, int last, int threads
         }
         stage_slot_release(&b, slot[m]);
     }
-    diff += count_diff(a.grads, b.grads, a.param_count);
+    diff += count_differences(a.grads, b.grads, a.param_count);
     for (int m = 0; m < M; m++) {
         free_data(&d[m]);
         free_data(&e[m]);
@@ -234,8 +222,8 @@ static void check_batched(const char *model, int rows)
     cr_assert_leq(P, MAX_P);
     batched_grads(model, 3, rows / 4, rows, 0, b, &P); /* other threads */
     batched_grads(model, 2, rows / 4, rows, 1, c, &P); /* split backward */
-    cr_assert_eq(count_diff(a, b, P), 0, "%s: batched gradients depend on the threads", model);
-    cr_assert_eq(count_diff(a, c, P), 0, "%s: batched gradients differ with a split backward",
+    cr_assert_eq(count_differences(a, b, P), 0, "%s: batched gradients depend on the threads", model);
+    cr_assert_eq(count_differences(a, c, P), 0, "%s: batched gradients differ with a split backward",
                  model);
     per_microbatch_grads(model, rows / 4, rows, ref);
     double worst = 0, scale = 0;
@@ -265,7 +253,7 @@ Test(stage_split, batched_without_a_microbatch_differs)
     float *a = malloc(800000 * sizeof(float)), *b = malloc(800000 * sizeof(float));
     batched_grads("seed-mlp.cfg", 1, 64, 256, 0, a, &P);
     batched_grads("seed-mlp.cfg", 1, 64, 192, 0, b, &P); /* stash of 192 rows: one fewer */
-    cr_assert_gt(count_diff(a, b, P), 0);
+    cr_assert_gt(count_differences(a, b, P), 0);
     free(a);
     free(b);
 }
