@@ -38,8 +38,9 @@ typedef struct {
                                 * activation or gradient message (K·V − 1 entries; may be
                                 * NULL: free) */
     /* tensor shards (NULL or T = 1: none): every rank of a stage is one of T, each layer's
-     * profiled times are divided by T where the layer is cut or works on a sharded vector
-     * (a first model: perfect scaling of the kernels), and each model chunk's collectives
+     * profiled times are taken as they are with shard_profile (a profile of the shards),
+     * else divided by T where the layer is cut or works on a sharded vector (perfect
+     * scaling of the kernels), and each model chunk's collectives
      * (shard_stage_traffic) are priced on its rank's tensor link (plan_tensor_cost) and
      * added to its forward (forward ones) and backward (backward ones; B of a split
      * backward). The replicas' buckets shrink to the largest rank's share of the stage's

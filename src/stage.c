@@ -354,25 +354,6 @@ void stage_init_params(stage *s, uint64_t seed)
     s->step = 0;
 }
 
-size_t stage_whole_param_count(const stage *s)
-{
-    size_t n = 0;
-    for (int l = s->first; l < s->last; l++)
-        n += s->net->layers[l].weight_count + s->net->layers[l].bias_count;
-    return n;
-}
-
-void stage_shard_copy(const stage *s, float *local, float *whole, int to_local)
-{
-    if (s->tp) {
-        shard_copy_layers(s->tp, s->net, s->first, s->last, s->tp_rank, local, whole, to_local);
-        return;
-    }
-    size_t n = stage_whole_param_count(s) * sizeof(float);
-    if (to_local) memcpy(local, whole, n);
-    else memcpy(whole, local, n);
-}
-
 const float *stage_output(const stage *s, int slot)
 {
     const stage_slot *sl = &s->slots[slot];
@@ -612,7 +593,6 @@ static void tp_finish(stage *s, int i, float *y, int n)
     pool_run(s->pool, finish_worker, &j);
 }
 
-static void forward_worker(void *arg, int t);
 
 /* The forward in runs of layers between collectives: each run goes chunk by chunk through
  * its layers (as the whole stage does without shards), then the tensor group completes

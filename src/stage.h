@@ -152,14 +152,6 @@ void stage_free(stage *s);
  * from the counter-based generator per layer, so it is the same in every layout. */
 void stage_init_params(stage *s, uint64_t seed);
 
-/* Tensor shards: the stage's parameters (or one of its optimizer buffers) as this rank
- * holds them, `local`, and the stage's whole ones in the one-process order, `whole`
- * (shard_param_count of the stage's layers over all ranks: net param count of the
- * layers). to_local = 1: local ← whole; 0: whole ← local (only what this rank holds). */
-void stage_shard_copy(const stage *s, float *local, float *whole, int to_local);
-/* Parameters of the stage's layers whole (what stage_shard_copy's `whole` holds). */
-size_t stage_whole_param_count(const stage *s);
-
 /* The output of the slot's last forward (whole: gathered with tensor shards). */
 const float *stage_output(const stage *s, int slot);
 

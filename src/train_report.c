@@ -12,6 +12,7 @@
 
 #include "src/base/clock.h"
 #include "src/base/error.h"
+#include "src/plan_predict.h"
 
 /* CMakeLists.txt defines both on ptcore; PT_GIT_COMMIT is "" when the source is no git
  * checkout. */
@@ -294,17 +295,15 @@ static void reduce_figures_init(reduce_figures *rf, const train_run *run,
     free(alpha);
 }
 
-/* Per stage, the tensor collectives of the run's steps priced with the group's α–β
- * figures measured at the start: per micro-batch, shard_stage_traffic's all-reduces
- * (2(T−1)·α + 2(T−1)/T·bytes/β each) and all-gathers ((T−1)·α + (T−1)/T·bytes/β), forwards
- * twice where the stage recomputes. NAN without shards. */
+/* Per stage, the tensor collectives of the run's steps priced as plan prices them
+ * (plan_tensor_cost) with the group's α–β figures measured at the start, forwards twice
+ * where the stage recomputes. NAN without shards. */
 static void tensor_predicted(const train_run *run, const stage_figures *f, double *out)
 {
     const train_options *o = &run->o;
     int K = o->stages, T = o->tensor, M = o->microbatches;
     int V = run->sched.virtual_stages > 1 ? run->sched.virtual_stages : 1;
-    double mb = (double)o->batch / ((double)o->replicas * M), a = run->tensor_alpha,
-           inv_b = 1 / run->tensor_beta, q = (double)(T - 1) / T;
+    double mb = (double)o->batch / ((double)o->replicas * M);
     for (int s = 0; s < K; s++) {
         out[s] = NAN;
         if (T < 2) continue;
@@ -313,10 +312,10 @@ static void tensor_predicted(const train_run *run, const stage_figures *f, doubl
             int c = v * K + s;
             shard_traffic tr = shard_stage_traffic(&run->shard, &run->net, run->part.first[c],
                                                    run->part.first[c + 1], c == 0);
-            fwd += tr.fwd_reduces * 2 * (T - 1) * a + 2 * q * tr.fwd_reduce * 4 * mb * inv_b +
-                   tr.fwd_gathers * (T - 1) * a + q * tr.fwd_gather * 4 * mb * inv_b;
-            bwd += tr.bwd_reduces * 2 * (T - 1) * a + 2 * q * tr.bwd_reduce * 4 * mb * inv_b +
-                   tr.bwd_gathers * (T - 1) * a + q * tr.bwd_gather * 4 * mb * inv_b;
+            double cf, cb;
+            plan_tensor_cost(&tr, T, mb, run->tensor_alpha, run->tensor_beta, &cf, &cb);
+            fwd += cf;
+            bwd += cb;
         }
         if (run->sched.lists[s].recompute) fwd *= 2;
         out[s] = (fwd + bwd) * M * (double)f->steps;

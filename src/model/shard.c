@@ -7,14 +7,6 @@
 
 const char *tensor_mode_name(tensor_mode m) { return m == TENSOR_GATHER ? "gather" : "megatron"; }
 
-int tensor_mode_parse(const char *s, tensor_mode *m)
-{
-    if (!strcmp(s, "megatron")) *m = TENSOR_MEGATRON;
-    else if (!strcmp(s, "gather")) *m = TENSOR_GATHER;
-    else return pt_error_set("unknown tensor mode '%s' (megatron, gather)", s);
-    return 0;
-}
-
 const char *shard_split_name(shard_split s)
 {
     return s == SHARD_OUT ? "outputs" : s == SHARD_IN ? "inputs" : "-";

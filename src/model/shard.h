@@ -58,8 +58,6 @@ typedef struct {
 int shard_plan_init(shard_plan *p, const net_desc *net, int T, tensor_mode mode);
 void shard_plan_free(shard_plan *p);
 const char *tensor_mode_name(tensor_mode m);
-/* "megatron" or "gather"; −1 with a message otherwise. */
-int tensor_mode_parse(const char *s, tensor_mode *m);
 const char *shard_split_name(shard_split s);
 
 /* Rank t's cut of n units: [*off, *off + *len). */
