@@ -1,10 +1,12 @@
-/* Element-wise activations and the input conversion.
+/* Element-wise activations, the bias add of a layer split by its inputs, and the input
+ * conversion.
  *
  * nvcc contracts a·b + c into one fused multiply-add by default; where the CPU kernel
  * rounds each operation, the explicit __f*_rn intrinsics (never contracted) keep the same
  * roundings. relu, linear and bytes_to_float are therefore bit-identical to the CPU;
  * sigmoid and tanh use CUDA's expf/tanhf (≤ 2 ulp) where the CPU uses its own
- * kernels/fastmath.h polynomials (≤ 2 ulp), so they agree to a few ulp. */
+ * kernels/fastmath.h polynomials (≤ 2 ulp), so they agree to a few ulp. The bias add is one
+ * rounded addition per element, bit-identical too. */
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/kernels_cuda.h"
 
@@ -53,6 +55,14 @@ __global__ static void act_backward(float *din, const float *dout, const float *
     }
 }
 
+/* y[(i·units + u)·per + k] += b[u]: one thread per element, u read off its index. */
+__global__ static void bias_add(float *y, const float *b, size_t count, size_t units,
+                                size_t per)
+{
+    CUDA_GRID_STRIDE(i, count)
+    y[i] = __fadd_rn(y[i], b[i / per % units]);
+}
+
 __global__ static void bytes_to_float(float *out, const uint8_t *in, size_t count)
 {
     /* A true division by 255, as torchvision's ToTensor and the CPU kernel. */
@@ -95,6 +105,20 @@ extern "C" int kernel_activation_backward_cuda(float *din, const float *dout, co
     act_backward<<<cuda_grid(count), CUDA_THREADS, 0, ctx->stream>>>(din, dout, out, count,
                                                                      act);
     CUDA_CHECK_LAUNCH("act_backward");
+    return 0;
+}
+
+extern "C" int kernel_bias_add_cuda(float *y, const float *b, int n, int units, size_t per,
+                                    const kernel_cuda_ctx *ctx)
+{
+    if (n < 0 || units < 0)
+        return pt_error_set("bias_add: invalid sizes n=%d units=%d", n, units);
+    const size_t count = (size_t)n * (size_t)units * per;
+    if (count == 0)
+        return 0;
+    bias_add<<<cuda_grid(count), CUDA_THREADS, 0, ctx->stream>>>(y, b, count, (size_t)units,
+                                                                 per);
+    CUDA_CHECK_LAUNCH("bias_add");
     return 0;
 }
 

@@ -44,29 +44,38 @@ extern "C" void kernel_cuda_rng_block(uint32_t out[4], uint64_t seed, uint64_t s
     out[3] = r.w;
 }
 
-/* One thread per Philox block of a sample: elements e = 4b .. 4b+3 of sample i, whose
- * counter index is (sample_ids[i] << 32) | e, computed as the CPU does (bits of the id
- * above 32 shifted out the same way). */
+/* One thread per Philox block that meets a row: a row holds elements [elem_off, end) of its
+ * sample's whole vector, and thread t handles block b = first_block + t % blocks_per_row of
+ * sample i = t / blocks_per_row, i.e. elements e = 4b .. 4b+3 of the sample, whose counter
+ * index is (sample_ids[i] << 32) | e, computed as the CPU does (bits of the id above 32
+ * shifted out the same way); it writes the lanes inside [elem_off, end), at row position
+ * e − elem_off. With elem_off = 0 these are the whole-sample kernel's blocks and lanes. */
 __global__ static void drop_forward(float *out, uint8_t *mask, const float *in,
-                                    size_t per_sample, size_t blocks_per_sample, size_t total,
-                                    float keep, float scale, uint64_t seed, uint64_t stream,
+                                    size_t per_sample, size_t elem_off, size_t first_block,
+                                    size_t blocks_per_row, size_t total, float keep,
+                                    float scale, uint64_t seed, uint64_t stream,
                                     const int64_t *sample_ids)
 {
+    const size_t end = elem_off + per_sample;
     CUDA_GRID_STRIDE(t, total)
     {
-        const size_t i = t / blocks_per_sample, b = t % blocks_per_sample;
+        const size_t i = t / blocks_per_row, b = first_block + t % blocks_per_row;
         const uint64_t block = (((uint64_t)sample_ids[i] << 32) | (4 * b)) >> 2;
         const uint4 r = rng_block(seed, stream, block);
         const uint32_t word[4] = {r.x, r.y, r.z, r.w};
-        const size_t first = i * per_sample + 4 * b;
+        const size_t row = i * per_sample;
 #pragma unroll
         for (int l = 0; l < 4; l++) {
-            if (4 * b + l >= per_sample)
+            const size_t e = 4 * b + l;
+            if (e >= end)
                 break;
+            if (e < elem_off)
+                continue;
+            const size_t at = row + (e - elem_off);
             const bool kept = rng_unit(word[l]) < keep;
-            out[first + l] = kept ? __fmul_rn(in[first + l], scale) : 0.0f;
+            out[at] = kept ? __fmul_rn(in[at], scale) : 0.0f;
             if (mask)
-                mask[first + l] = kept ? 1 : 0;
+                mask[at] = kept ? 1 : 0;
         }
     }
 }
@@ -78,33 +87,42 @@ __global__ static void drop_backward(float *din, const float *dout, const uint8_
     din[i] = mask[i] ? __fmul_rn(dout[i], scale) : 0.0f;
 }
 
-/* out[i] = (2·u_i − 1)·bound, each operation rounded as on the CPU; one thread per block. */
-__global__ static void init_uniform(float *out, size_t count, float bound, uint64_t seed,
-                                    uint64_t stream)
+/* out[e − first] = (2·u_e − 1)·bound for e in [first, end), each operation rounded as on
+ * the CPU; one thread per Philox block that meets the range (block first/4 + t), writing
+ * the lanes inside it. With first = 0, the whole-tensor kernel's blocks and lanes. */
+__global__ static void init_uniform(float *out, size_t first, size_t end, size_t first_block,
+                                    size_t blocks, float bound, uint64_t seed, uint64_t stream)
 {
-    const size_t blocks = (count + 3) / 4;
-    CUDA_GRID_STRIDE(b, blocks)
+    CUDA_GRID_STRIDE(t, blocks)
     {
+        const size_t b = first_block + t;
         const uint4 r = rng_block(seed, stream, b);
         const uint32_t word[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
         for (int l = 0; l < 4; l++) {
-            if (4 * b + l >= count)
+            const size_t e = 4 * b + l;
+            if (e >= end)
                 break;
+            if (e < first)
+                continue;
             const float u = rng_unit(word[l]);
-            out[4 * b + l] = __fmul_rn(__fsub_rn(__fmul_rn(2.0f, u), 1.0f), bound);
+            out[e - first] = __fmul_rn(__fsub_rn(__fmul_rn(2.0f, u), 1.0f), bound);
         }
     }
 }
 
-extern "C" int kernel_dropout_forward_cuda(float *out, uint8_t *mask, const float *in, int n,
-                                           size_t per_sample, float p, uint64_t seed,
-                                           uint64_t stream, const int64_t *sample_ids,
-                                           const kernel_cuda_ctx *ctx)
+extern "C" int kernel_dropout_forward_range_cuda(float *out, uint8_t *mask, const float *in,
+                                                 int n, size_t per_sample, size_t elem_off,
+                                                 float p, uint64_t seed, uint64_t stream,
+                                                 const int64_t *sample_ids,
+                                                 const kernel_cuda_ctx *ctx)
 {
     /* The element index sits in the low 32 bits of the counter index. */
-    if (n < 0 || per_sample > ((size_t)1 << 32))
-        return pt_error_set("dropout: invalid sizes n=%d per_sample=%zu", n, per_sample);
+    const size_t limit = (size_t)1 << 32;
+    if (n < 0 || per_sample > limit || elem_off > limit - per_sample)
+        return pt_error_set("dropout: invalid sizes n=%d per_sample=%zu elem_off=%zu (the "
+                            "elements must lie below 2^32)",
+                            n, per_sample, elem_off);
     const size_t count = (size_t)n * per_sample;
     if (count == 0)
         return 0;
@@ -118,11 +136,22 @@ extern "C" int kernel_dropout_forward_cuda(float *out, uint8_t *mask, const floa
     }
     const float keep = 1.0f - p;
     const float scale = 1.0f / keep;
-    const size_t per_blocks = (per_sample + 3) / 4, total = (size_t)n * per_blocks;
+    const size_t first_block = elem_off / 4, end_block = (elem_off + per_sample + 3) / 4;
+    const size_t row_blocks = end_block - first_block, total = (size_t)n * row_blocks;
     drop_forward<<<cuda_grid(total), CUDA_THREADS, 0, ctx->stream>>>(
-        out, mask, in, per_sample, per_blocks, total, keep, scale, seed, stream, sample_ids);
+        out, mask, in, per_sample, elem_off, first_block, row_blocks, total, keep, scale, seed,
+        stream, sample_ids);
     CUDA_CHECK_LAUNCH("drop_forward");
     return 0;
+}
+
+extern "C" int kernel_dropout_forward_cuda(float *out, uint8_t *mask, const float *in, int n,
+                                           size_t per_sample, float p, uint64_t seed,
+                                           uint64_t stream, const int64_t *sample_ids,
+                                           const kernel_cuda_ctx *ctx)
+{
+    return kernel_dropout_forward_range_cuda(out, mask, in, n, per_sample, 0, p, seed, stream,
+                                             sample_ids, ctx);
 }
 
 extern "C" int kernel_dropout_backward_cuda(float *din, const float *dout, const uint8_t *mask,
@@ -143,14 +172,25 @@ extern "C" int kernel_dropout_backward_cuda(float *din, const float *dout, const
     return 0;
 }
 
-extern "C" int kernel_init_uniform_cuda(float *out, size_t count, float bound, uint64_t seed,
-                                        uint64_t stream, const kernel_cuda_ctx *ctx)
+extern "C" int kernel_init_uniform_range_cuda(float *out, size_t first, size_t count,
+                                              float bound, uint64_t seed, uint64_t stream,
+                                              const kernel_cuda_ctx *ctx)
 {
     if (count == 0)
         return 0;
-    init_uniform<<<cuda_grid((count + 3) / 4), CUDA_THREADS, 0, ctx->stream>>>(out, count,
-                                                                             bound, seed,
-                                                                             stream);
+    /* Far beyond any tensor; keeps first + count and the block arithmetic from wrapping. */
+    if (first > SIZE_MAX / 4 || count > SIZE_MAX / 4)
+        return pt_error_set("init_uniform: invalid range first=%zu count=%zu", first, count);
+    const size_t end = first + count, first_block = first / 4;
+    const size_t blocks = (end + 3) / 4 - first_block;
+    init_uniform<<<cuda_grid(blocks), CUDA_THREADS, 0, ctx->stream>>>(
+        out, first, end, first_block, blocks, bound, seed, stream);
     CUDA_CHECK_LAUNCH("init_uniform");
     return 0;
+}
+
+extern "C" int kernel_init_uniform_cuda(float *out, size_t count, float bound, uint64_t seed,
+                                        uint64_t stream, const kernel_cuda_ctx *ctx)
+{
+    return kernel_init_uniform_range_cuda(out, 0, count, bound, seed, stream, ctx);
 }

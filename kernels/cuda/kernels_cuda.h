@@ -15,8 +15,8 @@
  *   context does not switch devices itself.
  * Results agree with the CPU kernels to float rounding (dense, conv, sigmoid and tanh
  * forward, softmax cross-entropy) or bit for bit (pooling, relu and linear, every
- * activation backward, dropout masks and values, initialisation, bytes_to_float, optimizer
- * updates); tests/cuda/test_cuda_kernels.c checks both on a GPU.
+ * activation backward, bias add, dropout masks and values, initialisation, bytes_to_float,
+ * optimizer updates); tests/cuda/test_cuda_kernels.c checks both on a GPU.
  *
  * Random numbers come from cuRAND's device API (curandStatePhilox4_32_10): curand_init(seed,
  * subsequence = stream, offset = 4·block) followed by curand4 yields exactly the Philox block
@@ -109,11 +109,25 @@ int kernel_activation_forward_cuda(float *out, const float *in, size_t count, ke
                                    const kernel_cuda_ctx *ctx);
 int kernel_activation_backward_cuda(float *din, const float *dout, const float *out,
                                     size_t count, kernel_act act, const kernel_cuda_ctx *ctx);
+/* y[(i·units + u)·per + k] += b[u] for i < n, u < units, k < per (per = 1 for a dense
+ * layer, h·w for a conv): the bias of a layer split by its inputs, added after the partial
+ * sums are all-reduced and before kernel_activation_forward_cuda. One rounded addition per
+ * element, so the CPU loop's bits. */
+int kernel_bias_add_cuda(float *y, const float *b, int n, int units, size_t per,
+                         const kernel_cuda_ctx *ctx);
 
 /* ---- inverted dropout; sample_ids is a device array of n ids ---- */
 int kernel_dropout_forward_cuda(float *out, uint8_t *mask, const float *in, int n,
                                 size_t per_sample, float p, uint64_t seed, uint64_t stream,
                                 const int64_t *sample_ids, const kernel_cuda_ctx *ctx);
+/* kernels.h's range twin: rows hold elements [elem_off, elem_off + per_sample) of each
+ * sample's whole vector (a shard), and equal those columns of the whole-vector result bit
+ * for bit. Only the Philox blocks that meet the range are computed; the call above is this
+ * with elem_off = 0. −1 unless elem_off + per_sample ≤ 2^32. */
+int kernel_dropout_forward_range_cuda(float *out, uint8_t *mask, const float *in, int n,
+                                      size_t per_sample, size_t elem_off, float p,
+                                      uint64_t seed, uint64_t stream,
+                                      const int64_t *sample_ids, const kernel_cuda_ctx *ctx);
 int kernel_dropout_backward_cuda(float *din, const float *dout, const uint8_t *mask,
                                  size_t count, float p, const kernel_cuda_ctx *ctx);
 
@@ -145,6 +159,10 @@ int kernel_adam_update_cuda(float *param, float *m, float *v, const float *grad,
 /* ---- initialisation: U(−bound, bound), the CPU's numbers ---- */
 int kernel_init_uniform_cuda(float *out, size_t count, float bound, uint64_t seed,
                              uint64_t stream, const kernel_cuda_ctx *ctx);
+/* Elements [first, first + count) of that tensor into out[0 .. count) (a shard of it),
+ * kernel_init_uniform_range_cpu's numbers; the call above is this with first = 0. */
+int kernel_init_uniform_range_cuda(float *out, size_t first, size_t count, float bound,
+                                   uint64_t seed, uint64_t stream, const kernel_cuda_ctx *ctx);
 
 /* ---- small helpers ---- */
 int kernel_bytes_to_float_cuda(float *out, const uint8_t *in, size_t count,

@@ -297,6 +297,45 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
     background();
     return cudaSuccess;
 }
+static void run_memcpy2d(op *o)
+{
+    for (size_t r = 0; r < o->z[1]; r++)
+        memcpy((char *)o->p[0] + r * o->z[2], (const char *)o->p[1] + r * o->z[3], o->z[0]);
+}
+/* Rows [p, p + width) every pitch bytes: the first and the last byte touched must lie in
+ * p's region (regions are contiguous, so every row then does). Unregistered host memory
+ * is not checked, as in cudaMemcpyAsync. */
+static void check_rows(const void *p, size_t pitch, size_t width, size_t height)
+{
+    int i = find_region(p);
+    if (i < 0 || width == 0 || height == 0) return;
+    if (width > pitch) die("cudaMemcpy2DAsync width larger than the pitch");
+    if ((height - 1) > (regions[i].n - 1) / pitch ||
+        (const char *)p + (height - 1) * pitch + width > regions[i].p + regions[i].n)
+        die("cudaMemcpy2DAsync out of bounds");
+}
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                              size_t width, size_t height, enum cudaMemcpyKind kind,
+                              cudaStream_t s)
+{
+    int dd = is_device(dst), sd = is_device(src);
+    if ((kind == cudaMemcpyHostToDevice && (!dd || sd)) ||
+        (kind == cudaMemcpyDeviceToHost && (dd || !sd)) ||
+        (kind == cudaMemcpyDeviceToDevice && (!dd || !sd)) || kind == cudaMemcpyDefault ||
+        kind == cudaMemcpyHostToHost)
+        die("cudaMemcpy2DAsync direction does not match the pointers");
+    check_rows(dst, dpitch, width, height);
+    check_rows(src, spitch, width, height);
+    op *o = enqueue(s, run_memcpy2d);
+    o->p[0] = dst;
+    o->p[1] = (void *)src;
+    o->z[0] = width;
+    o->z[1] = height;
+    o->z[2] = dpitch;
+    o->z[3] = spitch;
+    background();
+    return cudaSuccess;
+}
 static void run_memset(op *o) { memset(o->p[0], o->i[0], o->z[0]); }
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
 {
@@ -492,17 +531,27 @@ int kernel_activation_backward_cuda(float *din, const float *dout, const float *
     o->p[0] = din; o->p[1] = (void *)dout; o->p[2] = (void *)out; o->z[0] = count; o->i[0] = act;
     DONE();
 }
-static void r_dropf(op *o) { kernel_dropout_forward_cpu(o->p[0], o->p[1], o->p[2], o->i[0], o->z[0], o->f[0], o->u[0], o->u[1], o->p[3]); }
+static void r_dropf(op *o) { kernel_dropout_forward_range_cpu(o->p[0], o->p[1], o->p[2], o->i[0], o->z[0], o->z[1], o->f[0], o->u[0], o->u[1], o->p[3]); }
+int kernel_dropout_forward_range_cuda(float *out, uint8_t *mask, const float *in, int n,
+                                      size_t per_sample, size_t elem_off, float p,
+                                      uint64_t seed, uint64_t stream,
+                                      const int64_t *sample_ids, const kernel_cuda_ctx *ctx)
+{
+    need_dev(out, "drop out"); need_dev(mask, "mask"); need_dev(in, "in"); need_dev(sample_ids, "ids");
+    const size_t limit = (size_t)1 << 32;
+    if (n < 0 || per_sample > limit || elem_off > limit - per_sample)
+        return pt_error_set("dropout: invalid sizes n=%d per_sample=%zu elem_off=%zu", n, per_sample, elem_off);
+    if (!sample_ids) die("dropout without ids");
+    KOP(r_dropf);
+    o->p[0] = out; o->p[1] = mask; o->p[2] = (void *)in; o->p[3] = (void *)sample_ids;
+    o->i[0] = n; o->z[0] = per_sample; o->z[1] = elem_off; o->f[0] = p; o->u[0] = seed; o->u[1] = stream;
+    DONE();
+}
 int kernel_dropout_forward_cuda(float *out, uint8_t *mask, const float *in, int n,
                                 size_t per_sample, float p, uint64_t seed, uint64_t stream,
                                 const int64_t *sample_ids, const kernel_cuda_ctx *ctx)
 {
-    need_dev(out, "drop out"); need_dev(mask, "mask"); need_dev(in, "in"); need_dev(sample_ids, "ids");
-    if (!sample_ids) die("dropout without ids");
-    KOP(r_dropf);
-    o->p[0] = out; o->p[1] = mask; o->p[2] = (void *)in; o->p[3] = (void *)sample_ids;
-    o->i[0] = n; o->z[0] = per_sample; o->f[0] = p; o->u[0] = seed; o->u[1] = stream;
-    DONE();
+    return kernel_dropout_forward_range_cuda(out, mask, in, n, per_sample, 0, p, seed, stream, sample_ids, ctx);
 }
 static void r_dropb(op *o) { kernel_dropout_backward_cpu(o->p[0], o->p[1], o->p[2], o->z[0], o->f[0]); }
 int kernel_dropout_backward_cuda(float *din, const float *dout, const uint8_t *mask,
@@ -570,13 +619,41 @@ int kernel_adam_update_cuda(float *param, float *m, float *v, const float *grad,
     o->f[0] = lr; o->f[1] = beta1; o->f[2] = beta2; o->f[3] = eps; o->f[4] = weight_decay; o->l = step;
     DONE();
 }
-static void r_init(op *o) { kernel_init_uniform_cpu(o->p[0], o->z[0], o->f[0], o->u[0], o->u[1]); }
+static void r_init(op *o) { kernel_init_uniform_range_cpu(o->p[0], o->z[0], o->z[1], o->f[0], o->u[0], o->u[1]); }
+int kernel_init_uniform_range_cuda(float *out, size_t first, size_t count, float bound,
+                                   uint64_t seed, uint64_t stream, const kernel_cuda_ctx *ctx)
+{
+    need_dev(out, "init out");
+    if (count && (first > SIZE_MAX / 4 || count > SIZE_MAX / 4))
+        return pt_error_set("init_uniform: invalid range first=%zu count=%zu", first, count);
+    KOP(r_init);
+    o->p[0] = out; o->z[0] = first; o->z[1] = count; o->f[0] = bound; o->u[0] = seed; o->u[1] = stream;
+    DONE();
+}
 int kernel_init_uniform_cuda(float *out, size_t count, float bound, uint64_t seed,
                              uint64_t stream, const kernel_cuda_ctx *ctx)
 {
-    need_dev(out, "init out");
-    KOP(r_init);
-    o->p[0] = out; o->z[0] = count; o->f[0] = bound; o->u[0] = seed; o->u[1] = stream;
+    return kernel_init_uniform_range_cuda(out, 0, count, bound, seed, stream, ctx);
+}
+static void r_bias(op *o)
+{
+    float *y = o->p[0];
+    const float *b = o->p[1];
+    const size_t per = o->z[0];
+    for (int i = 0; i < o->i[0]; i++)
+        for (int u = 0; u < o->i[1]; u++) {
+            float *v = y + ((size_t)i * o->i[1] + u) * per;
+            for (size_t k = 0; k < per; k++) v[k] += b[u];
+        }
+}
+int kernel_bias_add_cuda(float *y, const float *b, int n, int units, size_t per,
+                         const kernel_cuda_ctx *ctx)
+{
+    need_dev(y, "bias y"); need_dev(b, "bias b");
+    if (n < 0 || units < 0) return pt_error_set("bias_add: invalid sizes n=%d units=%d", n, units);
+    if ((!y || !b) && n > 0 && units > 0 && per > 0) die("bias add without y or b");
+    KOP(r_bias);
+    o->p[0] = y; o->p[1] = (void *)b; o->i[0] = n; o->i[1] = units; o->z[0] = per;
     DONE();
 }
 static void r_b2f(op *o) { kernel_bytes_to_float_cpu(o->p[0], o->p[1], o->z[0]); }

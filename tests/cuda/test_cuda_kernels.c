@@ -12,6 +12,9 @@
  *   max|gpu − cpu| / max|cpu| (fails above 1e-4), the others bit for bit.
  * - The backward halves against the CPU's and, bit for bit, against the fused CUDA call;
  *   the dense weight gradient of a tile of units (tests/cuda/test_cuda_kernels_split.c).
+ * - The tensor-shard kernels bit for bit: dropout and init over a range of each vector
+ *   against the CPU's range twins and the columns of the whole-vector result, with guard
+ *   elements after the output that must stay poisoned; the bias add.
  * Ends with "N passed, N failed" and exits 1 if anything failed. */
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/kernels_cuda.h"
@@ -637,6 +640,125 @@ static void test_init(size_t count, float bound, uint64_t seed, uint64_t stream)
     free_case();
 }
 
+/* Guard floats before and after a range kernel's output: still 0xFF bytes after the call,
+ * or the kernel wrote outside its row range. */
+enum { GUARD = 8 };
+
+static void check_guard(const char *kernel, const char *shape, const float *tail)
+{
+    unsigned char ff[GUARD * sizeof(float)];
+    memset(ff, 0xFF, sizeof ff);
+    const int ok = memcmp(tail, ff, sizeof ff) == 0;
+    record(kernel, shape, ok, ok ? 0.0 : INFINITY, 1, ok ? "" : "wrote past the output");
+}
+
+/* Rows of elements [off, off + per) of each sample's vector. whole > 0: the samples' whole
+ * vectors have `whole` elements (off + per ≤ whole) and the rows must also equal those
+ * columns of the whole-vector CPU result; whole = 0: offsets past any real vector. */
+static void test_dropout_range(int n, size_t whole, size_t off, size_t per, float p,
+                               int64_t first_id, uint64_t seed, uint64_t stream)
+{
+    char shape[96];
+    snprintf(shape, sizeof shape, "n%d [%zu, +%zu) of %zu p=%.2f id %lld", n, off, per, whole,
+             (double)p, (long long)first_id);
+    const size_t count = (size_t)n * per, bytes = count * sizeof(float);
+    int64_t *ids = hmalloc((size_t)n * sizeof *ids);
+    for (int i = 0; i < n; i++)
+        ids[i] = first_id + 3 * i;
+    float *in = rand_f(count, -1, 1), *out = hmalloc(bytes);
+    uint8_t *mask = hmalloc(count), *gmask = hmalloc(count);
+    if (whole) {
+        /* The rows' inputs are columns of whole-vector inputs. */
+        const size_t wc = (size_t)n * whole;
+        float *win = rand_f(wc, -1, 1), *wout = hmalloc(wc * sizeof *wout);
+        uint8_t *wmask = hmalloc(wc);
+        for (int i = 0; i < n; i++)
+            memcpy(in + (size_t)i * per, win + (size_t)i * whole + off, per * sizeof *in);
+        kernel_dropout_forward_cpu(wout, wmask, win, n, whole, p, seed, stream, ids);
+        for (int i = 0; i < n; i++) {
+            memcpy(out + (size_t)i * per, wout + (size_t)i * whole + off, per * sizeof *out);
+            memcpy(mask + (size_t)i * per, wmask + (size_t)i * whole + off, per);
+        }
+    }
+    float *ref = hmalloc(bytes);
+    uint8_t *rmask = hmalloc(count);
+    kernel_dropout_forward_range_cpu(ref, rmask, in, n, per, off, p, seed, stream, ids);
+    if (whole) {
+        /* The CPU twin itself (the GPU is compared with it below). */
+        check_exact("dropout_range cpu=columns", shape, ref, out, count);
+        check_exact_bytes("dropout_range cpu=columns", shape, rmask, mask, count, 1);
+    }
+
+    int64_t *d_ids = dcopy(ids, (size_t)n * sizeof *ids);
+    float *d_in = dcopy(in, bytes), *d_buf = dmalloc(bytes + 2 * GUARD * sizeof(float));
+    float *d_out = d_buf + GUARD;
+    uint8_t *d_mask = dmalloc(count);
+    poison(d_buf, bytes + 2 * GUARD * sizeof(float));
+    poison(d_mask, count);
+    if (call_ok("dropout_forward_range", shape,
+                kernel_dropout_forward_range_cuda(d_out, d_mask, d_in, n, per, off, p, seed,
+                                                  stream, d_ids, &ctx))) {
+        float *got = fetch_f(d_buf, count + 2 * GUARD);
+        check_exact("dropout_forward_range", shape, got + GUARD, ref, count);
+        check_guard("dropout_forward_range", shape, got);
+        check_guard("dropout_forward_range", shape, got + GUARD + count);
+        download(gmask, d_mask, count);
+        check_exact_bytes("dropout_forward_range mask", shape, gmask, rmask, count, 1);
+    }
+    poison(d_out, bytes);
+    if (call_ok("dropout_forward_range", shape,
+                kernel_dropout_forward_range_cuda(d_out, NULL, d_in, n, per, off, p, seed,
+                                                  stream, d_ids, &ctx)))
+        check_exact("dropout_forward_range no mask", shape, fetch_f(d_out, count), ref, count);
+    free_case();
+}
+
+/* Elements [first, first + count) of the tensor; against the CPU's range twin and, when the
+ * tensor is small enough to make, the slice of the whole one. */
+static void test_init_range(size_t first, size_t count, float bound, uint64_t seed,
+                            uint64_t stream)
+{
+    char shape[80];
+    snprintf(shape, sizeof shape, "[%zu, +%zu) stream=%llx", first, count,
+             (unsigned long long)stream);
+    float *ref = hmalloc(count * sizeof *ref);
+    kernel_init_uniform_range_cpu(ref, first, count, bound, seed, stream);
+    if (first + count <= ((size_t)1 << 22)) {
+        float *whole = hmalloc((first + count) * sizeof *whole);
+        kernel_init_uniform_cpu(whole, first + count, bound, seed, stream);
+        check_exact("init_uniform_range cpu=slice", shape, ref, whole + first, count);
+    }
+    float *d_buf = dmalloc((count + 2 * GUARD) * sizeof *ref);
+    poison(d_buf, (count + 2 * GUARD) * sizeof *ref);
+    if (call_ok("init_uniform_range", shape,
+                kernel_init_uniform_range_cuda(d_buf + GUARD, first, count, bound, seed, stream,
+                                               &ctx))) {
+        float *got = fetch_f(d_buf, count + 2 * GUARD);
+        check_exact("init_uniform_range", shape, got + GUARD, ref, count);
+        check_guard("init_uniform_range", shape, got);
+        check_guard("init_uniform_range", shape, got + GUARD + count);
+    }
+    free_case();
+}
+
+/* The CPU loop of a layer split by inputs (src/stage.c's finish_worker). */
+static void test_bias_add(int n, int units, size_t per)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "n%d units%d per%zu", n, units, per);
+    const size_t count = (size_t)n * units * per, bytes = count * sizeof(float);
+    float *y = rand_f(count, -4, 4), *b = rand_f((size_t)units, -1, 1);
+    float *d_y = dcopy(y, bytes), *d_b = dcopy(b, (size_t)units * sizeof *b);
+    for (int i = 0; i < n; i++)
+        for (int u = 0; u < units; u++) {
+            float *v = y + ((size_t)i * units + u) * per;
+            for (size_t k = 0; k < per; k++) v[k] += b[u];
+        }
+    if (call_ok("bias_add", shape, kernel_bias_add_cuda(d_y, d_b, n, units, per, &ctx)))
+        check_exact("bias_add", shape, fetch_f(d_y, count), y, count);
+    free_case();
+}
+
 static void test_bytes_to_float(size_t count)
 {
     char shape[32];
@@ -671,6 +793,15 @@ static void test_errors(int devices)
     rc = kernel_maxpool2d_forward_cuda(NULL, NULL, NULL, 1, 1, 1, 1, 2, 2, &ctx);
     record("errors", "maxpool window larger than input",
            rc == -1 && strstr(pt_error_get(), "pool") != NULL, 0, 1, pt_error_get());
+    pt_error_clear();
+    rc = kernel_dropout_forward_range_cuda(NULL, NULL, NULL, 1, 4, ((size_t)1 << 32) - 3, 0.5f,
+                                           1, 1, NULL, &ctx);
+    record("errors", "dropout range past 2^32",
+           rc == -1 && strstr(pt_error_get(), "dropout") != NULL, 0, 1, pt_error_get());
+    pt_error_clear();
+    rc = kernel_bias_add_cuda(NULL, NULL, -1, 4, 1, &ctx);
+    record("errors", "bias add n < 0", rc == -1 && strstr(pt_error_get(), "bias") != NULL, 0,
+           1, pt_error_get());
 }
 
 /* the backward halves and the batched weight gradient's tiles */
@@ -751,6 +882,34 @@ static void run_gpu_cases(int devices)
     test_init(1000, 0.0625f, 7, rng_stream_init(3, 0));
     test_init(256000, 0.0625f, 0xfedcba9876543210ULL, rng_stream_init(9, 0));
     test_init(100003, 1.0f, ~0ULL, ~0ULL);
+    /* Shards: offsets and lengths off the 4-lane blocks, shorter than a block, inside one
+     * block, across the 64-element CPU chunks, to the 2^32 limit; ids past 2^32; p = 0. */
+    test_dropout_range(4, 1001, 0, 1001, 0.5f, 0, 2024, rng_stream_dropout(6, 1));
+    test_dropout_range(4, 1001, 0, 3, 0.5f, 11, 2024, rng_stream_dropout(6, 2));
+    test_dropout_range(4, 1001, 1, 2, 0.3f, 11, 2024, rng_stream_dropout(6, 2));
+    test_dropout_range(5, 1001, 3, 1, 0.3f, 7, 1, 5);
+    test_dropout_range(5, 1001, 5, 13, 0.3f, 7, 1, 5);
+    test_dropout_range(3, 1001, 63, 66, 0.5f, 3000000000LL, 0xdeadbeefULL, 17);
+    test_dropout_range(16, 256, 128, 128, 0.5f, 59984, 2024, rng_stream_dropout(6, 937));
+    test_dropout_range(3, 1001, 250, 501, 0.9f, (1LL << 33) + 5, 5, 9);
+    test_dropout_range(3, 1001, 998, 3, 0.25f, 0, 5, 9);
+    test_dropout_range(6, 1001, 2, 999, 0.5f, 100, 5, 9);
+    test_dropout_range(4, 7, 2, 5, 0.0f, 0, 1, 1);
+    test_dropout_range(2, 0, ((size_t)1 << 32) - 7, 7, 0.5f, 42, 3, 4);
+    test_init_range(0, 1000, 0.0625f, 7, rng_stream_init(3, 0));
+    test_init_range(1, 1, 0.5f, 2024, rng_stream_init(0, 0));
+    test_init_range(3, 2, 0.5f, 2024, rng_stream_init(0, 1));
+    test_init_range(5, 13, 0.1f, 2024, rng_stream_init(0, 1));
+    test_init_range(63, 66, 1.0f, ~0ULL, ~0ULL);
+    test_init_range(1001, 99999, 0.0625f, 0xfedcba9876543210ULL, rng_stream_init(9, 0));
+    test_init_range(((size_t)1 << 40) + 3, 17, 0.25f, 1, 2);
+    /* dense (per 1) and conv (per 7·7) outputs */
+    test_bias_add(64, 1000, 1);
+    test_bias_add(7, 13, 1);
+    test_bias_add(16, 32, 49);
+    test_bias_add(3, 5, 49);
+    test_bias_add(1, 1, 1);
+    test_bias_add(0, 4, 49);
     test_bytes_to_float(784 * 16 + 3);
     run_split_cases();
 }
