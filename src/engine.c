@@ -21,9 +21,6 @@ int engine_create(engine **e, engine_device device, const engine_config *cfg)
         return pt_error_set("--wgrad batched forms one gradient per step; --reduce ordered "
                             "needs each micro-batch's apart: use another --reduce method");
     if (device == ENGINE_CPU) return engine_cpu_create(e, cfg);
-    if (cfg->shard && cfg->shard->T > 1)
-        return pt_error_set("--tensor %d: tensor shards run on the CPU engine only for now "
-                            "(--device cpu)", cfg->shard->T);
     const cuda_plugin *p;
     if (cuda_plugin_load(&p)) return -1;
     return p->engine_create(e, cfg);

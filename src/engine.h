@@ -63,7 +63,7 @@ typedef struct {
     const shard_plan *shard; /* tensor shards (NULL or T = 1: whole layers; not owned):
                                 the engine holds rank shard_rank's shards of its layers, its
                                 param_count and parameter buffers are that rank's, and the
-                                collectives go through tensor_comm (the CPU engine only) */
+                                collectives go through tensor_comm */
     int shard_rank;
     stage_tensor_comm tensor_comm;
     int kept_outputs;     /* recompute: outputs kept at once (the verifier's inputs-kept

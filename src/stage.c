@@ -52,20 +52,6 @@ int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch
     return stage_init_shard(s, net, first, last, max_batch, n_slots, threads, NULL, 0, NULL);
 }
 
-/* Bytes a slot holds for tensor collectives at local layer i: the input gathered whole or
- * sliced, and the output gathered whole (stage_init_shard). */
-static size_t tp_in_count(const net_desc *net, const shard_plan *tp, int l, int first, int t)
-{
-    const shard_layer *sl = &tp->layers[l];
-    if (sl->gather_in && l > first) return layer_shape_count(net->layers[l].in);
-    if (l == first && sl->in.sharded) { /* the stage takes its slice of the whole input */
-        size_t off, len;
-        shard_values(&sl->in, layer_shape_count(net->layers[l].in), tp->T, t, &off, &len);
-        return len;
-    }
-    return 0;
-}
-
 static int tp_on(const shard_plan *tp) { return tp && tp->T > 1; }
 
 int stage_init_shard(stage *s, const net_desc *net, int first, int last, int max_batch,
@@ -145,8 +131,9 @@ int stage_init_shard(stage *s, const net_desc *net, int first, int last, int max
         if (out > widest) widest = out;
         size_t a, b, c;
         slot_bytes += layer_slot_bytes(L, max_batch, &a, &b, &c);
-        if (s->tp) slot_bytes += round_up((size_t)max_batch *
-                                          tp_in_count(net, tp, l, first, tp_rank) * sizeof(float));
+        if (s->tp)
+            slot_bytes += round_up((size_t)max_batch *
+                                   shard_slot_input(tp, net, l, first, tp_rank) * sizeof(float));
     }
     if (s->tp && tp->layers[last - 1].out.sharded)
         slot_bytes += round_up((size_t)max_batch * layer_shape_count(net->layers[last - 1].out) *
@@ -205,7 +192,7 @@ int stage_init_shard(stage *s, const net_desc *net, int first, int last, int max
             mem += ab;
             if (mb) sl->mask[i] = (uint8_t *)mem;
             mem += mb;
-            size_t xb = s->tp ? tp_in_count(net, tp, l, first, tp_rank) : 0;
+            size_t xb = s->tp ? shard_slot_input(tp, net, l, first, tp_rank) : 0;
             if (xb) sl->xin[i] = (float *)mem;
             mem += round_up((size_t)max_batch * xb * sizeof(float));
         }
@@ -254,7 +241,7 @@ stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int m
         if (out > widest) widest = out;
         size_t o, a, m;
         b.slot += layer_slot_bytes(L, max_batch, &o, &a, &m);
-        if (tp) b.slot += round_up((size_t)max_batch * tp_in_count(net, tp, l, first, t) *
+        if (tp) b.slot += round_up((size_t)max_batch * shard_slot_input(tp, net, l, first, t) *
                                    sizeof(float));
     }
     if (tp && tp->layers[last - 1].out.sharded)

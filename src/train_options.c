@@ -236,8 +236,5 @@ int train_options_parse(train_options *o, int argc, char **argv)
     if (o->batch % o->microbatches)
         return opt_error(&p, "--microbatches %d does not divide --batch %d", o->microbatches,
                          o->batch);
-    if (o->tensor > 1 && o->device == ENGINE_CUDA)
-        return opt_error(&p, "--tensor %d: tensor shards run on the CPU engine only for now "
-                         "(--device cpu)", o->tensor);
     return 0;
 }

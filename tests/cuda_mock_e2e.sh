@@ -152,6 +152,44 @@ fi
     && failed "--wgrad batched on the mock GPU gave the unbatched parameters" \
     || pass "--wgrad batched on the mock GPU differs from unbatched (the comparison can fail)"
 
+# Tensor shards on the mock GPU, ranks sharing it, against the CPU engine with the same
+# layout, bit for bit (the same kernels, the same collectives): both modes (megatron's
+# all-reduce then bias and activation, dropout on a slice of channels at its offset in the
+# mask; gather's all-gathers), uneven shards, a stage boundary inside a pair (the output
+# all-gathered, the next stage's slice), the split backward with recomputation and batched
+# weight gradients, tensor × replicas, and device-memory collectives.
+for variant in "T=2 megatron sgd:2:--tensor 2 --optimizer sgd --lr 0.05" \
+    "T=2 gather adam:2:--tensor 2 --tensor-mode gather" \
+    "T=3 uneven:3:--tensor 3" \
+    "K=2 x T=2 1f1b:4:--stages 2 --tensor 2" \
+    "K=2 x T=2 gather zb-h1+recompute+wgrad:4:--stages 2 --tensor 2 --tensor-mode gather --schedule zb-h1 --recompute all --wgrad batched" \
+    "R=2 x T=2:4:--replicas 2 --tensor 2" \
+    "T=2 megatron, device messages:2:--tensor 2"; do
+    name=${variant%%:*}; rest=${variant#*:}; np=${rest%%:*}
+    read -r -a opts <<<"${rest#*:}"
+    out="$WORK/tensor_$(tr 'A-Z' 'a-z' <<<"$name" | tr -c 'a-z0-9\n' _)"
+    aware=0; [[ $name == *device* ]] && aware=1
+    TP=(--microbatches 4 --optimizer adam --lr 0.001 "${opts[@]}")
+    if ! timeout 120 "$MPIEXEC" -n "$np" "$PIPETRAIN" train "${COMMON[@]}" "${TP[@]}" \
+        --save "$out.cpu.st" >"$out.cpu.json" 2>"$WORK/err"; then
+        failed "$name on the CPU: run failed"; cat "$WORK/err"; continue
+    fi
+    if PIPETRAIN_CUDA_AWARE_MPI=$aware cuda timeout 120 "$MPIEXEC" -n "$np" "$PIPETRAIN" train \
+        "${COMMON[@]}" "${TP[@]}" --device cuda --save "$out.st" >"$out.json" 2>"$WORK/err"
+    then
+        compare "$name on the mock GPU vs CPU" "$out.st" "$out.json" "$out.cpu.st" \
+            "$out.cpu.json"
+    else
+        failed "$name on the mock GPU: run failed"; cat "$WORK/err"
+    fi
+done
+# the shards' collectives are timed on the mock GPU too
+python3 - "$WORK/tensor_t_2_megatron_sgd.json" <<'PY' && pass "train --json reports the mock GPU's time in tensor collectives" || failed "no stage_tensor_s from the mock GPU run"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["tensor"] == 2 and all(t > 0 for t in j["stage_tensor_s"]), j.get("stage_tensor_s")
+PY
+
 # --load onto the device, and the comparison can fail: another seed differs.
 cuda "$PIPETRAIN" train "${COMMON[@]}" --optimizer sgd --lr 0.05 --microbatches 2 \
     --device cuda --load "$WORK/cpu_sgd_4.st" --save "$WORK/loaded.st" >/dev/null

@@ -1,9 +1,8 @@
 # Tensor shards' bad inputs end every rank with a message naming the problem and a
 # non-zero exit, never a hang (expect_fail: mpiexec's exit status, which is non-zero when
 # any rank fails, within 60 s): --tensor 0, an unknown --tensor-mode, a world that is not
-# stages × replicas × tensor, a layer with fewer units than T (both modes), and --device
-# cuda (tensor shards run on the CPU engine only). Errors found while parsing are printed
-# once, by one rank.
+# stages × replicas × tensor, and a layer with fewer units than T (both modes). Errors
+# found while parsing are printed once, by one rank.
 source "$(dirname "$0")/lib/common.bash"
 T=(train --model "$MODELS/seed-mlp.cfg" --train-samples 64 --test-samples 0 --steps 1
    --batch 16 --threads 1)
@@ -52,7 +51,4 @@ for mode in megatron gather; do
 done
 once "cannot be cut"
 
-# --device cuda: refused while parsing the options, before any CUDA plugin is looked for
-expect_fail "--tensor 2 --device cuda" "tensor shards run on the CPU engine only" \
-    "$MPIEXEC" -n 2 "$PIPETRAIN" "${T[@]}" --tensor 2 --device cuda
 finish

@@ -30,13 +30,15 @@
 #     the same micro-batches, bit for bit
 #  8  checkpoints: a GPU run stopped and resumed = uninterrupted, bit for bit (8a); the GPU's
 #     checkpoint resumed on the CPU, within the Adam tolerance (8b)
+#  9  tensor shards on the one GPU (--tensor 2 in both modes; 2 stages × 2 shards) against
+#     1 rank with the same micro-batches, SGD, parameters within rtol 1e-5
 #  6  throughput at batch 128 and 512: pipetrain --device cuda --json and
 #     bench_torch_gpu.py (eager, TF32 off) alternating, VALIDATE_REPEATS times each;
 #     samples/s (median, min-max), their ratio, and the fraction of the GPU's FP32 peak
 #     reached (flops.py's training FLOPs per sample × samples/s / peak). 6c: the PyTorch
 #     peer with torch.compile, when time is left (information)
 # VALIDATE_ONLY="7 8" runs only those steps (with 1 and 3, which the others need).
-# Run order: 1 2 3 4 7 8 6 5a 5b 5c 6c, so that the slow sanitizers come after the figures.
+# Run order: 1 2 3 4 7 8 9 6 5a 5b 5c 6c, so that the slow sanitizers come after the figures.
 #
 # Output: a line per check here; logs and results.json in $OUT (set by the device tool; 8
 # files at most: validate.log, machine.log, build.log, test_cuda_kernels.log, e2e.log,
@@ -393,6 +395,7 @@ print("%s, FP32 peak %.1f TFLOP/s, %s" % (d.get("name"), d["peak_fp32_flops"] / 
         # ---- 7 replicas and 8 checkpoints on the GPU
         want 7 && hybrid_on_gpu
         want 8 && resume_on_gpu
+        want 9 && tensor_on_gpu
 
         # ---- 6 throughput (before the sanitizers: figures first)
         want 6 && throughput "$TPL"
@@ -622,6 +625,43 @@ hybrid_on_gpu() {
     done
 }
 
+# 9: tensor shards on the one GPU, the ranks sharing it: 5 SGD steps (lr 0.05) of
+# --tensor 2 (megatron: all-reduce, bias and activation on the device; gather:
+# all-gathers) and of --stages 2 --tensor 2, against 1 rank with the same 4 micro-batches.
+# The sums over a cut dimension are added in another order, so within rtol 1e-5, the
+# bound of tests/tensor_equivalence.sh and of step 3a, not bit for bit.
+tensor_on_gpu() {
+    section "9 tensor shards on one GPU against 1 rank, SGD, rtol 1e-5"
+    local ref=$WORK/tensor_ref.safetensors launcher=() S=(--optimizer sgd --lr 0.05)
+    grep -qi hydra <<<"$("$MPIEXEC" --version 2>&1)" && launcher=(-launcher fork)
+    if [ "$have_init" = 0 ] || ! fits 60 ||
+        ! logged "$E2E" "$(cap 90)" "$PT" train "${C[@]}" --load "$init" --steps 5 \
+            --device "$DEV" --microbatches 4 "${S[@]}" --save "$ref"; then
+        for id in 9a 9b 9c; do record $id FAIL "tensor shards" "no 1-rank SGD reference"; done
+        return
+    fi
+    local id n layout
+    for id in 9a 9b 9c; do
+        case $id in
+            9a) n=2 layout=(--tensor 2) ;;
+            9b) n=2 layout=(--tensor 2 --tensor-mode gather) ;;
+            9c) n=4 layout=(--stages 2 --tensor 2) ;;
+        esac
+        if ! fits 40; then record $id "NOT RUN" "${layout[*]}" "time budget"; continue; fi
+        local out=$WORK/tensor_$id.safetensors
+        if ! logged "$E2E" "$(cap 120)" "$MPIEXEC" "${launcher[@]}" -n $n "$PT" train "${C[@]}" \
+            --load "$init" --steps 5 --device "$DEV" --microbatches 4 "${S[@]}" "${layout[@]}" \
+            --save "$out"; then
+            record $id FAIL "${layout[*]}" "the $n-rank run failed: $(tail -1 "$E2E")"; continue
+        fi
+        local verdict vrc
+        verdict=$("$PT" diff "$out" "$ref" --rtol 1e-5 2>&1 | tee -a "$E2E" | tail -1)
+        vrc=${PIPESTATUS[0]}
+        if [ "$vrc" = 0 ]; then record $id PASS "${layout[*]} ~ 1 rank" "$verdict"
+        else record $id FAIL "${layout[*]} ~ 1 rank" "$verdict"; fi
+    done
+}
+
 # 8: checkpoints of a GPU run. 8a: Adam, stopped after 3 steps and resumed to 6, against 6
 # uninterrupted steps: bit for bit. 8b: the GPU's checkpoint resumed on the CPU, within the
 # Adam tolerance of step 3b.
@@ -812,8 +852,8 @@ res = {'device': device, 'passed': not counted_bad, 'steps': steps, 'throughput'
 with open(out_f, 'w') as f:
     json.dump(res, f, indent=1)
 
-order = ['1', '2', '3a', '3b', '3c', '3d', '4a', '4b', '7a', '7b', '8a', '8b', '5a', '5b', '5c',
-         '6', '6c']
+order = ['1', '2', '3a', '3b', '3c', '3d', '4a', '4b', '7a', '7b', '8a', '8b', '9a', '9b',
+         '9c', '5a', '5b', '5c', '6', '6c']
 steps.sort(key=lambda s: order.index(s['id']) if s['id'] in order else 99)
 print()
 print(f'{"step":<5}{"check":<34}{"result":<9}detail')

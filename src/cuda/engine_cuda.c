@@ -69,21 +69,35 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
     for (int k = 0; k < cfg->n_slots; k++) {
         for (int l = c->first; l < c->last; l++) {
             slot_layer *sl = &c->slots[k].layers[l - c->first];
+            const layer_desc *L = &c->loc[l - c->first];
             size_t ob, ab, mb;
-            layer_slot_bytes(&c->net->layers[l], cfg->max_batch, &ob, &ab, &mb);
+            layer_slot_bytes(L, cfg->max_batch, &ob, &ab, &mb);
             sl->buf = arena_take(d, ob);
             sl->argmax = arena_take(d, ab);
             sl->mask = arena_take(d, mb);
             /* split backward: B's output gradient for W (batched layers stash theirs) */
-            const layer_desc *L = &c->net->layers[l];
             sl->gout = cfg->split_backward && L->weight_count &&
                                !engine_cuda_batched(c, l - c->first)
                            ? arena_take(d, mbs * layer_shape_count(L->out) * fl)
                            : NULL;
+            sl->xin = c->tp ? arena_take(d, mbs * shard_slot_input(c->tp, c->net, l, c->first,
+                                                                    c->tp_rank) * fl)
+                            : NULL;
         }
+        c->slots[k].whole_out =
+            c->tp && c->tp->layers[c->last - 1].out.sharded ? arena_take(d, mbs * e->out_count * fl)
+                                                             : NULL;
+    }
+    if (c->tp) {
+        size_t wide = c->widest * mbs * fl;
+        c->tp_dout = arena_take(d, wide);
+        c->tp_din = arena_take(d, wide);
+        c->tp_recv = c->dm ? arena_take(d, wide) : NULL;
+        c->h_tp = c->dm ? NULL : arena_take(h, wide);
+        c->h_tp_send = c->dm ? NULL : arena_take(h, wide);
     }
     for (int i = 0; i < c->nl; i++) {
-        const layer_desc *L = &c->net->layers[c->first + i];
+        const layer_desc *L = &c->loc[i];
         if (!engine_cuda_batched(c, i)) continue;
         size_t rows = (size_t)c->wgrad_rows;
         c->stash_x[i] = arena_take(d, rows * layer_shape_count(L->in) * fl);
@@ -138,16 +152,22 @@ static int create_memory(engine *e, cuda_engine *c)
     c->stash_x = calloc((size_t)nl, sizeof *c->stash_x);
     c->stash_g = calloc((size_t)nl, sizeof *c->stash_g);
     c->runs = calloc((size_t)nl, sizeof *c->runs);
+    c->loc = calloc((size_t)nl, sizeof *c->loc);
     if (!c->param_off || !c->slots || !c->slot_layers || !c->mb || !c->tick_ev ||
         !c->tick_used || !c->piece || !c->ev_grads || !c->grads_ev || !c->stash_x ||
-        !c->stash_g || !c->runs)
+        !c->stash_g || !c->runs || !c->loc)
         return pt_error_set("CUDA engine: out of host memory");
+    /* tensor shards: this rank's layers and parameters (engine_base_init counted whole ones) */
+    for (int i = 0; i < nl; i++)
+        c->loc[i] = c->tp ? shard_local_layer(c->tp, c->net, c->first + i, c->tp_rank)
+                          : c->net->layers[c->first + i];
+    if (c->tp) e->param_count = shard_param_count(c->tp, c->net, c->first, c->last, c->tp_rank);
     for (int k = 0; k < cfg->n_slots; k++) c->slots[k].layers = c->slot_layers + (size_t)k * nl;
     for (int m = 0; m < cfg->buffers; m++) c->mb[m].slot = -1;
 
     size_t off = 0, slot_bytes = 0;
     for (int l = c->first; l < c->last; l++) {
-        const layer_desc *L = &c->net->layers[l];
+        const layer_desc *L = &c->loc[l - c->first];
         c->param_off[l - c->first] = off;
         off += L->weight_count + L->bias_count;
         if (L->type == LAYER_CONV) {
@@ -156,12 +176,20 @@ static int create_memory(engine *e, cuda_engine *c)
             if (ws > c->work_floats) c->work_floats = ws;
         }
         if (layer_kind_of(L->type)->mask) c->has_dropout = 1;
-        size_t in = layer_shape_count(L->in), out = layer_shape_count(L->out);
+        /* whole vectors: the local ones are no wider, and tensor collectives move whole ones */
+        const layer_desc *W = &c->net->layers[l];
+        size_t in = layer_shape_count(W->in), out = layer_shape_count(W->out);
         if (in > c->widest) c->widest = in;
         if (out > c->widest) c->widest = out;
         size_t a, b, m;
         slot_bytes += layer_slot_bytes(L, cfg->max_batch, &a, &b, &m);
+        if (c->tp)
+            slot_bytes += round_up((size_t)cfg->max_batch *
+                                   shard_slot_input(c->tp, c->net, l, c->first, c->tp_rank) *
+                                   sizeof(float));
     }
+    if (c->tp && c->tp->layers[c->last - 1].out.sharded)
+        slot_bytes += round_up((size_t)cfg->max_batch * e->out_count * sizeof(float));
     e->slot_bytes = slot_bytes;
     c->needs_load = c->is_first || c->is_last || c->has_dropout;
 
@@ -272,6 +300,7 @@ static void cuda_destroy(engine *e)
         free(c->stash_x);
         free(c->stash_g);
         free(c->runs);
+        free(c->loc);
         free(c);
     }
     engine_base_free(e);
@@ -358,23 +387,48 @@ int engine_cuda_loss_drain(cuda_engine *c)
 
 /* ---------------------------------------------------------------- parameters ---- */
 
+/* A run of layer `layer`'s whole parameters that this engine holds at w + local: the same
+ * draws as the whole tensor's (stage_init_params' rule). */
+typedef struct {
+    cuda_engine *c;
+    float *w;            /* the local layer's parameters: weight, then bias */
+    size_t weight_count; /* of the whole layer */
+    float bound;
+    uint64_t seed;
+    int layer, rc;
+} init_ctx;
+
+static void init_run(void *arg, size_t whole, size_t local, size_t count)
+{
+    init_ctx *x = arg;
+    int bias = whole >= x->weight_count;
+    if (!x->rc)
+        x->rc = kernel_init_uniform_range_cuda(x->w + local, bias ? whole - x->weight_count
+                                                                  : whole,
+                                               count, x->bound, x->seed,
+                                               rng_stream_init(x->layer, bias), &x->c->ctx);
+}
+
 static int cuda_init_params(engine *e, uint64_t seed)
 {
     cuda_engine *c = engine_cuda_impl(e);
     CUDA_CHECK(cudaSetDevice(c->device));
     for (int l = c->first; l < c->last; l++) {
-        const layer_desc *L = &c->net->layers[l];
+        const layer_desc *L = &c->net->layers[l]; /* the whole layer: its fan-in */
         if (!L->weight_count) continue;
         size_t fan_in = L->weight_count / (L->type == LAYER_CONV ? (size_t)L->u.conv.filters
                                                                   : (size_t)L->u.dense.units);
         /* stage_init_params' bound: kaiming_uniform(a=√5) and torch's bias rule, 1/√fan_in */
-        float bound = (float)(1.0 / sqrt((double)fan_in));
-        float *w = c->params + c->param_off[l - c->first];
-        if (kernel_init_uniform_cuda(w, L->weight_count, bound, seed, rng_stream_init(l, 0),
-                                     &c->ctx) ||
-            kernel_init_uniform_cuda(w + L->weight_count, L->bias_count, bound, seed,
-                                     rng_stream_init(l, 1), &c->ctx))
-            return engine_cuda_layer_fail("initialisation", l, -1);
+        init_ctx x = {.c = c, .w = c->params + c->param_off[l - c->first],
+                      .weight_count = L->weight_count,
+                      .bound = (float)(1.0 / sqrt((double)fan_in)), .seed = seed, .layer = l};
+        if (c->tp) {
+            shard_layer_runs(c->tp, c->net, l, c->tp_rank, init_run, &x);
+        } else {
+            init_run(&x, 0, 0, L->weight_count);
+            init_run(&x, L->weight_count, L->weight_count, L->bias_count);
+        }
+        if (x.rc) return engine_cuda_layer_fail("initialisation", l, -1);
     }
     c->step = 0;
     return 0;
@@ -675,6 +729,10 @@ static int create_parts(engine *e, cuda_engine *c)
     c->is_last = cfg->last == cfg->net->n_layers;
     c->dm = cfg->device_messages != 0;
     e->msg_on_device = c->dm;
+    if (cfg->shard && cfg->shard->T > 1) {
+        c->tp = cfg->shard;
+        c->tp_rank = cfg->shard_rank;
+    }
     if (kernel_cuda_ctx_init(&c->ctx, cfg->device)) return -1;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->h2d, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->d2h, cudaStreamNonBlocking));

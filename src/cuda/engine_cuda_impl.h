@@ -67,6 +67,17 @@
  * backward (or W) of the step's last micro-batch writes those layers' gradients in the
  * CPU's fixed tiles of output units (ENGINE_CUDA_WGRAD_TILE).
  *
+ * Tensor shards (engine_config.shard, src/model/shard.h): the engine holds rank tp_rank's
+ * shards (loc: each local layer as this rank runs it; param_count is the rank's) and runs
+ * the forward and the backward in runs of layers between the group's collectives, as
+ * src/stage.c does: the all-reduce of an input-split layer's partial output (then its bias
+ * and activation on the device), the all-gathers of sliced vectors, and in the backward the
+ * all-reduce of an output-split layer's input gradient. A collective waits on the host for
+ * the compute stream, then calls the executor's MPI collective on pinned host copies (or
+ * on the device buffers themselves with CUDA-aware MPI); what follows is queued after it.
+ * So a forward or backward with shards returns once its last collective is done (the work
+ * after it stays queued).
+ *
  * The layer loop is src/stage.c's (src/layer_ops.h: one loop, the CUDA kernel set in
  * engine_cuda_run.c) with the whole micro-batch as one chunk: a GPU kernel fills the chip, and each layer then sees the same
  * shapes in every pipeline layout, so a layout does not change the bits. */
@@ -94,6 +105,8 @@ typedef struct {
     int identity;    /* the last forward passed the input through (out aliases it) */
     float *gout;     /* split backward, layers with parameters (not batched ones): the
                         gradient of the output after the activation's, B's for W */
+    float *xin;      /* tensor shards: its input when that is not the previous layer's
+                        output (all-gathered whole, or the stage input's slice) */
 } slot_layer;
 
 typedef struct {
@@ -101,6 +114,7 @@ typedef struct {
     int training;       /* that forward trained (dropout on, loss gradient written) */
     int has_gout;       /* split backward: B has run since that forward */
     slot_layer *layers; /* [last − first] */
+    float *whole_out;   /* tensor shards: the stage's sharded output all-gathered */
     cudaEvent_t ev_read; /* the last copy out of the slot's memory */
 } cuda_slot;
 
@@ -173,6 +187,14 @@ typedef struct {
     int anchored;
     cudaEvent_t *tick_ev; /* [2 · max_ticks]: begin, end */
     unsigned char *tick_used;
+    /* tensor shards (engine_config.shard, T > 1): rank tp_rank's shards of the layers */
+    const shard_plan *tp;      /* NULL: whole layers */
+    int tp_rank;
+    layer_desc *loc;           /* [nl]: each local layer as this rank runs it */
+    float *tp_recv;            /* device messages: an all-gather's rank blocks */
+    float *tp_dout, *tp_din;   /* device: a gathered output's gradient sliced; a sliced
+                                  input's gradient before its all-gather */
+    float *h_tp, *h_tp_send;   /* pinned, host-staged: a collective's buffers */
 } cuda_engine;
 
 static inline cuda_engine *engine_cuda_impl(engine *e) { return e->impl; }
@@ -181,7 +203,7 @@ static inline cuda_engine *engine_cuda_impl(engine *e) { return e->impl; }
  * when wgrad_rows > 0. */
 static inline int engine_cuda_batched(const cuda_engine *c, int i)
 {
-    return c->wgrad_rows > 0 && c->net->layers[c->first + i].type == LAYER_DENSE;
+    return c->wgrad_rows > 0 && c->loc[i].type == LAYER_DENSE;
 }
 
 static inline kernel_conv2d_dims engine_cuda_conv_dims(const layer_desc *L, int n)

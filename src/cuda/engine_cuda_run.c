@@ -6,6 +6,7 @@
 #include "kernels/cuda/kernels_cuda.h"
 #include "src/cuda/engine_cuda_impl.h"
 #include "src/layer_ops.h"
+#include "src/base/clock.h"
 #include "src/base/error.h"
 
 /* ------------------------------------------------------------ the CUDA kernel set ---- */
@@ -87,12 +88,8 @@ static int cu_dropout_forward(void *ctx, float *out, uint8_t *mask, const float 
                               size_t per_sample, size_t elem_off, float p, uint64_t seed,
                               uint64_t stream, const int64_t *sample_ids)
 {
-    /* whole vectors only: the CUDA engine takes no tensor shards */
-    if (elem_off)
-        return pt_error_set("CUDA dropout of a shard (element offset %zu) is not supported",
-                            elem_off);
-    return kernel_dropout_forward_cuda(out, mask, in, n, per_sample, p, seed, stream,
-                                       sample_ids, ctx);
+    return kernel_dropout_forward_range_cuda(out, mask, in, n, per_sample, elem_off, p, seed,
+                                             stream, sample_ids, ctx);
 }
 static int cu_dropout_backward(void *ctx, float *din, const float *dout, const uint8_t *mask,
                                size_t count, float p)
@@ -140,6 +137,13 @@ typedef struct {
     float *grads; /* backward, W: where parameter gradients go (NULL: B alone) */
 } cuda_layer_io;
 
+/* Local layer i is split by its inputs: its forward leaves partial sums, all-reduced over
+ * the tensor group before its bias and activation (tp_finish). */
+static int split_in(const cuda_engine *c, int i)
+{
+    return c->tp && c->tp->layers[c->first + i].split == SHARD_IN;
+}
+
 /* Where local layer i's data lives. The forward decides here whether the layer is the
  * identity (set_outputs in src/stage.c). */
 static int layer_io_of(void *self, int i, int phase, layer_io *io)
@@ -149,11 +153,19 @@ static int layer_io_of(void *self, int i, int phase, layer_io *io)
     cuda_engine *c = engine_cuda_impl(e);
     cuda_slot *s = q->s;
     slot_layer *sl = &s->layers[i];
-    const layer_desc *L = &c->net->layers[c->first + i];
-    io->x = i == 0 ? c->mb[q->m].in : s->layers[i - 1].out;
+    const layer_desc *L = &c->loc[i];
+    io->x = sl->xin ? sl->xin : i == 0 ? c->mb[q->m].in : s->layers[i - 1].out;
     if (phase == LAYER_PHASE_FORWARD) {
         sl->identity = layer_is_identity(L, s->training);
         sl->out = sl->identity ? io->x : sl->buf;
+        io->partial = split_in(c, i);
+        /* a slice's elements keep their places in the whole vector's dropout mask */
+        if (c->tp && sl->mask) {
+            int l = c->first + i;
+            size_t len;
+            shard_values(&c->tp->layers[l].in, layer_shape_count(c->net->layers[l].in),
+                         c->tp->T, c->tp_rank, &io->elem_off, &len);
+        }
     }
     io->identity = sl->identity;
     io->y = sl->buf;
@@ -185,8 +197,8 @@ static int layer_io_of(void *self, int i, int phase, layer_io *io)
 static layer_run cuda_layer_run(engine *e, cuda_layer_io *q, int n)
 {
     cuda_engine *c = engine_cuda_impl(e);
-    layer_run r = {.k = &layer_kernels_cuda, .kctx = &c->ctx,
-                   .layers = c->net->layers + c->first, .first = c->first, .n = n,
+    layer_run r = {.k = &layer_kernels_cuda, .kctx = &c->ctx, .layers = c->loc,
+                   .first = c->first, .n = n,
                    .work = c->work, .io = layer_io_of, .self = q};
     return r;
 }
@@ -197,14 +209,140 @@ static int layer_run_fail(const cuda_engine *c, const layer_run *r, int m)
     return r->what ? engine_cuda_layer_fail(r->what, c->first + r->failed, m) : -1;
 }
 
+/* ---- tensor shards: the collectives between the layers (src/model/shard.h) ----
+ *
+ * As src/stage.c: the work queued so far must be done before MPI reads the buffer, so each
+ * collective waits on the host for the compute stream; host-staged, the data goes through
+ * the pinned buffers on that stream (their next writer, the next collective, syncs first);
+ * with device messages (CUDA-aware MPI) MPI reads and writes device memory itself. What
+ * follows a collective is queued after it on the compute stream. */
+
+/* Sums `count` floats at dbuf (device) over the tensor group, in place. */
+static int tp_allreduce(engine *e, float *dbuf, size_t count)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    cudaStream_t cs = c->ctx.stream;
+    size_t bytes = count * sizeof(float);
+    if (!c->dm && bytes)
+        CUDA_CHECK(cudaMemcpyAsync(c->h_tp, dbuf, bytes, cudaMemcpyDeviceToHost, cs));
+    CUDA_CHECK(cudaStreamSynchronize(cs));
+    double t0 = pt_now();
+    int rc = e->cfg.tensor_comm.allreduce(e->cfg.tensor_comm.ctx, c->dm ? dbuf : c->h_tp, count);
+    e->tensor_s += pt_now() - t0;
+    if (rc) return -1;
+    if (!c->dm && bytes)
+        CUDA_CHECK(cudaMemcpyAsync(dbuf, c->h_tp, bytes, cudaMemcpyHostToDevice, cs));
+    return 0;
+}
+
+/* n samples of a vector of `whole` values in state st: every rank's slice (n rows of its
+ * length, contiguous at `local` on this rank) all-gathered into n whole rows at `out`. */
+static int tp_gather(engine *e, const shard_state *st, size_t whole, const float *local,
+                     float *out, int n)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    cudaStream_t cs = c->ctx.stream;
+    int T = c->tp->T;
+    size_t count[T], off[T], len[T];
+    for (int r = 0; r < T; r++) {
+        shard_values(st, whole, T, r, &off[r], &len[r]);
+        count[r] = (size_t)n * len[r];
+    }
+    size_t mine = count[c->tp_rank] * sizeof(float);
+    if (!c->dm && mine)
+        CUDA_CHECK(cudaMemcpyAsync(c->h_tp_send, local, mine, cudaMemcpyDeviceToHost, cs));
+    CUDA_CHECK(cudaStreamSynchronize(cs));
+    float *recv = c->dm ? c->tp_recv : c->h_tp;
+    double t0 = pt_now();
+    int rc = e->cfg.tensor_comm.allgather(e->cfg.tensor_comm.ctx, c->dm ? local : c->h_tp_send,
+                                          recv, count);
+    e->tensor_s += pt_now() - t0;
+    if (rc) return -1;
+    const float *blk = recv;
+    for (int r = 0; r < T && n > 0; blk += count[r], r++)
+        CUDA_CHECK(cudaMemcpy2DAsync(out + off[r], whole * sizeof(float), blk,
+                                     len[r] * sizeof(float), len[r] * sizeof(float), (size_t)n,
+                                     c->dm ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice,
+                                     cs));
+    return 0;
+}
+
+/* Rows [from, from + keep) of n rows of `whole` values, as n contiguous rows (device). */
+static int tp_slice_rows(cuda_engine *c, const float *in, size_t whole, size_t from,
+                         size_t keep, float *out, int n)
+{
+    if (n > 0 && keep)
+        CUDA_CHECK(cudaMemcpy2DAsync(out, keep * sizeof(float), in + from,
+                                     whole * sizeof(float), keep * sizeof(float), (size_t)n,
+                                     cudaMemcpyDeviceToDevice, c->ctx.stream));
+    return 0;
+}
+
+/* This rank's slice of n whole rows of a vector in state st. */
+static int tp_slice(cuda_engine *c, const shard_state *st, size_t whole, const float *in,
+                    float *out, int n)
+{
+    size_t off, len;
+    shard_values(st, whole, c->tp->T, c->tp_rank, &off, &len);
+    return tp_slice_rows(c, in, whole, off, len, out, n);
+}
+
+/* A layer split by its inputs, after its all-reduce: bias, then activation (per element,
+ * as the CPU's tp_finish, so the bits agree). */
+static int tp_finish(cuda_engine *c, int i, float *y, int n, int m)
+{
+    const layer_desc *L = &c->loc[i];
+    size_t count = layer_shape_count(L->out);
+    size_t per = L->type == LAYER_CONV ? (size_t)L->out.h * L->out.w : 1;
+    if (kernel_bias_add_cuda(y, c->params + c->param_off[i] + L->weight_count, n,
+                             (int)(count / per), per, &c->ctx) ||
+        kernel_activation_forward_cuda(y, y, (size_t)n * count, L->activation, &c->ctx))
+        return engine_cuda_layer_fail("bias and activation after the all-reduce",
+                                      c->first + i, m);
+    return 0;
+}
+
+/* The slot's output as the stage sends it: whole (gathered with tensor shards). */
+static const float *slot_output(const cuda_engine *c, const cuda_slot *s)
+{
+    return s->whole_out ? s->whole_out : s->layers[c->nl - 1].out;
+}
+
+/* The forward in runs of layers between collectives: the shared loop runs each run, then
+ * the tensor group completes what the next layer needs (src/stage.c's tp_forward). */
 static int forward_layers(engine *e, cuda_slot *s, int m, int n, uint64_t seed, uint64_t step)
 {
     cuda_engine *c = engine_cuda_impl(e);
+    const net_desc *net = c->net;
     cuda_layer_io q = {.e = e, .s = s, .m = m};
     layer_run r = cuda_layer_run(e, &q, n);
     r.seed = seed;
     r.step = step;
-    if (layer_run_forward(&r, 0, c->nl)) return layer_run_fail(c, &r, m);
+    int nl = c->nl, lo = 0;
+    if (!c->tp) return layer_run_forward(&r, 0, nl) ? layer_run_fail(c, &r, m) : 0;
+    if (s->layers[0].xin && /* the stage's first layer works on a slice of the whole input */
+        tp_slice(c, &c->tp->layers[c->first].in, e->in_count, c->mb[m].in, s->layers[0].xin,
+                 n))
+        return -1;
+    for (int i = 0; i < nl; i++) {
+        int l = c->first + i;
+        int gather_next = i + 1 < nl && s->layers[i + 1].xin;
+        if (!(i == nl - 1 || split_in(c, i) || gather_next)) continue;
+        if (layer_run_forward(&r, lo, i + 1)) return layer_run_fail(c, &r, m);
+        lo = i + 1;
+        if (split_in(c, i) &&
+            (tp_allreduce(e, s->layers[i].buf,
+                          (size_t)n * layer_shape_count(c->loc[i].out)) ||
+             tp_finish(c, i, s->layers[i].buf, n, m)))
+            return -1;
+        if (gather_next && tp_gather(e, &c->tp->layers[l].out,
+                                     layer_shape_count(net->layers[l].out), s->layers[i].out,
+                                     s->layers[i + 1].xin, n))
+            return -1;
+    }
+    if (s->whole_out && tp_gather(e, &c->tp->layers[c->last - 1].out, e->out_count,
+                                  s->layers[nl - 1].out, s->whole_out, n))
+        return -1;
     return 0;
 }
 
@@ -278,7 +416,7 @@ int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, i
     if (c->is_last) {
         if (c->n_loss == LOSS_CAPACITY && engine_cuda_loss_drain(c)) return -1;
         int j = c->n_loss;
-        const float *logits = s->layers[c->nl - 1].out;
+        const float *logits = slot_output(c, s);
         if (kernel_softmax_xent_cuda(training ? b->grad_in : NULL, c->d_correct + j,
                                      c->d_loss + j, logits, b->labels, n, c->net->classes,
                                      training ? 1.0f / (float)e->cfg.batch : 1.0f, &c->ctx))
@@ -289,7 +427,7 @@ int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, i
      * the activations are dropped until recompute(m) */
     int drop = e->cfg.recompute && training;
     if (drop && b->act_out && n > 0)
-        CUDA_CHECK(cudaMemcpyAsync(b->act_out, s->layers[c->nl - 1].out,
+        CUDA_CHECK(cudaMemcpyAsync(b->act_out, slot_output(c, s),
                                    (size_t)n * e->out_count * sizeof(float),
                                    cudaMemcpyDeviceToDevice, cs));
     CUDA_CHECK(cudaEventRecord(b->ev_fwd, cs));
@@ -348,8 +486,54 @@ static int backward_layers(engine *e, cuda_slot *s, int m, int lo, int hi, float
     cuda_engine *c = engine_cuda_impl(e);
     cuda_layer_io q = {.e = e, .s = s, .m = m, .grads = grads};
     layer_run r = cuda_layer_run(e, &q, s->n);
-    if (layer_run_backward(&r, lo, hi, &c->range_g, &c->range_gi, c->scratch, din, parts))
-        return layer_run_fail(c, &r, m);
+    if (!c->tp) {
+        if (layer_run_backward(&r, lo, hi, &c->range_g, &c->range_gi, c->scratch, din, parts))
+            return layer_run_fail(c, &r, m);
+        return 0;
+    }
+    /* Tensor shards, in runs between the collectives (src/stage.c's backward_span): an
+     * output-split layer's input gradient holds partial sums (all-reduced), a gathered
+     * input's gradient is whole (each rank keeps its slice), a sliced stage input's gradient
+     * is a slice (all-gathered for the previous stage), and a gathered stage output's
+     * gradient arrives whole (sliced first). */
+    const shard_plan *tp = c->tp;
+    int n = s->n;
+    if (hi == c->nl && s->whole_out) {
+        if (tp_slice(c, &tp->layers[c->last - 1].out, e->out_count, c->range_g, c->tp_dout, n))
+            return -1;
+        c->range_g = c->tp_dout;
+        c->range_gi = -1;
+    }
+    for (int h = hi; h > lo;) {
+        int b = h - 1;
+        while (b > lo && tp->layers[c->first + b].split != SHARD_OUT && !s->layers[b].xin) b--;
+        int slice_in = b == 0 && s->layers[0].xin; /* the gradient of a sliced stage input */
+        if (layer_run_backward(&r, b, h, &c->range_g, &c->range_gi, c->scratch,
+                               b == 0 ? (slice_in && din ? c->tp_din : din) : NULL, parts))
+            return layer_run_fail(c, &r, m);
+        int l = c->first + b;
+        size_t whole = layer_shape_count(c->net->layers[l].in);
+        if (b > 0 && tp->layers[l].split == SHARD_OUT) {
+            int gi = c->range_gi; /* a parameter layer wrote it into a scratch buffer */
+            if (gi < 0)
+                return pt_error_set("CUDA engine, layer %d: no input gradient to all-reduce "
+                                    "(micro-batch %d)", l, m);
+            if (tp_allreduce(e, c->scratch[gi], (size_t)n * whole)) return -1;
+            if (s->layers[b].xin) { /* gathered input: back to the previous layer's slice */
+                size_t from, keep;
+                shard_values(&tp->layers[l - 1].out, whole, tp->T, c->tp_rank, &from, &keep);
+                if (tp_slice_rows(c, c->scratch[gi], whole, from, keep, c->scratch[1 - gi], n))
+                    return -1;
+                c->range_g = c->scratch[1 - gi];
+                c->range_gi = 1 - gi;
+            }
+        } else if (b == 0 && din && tp->layers[l].split == SHARD_OUT) {
+            if (tp_allreduce(e, din, (size_t)n * whole)) return -1;
+        } else if (slice_in && din) {
+            if (tp_gather(e, &tp->layers[l].in, whole, c->tp_din, din, n)) return -1;
+        }
+        h = b;
+    }
     return 0;
 }
 
@@ -417,7 +601,7 @@ static int wgrad_flush(engine *e, int m, int lo, int hi)
     if (!c->wgrad_rows || m % M != M - 1) return 0;
     for (int i = lo; i < hi; i++) {
         if (!engine_cuda_batched(c, i)) continue;
-        const layer_desc *L = &c->net->layers[c->first + i];
+        const layer_desc *L = &c->loc[i];
         int in = (int)layer_shape_count(L->in), out = L->u.dense.units;
         float *dw = c->grads + c->param_off[i], *db = dw + L->weight_count;
         for (int a = 0; a < out; a += ENGINE_CUDA_WGRAD_TILE) {
@@ -631,7 +815,7 @@ void *engine_cuda_msg_buffer(engine *e, engine_msg k, int m)
             pt_error_set("CUDA engine: ACT_OUT of micro-batch %d before its forward", m);
             return NULL;
         }
-        return (void *)c->slots[b->slot].layers[c->nl - 1].out;
+        return (void *)slot_output(c, &c->slots[b->slot]);
     }
     switch (k) {
     case ENGINE_MSG_ACT_IN:
@@ -703,7 +887,7 @@ int engine_cuda_msg_prepare(engine *e, engine_msg k, int m)
         cuda_slot *s = b->act_kept ? NULL : &c->slots[b->slot];
         if (!c->dm) {
             size_t bytes = (size_t)b->n * e->out_count * sizeof(float);
-            const float *src = s ? s->layers[c->nl - 1].out : b->act_out;
+            const float *src = s ? slot_output(c, s) : b->act_out;
             CUDA_CHECK(cudaStreamWaitEvent(c->d2h, b->ev_fwd, 0));
             if (bytes)
                 CUDA_CHECK(cudaMemcpyAsync(b->h_act_out, src, bytes, cudaMemcpyDeviceToHost,

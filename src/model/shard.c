@@ -216,6 +216,18 @@ int shard_local_net(net_desc *out, const shard_plan *p, const net_desc *net, int
     return 0;
 }
 
+size_t shard_slot_input(const shard_plan *p, const net_desc *net, int l, int first, int t)
+{
+    const shard_layer *sl = &p->layers[l];
+    if (sl->gather_in && l > first) return layer_shape_count(net->layers[l].in);
+    if (l == first && sl->in.sharded) {
+        size_t off, len;
+        shard_values(&sl->in, layer_shape_count(net->layers[l].in), p->T, t, &off, &len);
+        return len;
+    }
+    return 0;
+}
+
 shard_traffic shard_stage_traffic(const shard_plan *p, const net_desc *net, int first, int last,
                                   int first_stage)
 {

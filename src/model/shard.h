@@ -92,6 +92,12 @@ void shard_layer_runs(const shard_plan *p, const net_desc *net, int l, int t,
                       void (*fn)(void *ctx, size_t whole, size_t local, size_t count),
                       void *ctx);
 
+/* Values per sample a stage of layers [first, ...) keeps for local layer l's input on rank t
+ * when that input is not the previous layer's output: its input all-gathered whole, or, at
+ * the stage's first layer, its slice of the whole vector the stage receives; 0 otherwise.
+ * Both engines size their slots with it. */
+size_t shard_slot_input(const shard_plan *p, const net_desc *net, int l, int first, int t);
+
 /* Per sample, the floats a stage of layers [first, last) moves in tensor collectives:
  * forward all-gathers (the values gathered, the whole vectors' sizes) and all-reduces,
  * backward all-reduces and all-gathers. first_stage: no input gradient is needed. For
