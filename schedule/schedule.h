@@ -231,7 +231,8 @@ void schedule_report_free(schedule_report *r);
  * Reductions run on a separate network resource per stage, concurrently with compute:
  * ALLREDUCE b takes no compute time, and bucket b's reduction starts then, or when the
  * stage's previous reduction finishes (a stage's reductions are serialised); REDUCE_WAIT b
- * holds compute until it has finished. A reduction of n bytes among R replicas costs a
+ * holds compute until it has finished. With reduce_in_waits, the reductions a stage has
+ * started run, in order, only from the REDUCE_WAIT that needs them. A reduction of n bytes among R replicas costs a
  * ring all-reduce in the α–β model: 2(R−1)·α + 2(R−1)/R · n/β. */
 /* Costs are per stage when V = 1 and per model chunk c = v·K + s (K·V entries) when V > 1.
  * NULL arrays mean unit costs: 1 per op for V = 1, and 1/V per chunk op for V > 1, so that a
@@ -252,6 +253,10 @@ typedef struct {
                                         * for BACKWARD_WEIGHT parts) that part b costs,
                                         * >= 0, summing to 1 per stage; NULL or a NULL
                                         * row: 1/B each */
+    int reduce_in_waits;     /* reductions progress only while the stage waits for them
+                              * (REDUCE_WAIT), not beside its compute: a CPU engine under
+                              * an MPI library without a progress thread, whose cores both
+                              * compute and move the data; 0: beside the compute */
 } schedule_costs;
 
 /* Fills, per stage, busy time and the reductions' figures, and the step's makespan. */

@@ -3,7 +3,8 @@
  * Sends cost `comm_cost` on the sender and never wait for the receiver, like the executor's
  * buffered/non-blocking sends, so this is the same dependency rule the verifier proves
  * deadlock-free. Reductions run on each stage's own network resource, one after another,
- * beside the stage's compute; only REDUCE_WAIT makes compute wait for them. */
+ * beside the stage's compute (or, with reduce_in_waits, only from the REDUCE_WAIT that needs
+ * them); only REDUCE_WAIT makes compute wait for them. */
 #include "schedule/schedule.h"
 
 #include "src/base/error.h"
@@ -139,6 +140,30 @@ static double op_cost(const schedule *s, const schedule_op *op, int st, int buck
     }
 }
 
+/* reduce_in_waits: stage st waits for bucket `bucket` from time `now`; the reductions it
+ * has started and not yet run go on its network in the order started, from `now` (or their
+ * start, or the previous one's end), until that bucket's is done. */
+static void run_started(const schedule_costs *c, int st, int bucket, double now, size_t boff,
+                        const int *order, const int *n_started, int *n_run,
+                        const double *issued, const size_t *issue_idx, double *net_free,
+                        double *reduced, schedule_sim *out)
+{
+    const double *bytes = c->bucket_bytes ? c->bucket_bytes[st] : NULL;
+    while (n_run[st] < n_started[st]) {
+        int b = order[boff + (size_t)n_run[st]++];
+        double t0 = now > net_free[st] ? now : net_free[st];
+        if (issued[boff + (size_t)b] > t0) t0 = issued[boff + (size_t)b];
+        double dur = schedule_allreduce_time(bytes ? bytes[b] : 0.0, c->replicas,
+                                             stage_alpha(c, st), stage_beta(c, st));
+        size_t idx = issue_idx[boff + (size_t)b];
+        out->net_start[idx] = t0;
+        out->net_end[idx] = net_free[st] = t0 + dur;
+        reduced[boff + (size_t)b] = t0 + dur;
+        out->reduce[st] += dur;
+        if (b == bucket) break;
+    }
+}
+
 int schedule_simulate_costs(const schedule *s, const schedule_costs *costs,
                             schedule_sim *out)
 {
@@ -176,6 +201,13 @@ int schedule_simulate_costs(const schedule *s, const schedule_costs *costs,
     double *free_at = calloc((size_t)K, sizeof *free_at);
     double *net_free = calloc((size_t)K, sizeof *net_free);
     double *reduced = malloc((buckets ? buckets : 1) * sizeof *reduced); /* bucket's end */
+    /* reduce_in_waits: per bucket, when its ALLREDUCE ran and that op's index; per stage,
+     * its buckets in the order started and how many of them have run */
+    double *issued = malloc((buckets ? buckets : 1) * sizeof *issued);
+    size_t *issue_idx = malloc((buckets ? buckets : 1) * sizeof *issue_idx);
+    int *order = malloc((buckets ? buckets : 1) * sizeof *order);
+    int *n_started = calloc((size_t)K, sizeof *n_started);
+    int *n_run = calloc((size_t)K, sizeof *n_run);
     /* ready[((st * V + v) * 2 + g) * M + m]: when (stage st, chunk v) has micro-batch m's
      * activation (g = 0) or gradient (g = 1); −1 until the peer's send has run. */
     size_t n_ready = (size_t)K * (size_t)V * 2 * (size_t)M;
@@ -183,7 +215,8 @@ int schedule_simulate_costs(const schedule *s, const schedule_costs *costs,
     int rc = -1;
     if (!out->offset || !out->busy || !out->reduce || !out->exposed || !out->start ||
         !out->end || !out->net_start || !out->net_end || !pc || !boff || !free_at ||
-        !net_free || !reduced || !ready) {
+        !net_free || !reduced || !ready || !issued || !issue_idx || !order || !n_started ||
+        !n_run) {
         pt_error_set("schedule_simulate: out of memory for %zu ops", total);
         goto done;
     }
@@ -218,6 +251,9 @@ int schedule_simulate_costs(const schedule *s, const schedule_costs *costs,
                     len = 0.0;
                 } else if (op->kind == SCHED_OP_REDUCE_WAIT) {
                     /* its ALLREDUCE came earlier in this list (verified) */
+                    if (costs->reduce_in_waits)
+                        run_started(costs, st, op->bucket, begin, boff[st], order, n_started,
+                                    n_run, issued, issue_idx, net_free, reduced, out);
                     double t = reduced[boff[st] + op->bucket];
                     len = t > begin ? t - begin : 0.0;
                     out->exposed[st] += len;
@@ -225,7 +261,12 @@ int schedule_simulate_costs(const schedule *s, const schedule_costs *costs,
                     len = op_cost(s, op, st, l->buckets, costs);
                     out->busy[st] += len;
                 }
-                if (op->kind == SCHED_OP_ALLREDUCE) {
+                if (op->kind == SCHED_OP_ALLREDUCE && costs->reduce_in_waits) {
+                    size_t b = boff[st] + (size_t)op->bucket;
+                    order[boff[st] + (size_t)n_started[st]++] = op->bucket;
+                    issued[b] = begin;
+                    issue_idx[b] = idx;
+                } else if (op->kind == SCHED_OP_ALLREDUCE) {
                     const double *bytes = costs->bucket_bytes ? costs->bucket_bytes[st] : NULL;
                     double t0 = begin > net_free[st] ? begin : net_free[st];
                     double dur = schedule_allreduce_time(bytes ? bytes[op->bucket] : 0.0,
@@ -282,6 +323,11 @@ done:
     free(free_at);
     free(net_free);
     free(reduced);
+    free(issued);
+    free(issue_idx);
+    free(order);
+    free(n_started);
+    free(n_run);
     free(ready);
     if (rc)
         schedule_sim_free(out);

@@ -217,6 +217,7 @@ int plan_predict(plan_prediction *out, const net_desc *net, const partition *par
             .alpha_stage = cfg->alpha, .beta_stage = cfg->beta,
             .bucket_bytes = (const double *const *)c.bytes,
             .part_share = (const double *const *)c.share,
+            .reduce_in_waits = cfg->reduce_in_waits,
         };
         rc = schedule_simulate_costs(&sched, &sc, &sim);
     }

@@ -49,6 +49,8 @@ typedef struct {
     int shard_profile;         /* the profile measured the layers as a tensor rank runs them
                                 * (profile_shards): their times are taken as they are */
     const double *tensor_alpha, *tensor_beta; /* per rank (stage): the tensor group's link */
+    int reduce_in_waits;       /* CPU ranks: reductions progress only while a rank waits
+                                * for them (schedule_costs.reduce_in_waits) */
 } plan_predict_config;
 
 typedef struct {

@@ -283,6 +283,8 @@ static void reduce_figures_init(reduce_figures *rf, const train_run *run,
     c.alpha_stage = alpha;
     c.beta_stage = beta;
     c.bucket_bytes = (const double *const *)bytes;
+    /* the CPU engine's cores move and sum the data themselves, inside MPI calls */
+    c.reduce_in_waits = run->o.device != ENGINE_CUDA;
     schedule_sim sim;
     if (ok && !schedule_simulate_costs(&run->sched, &c, &sim)) {
         for (int s = 0; s < K; s++) rf->predicted[s] = sim.reduce[s] * (double)f->steps;

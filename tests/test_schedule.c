@@ -750,6 +750,25 @@ Test(schedule, simulate_reductions_by_hand)
     schedule_sim_free(&sim);
     cr_assert_null(sim.net_start);
     cr_assert_null(sim.exposed);
+
+    /* reductions only in the waits (a CPU engine): A0 and A1 start the reductions, which
+     * run from W0: bucket 0 on the net [6,12), bucket 1 [12,14); W0 [6,12) W1 [12,14)
+     * STEP [14,15), as if they had not overlapped at all */
+    c.reduce_in_waits = 1;
+    cr_assert_eq(schedule_simulate_costs(&s, &c, &sim), 0, "%s", pt_error_get());
+    double start_w[8] = {0, 2, 3, 3, 6, 6, 12, 14}, end_w[8] = {2, 3, 3, 6, 6, 12, 14, 15};
+    double net_start_w[8] = {-1, -1, 6, -1, 12, -1, -1, -1},
+           net_end_w[8] = {-1, -1, 12, -1, 14, -1, -1, -1};
+    CHECK_CLOSE("start, in waits", sim.start, start_w, 8, 1e-12, 0);
+    CHECK_CLOSE("end, in waits", sim.end, end_w, 8, 1e-12, 0);
+    CHECK_CLOSE("net start, in waits", sim.net_start, net_start_w, 8, 1e-12, 0);
+    CHECK_CLOSE("net end, in waits", sim.net_end, net_end_w, 8, 1e-12, 0);
+    double makespan_w = 15, exposed_w = 8;
+    CHECK_CLOSE("makespan, in waits", &sim.makespan, &makespan_w, 1, 1e-12, 0);
+    CHECK_CLOSE("reduce, in waits", sim.reduce, &reduce, 1, 1e-12, 0);
+    CHECK_CLOSE("exposed, in waits", sim.exposed, &exposed_w, 1, 1e-12, 0);
+    schedule_sim_free(&sim);
+    c.reduce_in_waits = 0;
     schedule_free(&s);
 
     /* no overlap: F [0,2) B [2,6), bucket 0 on the net [6,12), bucket 1 [12,14),
