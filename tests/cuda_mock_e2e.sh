@@ -4,8 +4,8 @@
 # choice, the executor's deferred sends and prefetch, and the CUDA engine's buffers, copies
 # and events must give parameters and test loss bit-identical to the CPU engine, as one
 # stage and as pipelines, including zb-h1's split backward, recomputation, batched weight
-# gradients and interleaved chunks. Micro-batches of ≤ 16 samples: the CPU stage then runs each as
-# one chunk, so both compute the same sums. Without a CUDA toolkit at configure time there
+# gradients, interleaved chunks and tensor shards. Micro-batches of ≤ 16 samples: the CPU
+# stage then runs each as one chunk, so both compute the same sums. Without a CUDA toolkit at configure time there
 # is no mock plugin (CUDA_MOCK_PLUGIN empty): the test exits 77, which ctest reports as
 # skipped (SKIP_RETURN_CODE), never as passed.
 source "$(dirname "$0")/lib/common.bash"
