@@ -370,7 +370,7 @@ static void print_plan_text(const plan_result *r)
     const plan_args *a = r->a;
     const topo_placement *pl = r->pl;
     const topo_machine *m = r->m;
-    int S = a->stages, T = a->tensor;
+    int S = a->stages, R = a->replicas, T = a->tensor;
     char tensor[64] = "";
     if (T > 1)
         snprintf(tensor, sizeof tensor, " × %d tensor shards (%s)", T,
@@ -394,7 +394,7 @@ static void print_plan_text(const plan_result *r)
     int boundaries[TOPO_LINK_COUNT] = {0}, groups[TOPO_LINK_COUNT] = {0};
     for (int i = 0; i < pl->n_ranks; i++) {
         const topo_place *p = &pl->places[i];
-        int t = i % T, s = (i / T) % S, rep = i / (T * S);
+        int t = i % T, rep = (i / T) % R, s = i / (T * R);
         if (T > 1)
             groups[topo_link_between(m, r->cm, p, &pl->places[plan_rank(a, (t + 1) % T, s, rep)],
                                      NULL, NULL)]++;
@@ -532,7 +532,7 @@ static int print_plan_json(const plan_result *r)
 {
     const plan_args *a = r->a;
     const topo_placement *pl = r->pl;
-    int S = a->stages, T = a->tensor, ok = 1;
+    int S = a->stages, R = a->replicas, T = a->tensor, ok = 1;
     json_t *o = json_object();
     put(o, "model", topo_json_text(a->model), &ok);
     put(o, "topology", topo_json_text(r->m->source), &ok);
@@ -560,7 +560,7 @@ static int print_plan_json(const plan_result *r)
     json_t *placement = json_array();
     for (int i = 0; ok && i < pl->n_ranks; i++) {
         const topo_place *p = &pl->places[i];
-        int t = i % T, s = (i / T) % S, rep = i / (T * S);
+        int t = i % T, rep = (i / T) % R, s = i / (T * R);
         int last = !rank_sends(r, s), V = a->virtual_stages;
         json_t *j = json_object();
         put(j, "rank", json_integer(i), &ok);

@@ -29,7 +29,7 @@ typedef struct {
     int ranks, top;
     double memory_mb;
     /* --tensor T, --tensor-mode: T tensor shards per stage (1: none); the job's ranks are
-     * stages × replicas × T, rank = t + T·(stage + stages·replica) (plan_rank). With
+     * stages × replicas × T, rank = t + T·(stage·replicas + replica) (plan_rank). With
      * --ranks: given, the search tries that T (and mode) only. */
     int tensor;
     tensor_mode tensor_mode;
@@ -41,7 +41,7 @@ typedef struct {
 /* The rank of tensor shard t of stage s in replica r. */
 static inline int plan_rank(const plan_args *a, int t, int s, int r)
 {
-    return t + a->tensor * (s + a->stages * r);
+    return t + a->tensor * topo_grid_rank(a->replicas, s, r);
 }
 
 /* One layout built: partition, traffic, placement, predicted step, memory per rank. */

@@ -93,8 +93,8 @@ int reduce_layout_default(int rank, int stages, int replicas, int *stage_of,
     if (stages < 1 || replicas < 1 || rank < 0 || rank >= stages * replicas)
         return pt_error_set("rank %d has no place in %d stages × %d replicas", rank, stages,
                             replicas);
-    *stage_of = rank % stages;
-    *replica_of = rank / stages;
+    *stage_of = rank / replicas;
+    *replica_of = rank % replicas;
     return 0;
 }
 

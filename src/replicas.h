@@ -5,7 +5,7 @@
  * (src/reduce.h) with the engine's host view of the gradients (src/engine.h).
  *
  * Layout (the convention of topologies/topo.h's job grid): stage s of replica r is world
- * rank r·K + s. Each replica trains on its contiguous share of every batch; the engine's
+ * rank s·R + r. Each replica trains on its contiguous share of every batch; the engine's
  * loss gradient is scaled by 1/(global batch), so the replicas' gradients are summed, never
  * averaged. Method "ordered" with M > 1 micro-batches keeps each micro-batch's gradient
  * apart (engine grad_pieces = M) and sums the R·M pieces in (replica, micro-batch) order:

@@ -405,7 +405,8 @@ static replicas_config replicas_of(const train_options *o)
 static int setup_layout(train_run *run)
 {
     const train_options *o = &run->o;
-    /* tensor groups innermost: world rank = t + T × (replica × stages + stage) */
+    /* tensor groups innermost, then replicas, stages outermost:
+     * world rank = t + T × (stage × replicas + replica) */
     int T = o->tensor, rest = run->rank / T;
     run->tensor_rank = run->rank % T;
     if (PT_MPI_CALL(MPI_Comm_split(run->comm, rest, run->tensor_rank, &run->tensor)) ||

@@ -129,7 +129,7 @@ static const opt_command train_command = {
              "as R data-parallel replicas of that pipeline.",
     .notes = "With --json the last line of stdout is one JSON object of results. With --device "
              "cuda each rank takes a GPU by its local rank (several ranks may share one). "
-             "With replicas, stage s of replica r is MPI rank r*K + s (each replica's stages "
+             "With replicas, stage s of replica r is MPI rank s*R + r (each stage's replicas "
              "on consecutive ranks; --bind auto keeps this numbering); --batch is the whole "
              "job's batch, of which each replica takes batch/R samples in M micro-batches.",
     .opts = train_opts,

@@ -24,7 +24,7 @@ typedef struct {
     train_options o;
     MPI_Comm comm;              /* the world: every rank of the job */
     int rank, size;             /* in the world */
-    int stage, replica;         /* where this rank sits: world rank = replica × stages + stage */
+    int stage, replica;         /* where this rank sits: world rank = stage × replicas + replica */
     reduce_comms comms;         /* its pipeline (rank = stage) and its stage's replicas,
                                    among the ranks of its tensor index */
     int tensor_rank;            /* tensor shards: world rank = tensor_rank + T × (the rank

@@ -88,16 +88,16 @@ PYEOF
 grep -q "^  stage     compute  reductions     exposed    memory/rank      tensor$" "$WORK/t2.txt" \
     && pass "text: the predicted step's tensor column" || failed "text: the tensor column"
 
-# replicas and stages: rank = t + T·(stage + S·replica); --emit passes the shards on
+# replicas and stages: rank = t + T·(stage·R + replica); --emit passes the shards on
 "$PIPETRAIN" plan --model "$MODELS/seed-mlp.cfg" --topology "$X" --partition params \
     --stages 2 --replicas 2 --tensor 2 --json >"$WORK/grid.json"
-python3 - "$WORK/grid.json" <<'PYEOF' && pass "2 stages × 2 replicas × 2 shards: 8 ranks, tensor index innermost, groups inside a socket" || failed "the rank grid"
+python3 - "$WORK/grid.json" <<'PYEOF' && pass "2 stages × 2 replicas × 2 shards: 8 ranks, tensor index innermost, then replicas, stages outermost; groups inside a socket" || failed "the rank grid"
 import json, sys
 d = json.load(open(sys.argv[1]))
 pl = d['placement']
 assert d['ranks'] == 8 and len(pl) == 8, d
 assert [(x['tensor'], x['stage'], x['replica']) for x in pl] == \
-    [(i % 2, (i // 2) % 2, i // 4) for i in range(8)], pl
+    [(i % 2, i // 4, (i // 2) % 2) for i in range(8)], pl
 assert d['tensor_link'] in ('same-core', 'same-l3', 'same-numa', 'same-package'), d['tensor_link']
 assert all(x > 0 for x in d['predicted']['tensor_collective_s']), d['predicted']
 PYEOF

@@ -460,7 +460,7 @@ static void test_layouts(void)
         if (world_size % stages) continue;
         int replicas = world_size / stages, s, p;
         OK(reduce_layout_default(world_rank, stages, replicas, &s, &p));
-        CHECK(world_rank == p * stages + s, "default layout of rank %d: stage %d replica %d",
+        CHECK(world_rank == s * replicas + p, "default layout of rank %d: stage %d replica %d",
               world_rank, s, p);
         reduce_comms c;
         OK(reduce_comms_init(&c, MPI_COMM_WORLD, stages, replicas, s, p, TIMEOUT));
@@ -476,8 +476,8 @@ static void test_layouts(void)
         OK(exec_allreduce(&sums[0], 1, MPI_INT, MPI_SUM, c.group, TIMEOUT));
         OK(exec_allreduce(&sums[1], 1, MPI_INT, MPI_SUM, c.pipeline, TIMEOUT));
         int want_group = 0, want_pipe = 0;
-        for (int k = 0; k < replicas; k++) want_group += k * stages + s;
-        for (int k = 0; k < stages; k++) want_pipe += p * stages + k;
+        for (int k = 0; k < replicas; k++) want_group += s * replicas + k;
+        for (int k = 0; k < stages; k++) want_pipe += k * replicas + p;
         CHECK(sums[0] == want_group && sums[1] == want_pipe,
               "%dx%d: group holds ranks summing to %d (want %d), pipeline %d (want %d)", stages,
               replicas, sums[0], want_group, sums[1], want_pipe);

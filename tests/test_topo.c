@@ -335,18 +335,19 @@ Test(topo, traffic_of_a_replicated_pipeline)
     cr_assert_eq(topo_traffic_init(&tr, 3, 2, bv, pb, 64, 4), 0, "%s", pt_error_get());
     int n = tr.n_ranks;
     cr_assert_eq(n, 6);
-    /* ranks: replica 0 = 0,1,2; replica 1 = 3,4,5 */
-    cr_expect_eq(tr.bytes[0 * n + 1], 1000 * 4.0 * 64, "activations forward");
-    cr_expect_eq(tr.bytes[1 * n + 0], 1000 * 4.0 * 64, "gradients backward");
-    cr_expect_eq(tr.bytes[4 * n + 5], 10 * 4.0 * 64);
-    cr_expect_eq(tr.messages[4 * n + 5], 4, "one message per micro-batch");
-    cr_expect_eq(tr.bytes[0 * n + 2], 0, "stages 0 and 2 do not talk");
-    cr_expect_eq(tr.bytes[2 * n + 3], 0, "different replicas of different stages do not talk");
+    /* ranks: stage 0 = 0,1; stage 1 = 2,3; stage 2 = 4,5 (replica r of stage s: 2s + r) */
+    cr_expect_eq(topo_grid_rank(2, 2, 1), 5);
+    cr_expect_eq(tr.bytes[0 * n + 2], 1000 * 4.0 * 64, "activations forward");
+    cr_expect_eq(tr.bytes[2 * n + 0], 1000 * 4.0 * 64, "gradients backward");
+    cr_expect_eq(tr.bytes[3 * n + 5], 10 * 4.0 * 64);
+    cr_expect_eq(tr.messages[3 * n + 5], 4, "one message per micro-batch");
+    cr_expect_eq(tr.bytes[0 * n + 4], 0, "stages 0 and 2 do not talk");
+    cr_expect_eq(tr.bytes[4 * n + 1], 0, "different replicas of different stages do not talk");
     /* ring Allreduce of 2 replicas: 2(R−1)/R·P = P each way */
-    cr_expect_eq(tr.bytes[1 * n + 4], 8e6);
-    cr_expect_eq(tr.bytes[4 * n + 1], 8e6);
-    cr_expect_eq(tr.messages[0 * n + 3], 2);
-    cr_expect_eq(tr.bytes[2 * n + 5], 0, "a stage without parameters sends nothing");
+    cr_expect_eq(tr.bytes[2 * n + 3], 8e6);
+    cr_expect_eq(tr.bytes[3 * n + 2], 8e6);
+    cr_expect_eq(tr.messages[0 * n + 1], 2);
+    cr_expect_eq(tr.bytes[4 * n + 5], 0, "a stage without parameters sends nothing");
     topo_traffic_free(&tr);
     cr_expect_eq(topo_traffic_init(&tr, 0, 1, bv, NULL, 1, 1), -1);
     cr_expect_eq(topo_traffic_init(&tr, 2, 2, bv, NULL, 1, 1), -1, "replicas need param bytes");
@@ -369,11 +370,12 @@ Test(topo, traffic_from_partition)
     cr_assert_eq(topo_traffic_from_partition(&tr, &net, &p, 3, 16, 2), 0, "%s", pt_error_get());
     int n = tr.n_ranks;
     cr_assert_eq(n, 6);
-    cr_expect_eq(tr.bytes[0 * n + 1], 32 * 4.0 * 16, "the pool's output crosses the boundary");
-    /* replicas of stage 0: ranks 0, 2, 4; ring 2(R−1)/R·P with P = 80 params · 4 bytes */
-    CHECK_CLOSE("allreduce bytes", &tr.bytes[0 * n + 2], (double[]){2.0 * 2 / 3 * 320}, 1, 0, 1e-12);
-    CHECK_CLOSE("allreduce bytes", &tr.bytes[5 * n + 1], (double[]){2.0 * 2 / 3 * 1320}, 1, 0, 1e-12);
-    cr_expect_eq(tr.messages[4 * n + 0], 4);
+    /* stage 0: ranks 0, 1, 2 (its replicas), stage 1: ranks 3, 4, 5 */
+    cr_expect_eq(tr.bytes[0 * n + 3], 32 * 4.0 * 16, "the pool's output crosses the boundary");
+    /* ring 2(R−1)/R·P over a stage's replicas, P = 80 params · 4 bytes for stage 0 */
+    CHECK_CLOSE("allreduce bytes", &tr.bytes[0 * n + 1], (double[]){2.0 * 2 / 3 * 320}, 1, 0, 1e-12);
+    CHECK_CLOSE("allreduce bytes", &tr.bytes[5 * n + 3], (double[]){2.0 * 2 / 3 * 1320}, 1, 0, 1e-12);
+    cr_expect_eq(tr.messages[2 * n + 0], 4);
     topo_traffic_free(&tr);
 }
 
@@ -671,28 +673,52 @@ Test(topo, nvlink_chain_beats_rank_order)
     topo_free(t);
 }
 
-Test(topo, replicas_of_heavy_stages_share_a_package)
+/* 2 stages × 2 replicas on the two packages of node-2s-8gpu, placed by topo_place_ranks:
+ * the pairs with the heavier traffic share a package. */
+static void place_grid(double boundary_values, double param_bytes, topo_placement *pl,
+                       const topo_machine *m, const topo_cost_model *cm)
 {
-    /* Large parameters, small activations: the Allreduce pairs matter more than the stage
-     * boundaries, so the two replicas of each stage should sit in one package, which rank
-     * order (replica 0 on package 0, replica 1 on package 1) does not do. */
+    double bv[1] = {boundary_values}, pb[2] = {param_bytes, param_bytes};
+    topo_traffic tr;
+    cr_assert_eq(topo_traffic_init(&tr, 2, 2, bv, pb, 32, 4), 0);
+    topo_place_options opt = {.device = TOPO_DEVICE_CPU, .nodes = 1};
+    cr_assert_eq(topo_place_ranks(pl, m, &tr, cm, &opt), 0, "%s", pt_error_get());
+    topo_traffic_free(&tr);
+}
+
+Test(topo, heavier_pairs_share_a_package)
+{
     topo_cost_model cm;
     topo_cost_model_default(&cm);
     topo_t *t = load("node-2s-8gpu.xml");
     const topo_machine *m = topo_get_machine(t);
-    double bv[1] = {100}, pb[2] = {400e6, 400e6};
-    topo_traffic tr;
-    cr_assert_eq(topo_traffic_init(&tr, 2, 2, bv, pb, 32, 4), 0);
     topo_placement pl;
-    topo_place_options opt = {.device = TOPO_DEVICE_CPU, .nodes = 1};
-    cr_assert_eq(topo_place_ranks(&pl, m, &tr, &cm, &opt), 0, "%s", pt_error_get());
-    for (int s = 0; s < 2; s++)
-        cr_expect_eq(place_package(m, &pl.places[s]), place_package(m, &pl.places[2 + s]),
-                     "stage %d's replicas in packages %d and %d", s, place_package(m, &pl.places[s]),
-                     place_package(m, &pl.places[2 + s]));
+    /* Large parameters, small activations: the Allreduce pairs matter more than the stage
+     * boundaries, so the two replicas of each stage sit in one package, as rank order
+     * (a stage's replicas consecutive) already has them. */
+    place_grid(100, 400e6, &pl, m, &cm);
+    for (int s = 0; s < 2; s++) {
+        const topo_place *a = &pl.places[topo_grid_rank(2, s, 0)],
+                         *b = &pl.places[topo_grid_rank(2, s, 1)];
+        cr_expect_eq(place_package(m, a), place_package(m, b),
+                     "stage %d's replicas in packages %d and %d", s, place_package(m, a),
+                     place_package(m, b));
+    }
+    cr_expect_leq(pl.cost_s, pl.naive_cost_s);
+    topo_placement_free(&pl);
+    /* Small parameters, large activations: the boundaries matter more, so each replica's
+     * two stages sit in one package, which rank order (stage 0 on package 0, stage 1 on
+     * package 1) does not do: the placement must find it. */
+    place_grid(1e6, 4e3, &pl, m, &cm);
+    for (int r = 0; r < 2; r++) {
+        const topo_place *a = &pl.places[topo_grid_rank(2, 0, r)],
+                         *b = &pl.places[topo_grid_rank(2, 1, r)];
+        cr_expect_eq(place_package(m, a), place_package(m, b),
+                     "replica %d's stages in packages %d and %d", r, place_package(m, a),
+                     place_package(m, b));
+    }
     cr_expect_lt(pl.cost_s, pl.naive_cost_s);
     topo_placement_free(&pl);
-    topo_traffic_free(&tr);
     topo_free(t);
 }
 

@@ -95,7 +95,7 @@ int topo_traffic_init(topo_traffic *tr, int stages, int replicas, const double *
     tr->replicas = replicas;
     for (int r = 0; r < replicas; r++)
         for (int s = 0; s + 1 < stages; s++) {
-            int i = r * stages + s, j = i + 1;
+            int i = topo_grid_rank(replicas, s, r), j = topo_grid_rank(replicas, s + 1, r);
             /* activations forward, gradients of the same shape backward */
             double b = boundary_values[s] * 4.0 * batch;
             tr->bytes[i * n + j] += b;
@@ -107,7 +107,8 @@ int topo_traffic_init(topo_traffic *tr, int stages, int replicas, const double *
         for (int s = 0; s < stages; s++)
             for (int r = 0; r < replicas; r++) {
                 /* ring Allreduce: reduce-scatter then all-gather, each R−1 steps of P/R */
-                int i = r * stages + s, j = ((r + 1) % replicas) * stages + s;
+                int i = topo_grid_rank(replicas, s, r);
+                int j = topo_grid_rank(replicas, s, (r + 1) % replicas);
                 tr->bytes[i * n + j] += 2.0 * (replicas - 1) / replicas * param_bytes[s];
                 tr->messages[i * n + j] += 2.0 * (replicas - 1);
             }

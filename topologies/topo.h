@@ -138,8 +138,13 @@ const char *topo_link_name(topo_link link); /* "same-core", ..., "cross-node" */
 
 /* ---- traffic of a job --------------------------------------------------------------- */
 
-/* A job is a grid of ranks: stage s of replica r is rank r·stages + s, so the stages of one
- * pipeline are consecutive ranks (more axes, e.g. tensor shards, would extend the grid). */
+/* A job is a grid of ranks: stage s of replica r is rank s·replicas + r, so the replicas of
+ * one stage, whose gradient reductions are the heavier traffic, are consecutive ranks and
+ * stages are outermost (tensor shards extend the grid innermost: src/cmd_plan.h). */
+static inline int topo_grid_rank(int replicas, int s, int r)
+{
+    return s * replicas + r;
+}
 typedef struct {
     int n_ranks, stages, replicas;
     double *bytes;    /* owned, n_ranks², bytes rank i sends to rank j per step */
