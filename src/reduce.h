@@ -174,10 +174,10 @@ double reduce_bus_bandwidth(size_t bytes, double seconds, int ranks);
 /* ---- layout: world rank ↔ (stage, replica), communicators ----------------------------- */
 
 /* Default placement without binding: rank = stage × replicas + replica, i.e. each stage's
- * replicas on consecutive ranks (ranks 0..R−1 are stage 0's replicas), stages outermost
- * (topologies/topo.h's job grid). −1 with a message when rank is outside
- * [0, stages × replicas). A placement may choose any other one-to-one mapping and pass it to
- * reduce_comms_init. */
+ * replicas on consecutive ranks (ranks 0..R−1 are stage 0's replicas), stages outermost:
+ * the inverse of topologies/topo.h's topo_grid_rank. −1 with a message when rank is
+ * outside [0, stages × replicas). A placement may choose any other one-to-one mapping and
+ * pass it to reduce_comms_init. */
 int reduce_layout_default(int rank, int stages, int replicas, int *stage_of,
                           int *replica_of);
 

@@ -21,6 +21,7 @@
 #include "src/base/error.h"
 #include "src/exec.h"
 #include "src/reduce.h"
+#include "topologies/topo.h"
 #include "src/base/mpi_check.h"
 
 static int world_rank, world_size, checks, failures;
@@ -460,8 +461,8 @@ static void test_layouts(void)
         if (world_size % stages) continue;
         int replicas = world_size / stages, s, p;
         OK(reduce_layout_default(world_rank, stages, replicas, &s, &p));
-        CHECK(world_rank == s * replicas + p, "default layout of rank %d: stage %d replica %d",
-              world_rank, s, p);
+        CHECK(world_rank == topo_grid_rank(replicas, s, p),
+              "default layout of rank %d: stage %d replica %d", world_rank, s, p);
         reduce_comms c;
         OK(reduce_comms_init(&c, MPI_COMM_WORLD, stages, replicas, s, p, TIMEOUT));
         int gr, gs, pr, ps;
