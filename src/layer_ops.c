@@ -153,16 +153,21 @@ typedef struct {
     int (*weight)(const layer_call *c, const float *g);
 } layer_ops;
 
+/* After a parameter layer's product (rc its result): its activation in place, unless the
+ * layer is split by its inputs (a partial sum: the engine activates after the all-reduce). */
+static int activate(const layer_call *c, int rc)
+{
+    if (rc || c->io->partial) return rc;
+    return c->k->activation_forward(c->kc, c->io->y, c->io->y, (size_t)c->n * c->out_count,
+                                    c->L->activation);
+}
+
 static int conv_forward(const layer_call *c, uint64_t seed, uint64_t step)
 {
     const layer_io *io = c->io;
     kernel_conv2d_dims d = layer_conv_dims(c->L, c->n);
-    int rc = c->k->conv_forward(c->kc, io->y, c->work, io->x, io->w, io->partial ? NULL : io->b,
-                                &d);
-    if (!rc && !io->partial)
-        rc = c->k->activation_forward(c->kc, io->y, io->y, (size_t)c->n * c->out_count,
-                                      c->L->activation);
-    return rc;
+    return activate(c, c->k->conv_forward(c->kc, io->y, c->work, io->x, io->w,
+                                          io->partial ? NULL : io->b, &d));
 }
 static int conv_backward(const layer_call *c, const float *g, float *dx, int weight_now)
 {
@@ -182,12 +187,9 @@ static int conv_weight(const layer_call *c, const float *g)
 static int dense_forward(const layer_call *c, uint64_t seed, uint64_t step)
 {
     const layer_io *io = c->io;
-    int rc = c->k->dense_forward(c->kc, io->y, io->x, io->w, io->partial ? NULL : io->b, c->n,
-                                 (int)c->in_count, c->L->u.dense.units);
-    if (!rc && !io->partial)
-        rc = c->k->activation_forward(c->kc, io->y, io->y, (size_t)c->n * c->out_count,
-                                      c->L->activation);
-    return rc;
+    return activate(c, c->k->dense_forward(c->kc, io->y, io->x, io->w,
+                                           io->partial ? NULL : io->b, c->n, (int)c->in_count,
+                                           c->L->u.dense.units));
 }
 static int dense_backward(const layer_call *c, const float *g, float *dx, int weight_now)
 {

@@ -592,28 +592,22 @@ static int tp_forward(stage *s, stage_slot *sl, chunk_job *j)
         tp_slice(s, &s->tp->layers[s->first].in, layer_shape_count(net->layers[s->first].in),
                  sl->input, sl->xin[0], n);
     for (int i = 0; i < nl; i++) {
-        int l = s->first + i;
-        int gather_next = i + 1 < nl && sl->xin[i + 1];
-        if (!(i == nl - 1 || split_in(s, i) || gather_next)) continue;
+        int l = s->first + i, then = shard_forward_after(s->tp, s->first, s->last, i);
+        if (!then && i < nl - 1) continue;
         j->lo = lo;
         j->hi = i + 1;
         pool_run(s->pool, forward_worker, j);
         lo = i + 1;
-        if (split_in(s, i)) {
+        if (then & SHARD_THEN_REDUCE) {
             if (tp_allreduce(s, sl->buf[i], (size_t)n * layer_shape_count(s->loc[i].out)))
                 return -1;
             tp_finish(s, i, sl->buf[i], n);
         }
-        if (gather_next &&
+        if ((then & SHARD_THEN_GATHER) &&
             tp_gather(s, &s->tp->layers[l].out, layer_shape_count(net->layers[l].out),
-                      sl->out[i], sl->xin[i + 1], n))
+                      sl->out[i], i + 1 < nl ? sl->xin[i + 1] : sl->whole_out, n))
             return -1;
     }
-    if (sl->whole_out &&
-        tp_gather(s, &s->tp->layers[s->last - 1].out,
-                  layer_shape_count(net->layers[s->last - 1].out), sl->out[nl - 1],
-                  sl->whole_out, n))
-        return -1;
     return 0;
 }
 
@@ -827,8 +821,7 @@ static void backward_span(stage *s, int slot, int lo, int hi, const float *dout,
         dout = s->tp_dout;
     }
     for (int h = hi; h > lo;) {
-        int b = h - 1;
-        while (b > lo && tp->layers[s->first + b].split != SHARD_OUT && !sl->xin[b]) b--;
+        int b = shard_backward_stop(tp, s->first, lo, h);
         int slice_in = b == 0 && sl->xin[0]; /* the gradient of a sliced stage input */
         backward_span_local(s, slot, b, h, h == nl ? dout : NULL,
                             b == 0 ? (slice_in && din ? s->tp_din : din) : NULL, grads, parts);

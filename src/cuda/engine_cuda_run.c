@@ -325,24 +325,20 @@ static int forward_layers(engine *e, cuda_slot *s, int m, int n, uint64_t seed, 
                  n))
         return -1;
     for (int i = 0; i < nl; i++) {
-        int l = c->first + i;
-        int gather_next = i + 1 < nl && s->layers[i + 1].xin;
-        if (!(i == nl - 1 || split_in(c, i) || gather_next)) continue;
+        int l = c->first + i, then = shard_forward_after(c->tp, c->first, c->last, i);
+        if (!then && i < nl - 1) continue;
         if (layer_run_forward(&r, lo, i + 1)) return layer_run_fail(c, &r, m);
         lo = i + 1;
-        if (split_in(c, i) &&
+        if ((then & SHARD_THEN_REDUCE) &&
             (tp_allreduce(e, s->layers[i].buf,
                           (size_t)n * layer_shape_count(c->loc[i].out)) ||
              tp_finish(c, i, s->layers[i].buf, n, m)))
             return -1;
-        if (gather_next && tp_gather(e, &c->tp->layers[l].out,
-                                     layer_shape_count(net->layers[l].out), s->layers[i].out,
-                                     s->layers[i + 1].xin, n))
+        if ((then & SHARD_THEN_GATHER) &&
+            tp_gather(e, &c->tp->layers[l].out, layer_shape_count(net->layers[l].out),
+                      s->layers[i].out, i + 1 < nl ? s->layers[i + 1].xin : s->whole_out, n))
             return -1;
     }
-    if (s->whole_out && tp_gather(e, &c->tp->layers[c->last - 1].out, e->out_count,
-                                  s->layers[nl - 1].out, s->whole_out, n))
-        return -1;
     return 0;
 }
 
@@ -505,8 +501,7 @@ static int backward_layers(engine *e, cuda_slot *s, int m, int lo, int hi, float
         c->range_gi = -1;
     }
     for (int h = hi; h > lo;) {
-        int b = h - 1;
-        while (b > lo && tp->layers[c->first + b].split != SHARD_OUT && !s->layers[b].xin) b--;
+        int b = shard_backward_stop(tp, c->first, lo, h);
         int slice_in = b == 0 && s->layers[0].xin; /* the gradient of a sliced stage input */
         if (layer_run_backward(&r, b, h, &c->range_g, &c->range_gi, c->scratch,
                                b == 0 ? (slice_in && din ? c->tp_din : din) : NULL, parts))

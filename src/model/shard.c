@@ -228,6 +228,22 @@ size_t shard_slot_input(const shard_plan *p, const net_desc *net, int l, int fir
     return 0;
 }
 
+int shard_forward_after(const shard_plan *p, int first, int last, int i)
+{
+    int l = first + i, what = p->layers[l].split == SHARD_IN ? SHARD_THEN_REDUCE : 0;
+    if (l + 1 < last ? p->layers[l + 1].gather_in : p->layers[l].out.sharded)
+        what |= SHARD_THEN_GATHER;
+    return what;
+}
+
+int shard_backward_stop(const shard_plan *p, int first, int lo, int h)
+{
+    int b = h - 1;
+    while (b > lo && p->layers[first + b].split != SHARD_OUT && !p->layers[first + b].gather_in)
+        b--;
+    return b;
+}
+
 shard_traffic shard_stage_traffic(const shard_plan *p, const net_desc *net, int first, int last,
                                   int first_stage)
 {

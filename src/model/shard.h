@@ -98,6 +98,19 @@ void shard_layer_runs(const shard_plan *p, const net_desc *net, int l, int t,
  * Both engines size their slots with it. */
 size_t shard_slot_input(const shard_plan *p, const net_desc *net, int l, int first, int t);
 
+/* Where a stage of layers [first, last) stops for its tensor group; both engines run the
+ * layers between these points and the collectives at them.
+ * shard_forward_after: what follows local layer i's forward (0: the next layer at once):
+ * SHARD_THEN_REDUCE, all-reduce its partial output, then its bias and activation; and/or
+ * SHARD_THEN_GATHER, all-gather its sliced output into the next layer's input (the stage's
+ * whole output after its last layer).
+ * shard_backward_stop: a backward of local layers [lo, h) first runs [b, h) for the b
+ * returned, then the group acts on the gradient at layer b's input (an output-split layer's
+ * partial sums, a gathered input's slice); b = lo when nothing stops it earlier. */
+enum { SHARD_THEN_REDUCE = 1, SHARD_THEN_GATHER = 2 };
+int shard_forward_after(const shard_plan *p, int first, int last, int i);
+int shard_backward_stop(const shard_plan *p, int first, int lo, int h);
+
 /* Per sample, the floats a stage of layers [first, last) moves in tensor collectives:
  * forward all-gathers (the values gathered, the whole vectors' sizes) and all-reduces,
  * backward all-reduces and all-gathers. first_stage: no input gradient is needed. For
