@@ -1,5 +1,5 @@
 # The CUDA backend (kernels/cuda/): a static library `ptcuda`, its GPU test, and the plugin
-# libpipetrain-cuda.so that pipetrain loads at run time (src/cuda_plugin.h).
+# libpipetrain-cuda.so that pipetrain loads at run time (src/runtime/cuda_plugin.h).
 # Included by the top-level CMakeLists.txt after the CPU targets. Only binaries that link
 # ptcuda pay for CUDA (loading cuBLAS costs about 0.5 s per process start).
 #
@@ -78,25 +78,25 @@ if(PT_HAVE_CUDA)
   endif()
   target_compile_options(ptcuda PRIVATE "$<$<COMPILE_LANGUAGE:CUDA>:${pt_cuda_flags}>")
 
-  # The CUDA plugin (src/cuda_plugin.h): libpipetrain-cuda.so beside the pipetrain binary,
+  # The CUDA plugin (src/engine/cuda_abi.h): libpipetrain-cuda.so beside the pipetrain binary,
   # dlopen'ed for --device cuda and `pipetrain devices`, so that neither pipetrain nor any
   # test binary links cudart or cuBLAS. It holds src/cuda/*.c (entry, error forwarding,
-  # CUDA engine) with the kernels and the parts of ptcore they use, hence PIC for both.
+  # CUDA engine) with the kernels and the engine layer (src/engine and below) they use, hence PIC for both.
   # Only pt_cuda_plugin_entry is exported: hidden visibility for its own objects and
-  # --exclude-libs for the static libraries' (the plugin's ptcore copy must not interpose
+  # --exclude-libs for the static libraries' (the plugin's copy of the engine layer must not interpose
   # on the host's). --no-undefined: a missing symbol is a link error here, not a dlopen
   # error at run time.
   set_target_properties(${PT_MODULES} ptcuda PROPERTIES POSITION_INDEPENDENT_CODE ON)
   file(GLOB PT_CUDA_PLUGIN_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/cuda/*.c)
   add_library(pipetrain_cuda MODULE ${PT_CUDA_PLUGIN_SOURCES})
-  target_link_libraries(pipetrain_cuda PRIVATE ptcuda ptcore)
+  target_link_libraries(pipetrain_cuda PRIVATE ptcuda ptengine)
   set_target_properties(pipetrain_cuda PROPERTIES OUTPUT_NAME pipetrain-cuda PREFIX lib
     LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR} C_VISIBILITY_PRESET hidden
     CUDA_RUNTIME_LIBRARY Shared)
   target_link_options(pipetrain_cuda PRIVATE -Wl,--exclude-libs,ALL -Wl,--no-undefined)
   add_dependencies(pipetrain pipetrain_cuda)
   # The host's "plugin missing" message: this build makes one, so it was not built without.
-  set_property(SOURCE ${CMAKE_SOURCE_DIR}/src/cuda_plugin.c APPEND PROPERTY
+  set_property(SOURCE ${CMAKE_SOURCE_DIR}/src/runtime/cuda_plugin.c APPEND PROPERTY
     COMPILE_DEFINITIONS PT_CUDA_PLUGIN_BUILT=1)
 
   if(PT_TESTS)
@@ -117,7 +117,7 @@ if(PT_HAVE_CUDA)
     add_library(pipetrain_cuda_mock MODULE ${PT_CUDA_PLUGIN_SOURCES}
       ${CMAKE_SOURCE_DIR}/tests/cuda/mock_cuda.c ${CMAKE_SOURCE_DIR}/tests/cuda/mock_cuda_device.c)
     target_include_directories(pipetrain_cuda_mock PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
-    target_link_libraries(pipetrain_cuda_mock PRIVATE ptcore)
+    target_link_libraries(pipetrain_cuda_mock PRIVATE ptengine)
     set_target_properties(pipetrain_cuda_mock PROPERTIES OUTPUT_NAME pipetrain-cuda-mock
       PREFIX lib LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests C_VISIBILITY_PRESET hidden)
     target_link_options(pipetrain_cuda_mock PRIVATE -Wl,--exclude-libs,ALL -Wl,--no-undefined)

@@ -1,8 +1,8 @@
-/* libFuzzer harness: the IDX reader (src/data.c) with gzip through zlib. The input is an
+/* libFuzzer harness: the IDX reader (src/io/data.c) with gzip through zlib. The input is an
  * image file and a label file: its first two bytes give the image file's length (modulo
  * what is left), the rest is cut there. */
 #include "fuzz/fuzz_input.h"
-#include "src/data.h"
+#include "src/io/data.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

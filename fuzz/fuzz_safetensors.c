@@ -1,9 +1,9 @@
-/* libFuzzer harness: the safetensors reader (src/safetensors.c) and the checkpoint loader on
- * top of it (src/checkpoint.c), for a small fixed model. */
+/* libFuzzer harness: the safetensors reader (src/io/safetensors.c) and the checkpoint loader on
+ * top of it (src/io/checkpoint.c), for a small fixed model. */
 #include "fuzz/fuzz_input.h"
-#include "src/checkpoint.h"
+#include "src/io/checkpoint.h"
 #include "src/model/net.h"
-#include "src/safetensors.h"
+#include "src/io/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

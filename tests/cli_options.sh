@@ -1,4 +1,4 @@
-# Every command's options come from one table that also prints its help (src/options.h):
+# Every command's options come from one table that also prints its help (src/base/options.h):
 # every command answers --help and -h, refuses unknown options the same way, and the
 # options several commands share have the same letter, text and default in each.
 # `pipetrain --version` and `pipetrain version` print the CMake project version.

@@ -47,7 +47,7 @@ expect_fail "bad option value" "--batch" \
 # An MPI call that fails in the middle of a step (an invalid send, on rank 1 at step 2)
 # ends every rank within seconds, with the rank, pipetrain's line and MPI's own text.
 SECONDS=0
-expect_fail "MPI error in a step" "rank 1 (.*): MPI_Isend failed at src/exec.c:[0-9]*: Invalid count" \
+expect_fail "MPI error in a step" "rank 1 (.*): MPI_Isend failed at src/runtime/exec.c:[0-9]*: Invalid count" \
     "$MPIEXEC" -n 2 "$PIPETRAIN" train --model "$CNN" --stages 2 "${T[@]}" --steps 5 \
     --partition params --debug-mpi-error 1:2
 if [ "$SECONDS" -le 20 ]; then pass "MPI error ends the job in $SECONDS s"

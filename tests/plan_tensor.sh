@@ -1,5 +1,5 @@
-# plan --tensor T [--tensor-mode M]: tensor shards priced by the planner (src/cmd_plan.c,
-# src/plan_predict.c): parameters per rank from the shard plan, the tensor collectives
+# plan --tensor T [--tensor-mode M]: tensor shards priced by the planner (src/cli/cmd_plan.c,
+# src/plan/predict.c): parameters per rank from the shard plan, the tensor collectives
 # (shard_stage_traffic) priced α–β on the tensor group's link, 0 without shards; the bad
 # inputs; and plan --ranks trying tensor factors. seed-mlp (784 → 256 → 128 → 10) with the
 # "params" cut, so that everything checked here but the compute is independent of timing.

@@ -1,4 +1,4 @@
-/* The gradient reduction module (src/reduce.h) at any number of ranks; run by
+/* The gradient reduction module (src/reduce/reduce.h) at any number of ranks; run by
  * tests/reduce_mpi.sh. A plain MPI program, not Criterion (DESIGN.md: Criterion's child
  * processes cannot reach mpiexec's process manager).
  *
@@ -19,10 +19,11 @@
 
 #include "src/base/clock.h"
 #include "src/base/error.h"
-#include "src/exec.h"
-#include "src/reduce.h"
+#include "src/runtime/exec.h"
+#include "src/reduce/reduce.h"
 #include "topologies/topo.h"
 #include "src/base/mpi_check.h"
+#include "src/base/mpi_wait.h"
 
 static int world_rank, world_size, checks, failures;
 static const double TIMEOUT = 30;
@@ -474,8 +475,8 @@ static void test_layouts(void)
               "%dx%d: group %d/%d pipeline %d/%d", stages, replicas, gr, gs, pr, ps);
         /* who is in each: the sums of world ranks */
         int sums[2] = {world_rank, world_rank};
-        OK(exec_allreduce(&sums[0], 1, MPI_INT, MPI_SUM, c.group, TIMEOUT));
-        OK(exec_allreduce(&sums[1], 1, MPI_INT, MPI_SUM, c.pipeline, TIMEOUT));
+        OK(mpi_wait_allreduce(&sums[0], 1, MPI_INT, MPI_SUM, c.group, TIMEOUT));
+        OK(mpi_wait_allreduce(&sums[1], 1, MPI_INT, MPI_SUM, c.pipeline, TIMEOUT));
         int want_group = 0, want_pipe = 0;
         for (int k = 0; k < replicas; k++) want_group += s * replicas + k;
         for (int k = 0; k < stages; k++) want_pipe += k * replicas + p;
@@ -574,7 +575,7 @@ int main(int argc, char **argv)
     test_pieces(&world);
     test_layouts();
     int totals[2] = {checks, failures};
-    OK(exec_allreduce(totals, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD, TIMEOUT));
+    OK(mpi_wait_allreduce(totals, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD, TIMEOUT));
     if (world_rank == 0) {
         if (totals[1])
             printf("reduce_mpi: %d of %d checks failed (%d ranks)\n", totals[1], totals[0],

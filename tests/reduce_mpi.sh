@@ -1,4 +1,4 @@
-# The gradient reduction module (src/reduce.h) through tests/reduce_mpi.c: every method
+# The gradient reduction module (src/reduce/reduce.h) through tests/reduce_mpi.c: every method
 # against the rank-order sum, bucket plans, layouts, at 1 to 4 ranks (more ranks than this
 # machine's cores: the module waits politely); then a rank that never joins a reduction
 # must end the job within seconds, naming the bucket it was waiting in.

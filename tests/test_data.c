@@ -9,7 +9,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "src/data.h"
+#include "src/io/data.h"
 #include "src/base/error.h"
 
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"

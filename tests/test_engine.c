@@ -1,4 +1,4 @@
-/* The CPU engine's data-parallel operations (src/engine.h): backward by layer ranges,
+/* The CPU engine's data-parallel operations (src/engine/engine.h): backward by layer ranges,
  * gradients kept apart in pieces, the host view of the gradients that the step uses, and
  * zeroing. (The CUDA engine is compared with this one in tests/cuda/test_engine_cuda_mock.c.) */
 #include <criterion/criterion.h>
@@ -6,7 +6,8 @@
 #include <string.h>
 
 #include "src/base/error.h"
-#include "src/engine.h"
+#include "src/engine/engine.h"
+#include "src/runtime/engine_create.h"
 #include "tests/check.h"
 
 void openblas_set_num_threads(int);
@@ -117,7 +118,7 @@ Test(engine_cpu, host_view_is_what_the_step_uses)
     cr_assert_eq(engine_grads_host(e, 0, half, P - half, &h), 0);
     for (size_t i = 0; i < P - half; i++) h[i] = 1.0f;
     cr_assert_eq(engine_grads_commit(e, half, P - half), 0);
-    optimizer_config sgd = {.kind = OPT_SGD, .lr = 0.5f};
+    optimizer_config sgd = {.kind = OPTIM_SGD, .lr = 0.5f};
     cr_assert_eq(engine_step(e, &sgd, -1), 0);
     cr_assert_eq(engine_read_params(e, after), 0);
     cr_assert_eq(memcmp(before, after, half * sizeof(float)), 0);
@@ -144,7 +145,7 @@ Test(engine_cpu, misuse_is_refused_with_a_message)
     engine *e = make_engine(&net, 2);
     size_t P = e->param_count;
     float *h;
-    optimizer_config sgd = {.kind = OPT_SGD, .lr = 0.1f};
+    optimizer_config sgd = {.kind = OPTIM_SGD, .lr = 0.1f};
     forward_all(e, &d);
     cr_assert_neq(engine_backward_range(e, 0, 0, 1, -1), 0, "not from the top");
     cr_assert_neq(engine_backward_range(e, M, 2, 3, -1), 0, "buffer out of range");

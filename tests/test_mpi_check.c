@@ -27,9 +27,9 @@ Test(mpi_check, failure_names_call_line_and_mpi_text)
 {
     /* before MPI_Init: no rank, but MPI's text (MPI_Error_string works at any time) */
     cr_assert_eq(pt_mpi_check(MPI_ERR_TAG, "MPI_Irecv(buf, 1, MPI_FLOAT, 0, -1, comm, &r)",
-                              "src/exec.c", 42), -1);
+                              "src/runtime/exec.c", 42), -1);
     const char *msg = pt_error_get();
-    cr_assert(strstr(msg, "MPI_Irecv failed at src/exec.c:42: Invalid tag") != NULL, "%s", msg);
+    cr_assert(strstr(msg, "MPI_Irecv failed at src/runtime/exec.c:42: Invalid tag") != NULL, "%s", msg);
     cr_assert(strstr(msg, "MPI_FLOAT") == NULL, "arguments copied into '%s'", msg);
     cr_assert_eq(pt_mpi_failed(), 1);
 }

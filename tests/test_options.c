@@ -1,4 +1,4 @@
-/* src/options.h: defaults parsed like given values, given/required/operands, the rule for
+/* src/base/options.h: defaults parsed like given values, given/required/operands, the rule for
  * shared options and letters, the help's layout. */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "src/base/error.h"
-#include "src/options.h"
+#include "src/base/options.h"
 
 enum { O_MODEL = 1, O_STAGES, O_RATE, O_MODE, O_FLAG, O_HELP };
 
@@ -114,7 +114,7 @@ Test(options, abbreviations_and_stops)
     cr_assert_str_eq(p.operands[0], "--flag");
 }
 
-/* Tables that break the rule of src/options.h are refused. */
+/* Tables that break the rule of src/base/options.h are refused. */
 Test(options, the_rule_is_enforced)
 {
     static const opt_spec shared_with_letter[] = {

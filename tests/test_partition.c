@@ -1,8 +1,8 @@
 /* Stage partitioners: uniform, exact min-max (against brute force), counts lists, the
  * method switch, and the printed table. Nets are built by hand so that these tests do not
  * depend on the model-file parser. Then what the planner builds on a partition: the
- * profile's split backward (measured, src/profile.c), and the step and memory a layout is
- * priced at (src/plan_predict.c), on models/ files. */
+ * profile's split backward (measured, src/runtime/profile.c), and the step and memory a layout is
+ * priced at (src/plan/predict.c), on models/ files. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
@@ -13,9 +13,9 @@
 #include "partition/partition.h"
 #include "schedule/schedule.h"
 #include "src/base/error.h"
-#include "src/plan_predict.h"
-#include "src/profile.h"
-#include "src/stage.h"
+#include "src/plan/predict.h"
+#include "src/runtime/profile.h"
+#include "src/cpu/stage.h"
 #include "tests/check.h"
 
 static void expect_first(const partition *p, const int *want, int stages, const char *what)

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "src/base/error.h"
-#include "src/safetensors.h"
+#include "src/io/safetensors.h"
 #include "tests/check.h"
 
 static char tmpdir[64];

@@ -1,4 +1,4 @@
-/* The stage's gradient accumulation (src/stage.h): each micro-batch's gradient is rounded
+/* The stage's gradient accumulation (src/cpu/stage.h): each micro-batch's gradient is rounded
  * on its own before it joins the step's sum, so that a micro-batch's gradient formed apart
  * (stage_backward_to, what data-parallel replicas reduce in a fixed order) adds up to the
  * same bits; and the sum does not depend on the thread count. */
@@ -9,7 +9,7 @@
 #include "kernels/rng.h"
 #include "src/base/error.h"
 #include "src/model/net.h"
-#include "src/stage.h"
+#include "src/cpu/stage.h"
 #include "tests/check.h"
 
 void openblas_set_num_threads(int);

@@ -1,5 +1,5 @@
 /* The stage's split backward (zero-bubble B and W) and batched weight gradients
- * (src/stage.h): B then W must be the fused backward bit for bit, whatever runs between
+ * (src/cpu/stage.h): B then W must be the fused backward bit for bit, whatever runs between
  * them; the batched weight gradient must not depend on the thread count or on whether the
  * backward is split, and must agree with the per-micro-batch sum to rounding. */
 #include <criterion/criterion.h>
@@ -10,7 +10,7 @@
 #include "kernels/rng.h"
 #include "src/base/error.h"
 #include "src/model/net.h"
-#include "src/stage.h"
+#include "src/cpu/stage.h"
 #include "tests/check.h"
 
 void openblas_set_num_threads(int);

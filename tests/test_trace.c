@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "src/base/error.h"
-#include "src/trace.h"
+#include "src/runtime/trace.h"
 
 static char tmpdir[64];
 static char path[160];

@@ -140,7 +140,7 @@ const char *topo_link_name(topo_link link); /* "same-core", ..., "cross-node" */
 
 /* A job is a grid of ranks: stage s of replica r is rank s·replicas + r, so the replicas of
  * one stage, whose gradient reductions are the heavier traffic, are consecutive ranks and
- * stages are outermost (tensor shards extend the grid innermost: src/cmd_plan.h). */
+ * stages are outermost (tensor shards extend the grid innermost: src/plan/build.h). */
 static inline int topo_grid_rank(int replicas, int s, int r)
 {
     return s * replicas + r;
@@ -245,7 +245,7 @@ int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, int *blas_threa
 /* ---- command line ------------------------------------------------------------------- */
 
 
-/* Text helpers for the topo, plan and devices commands (src/cmd_topo.c, src/devices.c). */
+/* Text helpers for the topo, plan and devices commands (src/cli/cmd_topo.c, src/cli/devices.c). */
 /* JSON values (jansson; NULL when out of memory): a string from any C string, with bytes
  * that are not UTF-8 (a path may hold any) replaced by U+FFFD, as JSON must be UTF-8; a
  * number: an integer when the value is a whole number (exact below 2^53), null when it is

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Shows that checkpoints written by pipetrain (src/safetensors.c) are ordinary safetensors
+"""Shows that checkpoints written by pipetrain (src/io/safetensors.c) are ordinary safetensors
 files: reads them with nothing but the standard library, numpy and (when installed) the
 `safetensors` package or PyTorch, applying the format's rules independently of our C reader.
 

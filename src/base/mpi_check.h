@@ -4,7 +4,7 @@
  * call, with MPI's text but without saying which rank, host or line of pipetrain made it.
  * pipetrain sets MPI_ERRORS_RETURN instead (pt_mpi_errors_return) and passes every MPI call
  * through one of these macros: a failure records
- *     "rank R (host): MPI_Isend failed at src/exec.c:290: Invalid count, error stack: ..."
+ *     "rank R (host): MPI_Isend failed at src/runtime/exec.c:290: Invalid count, error stack: ..."
  * with pt_error_set, and library code returns −1 as for any other error. The front end
  * prints the message and ends the job: after an MPI error the ranks may be stuck in
  * different calls, so it ends every rank with MPI_Abort (see pt_mpi_failed). */

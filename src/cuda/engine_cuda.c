@@ -1,4 +1,4 @@
-/* The CUDA engine (src/engine.h): creation, the memory layout, parameters, the optimizer
+/* The CUDA engine (src/engine/engine.h): creation, the memory layout, parameters, the optimizer
  * step, samples and finish. Forward, backward and the messages are in engine_cuda_run.c;
  * the state, and how events order the three streams, in engine_cuda_impl.h. */
 #include "src/cuda/engine_cuda.h"
@@ -587,14 +587,14 @@ static int cuda_step(engine *e, const optimizer_config *o, int tick)
     c->step++; /* as stage_step: Adam's first update is step 1 */
     int rc = 0;
     switch (o->kind) {
-    case OPT_SGD:
+    case OPTIM_SGD:
         rc = kernel_sgd_update_cuda(c->params, c->grads, P, o->lr, o->weight_decay, &c->ctx);
         break;
-    case OPT_MOMENTUM:
+    case OPTIM_MOMENTUM:
         rc = kernel_momentum_update_cuda(c->params, c->opt_m, c->grads, P, o->lr, o->momentum,
                                          o->weight_decay, &c->ctx);
         break;
-    case OPT_ADAM:
+    case OPTIM_ADAM:
         rc = kernel_adam_update_cuda(c->params, c->opt_m, c->opt_v, c->grads, P, o->lr,
                                      o->beta1, o->beta2, o->eps, o->weight_decay, c->step,
                                      &c->ctx);

@@ -1,7 +1,7 @@
 /* The CUDA engine's private state, shared by engine_cuda.c (memory, parameters, samples,
  * finish) and engine_cuda_run.c (forward, backward, messages). Not for other modules.
  *
- * The CUDA engine (src/engine.h) is one pipeline stage resident on one GPU.
+ * The CUDA engine (src/engine/engine.h) is one pipeline stage resident on one GPU.
  * Parameters, gradients, optimizer state, every slot's activations and every micro-batch
  * buffer live in ONE device allocation, and every host staging buffer in one pinned
  * allocation, both made at creation (nothing is allocated while training). Work is queued
@@ -70,7 +70,7 @@
  * Tensor shards (engine_config.shard, src/model/shard.h): the engine holds rank tp_rank's
  * shards (loc: each local layer as this rank runs it; param_count is the rank's) and runs
  * the forward and the backward in runs of layers between the group's collectives, as
- * src/stage.c does: the all-reduce of an input-split layer's partial output (then its bias
+ * src/cpu/stage.c does: the all-reduce of an input-split layer's partial output (then its bias
  * and activation on the device), the all-gathers of sliced vectors, and in the backward the
  * all-reduce of an output-split layer's input gradient. A collective waits on the host for
  * the compute stream, then calls the executor's MPI collective on pinned host copies (or
@@ -78,20 +78,20 @@
  * So a forward or backward with shards returns once its last collective is done (the work
  * after it stays queued).
  *
- * The layer loop is src/stage.c's (src/layer_ops.h: one loop, the CUDA kernel set in
+ * The layer loop is src/cpu/stage.c's (src/engine/layer_ops.h: one loop, the CUDA kernel set in
  * engine_cuda_run.c) with the whole micro-batch as one chunk: a GPU kernel fills the chip, and each layer then sees the same
  * shapes in every pipeline layout, so a layout does not change the bits. */
 #ifndef PT_ENGINE_CUDA_IMPL_H
 #define PT_ENGINE_CUDA_IMPL_H
 
 #include "kernels/cuda/kernels_cuda.h"
-#include "src/engine.h"
+#include "src/engine/engine.h"
 #include "src/model/layer_table.h"
 
 /* LOSS_CAPACITY: per-micro-batch loss entries held on the device between two reads;
  * evaluation forwards thousands of chunks between finishes and drains them when full. */
 enum { ENGINE_CUDA_ALIGN = 64, LOSS_CAPACITY = 1024 };
-/* Output units per product of a batched weight gradient: src/stage.c's WGRAD_TILE, which
+/* Output units per product of a batched weight gradient: src/cpu/stage.c's WGRAD_TILE, which
  * fixes the CPU's sums (the two must be equal for the engines to agree bit for bit). */
 enum { ENGINE_CUDA_WGRAD_TILE = 512 };
 /* What a backward computes: the input gradient (B), the parameter gradients (W), or both. */
@@ -156,7 +156,7 @@ typedef struct {
     void *dmem, *hmem; /* the device and the pinned allocations */
     size_t dmem_bytes, hmem_bytes;
     float *params, *grads, *opt_m, *opt_v;
-    float *mb_grads;   /* a micro-batch's gradient after the first (src/stage.h) */
+    float *mb_grads;   /* a micro-batch's gradient after the first (src/cpu/stage.h) */
     int accumulated;   /* grads hold a micro-batch's gradient since the last step */
     int pieces;        /* grad_pieces, at least 1 */
     float **piece;     /* [pieces] device: [0] = grads, the others after mb_grads */

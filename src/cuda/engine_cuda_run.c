@@ -1,17 +1,17 @@
 /* The CUDA engine's forward, backward, slot release and messages (state and stream
  * ordering: engine_cuda_impl.h). The layers run through the shared layer loop
- * (src/layer_ops.h) with the CUDA kernel set below and the whole micro-batch as one
- * chunk, as src/stage.c runs it chunk by chunk with the CPU's. */
+ * (src/engine/layer_ops.h) with the CUDA kernel set below and the whole micro-batch as one
+ * chunk, as src/cpu/stage.c runs it chunk by chunk with the CPU's. */
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "src/cuda/engine_cuda_impl.h"
-#include "src/layer_ops.h"
+#include "src/engine/layer_ops.h"
 #include "src/base/clock.h"
 #include "src/base/error.h"
 
 /* ------------------------------------------------------------ the CUDA kernel set ---- */
 
-/* kernels/cuda/kernels_cuda.h as the shared layer loop's device (src/layer_ops.h); ctx is
+/* kernels/cuda/kernels_cuda.h as the shared layer loop's device (src/engine/layer_ops.h); ctx is
  * the engine's kernel_cuda_ctx. */
 static int cu_dense_forward(void *ctx, float *out, const float *in, const float *w,
                             const float *b, int n, int in_f, int out_f)
@@ -145,7 +145,7 @@ static int split_in(const cuda_engine *c, int i)
 }
 
 /* Where local layer i's data lives. The forward decides here whether the layer is the
- * identity (set_outputs in src/stage.c). */
+ * identity (set_outputs in src/cpu/stage.c). */
 static int layer_io_of(void *self, int i, int phase, layer_io *io)
 {
     const cuda_layer_io *q = self;
@@ -211,7 +211,7 @@ static int layer_run_fail(const cuda_engine *c, const layer_run *r, int m)
 
 /* ---- tensor shards: the collectives between the layers (src/model/shard.h) ----
  *
- * As src/stage.c: the work queued so far must be done before MPI reads the buffer, so each
+ * As src/cpu/stage.c: the work queued so far must be done before MPI reads the buffer, so each
  * collective waits on the host for the compute stream; host-staged, the data goes through
  * the pinned buffers on that stream (their next writer, the next collective, syncs first);
  * with device messages (CUDA-aware MPI) MPI reads and writes device memory itself. What
@@ -309,7 +309,7 @@ static const float *slot_output(const cuda_engine *c, const cuda_slot *s)
 }
 
 /* The forward in runs of layers between collectives: the shared loop runs each run, then
- * the tensor group completes what the next layer needs (src/stage.c's tp_forward). */
+ * the tensor group completes what the next layer needs (src/cpu/stage.c's tp_forward). */
 static int forward_layers(engine *e, cuda_slot *s, int m, int n, uint64_t seed, uint64_t step)
 {
     cuda_engine *c = engine_cuda_impl(e);
@@ -473,7 +473,7 @@ int engine_cuda_recompute(engine *e, int m, uint64_t seed, uint64_t step, int ti
  * c->range_gi, −1 for GRAD_IN), which is left where the next range starts; the ranges of one
  * micro-batch thus make exactly the kernel calls of one backward over all layers. Parameter
  * gradients go to `grads` (the stage's, mb_grads or a piece: see backward_range; unused by
- * B). parts, as src/stage.c's backward_chunk: ENGINE_CUDA_BW_BOTH, or ENGINE_CUDA_BW_INPUT
+ * B). parts, as src/cpu/stage.c's backward_chunk: ENGINE_CUDA_BW_BOTH, or ENGINE_CUDA_BW_INPUT
  * alone (B, which keeps each parameter layer's output gradient in the slot for W). Batched
  * layers stash their rows and leave their weight half to the step's flush. */
 static int backward_layers(engine *e, cuda_slot *s, int m, int lo, int hi, float *din,
@@ -487,7 +487,7 @@ static int backward_layers(engine *e, cuda_slot *s, int m, int lo, int hi, float
             return layer_run_fail(c, &r, m);
         return 0;
     }
-    /* Tensor shards, in runs between the collectives (src/stage.c's backward_span): an
+    /* Tensor shards, in runs between the collectives (src/cpu/stage.c's backward_span): an
      * output-split layer's input gradient holds partial sums (all-reduced), a gathered
      * input's gradient is whole (each rank keeps its slice), a sliced stage input's gradient
      * is a slice (all-gathered for the previous stage), and a gathered stage output's
@@ -532,7 +532,7 @@ static int backward_layers(engine *e, cuda_slot *s, int m, int lo, int hi, float
     return 0;
 }
 
-/* W of local layers [lo, hi), as src/stage.c's weight_chunk: each parameter layer's weight
+/* W of local layers [lo, hi), as src/cpu/stage.c's weight_chunk: each parameter layer's weight
  * half from its input and the output gradient B kept. */
 static int weight_layers(engine *e, cuda_slot *s, int m, int lo, int hi, float *grads)
 {
@@ -544,7 +544,7 @@ static int weight_layers(engine *e, cuda_slot *s, int m, int lo, int hi, float *
 }
 
 /* The parameters of local layers [lo, hi) whose gradients a backward forms per micro-batch
- * (all but batched layers) as maximal runs [begin, end) of offsets (src/stage.c's
+ * (all but batched layers) as maximal runs [begin, end) of offsets (src/cpu/stage.c's
  * grad_runs): what is zeroed before and added after a gradient formed apart. Without
  * batched layers this is the one run [param_off[lo], end of layer hi − 1). */
 static int grad_runs(const engine *e, int lo, int hi, size_t (*runs)[2])
@@ -663,7 +663,7 @@ int engine_cuda_backward_range(engine *e, int m, int lo, int hi, int tick)
     if (backward_waits(c, b)) return -1;
     if (engine_cuda_tick_begin(e, tick)) return -1;
     if (hi == c->nl) {
-        /* As the CPU stage (src/stage.h): the first micro-batch since the step sums into the
+        /* As the CPU stage (src/cpu/stage.h): the first micro-batch since the step sums into the
          * gradients, each later one into mb_grads, which is then added; with pieces, m's
          * gradient is formed alone in piece m mod P. */
         c->range_add = c->pieces == 1 && c->accumulated;
@@ -740,7 +740,7 @@ int engine_cuda_backward_weight(engine *e, int m, int lo, int hi, int tick)
                             c->nl);
     CUDA_CHECK(cudaSetDevice(c->device));
     if (engine_cuda_tick_check(e, tick) || engine_cuda_tick_begin(e, tick)) return -1;
-    /* the targets of backward_range, decided per call as src/stage.c does */
+    /* the targets of backward_range, decided per call as src/cpu/stage.c does */
     int add = c->pieces == 1 && c->accumulated;
     float *target = c->pieces > 1 ? c->piece[m % c->pieces] : add ? c->mb_grads : c->grads;
     if (grads_span(e, s, m, lo, hi, target, add || c->pieces > 1, add, ENGINE_CUDA_BW_WEIGHT) ||

@@ -1,7 +1,7 @@
-/* The CUDA plugin's entry (src/cuda_plugin.h): libpipetrain-cuda.so exports only
+/* The CUDA plugin's entry (src/runtime/cuda_plugin.h): libpipetrain-cuda.so exports only
  * pt_cuda_plugin_entry, which hands the host the device queries and the CUDA engine.
  * Everything else in the plugin is hidden (C_VISIBILITY_PRESET hidden, --exclude-libs). */
-#include "src/cuda_plugin.h"
+#include "src/engine/cuda_abi.h"
 
 #include <cuda.h> /* driver API types only: its functions are reached through cudart */
 #include <cuda_runtime_api.h>
@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "src/cuda/engine_cuda.h"
-#include "src/devices.h"
 #include "src/base/error.h"
 
 /* src/cuda/plugin_error.c: routes this plugin's pt_error_set to the host's. */
@@ -125,7 +124,7 @@ static int plugin_device_info(int device, cuda_device_info *info)
     info->total_bytes = prop.totalGlobalMem;
     if (device_memory(device, &info->free_bytes, &info->total_bytes) < 0) return -1;
     int estimate;
-    const int lanes = devices_fp32_lanes_per_sm(info->major, info->minor, &estimate);
+    const int lanes = cuda_fp32_lanes_per_sm(info->major, info->minor, &estimate);
     /* an FMA counts as two operations */
     info->peak_fp32_flops = (double)info->multiprocessors * lanes * 2.0 * info->clock_khz * 1e3;
     return 0;

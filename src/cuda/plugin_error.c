@@ -9,7 +9,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "src/cuda_plugin.h"
+#include "src/engine/cuda_abi.h"
 
 void plugin_error_connect(const cuda_plugin_host *host);
 

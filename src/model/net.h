@@ -1,5 +1,5 @@
 /* A network as described by a model file: layers in order, their shapes and parameter
- * counts. Pure description: no tensors live here (see src/stage.h). */
+ * counts. Pure description: no tensors live here (see src/cpu/stage.h). */
 #ifndef PT_NET_H
 #define PT_NET_H
 
@@ -15,7 +15,7 @@ typedef enum {
     LAYER_DENSE,
     LAYER_DROPOUT,
     LAYER_FLATTEN,
-    LAYER_TYPE_COUNT /* what each type is and does: src/model/layer_table.h, src/layer_ops.h */
+    LAYER_TYPE_COUNT /* what each type is and does: src/model/layer_table.h, src/engine/layer_ops.h */
 } layer_type;
 
 typedef struct {

@@ -1,7 +1,7 @@
 /* Intra-layer model parallelism (tensor shards): how each layer of a net is cut across the
  * T ranks of a tensor group, what every rank holds, and where collectives complete the
  * layers. Pure description, as net.h: no MPI and no tensors here (the stage runs it,
- * src/stage.h; the executor moves the data, src/exec.c).
+ * src/cpu/stage.h; the executor moves the data, src/runtime/exec.c).
  *
  * A per-sample vector between layers is either whole on every rank of the group (FULL) or
  * cut (SHARDED) along its channels (a conv, pool or flattened conv output) or its features

@@ -582,7 +582,7 @@ static void test_xent(int n, int classes, int variant)
     free_case();
 }
 
-enum { OPT_SGD, OPT_MOMENTUM, OPT_ADAM };
+enum { OPTIM_SGD, OPTIM_MOMENTUM, OPTIM_ADAM };
 
 /* Three steps on fresh gradients, from the same parameters; state compared bit for bit. */
 static void test_optim(int kind, size_t count, float wd)
@@ -601,10 +601,10 @@ static void test_optim(int kind, size_t count, float wd)
             grad[i] *= 1e-6f; /* small gradients: Adam's eps and sqrt at work */
         upload(d_grad, grad, bytes);
         int rc = -1;
-        if (kind == OPT_SGD) {
+        if (kind == OPTIM_SGD) {
             kernel_sgd_update_cpu(param, grad, count, 0.05f, wd);
             rc = kernel_sgd_update_cuda(d_param, d_grad, count, 0.05f, wd, &ctx);
-        } else if (kind == OPT_MOMENTUM) {
+        } else if (kind == OPTIM_MOMENTUM) {
             kernel_momentum_update_cpu(param, m, grad, count, 0.05f, 0.9f, wd);
             rc = kernel_momentum_update_cuda(d_param, d_m, d_grad, count, 0.05f, 0.9f, wd, &ctx);
         } else {
@@ -617,10 +617,10 @@ static void test_optim(int kind, size_t count, float wd)
     }
     if (ok) {
         check_exact(names[kind], shape, fetch_f(d_param, count), param, count);
-        if (kind != OPT_SGD)
-            check_exact(kind == OPT_ADAM ? "adam_update m" : "momentum_update buf", shape,
+        if (kind != OPTIM_SGD)
+            check_exact(kind == OPTIM_ADAM ? "adam_update m" : "momentum_update buf", shape,
                         fetch_f(d_m, count), m, count);
-        if (kind == OPT_ADAM)
+        if (kind == OPTIM_ADAM)
             check_exact("adam_update v", shape, fetch_f(d_v, count), v, count);
     }
     free_case();
@@ -741,7 +741,7 @@ static void test_init_range(size_t first, size_t count, float bound, uint64_t se
     free_case();
 }
 
-/* The CPU loop of a layer split by inputs (src/stage.c's finish_worker). */
+/* The CPU loop of a layer split by inputs (src/cpu/stage.c's finish_worker). */
 static void test_bias_add(int n, int units, size_t per)
 {
     char shape[64];
@@ -870,12 +870,12 @@ static void run_gpu_cases(int devices)
     test_xent(64, 10, 4);
     const size_t counts[] = {1, 1000, 100003};
     for (int i = 0; i < 3; i++) {
-        test_optim(OPT_SGD, counts[i], 0.0f);
-        test_optim(OPT_SGD, counts[i], 1e-4f);
-        test_optim(OPT_MOMENTUM, counts[i], 0.0f);
-        test_optim(OPT_MOMENTUM, counts[i], 5e-4f);
-        test_optim(OPT_ADAM, counts[i], 0.0f);
-        test_optim(OPT_ADAM, counts[i], 1e-2f);
+        test_optim(OPTIM_SGD, counts[i], 0.0f);
+        test_optim(OPTIM_SGD, counts[i], 1e-4f);
+        test_optim(OPTIM_MOMENTUM, counts[i], 0.0f);
+        test_optim(OPTIM_MOMENTUM, counts[i], 5e-4f);
+        test_optim(OPTIM_ADAM, counts[i], 0.0f);
+        test_optim(OPTIM_ADAM, counts[i], 1e-2f);
     }
     test_init(1, 0.5f, 2024, rng_stream_init(0, 0));
     test_init(5, 0.1f, 2024, rng_stream_init(0, 1));

@@ -1,4 +1,4 @@
-/* Drives the CUDA engine (over the mock runtime) the way src/exec.c does, and compares it
+/* Drives the CUDA engine (over the mock runtime) the way src/runtime/exec.c does, and compares it
  * bit for bit with the CPU engine. Micro-batches are small (8) so that the CPU stage runs
  * each micro-batch as one chunk: the same kernel calls, hence the same bits. The new
  * schedules' operations (split backward, recomputation, batched weight gradients) are
@@ -9,7 +9,8 @@
 #include <string.h>
 
 #include "src/cuda/engine_cuda.h"
-#include "src/engine.h"
+#include "src/engine/engine.h"
+#include "src/runtime/engine_create.h"
 #include "src/base/error.h"
 
 extern int mock_mode, mock_no_device;
@@ -70,8 +71,8 @@ static engine_config config(const net_desc *net, int first, int last, int dm, in
     return c;
 }
 
-static const optimizer_config adam = {OPT_ADAM, 1e-2f, 0.9f, 0.0f, 0.9f, 0.999f, 1e-8f};
-static const optimizer_config sgd = {.kind = OPT_SGD, .lr = 5e-2f};
+static const optimizer_config adam = {OPTIM_ADAM, 1e-2f, 0.9f, 0.0f, 0.9f, 0.999f, 1e-8f};
+static const optimizer_config sgd = {.kind = OPTIM_SGD, .lr = 5e-2f};
 
 /* How backward runs (engine.h: backward_range): 0 engine_backward; 1 one range per local
  * layer; 2 two ranges split in the middle; 3 the top layer, then the others. */

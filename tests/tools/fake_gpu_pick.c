@@ -1,4 +1,4 @@
-/* For tests/gpu_pick.sh: cuda_pick_device (src/cuda_plugin.c) with a fake CUDA plugin whose
+/* For tests/gpu_pick.sh: cuda_pick_device (src/runtime/cuda_plugin.c) with a fake CUDA plugin whose
  * devices have the PCI bus ids listed in $BUSIDS (comma-separated; empty: no device), so
  * the GPU choice per rank is tested on a machine without a GPU. Each rank writes one line,
  * "RESULT rank R device D BUSID" or "RESULT rank R failed: MESSAGE", to the file
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/cuda_plugin.h"
+#include "src/runtime/cuda_plugin.h"
 #include "src/base/error.h"
 
 static char ids[32][32];

@@ -1,0 +1,472 @@
+/* The CPU engine: a stage (src/cpu/stage.h) with its micro-batch buffers in host memory.
+ * Everything runs synchronously, so messages are ready as soon as they are prepared (unless
+ * a test delays them) and ticks are host clock readings around each call. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "src/base/clock.h"
+#include "src/cpu/engine_cpu.h"
+#include "src/cpu/stage.h"
+#include "src/base/error.h"
+
+typedef struct {
+    stage st;
+    float **in;        /* [buffers] the stage's input: pixels (stage 0) or ACT_IN */
+    float **grad_in;   /* [buffers] GRAD_IN; on the last stage the loss gradient */
+    float **grad_out;  /* [buffers] GRAD_OUT (not on stage 0) */
+    int32_t **labels;  /* [buffers][max_batch] (last stage) */
+    int64_t **ids;     /* [buffers][max_batch] */
+    int *slot_of;      /* [buffers] the slot holding m's activations, −1 for none */
+    float **act_out;   /* recompute: [n_kept] outputs of training forwards, kept to send
+                          while their activations are dropped (not on the last stage) */
+    int n_kept;
+    int *kept_of;      /* recompute: [buffers] m's entry of act_out, −1 for none */
+    int *kept_busy;    /* [n_kept] */
+    int *n_of;         /* [buffers] samples of m's last forward */
+    int *polls[2];     /* [buffers]: msg_ready polls of ACT_OUT and GRAD_OUT since prepare */
+    int first_stage, last_stage;
+    int pieces;        /* grad_pieces, at least 1 */
+    float **piece;     /* [pieces]: [0] the stage's gradients, the others owned */
+    engine_result sums;
+} cpu_engine;
+
+static cpu_engine *impl(engine *e) { return e->impl; }
+
+static void *alloc_array(size_t bytes)
+{
+    size_t rounded = bytes ? (bytes + 63) / 64 * 64 : 64; /* aligned_alloc wants a multiple */
+    return aligned_alloc(64, rounded);
+}
+
+static void free_arrays(void **a, int n)
+{
+    if (!a) return;
+    for (int i = 0; i < n; i++) free(a[i]);
+    free(a);
+}
+
+static void **alloc_arrays(int n, size_t bytes)
+{
+    void **a = calloc((size_t)n, sizeof *a);
+    if (!a) return NULL;
+    for (int i = 0; i < n; i++) {
+        if (!(a[i] = alloc_array(bytes))) {
+            free_arrays(a, n);
+            return NULL;
+        }
+    }
+    return a;
+}
+
+static void cpu_destroy(engine *e)
+{
+    cpu_engine *c = impl(e);
+    if (c) {
+        int n = e->cfg.buffers;
+        stage_free(&c->st);
+        free_arrays((void **)c->in, n);
+        free_arrays((void **)c->grad_in, n);
+        free_arrays((void **)c->grad_out, n);
+        free_arrays((void **)c->labels, n);
+        free_arrays((void **)c->ids, n);
+        free(c->slot_of);
+        free_arrays((void **)c->act_out, c->n_kept);
+        free(c->kept_of);
+        free(c->kept_busy);
+        free(c->n_of);
+        free(c->polls[0]);
+        free(c->polls[1]);
+        if (c->piece)
+            for (int p = 1; p < c->pieces; p++) free(c->piece[p]);
+        free(c->piece);
+        free(c);
+    }
+    engine_base_free(e);
+    free(e);
+}
+
+static int cpu_init_params(engine *e, uint64_t seed)
+{
+    stage_init_params(&impl(e)->st, seed);
+    return 0;
+}
+
+static int cpu_read_params(engine *e, float *host)
+{
+    memcpy(host, impl(e)->st.params, e->param_count * sizeof(float));
+    return 0;
+}
+
+static int cpu_write_params(engine *e, const float *host)
+{
+    memcpy(impl(e)->st.params, host, e->param_count * sizeof(float));
+    return 0;
+}
+
+static int cpu_read_state(engine *e, float *m, float *v, long *updates)
+{
+    const stage *st = &impl(e)->st;
+    memcpy(m, st->opt_m, e->param_count * sizeof(float));
+    memcpy(v, st->opt_v, e->param_count * sizeof(float));
+    *updates = st->step;
+    return 0;
+}
+
+static int cpu_write_state(engine *e, const float *m, const float *v, long updates)
+{
+    stage *st = &impl(e)->st;
+    memcpy(st->opt_m, m, e->param_count * sizeof(float));
+    memcpy(st->opt_v, v, e->param_count * sizeof(float));
+    st->step = updates;
+    return 0;
+}
+
+static int cpu_load(engine *e, int m, const dataset *d, const int64_t *ids, int n)
+{
+    cpu_engine *c = impl(e);
+    if (c->first_stage) {
+        size_t px = (size_t)d->rows * d->cols;
+        for (int j = 0; j < n; j++)
+            kernel_bytes_to_float_cpu(c->in[m] + (size_t)j * px, d->pixels + (size_t)ids[j] * px,
+                                      px);
+    }
+    if (c->last_stage)
+        for (int j = 0; j < n; j++) c->labels[m][j] = d->labels[ids[j]];
+    memcpy(c->ids[m], ids, (size_t)n * sizeof *ids);
+    return 0;
+}
+
+static void tick(engine *e, int t, double t0)
+{
+    if (t < 0) return;
+    e->tick_t0[t] = t0;
+    e->tick_t1[t] = pt_now();
+}
+
+/* The micro-batch of buffer m is the last of its step (batched weight gradients are formed
+ * at its backward). */
+static int last_microbatch(const engine *e, int m)
+{
+    return m % e->cfg.microbatches == e->cfg.microbatches - 1;
+}
+
+/* Takes a slot for m and runs its forward; its first row in the step's stash. */
+static const float *forward_slot(engine *e, int m, int n, uint64_t seed, uint64_t step,
+                                 int training)
+{
+    cpu_engine *c = impl(e);
+    int slot = stage_slot_acquire(&c->st);
+    if (slot < 0) return NULL;
+    c->slot_of[m] = slot;
+    c->n_of[m] = n;
+    if (e->cfg.wgrad_rows)
+        stage_slot_set_row(&c->st, slot, (m % e->cfg.microbatches) * e->cfg.max_batch);
+    return stage_forward(&c->st, slot, c->in[m], n, c->ids[m], seed, step, training);
+}
+
+static int cpu_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, int training,
+                       int t)
+{
+    cpu_engine *c = impl(e);
+    double t0 = pt_now();
+    const float *y = forward_slot(e, m, n, seed, step, training);
+    if (!y) return -1;
+    if (c->last_stage) {
+        int ok = 0;
+        double l = kernel_softmax_xent_cpu(training ? c->grad_in[m] : NULL, &ok, y, c->labels[m],
+                                           n, e->cfg.net->classes,
+                                           training ? 1.0f / (float)e->cfg.batch : 1.0f);
+        if (!isfinite(l)) c->sums.nonfinite = 1;
+        c->sums.loss_sum += l;
+        c->sums.correct += ok;
+    }
+    if (e->cfg.recompute && training) {
+        /* keep the output to send (the last stage keeps the loss gradient instead) and
+         * drop the activations until recompute(m) */
+        if (!c->last_stage) {
+            int k = 0;
+            while (k < c->n_kept && c->kept_busy[k]) k++;
+            if (k == c->n_kept)
+                return pt_error_set("CPU engine: all %d kept outputs are in use (the "
+                                    "schedule holds more micro-batches than its verifier "
+                                    "counted)", c->n_kept);
+            c->kept_busy[k] = 1;
+            c->kept_of[m] = k;
+            memcpy(c->act_out[k], y, (size_t)n * e->out_count * sizeof(float));
+        }
+        stage_slot_release(&c->st, c->slot_of[m]);
+        c->slot_of[m] = -1;
+    }
+    tick(e, t, t0);
+    return 0;
+}
+
+static int cpu_recompute(engine *e, int m, uint64_t seed, uint64_t step, int t)
+{
+    cpu_engine *c = impl(e);
+    double t0 = pt_now();
+    if (!e->cfg.recompute || c->slot_of[m] >= 0)
+        return pt_error_set("CPU engine: recompute of micro-batch buffer %d, which %s", m,
+                            e->cfg.recompute ? "holds its activations" : "is not recomputed");
+    if (!forward_slot(e, m, c->n_of[m], seed, step, 1)) return -1;
+    tick(e, t, t0);
+    return 0;
+}
+
+/* Where m's gradient goes: NULL, added to the stage's; with pieces, formed alone in
+ * piece m mod P. */
+static float *grads_of(const cpu_engine *c, int m)
+{
+    return c->pieces > 1 ? c->piece[m % c->pieces] : NULL;
+}
+
+static int cpu_backward(engine *e, int m, int t)
+{
+    cpu_engine *c = impl(e);
+    double t0 = pt_now();
+    if (c->st.range_hi)
+        return pt_error_set("CPU engine: backward of micro-batch %d while another one's "
+                            "backward by layer ranges is unfinished (at local layer %d)", m,
+                            c->st.range_hi);
+    stage_backward_to(&c->st, c->slot_of[m], c->grad_in[m],
+                      c->first_stage ? NULL : c->grad_out[m], grads_of(c, m));
+    if (stage_tensor_failed(&c->st)) return -1;
+    if (e->cfg.wgrad_rows && last_microbatch(e, m))
+        stage_wgrad_flush(&c->st, 0, c->st.last - c->st.first);
+    tick(e, t, t0);
+    return 0;
+}
+
+static int cpu_backward_input(engine *e, int m, int t)
+{
+    cpu_engine *c = impl(e);
+    double t0 = pt_now();
+    if (stage_backward_input(&c->st, c->slot_of[m], c->grad_in[m],
+                             c->first_stage ? NULL : c->grad_out[m]) ||
+        stage_tensor_failed(&c->st))
+        return -1;
+    tick(e, t, t0);
+    return 0;
+}
+
+static int cpu_backward_weight(engine *e, int m, int lo, int hi, int t)
+{
+    cpu_engine *c = impl(e);
+    double t0 = pt_now();
+    if (stage_backward_weight(&c->st, c->slot_of[m], lo, hi, grads_of(c, m))) return -1;
+    if (e->cfg.wgrad_rows && last_microbatch(e, m)) stage_wgrad_flush(&c->st, lo, hi);
+    tick(e, t, t0);
+    return 0;
+}
+
+static int cpu_backward_range(engine *e, int m, int lo, int hi, int t)
+{
+    cpu_engine *c = impl(e);
+    double t0 = pt_now();
+    if (m < 0 || m >= e->cfg.buffers)
+        return pt_error_set("CPU engine: backward of micro-batch buffer %d, outside 0..%d", m,
+                            e->cfg.buffers - 1);
+    if (stage_backward_range(&c->st, c->slot_of[m], lo, hi, c->grad_in[m],
+                             c->first_stage ? NULL : c->grad_out[m], grads_of(c, m)) ||
+        stage_tensor_failed(&c->st))
+        return -1;
+    if (e->cfg.wgrad_rows && last_microbatch(e, m)) stage_wgrad_flush(&c->st, lo, hi);
+    tick(e, t, t0);
+    return 0;
+}
+
+static int check_grads_range(const engine *e, int piece, size_t off, size_t count,
+                             const char *what)
+{
+    int pieces = e->cfg.grad_pieces > 1 ? e->cfg.grad_pieces : 1;
+    if (piece < 0 || piece >= pieces || off > e->param_count || count > e->param_count - off)
+        return pt_error_set("CPU engine: %s of gradients [%zu, %zu) of piece %d, outside the "
+                            "stage's %zu in %d piece%s", what, off, off + count,
+                            piece, e->param_count, pieces, pieces > 1 ? "s" : "");
+    return 0;
+}
+
+/* The gradients are host memory already: MPI reads and writes them in place. */
+static int cpu_grads_host(engine *e, int piece, size_t off, size_t count, float **host)
+{
+    *host = NULL;
+    if (check_grads_range(e, piece, off, count, "host view")) return -1;
+    *host = impl(e)->piece[piece] + off;
+    return 0;
+}
+
+static int cpu_grads_commit(engine *e, size_t off, size_t count)
+{
+    return check_grads_range(e, 0, off, count, "commit");
+}
+
+static int cpu_zero_grads(engine *e)
+{
+    stage_zero_grad(&impl(e)->st);
+    return 0;
+}
+
+static int cpu_release(engine *e, int m)
+{
+    cpu_engine *c = impl(e);
+    if (c->slot_of[m] >= 0) stage_slot_release(&c->st, c->slot_of[m]);
+    c->slot_of[m] = -1;
+    /* the output kept to send (recompute): the send is done by now */
+    if (c->kept_of && c->kept_of[m] >= 0) c->kept_busy[c->kept_of[m]] = 0;
+    if (c->kept_of) c->kept_of[m] = -1;
+    return 0;
+}
+
+static int cpu_step(engine *e, const optimizer_config *o, int t)
+{
+    double t0 = pt_now();
+    if (impl(e)->st.range_hi)
+        return pt_error_set("CPU engine: step while a backward by layer ranges is unfinished "
+                            "(its next range ends at local layer %d)", impl(e)->st.range_hi);
+    stage_step(&impl(e)->st, o);
+    stage_zero_grad(&impl(e)->st);
+    tick(e, t, t0);
+    return 0;
+}
+
+static void *cpu_msg_buffer(engine *e, engine_msg k, int m)
+{
+    cpu_engine *c = impl(e);
+    switch (k) {
+    case ENGINE_MSG_ACT_IN: return c->in[m];
+    case ENGINE_MSG_GRAD_IN: return c->grad_in[m];
+    case ENGINE_MSG_ACT_OUT:
+        if (c->kept_of && c->kept_of[m] >= 0) return c->act_out[c->kept_of[m]];
+        /* the last layer's output, which may alias the input (an all-identity stage) */
+        return (void *)stage_output(&c->st, c->slot_of[m]);
+    case ENGINE_MSG_GRAD_OUT: return c->grad_out[m];
+    }
+    return NULL;
+}
+
+static int cpu_msg_received(engine *e, engine_msg k, int m)
+{
+    (void)e, (void)k, (void)m;
+    return 0;
+}
+
+static int cpu_msg_prepare(engine *e, engine_msg k, int m)
+{
+    impl(e)->polls[k == ENGINE_MSG_GRAD_OUT][m] = 0;
+    return 0;
+}
+
+/* Ready at once, unless a test asks for the delays of a device copy. */
+static int cpu_msg_ready(engine *e, engine_msg k, int m, int *ready)
+{
+    *ready = impl(e)->polls[k == ENGINE_MSG_GRAD_OUT][m]++ >= e->cfg.debug_ready_delay;
+    return 0;
+}
+
+static int cpu_finish(engine *e, engine_result *r)
+{
+    *r = impl(e)->sums;
+    memset(&impl(e)->sums, 0, sizeof impl(e)->sums);
+    e->tensor_s = impl(e)->st.tp_s;
+    return 0;
+}
+
+static const engine_ops cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .init_params = cpu_init_params,
+    .read_params = cpu_read_params,
+    .write_params = cpu_write_params,
+    .read_state = cpu_read_state,
+    .write_state = cpu_write_state,
+    .load = cpu_load,
+    .forward = cpu_forward,
+    .backward = cpu_backward,
+    .backward_range = cpu_backward_range,
+    .backward_input = cpu_backward_input,
+    .backward_weight = cpu_backward_weight,
+    .recompute = cpu_recompute,
+    .grads_host = cpu_grads_host,
+    .grads_commit = cpu_grads_commit,
+    .zero_grads = cpu_zero_grads,
+    .release = cpu_release,
+    .step = cpu_step,
+    .msg_buffer = cpu_msg_buffer,
+    .msg_received = cpu_msg_received,
+    .msg_prepare = cpu_msg_prepare,
+    .msg_ready = cpu_msg_ready,
+    .finish = cpu_finish,
+};
+
+int engine_cpu_create(engine **out, const engine_config *cfg)
+{
+    *out = NULL;
+    engine *e = calloc(1, sizeof *e);
+    if (!e) return pt_error_set("out of memory");
+    if (engine_base_init(e, &cpu_ops, cfg)) {
+        free(e);
+        return -1;
+    }
+    cpu_engine *c = calloc(1, sizeof *c);
+    e->impl = c;
+    if (!c) {
+        cpu_destroy(e);
+        return pt_error_set("out of memory");
+    }
+    if (stage_init_shard(&c->st, cfg->net, cfg->first, cfg->last, cfg->max_batch, cfg->n_slots,
+                         cfg->threads > 0 ? cfg->threads : 1, cfg->shard, cfg->shard_rank,
+                         &cfg->tensor_comm)) {
+        cpu_destroy(e);
+        return -1;
+    }
+    e->param_count = c->st.param_count; /* this rank's shards with tensor shards */
+    e->slot_bytes = c->st.slot_bytes;
+    c->first_stage = cfg->first == 0;
+    c->last_stage = cfg->last == cfg->net->n_layers;
+    int nb = cfg->buffers;
+    size_t mb = (size_t)cfg->max_batch;
+    c->in = (float **)alloc_arrays(nb, mb * e->in_count * sizeof(float));
+    c->grad_in = (float **)alloc_arrays(nb, mb * e->out_count * sizeof(float));
+    c->grad_out = c->first_stage ? NULL
+                                 : (float **)alloc_arrays(nb, mb * e->in_count * sizeof(float));
+    c->labels = (int32_t **)alloc_arrays(nb, mb * sizeof(int32_t));
+    c->ids = (int64_t **)alloc_arrays(nb, mb * sizeof(int64_t));
+    c->slot_of = malloc((size_t)nb * sizeof *c->slot_of);
+    c->n_of = calloc((size_t)nb, sizeof *c->n_of);
+    for (int m = 0; c->slot_of && m < nb; m++) c->slot_of[m] = -1;
+    int extras_ok = c->n_of != NULL;
+    if (cfg->recompute && !c->last_stage) {
+        c->n_kept = cfg->kept_outputs > 0 ? cfg->kept_outputs : nb;
+        c->act_out = (float **)alloc_arrays(c->n_kept, mb * e->out_count * sizeof(float));
+        c->kept_of = malloc((size_t)nb * sizeof *c->kept_of);
+        c->kept_busy = calloc((size_t)c->n_kept, sizeof *c->kept_busy);
+        extras_ok = extras_ok && c->act_out && c->kept_of && c->kept_busy;
+        for (int m = 0; c->kept_of && m < nb; m++) c->kept_of[m] = -1;
+    }
+    c->polls[0] = calloc((size_t)nb, sizeof *c->polls[0]);
+    c->polls[1] = calloc((size_t)nb, sizeof *c->polls[1]);
+    c->pieces = cfg->grad_pieces > 1 ? cfg->grad_pieces : 1;
+    c->piece = calloc((size_t)c->pieces, sizeof *c->piece);
+    int pieces_ok = c->piece != NULL;
+    for (int p = 1; pieces_ok && p < c->pieces; p++) {
+        c->piece[p] = alloc_array(e->param_count * sizeof(float));
+        if (c->piece[p]) memset(c->piece[p], 0, e->param_count * sizeof(float));
+        else pieces_ok = 0;
+    }
+    if (c->piece) c->piece[0] = c->st.grads;
+    if (!extras_ok || !pieces_ok || !c->in || !c->grad_in || (!c->first_stage && !c->grad_out) || !c->labels ||
+        !c->ids || !c->slot_of || !c->polls[0] || !c->polls[1]) {
+        cpu_destroy(e);
+        return pt_error_set("out of memory for %d micro-batch buffers of %d samples", nb,
+                            cfg->max_batch);
+    }
+    if ((cfg->split_backward && stage_enable_split(&c->st)) ||
+        (cfg->wgrad_rows && stage_enable_batched_wgrad(&c->st, cfg->wgrad_rows))) {
+        cpu_destroy(e);
+        return -1;
+    }
+    *out = e;
+    return 0;
+}

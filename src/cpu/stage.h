@@ -1,0 +1,215 @@
+/* A pipeline stage at run time: a contiguous run of layers of a net_desc with its
+ * parameters, gradients and optimizer state (one allocation), and activation slots for the
+ * micro-batches in flight. Sequential training is a single stage holding every layer.
+ * No MPI here: the executor (src/runtime/exec.c) moves data between stages. */
+#ifndef PT_STAGE_H
+#define PT_STAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/model/net.h"
+#include "src/model/shard.h"
+#include "src/engine/stage_plan.h"
+
+
+/* Activations one micro-batch keeps between its forward and its backward. */
+typedef struct {
+    int busy, n;
+    const float *input;  /* the stage's input for this micro-batch (caller keeps it alive) */
+    float **buf;         /* per local layer: storage for its output (NULL for flatten) */
+    const float **out;   /* per local layer: its output of the last forward (may alias
+                            the layer's input: flatten, dropout when not training) */
+    int32_t **argmax;    /* per local layer: maxpool positions, else NULL */
+    uint8_t **mask;      /* per local layer: dropout mask, else NULL */
+    float **xin;         /* tensor shards, per local layer: its input when it is not the
+                            previous output (gathered whole, or the stage input's slice) */
+    float *whole_out;    /* tensor shards: the stage's output gathered whole */
+    float **gout;        /* split backward: per local layer with parameters, the gradient
+                            of its output (after the activation's backward), which
+                            stage_backward_input leaves for stage_backward_weight */
+    int row;             /* batched weight gradients: the micro-batch's first row in the
+                            step's stash (stage_slot_set_row) */
+} stage_slot;
+
+/* Scratch of one worker thread. A micro-batch is cut into chunks of samples that run
+ * through all the stage's layers. */
+
+typedef struct {
+    float *work;            /* convolution scratch for one chunk */
+    float *scratch[2];      /* gradients flowing backward through one chunk */
+} stage_worker;
+
+/* Chunks are dealt to G = max(threads, STAGE_MIN_GROUPS) gradient groups (chunk c to group
+ * c mod G), each summed into its own zeroed buffer; a micro-batch's gradient is then
+ * g0 + g1 + ... in group order. Results are therefore the same for every thread count up to
+ * STAGE_MIN_GROUPS, and in every layout. The first micro-batch after stage_zero_grad forms
+ * its gradient in place (group 0 is the stage's gradients); each later one forms it apart
+ * and adds it: grads += (g0 + g1 + ...). So the step's gradient is G0 + G1 + ... over
+ * micro-batches, each Gm independent of the others, which lets data-parallel replicas
+ * reproduce one process bit for bit (src/reduce/reduce.h, method "ordered"). */
+enum { STAGE_MIN_GROUPS = 4 };
+
+struct pool;
+
+typedef struct {
+    const net_desc *net;    /* not owned */
+    int first, last;        /* layers [first, last) */
+    int max_batch, n_slots;
+    size_t param_count;
+    float *memory;          /* owned: params | grads | optimizer state */
+    float *params, *grads, *opt_m, *opt_v;
+    float **w, **b, **dw, **db; /* per local layer, into memory (NULL without parameters) */
+    stage_slot *slots;      /* owned */
+    void *slot_memory;      /* owned: every slot's activations */
+    int threads, chunk_max; /* worker threads; samples per chunk (0: from the batch) */
+    int groups;             /* gradient groups, see STAGE_MIN_GROUPS */
+    stage_worker *workers;  /* owned, one per thread */
+    float **group_grads;    /* owned (but [0] may be the stage's grads): one per group */
+    float *mb_grads;        /* owned: group 0 of a micro-batch after the first */
+    int accumulated;        /* grads hold a micro-batch's gradient since stage_zero_grad */
+    struct pool *pool;      /* owned */
+    size_t *param_off;      /* per local layer: offset of its weight in params/grads */
+    size_t slot_bytes;      /* activation bytes one slot holds at max_batch */
+    size_t widest;          /* values per sample of the widest layer input or output */
+    /* stage_backward_range: a micro-batch's backward in progress (range_hi > 0: the next
+     * range ends at range_hi) and where each chunk's running gradient waits between ranges
+     * (owned, max_batch · widest floats, allocated at the first range that needs it) */
+    int range_slot, range_hi;
+    float *range_grads;     /* the `grads` argument of the micro-batch's first range */
+    float *carry;
+    long step;              /* optimizer steps taken */
+    /* zero-bubble split backward (stage_enable_split): per-slot output gradients */
+    int split;
+    void *split_memory;     /* owned */
+    /* batched weight gradients (stage_enable_batched_wgrad): dense layers keep every
+     * micro-batch's input and output-gradient rows of the step, and their weight gradient
+     * is one product over all of them (stage_wgrad_flush) */
+    int wgrad_rows;         /* rows of the step (0: off) */
+    float **stash_x, **stash_g; /* per local layer: [wgrad_rows][in], [wgrad_rows][out]
+                                 * (dense layers only; else NULL); one owned block */
+    void *stash_memory;
+    size_t stash_bytes;
+    /* tensor shards (stage_init_shard): rank tp_rank of a group of tp->T */
+    const shard_plan *tp;   /* not owned; NULL: whole layers */
+    int tp_rank;
+    stage_tensor_comm tp_comm;
+    layer_desc *loc;        /* owned: per local layer, the layer as this rank runs it */
+    float *tp_buf;          /* owned: max_batch · widest floats for collectives */
+    float *tp_din;          /* owned: the input gradient's slice before its all-gather */
+    float *tp_dout;         /* owned: the slice of a gathered output's gradient */
+    int tp_failed;          /* a collective failed: the forward or backward is void */
+    double tp_s;            /* seconds in tensor collectives since stage_init */
+} stage;
+
+/* Allocates a stage for layers [first, last) of `net`, micro-batches of up to `max_batch`
+ * samples, `n_slots` micro-batches in flight and `threads` worker threads (call BLAS
+ * single-threaded then). Parameters start at zero. */
+int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch, int n_slots,
+               int threads);
+/* What stage_init(s, net, first, last, max_batch, n_slots, threads) allocates, in bytes,
+ * without allocating it (the planner's memory figures; tests/test_stage.c holds the two
+ * equal): parameters, gradients and both moment buffers; the gradient groups; the worker
+ * threads' convolution workspace and scratch; and per slot (micro-batch in flight) the
+ * activations: total = state + groups + workers + n_slots · slot. */
+typedef struct {
+    size_t state, groups, workers, slot;
+} stage_bytes;
+stage_bytes stage_estimate(const net_desc *net, int first, int last, int max_batch, int threads);
+/* The same for tensor rank t of `plan` (NULL or T = 1: stage_estimate). */
+stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int max_batch,
+                                 int threads, const shard_plan *plan, int t);
+/* stage_init for tensor rank t of `plan` (not owned; NULL or T = 1: stage_init): the stage
+ * holds rank t's shards of its layers, and runs the plan's collectives through `comm`.
+ * A failed collective makes stage_forward return NULL and the backwards set tp_failed
+ * (stage_tensor_failed); the message is set. */
+int stage_init_shard(stage *s, const net_desc *net, int first, int last, int max_batch,
+                     int n_slots, int threads, const shard_plan *plan, int t,
+                     const stage_tensor_comm *comm);
+static inline int stage_tensor_failed(const stage *s) { return s->tp_failed; }
+
+/* Samples per chunk for a micro-batch of n: 16 in nets with convolutions, else
+ * max(64, ⌈n / groups⌉); never depends on the layout. */
+int stage_chunk(const stage *s, int n);
+void stage_free(stage *s);
+
+/* PyTorch's default initialisation (U(±1/sqrt(fan_in)) for weights and biases), drawn
+ * from the counter-based generator per layer, so it is the same in every layout. */
+void stage_init_params(stage *s, uint64_t seed);
+
+/* The output of the slot's last forward (whole: gathered with tensor shards). */
+const float *stage_output(const stage *s, int slot);
+
+/* Input/output values per sample (whole vectors, as the stage receives and sends them). */
+size_t stage_in_count(const stage *s);
+size_t stage_out_count(const stage *s);
+
+/* Takes a free slot; returns its index or −1 (with a message) when all are busy. */
+int stage_slot_acquire(stage *s);
+void stage_slot_release(stage *s, int slot);
+
+/* Forward of n samples (n ≤ max_batch) from `in` (kept alive by the caller until the
+ * backward). sample_ids: each sample's index in the data set (dropout masks depend on
+ * it); step: the optimizer step (dropout stream). training = 0 turns dropout off.
+ * Returns the output (owned by the slot). */
+const float *stage_forward(stage *s, int slot, const float *in, int n,
+                           const int64_t *sample_ids, uint64_t seed, uint64_t step,
+                           int training);
+/* Backward of the slot's micro-batch from the gradient of its output; parameter gradients
+ * accumulate. din (may be NULL) receives the gradient of the stage's input. */
+void stage_backward(stage *s, int slot, const float *dout, float *din);
+/* The same, but the micro-batch's gradient alone goes to `grads` (param_count floats, any
+ * contents before), bit for bit what stage_backward would add for it; the stage's own
+ * gradients are left alone. NULL: stage_backward. Replicas that reduce in a fixed order
+ * keep each micro-batch's gradient apart this way (src/reduce/reduce.h). */
+void stage_backward_to(stage *s, int slot, const float *dout, float *din, float *grads);
+/* The backward of the slot's micro-batch through the stage's local layers [lo, hi) only,
+ * so that data-parallel replicas can reduce the upper layers' gradients while the lower
+ * ones are computed. Called for consecutive ranges from the top: hi = last − first first,
+ * then each next hi = the previous lo, down to lo = 0, with no other backward, zeroing or
+ * step of the stage in between (forwards may run). dout is read by the first range, din
+ * (may be NULL) written by the last; `grads` as in stage_backward_to, the same for every
+ * range. Together the ranges are stage_backward_to(s, slot, dout, din, grads), bit for bit,
+ * and once a range returns, the gradients of its layers' parameters, [param_off[lo],
+ * stage_param_end(s, hi)), hold the micro-batch's contribution. Returns 0, or −1 with a
+ * message (ranges out of order, no memory for the carried gradients). */
+int stage_backward_range(stage *s, int slot, int lo, int hi, const float *dout, float *din,
+                         float *grads);
+/* Offset in params/grads where local layer i's parameters start (i = last − first: the
+ * parameter count). */
+size_t stage_param_end(const stage *s, int i);
+
+/* Zero-bubble split of the backward into the input gradient (B) and the parameter
+ * gradients (W). stage_enable_split allocates, per slot, the output gradient of every
+ * layer with parameters (stage_split_slot_bytes). stage_backward_input runs B of the
+ * slot's micro-batch (din may be NULL) and keeps those gradients; the slot must stay
+ * acquired until its W. stage_backward_weight runs W for the local layers [lo, hi) (call
+ * it for ranges from the top, hi = layer count first, down to lo = 0, as
+ * stage_backward_range; `grads` as in stage_backward_to). B then W is
+ * stage_backward_to bit for bit, whatever runs between them. */
+int stage_enable_split(stage *s);
+size_t stage_split_slot_bytes(const net_desc *net, int first, int last, int max_batch);
+int stage_backward_input(stage *s, int slot, const float *dout, float *din);
+int stage_backward_weight(stage *s, int slot, int lo, int hi, float *grads);
+
+/* Batched weight gradients of dense layers: every backward (whole, by range, or B) copies
+ * the dense layers' input and output-gradient rows of its micro-batch into a stash of
+ * `rows` rows (the step's samples), at the slot's row (stage_slot_set_row, before the
+ * backward), and leaves those layers' gradients alone; stage_wgrad_flush then forms them
+ * in one product per layer over all rows (dw = G^T·X, db = column sums of G, written, not
+ * added), in fixed tiles of output units, so the result does not depend on the thread
+ * count or the pipeline layout (for the same micro-batches: the forward's products round
+ * differently for another micro-batch size). Convolutions keep per-micro-batch
+ * gradients (their products are large already). stage_wgrad_row_bytes: stash bytes per
+ * row. Not with `grads` other than NULL (gradient pieces). */
+int stage_enable_batched_wgrad(stage *s, int rows);
+size_t stage_wgrad_row_bytes(const net_desc *net, int first, int last);
+void stage_slot_set_row(stage *s, int slot, int row);
+void stage_wgrad_flush(stage *s, int lo, int hi);
+
+/* Zeroes the gradients; ends a stage_backward_range sequence left unfinished. */
+void stage_zero_grad(stage *s);
+/* One optimizer update of every parameter from the accumulated gradients. */
+void stage_step(stage *s, const optimizer_config *opt);
+
+#endif

@@ -1,0 +1,117 @@
+/* The compute half of the layer table (the description half, names, shapes, parameter
+ * counts and summary text, is src/model/layer_table.h): for each layer type, which kernels
+ * its forward, its backward (input and weight halves together, or the input half alone)
+ * and its weight half call, and ONE layer loop over them that both engines drive: the CPU
+ * stage (src/cpu/stage.c, chunk by chunk, between tensor collectives) and the CUDA engine
+ * (src/cuda/engine_cuda_run.c, the whole micro-batch as one chunk).
+ *
+ * A device is a layer_kernels: one struct of int-returning kernel wrappers (the CPU set,
+ * layer_kernels_cpu, is here; the CUDA set is in src/cuda/). The engine describes where a
+ * layer's data lives through one callback per layer per chunk (layer_run.io); the loop
+ * never calls through a pointer per element. Adding a layer type means one entry in each
+ * table and its kernels in each device set. */
+#ifndef PT_LAYER_OPS_H
+#define PT_LAYER_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/model/layer_table.h"
+
+/* One device's kernels. ctx: the device's context (NULL on the CPU, the kernel_cuda_ctx on
+ * CUDA). Each returns 0, or −1 with a message. Arguments as kernels/kernels.h. */
+typedef struct {
+    int (*dense_forward)(void *ctx, float *out, const float *in, const float *w,
+                         const float *b, int n, int in_f, int out_f);
+    int (*dense_backward)(void *ctx, float *din, float *dw, float *db, const float *dout,
+                          const float *in, const float *w, int n, int in_f, int out_f);
+    int (*dense_backward_weight)(void *ctx, float *dw, float *db, const float *dout,
+                                 const float *in, int n, int in_f, int out_f);
+    int (*dense_backward_input)(void *ctx, float *din, const float *dout, const float *w, int n,
+                                int in_f, int out_f);
+    int (*conv_forward)(void *ctx, float *out, float *work, const float *in, const float *w,
+                        const float *b, const kernel_conv2d_dims *d);
+    int (*conv_backward)(void *ctx, float *din, float *dw, float *db, float *work,
+                         const float *dout, const float *in, const float *w,
+                         const kernel_conv2d_dims *d);
+    int (*conv_backward_weight)(void *ctx, float *dw, float *db, float *work,
+                                const float *dout, const float *in, const kernel_conv2d_dims *d);
+    int (*conv_backward_input)(void *ctx, float *din, float *work, const float *dout,
+                               const float *w, const kernel_conv2d_dims *d);
+    int (*maxpool_forward)(void *ctx, float *out, int32_t *argmax, const float *in, int n, int c,
+                           int h, int w, int size, int stride);
+    int (*maxpool_backward)(void *ctx, float *din, const float *dout, const int32_t *argmax,
+                            int n, int c, int h, int w, int size, int stride);
+    int (*avgpool_forward)(void *ctx, float *out, const float *in, int n, int c, int h, int w,
+                           int size, int stride);
+    int (*avgpool_backward)(void *ctx, float *din, const float *dout, int n, int c, int h, int w,
+                            int size, int stride);
+    int (*activation_forward)(void *ctx, float *out, const float *in, size_t count,
+                              kernel_act act);
+    int (*activation_backward)(void *ctx, float *din, const float *dout, const float *out,
+                               size_t count, kernel_act act);
+    /* elements [elem_off, elem_off + per_sample) of each sample's whole vector */
+    int (*dropout_forward)(void *ctx, float *out, uint8_t *mask, const float *in, int n,
+                           size_t per_sample, size_t elem_off, float p, uint64_t seed,
+                           uint64_t stream, const int64_t *sample_ids);
+    int (*dropout_backward)(void *ctx, float *din, const float *dout, const uint8_t *mask,
+                            size_t count, float p);
+    /* count floats, device to device (count may be 0) */
+    int (*copy)(void *ctx, float *dst, const float *src, size_t count);
+} layer_kernels;
+
+extern const layer_kernels layer_kernels_cpu;
+
+/* Where local layer i's data lives for one chunk of n samples (rows already offset to the
+ * chunk). Filled by the engine's callback; fields a phase does not use may be left 0. */
+typedef struct {
+    const float *x;          /* its input rows */
+    float *y;                /* forward: its output storage */
+    const float *out;        /* backward: its output of the forward */
+    int identity;            /* the forward passed x through (y unused, out = x) */
+    int32_t *argmax;         /* maxpool */
+    uint8_t *mask;           /* dropout */
+    const float *w, *b;      /* parameters */
+    float *dw, *db;          /* backward, weight: where its parameter gradients are added */
+    float *gout;             /* split backward: the output gradient B keeps for W */
+    int batched;             /* its weight half is the step's (rows go to the stash) */
+    float *stash_x, *stash_g; /* batched, backward: where this chunk's rows go */
+    int partial;             /* split by inputs: no bias and no activation in its forward */
+    size_t elem_off;         /* dropout: the chunk's elements' offset in the whole vector */
+    const int64_t *ids;      /* the chunk's sample ids (dropout) */
+} layer_io;
+
+enum { LAYER_PHASE_FORWARD = 0, LAYER_PHASE_BACKWARD, LAYER_PHASE_WEIGHT };
+/* What a backward computes: the input gradient (B), the parameter gradients (W), or both. */
+enum { LAYER_BW_INPUT = 1, LAYER_BW_WEIGHT = 2, LAYER_BW_BOTH = 3 };
+
+typedef struct {
+    const layer_kernels *k;
+    void *kctx;
+    const layer_desc *layers; /* the local layers as this rank runs them, [i] */
+    int first;                /* the net's index of local layer 0 (dropout streams) */
+    int n;                    /* samples of the chunk */
+    float *work;              /* convolution workspace */
+    uint64_t seed, step;      /* dropout */
+    /* fills io for local layer i in `phase`; 0, or −1 with a message */
+    int (*io)(void *self, int i, int phase, layer_io *io);
+    void *self;
+    /* set when a kernel failed: what failed ("forward", "activation backward", "backward",
+     * "weight gradient") and the local layer; NULL when the callback or a copy failed */
+    const char *what;
+    int failed;
+} layer_run;
+
+/* Forward of local layers [lo, hi), identity layers skipped. 0, or −1 (see r->what). */
+int layer_run_forward(layer_run *r, int lo, int hi);
+/* Backward of local layers [hi − 1 … lo] from the running gradient *g (in scratch[*gi],
+ * −1: the caller's), which is left where it ends (din when lo is 0 and din is given);
+ * parts: LAYER_BW_BOTH, or LAYER_BW_INPUT alone (B: each parameter layer that is not
+ * batched keeps its output gradient in io.gout). Batched layers stash their rows. */
+int layer_run_backward(layer_run *r, int lo, int hi, const float **g, int *gi,
+                       float *const scratch[2], float *din, int parts);
+/* W of local layers [lo, hi): each parameter layer's (not batched) weight half from its
+ * input and io.gout. */
+int layer_run_weight(layer_run *r, int lo, int hi);
+
+#endif

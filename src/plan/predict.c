@@ -1,0 +1,318 @@
+#include "src/plan/predict.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/base/error.h"
+#include "src/cpu/stage.h"
+
+void plan_tensor_cost(const shard_traffic *tr, int T, double microbatch, double alpha,
+                      double beta, double *fwd, double *bwd)
+{
+    *fwd = *bwd = 0;
+    if (T < 2) return;
+    double f = (T - 1.0) / T, bytes = 4.0 * microbatch;
+    *fwd = f * tr->fwd_gather * bytes / beta + tr->fwd_gathers * (T - 1.0) * alpha +
+           2 * f * tr->fwd_reduce * bytes / beta + tr->fwd_reduces * 2 * (T - 1.0) * alpha;
+    *bwd = f * tr->bwd_gather * bytes / beta + tr->bwd_gathers * (T - 1.0) * alpha +
+           2 * f * tr->bwd_reduce * bytes / beta + tr->bwd_reduces * 2 * (T - 1.0) * alpha;
+}
+
+void plan_tensor_sent(const shard_traffic *tr, int T, double microbatch, double *bytes,
+                      double *messages)
+{
+    *bytes = *messages = 0;
+    if (T < 2) return;
+    double f = (T - 1.0) / T;
+    *bytes = 4.0 * microbatch *
+             (f * (double)(tr->fwd_gather + tr->bwd_gather) +
+              2 * f * (double)(tr->fwd_reduce + tr->bwd_reduce));
+    *messages = (T - 1.0) * (tr->fwd_gathers + tr->bwd_gathers) +
+                2 * (T - 1.0) * (tr->fwd_reduces + tr->bwd_reduces);
+}
+
+double plan_tensor_share(const shard_plan *p, int l)
+{
+    if (!p || p->T < 2) return 1;
+    const shard_layer *sl = &p->layers[l];
+    /* cut by outputs or inputs, or a layer without parameters on a sharded vector */
+    if (sl->split != SHARD_NONE || sl->in.sharded) return 1.0 / p->T;
+    return 1;
+}
+
+/* The largest share of layers [first, last)'s parameters a tensor rank holds (1 without
+ * shards or parameters). */
+static double param_share(const shard_plan *p, const net_desc *net, int first, int last)
+{
+    if (!p || p->T < 2) return 1;
+    size_t whole = 0, most = 0;
+    for (int l = first; l < last; l++)
+        whole += net->layers[l].weight_count + net->layers[l].bias_count;
+    for (int t = 0; t < p->T; t++) {
+        size_t n = shard_param_count(p, net, first, last, t);
+        if (n > most) most = n;
+    }
+    return whole ? (double)most / (double)whole : 1;
+}
+
+void plan_prediction_free(plan_prediction *p)
+{
+    free(p->busy_s);
+    *p = (plan_prediction){0};
+}
+
+int plan_schedule(schedule *s, const char *name, int stages, int virtual_stages,
+                  int microbatches, const int *recompute)
+{
+    if (schedule_init_named(s, name, stages, virtual_stages > 1 ? virtual_stages : 1,
+                            microbatches))
+        return -1;
+    int any = 0;
+    for (int k = 0; recompute && k < stages; k++) any |= recompute[k] != 0;
+    if (any && schedule_add_recompute(s, recompute)) {
+        schedule_free(s);
+        return -1;
+    }
+    return 0;
+}
+
+/* 1 when rank s's list splits backwards into B and W (zero bubble). */
+static int list_splits(const schedule *s, int st)
+{
+    const schedule_list *l = &s->lists[st];
+    for (int i = 0; i < l->n_ops; i++)
+        if (l->ops[i].kind == SCHED_OP_BACKWARD_INPUT) return 1;
+    return 0;
+}
+
+/* Per model chunk (per stage when V = 1): the profile's forward, backward and split
+ * backward of one micro-batch, and (R > 1, V = 1) each stage's buckets' bytes and each
+ * backward part's share of the backward (of W on a split list). */
+typedef struct {
+    double *fwd, *bwd, *bin, *bw; /* one block, 4·C; bin, bw NULL without a split profile */
+    double *tfwd, *tbwd;          /* per chunk: its tensor collectives (in fwd, bwd), 2·C */
+    double **bytes, **share;      /* [K][buckets], NULL rows for stages without buckets */
+} chunk_costs;
+
+static void chunk_costs_free(chunk_costs *c, int K)
+{
+    for (int s = 0; s < K && c->bytes; s++) free(c->bytes[s]);
+    for (int s = 0; s < K && c->share; s++) free(c->share[s]);
+    free(c->bytes);
+    free(c->share);
+    free(c->fwd);
+}
+
+static int chunk_costs_init(chunk_costs *c, const net_desc *net, const partition *part,
+                            const partition_profile *prof, const plan_predict_config *cfg,
+                            const schedule *sched)
+{
+    int C = part->stages, K = sched->stages;
+    double mb = cfg->microbatch;
+    *c = (chunk_costs){0};
+    c->fwd = calloc(6 * (size_t)C, sizeof *c->fwd);
+    c->bytes = calloc((size_t)K, sizeof *c->bytes);
+    c->share = calloc((size_t)K, sizeof *c->share);
+    if (!c->fwd || !c->bytes || !c->share) return pt_error_set("out of memory");
+    c->bwd = c->fwd + C;
+    c->tfwd = c->fwd + 4 * C;
+    c->tbwd = c->fwd + 5 * C;
+    const shard_plan *sp = cfg->shard && cfg->shard->T > 1 ? cfg->shard : NULL;
+    int split = prof->bwd_input_s && prof->bwd_weight_s;
+    if (split) {
+        c->bin = c->fwd + 2 * C;
+        c->bw = c->fwd + 3 * C;
+    }
+    for (int k = 0; k < C; k++) {
+        for (int l = part->first[k]; l < part->first[k + 1]; l++) {
+            double f = (cfg->shard_profile ? 1 : plan_tensor_share(sp, l)) * mb;
+            c->fwd[k] += prof->fwd_s[l] * f;
+            c->bwd[k] += prof->bwd_s[l] * f;
+            if (split) {
+                c->bin[k] += prof->bwd_input_s[l] * f;
+                c->bw[k] += prof->bwd_weight_s[l] * f;
+            }
+        }
+        if (!sp) continue;
+        /* the chunk's collectives on its rank's tensor link; the input gradient's ones
+         * belong to B where the backward splits */
+        shard_traffic tr = shard_stage_traffic(sp, net, part->first[k], part->first[k + 1],
+                                               k == 0);
+        int s = k % K;
+        plan_tensor_cost(&tr, sp->T, mb, cfg->tensor_alpha ? cfg->tensor_alpha[s] : 0,
+                         cfg->tensor_beta ? cfg->tensor_beta[s] : 1e300, &c->tfwd[k],
+                         &c->tbwd[k]);
+        c->fwd[k] += c->tfwd[k];
+        c->bwd[k] += c->tbwd[k];
+        if (split) c->bin[k] += c->tbwd[k];
+    }
+    if (cfg->rep.replicas < 2) return 0;
+    for (int s = 0; s < K; s++) {
+        int first = part->first[s], last = part->first[s + 1];
+        /* a split list's parts are W's: their shares are of the weight gradients */
+        const double *per_layer = split && list_splits(sched, s) ? prof->bwd_weight_s
+                                                                 : prof->bwd_s;
+        double whole = 0;
+        for (int l = first; l < last; l++) whole += per_layer[l];
+        reduce_plan plan;
+        if (replicas_plan(&plan, net, first, last, &cfg->rep)) return -1;
+        int B = plan.n_buckets;
+        /* each tensor rank reduces its shards only: the largest rank's share */
+        double share = param_share(sp, net, first, last);
+        c->bytes[s] = malloc((size_t)B * sizeof **c->bytes + 1);
+        c->share[s] = malloc((size_t)B * sizeof **c->share + 1);
+        if (!c->bytes[s] || !c->share[s]) {
+            reduce_plan_free(&plan);
+            return pt_error_set("out of memory");
+        }
+        for (int b = 0; b < B; b++) {
+            int lo, hi;
+            double t = 0;
+            replicas_plan_part_range(&plan, last - first, b, &lo, &hi);
+            for (int l = lo; l < hi; l++) t += per_layer[first + l];
+            c->bytes[s][b] = (double)plan.buckets[b].count * sizeof(float) * share;
+            c->share[s][b] = whole > 0 ? t / whole : 1.0 / B;
+        }
+        /* the shares must sum to 1 exactly (the simulator checks): give the rounding to
+         * the last part */
+        double sum = 0;
+        for (int b = 0; b + 1 < B; b++) sum += c->share[s][b];
+        if (B) c->share[s][B - 1] = sum < 1 ? 1 - sum : 0;
+        reduce_plan_free(&plan);
+    }
+    return 0;
+}
+
+int plan_predict(plan_prediction *out, const net_desc *net, const partition *part,
+                 const partition_profile *prof, const plan_predict_config *cfg)
+{
+    *out = (plan_prediction){0};
+    int V = cfg->virtual_stages > 1 ? cfg->virtual_stages : 1;
+    int C = part->stages, K = C / V;
+    if (prof->n_layers != net->n_layers)
+        return pt_error_set("plan_predict: a profile of %d layers for a model of %d",
+                            prof->n_layers, net->n_layers);
+    if (C % V)
+        return pt_error_set("plan_predict: %d model chunks do not make %d per rank", C, V);
+    if (V > 1 && cfg->rep.replicas > 1)
+        return pt_error_set("plan_predict: replicas with interleaved schedules (--virtual %d) "
+                            "are not supported", V);
+    schedule sched;
+    if (plan_schedule(&sched, cfg->schedule, K, V, cfg->rep.microbatches, cfg->recompute))
+        return -1;
+    chunk_costs c = {0};
+    int rc = replicas_schedule(&sched, net, part, &cfg->rep) ||
+             chunk_costs_init(&c, net, part, prof, cfg, &sched);
+    /* the slowest boundary prices every message (the simulator has one message cost) */
+    double msg = 0;
+    for (int k = 0; !rc && cfg->message_s && k + 1 < C; k++)
+        if (cfg->message_s[k] > msg) msg = cfg->message_s[k];
+    schedule_sim sim;
+    if (!rc) {
+        schedule_costs sc = {
+            .fwd = c.fwd, .bwd = c.bwd, .bwd_input = c.bin, .bwd_weight = c.bw,
+            .recompute = NULL, /* = fwd */
+            .comm_cost = msg, .step_cost = 0,
+            .replicas = cfg->rep.replicas, .alpha = 0, .beta = 1,
+            .alpha_stage = cfg->alpha, .beta_stage = cfg->beta,
+            .bucket_bytes = (const double *const *)c.bytes,
+            .part_share = (const double *const *)c.share,
+            .reduce_in_waits = cfg->reduce_in_waits,
+        };
+        rc = schedule_simulate_costs(&sched, &sc, &sim);
+    }
+    if (!rc) {
+        out->busy_s = calloc(4 * (size_t)K, sizeof *out->busy_s);
+        if (!out->busy_s) {
+            rc = pt_error_set("out of memory");
+        } else {
+            out->reduce_s = out->busy_s + K;
+            out->exposed_s = out->busy_s + 2 * K;
+            out->tensor_s = out->busy_s + 3 * K;
+            out->step_s = sim.makespan;
+            out->bubble = sim.bubble;
+            for (int s = 0; s < K; s++) {
+                out->busy_s[s] = sim.busy[s];
+                out->reduce_s[s] = sim.reduce[s];
+                out->exposed_s[s] = sim.exposed[s];
+            }
+            /* every micro-batch's collectives, the forward's twice where it recomputes */
+            for (int k = 0; k < C; k++) {
+                int s = k % K, again = cfg->recompute && cfg->recompute[s];
+                out->tensor_s[s] += cfg->rep.microbatches *
+                                    (c.tfwd[k] * (1 + again) + c.tbwd[k]);
+            }
+        }
+        schedule_sim_free(&sim);
+    }
+    chunk_costs_free(&c, K);
+    schedule_free(&sched);
+    return rc ? -1 : 0;
+}
+
+int plan_memory(double *out, const net_desc *net, const partition *part, const schedule *sched,
+                const plan_memory_config *cfg)
+{
+    int K = sched->stages, V = sched->virtual_stages > 1 ? sched->virtual_stages : 1;
+    int M = sched->microbatches;
+    if (part->stages != K * V || part->n_layers != net->n_layers)
+        return pt_error_set("plan_memory: a partition of %d chunks and %d layers for %d ranks "
+                            "× %d chunks and %d layers", part->stages, part->n_layers, K, V,
+                            net->n_layers);
+    schedule_report rep;
+    if (schedule_verify(sched, &rep)) return -1;
+    /* as src/runtime/exec.c sizes each chunk's engine: 2M micro-batch buffers (two steps), at
+     * least 3 (evaluation) */
+    double nb = 2.0 * M > 3 ? 2.0 * M : 3;
+    double mb = cfg->microbatch;
+    const shard_plan *sp = cfg->shard && cfg->shard->T > 1 ? cfg->shard : NULL;
+    int T = sp ? sp->T : 1;
+    for (int s = 0; s < K; s++) {
+        int split = list_splits(sched, s), recompute = sched->lists[s].recompute;
+        out[s] = 0;
+        /* the tensor ranks of a stage may hold uneven shards: the largest */
+        for (int t = 0; t < T; t++) {
+            double rank = 0;
+            for (int v = 0; v < V; v++) {
+                int c = v * K + s, first = part->first[c], last = part->first[c + 1];
+                stage_bytes b = stage_estimate_shard(net, first, last, cfg->microbatch, 1, sp, t);
+                double in = (double)layer_shape_count(net->layers[first].in);
+                double outc = (double)layer_shape_count(net->layers[last - 1].out);
+                int slots = rep.peak_inflight_chunk[s * V + v];
+                if (slots < 1) slots = 1;
+                double bytes = (double)(b.state + b.groups + b.workers) + slots * (double)b.slot;
+                if (split)
+                    bytes += slots * (double)stage_split_slot_bytes(net, first, last,
+                                                                    cfg->microbatch);
+                /* inputs, gradients in, gradients out (not on chunk 0), labels and ids */
+                bytes += nb * mb * (4.0 * (in + outc + (first > 0 ? in : 0)) + 4 + 8);
+                /* recomputation: the outputs of the micro-batches between forward and
+                 * backward stay until sent (the engine's pool, sized by the verifier) */
+                if (recompute && last < net->n_layers)
+                    bytes += rep.peak_inputs_chunk[s * V + v] * mb * outc * 4.0;
+                if (cfg->wgrad_batched)
+                    bytes += (double)stage_wgrad_row_bytes(net, first, last) * mb * M;
+                if (cfg->grad_pieces > 1)
+                    bytes += (cfg->grad_pieces - 1.0) * (double)b.state / 4.0;
+                rank += bytes;
+            }
+            if (rank > out[s]) out[s] = rank;
+        }
+    }
+    schedule_report_free(&rep);
+    return 0;
+}
+
+int plan_profile_shards(partition_profile *prof, const net_desc *net, const shard_plan *sp,
+                        const profile_options *po)
+{
+    net_desc local;
+    if (shard_local_net(&local, sp, net, sp->T - 1)) return -1;
+    /* the loss needs the whole logits: a last layer cut by outputs is profiled whole (an
+     * overestimate of a layer that is small where it is the classifier) */
+    int last = net->n_layers - 1;
+    if (last >= 0 && sp->layers[last].out.sharded) local.layers[last] = net->layers[last];
+    int rc = partition_profile_measure_with(prof, &local, po) < 0 ? -1 : 0;
+    net_desc_free(&local);
+    return rc;
+}

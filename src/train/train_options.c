@@ -1,0 +1,241 @@
+/* Options of `pipetrain train` (src/train/train_options.h): one table (src/base/options.h) gives both
+ * the parsing and the help. */
+#include "src/train/train_options.h"
+
+#include <limits.h>
+#include <stdio.h>
+
+#include "src/base/error.h"
+#include "src/base/mpi_wait.h"
+#include "src/runtime/exec.h"
+#include "src/base/options.h"
+
+enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS, O_STEPS,
+       O_WARMUP, O_BATCH, O_OPT, O_LR, O_MOM, O_WD, O_SEED, O_SHUFFLE, O_STAGES, O_MICRO,
+       O_SCHED, O_PART, O_THREADS, O_BIND, O_DEVICE, O_TIMEOUT, O_TRACE, O_JSON, O_VERBOSE,
+       O_HELP, O_STALL, O_KILL, O_DELAY, O_PROGRESS, O_MPI_ERROR, O_REPLICAS, O_REDUCE, O_TENSOR, O_TENSOR_MODE,
+       O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT, O_METRICS, O_LOG_EVERY, O_CKPT_DIR,
+       O_CKPT_EVERY, O_KEEP, O_RESUME, O_CKPT_MIN, O_CKPT_WRITE, O_VIRTUAL, O_RECOMPUTE,
+       O_WGRAD };
+
+/* The largest step count, sample count or seed we take: far beyond any run, exact in a
+ * double (the table's ranges are doubles). */
+#define BIG 1e15
+
+static const opt_spec train_opts[] = {
+    {.section = "data and model"},
+    {.id = O_MODEL, .name = "model", .shared = 1},
+    {.id = O_DATA, .name = "data", .kind = OPT_TEXT, .arg = "DIR", .def = DEFAULT_DATA_DIR,
+     .help = "Fashion-MNIST IDX files, .gz or not"},
+    {.id = O_VAL, .name = "val", .kind = OPT_INT, .arg = "N", .min = 0, .max = INT_MAX,
+     .help = "hold out the last N training samples for validation"},
+    {.id = O_TRAIN_N, .name = "train-samples", .kind = OPT_INT, .arg = "N", .min = 1,
+     .max = INT_MAX, .help = "use only the first N training samples (after --val)"},
+    {.id = O_TEST_N, .name = "test-samples", .kind = OPT_INT, .arg = "N", .min = 0,
+     .max = INT_MAX, .help = "evaluate on the first N test samples (0: skip the test set)"},
+    {.id = O_LOAD, .name = "load", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "start from a safetensors checkpoint"},
+    {.id = O_SAVE, .name = "save", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "write the final parameters as safetensors"},
+    {.id = O_CKPT_DIR, .name = "checkpoint-dir", .kind = OPT_TEXT, .arg = "DIR",
+     .help = "write checkpoints to resume from here (parameters, optimizer state, step)"},
+    {.id = O_CKPT_EVERY, .name = "checkpoint-every", .kind = OPT_INT, .arg = "N", .min = 0,
+     .max = 1000000000, .def = "0", .help = "a checkpoint every N steps (0: by time only)"},
+    {.id = O_CKPT_MIN, .name = "checkpoint-minutes", .kind = OPT_REAL, .arg = "X", .min = 0,
+     .max = 1e6, .help = "a checkpoint when X minutes have passed since the last (default "
+     "10 with --checkpoint-dir and no --checkpoint-every; 0: by steps only)"},
+    {.id = O_CKPT_WRITE, .name = "checkpoint-write", .kind = OPT_CHOICE,
+     .choices = "background|sync", .def = "background",
+     .help = "write checkpoints from a snapshot while training goes on, or hold it"},
+    {.id = O_KEEP, .name = "keep", .kind = OPT_INT, .arg = "K", .min = 1, .max = 1000000,
+     .def = "2", .help = "checkpoints kept in --checkpoint-dir (the newest K)"},
+    {.id = O_RESUME, .name = "resume", .kind = OPT_TEXT, .arg = "DIR|FILE",
+     .help = "continue from the newest complete checkpoint there, in any layout"},
+    {.section = "training"},
+    {.id = O_EPOCHS, .name = "epochs", .kind = OPT_INT, .arg = "N", .min = 1, .max = INT_MAX,
+     .def = "1", .help = "passes over the training set"},
+    {.id = O_STEPS, .name = "steps", .kind = OPT_INT, .arg = "N", .min = 1, .max = BIG,
+     .help = "run N optimizer steps, crossing epochs; with --epochs, stop at whichever "
+             "limit comes first"},
+    {.id = O_WARMUP, .name = "warmup", .kind = OPT_INT, .arg = "N", .min = 0, .max = BIG,
+     .def = "0", .help = "leave the first N steps out of speed and bubble figures"},
+    {.id = O_BATCH, .name = "batch", .shared = 1},
+    {.id = O_OPT, .name = "optimizer", .kind = OPT_CHOICE, .choices = "sgd|momentum|adam",
+     .def = "adam", .help = "the update rule"},
+    {.id = O_LR, .name = "lr", .kind = OPT_REAL, .arg = "X", .min = 0, .max = 1e6,
+     .def = "0.001", .help = "learning rate"},
+    {.id = O_MOM, .name = "momentum", .kind = OPT_REAL, .arg = "X", .min = 0, .max = 1,
+     .def = "0.9", .help = "for --optimizer momentum"},
+    {.id = O_WD, .name = "weight-decay", .kind = OPT_REAL, .arg = "X", .min = 0, .max = 1e6,
+     .def = "0", .help = "L2 penalty added to the gradient"},
+    {.id = O_SEED, .name = "seed", .kind = OPT_INT, .arg = "N", .min = 0, .max = BIG,
+     .def = "0", .help = "initialisation, shuffling and dropout"},
+    {.id = O_SHUFFLE, .name = "shuffle", .kind = OPT_CHOICE, .choices = "on|off", .def = "on",
+     .help = "off: batches in file order"},
+    {.section = "parallelism"},
+    {.id = O_STAGES, .name = "stages", .shared = 1},
+    {.id = O_MICRO, .name = "microbatches", .shared = 1},
+    {.id = O_SCHED, .name = "schedule", .shared = 1},
+    {.id = O_VIRTUAL, .name = "virtual", .shared = 1},
+    {.id = O_RECOMPUTE, .name = "recompute", .shared = 1},
+    {.id = O_WGRAD, .name = "wgrad", .shared = 1},
+    {.id = O_PART, .name = "partition", .shared = 1},
+    {.id = O_REPLICAS, .name = "replicas", .shared = 1},
+    {.id = O_REDUCE, .name = "reduce", .shared = 1},
+    {.id = O_TENSOR, .name = "tensor", .shared = 1},
+    {.id = O_TENSOR_MODE, .name = "tensor-mode", .shared = 1},
+    {.id = O_BUCKET_MB, .name = "bucket-mb", .shared = 1},
+    {.id = O_OVERLAP, .name = "overlap", .shared = 1},
+    {.id = O_THREADS, .name = "threads", .kind = OPT_INT, .arg = "N", .min = 1, .max = 1024,
+     .help = "worker threads per rank (default: the node's cores / its ranks)"},
+    {.id = O_BIND, .name = "bind", .kind = OPT_CHOICE, .choices = "auto|core|none",
+     .def = "none", .help = "pin each rank to its cores"},
+    {.id = O_WAIT, .name = "wait", .kind = OPT_CHOICE, .choices = "auto|spin|sleep",
+     .def = "auto", .help = "between tests of a pending message or reduction: yield the "
+                            "core (spin) or sleep 50 us (sleep, for more ranks than cores); "
+                            "auto: spin unless a node's ranks × threads outnumber its cores"},
+    {.id = O_DEVICE, .name = "device", .shared = 1},
+    {.id = O_TIMEOUT, .name = "timeout", .kind = OPT_REAL, .arg = "S", .min = 0.001,
+     .max = 1e9, .def = "300", .help = "give up when a rank waits longer than S seconds"},
+    {.section = "output"},
+    {.id = O_TRACE, .name = "trace", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "Chrome trace JSON of every rank's events (Perfetto)"},
+    {.id = O_JSON, .name = "json", .shared = 1},
+    {.id = O_METRICS, .name = "metrics", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "JSON Lines: the run, then a line every --log-every steps and per epoch"},
+    {.id = O_LOG_EVERY, .name = "log-every", .kind = OPT_INT, .arg = "N", .min = 1,
+     .max = 1000000000, .def = "10", .help = "steps between the metrics file's step lines"},
+    {.id = O_PROGRESS, .name = "progress", .kind = OPT_REAL, .arg = "S", .min = 0, .max = 1e9,
+     .def = "5", .help = "when stdout is no terminal, a progress line every S seconds (0: none)"},
+    {.id = O_VERBOSE, .name = "verbose", .kind = OPT_FLAG,
+     .help = "more detail (binding of every rank)"},
+    {.id = O_HELP, .name = "help", .shared = 1},
+    /* testing only, not in the help */
+    {.id = O_STALL, .name = "debug-stall", .kind = OPT_TEXT, .arg = "RANK:STEP"},
+    {.id = O_KILL, .name = "debug-kill", .kind = OPT_TEXT, .arg = "RANK:STEP"},
+    {.id = O_MPI_ERROR, .name = "debug-mpi-error", .kind = OPT_TEXT, .arg = "RANK:STEP"},
+    {.id = O_DELAY, .name = "debug-delay-sends", .kind = OPT_INT, .arg = "POLLS", .min = 0,
+     .max = 1000000},
+    {.id = O_SKIP_BUCKET, .name = "debug-skip-bucket", .kind = OPT_INT, .arg = "B", .min = 0,
+     .max = INT_MAX},
+    {0},
+};
+
+static const opt_command train_command = {
+    .name = "train",
+    .usage = "pipetrain train --model FILE [options]\n"
+             "mpiexec -n K pipetrain train --model FILE --stages K [options]\n"
+             "mpiexec -n K*R pipetrain train --model FILE --stages K --replicas R ...",
+    .about = "Trains a model on Fashion-MNIST, sequentially, as a pipeline of K stages, or "
+             "as R data-parallel replicas of that pipeline.",
+    .notes = "With --json the last line of stdout is one JSON object of results. With --device "
+             "cuda each rank takes a GPU by its local rank (several ranks may share one). "
+             "With replicas, stage s of replica r is MPI rank s*R + r (each stage's replicas "
+             "on consecutive ranks; --bind auto keeps this numbering); --batch is the whole "
+             "job's batch, of which each replica takes batch/R samples in M micro-batches.",
+    .opts = train_opts,
+};
+
+void train_options_usage(FILE *f) { opt_print_help(&train_command, f); }
+
+int train_options_parse(train_options *o, int argc, char **argv)
+{
+    static const optimizer_kind optimizers[] = {OPTIM_SGD, OPTIM_MOMENTUM, OPTIM_ADAM};
+    static const engine_device devices[] = {ENGINE_CPU, ENGINE_CUDA};
+    static const char *const binds[] = {"auto", "core", "none"};
+    static const reduce_method methods[] = {REDUCE_ALLREDUCE, REDUCE_REDUCE_BCAST,
+                                            REDUCE_GATHER_BCAST, REDUCE_ORDERED};
+    /* what no option sets; everything else comes from the table's defaults */
+    *o = (train_options){
+        .steps = -1, .train_samples = -1, .test_samples = -1,
+        .opt = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
+        .stall_rank = -1, .stall_step = -1, .skip_bucket = -1, .tensor = 1,
+    };
+    opt_parser p;
+    if (opt_parser_init(&p, &train_command, argc, argv)) return -1;
+    int id;
+    while ((id = opt_next(&p)) > 0) {
+        switch (id) {
+        case O_MODEL: o->model = p.arg; break;
+        case O_DATA: o->data = p.arg; break;
+        case O_LOAD: o->load = p.arg; break;
+        case O_SAVE: o->save = p.arg; break;
+        case O_CKPT_DIR: o->ckpt_dir = p.arg; break;
+        case O_CKPT_EVERY: o->ckpt_every = p.num; break;
+        case O_CKPT_MIN: o->ckpt_minutes = p.real; break;
+        case O_CKPT_WRITE: o->ckpt_sync = p.choice == 1; break;
+        case O_KEEP: o->keep = (int)p.num; break;
+        case O_RESUME: o->resume = p.arg; break;
+        case O_TRACE: o->trace = p.arg; break;
+        case O_SCHED: o->schedule = p.arg; break;
+        case O_VIRTUAL: o->virtual_stages = (int)p.num; break;
+        case O_RECOMPUTE: o->recompute = p.arg; break;
+        case O_WGRAD: o->wgrad_batched = p.choice == 1; break;
+        case O_PART: o->partition = p.arg; break;
+        case O_JSON: o->json = 1; break;
+        case O_VERBOSE: o->verbose = 1; break;
+        case O_HELP: return 1;
+        case O_DEVICE: o->device = devices[p.choice]; break;
+        case O_OPT: o->opt.kind = optimizers[p.choice]; break;
+        case O_SHUFFLE: o->shuffle = p.choice == 0; break;
+        case O_BIND: o->bind = binds[p.choice]; break;
+        case O_WAIT: o->wait = (mpi_wait_mode)p.choice; break;
+        case O_METRICS: o->metrics = p.arg; break;
+        case O_LOG_EVERY: o->log_every = (long)p.num; break;
+        case O_EPOCHS: o->epochs = (int)p.num; break;
+        case O_STEPS: o->steps = p.num; break;
+        case O_WARMUP: o->warmup = p.num; break;
+        case O_BATCH: o->batch = (int)p.num; break;
+        case O_STAGES: o->stages = (int)p.num; break;
+        case O_MICRO: o->microbatches = (int)p.num; break;
+        case O_THREADS: o->threads = (int)p.num; break;
+        case O_VAL: o->val = (int)p.num; break;
+        case O_TRAIN_N: o->train_samples = p.num; break;
+        case O_TEST_N: o->test_samples = p.num; break;
+        case O_SEED: o->seed = (unsigned long long)p.num; break;
+        case O_LR: o->opt.lr = (float)p.real; break;
+        case O_MOM: o->opt.momentum = (float)p.real; break;
+        case O_WD: o->opt.weight_decay = (float)p.real; break;
+        case O_TIMEOUT: o->timeout = p.real; break;
+        case O_PROGRESS: o->progress = p.real; break;
+        case O_DELAY: o->ready_delay = (int)p.num; break;
+        case O_REPLICAS: o->replicas = (int)p.num; break;
+        case O_TENSOR: o->tensor = (int)p.num; break;
+        case O_TENSOR_MODE: o->tensor_mode = p.choice == 1 ? TENSOR_GATHER : TENSOR_MEGATRON; break;
+        case O_REDUCE: o->reduce = methods[p.choice]; break;
+        case O_BUCKET_MB: o->bucket_mb = p.real; break;
+        case O_OVERLAP: o->overlap = p.choice == 0; break;
+        case O_SKIP_BUCKET: o->skip_bucket = (int)p.num; break;
+        case O_STALL:
+        case O_KILL:
+        case O_MPI_ERROR:
+            if (sscanf(p.arg, "%d:%ld", &o->stall_rank, &o->stall_step) != 2)
+                return opt_error(&p, "%s %s: expected RANK:STEP", p.name, p.arg);
+            o->kill = id == O_KILL        ? EXEC_STALL_KILL
+                      : id == O_MPI_ERROR ? EXEC_STALL_MPI_ERROR
+                                          : EXEC_STALL_HANG;
+            break;
+        }
+    }
+    if (id == OPT_ERROR) return -1;
+    o->epochs_given = opt_given(&p, O_EPOCHS);
+    if (!(o->bucket_mb > 0))
+        return opt_error(&p, "--bucket-mb %g: must be positive", o->bucket_mb);
+    if (o->ckpt_every > 0 && !o->ckpt_dir)
+        return opt_error(&p, "--checkpoint-every needs --checkpoint-dir DIR");
+    if (opt_given(&p, O_CKPT_MIN) && !o->ckpt_dir)
+        return opt_error(&p, "--checkpoint-minutes needs --checkpoint-dir DIR");
+    if (o->ckpt_dir && !opt_given(&p, O_CKPT_MIN) && o->ckpt_every == 0)
+        o->ckpt_minutes = 10;
+    if (o->resume && o->load)
+        return opt_error(&p, "--resume and --load both set the parameters: give one");
+    if (o->replicas > 1 && o->batch % ((long)o->replicas * o->microbatches))
+        return opt_error(&p, "--batch %d is not divisible by --replicas %d × --microbatches %d "
+                         "= %ld: each replica takes batch/replicas samples in micro-batches of "
+                         "equal size", o->batch, o->replicas, o->microbatches,
+                         (long)o->replicas * o->microbatches);
+    if (o->batch % o->microbatches)
+        return opt_error(&p, "--microbatches %d does not divide --batch %d", o->microbatches,
+                         o->batch);
+    return 0;
+}

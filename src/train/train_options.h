@@ -1,0 +1,56 @@
+/* Options of `pipetrain train`: what they hold, their parsing and their help text. */
+#ifndef PT_TRAIN_OPTIONS_H
+#define PT_TRAIN_OPTIONS_H
+
+#include <stdio.h>
+
+#include "kernels/kernels.h"
+#include "src/engine/engine.h"
+#include "src/model/shard.h"
+#include "src/base/mpi_wait.h"
+#include "src/reduce/reduce.h"
+
+#define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"
+
+typedef struct {
+    const char *model, *data, *load, *save, *trace, *schedule, *partition, *bind;
+    engine_device device;
+    int epochs, batch, stages, microbatches, threads, val, json, verbose, shuffle;
+    int epochs_given;    /* --epochs was on the command line (else --steps alone decides) */
+    double progress;     /* seconds between progress lines when stdout is no terminal */
+    long steps, warmup, train_samples, test_samples;
+    double timeout;
+    unsigned long long seed;
+    optimizer_config opt;
+    int stall_rank, kill; /* testing: stop responding, or another fault (EXEC_STALL_*) */
+    long stall_step;
+    int ready_delay; /* testing: outgoing messages become ready late, as after a GPU copy */
+    /* hybrid mode */
+    int replicas;         /* data-parallel replicas of the pipeline (1: none) */
+    int tensor;           /* tensor shards per stage (1: none) */
+    tensor_mode tensor_mode;
+    reduce_method reduce; /* how a stage's replicas sum their gradients */
+    double bucket_mb;     /* bucket size in MiB */
+    int overlap;          /* reductions start during the backward pass */
+    int skip_bucket;      /* testing: a bucket left unreduced (−1: none) */
+    mpi_wait_mode wait;    /* how MPI waits pass the time (--wait) */
+    const char *metrics;  /* --metrics FILE.jsonl (NULL: none) */
+    /* checkpoints to resume from (src/io/checkpoint_dir.h) */
+    const char *ckpt_dir; /* --checkpoint-dir (NULL: none) */
+    long ckpt_every;      /* a checkpoint every N steps (0: none by steps) */
+    double ckpt_minutes;  /* and one when this many minutes have passed (0: none by time) */
+    int ckpt_sync;        /* write in the foreground (else from a snapshot, in a thread) */
+    int keep;             /* checkpoints kept */
+    const char *resume;   /* --resume DIR|FILE (NULL: a fresh start) */
+    long log_every;       /* a metrics "step" line every N steps */
+    /* schedules beyond 1F1B */
+    int virtual_stages;   /* --virtual V: model chunks per rank (interleaved) */
+    const char *recompute; /* --recompute none|all|LIST */
+    int wgrad_batched;    /* --wgrad batched */
+} train_options;
+
+/* Fills o from argv (defaults first). Returns 0, 1 for --help, or −1 with a message. */
+int train_options_parse(train_options *o, int argc, char **argv);
+void train_options_usage(FILE *f);
+
+#endif
