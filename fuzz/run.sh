@@ -10,7 +10,7 @@ build=${1:?usage: fuzz/run.sh BUILD SECONDS [TARGET...]}
 secs=${2:?usage: fuzz/run.sh BUILD SECONDS [TARGET...]}
 shift 2
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(model idx safetensors)
+[ ${#targets[@]} -gt 0 ] || targets=(model idx safetensors topo options)
 artifacts=${PT_FUZZ_ARTIFACTS:-$build/fuzz-artifacts}
 mkdir -p "$artifacts"
 failed=0

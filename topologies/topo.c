@@ -16,6 +16,7 @@
 
 #include "src/base/error.h"
 #include "src/base/io.h"
+#include "topologies/xml_check.h"
 
 struct topo_s {
     hwloc_topology_t hw;
@@ -359,6 +360,8 @@ int topo_init(topo_t **out, const char *xml_path)
         if (fd < 0)
             return -1;
         close(fd);
+        if (topo_xml_check(xml_path) < 0)
+            return -1;
     }
     topo_t *t = calloc(1, sizeof *t);
     if (!t)
