@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "src/base/error.h"
+#include "src/base/output.h"
 
 static int mkdir_parents(const char *dir)
 {
@@ -78,13 +79,8 @@ static long *list_steps(const char *dir, int *n, int *err)
 int ckpt_dir_prepare(const char *dir)
 {
     if (mkdir_parents(dir)) return -1;
-    char probe[4200];
-    snprintf(probe, sizeof probe, "%s/.pipetrain-probe-%ld", dir, (long)getpid());
-    int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return pt_error_set("--checkpoint-dir %s: cannot write there: %s", dir, strerror(errno));
-    close(fd);
-    unlink(probe);
+    /* an exclusive file under a name nobody can plant a link at (src/base/output.h) */
+    if (pt_output_probe_dir("--checkpoint-dir", dir)) return -1;
     /* temporaries of a writer that was killed: never a checkpoint, only litter */
     DIR *d = opendir(dir);
     struct dirent *e;

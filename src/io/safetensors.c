@@ -18,9 +18,11 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "src/base/error.h"
 #include "src/base/io.h"
+#include "src/base/output.h"
 
 /* The raw data is copied to and from disk as it sits in memory. */
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -71,7 +73,7 @@ static int check_tensors(const char *path, const st_tensor *tensors, int count)
         if (bytes > 0 && !t->data)
             return pt_error_set("%s: tensor '%s': no data", path, t->name);
     }
-    const st_tensor **sorted = malloc((size_t)(count ? count : 1) * sizeof *sorted);
+    const st_tensor **sorted = malloc((count > 0 ? (size_t)count : 1) * sizeof *sorted);
     if (!sorted)
         return pt_error_set("%s: out of memory", path);
     for (int i = 0; i < count; i++)
@@ -87,11 +89,167 @@ static int check_tensors(const char *path, const st_tensor *tensors, int count)
     return 0;
 }
 
+/* ---- checksums ---- */
+
+/* CRC-32 (zlib's) of every tensor's bytes, "crc32:NAME", and of the rest of the metadata,
+ * "crc32:__metadata__": a flipped bit anywhere in a file is found when it is read. Files
+ * from other writers carry none and are read as before. */
+#define ST_CRC_PREFIX "crc32:"
+#define ST_CRC_META ST_CRC_PREFIX "__metadata__"
+
+static unsigned long crc_bytes(unsigned long crc, const void *data, uint64_t n)
+{
+    const unsigned char *p = data;
+    while (n > 0) { /* zlib takes an unsigned int length */
+        uInt part = n > (1u << 30) ? 1u << 30 : (uInt)n;
+        crc = crc32(crc, p, part);
+        p += part;
+        n -= part;
+    }
+    return crc;
+}
+
+static int key_cmp(const void *a, const void *b)
+{
+    return strcmp(**(char *const *const *)a, **(char *const *const *)b);
+}
+
+/* The CRC of the metadata pairs other than ST_CRC_META, in key order: key NUL value NUL. */
+static int crc_meta(char *const *pairs, size_t n_pairs, unsigned long *out)
+{
+    char *const **order = malloc((n_pairs ? n_pairs : 1) * sizeof *order);
+    if (!order) return -1;
+    size_t k = 0;
+    for (size_t i = 0; i < n_pairs; i++)
+        if (strcmp(pairs[2 * i], ST_CRC_META)) order[k++] = &pairs[2 * i];
+    qsort(order, k, sizeof *order, key_cmp);
+    unsigned long crc = crc32(0, Z_NULL, 0);
+    for (size_t i = 0; i < k; i++) {
+        crc = crc_bytes(crc, order[i][0], strlen(order[i][0]) + 1);
+        crc = crc_bytes(crc, order[i][1], strlen(order[i][1]) + 1);
+    }
+    free(order);
+    *out = crc;
+    return 0;
+}
+
+/* A metadata value as valid UTF-8 (JSON needs it): unchanged when it is; otherwise every
+ * byte from 0x80 up written as "\xNN" (a path from a file system that is not UTF-8).
+ * Owned by the caller; NULL when out of memory. */
+static char *utf8_value(const char *v)
+{
+    json_t *probe = json_string(v);
+    if (probe) {
+        json_decref(probe);
+        return strdup(v);
+    }
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)v; *p; p++) n += *p >= 0x80 ? 4 : 1;
+    char *out = malloc(n + 1), *o = out;
+    for (const unsigned char *p = (const unsigned char *)v; out && *p; p++)
+        o += *p >= 0x80 ? sprintf(o, "\\x%02x", *p) : (*o = (char)*p, 1);
+    if (out) *o = '\0';
+    return out;
+}
+
+/* The metadata written: the caller's pairs (values made UTF-8), a CRC per tensor and the
+ * metadata's own; none of it without metadata (st_write: a plain file). A NULL-terminated
+ * key, value list, every string owned; NULL with a message. */
+static char **written_meta(const char *path, const st_tensor *tensors, int count,
+                           const char *const *meta)
+{
+    if (!meta) return calloc(1, sizeof(char *));
+    size_t n = 0;
+    while (meta && meta[2 * n] && meta[2 * n + 1]) n++;
+    for (size_t i = 0; i < n; i++)
+        if (!strncmp(meta[2 * i], ST_CRC_PREFIX, strlen(ST_CRC_PREFIX))) {
+            pt_error_set("%s: metadata key '%s' is reserved for checksums", path, meta[2 * i]);
+            return NULL;
+        }
+    size_t total = n + (size_t)count + 1;
+    char **out = calloc(2 * total + 1, sizeof *out);
+    int ok = out != NULL;
+    for (size_t i = 0; ok && i < n; i++) {
+        json_t *key = json_string(meta[2 * i]);
+        if (!key) {
+            pt_error_set("%s: metadata key is not valid UTF-8", path);
+            ok = 0;
+            break;
+        }
+        json_decref(key);
+        ok = (out[2 * i] = strdup(meta[2 * i])) && (out[2 * i + 1] = utf8_value(meta[2 * i + 1]));
+    }
+    for (int t = 0; ok && t < count; t++) {
+        uint64_t bytes = 0;
+        tensor_bytes(tensors[t].shape, tensors[t].ndim, &bytes);
+        char key[sizeof tensors[t].name + 8], value[16];
+        snprintf(key, sizeof key, ST_CRC_PREFIX "%s", tensors[t].name);
+        snprintf(value, sizeof value, "%08lx", crc_bytes(crc32(0, Z_NULL, 0), tensors[t].data, bytes));
+        ok = (out[2 * (n + t)] = strdup(key)) && (out[2 * (n + t) + 1] = strdup(value));
+    }
+    unsigned long crc;
+    char value[16];
+    if (ok && (ok = crc_meta(out, total - 1, &crc) == 0)) {
+        snprintf(value, sizeof value, "%08lx", crc);
+        ok = (out[2 * (total - 1)] = strdup(ST_CRC_META)) && (out[2 * total - 1] = strdup(value));
+    }
+    if (!ok) {
+        for (size_t i = 0; out && i < 2 * total; i++) free(out[i]);
+        free(out);
+        if (!*pt_error_get() || !strstr(pt_error_get(), path))
+            pt_error_set("%s: out of memory building the header", path);
+        return NULL;
+    }
+    return out;
+}
+
+/* The file's checksums against its bytes (st_read, after the data is in); f->checksummed
+ * is set when it has them. */
+static int verify_checksums(const char *path, st_file *f)
+{
+    const char *stored = st_meta(f, ST_CRC_META);
+    size_t n = 0;
+    while (f->meta && f->meta[2 * n]) n++;
+    int any = 0;
+    for (size_t i = 0; i < n; i++)
+        any |= !strncmp(f->meta[2 * i], ST_CRC_PREFIX, strlen(ST_CRC_PREFIX));
+    if (!any) return 0;
+    unsigned long crc;
+    char have[16];
+    if (!stored) return pt_error_set("%s: corrupt: it has checksums but none of its metadata", path);
+    if (crc_meta(f->meta, n, &crc)) return pt_error_set("%s: out of memory", path);
+    snprintf(have, sizeof have, "%08lx", crc);
+    if (strcmp(have, stored))
+        return pt_error_set("%s: corrupt: its metadata fails its checksum (stored %s, computed "
+                            "%s)", path, stored, have);
+    for (int t = 0; t < f->count; t++) {
+        char key[sizeof f->tensors[t].name + 8];
+        snprintf(key, sizeof key, ST_CRC_PREFIX "%s", f->tensors[t].name);
+        const char *want = st_meta(f, key);
+        if (!want) return pt_error_set("%s: corrupt: tensor '%s' has no checksum", path,
+                                       f->tensors[t].name);
+        uint64_t bytes = 0;
+        tensor_bytes(f->tensors[t].shape, f->tensors[t].ndim, &bytes);
+        snprintf(have, sizeof have, "%08lx", crc_bytes(crc32(0, Z_NULL, 0), f->tensors[t].data, bytes));
+        if (strcmp(have, want))
+            return pt_error_set("%s: corrupt: tensor '%s' fails its checksum (stored %s, "
+                                "computed %s)", path, f->tensors[t].name, want, have);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *k = f->meta[2 * i];
+        if (strncmp(k, ST_CRC_PREFIX, strlen(ST_CRC_PREFIX)) || !strcmp(k, ST_CRC_META)) continue;
+        if (!st_find(f, k + strlen(ST_CRC_PREFIX)))
+            return pt_error_set("%s: corrupt: tensor '%s' is missing (its checksum is there)",
+                                path, k + strlen(ST_CRC_PREFIX));
+    }
+    f->checksummed = 1;
+    return 0;
+}
+
 /* The header: {"name": {"dtype": "F32", "shape": [...], "data_offsets": [b, e]}, ...} in
  * the tensors' order, compact, padded with blanks so that the data starts 8-byte aligned
  * (after the 8-byte length). NULL when out of memory; the tensors are checked already. */
-static char *header_text(const st_tensor *tensors, int count, const char *const *meta,
-                         size_t *len)
+static char *header_text(const st_tensor *tensors, int count, char *const *meta, size_t *len)
 {
     json_t *h = json_object();
     int ok = h != NULL;
@@ -139,20 +297,32 @@ int st_write(const char *path, const st_tensor *tensors, int count)
     return st_write_meta(path, tensors, count, NULL);
 }
 
-/* Flushes the directory holding `path`, so that a rename into it survives a crash. */
-static int sync_dir_of(const char *path)
+/* testing (tests/launch_restart.sh): die with the temporary complete, not yet renamed,
+ * once: when the file $PT_TEST_KILL_BEFORE_RENAME names exists and its first line is part
+ * of `path` */
+static void test_kill_before_rename(const char *path)
 {
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == dir) dir[1] = '\0';
-    else *slash = '\0';
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    close(fd);
-    return rc;
+    const char *flag = getenv("PT_TEST_KILL_BEFORE_RENAME");
+    FILE *ff = flag && *flag ? fopen(flag, "r") : NULL;
+    if (!ff) return;
+    char want[256] = "";
+    int hit = fgets(want, sizeof want, ff) && (want[strcspn(want, "\n")] = '\0', 1) && *want &&
+              strstr(path, want);
+    fclose(ff);
+    if (hit && unlink(flag) == 0) raise(SIGKILL);
+}
+
+static int write_all(int fd, const void *data, uint64_t n)
+{
+    const char *p = data;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n > (1u << 30) ? 1u << 30 : (size_t)n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        p += w;
+        n -= (uint64_t)w;
+    }
+    return 0;
 }
 
 int st_write_meta(const char *path, const st_tensor *tensors, int count,
@@ -162,70 +332,36 @@ int st_write_meta(const char *path, const st_tensor *tensors, int count,
         return pt_error_set("%s: bad tensor list (count %d)", path, count);
     if (check_tensors(path, tensors, count) != 0)
         return -1;
-
+    char **all = written_meta(path, tensors, count, meta);
+    if (!all) return -1;
     size_t len;
-    char *h = header_text(tensors, count, meta, &len);
-    if (!h)
-        return pt_error_set("%s: out of memory building the header (or metadata not UTF-8)",
-                            path);
+    char *h = header_text(tensors, count, all, &len);
+    for (size_t i = 0; all[i]; i++) free(all[i]);
+    free(all);
+    if (!h) return pt_error_set("%s: out of memory building the header", path);
 
-    /* unique per process and call (checkpoints are written from a thread too): two writers
-     * of one path never share a temporary */
-    static atomic_ulong serial;
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp-%ld-%lu", path, (long)getpid(),
-                 atomic_fetch_add(&serial, 1)) >=
-        (int)sizeof tmp) {
+    pt_output out;
+    if (pt_output_begin(&out, path)) {
         free(h);
-        return pt_error_set("%s: path too long", path);
-    }
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        int e = errno;
-        free(h);
-        return pt_error_set("%s: cannot create: %s", tmp, strerror(e));
+        return -1;
     }
     unsigned char len8[8];
     for (int b = 0; b < 8; b++)
         len8[b] = (unsigned char)((uint64_t)len >> (8 * b));
-    int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(h, 1, len, f) == len;
+    int ok = write_all(out.fd, len8, 8) == 0 && write_all(out.fd, h, len) == 0;
     free(h);
     for (int i = 0; ok && i < count; i++) {
         uint64_t bytes = 0; /* already validated by check_tensors */
         tensor_bytes(tensors[i].shape, tensors[i].ndim, &bytes);
-        ok = bytes == 0 || fwrite(tensors[i].data, 1, (size_t)bytes, f) == bytes;
-    }
-    /* on disk before the rename, so that a crash leaves the old file or the new one */
-    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    int e = errno;
-    if (fclose(f) != 0 && ok) {
-        ok = 0;
-        e = errno;
+        ok = bytes == 0 || write_all(out.fd, tensors[i].data, bytes) == 0;
     }
     if (!ok) {
-        unlink(tmp);
-        return pt_error_set("%s: write failed: %s", tmp, strerror(e));
+        int e = errno;
+        pt_output_abort(&out);
+        return pt_error_set("%s: write failed: %s", path, strerror(e));
     }
-    /* testing (tests/launch_restart.sh): die with the temporary complete, not yet renamed,
-     * once: when the file this names exists and its first line is part of `path` */
-    const char *flag = getenv("PT_TEST_KILL_BEFORE_RENAME");
-    FILE *ff = flag && *flag ? fopen(flag, "r") : NULL;
-    if (ff) {
-        char want[256] = "";
-        int hit = fgets(want, sizeof want, ff) && (want[strcspn(want, "\n")] = '\0', 1) &&
-                  *want && strstr(path, want);
-        fclose(ff);
-        if (hit && unlink(flag) == 0) raise(SIGKILL);
-    }
-    if (rename(tmp, path) != 0) {
-        e = errno;
-        unlink(tmp);
-        return pt_error_set("%s: cannot rename %s into place: %s", path, tmp, strerror(e));
-    }
-    if (sync_dir_of(path) != 0)
-        return pt_error_set("%s: written, but its directory could not be flushed to disk: %s",
-                            path, strerror(errno));
-    return 0;
+    test_kill_before_rename(path);
+    return pt_output_commit(&out);
 }
 
 /* ---- reader ---- */
@@ -513,6 +649,10 @@ int st_read(st_file *f, const char *path)
     }
     f->count = count;
     free(entries);
+    if (verify_checksums(path, f)) {
+        st_free(f);
+        return -1;
+    }
     return 0;
 }
 
