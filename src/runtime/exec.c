@@ -259,6 +259,15 @@ engine *exec_chunk_engine(exec_t *e, int v) { return v >= 0 && v < e->V ? e->eng
 int exec_rank(const exec_t *e) { return e->rank; }
 int exec_stages(const exec_t *e) { return e->size; }
 
+/* A training step as its instructions see it. */
+typedef struct {
+    const schedule_list *list; /* this rank's */
+    int base;                  /* the first micro-batch buffer of this step's half */
+    uint64_t seed, step;       /* the dropout stream */
+    const optimizer_config *opt;
+    double t0;                 /* when the current instruction began (its trace slice) */
+} step_run;
+
 static void stall_forever(int die)
 {
     if (die) raise(SIGKILL);
@@ -373,151 +382,186 @@ static int part_range(exec_t *e, int v, int bucket, int *lo, int *hi)
     return 0;
 }
 
-int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
-                    const int64_t *next_indices, uint64_t seed, uint64_t step,
-                    const optimizer_config *opt, exec_step_result *res)
+/* Posts every receive of the step up front: a message may arrive before we wait. */
+static int post_receives(exec_t *e, const step_run *s)
 {
-    const schedule_list *list = &e->sched->lists[e->rank];
-    int mb = e->mb, M = e->cfg.microbatches, base = e->half * M;
-    double t_step = pt_now();
-    e->trace_step = (long)step;
-    /* this replica's share of the batch */
-    size_t share = (size_t)e->replica * (size_t)(e->cfg.batch / e->replicas);
-    indices += share;
-    if (next_indices) next_indices += share;
-    int fault = e->cfg.stall_rank == e->world_rank && (long)step == e->cfg.stall_step;
-    if (fault && e->cfg.stall_kills != EXEC_STALL_MPI_ERROR)
-        stall_forever(e->cfg.stall_kills == EXEC_STALL_KILL);
-
-    /* Post every receive of the step up front: a message may arrive before we wait. */
-    int V = e->V;
-    for (int i = 0; i < list->n_ops; i++) {
-        const schedule_op *op = &list->ops[i];
-        int m = op->microbatch, b = base + m, v = op->chunk, k = v * M + m;
+    int M = e->cfg.microbatches, V = e->V;
+    for (int i = 0; i < s->list->n_ops; i++) {
+        const schedule_op *op = &s->list->ops[i];
+        int m = op->microbatch, b = s->base + m, v = op->chunk, k = v * M + m;
         engine *gv = e->engs[v];
         if (op->kind == SCHED_OP_RECV_ACT &&
-            exec_post_recv(e, gv, ENGINE_MSG_ACT_IN, b, (int)(mb * gv->in_count), op->peer,
-                      chunk_tag(TAG_ACT, m, v, V), &e->req_act[k]))
+            exec_post_recv(e, gv, ENGINE_MSG_ACT_IN, b, (int)(e->mb * gv->in_count), op->peer,
+                           chunk_tag(TAG_ACT, m, v, V), &e->req_act[k]))
             return -1;
         if (op->kind == SCHED_OP_RECV_GRAD &&
-            exec_post_recv(e, gv, ENGINE_MSG_GRAD_IN, b, (int)(mb * gv->out_count), op->peer,
-                      chunk_tag(TAG_GRAD, m, v, V), &e->req_grad[k]))
+            exec_post_recv(e, gv, ENGINE_MSG_GRAD_IN, b, (int)(e->mb * gv->out_count), op->peer,
+                           chunk_tag(TAG_GRAD, m, v, V), &e->req_grad[k]))
             return -1;
     }
-    if (fault && post_invalid_send(e)) return -1;
-    /* Every micro-batch's samples: pixels on stage 0, labels on the last stage; already
-     * there when the previous step loaded them. */
-    for (int v = 0; v < V; v++)
-        for (int m = 0; m < M && !e->prefetched; m++)
+    return 0;
+}
+
+/* Every micro-batch's samples, from `indices` into the buffers from `base` of every chunk:
+ * pixels on stage 0, labels on the last stage. */
+static int load_samples(exec_t *e, int base, const dataset *data, const int64_t *indices)
+{
+    int mb = e->mb;
+    for (int v = 0; v < e->V; v++)
+        for (int m = 0; m < e->cfg.microbatches; m++)
             if (engine_load(e->engs[v], base + m, data, indices + (size_t)m * mb, mb)) return -1;
-    for (int i = 0; i < list->n_ops; i++) {
-        const schedule_op *op = &list->ops[i];
-        int m = op->microbatch, b = base + m, v = op->chunk, k = v * M + m, lo, hi;
-        engine *g = e->engs[v];
-        double t0 = pt_now();
-        if (exec_progress_reductions(e)) return -1;
-        switch (op->kind) {
-        case SCHED_OP_RECV_ACT:
-            if (exec_wait_request(e, &e->req_act[k], "the activation", m, op->peer)) return -1;
-            if (engine_msg_received(g, ENGINE_MSG_ACT_IN, b)) return -1;
-            exec_record_message(e, TRACE_WAIT_ACT, t0, pt_now(), m, v, op->peer, v);
-            break;
-        case SCHED_OP_RECV_GRAD:
-            if (exec_wait_request(e, &e->req_grad[k], "the gradient", m, op->peer)) return -1;
-            if (engine_msg_received(g, ENGINE_MSG_GRAD_IN, b)) return -1;
-            exec_record_message(e, TRACE_WAIT_GRAD, t0, pt_now(), m, v, op->peer, v);
-            break;
-        case SCHED_OP_FORWARD:
-            if (engine_forward(g, b, mb, seed, step, 1, i)) return -1;
-            hold(e, v, 1);
-            /* with recomputation the activations are dropped at once (recompute holds
-             * them again before the backward) */
-            if (list->recompute) hold(e, v, -1);
-            break;
-        case SCHED_OP_RECOMPUTE:
-            if (!g->ops->recompute)
-                return pt_error_set("rank %d: the %s engine cannot recompute activations",
-                                    e->world_rank, g->ops->name);
-            if (engine_recompute(g, b, seed, step, i)) return -1;
-            hold(e, v, 1);
-            break;
-        case SCHED_OP_SEND_ACT:
-            if (exec_start_send(e, g, ENGINE_MSG_ACT_OUT, b, (int)(mb * g->out_count), op->peer,
-                           chunk_tag(TAG_ACT, m, act_receiver_chunk(e, v), V),
-                           &e->req_send_act[k]))
-                return -1;
-            exec_record_message(e, TRACE_SEND_ACT, t0, pt_now(), m, v, op->peer,
-                           act_receiver_chunk(e, v));
-            break;
-        case SCHED_OP_BACKWARD:
-            if (op->bucket >= 0) {
-                /* part b: the layers of bucket b (and those without parameters above) */
-                if (part_range(e, v, op->bucket, &lo, &hi) ||
-                    engine_backward_range(g, b, lo, hi, i))
-                    return -1;
-                if (part_not_last(e, v, op->bucket)) break;
-            } else if (engine_backward(g, b, i)) {
-                return -1;
-            }
-            if (end_backward(e, v, m, b)) return -1;
-            break;
-        case SCHED_OP_BACKWARD_INPUT:
-            if (!g->ops->backward_input)
-                return pt_error_set("rank %d: the %s engine has no split backward",
-                                    e->world_rank, g->ops->name);
-            if (engine_backward_input(g, b, i)) return -1;
-            break;
-        case SCHED_OP_BACKWARD_WEIGHT:
-            if (part_range(e, v, op->bucket, &lo, &hi) || engine_backward_weight(g, b, lo, hi, i))
-                return -1;
-            if (part_not_last(e, v, op->bucket)) break;
-            if (end_backward(e, v, m, b)) return -1;
-            break;
-        case SCHED_OP_SEND_GRAD:
-            if (exec_start_send(e, g, ENGINE_MSG_GRAD_OUT, b, (int)(mb * g->in_count), op->peer,
-                           chunk_tag(TAG_GRAD, m, grad_receiver_chunk(e, v), V),
-                           &e->req_send_grad[k]))
-                return -1;
-            exec_record_message(e, TRACE_SEND_GRAD, t0, pt_now(), m, v, op->peer,
-                           grad_receiver_chunk(e, v));
-            break;
-        case SCHED_OP_OPTIMIZER_STEP:
-            for (int q = 0; q < V * M; q++)
-                if (exec_wait_send(e, &e->req_send_grad[q], "send of the gradient", q % M,
-                              e->rank - 1))
-                    return -1;
-            for (int w = 0; w < V; w++) { /* each engine has ticks of its own */
-                replicas_t *r = e->reps ? e->reps[w] : NULL;
-                if (r ? replicas_step(r, opt, i) : engine_step(e->engs[w], opt, i)) return -1;
-            }
-            break;
-        case SCHED_OP_ALLREDUCE:
-        case SCHED_OP_REDUCE_WAIT: {
-            int local;
-            replicas_t *r = bucket_of(e, v, op->bucket, &local);
-            if (!r) return -1;
-            if (op->kind == SCHED_OP_ALLREDUCE) {
-                if (replicas_start(r, local)) return -1;
-            } else if (exec_flush_sends(e) || replicas_wait(r, local)) {
-                return -1;
-            }
-            break;
-        }
-        case SCHED_OP_COUNT:
-            return pt_error_set("rank %d: instruction %s is not supported by this executor",
-                                e->rank, schedule_op_name(op->kind));
-        }
+    return 0;
+}
+
+/* RECV_ACT, RECV_GRAD: waits for the message posted by post_receives; the engine takes it. */
+static int op_receive(exec_t *e, const step_run *s, const schedule_op *op)
+{
+    int grad = op->kind == SCHED_OP_RECV_GRAD;
+    int m = op->microbatch, v = op->chunk, k = v * e->cfg.microbatches + m;
+    MPI_Request *req = grad ? &e->req_grad[k] : &e->req_act[k];
+    if (exec_wait_request(e, req, grad ? "the gradient" : "the activation", m, op->peer)) return -1;
+    if (engine_msg_received(e->engs[v], grad ? ENGINE_MSG_GRAD_IN : ENGINE_MSG_ACT_IN,
+                            s->base + m))
+        return -1;
+    exec_record_message(e, grad ? TRACE_WAIT_GRAD : TRACE_WAIT_ACT, s->t0, pt_now(), m, v,
+                        op->peer, v);
+    return 0;
+}
+
+static int op_forward(exec_t *e, const step_run *s, const schedule_op *op, int i)
+{
+    int v = op->chunk;
+    if (engine_forward(e->engs[v], s->base + op->microbatch, e->mb, s->seed, s->step, 1, i))
+        return -1;
+    hold(e, v, 1);
+    /* with recomputation the activations are dropped at once (recompute holds them again
+     * before the backward) */
+    if (s->list->recompute) hold(e, v, -1);
+    return 0;
+}
+
+static int op_recompute(exec_t *e, const step_run *s, const schedule_op *op, int i)
+{
+    engine *g = e->engs[op->chunk];
+    if (!g->ops->recompute)
+        return pt_error_set("rank %d: the %s engine cannot recompute activations",
+                            e->world_rank, g->ops->name);
+    if (engine_recompute(g, s->base + op->microbatch, s->seed, s->step, i)) return -1;
+    hold(e, op->chunk, 1);
+    return 0;
+}
+
+/* SEND_ACT, SEND_GRAD: to the peer's chunk that receives it, as soon as the engine has
+ * filled the buffer. */
+static int op_send(exec_t *e, const step_run *s, const schedule_op *op)
+{
+    int grad = op->kind == SCHED_OP_SEND_GRAD;
+    int m = op->microbatch, v = op->chunk, k = v * e->cfg.microbatches + m;
+    engine *g = e->engs[v];
+    int to = grad ? grad_receiver_chunk(e, v) : act_receiver_chunk(e, v);
+    int count = (int)(e->mb * (grad ? g->in_count : g->out_count));
+    if (exec_start_send(e, g, grad ? ENGINE_MSG_GRAD_OUT : ENGINE_MSG_ACT_OUT, s->base + m,
+                        count, op->peer, chunk_tag(grad ? TAG_GRAD : TAG_ACT, m, to, e->V),
+                        grad ? &e->req_send_grad[k] : &e->req_send_act[k]))
+        return -1;
+    exec_record_message(e, grad ? TRACE_SEND_GRAD : TRACE_SEND_ACT, s->t0, pt_now(), m, v,
+                        op->peer, to);
+    return 0;
+}
+
+/* The whole backward of m, or its part for bucket b (the layers of bucket b and those
+ * without parameters above); after the last part the micro-batch's slot goes back. */
+static int op_backward(exec_t *e, const step_run *s, const schedule_op *op, int i)
+{
+    int m = op->microbatch, b = s->base + m, v = op->chunk, lo, hi;
+    engine *g = e->engs[v];
+    if (op->bucket >= 0) {
+        if (part_range(e, v, op->bucket, &lo, &hi) || engine_backward_range(g, b, lo, hi, i))
+            return -1;
+        if (part_not_last(e, v, op->bucket)) return 0;
+    } else if (engine_backward(g, b, i)) {
+        return -1;
     }
-    /* Everything of this step is queued (on a GPU it is still running): load the next
-     * step's samples into the other half now. */
-    e->half = 1 - e->half;
-    e->prefetched = next_indices != NULL;
-    for (int v = 0; v < V; v++)
-        for (int m = 0; m < M && next_indices; m++)
-            if (engine_load(e->engs[v], e->half * M + m, data, next_indices + (size_t)m * mb, mb))
-                return -1;
+    return end_backward(e, v, m, b);
+}
+
+/* "B" of a split backward: the gradient of m's input only. */
+static int op_backward_input(exec_t *e, const step_run *s, const schedule_op *op, int i)
+{
+    engine *g = e->engs[op->chunk];
+    if (!g->ops->backward_input)
+        return pt_error_set("rank %d: the %s engine has no split backward", e->world_rank,
+                            g->ops->name);
+    return engine_backward_input(g, s->base + op->microbatch, i);
+}
+
+/* "W" of a split backward: m's parameter gradients (or bucket b's part of them). */
+static int op_backward_weight(exec_t *e, const step_run *s, const schedule_op *op, int i)
+{
+    int m = op->microbatch, b = s->base + m, v = op->chunk, lo, hi;
+    if (part_range(e, v, op->bucket, &lo, &hi) ||
+        engine_backward_weight(e->engs[v], b, lo, hi, i))
+        return -1;
+    if (part_not_last(e, v, op->bucket)) return 0;
+    return end_backward(e, v, m, b);
+}
+
+/* Once every gradient sent has left, each chunk's optimizer step (through its replicas'
+ * reductions in hybrid mode); each engine has ticks of its own. */
+static int op_optimizer_step(exec_t *e, const step_run *s, int i)
+{
+    int M = e->cfg.microbatches;
+    for (int q = 0; q < e->V * M; q++)
+        if (exec_wait_send(e, &e->req_send_grad[q], "send of the gradient", q % M, e->rank - 1))
+            return -1;
+    for (int w = 0; w < e->V; w++) {
+        replicas_t *r = e->reps ? e->reps[w] : NULL;
+        if (r ? replicas_step(r, s->opt, i) : engine_step(e->engs[w], s->opt, i)) return -1;
+    }
+    return 0;
+}
+
+/* ALLREDUCE starts bucket b's reduction among the stage's replicas; REDUCE_WAIT posts the
+ * pending sends first, then waits for it. */
+static int op_reduce(exec_t *e, const schedule_op *op)
+{
+    int local;
+    replicas_t *r = bucket_of(e, op->chunk, op->bucket, &local);
+    if (!r) return -1;
+    if (op->kind == SCHED_OP_ALLREDUCE) return replicas_start(r, local);
+    if (exec_flush_sends(e) || replicas_wait(r, local)) return -1;
+    return 0;
+}
+
+/* Instruction i of the list. */
+static int run_op(exec_t *e, const step_run *s, const schedule_op *op, int i)
+{
+    switch (op->kind) {
+    case SCHED_OP_RECV_ACT:
+    case SCHED_OP_RECV_GRAD: return op_receive(e, s, op);
+    case SCHED_OP_FORWARD: return op_forward(e, s, op, i);
+    case SCHED_OP_RECOMPUTE: return op_recompute(e, s, op, i);
+    case SCHED_OP_SEND_ACT:
+    case SCHED_OP_SEND_GRAD: return op_send(e, s, op);
+    case SCHED_OP_BACKWARD: return op_backward(e, s, op, i);
+    case SCHED_OP_BACKWARD_INPUT: return op_backward_input(e, s, op, i);
+    case SCHED_OP_BACKWARD_WEIGHT: return op_backward_weight(e, s, op, i);
+    case SCHED_OP_OPTIMIZER_STEP: return op_optimizer_step(e, s, i);
+    case SCHED_OP_ALLREDUCE:
+    case SCHED_OP_REDUCE_WAIT: return op_reduce(e, op);
+    case SCHED_OP_COUNT:
+        return pt_error_set("rank %d: instruction %s is not supported by this executor",
+                            e->rank, schedule_op_name(op->kind));
+    }
+    return 0;
+}
+
+/* After the last instruction: the engines' results, the step's figures and trace, and the
+ * loss shared by every rank (it lives on the last stages); a non-finite one stops everyone. */
+static int finish_step(exec_t *e, const step_run *s, double t_step, exec_step_result *res)
+{
     engine_result r = {0};
-    for (int v = 0; v < V; v++) {
+    for (int v = 0; v < e->V; v++) {
         engine_result rv;
         if (engine_finish(e->engs[v], &rv)) return -1;
         exec_counted_once(e, &rv);
@@ -525,11 +569,10 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
         r.correct += rv.correct;
         r.nonfinite |= rv.nonfinite;
     }
-    e->compute_s += account_ticks(e, list);
-    for (int w = 0; e->reps && w < V; w++)
+    e->compute_s += account_ticks(e, s->list);
+    for (int w = 0; e->reps && w < e->V; w++)
         if (e->reps[w]) replicas_end_step(e->reps[w]);
     exec_record_reductions(e);
-    /* Share the loss (it lives on the last stages) and stop everyone on a non-finite one. */
     double t0 = pt_now();
     double sums[3] = {r.loss_sum, (double)r.correct, (double)r.nonfinite};
     if (mpi_wait_allreduce(sums, 3, MPI_DOUBLE, MPI_SUM, e->world, e->cfg.timeout_s)) return -1;
@@ -540,10 +583,42 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
     res->correct = (long)sums[1];
     if (sums[2] > 0) {
         pt_error_set("the loss is not finite (NaN or infinite) at step %llu: lower the "
-                     "learning rate", (unsigned long long)step + 1);
+                     "learning rate", (unsigned long long)s->step + 1);
         return EXEC_FAILED_EVERYWHERE;
     }
     return 0;
+}
+
+int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
+                    const int64_t *next_indices, uint64_t seed, uint64_t step,
+                    const optimizer_config *opt, exec_step_result *res)
+{
+    step_run s = {.list = &e->sched->lists[e->rank], .base = e->half * e->cfg.microbatches,
+                  .seed = seed, .step = step, .opt = opt};
+    double t_step = pt_now();
+    e->trace_step = (long)step;
+    /* this replica's share of the batch */
+    size_t share = (size_t)e->replica * (size_t)(e->cfg.batch / e->replicas);
+    indices += share;
+    if (next_indices) next_indices += share;
+    int fault = e->cfg.stall_rank == e->world_rank && (long)step == e->cfg.stall_step;
+    if (fault && e->cfg.stall_kills != EXEC_STALL_MPI_ERROR)
+        stall_forever(e->cfg.stall_kills == EXEC_STALL_KILL);
+    if (post_receives(e, &s)) return -1;
+    if (fault && post_invalid_send(e)) return -1;
+    /* this step's samples, unless the previous step loaded them (below) */
+    if (!e->prefetched && load_samples(e, s.base, data, indices)) return -1;
+    for (int i = 0; i < s.list->n_ops; i++) {
+        s.t0 = pt_now();
+        if (exec_progress_reductions(e) || run_op(e, &s, &s.list->ops[i], i)) return -1;
+    }
+    /* Everything of this step is queued (on a GPU it is still running): load the next
+     * step's samples into the other half now. */
+    e->half = 1 - e->half;
+    e->prefetched = next_indices != NULL;
+    if (next_indices && load_samples(e, e->half * e->cfg.microbatches, data, next_indices))
+        return -1;
+    return finish_step(e, &s, t_step, res);
 }
 
 void exec_get_stats(const exec_t *e, exec_stats *st)
@@ -583,4 +658,3 @@ void exec_reset_stats(exec_t *e)
     memset(e->chunk_s, 0, (size_t)e->V * EXEC_TIMES * sizeof *e->chunk_s);
     for (int v = 0; e->reps && v < e->V; v++) replicas_reset_stats(e->reps[v]);
 }
-
