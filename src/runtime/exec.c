@@ -75,15 +75,12 @@ static int tensor_allgather(void *ctx, const float *send, float *recv, const siz
     return 0;
 }
 
-int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition *part,
-              const schedule *sched, const exec_config *cfg)
+/* The layout's checks: the pipeline's ranks, the schedule, the partition, the net and the
+ * batch agree. */
+static int check_layout(int size, int V, const net_desc *net, const partition *part,
+                        const schedule *sched, const exec_config *cfg)
 {
-    *out = NULL;
-    int rank, size;
-    PT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    PT_MPI_CHECK(MPI_Comm_size(comm, &size));
     int R = cfg->rep.replicas > 1 ? cfg->rep.replicas : 1;
-    int V = sched->virtual_stages > 1 ? sched->virtual_stages : 1;
     if (sched->stages != size || part->stages != size * V)
         return pt_error_set("the pipeline has %d ranks but the layout has %d stages: run with "
                             "mpiexec -n %d", size, sched->stages, sched->stages * R);
@@ -96,64 +93,86 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     if (cfg->microbatches < 1 || cfg->batch % (R * cfg->microbatches))
         return pt_error_set("%d replicas × %d micro-batches do not divide the batch of %d", R,
                             cfg->microbatches, cfg->batch);
+    return 0;
+}
+
+/* Verifies the schedule and reads, for each of the rank's V chunks, the most micro-batches
+ * whose activations it holds at once (slots) and the most inputs it keeps (kept). */
+static int schedule_peaks(const schedule *sched, int rank, int V, int *slots, int *kept)
+{
     schedule_report rep;
     if (schedule_verify(sched, &rep)) return -1;
-    int slots[V];
-    int kept[V];
     for (int v = 0; v < V; v++) {
         slots[v] = rep.peak_inflight_chunk[rank * V + v];
         kept[v] = rep.peak_inputs_chunk[rank * V + v];
     }
     schedule_report_free(&rep);
-    const schedule_list *list = &sched->lists[rank];
-    int split = 0;
-    for (int i = 0; i < list->n_ops; i++) split |= list->ops[i].kind == SCHED_OP_BACKWARD_INPUT;
+    return 0;
+}
 
+/* The executor of rank `rank` of the pipeline comm, with its place in the world; NULL with
+ * a message. */
+static exec_t *alloc_exec(MPI_Comm comm, int rank, int size, int V, const exec_config *cfg)
+{
     exec_t *e = calloc(1, sizeof *e);
-    if (!e) return pt_error_set("out of memory");
+    if (!e) {
+        pt_error_set("out of memory");
+        return NULL;
+    }
     e->V = V;
     e->comm = comm;
     e->rank = rank;
     e->size = size;
     e->world = cfg->world;
     e->replica = cfg->replica;
-    e->replicas = R;
+    e->replicas = cfg->rep.replicas > 1 ? cfg->rep.replicas : 1;
     e->pipe_world = malloc((size_t)size * sizeof *e->pipe_world);
     if (!e->pipe_world || PT_MPI_CALL(MPI_Comm_rank(e->world, &e->world_rank)) ||
         PT_MPI_CALL(MPI_Comm_size(e->world, &e->world_size)) || world_ranks(e)) {
         if (!e->pipe_world) pt_error_set("out of memory");
         free(e->pipe_world);
         free(e);
-        return -1;
+        return NULL;
     }
     gethostname(e->host, sizeof e->host - 1);
-    e->net = net;
-    e->sched = sched;
     e->cfg = *cfg;
-    int M = cfg->microbatches;
-    e->mb = cfg->batch / (R * M);
+    e->mb = cfg->batch / (e->replicas * cfg->microbatches);
+    return e;
+}
+
+/* The per-chunk arrays, and every model chunk's parameter count (whose messages must fit
+ * one MPI message of a micro-batch). */
+static int alloc_chunks(exec_t *e, const partition *part)
+{
+    int K = e->size, V = e->V;
     e->engs = calloc((size_t)V, sizeof *e->engs);
-    e->chunk_params = calloc((size_t)(size * V), sizeof *e->chunk_params);
+    e->chunk_params = calloc((size_t)(K * V), sizeof *e->chunk_params);
     e->chunk_s = calloc((size_t)V * EXEC_TIMES, sizeof *e->chunk_s);
-    if (!e->engs || !e->chunk_params || !e->chunk_s) {
-        exec_free(e);
-        return pt_error_set("out of memory");
-    }
-    for (int c = 0; c < size * V; c++) {
+    if (!e->engs || !e->chunk_params || !e->chunk_s) return pt_error_set("out of memory");
+    for (int c = 0; c < K * V; c++) {
         size_t in_count, out_count;
-        engine_stage_sizes(net, part->first[c], part->first[c + 1], &in_count, &out_count,
+        engine_stage_sizes(e->net, part->first[c], part->first[c + 1], &in_count, &out_count,
                            &e->chunk_params[c]);
         if ((double)e->mb * (double)(in_count > out_count ? in_count : out_count) >
-            (double)INT_MAX) {
-            exec_free(e);
+            (double)INT_MAX)
             return pt_error_set("a micro-batch of %d samples is too large for one MPI "
-                                "message", cfg->batch / (R * M));
-        }
+                                "message", e->mb);
     }
-    for (int v = 0; v < V; v++) {
-        int c = v * size + rank;
+    return 0;
+}
+
+/* One engine per chunk on the configured device, its activation slots and kept inputs
+ * sized from the schedule's peaks. */
+static int create_engines(exec_t *e, const partition *part, const int *slots, const int *kept)
+{
+    const exec_config *cfg = &e->cfg;
+    const schedule_list *list = &e->sched->lists[e->rank];
+    int M = cfg->microbatches, split = 0;
+    for (int i = 0; i < list->n_ops; i++) split |= list->ops[i].kind == SCHED_OP_BACKWARD_INPUT;
+    for (int v = 0; v < e->V; v++) {
+        int c = v * e->size + e->rank;
         engine_config ec = {
-            .net = net, .first = part->first[c], .last = part->first[c + 1],
+            .net = e->net, .first = part->first[c], .last = part->first[c + 1],
             /* two halves, see exec.half; evaluation cycles through 0, 1 and 2 */
             .buffers = 2 * M > EVAL_BUFFERS ? 2 * M : EVAL_BUFFERS,
             .max_batch = e->mb, .n_slots = slots[v] > 0 ? slots[v] : 1, .batch = cfg->batch,
@@ -168,29 +187,55 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
             .tensor_comm = {.ctx = e, .allreduce = tensor_allreduce,
                             .allgather = tensor_allgather},
         };
-        if (engine_create(&e->engs[v], cfg->device, &ec)) {
-            exec_free(e);
-            return -1;
-        }
+        if (engine_create(&e->engs[v], cfg->device, &ec)) return -1;
     }
     e->eng = e->engs[0];
     e->in_count = e->eng->in_count;
     e->out_count = e->eng->out_count;
-    size_t VM = (size_t)V * (size_t)M;
+    return 0;
+}
+
+/* The message requests of every (chunk, micro-batch) and the queue of pending sends. */
+static int alloc_requests(exec_t *e)
+{
+    int M = e->cfg.microbatches;
+    size_t VM = (size_t)e->V * (size_t)M;
     e->req_act = malloc(VM * sizeof *e->req_act);
     e->req_grad = malloc(VM * sizeof *e->req_grad);
     e->req_send_act = malloc(VM * sizeof *e->req_send_act);
     e->req_send_grad = malloc(VM * sizeof *e->req_send_grad);
     e->pending_cap = 2 * (int)VM + 2;
     e->pending = malloc((size_t)e->pending_cap * sizeof *e->pending);
-    if (!e->req_act || !e->req_grad || !e->req_send_act || !e->req_send_grad || !e->pending) {
-        exec_free(e);
+    if (!e->req_act || !e->req_grad || !e->req_send_act || !e->req_send_grad || !e->pending)
         return pt_error_set("out of memory for %d micro-batches", M);
-    }
     for (size_t k = 0; k < VM; k++)
         e->req_act[k] = e->req_grad[k] = e->req_send_act[k] = e->req_send_grad[k] =
             MPI_REQUEST_NULL;
-    e->eval_send = e->eval_recv[0] = e->eval_recv[1] = e->eval_recv[2] = MPI_REQUEST_NULL;
+    e->eval_send = MPI_REQUEST_NULL;
+    for (int b = 0; b < EVAL_BUFFERS; b++) e->eval_recv[b] = MPI_REQUEST_NULL;
+    return 0;
+}
+
+int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition *part,
+              const schedule *sched, const exec_config *cfg)
+{
+    *out = NULL;
+    int rank, size;
+    PT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    PT_MPI_CHECK(MPI_Comm_size(comm, &size));
+    int V = sched->virtual_stages > 1 ? sched->virtual_stages : 1;
+    int slots[V], kept[V];
+    if (check_layout(size, V, net, part, sched, cfg) ||
+        schedule_peaks(sched, rank, V, slots, kept))
+        return -1;
+    exec_t *e = alloc_exec(comm, rank, size, V, cfg);
+    if (!e) return -1;
+    e->net = net;
+    e->sched = sched;
+    if (alloc_chunks(e, part) || create_engines(e, part, slots, kept) || alloc_requests(e)) {
+        exec_free(e);
+        return -1;
+    }
     /* the default 50 µs timer slack would double every polite pause */
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     e->t_origin = pt_now();
@@ -198,36 +243,38 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     return 0;
 }
 
-int exec_start(exec_t *e)
+/* Hybrid mode: each chunk's reductions among the stage's replicas, checked against the
+ * schedule's buckets, and their α–β figures. */
+static int start_reductions(exec_t *e)
 {
     const exec_config *c = &e->cfg;
-    if (c->rep.replicas > 1) {
-        e->reps = calloc((size_t)e->V, sizeof *e->reps);
-        e->rep_base = calloc((size_t)e->V + 1, sizeof *e->rep_base);
-        if (!e->reps || !e->rep_base) return pt_error_set("out of memory");
-        for (int v = 0; v < e->V; v++) {
-            engine *g = e->engs[v];
-            if (replicas_init(&e->reps[v], c->group, g,
-                              c->local_net ? c->local_net : e->net, g->cfg.first, g->cfg.last,
-                              e->rank, &c->rep))
-                return -1;
-            e->rep_base[v + 1] = e->rep_base[v] + replicas_buckets(e->reps[v]);
-        }
-        e->rep = e->reps[0];
-        int want = e->sched->lists[e->rank].buckets, have = e->rep_base[e->V];
-        if (want != have)
-            return pt_error_set("rank %d, stage %d: the schedule reduces %d buckets, the "
-                                "stage's plan has %d", e->world_rank, e->rank, want, have);
-        /* the α–β figures of the group, measured on its first chunk with parameters (every
-         * replica of the stage has the same chunks, so they all calibrate the same one) */
-        enum { CALIBRATION_ROUNDS = 9 };
-        for (int v = 0; v < e->V; v++)
-            if (e->reps[v]) {
-                if (replicas_calibrate(e->reps[v], c->group, CALIBRATION_ROUNDS, &e->rep_cal))
-                    return -1;
-                break;
-            }
+    e->reps = calloc((size_t)e->V, sizeof *e->reps);
+    e->rep_base = calloc((size_t)e->V + 1, sizeof *e->rep_base);
+    if (!e->reps || !e->rep_base) return pt_error_set("out of memory");
+    for (int v = 0; v < e->V; v++) {
+        engine *g = e->engs[v];
+        if (replicas_init(&e->reps[v], c->group, g, c->local_net ? c->local_net : e->net,
+                          g->cfg.first, g->cfg.last, e->rank, &c->rep))
+            return -1;
+        e->rep_base[v + 1] = e->rep_base[v] + replicas_buckets(e->reps[v]);
     }
+    e->rep = e->reps[0];
+    int want = e->sched->lists[e->rank].buckets, have = e->rep_base[e->V];
+    if (want != have)
+        return pt_error_set("rank %d, stage %d: the schedule reduces %d buckets, the "
+                            "stage's plan has %d", e->world_rank, e->rank, want, have);
+    /* the α–β figures of the group, measured on its first chunk with parameters (every
+     * replica of the stage has the same chunks, so they all calibrate the same one) */
+    enum { CALIBRATION_ROUNDS = 9 };
+    for (int v = 0; v < e->V; v++)
+        if (e->reps[v])
+            return replicas_calibrate(e->reps[v], c->group, CALIBRATION_ROUNDS, &e->rep_cal);
+    return 0;
+}
+
+int exec_start(exec_t *e)
+{
+    if (e->cfg.rep.replicas > 1 && start_reductions(e)) return -1;
     /* every rank has its stage */
     if (mpi_wait_allreduce(&(int){0}, 1, MPI_INT, MPI_SUM, e->world, e->cfg.timeout_s)) return -1;
     return e->cfg.trace ? exec_start_trace(e) : 0;
