@@ -1,0 +1,130 @@
+/* The executor's point-to-point messages: receives posted into the engines' buffers, sends
+ * posted in order once the engine has filled their buffers, and the polite waits for both,
+ * during which the rank keeps its own sends and its replicas' reductions moving. */
+#include "src/runtime/exec_impl.h"
+
+#include <string.h>
+
+#include "src/base/clock.h"
+#include "src/base/error.h"
+#include "src/base/mpi_check.h"
+#include "src/base/mpi_wait.h"
+
+int exec_progress_reductions(exec_t *e)
+{
+    for (int v = 0; e->reps && v < e->V; v++)
+        if (e->reps[v] && replicas_progress(e->reps[v])) return -1;
+    return 0;
+}
+
+/* Posts, in order, the pending sends whose buffers are ready (at once on the CPU; when
+ * the device-to-host copy has landed on a GPU). */
+static int progress_sends(exec_t *e)
+{
+    int done = 0;
+    int rc = 0;
+    while (done < e->n_pending) {
+        pending_send *p = &e->pending[done];
+        int ready = 0;
+        if (engine_msg_ready(p->eng, p->kind, p->m, &ready)) {
+            rc = -1;
+            break;
+        }
+        if (!ready) break;
+        void *buf = engine_msg_buffer(p->eng, p->kind, p->m);
+        if (!buf) {
+            rc = -1;
+            break;
+        }
+        if (PT_MPI_CALL(MPI_Isend(buf, p->count, MPI_FLOAT, p->peer, p->tag, e->comm,
+                                  p->req))) {
+            rc = -1;
+            break;
+        }
+        done++;
+    }
+    if (done) {
+        e->n_pending -= done;
+        memmove(e->pending, e->pending + done, (size_t)e->n_pending * sizeof *e->pending);
+    }
+    return rc;
+}
+
+/* What a waiting rank keeps doing (mpi_wait_progress_fn): it posts its pending sends, for
+ * a peer may be waiting for one of them before it can answer, and moves its replicas'
+ * reductions on. */
+static int keep_progressing(void *ctx)
+{
+    exec_t *e = ctx;
+    if (e->n_pending && progress_sends(e)) return -1;
+    return exec_progress_reductions(e);
+}
+
+int exec_wait_request(exec_t *e, MPI_Request *req, const char *what, int m, int peer)
+{
+    if (*req == MPI_REQUEST_NULL) return 0;
+    int timed_out = 0;
+    if (mpi_wait_test(req, e->cfg.timeout_s, keep_progressing, e, &timed_out)) return -1;
+    if (timed_out)
+        return pt_error_set("rank %d (%s, stage %d): no progress for %.0f s waiting for %s "
+                                "of micro-batch %d %s stage %d (--timeout); a peer has died or "
+                                "stalled", e->world_rank, e->host, e->rank, e->cfg.timeout_s,
+                                what, m, strncmp(what, "send", 4) ? "from" : "to", peer);
+    return 0;
+}
+
+int exec_post_recv(exec_t *e, engine *g, engine_msg kind, int b, int count, int peer, int tag,
+                   MPI_Request *req)
+{
+    void *buf = engine_msg_buffer(g, kind, b);
+    if (!buf) return -1;
+    PT_MPI_CHECK(MPI_Irecv(buf, count, MPI_FLOAT, peer, tag, e->comm, req));
+    return 0;
+}
+
+int exec_start_send(exec_t *e, engine *g, engine_msg kind, int m, int count, int peer, int tag,
+                    MPI_Request *req)
+{
+    if (engine_msg_prepare(g, kind, m)) return -1;
+    if (e->n_pending == e->pending_cap)
+        return pt_error_set("rank %d: more than %d sends pending", e->rank, e->pending_cap);
+    e->pending[e->n_pending++] = (pending_send){g, kind, m, count, peer, tag, req};
+    return progress_sends(e);
+}
+
+static int is_pending(const exec_t *e, const MPI_Request *req)
+{
+    for (int i = 0; i < e->n_pending; i++)
+        if (e->pending[i].req == req) return 1;
+    return 0;
+}
+
+int exec_wait_send(exec_t *e, MPI_Request *req, const char *what, int m, int peer)
+{
+    double t0 = pt_now();
+    while (is_pending(e, req)) {
+        if (progress_sends(e)) return -1;
+        if (!is_pending(e, req)) break;
+        if (pt_now() - t0 > e->cfg.timeout_s)
+            return pt_error_set("rank %d (%s, stage %d): no progress for %.0f s: the %s of "
+                                "micro-batch %d never became ready (--timeout)", e->world_rank,
+                                e->host, e->rank, e->cfg.timeout_s, what, m);
+        mpi_wait_pause();
+    }
+    return exec_wait_request(e, req, what, m, peer);
+}
+
+int exec_flush_sends(exec_t *e)
+{
+    double t0 = pt_now();
+    while (e->n_pending) {
+        if (progress_sends(e) || exec_progress_reductions(e)) return -1;
+        if (!e->n_pending) break;
+        if (pt_now() - t0 > e->cfg.timeout_s)
+            return pt_error_set("rank %d (%s, stage %d): no progress for %.0f s: a send never "
+                                "became ready (--timeout)", e->world_rank, e->host, e->rank,
+                                e->cfg.timeout_s);
+        mpi_wait_pause();
+    }
+    return 0;
+}
