@@ -123,8 +123,9 @@ if(PT_HAVE_CUDA)
     target_link_options(pipetrain_cuda_mock PRIVATE -Wl,--exclude-libs,ALL -Wl,--no-undefined)
 
     # A plain program (not Criterion): exits 77, which ctest reports as skipped, when the
-    # machine has no usable GPU.
-    add_executable(test_cuda_kernels ${CMAKE_SOURCE_DIR}/tests/cuda/test_cuda_kernels.c)
+    # machine has no usable GPU. Its cases and their harness (kernel_check.c).
+    add_executable(test_cuda_kernels ${CMAKE_SOURCE_DIR}/tests/cuda/test_cuda_kernels.c
+      ${CMAKE_SOURCE_DIR}/tests/cuda/kernel_check.c)
     target_link_libraries(test_cuda_kernels PRIVATE ptcuda)
     set_target_properties(test_cuda_kernels PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
     add_test(NAME test_cuda_kernels COMMAND test_cuda_kernels)

@@ -1,6 +1,7 @@
 /* CPU kernels: the reference implementation of every operation pipetrain trains with.
  *
- * Conventions (shared with the CUDA twins that come later, kernel_*_cuda(..., stream)):
+ * Conventions (shared with the CUDA twins in kernels/cuda/kernels_cuda.h,
+ * kernel_*_cuda(..., ctx), whose extra rules that header states):
  * - float32, row-major, activations NCHW; dense weights [out, in], conv weights
  *   [filters, channels, k, k], biases [out] (PyTorch's layouts).
  * - Argument order: outputs, inputs, weights, sizes.

@@ -1,5 +1,7 @@
 /* Generators beyond GPipe and 1F1B: Megatron-LM's interleaved 1F1B over virtual chunks and
- * Zero Bubble H1 (backward split into input and weight gradients).
+ * Zero Bubble H1 (backward split into input and weight gradients); and the dispatch from a
+ * schedule's name to its generator, here because it needs every generator (schedule.c's
+ * and these) while schedule.c needs none of these.
  *
  * As in schedule.c, each RECV sits right before the op that consumes it and each SEND right
  * after the op that produced its data; messages follow the chunk routing of schedule.h.
@@ -230,4 +232,45 @@ int schedule_init_zb_h1(schedule *s, int stages, int microbatches)
     if (!rc)
         strcpy(s->name, "zb-h1");
     return rc;
+}
+
+/* ---- by name --------------------------------------------------------------------------- */
+
+int schedule_init_by_name(schedule *s, const char *name, int stages, int microbatches)
+{
+    if (s)
+        memset(s, 0, sizeof *s);
+    if (!name)
+        return pt_error_set("schedule_init_by_name: no schedule name given (known: gpipe, "
+                            "1f1b)");
+    if (strcmp(name, "gpipe") == 0)
+        return schedule_init_gpipe(s, stages, microbatches);
+    if (strcmp(name, "1f1b") == 0)
+        return schedule_init_1f1b(s, stages, microbatches);
+    return pt_error_set("unknown schedule '%s' (known: gpipe, 1f1b)", name);
+}
+
+int schedule_init_named(schedule *s, const char *name, int stages, int virtual_stages,
+                        int microbatches)
+{
+    if (s)
+        memset(s, 0, sizeof *s);
+    static const char known[] = "known: gpipe, 1f1b, interleaved, zb-h1";
+    if (!name)
+        return pt_error_set("no schedule name given (%s)", known);
+    int interleaved = strcmp(name, "interleaved") == 0;
+    int other = strcmp(name, "gpipe") == 0 || strcmp(name, "1f1b") == 0 ||
+                strcmp(name, "zb-h1") == 0;
+    if (!interleaved && !other)
+        return pt_error_set("unknown schedule '%s' (%s)", name, known);
+    if (virtual_stages < 1)
+        return pt_error_set("--virtual %d: need at least 1 chunk per rank", virtual_stages);
+    if (virtual_stages > 1 && !interleaved)
+        return pt_error_set("--virtual %d needs --schedule interleaved (schedule '%s' runs one "
+                            "chunk per rank)", virtual_stages, name);
+    if (interleaved)
+        return schedule_init_interleaved(s, stages, virtual_stages, microbatches);
+    if (strcmp(name, "zb-h1") == 0)
+        return schedule_init_zb_h1(s, stages, microbatches);
+    return schedule_init_by_name(s, name, stages, microbatches);
 }

@@ -1,6 +1,7 @@
 /* Schedule lists, the generators that fill them (GPipe, 1F1B / PipeDream-Flush; the
- * interleaved and zero-bubble ones are in generate.c) and the passes that add reductions
- * and recomputation to a generated schedule.
+ * interleaved and zero-bubble ones, and the name → generator dispatch, are in generate.c,
+ * which builds on this file and not the other way round) and the passes that add
+ * reductions and recomputation to a generated schedule.
  *
  * Generators place each SEND right after the op that produced its data and each RECV right
  * before the op that consumes it: the executor posts receives early on its own, so a RECV in
@@ -222,45 +223,6 @@ int schedule_init_1f1b(schedule *s, int stages, int microbatches)
 fail:
     schedule_free(s);
     return -1;
-}
-
-int schedule_init_by_name(schedule *s, const char *name, int stages, int microbatches)
-{
-    if (s)
-        memset(s, 0, sizeof *s);
-    if (!name)
-        return pt_error_set("schedule_init_by_name: no schedule name given (known: gpipe, "
-                            "1f1b)");
-    if (strcmp(name, "gpipe") == 0)
-        return schedule_init_gpipe(s, stages, microbatches);
-    if (strcmp(name, "1f1b") == 0)
-        return schedule_init_1f1b(s, stages, microbatches);
-    return pt_error_set("unknown schedule '%s' (known: gpipe, 1f1b)", name);
-}
-
-int schedule_init_named(schedule *s, const char *name, int stages, int virtual_stages,
-                        int microbatches)
-{
-    if (s)
-        memset(s, 0, sizeof *s);
-    static const char known[] = "known: gpipe, 1f1b, interleaved, zb-h1";
-    if (!name)
-        return pt_error_set("no schedule name given (%s)", known);
-    int interleaved = strcmp(name, "interleaved") == 0;
-    int other = strcmp(name, "gpipe") == 0 || strcmp(name, "1f1b") == 0 ||
-                strcmp(name, "zb-h1") == 0;
-    if (!interleaved && !other)
-        return pt_error_set("unknown schedule '%s' (%s)", name, known);
-    if (virtual_stages < 1)
-        return pt_error_set("--virtual %d: need at least 1 chunk per rank", virtual_stages);
-    if (virtual_stages > 1 && !interleaved)
-        return pt_error_set("--virtual %d needs --schedule interleaved (schedule '%s' runs one "
-                            "chunk per rank)", virtual_stages, name);
-    if (interleaved)
-        return schedule_init_interleaved(s, stages, virtual_stages, microbatches);
-    if (strcmp(name, "zb-h1") == 0)
-        return schedule_init_zb_h1(s, stages, microbatches);
-    return schedule_init_by_name(s, name, stages, microbatches);
 }
 
 static schedule_op reduction_op(schedule_op_kind kind, int bucket)

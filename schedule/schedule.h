@@ -5,17 +5,18 @@
  * Stage s receives activations from s−1 and gradients from s+1. Stage 0 reads its input
  * from the data set; the last stage computes the loss, so it has no RECV_GRAD/SEND_ACT.
  *
- * Reductions (hybrid mode: R replicas of the pipeline, each stage's gradients averaged
- * among its R replicas). A stage's parameters are cut into B buckets in reverse layer
- * order: bucket 0 holds the stage's last layers, whose gradients are final first in the
- * backward pass; buckets hold whole layers. ALLREDUCE b starts the non-blocking reduction
- * of bucket b, REDUCE_WAIT b waits until it has completed. So that reductions can overlap
- * the backward pass, a micro-batch's backward may be split into B parts: BACKWARD with
- * bucket b runs the backward through the layers of bucket b only (layers without
- * parameters belong to a part too; the executor decides which). The parts of one
- * micro-batch run in order 0..B−1 and together are its backward: the gradient of the input
- * (SEND_GRAD) is ready after part B−1. Every replica of a stage runs the same list, so the
- * collectives of a stage's group are issued in the same order everywhere (see
+ * Reductions (hybrid mode: R replicas of the pipeline, each stage's gradients summed among
+ * its R replicas; each replica's are already scaled by 1/(global batch), so the sum is
+ * never divided: src/reduce/reduce.h). A stage's parameters are cut into B buckets in
+ * reverse layer order: bucket 0 holds the stage's last layers, whose gradients are final
+ * first in the backward pass; buckets hold whole layers. ALLREDUCE b starts the
+ * non-blocking reduction of bucket b, REDUCE_WAIT b waits until it has completed. So that
+ * reductions can overlap the backward pass, a micro-batch's backward may be split into B
+ * parts: BACKWARD with bucket b runs the backward through the layers of bucket b only
+ * (layers without parameters belong to a part too; the executor decides which). The parts
+ * of one micro-batch run in order 0..B−1 and together are its backward: the gradient of the
+ * input (SEND_GRAD) is ready after part B−1. Every replica of a stage runs the same list,
+ * so the collectives of a stage's group are issued in the same order everywhere (see
  * schedule_verify_replicas for lists that differ).
  *
  * Virtual stages (interleaved schedules): the model is cut into K·V chunks and rank

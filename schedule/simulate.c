@@ -140,27 +140,233 @@ static double op_cost(const schedule *s, const schedule_op *op, int st, int buck
     }
 }
 
+/* The simulation's scratch beside its results: per stage, the next op to run (pc), when its
+ * compute and its network are next free, and where its buckets start in the per-bucket
+ * arrays (boff); per bucket, when its reduction ends. */
+typedef struct {
+    const schedule *s;
+    const schedule_costs *c;
+    schedule_sim *out;
+    size_t total;     /* ops in all lists */
+    int *pc;
+    size_t *boff;
+    double *free_at, *net_free;
+    double *reduced;  /* bucket's end */
+    /* reduce_in_waits: per bucket, when its ALLREDUCE ran and that op's index; per stage,
+     * its buckets in the order started and how many of them have run */
+    double *issued;
+    size_t *issue_idx;
+    int *order;
+    int *n_started, *n_run;
+    /* ready[((st * V + v) * 2 + g) * M + m]: when (stage st, chunk v) has micro-batch m's
+     * activation (g = 0) or gradient (g = 1); −1 until the peer's send has run. */
+    double *ready;
+    size_t n_ready;
+} sim_state;
+
+static double *ready_at(const sim_state *w, int st, int chunk, int g, int m)
+{
+    size_t V = (size_t)w->s->virtual_stages, M = (size_t)w->s->microbatches;
+    return &w->ready[(((size_t)st * V + (size_t)chunk) * 2 + (size_t)g) * M + (size_t)m];
+}
+
+static int sim_alloc_out(schedule_sim *out, int K, size_t n)
+{
+    out->offset = malloc((size_t)K * sizeof *out->offset);
+    out->busy = calloc((size_t)K, sizeof *out->busy);
+    out->reduce = calloc((size_t)K, sizeof *out->reduce);
+    out->exposed = calloc((size_t)K, sizeof *out->exposed);
+    out->start = malloc(n * sizeof *out->start);
+    out->end = malloc(n * sizeof *out->end);
+    out->net_start = malloc(n * sizeof *out->net_start);
+    out->net_end = malloc(n * sizeof *out->net_end);
+    return out->offset && out->busy && out->reduce && out->exposed && out->start && out->end &&
+           out->net_start && out->net_end ? 0 : -1;
+}
+
+static void sim_free_scratch(sim_state *w)
+{
+    free(w->pc);
+    free(w->boff);
+    free(w->free_at);
+    free(w->net_free);
+    free(w->reduced);
+    free(w->issued);
+    free(w->issue_idx);
+    free(w->order);
+    free(w->n_started);
+    free(w->n_run);
+    free(w->ready);
+}
+
+/* Allocates the results and the scratch, and sets the op and bucket offsets and every
+ * message to "not sent". On failure the caller frees both. */
+static int sim_init(sim_state *w, const schedule *s, const schedule_costs *c,
+                    schedule_sim *out)
+{
+    int K = s->stages;
+    size_t buckets = 0;
+    *w = (sim_state){.s = s, .c = c, .out = out};
+    for (int st = 0; st < K; st++) {
+        w->total += (size_t)s->lists[st].n_ops;
+        buckets += (size_t)s->lists[st].buckets;
+    }
+    size_t nb = buckets ? buckets : 1;
+    w->pc = calloc((size_t)K, sizeof *w->pc);
+    w->boff = malloc((size_t)K * sizeof *w->boff);
+    w->free_at = calloc((size_t)K, sizeof *w->free_at);
+    w->net_free = calloc((size_t)K, sizeof *w->net_free);
+    w->reduced = malloc(nb * sizeof *w->reduced);
+    w->issued = malloc(nb * sizeof *w->issued);
+    w->issue_idx = malloc(nb * sizeof *w->issue_idx);
+    w->order = malloc(nb * sizeof *w->order);
+    w->n_started = calloc((size_t)K, sizeof *w->n_started);
+    w->n_run = calloc((size_t)K, sizeof *w->n_run);
+    w->n_ready = (size_t)K * (size_t)s->virtual_stages * 2 * (size_t)s->microbatches;
+    w->ready = malloc(w->n_ready * sizeof *w->ready);
+    if (sim_alloc_out(out, K, w->total ? w->total : 1) || !w->pc || !w->boff ||
+        !w->free_at || !w->net_free || !w->reduced || !w->ready || !w->issued ||
+        !w->issue_idx || !w->order || !w->n_started || !w->n_run)
+        return pt_error_set("schedule_simulate: out of memory for %zu ops", w->total);
+    for (size_t i = 0; i < w->n_ready; i++)
+        w->ready[i] = -1.0;
+    size_t boffs = 0;
+    for (int st = 0, off = 0; st < K; st++) {
+        out->offset[st] = off;
+        off += s->lists[st].n_ops;
+        w->boff[st] = boffs;
+        boffs += (size_t)s->lists[st].buckets;
+    }
+    return 0;
+}
+
+/* Bucket b of stage st (its ALLREDUCE is op idx) reduces on the stage's network from t0. */
+static void run_reduction(sim_state *w, int st, int b, size_t idx, double t0)
+{
+    const schedule_costs *c = w->c;
+    const double *bytes = c->bucket_bytes ? c->bucket_bytes[st] : NULL;
+    double dur = schedule_allreduce_time(bytes ? bytes[b] : 0.0, c->replicas,
+                                         stage_alpha(c, st), stage_beta(c, st));
+    w->out->net_start[idx] = t0;
+    w->out->net_end[idx] = w->net_free[st] = t0 + dur;
+    w->reduced[w->boff[st] + (size_t)b] = t0 + dur;
+    w->out->reduce[st] += dur;
+}
+
 /* reduce_in_waits: stage st waits for bucket `bucket` from time `now`; the reductions it
  * has started and not yet run go on its network in the order started, from `now` (or their
  * start, or the previous one's end), until that bucket's is done. */
-static void run_started(const schedule_costs *c, int st, int bucket, double now, size_t boff,
-                        const int *order, const int *n_started, int *n_run,
-                        const double *issued, const size_t *issue_idx, double *net_free,
-                        double *reduced, schedule_sim *out)
+static void run_started(sim_state *w, int st, int bucket, double now)
 {
-    const double *bytes = c->bucket_bytes ? c->bucket_bytes[st] : NULL;
-    while (n_run[st] < n_started[st]) {
-        int b = order[boff + (size_t)n_run[st]++];
-        double t0 = now > net_free[st] ? now : net_free[st];
-        if (issued[boff + (size_t)b] > t0) t0 = issued[boff + (size_t)b];
-        double dur = schedule_allreduce_time(bytes ? bytes[b] : 0.0, c->replicas,
-                                             stage_alpha(c, st), stage_beta(c, st));
-        size_t idx = issue_idx[boff + (size_t)b];
-        out->net_start[idx] = t0;
-        out->net_end[idx] = net_free[st] = t0 + dur;
-        reduced[boff + (size_t)b] = t0 + dur;
-        out->reduce[st] += dur;
+    size_t boff = w->boff[st];
+    while (w->n_run[st] < w->n_started[st]) {
+        int b = w->order[boff + (size_t)w->n_run[st]++];
+        double t0 = now > w->net_free[st] ? now : w->net_free[st];
+        if (w->issued[boff + (size_t)b] > t0) t0 = w->issued[boff + (size_t)b];
+        run_reduction(w, st, b, w->issue_idx[boff + (size_t)b], t0);
         if (b == bucket) break;
+    }
+}
+
+/* ALLREDUCE at `begin`: the reduction runs at once on the stage's network (once it is free),
+ * or, with reduce_in_waits, is only recorded as started. */
+static void start_reduction(sim_state *w, int st, const schedule_op *op, size_t idx,
+                            double begin)
+{
+    if (w->c->reduce_in_waits) {
+        size_t b = w->boff[st] + (size_t)op->bucket;
+        w->order[w->boff[st] + (size_t)w->n_started[st]++] = op->bucket;
+        w->issued[b] = begin;
+        w->issue_idx[b] = idx;
+        return;
+    }
+    double t0 = begin > w->net_free[st] ? begin : w->net_free[st];
+    run_reduction(w, st, op->bucket, idx, t0);
+}
+
+/* When stage st's op can begin (from *begin, the stage's free time) and how long it holds
+ * the stage's compute; 0 when it is a receive whose message has not been sent yet. */
+static int op_timing(sim_state *w, int st, const schedule_op *op, double *begin, double *len)
+{
+    if (op->kind == SCHED_OP_RECV_ACT || op->kind == SCHED_OP_RECV_GRAD) {
+        double t = *ready_at(w, st, op->chunk, op->kind == SCHED_OP_RECV_GRAD, op->microbatch);
+        if (t < 0)
+            return 0; /* the peer has not sent it yet */
+        if (t > *begin)
+            *begin = t;
+        *len = 0.0;
+    } else if (op->kind == SCHED_OP_REDUCE_WAIT) {
+        /* its ALLREDUCE came earlier in this list (verified) */
+        if (w->c->reduce_in_waits)
+            run_started(w, st, op->bucket, *begin);
+        double t = w->reduced[w->boff[st] + (size_t)op->bucket];
+        *len = t > *begin ? t - *begin : 0.0;
+        w->out->exposed[st] += *len;
+    } else {
+        *len = op_cost(w->s, op, st, w->s->lists[st].buckets, w->c);
+        w->out->busy[st] += *len;
+    }
+    return 1;
+}
+
+/* Runs stage st's next op if it can run now; 0 when it waits for a message. */
+static int sim_step(sim_state *w, int st)
+{
+    const schedule *s = w->s;
+    schedule_sim *out = w->out;
+    const schedule_op *op = &s->lists[st].ops[w->pc[st]];
+    size_t idx = (size_t)out->offset[st] + (size_t)w->pc[st];
+    double begin = w->free_at[st], len;
+    out->net_start[idx] = out->net_end[idx] = -1.0;
+    if (!op_timing(w, st, op, &begin, &len))
+        return 0;
+    if (op->kind == SCHED_OP_ALLREDUCE)
+        start_reduction(w, st, op, idx, begin);
+    out->start[idx] = begin;
+    out->end[idx] = begin + len;
+    w->free_at[st] = begin + len;
+    if (op->kind == SCHED_OP_SEND_ACT || op->kind == SCHED_OP_SEND_GRAD) {
+        int g = op->kind == SCHED_OP_SEND_GRAD, ps = 0, pv = 0;
+        if (g)
+            schedule_prev_chunk(s->stages, s->virtual_stages, st, op->chunk, &ps, &pv);
+        else
+            schedule_next_chunk(s->stages, s->virtual_stages, st, op->chunk, &ps, &pv);
+        /* ps == op->peer: verified */
+        *ready_at(w, op->peer, pv, g, op->microbatch) = begin + len;
+    }
+    if (begin + len > out->makespan)
+        out->makespan = begin + len;
+    w->pc[st]++;
+    return 1;
+}
+
+/* List scheduling: every stage runs as far as it can, round after round, until no stage
+ * moves. Returns the number of ops run. */
+static size_t sim_run(sim_state *w)
+{
+    size_t done_ops = 0;
+    for (int progress = 1; progress;) {
+        progress = 0;
+        for (int st = 0; st < w->s->stages; st++)
+            while (w->pc[st] < w->s->lists[st].n_ops && sim_step(w, st)) {
+                done_ops++;
+                progress = 1;
+            }
+    }
+    return done_ops;
+}
+
+static void sim_bubbles(schedule_sim *out, int K)
+{
+    double idle = 0.0, rel = 0.0;
+    if (out->makespan > 0) {
+        for (int st = 0; st < K; st++) {
+            idle += (out->makespan - out->busy[st]) / out->makespan;
+            if (out->busy[st] > 0)
+                rel += (out->makespan - out->busy[st]) / out->busy[st];
+        }
+        out->bubble = idle / K;
+        out->bubble_ideal = rel / K;
     }
 }
 
@@ -178,157 +384,22 @@ int schedule_simulate_costs(const schedule *s, const schedule_costs *costs,
         return -1;
     if (check_costs(s, costs))
         return -1;
-
-    int K = s->stages, M = s->microbatches, V = s->virtual_stages;
-    if (K < 1 || M < 1 || V < 1) /* verified already; restated so the compiler sees it */
+    /* verified already; restated so the compiler sees it */
+    if (s->stages < 1 || s->microbatches < 1 || s->virtual_stages < 1)
         return pt_error_set("schedule_simulate: need stages and microbatches >= 1");
-    size_t total = 0, buckets = 0;
-    for (int st = 0; st < K; st++) {
-        total += (size_t)s->lists[st].n_ops;
-        buckets += (size_t)s->lists[st].buckets;
+    sim_state w;
+    int rc = sim_init(&w, s, costs, out);
+    if (rc == 0) {
+        size_t done_ops = sim_run(&w);
+        /* A stall cannot happen after schedule_verify; checked so that a verifier bug
+         * cannot turn into wrong numbers. */
+        if (done_ops != w.total)
+            rc = pt_error_set("schedule_simulate: schedule '%s' stalled after %zu of %zu ops",
+                              s->name, done_ops, w.total);
+        else
+            sim_bubbles(out, s->stages);
     }
-    size_t n = total ? total : 1;
-    out->offset = malloc((size_t)K * sizeof *out->offset);
-    out->busy = calloc((size_t)K, sizeof *out->busy);
-    out->reduce = calloc((size_t)K, sizeof *out->reduce);
-    out->exposed = calloc((size_t)K, sizeof *out->exposed);
-    out->start = malloc(n * sizeof *out->start);
-    out->end = malloc(n * sizeof *out->end);
-    out->net_start = malloc(n * sizeof *out->net_start);
-    out->net_end = malloc(n * sizeof *out->net_end);
-    int *pc = calloc((size_t)K, sizeof *pc);
-    size_t *boff = malloc((size_t)K * sizeof *boff);
-    double *free_at = calloc((size_t)K, sizeof *free_at);
-    double *net_free = calloc((size_t)K, sizeof *net_free);
-    double *reduced = malloc((buckets ? buckets : 1) * sizeof *reduced); /* bucket's end */
-    /* reduce_in_waits: per bucket, when its ALLREDUCE ran and that op's index; per stage,
-     * its buckets in the order started and how many of them have run */
-    double *issued = malloc((buckets ? buckets : 1) * sizeof *issued);
-    size_t *issue_idx = malloc((buckets ? buckets : 1) * sizeof *issue_idx);
-    int *order = malloc((buckets ? buckets : 1) * sizeof *order);
-    int *n_started = calloc((size_t)K, sizeof *n_started);
-    int *n_run = calloc((size_t)K, sizeof *n_run);
-    /* ready[((st * V + v) * 2 + g) * M + m]: when (stage st, chunk v) has micro-batch m's
-     * activation (g = 0) or gradient (g = 1); −1 until the peer's send has run. */
-    size_t n_ready = (size_t)K * (size_t)V * 2 * (size_t)M;
-    double *ready = malloc(n_ready * sizeof *ready);
-    int rc = -1;
-    if (!out->offset || !out->busy || !out->reduce || !out->exposed || !out->start ||
-        !out->end || !out->net_start || !out->net_end || !pc || !boff || !free_at ||
-        !net_free || !reduced || !ready || !issued || !issue_idx || !order || !n_started ||
-        !n_run) {
-        pt_error_set("schedule_simulate: out of memory for %zu ops", total);
-        goto done;
-    }
-    for (size_t i = 0; i < n_ready; i++)
-        ready[i] = -1.0;
-    size_t boffs = 0;
-    for (int st = 0, off = 0; st < K; st++) {
-        out->offset[st] = off;
-        off += s->lists[st].n_ops;
-        boff[st] = boffs;
-        boffs += (size_t)s->lists[st].buckets;
-    }
-
-    size_t done_ops = 0;
-    for (int progress = 1; progress;) {
-        progress = 0;
-        for (int st = 0; st < K; st++) {
-            const schedule_list *l = &s->lists[st];
-            while (pc[st] < l->n_ops) {
-                const schedule_op *op = &l->ops[pc[st]];
-                size_t idx = (size_t)out->offset[st] + (size_t)pc[st];
-                double begin = free_at[st], len;
-                out->net_start[idx] = out->net_end[idx] = -1.0;
-                if (op->kind == SCHED_OP_RECV_ACT || op->kind == SCHED_OP_RECV_GRAD) {
-                    int g = op->kind == SCHED_OP_RECV_GRAD;
-                    double t = ready[(((size_t)st * V + (size_t)op->chunk) * 2 + (size_t)g) *
-                                         (size_t)M + (size_t)op->microbatch];
-                    if (t < 0)
-                        break; /* the peer has not sent it yet */
-                    if (t > begin)
-                        begin = t;
-                    len = 0.0;
-                } else if (op->kind == SCHED_OP_REDUCE_WAIT) {
-                    /* its ALLREDUCE came earlier in this list (verified) */
-                    if (costs->reduce_in_waits)
-                        run_started(costs, st, op->bucket, begin, boff[st], order, n_started,
-                                    n_run, issued, issue_idx, net_free, reduced, out);
-                    double t = reduced[boff[st] + op->bucket];
-                    len = t > begin ? t - begin : 0.0;
-                    out->exposed[st] += len;
-                } else {
-                    len = op_cost(s, op, st, l->buckets, costs);
-                    out->busy[st] += len;
-                }
-                if (op->kind == SCHED_OP_ALLREDUCE && costs->reduce_in_waits) {
-                    size_t b = boff[st] + (size_t)op->bucket;
-                    order[boff[st] + (size_t)n_started[st]++] = op->bucket;
-                    issued[b] = begin;
-                    issue_idx[b] = idx;
-                } else if (op->kind == SCHED_OP_ALLREDUCE) {
-                    const double *bytes = costs->bucket_bytes ? costs->bucket_bytes[st] : NULL;
-                    double t0 = begin > net_free[st] ? begin : net_free[st];
-                    double dur = schedule_allreduce_time(bytes ? bytes[op->bucket] : 0.0,
-                                                         costs->replicas,
-                                                         stage_alpha(costs, st),
-                                                         stage_beta(costs, st));
-                    out->net_start[idx] = t0;
-                    out->net_end[idx] = net_free[st] = t0 + dur;
-                    reduced[boff[st] + op->bucket] = t0 + dur;
-                    out->reduce[st] += dur;
-                }
-                out->start[idx] = begin;
-                out->end[idx] = begin + len;
-                free_at[st] = begin + len;
-                if (op->kind == SCHED_OP_SEND_ACT || op->kind == SCHED_OP_SEND_GRAD) {
-                    int g = op->kind == SCHED_OP_SEND_GRAD, ps = 0, pv = 0;
-                    if (g)
-                        schedule_prev_chunk(K, V, st, op->chunk, &ps, &pv);
-                    else
-                        schedule_next_chunk(K, V, st, op->chunk, &ps, &pv);
-                    /* ps == op->peer: verified */
-                    ready[(((size_t)op->peer * V + (size_t)pv) * 2 + (size_t)g) * (size_t)M +
-                          (size_t)op->microbatch] = begin + len;
-                }
-                if (begin + len > out->makespan)
-                    out->makespan = begin + len;
-                pc[st]++;
-                done_ops++;
-                progress = 1;
-            }
-        }
-    }
-    if (done_ops != total) {
-        /* Cannot happen after schedule_verify; kept so that a verifier bug cannot turn
-         * into wrong numbers. */
-        pt_error_set("schedule_simulate: schedule '%s' stalled after %zu of %zu ops", s->name,
-                     done_ops, total);
-        goto done;
-    }
-    double idle = 0.0, rel = 0.0;
-    if (out->makespan > 0) {
-        for (int st = 0; st < K; st++) {
-            idle += (out->makespan - out->busy[st]) / out->makespan;
-            if (out->busy[st] > 0)
-                rel += (out->makespan - out->busy[st]) / out->busy[st];
-        }
-        out->bubble = idle / K;
-        out->bubble_ideal = rel / K;
-    }
-    rc = 0;
-done:
-    free(pc);
-    free(boff);
-    free(free_at);
-    free(net_free);
-    free(reduced);
-    free(issued);
-    free(issue_idx);
-    free(order);
-    free(n_started);
-    free(n_run);
-    free(ready);
+    sim_free_scratch(&w);
     if (rc)
         schedule_sim_free(out);
     return rc;

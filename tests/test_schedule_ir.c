@@ -1,5 +1,6 @@
-/* Schedule IR: interleaved (virtual stages), zero bubble (split backward), recomputation,
- * and reductions of interleaved schedules. */
+/* Schedule IR: interleaved (virtual stages), zero bubble (split backward) and
+ * recomputation; reductions of interleaved schedules are tested in
+ * tests/test_schedule_reduce.c. */
 #include "tests/schedule_build.h"
 
 /* ---- interleaved, zero bubble, recomputation ---------------------------------------------- */
@@ -715,112 +716,5 @@ Test(schedule, print_zb_h1_and_interleaved)
     for (size_t i = 0; i < sizeof want_il / sizeof *want_il; i++)
         cr_assert(strstr(text, want_il[i]), "output lacks '%s':\n%s", want_il[i], text);
     free(text);
-    schedule_free(&s);
-}
-
-/* ---- reductions of interleaved schedules ------------------------------------------------ */
-
-/* Index of the first op of kind `kind` for bucket b on stage st, or −1. */
-static int find_reduction(const schedule *s, int st, schedule_op_kind kind, int b)
-{
-    for (int i = 0; i < s->lists[st].n_ops; i++)
-        if (s->lists[st].ops[i].kind == kind && s->lists[st].ops[i].bucket == b) return i;
-    return -1;
-}
-
-/* Index of the last op adding gradients (BACKWARD, BACKWARD_WEIGHT) of chunk v on st. */
-static int last_gradient_op(const schedule *s, int st, int v)
-{
-    int last = -1;
-    for (int i = 0; i < s->lists[st].n_ops; i++) {
-        const schedule_op *op = &s->lists[st].ops[i];
-        if ((op->kind == SCHED_OP_BACKWARD || op->kind == SCHED_OP_BACKWARD_WEIGHT) &&
-            op->chunk == v)
-            last = i;
-    }
-    return last;
-}
-
-Test(schedule, interleaved_reductions_verify_and_follow_their_chunk)
-{
-    for (int K = 2; K <= 4; K++)
-        for (int V = 2; V <= 3; V++)
-            for (int M = K; M <= 2 * K; M += K)
-                for (int overlap = 0; overlap <= 1; overlap++) {
-                    schedule s;
-                    cr_assert_eq(schedule_init_interleaved(&s, K, V, M), 0, "%s", pt_error_get());
-                    /* 1 or 2 buckets per chunk, and a chunk without any (no parameters) */
-                    int buckets[K * V];
-                    for (int k = 0; k < K * V; k++) buckets[k] = k % 3;
-                    cr_assert_eq(schedule_add_reductions_chunks(&s, buckets, overlap), 0, "%s",
-                                 pt_error_get());
-                    cr_assert_eq(schedule_verify(&s, NULL), 0, "K=%d V=%d M=%d overlap %d: %s",
-                                 K, V, M, overlap, pt_error_get());
-                    const schedule *two[2] = {&s, &s};
-                    cr_assert_eq(schedule_verify_replicas(two, 2), 0, "%s", pt_error_get());
-                    for (int st = 0; st < K; st++) {
-                        int b = 0, step = s.lists[st].n_ops - 1;
-                        for (int v = 0; v < V; v++)
-                            for (int j = 0; j < buckets[st * V + v]; j++, b++) {
-                                int ar = find_reduction(&s, st, SCHED_OP_ALLREDUCE, b);
-                                int w = find_reduction(&s, st, SCHED_OP_REDUCE_WAIT, b);
-                                cr_assert(ar >= 0 && w > ar && w < step);
-                                cr_assert_eq(s.lists[st].ops[ar].chunk, v);
-                                cr_assert_eq(s.lists[st].ops[w].chunk, v);
-                                cr_assert_gt(ar, last_gradient_op(&s, st, v));
-                                /* with overlap a chunk that ends early starts early */
-                                if (overlap && v == V - 1)
-                                    cr_assert_lt(ar, last_gradient_op(&s, st, 0),
-                                                 "K=%d V=%d M=%d stage %d: chunk %d's bucket %d "
-                                                 "starts only at op %d", K, V, M, st, v, b, ar);
-                            }
-                        cr_assert_eq(b, s.lists[st].buckets);
-                    }
-                    schedule_free(&s);
-                }
-}
-
-/* A valid interleaved list with 1 bucket per chunk and overlap, K = 2, V = 2, M = 2. */
-static void interleaved_with_reductions(schedule *s)
-{
-    cr_assert_eq(schedule_init_interleaved(s, 2, 2, 2), 0);
-    int buckets[4] = {1, 1, 1, 1};
-    cr_assert_eq(schedule_add_reductions_chunks(s, buckets, 1), 0, "%s", pt_error_get());
-    cr_assert_eq(schedule_verify(s, NULL), 0, "%s", pt_error_get());
-}
-
-Test(schedule, verify_interleaved_reduction_mistakes)
-{
-    schedule s;
-    /* a wait that names another chunk than its reduction */
-    interleaved_with_reductions(&s);
-    s.lists[0].ops[find_reduction(&s, 0, SCHED_OP_REDUCE_WAIT, 1)].chunk = 0;
-    expect_invalid(&s, "wait on another chunk", "names chunk", NULL);
-    schedule_free(&s);
-    /* chunk 0's bucket started before chunk 0's last backward (right after chunk 1's) */
-    interleaved_with_reductions(&s);
-    int ar = find_reduction(&s, 0, SCHED_OP_ALLREDUCE, 0);
-    move_op(&s, 0, ar, find_reduction(&s, 0, SCHED_OP_ALLREDUCE, 1) + 1);
-    expect_invalid(&s, "reduction before its chunk's last backward", "comes before",
-                   "adds to its gradients");
-    schedule_free(&s);
-    /* a reduction of a chunk the rank does not have */
-    interleaved_with_reductions(&s);
-    s.lists[1].ops[find_reduction(&s, 1, SCHED_OP_ALLREDUCE, 0)].chunk = 2;
-    expect_invalid(&s, "reduction on chunk 2 of 2", "chunk must be", NULL);
-    schedule_free(&s);
-    /* with V = 1 a reduction on chunk 1 is out of range too */
-    cr_assert_eq(schedule_init_1f1b(&s, 2, 2), 0);
-    cr_assert_eq(schedule_add_reductions(&s, 1, 0), 0);
-    s.lists[0].ops[find_reduction(&s, 0, SCHED_OP_ALLREDUCE, 0)].chunk = 1;
-    expect_invalid(&s, "reduction on chunk 1 of 1", "chunk must be", NULL);
-    schedule_free(&s);
-    /* bucket counts: negative, or given per stage where chunks need them */
-    cr_assert_eq(schedule_init_interleaved(&s, 2, 2, 2), 0);
-    int bad[4] = {1, -1, 1, 1};
-    cr_assert_eq(schedule_add_reductions_chunks(&s, bad, 1), -1);
-    cr_assert(strstr(pt_error_get(), "chunk 1"), "%s", pt_error_get());
-    cr_assert_eq(schedule_add_reductions(&s, 1, 1), -1);
-    cr_assert(strstr(pt_error_get(), "per chunk"), "%s", pt_error_get());
     schedule_free(&s);
 }

@@ -361,13 +361,11 @@ static double count_orders(int S, int n)
     return c;
 }
 
-int topo_place_ranks(topo_placement *pl, const topo_machine *m, const topo_traffic *tr,
-                     const topo_cost_model *cm, const topo_place_options *opt)
+/* How many places the search chooses among: every NVIDIA GPU of every node for CUDA,
+ * else one per rank; −1 with a message when they cannot hold the ranks or are too many. */
+static int place_count(const topo_machine *m, int n, const topo_place_options *opt)
 {
-    memset(pl, 0, sizeof *pl);
-    int n = tr->n_ranks, N = opt->nodes, S = n;
-    if (n < 1 || N < 1)
-        return pt_error_set("placement: %d ranks on %d nodes", n, N);
+    int N = opt->nodes, S = n;
     int n_cuda = topo_count_cuda_gpus(m);
     if (opt->device == TOPO_DEVICE_CUDA) {
         if (n_cuda == 0)
@@ -385,80 +383,122 @@ int topo_place_ranks(topo_placement *pl, const topo_machine *m, const topo_traff
     if (S > MAX_PLACES)
         return pt_error_set("placement: %d places are too many to search (at most %d): use "
                             "fewer nodes", S, MAX_PLACES);
+    return S;
+}
+
+/* The S places, node-major: GPUs in bus order, or core blocks. NULL with a message. */
+static topo_place *make_slots(const topo_machine *m, int n, int S,
+                              const topo_place_options *opt)
+{
     topo_place *slots = calloc((size_t)S, sizeof *slots);
-    if (!slots)
-        return pt_error_set("placement: out of memory");
-    int rc = 0;
+    if (!slots) {
+        pt_error_set("placement: out of memory");
+        return NULL;
+    }
     if (opt->device == TOPO_DEVICE_CUDA) {
-        for (int k = 0, q = 0; k < N; k++)
+        for (int k = 0, q = 0; k < opt->nodes; k++)
             for (int g = 0; g < m->n_gpus; g++)
                 if (m->gpus[g].is_nvidia)
                     slots[q++] = (topo_place){.node = k, .gpu = g};
-    } else {
-        rc = cpu_slots(m, n, opt, slots);
-    }
-    search s;
-    if (rc == 0)
-        rc = search_init(&s, m, tr, cm, slots, S);
-    if (rc < 0) {
+    } else if (cpu_slots(m, n, opt, slots) < 0) {
         places_free(slots, S);
-        return -1;
+        return NULL;
     }
+    return slots;
+}
 
-    /* rank order: rank i on the i-th place (node-major, then core or GPU order) */
-    for (int i = 0; i < n; i++)
-        s.slot[i] = i;
-    double naive = total_cost(&s, s.slot);
-    double orders = count_orders(S, n);
-    if (orders <= EXHAUSTIVE_LIMIT) {
-        /* starting from rank order's cost prunes more; only strictly better orders win */
-        s.best_cost = naive;
-        memcpy(s.best, s.slot, (size_t)n * sizeof *s.slot);
-        dfs(&s, 0, 0);
-        snprintf(pl->method, sizeof pl->method, "exhaustive over %.0f orders", orders);
-    } else {
-        int *slot = malloc((size_t)n * sizeof *slot), *used = malloc((size_t)S * sizeof *used);
-        if (!slot || !used) {
-            free(slot);
-            free(used);
-            search_free(&s);
-            places_free(slots, S);
-            return pt_error_set("placement: out of memory");
-        }
-        int starts = n <= 128 ? (S < 16 ? S : 16) : 2;
-        s.best_cost = INFINITY;
-        for (int t = 0; t < starts; t++) {
-            double c = greedy(&s, (int)((long)t * S / starts), slot, used);
-            if (c < s.best_cost) {
-                s.best_cost = c;
-                memcpy(s.best, slot, (size_t)n * sizeof *slot);
-            }
-        }
+/* Greedy starts spread over the places, each followed by swaps; the best in s->best. */
+static int search_greedy(search *s, char *method, size_t len)
+{
+    int n = s->n, S = s->S;
+    int *slot = malloc((size_t)n * sizeof *slot), *used = malloc((size_t)S * sizeof *used);
+    if (!slot || !used) {
         free(slot);
         free(used);
-        snprintf(pl->method, sizeof pl->method, "greedy from %d starts + swaps", starts);
-    }
-    int *rank_order = malloc((size_t)n * sizeof *rank_order);
-    if (!rank_order) {
-        search_free(&s);
-        places_free(slots, S);
         return pt_error_set("placement: out of memory");
     }
+    int starts = n <= 128 ? (S < 16 ? S : 16) : 2;
+    s->best_cost = INFINITY;
+    for (int t = 0; t < starts; t++) {
+        double c = greedy(s, (int)((long)t * S / starts), slot, used);
+        if (c < s->best_cost) {
+            s->best_cost = c;
+            memcpy(s->best, slot, (size_t)n * sizeof *slot);
+        }
+    }
+    free(slot);
+    free(used);
+    snprintf(method, len, "greedy from %d starts + swaps", starts);
+    return 0;
+}
+
+/* The best order found into s->best (exhaustive where the orders are few enough, else
+ * greedy) and its method; *naive gets rank order's cost. */
+static int search_orders(search *s, double *naive, char *method, size_t len)
+{
+    int n = s->n;
+    /* rank order: rank i on the i-th place (node-major, then core or GPU order) */
+    for (int i = 0; i < n; i++)
+        s->slot[i] = i;
+    *naive = total_cost(s, s->slot);
+    double orders = count_orders(s->S, n);
+    if (orders > EXHAUSTIVE_LIMIT)
+        return search_greedy(s, method, len);
+    /* starting from rank order's cost prunes more; only strictly better orders win */
+    s->best_cost = *naive;
+    memcpy(s->best, s->slot, (size_t)n * sizeof *s->slot);
+    dfs(s, 0, 0);
+    snprintf(method, len, "exhaustive over %.0f orders", orders);
+    return 0;
+}
+
+/* pl's naive and chosen placements from the search: the search's best where it beats rank
+ * order, else rank order (the placement people expect, kept on a tie too). */
+static int place_realise(topo_placement *pl, const topo_machine *m, const topo_place *slots,
+                         const search *s, double naive, const topo_place_options *opt)
+{
+    int n = s->n;
+    int *rank_order = malloc((size_t)n * sizeof *rank_order);
+    if (!rank_order)
+        return pt_error_set("placement: out of memory");
     for (int i = 0; i < n; i++)
         rank_order[i] = i;
-    /* The search may not beat rank order (or tie with it): then keep rank order, the
-     * placement people expect. */
-    const int *chosen = s.best;
-    if (!(s.best_cost < naive * (1 - 1e-9))) {
+    const int *chosen = s->best;
+    if (!(s->best_cost < naive * (1 - 1e-9))) {
         chosen = rank_order;
         size_t len = strlen(pl->method);
         snprintf(pl->method + len, sizeof pl->method - len, "; rank order kept");
     }
     pl->n_ranks = n;
-    rc = realise(m, slots, rank_order, n, opt, &pl->naive);
+    int rc = realise(m, slots, rank_order, n, opt, &pl->naive);
     if (rc == 0)
         rc = realise(m, slots, chosen, n, opt, &pl->places);
     free(rank_order);
+    return rc;
+}
+
+int topo_place_ranks(topo_placement *pl, const topo_machine *m, const topo_traffic *tr,
+                     const topo_cost_model *cm, const topo_place_options *opt)
+{
+    memset(pl, 0, sizeof *pl);
+    int n = tr->n_ranks;
+    if (n < 1 || opt->nodes < 1)
+        return pt_error_set("placement: %d ranks on %d nodes", n, opt->nodes);
+    int S = place_count(m, n, opt);
+    if (S < 0)
+        return -1;
+    topo_place *slots = make_slots(m, n, S, opt);
+    if (!slots)
+        return -1;
+    search s;
+    if (search_init(&s, m, tr, cm, slots, S) < 0) {
+        places_free(slots, S);
+        return -1;
+    }
+    double naive = 0;
+    int rc = search_orders(&s, &naive, pl->method, sizeof pl->method);
+    if (rc == 0)
+        rc = place_realise(pl, m, slots, &s, naive, opt);
     search_free(&s);
     places_free(slots, S);
     if (rc < 0) {

@@ -201,7 +201,8 @@ EOF
         # shellcheck disable=SC2086
         nvcc $NVFLAGS -c "$f" -o "$D/obj/cuda_$(basename "$f" .cu).o" >>"$blog" 2>&1 &
     done
-    for f in "$ROOT"/kernels/*.c "$ROOT"/src/base/error.c "$ROOT"/tests/cuda/test_cuda_kernels.c; do
+    for f in "$ROOT"/kernels/*.c "$ROOT"/src/base/error.c "$ROOT"/tests/cuda/test_cuda_kernels.c \
+             "$ROOT"/tests/cuda/kernel_check.c; do
         # shellcheck disable=SC2086
         gcc $CFLAGS -c "$f" -o "$D/obj/c_$(basename "$(dirname "$f")")_$(basename "$f" .c).o" \
             >>"$blog" 2>&1 &

@@ -1,6 +1,6 @@
-/* Gradient reduction inside a data-parallel group (src/reduce/reduce.h): the state machine of the
- * bucket reductions, their polite waits and statistics. Plans, method names and the
- * (stage, replica) layout are in src/reduce_plan.c. */
+/* Gradient reduction inside a data-parallel group (src/reduce/reduce.h): the state machine
+ * of the bucket reductions, their polite waits and statistics. Plans, method names and the
+ * (stage, replica) layout are in src/reduce/reduce_plan.{h,c}. */
 #include "src/reduce/reduce.h"
 
 #include <limits.h>

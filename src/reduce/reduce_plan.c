@@ -1,11 +1,11 @@
-/* The reduction module's planning side (src/reduce/reduce.h): method names, the bucket plan and
- * the default (stage, replica) layout with its communicators. */
+/* The reduction module's planning side (src/reduce/reduce_plan.h): method names, the bucket
+ * plan and the default (stage, replica) layout with its communicators. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "src/base/error.h"
-#include "src/reduce/reduce.h"
+#include "src/reduce/reduce_plan.h"
 #include "src/base/mpi_check.h"
 #include "src/base/mpi_wait.h"
 

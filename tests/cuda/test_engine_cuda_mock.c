@@ -482,6 +482,141 @@ static void range_errors(const net_desc *net, const dataset *tr)
 /* split backward, recomputation, batched weight gradients */
 #include "tests/cuda/test_engine_cuda_sched.c"
 
+/* The CUDA engine alone over the whole net, in the current mock mode, against ref. */
+static void single_case(const engine_config *c, const dataset *tr, const dataset *te,
+                        const outcome *ref, const char *what)
+{
+    static outcome x;
+    engine *e;
+    MUST(engine_cuda_create(&e, c));
+    memset(&x, 0, sizeof x);
+    run_single(e, tr, te, &x, 1);
+    engine_destroy(e);
+    compare(ref, &x, what);
+}
+
+/* Two-stage pipelines cut after every layer, with and without dm; with or without
+ * engine_finish between steps (finish_each_step). */
+static void two_stage_cases(const net_desc *net, int k, const dataset *tr, const dataset *te,
+                            const outcome *ref, int mode, unsigned seed)
+{
+    char what[128];
+    for (int split = 1; split < net->n_layers; split++)
+        for (int dm = 0; dm < 2; dm++) {
+            snprintf(what, sizeof what, "net %d split %d dm %d mode %d seed %u%s", k, split, dm,
+                     mode, seed, finish_each_step ? "" : " no finish");
+            int cuts[] = {0, split, net->n_layers};
+            pipeline_case(net, cuts, 2, dm, tr, te, ref, what);
+        }
+}
+
+/* Three-stage pipelines over every pair of cuts. */
+static void three_stage_cases(const net_desc *net, int k, const dataset *tr,
+                              const dataset *te, const outcome *ref, int mode)
+{
+    char what[128];
+    for (int s1 = 1; s1 < net->n_layers; s1++)
+        for (int s2 = s1 + 1; s2 < net->n_layers; s2++)
+            for (int dm = 0; dm < 2; dm++) {
+                snprintf(what, sizeof what, "net %d cuts %d,%d dm %d mode %d", k, s1, s2, dm,
+                         mode);
+                int cuts[] = {0, s1, s2, net->n_layers};
+                pipeline_case(net, cuts, 3, dm, tr, te, ref, what);
+            }
+}
+
+/* Single stage and pipelines in every mock mode (and several seeds of the mock's
+ * completion order) against the CPU engine's ref. */
+static void mode_cases(const net_desc *net, int k, const engine_config *c, const dataset *tr,
+                       const dataset *te, const outcome *ref)
+{
+    for (int mode = 0; mode < 3; mode++) {
+        for (unsigned seed = 1; seed <= (mode ? 3u : 1u); seed++) {
+            mock_mode = mode;
+            mock_seed = seed;
+            char what[128];
+            snprintf(what, sizeof what, "net %d single mode %d seed %u", k, mode, seed);
+            single_case(c, tr, te, ref, what);
+            two_stage_cases(net, k, tr, te, ref, mode, seed);
+            finish_each_step = 0; /* the same splits, steps not separated by finish */
+            two_stage_cases(net, k, tr, te, ref, mode, seed);
+            finish_each_step = 1;
+            if (seed > 1) continue;
+            three_stage_cases(net, k, tr, te, ref, mode);
+        }
+    }
+}
+
+/* Backward by ranges: single stage in every mock mode, and two-stage pipelines. */
+static void range_cases(const net_desc *net, int k, const engine_config *c, const dataset *tr,
+                        const dataset *te, const outcome *ref)
+{
+    for (range_mode = 1; range_mode <= 3; range_mode++) {
+        for (int mode = 0; mode < 3; mode++) {
+            mock_mode = mode;
+            mock_seed = 1;
+            char what[128];
+            snprintf(what, sizeof what, "net %d ranges %d single mode %d", k, range_mode,
+                     mode);
+            single_case(c, tr, te, ref, what);
+            if (mode != 2) continue;
+            for (int split = 1; split < net->n_layers; split++) {
+                snprintf(what, sizeof what, "net %d ranges %d split %d mode %d", k,
+                         range_mode, split, mode);
+                int cuts[] = {0, split, net->n_layers};
+                pipeline_case(net, cuts, 2, split & 1, tr, te, ref, what);
+            }
+        }
+    }
+}
+
+/* grads_host, grads_commit, zero_grads and pieces against the CPU engine. */
+static void lockstep_cases(const net_desc *net, int k, const dataset *tr)
+{
+    for (range_mode = 0; range_mode <= 2; range_mode++)
+        for (int pieces = 0; pieces <= 4; pieces += 2)
+            for (int mode = 0; mode < 3; mode++) {
+                mock_mode = mode;
+                mock_seed = 5;
+                char what[128];
+                snprintf(what, sizeof what, "net %d lockstep ranges %d pieces %d mode %d",
+                         k, range_mode, pieces, mode);
+                lockstep_case(net, tr, pieces, what);
+            }
+    range_mode = 0;
+}
+
+/* Every case on net k (its description, input side and classes). */
+static void net_cases(int k, const char *text, int side, int classes)
+{
+    net_desc net;
+    MUST(net_desc_parse_string(&net, text, "test"));
+    dataset tr = make_data(100, side, classes, 1 + k);
+    /* > LOSS_CAPACITY chunks, the last one partial */
+    dataset te = make_data(MB * 1030 + 3, side, classes, 9 + k);
+    static outcome ref;
+    engine *e;
+    engine_config c = config(&net, 0, net.n_layers, 0, M);
+    MUST(engine_create(&e, ENGINE_CPU, &c));
+    memset(&ref, 0, sizeof ref);
+    run_single(e, &tr, &te, &ref, 0);
+    engine_destroy(e);
+    printf("net %d: %zu params, losses %.6f %.6f %.6f, eval %.4f / %ld\n", k, ref.P,
+           ref.loss[0], ref.loss[1], ref.loss[2], ref.eval_loss, ref.eval_correct);
+    mode_cases(&net, k, &c, &tr, &te, &ref);
+    range_cases(&net, k, &c, &tr, &te, &ref);
+    lockstep_cases(&net, k, &tr);
+    mock_mode = 2;
+    range_errors(&net, &tr);
+    error_paths(&net, &tr);
+    sched_cases(&net, k, &tr, 1);
+    sched_errors(&net, &tr);
+    sched_late_readers(&net, k, &tr);
+    data_free(&tr);
+    data_free(&te);
+    net_desc_free(&net);
+}
+
 int main(int argc, char **argv)
 {
     const char *nets[] = {
@@ -504,104 +639,9 @@ int main(int argc, char **argv)
     };
     int sides[] = {12, 6}, classes[] = {5, 4};
     int only_net = argc > 1 ? atoi(argv[1]) : -1;
-    for (int k = 0; k < 2; k++) { /* net 2: sched_wide_net */
-        if (only_net >= 0 && k != only_net) continue;
-        net_desc net;
-        MUST(net_desc_parse_string(&net, nets[k], "test"));
-        dataset tr = make_data(100, sides[k], classes[k], 1 + k);
-        /* > LOSS_CAPACITY chunks, the last one partial */
-        dataset te = make_data(MB * 1030 + 3, sides[k], classes[k], 9 + k);
-        static outcome ref, x;
-        engine *e;
-        engine_config c = config(&net, 0, net.n_layers, 0, M);
-        MUST(engine_create(&e, ENGINE_CPU, &c));
-        memset(&ref, 0, sizeof ref);
-        run_single(e, &tr, &te, &ref, 0);
-        engine_destroy(e);
-        printf("net %d: %zu params, losses %.6f %.6f %.6f, eval %.4f / %ld\n", k, ref.P,
-               ref.loss[0], ref.loss[1], ref.loss[2], ref.eval_loss, ref.eval_correct);
-        for (int mode = 0; mode < 3; mode++) {
-            for (unsigned seed = 1; seed <= (mode ? 3u : 1u); seed++) {
-                mock_mode = mode;
-                mock_seed = seed;
-                char what[128];
-                snprintf(what, sizeof what, "net %d single mode %d seed %u", k, mode, seed);
-                MUST(engine_cuda_create(&e, &c));
-                memset(&x, 0, sizeof x);
-                run_single(e, &tr, &te, &x, 1);
-                engine_destroy(e);
-                compare(&ref, &x, what);
-                for (int split = 1; split < net.n_layers; split++)
-                    for (int dm = 0; dm < 2; dm++) {
-                        snprintf(what, sizeof what, "net %d split %d dm %d mode %d seed %u", k,
-                                 split, dm, mode, seed);
-                        int cuts[] = {0, split, net.n_layers};
-                        pipeline_case(&net, cuts, 2, dm, &tr, &te, &ref, what);
-                    }
-                finish_each_step = 0; /* the same splits, steps not separated by finish */
-                for (int split = 1; split < net.n_layers; split++)
-                    for (int dm = 0; dm < 2; dm++) {
-                        snprintf(what, sizeof what, "net %d split %d dm %d mode %d seed %u "
-                                 "no finish", k, split, dm, mode, seed);
-                        int cuts[] = {0, split, net.n_layers};
-                        pipeline_case(&net, cuts, 2, dm, &tr, &te, &ref, what);
-                    }
-                finish_each_step = 1;
-                if (seed > 1) continue;
-                for (int s1 = 1; s1 < net.n_layers; s1++)
-                    for (int s2 = s1 + 1; s2 < net.n_layers; s2++)
-                        for (int dm = 0; dm < 2; dm++) {
-                            snprintf(what, sizeof what, "net %d cuts %d,%d dm %d mode %d", k,
-                                     s1, s2, dm, mode);
-                            int cuts[] = {0, s1, s2, net.n_layers};
-                            pipeline_case(&net, cuts, 3, dm, &tr, &te, &ref, what);
-                        }
-            }
-        }
-        /* backward by ranges: single stage in every mock mode, and two-stage pipelines */
-        for (range_mode = 1; range_mode <= 3; range_mode++) {
-            for (int mode = 0; mode < 3; mode++) {
-                mock_mode = mode;
-                mock_seed = 1;
-                char what[128];
-                snprintf(what, sizeof what, "net %d ranges %d single mode %d", k, range_mode,
-                         mode);
-                MUST(engine_cuda_create(&e, &c));
-                memset(&x, 0, sizeof x);
-                run_single(e, &tr, &te, &x, 1);
-                engine_destroy(e);
-                compare(&ref, &x, what);
-                if (mode != 2) continue;
-                for (int split = 1; split < net.n_layers; split++) {
-                    snprintf(what, sizeof what, "net %d ranges %d split %d mode %d", k,
-                             range_mode, split, mode);
-                    int cuts[] = {0, split, net.n_layers};
-                    pipeline_case(&net, cuts, 2, split & 1, &tr, &te, &ref, what);
-                }
-            }
-        }
-        /* grads_host, grads_commit, zero_grads and pieces against the CPU engine */
-        for (range_mode = 0; range_mode <= 2; range_mode++)
-            for (int pieces = 0; pieces <= 4; pieces += 2)
-                for (int mode = 0; mode < 3; mode++) {
-                    mock_mode = mode;
-                    mock_seed = 5;
-                    char what[128];
-                    snprintf(what, sizeof what, "net %d lockstep ranges %d pieces %d mode %d",
-                             k, range_mode, pieces, mode);
-                    lockstep_case(&net, &tr, pieces, what);
-                }
-        range_mode = 0;
-        mock_mode = 2;
-        range_errors(&net, &tr);
-        error_paths(&net, &tr);
-        sched_cases(&net, k, &tr, 1);
-        sched_errors(&net, &tr);
-        sched_late_readers(&net, k, &tr);
-        data_free(&tr);
-        data_free(&te);
-        net_desc_free(&net);
-    }
+    for (int k = 0; k < 2; k++) /* net 2: sched_wide_net */
+        if (only_net < 0 || k == only_net)
+            net_cases(k, nets[k], sides[k], classes[k]);
     if (only_net < 0 || only_net == 2) sched_wide_net();
     printf("%s (%d failures, %ld mock ops)\n", failures ? "FAILED" : "PASSED", failures,
            mock_ops_run);
