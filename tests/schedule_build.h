@@ -1,5 +1,5 @@
-/* What the schedule suites share (tests/test_schedule.c, tests/test_schedule_ir.c): lists
- * built from the printer's notation, and checks of verifier messages. Static inline, so a
+/* What the schedule suites share (tests/test_schedule.c, test_schedule_ir.c, test_schedule_reduce.c):
+ * lists built from the printer's notation, and checks of verifier messages. Static inline, so a
  * suite that does not use one does not warn. */
 #ifndef PT_TESTS_SCHEDULE_BUILD_H
 #define PT_TESTS_SCHEDULE_BUILD_H
