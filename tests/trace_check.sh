@@ -1,6 +1,7 @@
 # The Chrome trace of `train --trace`: valid JSON, one process per rank named after its
-# rank, stage and host, one flow from every send to its receive, and no receive that ends
-# before its send began, also when one rank's clock runs ahead and drifts
+# rank, stage (replica and tensor shard where the job has them) and host, one flow from the
+# start of every send to the end of its receive, and no receive that ends before its send
+# began, also when one rank's clock runs ahead and drifts
 # (PIPETRAIN_DEBUG_CLOCK_SKEW, testing only). An unwritable trace fails on every rank with
 # the path and the reason, and leaves no file behind.
 source "$(dirname "$0")/lib/common.bash"
@@ -80,7 +81,12 @@ for fid, s in starts.items():
     assert send["args"]["step"] == wait["args"]["step"], (send, wait)
     for point, sl in ((s, send), (f, wait)):
         assert point["pid"] == sl["pid"] and point["tid"] == sl["tid"], (point, sl)
-        assert sl["ts"] <= point["ts"] <= sl["ts"] + sl["dur"], f"flow outside its slice: {point} {sl}"
+        assert sl["ts"] - 0.0015 <= point["ts"] <= sl["ts"] + sl["dur"] + 0.0015, \
+            f"flow outside its slice: {point} {sl}"
+    # the arrow runs from where the send began to where the wait ended (never back in time:
+    # a midpoint would, whenever the send came in the second half of the wait)
+    assert abs(s["ts"] - send["ts"]) < 0.003, f"flow {fid} starts inside its send: {s} {send}"
+    assert abs(f["ts"] - (wait["ts"] + wait["dur"])) < 0.003, f"flow {fid} ends inside its wait: {f} {wait}"
     # the receive cannot end before the send began: allow 1 µs and the clocks' error bounds
     margin = wait["ts"] + wait["dur"] - send["ts"]
     tol = 1.0 + err[send["pid"]] + err[wait["pid"]]
@@ -145,6 +151,29 @@ if [ -s "$WORK/k2.json" ]; then
     else
         pass "the check rejects rank 1 shifted by -0.5 ms: $(tail -n 1 "$WORK/check" | cut -c1-150)"
     fi
+fi
+
+# Processes name the stage, replica and tensor shard of their rank (world rank =
+# t + T·(s·R + r)): 2 stages × 2 replicas × 2 shards on 8 ranks.
+t="$WORK/grid.json"
+if timeout 120 "$MPIEXEC" -n 8 "$PIPETRAIN" train "${COMMON[@]}" --stages 2 --replicas 2 \
+        --tensor 2 --microbatches 2 --trace "$t" >"$WORK/out" 2>"$WORK/err"; then
+    if python3 - "$t" >"$WORK/check" 2>&1 <<'PY'
+import json, sys
+meta = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("name") == "process_name"]
+names = {e["pid"]: e["args"]["name"] for e in meta}
+assert sorted(names) == list(range(8)), names
+for w, name in names.items():
+    t, r, s = w % 2, w // 2 % 2, w // 4
+    want = f"rank {w} \u00b7 stage {s} \u00b7 replica {r} \u00b7 tensor {t} \u00b7 host "
+    assert name.startswith(want), (name, want)
+print(names[5])
+PY
+    then pass "8 ranks as 2 stages × 2 replicas × 2 shards: $(tail -n 1 "$WORK/check")"
+    else failed "process names of a 2 × 2 × 2 layout: $(tail -n 2 "$WORK/check")"; fi
+else
+    failed "2 × 2 × 2 traced run failed"
+    cat "$WORK/err"
 fi
 
 # An unwritable trace: the message names the path and the reason, every rank exits

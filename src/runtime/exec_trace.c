@@ -94,7 +94,8 @@ int exec_write_trace(exec_t *e, const char *path)
     /* the clocks again: with the start's figures, they give each rank's drift */
     if (sync_clock(e)) return -1;
     trace_rank me = {.rank = e->world_rank, .stage = e->rank, .origin = e->t_origin,
-                     .clock = e->clock};
+                     .clock = e->clock, .replica = e->replica, .replicas = e->replicas,
+                     .tensor = e->cfg.tensor_rank, .tensors = e->cfg.shard ? e->cfg.shard->T : 1};
     snprintf(me.host, sizeof me.host, "%s", e->host);
     trace_rank ranks[e->world_size];
     PT_MPI_CHECK(MPI_Gather(&me, (int)sizeof me, MPI_BYTE, ranks, (int)sizeof me, MPI_BYTE, 0,

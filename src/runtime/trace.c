@@ -127,9 +127,11 @@ static void write_metadata(writer *w, const trace_rank *ranks, int n_ranks)
 {
     for (int r = 0; r < n_ranks; r++) {
         const trace_rank *k = &ranks[r];
-        char label[128];
-        snprintf(label, sizeof label, "rank %d \u00b7 stage %d \u00b7 host %s", k->rank, k->stage,
-                 k->host);
+        char label[192], replica[32] = "", tensor[32] = "";
+        if (k->replicas > 1) snprintf(replica, sizeof replica, " \u00b7 replica %d", k->replica);
+        if (k->tensors > 1) snprintf(tensor, sizeof tensor, " \u00b7 tensor %d", k->tensor);
+        snprintf(label, sizeof label, "rank %d \u00b7 stage %d%s%s \u00b7 host %s", k->rank,
+                 k->stage, replica, tensor, k->host);
         emit(w, meta("process_name", k->rank, -1, json_pack("{s:s}", "name", label)));
         emit(w, meta("process_sort_index", k->rank, -1,
                      json_pack("{s:i}", "sort_index", k->rank)));
@@ -184,14 +186,17 @@ static void write_event(writer *w, const trace_event *e, const trace_rank *ranks
                              "dur", us_of(t1 - t0), "args", args)
                  : NULL);
     if (e->flow < 0) return;
-    /* A flow from the send to its receive: "s" inside the send's slice, "f" inside the
-     * wait's slice, bound to it ("bp":"e"); both ends name it alike. */
+    /* A flow from the send to its receive: "s" where the send's slice starts (the message
+     * cannot have left earlier), "f" where the wait's slice ends (it had arrived by then),
+     * bound to that slice ("bp":"e"), so 1 ns before its end to stay inside it when both
+     * are rounded; both ends name it alike. Midpoints would draw an arrow back in time
+     * whenever the send came in the second half of the wait. */
     int send = kind == TRACE_SEND_ACT || kind == TRACE_SEND_GRAD;
     int grad = kind == TRACE_SEND_GRAD || kind == TRACE_WAIT_GRAD;
     json_t *flow = json_pack("{s:s, s:s, s:s, s:I, s:i, s:i, s:f}", "name",
                              grad ? "gradient" : "activation", "cat", "message", "ph",
                              send ? "s" : "f", "id", (json_int_t)e->flow, "pid", e->rank,
-                             "tid", tid, "ts", us_of(t0 + (t1 - t0) / 2));
+                             "tid", tid, "ts", us_of(send || t1 - 1 < t0 ? t0 : t1 - 1));
     if (flow && !send && json_object_set_new(flow, "bp", json_string("e")))
         flow = (json_decref(flow), NULL);
     emit(w, flow);

@@ -71,6 +71,8 @@ double trace_skew_apply(const trace_skew *s, double t);
 /* One rank as the trace names it and places its events. */
 typedef struct {
     int rank, stage;
+    int replica, replicas; /* its replica of how many (named where replicas > 1) */
+    int tensor, tensors;   /* its tensor shard of how many (named where tensors > 1) */
     char host[64];
     double origin;     /* what its event times count from, on its own clock */
     trace_clock clock; /* its clock against rank 0's */
@@ -85,7 +87,8 @@ long long trace_flow_id(long step, int backward, int microbatch, int microbatche
                         int ranks);
 /* Writes every event as a complete ("X") slice on its rank's process (pid = rank): compute
  * on one thread, messages and synchronisation on another, a flow from each send to its
- * receive. Times are microseconds since rank 0's origin on rank 0's clock; ranks[r] is rank
+ * receive (from the start of the send's slice to the end of the wait's: the message left no
+ * earlier and had arrived by then, so no arrow points back in time). Times are microseconds since rank 0's origin on rank 0's clock; ranks[r] is rank
  * r, and ranks[0] the reference. The file appears whole or not at all: it is written
  * beside `path` and renamed (a device or FIFO is written in place). */
 int trace_write_json(const char *path, const trace_event *events, int n,
