@@ -8,7 +8,7 @@
 #include "partition/partition.h"
 #include "src/base/error.h"
 #include "src/base/options.h"
-#include "src/cli/cmd_topo.h"
+#include "src/cli/commands.h"
 #include "src/engine/engine.h"
 #include "src/model/net.h"
 #include "src/plan/build.h"
@@ -89,19 +89,6 @@ static const opt_command plan_command = {
              "in both modes).",
     .opts = plan_opts,
 };
-
-static int fail(const char *what)
-{
-    fprintf(stderr, "pipetrain: %s\n", what);
-    return 1;
-}
-
-/* A wrong command line; the message says "(see pipetrain CMD --help)". */
-static int usage_fail(void)
-{
-    fprintf(stderr, "pipetrain: %s\n", pt_error_get());
-    return PT_EXIT_USAGE;
-}
 
 /* Reads the options into *a. Returns the last opt_next result: 0 at the end, OPT_ERROR, or
  * O_HELP when --help was given (the rest left unread). */
@@ -342,12 +329,12 @@ static int check_shards(const plan_args *a, const net_desc *net)
     return 0;
 }
 
-int topo_cmd_plan(int argc, char **argv)
+int cmd_plan(int argc, char **argv)
 {
     plan_args a;
     int rc = plan_parse(&a, argc, argv);
     if (rc)
-        return rc == 1 ? PT_EXIT_OK : usage_fail(); /* 1 = --help shown */
+        return rc == 1 ? PT_EXIT_OK : cli_usage_fail(); /* 1 = --help shown */
     topo_cost_model cm;
     topo_cost_model_default(&cm);
     if ((a.bandwidth && topo_cost_model_parse(&cm, a.bandwidth, 0) < 0) ||
@@ -360,11 +347,11 @@ int topo_cmd_plan(int argc, char **argv)
     rc = 1;
     if (net_desc_load(&net, a.model) < 0 || topo_init(&t, a.xml) < 0 ||
         ((!a.ranks || a.tensor_given) && check_shards(&a, &net) < 0))
-        fail(pt_error_get());
+        cli_fail(pt_error_get());
     else if (a.ranks) /* prints its own errors */
         rc = plan_search(&a, &net, topo_get_machine(t), &cm);
     else if (plan_one(&a, &net, topo_get_machine(t), &cm) < 0)
-        fail(pt_error_get());
+        cli_fail(pt_error_get());
     else
         rc = 0;
     topo_free(t);
