@@ -1,7 +1,7 @@
 /* What `pipetrain train` tells its user (src/train/train_report.c): the banner, the progress
  * while it trains, the per-stage figures and the final report as text or one JSON object.
- * The run itself (src/train/train.c) fills train_run (src/train/train.h) and train_results;
- * these functions only read them. */
+ * The run itself fills train_run (src/train/train.h; its set-up, src/train/train_setup.c)
+ * and train_results (src/train/train.c); these functions only read them. */
 #ifndef PT_TRAIN_REPORT_H
 #define PT_TRAIN_REPORT_H
 
