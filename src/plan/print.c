@@ -10,7 +10,7 @@
 
 /* ---- figures of a rank or a stage -------------------------------------------------------- */
 
-static void print_gpu(char *buf, size_t size, const topo_machine *m, const topo_place *p)
+static void format_gpu(char *buf, size_t size, const topo_machine *m, const topo_place *p)
 {
     if (p->gpu < 0)
         snprintf(buf, size, "-");
@@ -151,7 +151,7 @@ static void print_rank_row(const plan_result *r, int i, int *boundaries, int *gr
                                  NULL, NULL)]++;
     char layers[64], gpu[32], cores[64], sent[32], msg[32], link[64], time[32];
     format_layers(layers, sizeof layers, r, s);
-    print_gpu(gpu, sizeof gpu, m, p);
+    format_gpu(gpu, sizeof gpu, m, p);
     topo_format_list(cores, sizeof cores, p->cores, p->n_cores);
     if (p->shared)
         strncat(cores, "*", sizeof cores - strlen(cores) - 1);
