@@ -1,4 +1,4 @@
-# plan --tensor T [--tensor-mode M]: tensor shards priced by the planner (src/cli/cmd_plan.c,
+# plan --tensor T [--tensor-mode M]: tensor shards priced by the planner (src/plan/print.c,
 # src/plan/predict.c): parameters per rank from the shard plan, the tensor collectives
 # (shard_stage_traffic) priced α–β on the tensor group's link, 0 without shards; the bad
 # inputs; and plan --ranks trying tensor factors. seed-mlp (784 → 256 → 128 → 10) with the

@@ -21,8 +21,6 @@
  * scaled so that replicas × micro-batches stays what it was (with --reduce ordered the
  * arithmetic is then the same), else the largest count that divides the samples per
  * replica. The checkpoints are layout-independent, so the job resumes in the new layout. */
-#include "src/cli/cmd_launch.h"
-
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
@@ -38,6 +36,7 @@
 
 #include "src/base/error.h"
 #include "src/base/options.h"
+#include "src/cli/commands.h"
 
 enum { O_MAX = 1, O_MIN, O_HOSTFILE, O_LOG, O_HELP };
 
@@ -504,7 +503,7 @@ static int launch_loop(launch_options *o, job_cmd *j, const char *ckpt_dir)
     return rc;
 }
 
-int launch_main(int argc, char **argv)
+int cmd_launch(int argc, char **argv)
 {
     int dd = 0;
     while (dd < argc && strcmp(argv[dd], "--")) dd++;

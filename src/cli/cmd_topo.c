@@ -1,12 +1,12 @@
 /* `pipetrain topo`: the command-line front end of topologies/ (discovery). It prints
  * results to stdout, errors as "pipetrain: message" to stderr, and returns the exit status
- * (0 ok, 1 error, 2 usage). `plan` is src/cmd_plan.c. */
+ * (0 ok, 1 error, 2 usage). `plan` is src/cli/cmd_plan.c. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/cli/cmd_topo.h"
 #include "src/base/error.h"
 #include "src/base/options.h"
+#include "src/cli/commands.h"
 #include "topologies/topo.h"
 
 enum { O_TOPOLOGY = 1, O_JSON, O_HELP };
@@ -27,25 +27,12 @@ static const opt_command topo_command = {
     .opts = topo_opts,
 };
 
-static int fail(const char *what)
-{
-    fprintf(stderr, "pipetrain: %s\n", what);
-    return 1;
-}
-
-/* A wrong command line; the message says "(see pipetrain CMD --help)". */
-static int usage_fail(void)
-{
-    fprintf(stderr, "pipetrain: %s\n", pt_error_get());
-    return PT_EXIT_USAGE;
-}
-
-int topo_cmd_topo(int argc, char **argv)
+int cmd_topo(int argc, char **argv)
 {
     const char *xml = NULL;
     int json = 0, id;
     opt_parser p;
-    if (opt_parser_init(&p, &topo_command, argc, argv)) return usage_fail();
+    if (opt_parser_init(&p, &topo_command, argc, argv)) return cli_usage_fail();
     while ((id = opt_next(&p)) > 0) {
         switch (id) {
         case O_TOPOLOGY: xml = p.arg; break;
@@ -53,15 +40,15 @@ int topo_cmd_topo(int argc, char **argv)
         case O_HELP: opt_print_help(&topo_command, stdout); return PT_EXIT_OK;
         }
     }
-    if (id == OPT_ERROR) return usage_fail();
+    if (id == OPT_ERROR) return cli_usage_fail();
     topo_t *t;
     if (topo_init(&t, xml) < 0)
-        return fail(pt_error_get());
+        return cli_fail(pt_error_get());
     int rc = 0;
     if (json)
         rc = topo_print_json(topo_get_machine(t), stdout);
     else
         topo_print_summary(topo_get_machine(t), stdout);
     topo_free(t);
-    return rc < 0 ? fail(pt_error_get()) : 0;
+    return rc < 0 ? cli_fail(pt_error_get()) : 0;
 }

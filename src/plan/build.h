@@ -1,6 +1,7 @@
 /* One layout of `plan` built: its settings (plan_args), the partition, tensor shards,
  * placement, predicted step and memory per rank (plan_build). Used by the command
- * (src/cli/cmd_plan.c) and the search (src/plan/search.h). */
+ * (src/cli/cmd_plan.c, which prints it with src/plan/print.h) and the search
+ * (src/plan/search.h). */
 #ifndef PT_PLAN_BUILD_H
 #define PT_PLAN_BUILD_H
 

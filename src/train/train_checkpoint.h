@@ -4,7 +4,7 @@
 #ifndef PT_TRAIN_CHECKPOINT_H
 #define PT_TRAIN_CHECKPOINT_H
 
-#include "src/train/train_report.h"
+#include "src/train/train.h"
 
 /* Collective, after the parameters are initialised (or loaded): prepares the checkpoint
  * directory (rank 0), and with --resume finds the newest usable checkpoint (rank 0; the

@@ -1,5 +1,5 @@
-/* Options of `pipetrain train` (src/train/train_options.h): one table (src/base/options.h) gives both
- * the parsing and the help. */
+/* Options of `pipetrain train` (src/train/train_options.h): one table (src/base/options.h)
+ * gives both the parsing and the help. */
 #include "src/train/train_options.h"
 
 #include <limits.h>
@@ -13,10 +13,10 @@
 enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS, O_STEPS,
        O_WARMUP, O_BATCH, O_OPT, O_LR, O_MOM, O_WD, O_SEED, O_SHUFFLE, O_STAGES, O_MICRO,
        O_SCHED, O_PART, O_THREADS, O_BIND, O_DEVICE, O_TIMEOUT, O_TRACE, O_JSON, O_VERBOSE,
-       O_HELP, O_STALL, O_KILL, O_DELAY, O_PROGRESS, O_MPI_ERROR, O_REPLICAS, O_REDUCE, O_TENSOR, O_TENSOR_MODE,
-       O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT, O_METRICS, O_LOG_EVERY, O_CKPT_DIR,
-       O_CKPT_EVERY, O_KEEP, O_RESUME, O_CKPT_MIN, O_CKPT_WRITE, O_VIRTUAL, O_RECOMPUTE,
-       O_WGRAD };
+       O_HELP, O_STALL, O_KILL, O_DELAY, O_PROGRESS, O_MPI_ERROR, O_REPLICAS, O_REDUCE,
+       O_TENSOR, O_TENSOR_MODE, O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT, O_METRICS,
+       O_LOG_EVERY, O_CKPT_DIR, O_CKPT_EVERY, O_KEEP, O_RESUME, O_CKPT_MIN, O_CKPT_WRITE,
+       O_VIRTUAL, O_RECOMPUTE, O_WGRAD };
 
 /* The largest step count, sample count or seed we take: far beyond any run, exact in a
  * double (the table's ranges are doubles). */
@@ -138,13 +138,116 @@ static const opt_command train_command = {
 
 void train_options_usage(FILE *f) { opt_print_help(&train_command, f); }
 
-int train_options_parse(train_options *o, int argc, char **argv)
+/* --debug-stall, --debug-kill, --debug-mpi-error RANK:STEP: the fault a test injects. */
+static int read_fault(train_options *o, const opt_parser *p, int id)
+{
+    if (sscanf(p->arg, "%d:%ld", &o->stall_rank, &o->stall_step) != 2)
+        return opt_error(p, "%s %s: expected RANK:STEP", p->name, p->arg);
+    o->kill = id == O_KILL        ? EXEC_STALL_KILL
+              : id == O_MPI_ERROR ? EXEC_STALL_MPI_ERROR
+                                  : EXEC_STALL_HANG;
+    return 0;
+}
+
+/* Option id, the parser's current one, into o; in the order of the table's sections.
+ * −1 with a message for a value the table cannot check. */
+static int read_option(train_options *o, const opt_parser *p, int id)
 {
     static const optimizer_kind optimizers[] = {OPTIM_SGD, OPTIM_MOMENTUM, OPTIM_ADAM};
     static const engine_device devices[] = {ENGINE_CPU, ENGINE_CUDA};
     static const char *const binds[] = {"auto", "core", "none"};
     static const reduce_method methods[] = {REDUCE_ALLREDUCE, REDUCE_REDUCE_BCAST,
                                             REDUCE_GATHER_BCAST, REDUCE_ORDERED};
+    switch (id) {
+    /* data and model */
+    case O_MODEL: o->model = p->arg; break;
+    case O_DATA: o->data = p->arg; break;
+    case O_VAL: o->val = (int)p->num; break;
+    case O_TRAIN_N: o->train_samples = p->num; break;
+    case O_TEST_N: o->test_samples = p->num; break;
+    case O_LOAD: o->load = p->arg; break;
+    case O_SAVE: o->save = p->arg; break;
+    case O_CKPT_DIR: o->ckpt_dir = p->arg; break;
+    case O_CKPT_EVERY: o->ckpt_every = p->num; break;
+    case O_CKPT_MIN: o->ckpt_minutes = p->real; break;
+    case O_CKPT_WRITE: o->ckpt_sync = p->choice == 1; break;
+    case O_KEEP: o->keep = (int)p->num; break;
+    case O_RESUME: o->resume = p->arg; break;
+    /* training */
+    case O_EPOCHS: o->epochs = (int)p->num; break;
+    case O_STEPS: o->steps = p->num; break;
+    case O_WARMUP: o->warmup = p->num; break;
+    case O_BATCH: o->batch = (int)p->num; break;
+    case O_OPT: o->opt.kind = optimizers[p->choice]; break;
+    case O_LR: o->opt.lr = (float)p->real; break;
+    case O_MOM: o->opt.momentum = (float)p->real; break;
+    case O_WD: o->opt.weight_decay = (float)p->real; break;
+    case O_SEED: o->seed = (unsigned long long)p->num; break;
+    case O_SHUFFLE: o->shuffle = p->choice == 0; break;
+    /* parallelism */
+    case O_STAGES: o->stages = (int)p->num; break;
+    case O_MICRO: o->microbatches = (int)p->num; break;
+    case O_SCHED: o->schedule = p->arg; break;
+    case O_VIRTUAL: o->virtual_stages = (int)p->num; break;
+    case O_RECOMPUTE: o->recompute = p->arg; break;
+    case O_WGRAD: o->wgrad_batched = p->choice == 1; break;
+    case O_PART: o->partition = p->arg; break;
+    case O_REPLICAS: o->replicas = (int)p->num; break;
+    case O_REDUCE: o->reduce = methods[p->choice]; break;
+    case O_TENSOR: o->tensor = (int)p->num; break;
+    case O_TENSOR_MODE: o->tensor_mode = p->choice == 1 ? TENSOR_GATHER : TENSOR_MEGATRON; break;
+    case O_BUCKET_MB: o->bucket_mb = p->real; break;
+    case O_OVERLAP: o->overlap = p->choice == 0; break;
+    case O_THREADS: o->threads = (int)p->num; break;
+    case O_BIND: o->bind = binds[p->choice]; break;
+    case O_WAIT: o->wait = (mpi_wait_mode)p->choice; break;
+    case O_DEVICE: o->device = devices[p->choice]; break;
+    case O_TIMEOUT: o->timeout = p->real; break;
+    /* output */
+    case O_TRACE: o->trace = p->arg; break;
+    case O_JSON: o->json = 1; break;
+    case O_METRICS: o->metrics = p->arg; break;
+    case O_LOG_EVERY: o->log_every = (long)p->num; break;
+    case O_PROGRESS: o->progress = p->real; break;
+    case O_VERBOSE: o->verbose = 1; break;
+    /* testing */
+    case O_STALL:
+    case O_KILL:
+    case O_MPI_ERROR: return read_fault(o, p, id);
+    case O_DELAY: o->ready_delay = (int)p->num; break;
+    case O_SKIP_BUCKET: o->skip_bucket = (int)p->num; break;
+    }
+    return 0;
+}
+
+/* What the table cannot check: options that need others, and the batch's split. Sets the
+ * defaults that depend on other options. */
+static int check_options(train_options *o, const opt_parser *p)
+{
+    o->epochs_given = opt_given(p, O_EPOCHS);
+    if (!(o->bucket_mb > 0))
+        return opt_error(p, "--bucket-mb %g: must be positive", o->bucket_mb);
+    if (o->ckpt_every > 0 && !o->ckpt_dir)
+        return opt_error(p, "--checkpoint-every needs --checkpoint-dir DIR");
+    if (opt_given(p, O_CKPT_MIN) && !o->ckpt_dir)
+        return opt_error(p, "--checkpoint-minutes needs --checkpoint-dir DIR");
+    if (o->ckpt_dir && !opt_given(p, O_CKPT_MIN) && o->ckpt_every == 0)
+        o->ckpt_minutes = 10;
+    if (o->resume && o->load)
+        return opt_error(p, "--resume and --load both set the parameters: give one");
+    if (o->replicas > 1 && o->batch % ((long)o->replicas * o->microbatches))
+        return opt_error(p, "--batch %d is not divisible by --replicas %d × --microbatches %d "
+                         "= %ld: each replica takes batch/replicas samples in micro-batches of "
+                         "equal size", o->batch, o->replicas, o->microbatches,
+                         (long)o->replicas * o->microbatches);
+    if (o->batch % o->microbatches)
+        return opt_error(p, "--microbatches %d does not divide --batch %d", o->microbatches,
+                         o->batch);
+    return 0;
+}
+
+int train_options_parse(train_options *o, int argc, char **argv)
+{
     /* what no option sets; everything else comes from the table's defaults */
     *o = (train_options){
         .steps = -1, .train_samples = -1, .test_samples = -1,
@@ -155,87 +258,9 @@ int train_options_parse(train_options *o, int argc, char **argv)
     if (opt_parser_init(&p, &train_command, argc, argv)) return -1;
     int id;
     while ((id = opt_next(&p)) > 0) {
-        switch (id) {
-        case O_MODEL: o->model = p.arg; break;
-        case O_DATA: o->data = p.arg; break;
-        case O_LOAD: o->load = p.arg; break;
-        case O_SAVE: o->save = p.arg; break;
-        case O_CKPT_DIR: o->ckpt_dir = p.arg; break;
-        case O_CKPT_EVERY: o->ckpt_every = p.num; break;
-        case O_CKPT_MIN: o->ckpt_minutes = p.real; break;
-        case O_CKPT_WRITE: o->ckpt_sync = p.choice == 1; break;
-        case O_KEEP: o->keep = (int)p.num; break;
-        case O_RESUME: o->resume = p.arg; break;
-        case O_TRACE: o->trace = p.arg; break;
-        case O_SCHED: o->schedule = p.arg; break;
-        case O_VIRTUAL: o->virtual_stages = (int)p.num; break;
-        case O_RECOMPUTE: o->recompute = p.arg; break;
-        case O_WGRAD: o->wgrad_batched = p.choice == 1; break;
-        case O_PART: o->partition = p.arg; break;
-        case O_JSON: o->json = 1; break;
-        case O_VERBOSE: o->verbose = 1; break;
-        case O_HELP: return 1;
-        case O_DEVICE: o->device = devices[p.choice]; break;
-        case O_OPT: o->opt.kind = optimizers[p.choice]; break;
-        case O_SHUFFLE: o->shuffle = p.choice == 0; break;
-        case O_BIND: o->bind = binds[p.choice]; break;
-        case O_WAIT: o->wait = (mpi_wait_mode)p.choice; break;
-        case O_METRICS: o->metrics = p.arg; break;
-        case O_LOG_EVERY: o->log_every = (long)p.num; break;
-        case O_EPOCHS: o->epochs = (int)p.num; break;
-        case O_STEPS: o->steps = p.num; break;
-        case O_WARMUP: o->warmup = p.num; break;
-        case O_BATCH: o->batch = (int)p.num; break;
-        case O_STAGES: o->stages = (int)p.num; break;
-        case O_MICRO: o->microbatches = (int)p.num; break;
-        case O_THREADS: o->threads = (int)p.num; break;
-        case O_VAL: o->val = (int)p.num; break;
-        case O_TRAIN_N: o->train_samples = p.num; break;
-        case O_TEST_N: o->test_samples = p.num; break;
-        case O_SEED: o->seed = (unsigned long long)p.num; break;
-        case O_LR: o->opt.lr = (float)p.real; break;
-        case O_MOM: o->opt.momentum = (float)p.real; break;
-        case O_WD: o->opt.weight_decay = (float)p.real; break;
-        case O_TIMEOUT: o->timeout = p.real; break;
-        case O_PROGRESS: o->progress = p.real; break;
-        case O_DELAY: o->ready_delay = (int)p.num; break;
-        case O_REPLICAS: o->replicas = (int)p.num; break;
-        case O_TENSOR: o->tensor = (int)p.num; break;
-        case O_TENSOR_MODE: o->tensor_mode = p.choice == 1 ? TENSOR_GATHER : TENSOR_MEGATRON; break;
-        case O_REDUCE: o->reduce = methods[p.choice]; break;
-        case O_BUCKET_MB: o->bucket_mb = p.real; break;
-        case O_OVERLAP: o->overlap = p.choice == 0; break;
-        case O_SKIP_BUCKET: o->skip_bucket = (int)p.num; break;
-        case O_STALL:
-        case O_KILL:
-        case O_MPI_ERROR:
-            if (sscanf(p.arg, "%d:%ld", &o->stall_rank, &o->stall_step) != 2)
-                return opt_error(&p, "%s %s: expected RANK:STEP", p.name, p.arg);
-            o->kill = id == O_KILL        ? EXEC_STALL_KILL
-                      : id == O_MPI_ERROR ? EXEC_STALL_MPI_ERROR
-                                          : EXEC_STALL_HANG;
-            break;
-        }
+        if (id == O_HELP) return 1;
+        if (read_option(o, &p, id)) return -1;
     }
     if (id == OPT_ERROR) return -1;
-    o->epochs_given = opt_given(&p, O_EPOCHS);
-    if (!(o->bucket_mb > 0))
-        return opt_error(&p, "--bucket-mb %g: must be positive", o->bucket_mb);
-    if (o->ckpt_every > 0 && !o->ckpt_dir)
-        return opt_error(&p, "--checkpoint-every needs --checkpoint-dir DIR");
-    if (opt_given(&p, O_CKPT_MIN) && !o->ckpt_dir)
-        return opt_error(&p, "--checkpoint-minutes needs --checkpoint-dir DIR");
-    if (o->ckpt_dir && !opt_given(&p, O_CKPT_MIN) && o->ckpt_every == 0)
-        o->ckpt_minutes = 10;
-    if (o->resume && o->load)
-        return opt_error(&p, "--resume and --load both set the parameters: give one");
-    if (o->replicas > 1 && o->batch % ((long)o->replicas * o->microbatches))
-        return opt_error(&p, "--batch %d is not divisible by --replicas %d × --microbatches %d "
-                         "= %ld: each replica takes batch/replicas samples in micro-batches of "
-                         "equal size", o->batch, o->replicas, o->microbatches,
-                         (long)o->replicas * o->microbatches);
-    if (o->batch % o->microbatches)
-        return opt_error(&p, "--microbatches %d does not divide --batch %d", o->microbatches,
-                         o->batch);
-    return 0;
+    return check_options(o, &p);
 }

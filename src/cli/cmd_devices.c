@@ -2,8 +2,6 @@
  * plugin, and MPI's CUDA-awareness, as text or as one JSON object (built with jansson). A
  * machine without a usable GPU is a normal answer (the reason is printed, the status is 0);
  * only a listing that could not be made is an error. */
-#include "src/cli/devices.h"
-
 #include <jansson.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -15,6 +13,7 @@
 #include "src/base/io.h"
 #include "src/base/mpi_check.h"
 #include "src/base/options.h"
+#include "src/cli/commands.h"
 #include "topologies/topo.h"
 
 typedef struct {
@@ -197,7 +196,7 @@ static const opt_command devices_command = {
     .opts = devices_opts,
 };
 
-int devices_cmd(int argc, char **argv)
+int cmd_devices(int argc, char **argv)
 {
     int json = 0;
     opt_parser p;
