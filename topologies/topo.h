@@ -245,7 +245,7 @@ int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, int *blas_threa
 /* ---- command line ------------------------------------------------------------------- */
 
 
-/* Text helpers for the topo, plan and devices commands (src/cli/cmd_topo.c, src/cli/devices.c). */
+/* Text helpers for the topo, plan and devices commands (src/cli/cmd_topo.c, src/cli/cmd_devices.c). */
 /* JSON values (jansson; NULL when out of memory): a string from any C string, with bytes
  * that are not UTF-8 (a path may hold any) replaced by U+FFFD, as JSON must be UTF-8; a
  * number: an integer when the value is a whole number (exact below 2^53), null when it is
