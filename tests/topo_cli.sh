@@ -157,7 +157,7 @@ assert slow["step_s"] >= slow["stage_compute_s"][0] + slow["stage_reduce_exposed
 EOF
 expect 2 "--bucket-mb 0: must be positive" \
     "$PIPETRAIN" plan --model "$MODEL" --stages 2 --replicas 2 --bucket-mb 0
-expect 1 "unknown schedule" "$PIPETRAIN" plan --model "$MODEL" --stages 2 --schedule nope
+expect 2 "unknown schedule" "$PIPETRAIN" plan --model "$MODEL" --stages 2 --schedule nope
 # --partition defaults to time, as in train
 "$PIPETRAIN" plan --model "$MODEL" --stages 2 --topology "$GPU8" --json >"$TMP/default.json"
 json_check "$TMP/default.json" "d['partition']['method'] == 'time' and d['microbatches'] == 1"
@@ -201,22 +201,22 @@ d['placement'][-1]['next_link'] is None and d['placement'][0]['message_bytes'] >
 
 # ---- errors -------------------------------------------------------------------------
 printf '<?xml version="1.0"?>\n<topology version="2.0">\n<object type="Machine"\n' >"$TMP/bad.xml"
-expect 1 "^pipetrain: .*bad.xml: not a valid hwloc XML topology" \
+expect 2 "^pipetrain: .*bad.xml: not a valid hwloc XML topology" \
     "$PIPETRAIN" topo --topology "$TMP/bad.xml"
-expect 1 "not a valid hwloc XML topology" \
+expect 2 "not a valid hwloc XML topology" \
     "$PIPETRAIN" plan --model "$MODEL" --stages 2 --topology "$TMP/bad.xml"
 # hwloc without its libxml2 reader (Debian's libhwloc-plugins) rejects every hand-written
 # file: the message must name the package, not blame the file.
 mkdir -p "$TMP/no-plugins"
-expect 1 "hwloc cannot read XML topologies on this machine.*apt-get install libhwloc-plugins" \
+expect 2 "hwloc cannot read XML topologies on this machine.*apt-get install libhwloc-plugins" \
     env HWLOC_PLUGINS_PATH="$TMP/no-plugins" "$PIPETRAIN" topo --topology "$TWO"
-expect 1 "missing.xml: cannot open: No such file" "$PIPETRAIN" topo --topology "$TMP/missing.xml"
-expect 1 "no NVIDIA GPU in .*local-2core.xml" \
+expect 2 "missing.xml: cannot open: No such file" "$PIPETRAIN" topo --topology "$TMP/missing.xml"
+expect 2 "no NVIDIA GPU in .*local-2core.xml" \
     "$PIPETRAIN" plan --model "$MODEL" --stages 2 --device cuda --topology "$TWO"
-expect 1 "9 ranks need a GPU each, but 1 node of .* has 8 NVIDIA GPUs" \
+expect 2 "9 ranks need a GPU each, but 1 node of .* has 8 NVIDIA GPUs" \
     "$PIPETRAIN" plan --model "$MODEL" --stages 9 --device cuda --topology "$GPU8"
-expect 1 "11 layers into 12 stages" "$PIPETRAIN" plan --model "$MODEL" --stages 12 --topology "$GPU8"
-expect 1 "exclusive" "$PIPETRAIN" plan --model "$MODEL" --stages 3 --exclusive --topology "$TWO"
+expect 2 "11 layers into 12 stages" "$PIPETRAIN" plan --model "$MODEL" --stages 12 --topology "$GPU8"
+expect 2 "exclusive" "$PIPETRAIN" plan --model "$MODEL" --stages 3 --exclusive --topology "$TWO"
 expect 0 "oversubscribed" "$PIPETRAIN" plan --model "$MODEL" --stages 3 --topology "$TWO"
 expect 2 "unknown link \"fast\"" "$PIPETRAIN" plan --model "$MODEL" --stages 2 --bandwidth fast=1e9
 expect 2 "--model FILE is required" "$PIPETRAIN" plan --stages 2

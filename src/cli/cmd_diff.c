@@ -36,7 +36,7 @@ static void format_shape(char *buf, size_t size, const st_tensor *t)
 
 /* What the comparison found so far. */
 typedef struct {
-    int only_a, only_b, reshaped, exceeds;
+    int only_a, only_b, reshaped, exceeds, compared;
     double worst; /* the largest relative difference */
 } diff_counts;
 
@@ -67,6 +67,7 @@ static void diff_tensor(const st_tensor *x, const st_tensor *y, double rtol, dif
         if (fabs((double)y->data[i]) > max_ref) max_ref = fabs((double)y->data[i]);
     }
     double rel = max_ref > 0 ? max_abs / max_ref : max_abs;
+    c->compared++;
     if (rel > c->worst) c->worst = rel;
     int over = rel > rtol;
     c->exceeds |= over;
@@ -95,8 +96,12 @@ static int diff_files(const st_file *a, const st_file *b, const char *const path
                c.only_b, c.reshaped);
         bad = 1;
     }
-    printf("%s: largest relative difference %.3e (tolerance %.1e)\n",
-           bad ? "DIFFERENT" : (c.worst == 0 ? "IDENTICAL" : "WITHIN TOLERANCE"), c.worst, rtol);
+    if (!c.compared && (a->count || b->count)) /* no figure to give: none was measured */
+        printf("DIFFERENT: no tensor of the same name and shape in both files\n");
+    else
+        printf("%s: largest relative difference %.3e over %d tensor%s (tolerance %.1e)\n",
+               bad ? "DIFFERENT" : (c.worst == 0 ? "IDENTICAL" : "WITHIN TOLERANCE"), c.worst,
+               c.compared, c.compared == 1 ? "" : "s", rtol);
     return bad;
 }
 
@@ -118,10 +123,10 @@ int cmd_diff(int argc, char **argv)
     if (id == OPT_ERROR) return cli_usage_fail();
     const char *const paths[2] = {p.operands[0], p.operands[1]};
     st_file a, b;
-    if (st_read(&a, paths[0])) return cli_fail(pt_error_get());
+    if (st_read(&a, paths[0])) return cli_input_fail();
     if (st_read(&b, paths[1])) {
         st_free(&a);
-        return cli_fail(pt_error_get());
+        return cli_input_fail();
     }
     int bad = diff_files(&a, &b, paths, rtol);
     st_free(&a);

@@ -55,22 +55,25 @@ int cmd_partition(int argc, char **argv)
         return cli_usage_fail();
     }
     net_desc net;
-    if (net_desc_load(&net, model)) return cli_fail(pt_error_get());
+    if (net_desc_load(&net, model)) return cli_input_fail();
     partition_profile prof = {0};
     partition part = {0};
     int timed = !strcmp(method, "time");
-    int rc = partition_check(net.n_layers, stages);
-    if (!rc && timed) rc = partition_profile_measure(&prof, &net, batch / micro, 2, 7);
-    if (!rc) rc = partition_by_method(&part, method, &net, timed ? &prof : NULL, stages);
+    /* a cut that cannot be is the input's fault (2); only the profiling can fail (1) */
+    int rc = partition_check(net.n_layers, stages) ? PT_EXIT_USAGE : PT_EXIT_OK;
+    if (!rc && timed && partition_profile_measure(&prof, &net, batch / micro, 2, 7))
+        rc = PT_EXIT_FAIL;
+    if (!rc && partition_by_method(&part, method, &net, timed ? &prof : NULL, stages))
+        rc = PT_EXIT_USAGE;
     if (!rc) {
         printf("%s into %d stages by %s%s:\n", model, stages, method,
                timed ? " (measured on this machine)" : "");
         partition_print(&part, &net, timed ? &prof : NULL, stdout);
     } else {
-        cli_fail(pt_error_get());
+        fprintf(stderr, "pipetrain: %s\n", pt_error_get());
     }
     partition_free(&part);
     partition_profile_free(&prof);
     net_desc_free(&net);
-    return rc ? PT_EXIT_FAIL : PT_EXIT_OK;
+    return rc;
 }

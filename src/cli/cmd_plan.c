@@ -344,14 +344,14 @@ int cmd_plan(int argc, char **argv)
     }
     net_desc net = {0};
     topo_t *t = NULL;
-    rc = 1;
+    rc = PT_EXIT_FAIL;
     if (net_desc_load(&net, a.model) < 0 || topo_init(&t, a.xml) < 0 ||
         ((!a.ranks || a.tensor_given) && check_shards(&a, &net) < 0))
-        cli_fail(pt_error_get());
+        rc = cli_input_fail();
     else if (a.ranks) /* prints its own errors */
         rc = plan_search(&a, &net, topo_get_machine(t), &cm);
-    else if (plan_one(&a, &net, topo_get_machine(t), &cm) < 0)
-        cli_fail(pt_error_get());
+    else if (plan_one(&a, &net, topo_get_machine(t), &cm) < 0) /* a layout that cannot be */
+        rc = cli_input_fail();
     else
         rc = 0;
     topo_free(t);

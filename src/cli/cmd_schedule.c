@@ -84,14 +84,14 @@ int cmd_schedule(int argc, char **argv)
     int any_recompute = 0;
     for (int k = 0; k < stages; k++) any_recompute |= flags[k];
     schedule s;
-    if (schedule_init_named(&s, name, stages, virt, micro)) return cli_fail(pt_error_get());
+    if (schedule_init_named(&s, name, stages, virt, micro)) return cli_input_fail();
     /* --buckets B: B buckets on every stage, or on every chunk of an interleaved one */
     int per_chunk[stages * virt];
     for (int k = 0; k < stages * virt; k++) per_chunk[k] = buckets;
     if ((buckets && schedule_add_reductions_chunks(&s, per_chunk, overlap)) ||
         (any_recompute && schedule_add_recompute(&s, flags))) {
         schedule_free(&s);
-        return cli_fail(pt_error_get());
+        return cli_input_fail();
     }
     schedule_report rep;
     if (schedule_verify(&s, &rep)) {

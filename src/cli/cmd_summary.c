@@ -35,7 +35,7 @@ int cmd_summary(int argc, char **argv)
     }
     if (id == OPT_ERROR) return cli_usage_fail();
     net_desc net;
-    if (net_desc_load(&net, model)) return cli_fail(pt_error_get());
+    if (net_desc_load(&net, model)) return cli_input_fail();
     net_desc_print_summary(&net, stdout);
     net_desc_free(&net);
     return PT_EXIT_OK;

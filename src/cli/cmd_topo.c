@@ -42,8 +42,8 @@ int cmd_topo(int argc, char **argv)
     }
     if (id == OPT_ERROR) return cli_usage_fail();
     topo_t *t;
-    if (topo_init(&t, xml) < 0)
-        return cli_fail(pt_error_get());
+    if (topo_init(&t, xml) < 0) /* a file that cannot be read is the input's fault */
+        return xml ? cli_input_fail() : cli_fail(pt_error_get());
     int rc = 0;
     if (json)
         rc = topo_print_json(topo_get_machine(t), stdout);

@@ -12,6 +12,12 @@ int cli_fail(const char *what)
     return PT_EXIT_FAIL;
 }
 
+int cli_input_fail(void)
+{
+    fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+    return PT_EXIT_USAGE;
+}
+
 int cli_usage_fail(void)
 {
     fprintf(stderr, "pipetrain: %s\n", pt_error_get());

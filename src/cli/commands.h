@@ -1,8 +1,9 @@
 /* pipetrain's commands, one entry each (src/cli/cmd_NAME.c), dispatched by src/cli/main.c.
  * Each takes the command line after "pipetrain" (argv[0] is the command's name), prints its
  * results to stdout and its errors as "pipetrain: message" to stderr, and returns the exit
- * status: PT_EXIT_OK (0), PT_EXIT_FAIL (1) or PT_EXIT_USAGE (2, a wrong command line or, for
- * train, input at fault). */
+ * status: PT_EXIT_OK (0), PT_EXIT_FAIL (1: a failure while working, or a comparison that
+ * found a difference) or PT_EXIT_USAGE (2: a wrong command line or input at fault, in every
+ * command alike). */
 #ifndef PT_CLI_COMMANDS_H
 #define PT_CLI_COMMANDS_H
 
@@ -31,6 +32,10 @@ int cmd_diff(int argc, char **argv);
 
 /* For the commands: prints "pipetrain: what" to stderr and returns PT_EXIT_FAIL. */
 int cli_fail(const char *what);
+/* Input at fault (a model, topology or checkpoint file that cannot be used, a layout that
+ * cannot be): prints "pipetrain: " and pt_error_get() and returns PT_EXIT_USAGE, as train
+ * does for what it finds wrong before it starts. */
+int cli_input_fail(void);
 /* A wrong command line: prints the parser's message (pt_error_get(), which ends with
  * "(see pipetrain CMD --help)") and returns PT_EXIT_USAGE. */
 int cli_usage_fail(void);
