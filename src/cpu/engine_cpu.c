@@ -170,12 +170,12 @@ static int cpu_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, in
         int ok = 0;
         double l = kernel_softmax_xent_cpu(training ? c->grad_in[m] : NULL, &ok, y, c->labels[m],
                                            n, e->cfg.net->classes,
-                                           training ? 1.0f / (float)e->cfg.batch : 1.0f);
+                                           engine_loss_scale(&e->cfg, training));
         if (!isfinite(l)) c->sums.nonfinite = 1;
         c->sums.loss_sum += l;
         c->sums.correct += ok;
     }
-    if (e->cfg.recompute && training) {
+    if (engine_drops_activations(&e->cfg, training)) {
         /* keep the output to send (the last stage keeps the loss gradient instead) and
          * drop the activations until recompute(m) */
         if (!c->last_stage) {
@@ -210,9 +210,10 @@ static int cpu_recompute(engine *e, int m, uint64_t seed, uint64_t step, int t)
 
 /* Where m's gradient goes: NULL, added to the stage's; with pieces, formed alone in
  * piece m mod P. */
-static float *grads_of(const cpu_engine *c, int m)
+static float *grads_of(engine *e, int m)
 {
-    return c->pieces > 1 ? c->piece[m % c->pieces] : NULL;
+    int k = engine_piece_of(&e->cfg, m);
+    return k < 0 ? NULL : impl(e)->piece[k];
 }
 
 static int cpu_backward(engine *e, int m, int t)
@@ -221,7 +222,7 @@ static int cpu_backward(engine *e, int m, int t)
     double t0 = pt_now();
     if (stage_plan_range_idle(&c->st.plan, "backward")) return -1;
     stage_backward_to(&c->st, c->slot_of[m], c->grad_in[m],
-                      c->first_stage ? NULL : c->grad_out[m], grads_of(c, m));
+                      c->first_stage ? NULL : c->grad_out[m], grads_of(e, m));
     if (stage_tensor_failed(&c->st)) return -1;
     if (e->cfg.wgrad_rows && engine_last_microbatch(e, m))
         stage_wgrad_flush(&c->st, 0, c->st.plan.nl);
@@ -245,7 +246,7 @@ static int cpu_backward_weight(engine *e, int m, int lo, int hi, int t)
 {
     cpu_engine *c = impl(e);
     double t0 = pt_now();
-    if (stage_backward_weight(&c->st, c->slot_of[m], lo, hi, grads_of(c, m))) return -1;
+    if (stage_backward_weight(&c->st, c->slot_of[m], lo, hi, grads_of(e, m))) return -1;
     if (e->cfg.wgrad_rows && engine_last_microbatch(e, m)) stage_wgrad_flush(&c->st, lo, hi);
     tick(e, t, t0);
     return 0;
@@ -259,7 +260,7 @@ static int cpu_backward_range(engine *e, int m, int lo, int hi, int t)
         return pt_error_set("CPU engine: backward of micro-batch buffer %d, outside 0..%d", m,
                             e->cfg.buffers - 1);
     if (stage_backward_range(&c->st, c->slot_of[m], lo, hi, c->grad_in[m],
-                             c->first_stage ? NULL : c->grad_out[m], grads_of(c, m)) ||
+                             c->first_stage ? NULL : c->grad_out[m], grads_of(e, m)) ||
         stage_tensor_failed(&c->st))
         return -1;
     if (e->cfg.wgrad_rows && engine_last_microbatch(e, m)) stage_wgrad_flush(&c->st, lo, hi);

@@ -55,7 +55,7 @@
  * abandons an unfinished one).
  *
  * Zero-bubble split (split_backward): B (backward_input) runs the backward's input halves
- * and keeps, per slot, the gradient of each parameter layer's output (slot_layer.gout);
+ * and keeps, per slot, the gradient of each parameter layer's output (stage_slot_layer.gout);
  * W (backward_weight) forms the parameter gradients of a range of layers from them with
  * the kernels' weight halves, into the same targets, with the same zeroing and adding, as
  * backward_range would (so B then W is backward, bit for bit, as on the CPU). Recomputation

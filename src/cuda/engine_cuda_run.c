@@ -305,13 +305,13 @@ int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, i
         const float *logits = slot_output(c, s);
         if (kernel_softmax_xent_cuda(training ? b->grad_in : NULL, c->d_correct + j,
                                      c->d_loss + j, logits, b->labels, n, c->plan.net->classes,
-                                     training ? 1.0f / (float)e->cfg.batch : 1.0f, &c->ctx))
+                                     engine_loss_scale(&e->cfg, training), &c->ctx))
             return engine_cuda_layer_fail("loss", c->plan.last - 1, m);
         c->n_loss++;
     }
     /* recompute: the output is kept to send (the last stage keeps the loss gradient) and
      * the activations are dropped until recompute(m) */
-    int drop = e->cfg.recompute && training;
+    int drop = engine_drops_activations(&e->cfg, training);
     if (drop && b->act_out && n > 0)
         CUDA_CHECK(cudaMemcpyAsync(b->act_out, slot_output(c, s),
                                    (size_t)n * e->out_count * sizeof(float),
@@ -385,9 +385,10 @@ static int weight_layers(engine *e, cuda_slot *s, int m, int lo, int hi, float *
 }
 
 /* m's own gradient piece (data parallel, method "ordered"), NULL without pieces. */
-static float *piece_of(const cuda_engine *c, int m)
+static float *piece_of(engine *e, int m)
 {
-    return c->pieces > 1 ? c->piece[m % c->pieces] : NULL;
+    int k = engine_piece_of(&e->cfg, m);
+    return k < 0 ? NULL : engine_cuda_impl(e)->piece[k];
 }
 
 /* m's parameter gradients of layers [lo, hi) into the shared rule's target: zeroed first
@@ -398,7 +399,7 @@ static int grads_span(engine *e, cuda_slot *s, int m, int lo, int hi, int parts)
 {
     cuda_engine *c = engine_cuda_impl(e);
     size_t(*runs)[2] = c->runs;
-    stage_grad_target t = stage_plan_grad_target(&c->plan, c->grads, c->mb_grads, piece_of(c, m));
+    stage_grad_target t = stage_plan_grad_target(&c->plan, c->grads, c->mb_grads, piece_of(e, m));
     int nr = stage_plan_grad_runs(&c->plan, lo, hi, runs, c->plan.nl), rc = 0;
     for (int r = 0; t.apart && r < nr && !rc; r++) {
         cudaError_t err = cudaMemsetAsync(t.form + runs[r][0], 0,
@@ -486,7 +487,7 @@ int engine_cuda_backward_range(engine *e, int m, int lo, int hi, int tick)
     CUDA_CHECK(cudaEventRecord(b->ev_bwd, c->ctx.stream));
     if (engine_cuda_tick_end(e, tick)) return -1;
     stage_plan_range_done(&c->plan, m, lo, NULL);
-    stage_plan_grads_formed(&c->plan, lo, piece_of(c, m));
+    stage_plan_grads_formed(&c->plan, lo, piece_of(e, m));
     if (lo == 0) {
         b->has_grad_out = !c->is_first;
         b->grad_out_prepared = 0;
@@ -546,7 +547,7 @@ int engine_cuda_backward_weight(engine *e, int m, int lo, int hi, int tick)
         return -1;
     CUDA_CHECK(cudaEventRecord(c->mb[m].ev_late, c->ctx.stream));
     if (engine_cuda_tick_end(e, tick)) return -1;
-    stage_plan_grads_formed(&c->plan, lo, piece_of(c, m));
+    stage_plan_grads_formed(&c->plan, lo, piece_of(e, m));
     return 0;
 }
 

@@ -183,6 +183,24 @@ static inline int engine_pieces(const engine_config *cfg)
 {
     return cfg->grad_pieces > 1 ? cfg->grad_pieces : 1;
 }
+/* The gradient piece of buffer m's micro-batch: m mod P, or −1 without pieces (its gradient
+ * then goes to the stage's; stage_plan_grad_target). */
+static inline int engine_piece_of(const engine_config *cfg, int m)
+{
+    return cfg->grad_pieces > 1 ? m % cfg->grad_pieces : -1;
+}
+/* The loss gradient's scale: the step's batch mean when training. */
+static inline float engine_loss_scale(const engine_config *cfg, int training)
+{
+    return training ? 1.0f / (float)cfg->batch : 1.0f;
+}
+/* recompute: a training forward gives its activations back at once and keeps only its
+ * output to send (not on the last stage, whose loss gradient is in GRAD_IN) until
+ * recompute(m). */
+static inline int engine_drops_activations(const engine_config *cfg, int training)
+{
+    return cfg->recompute && training;
+}
 /* grads_host and grads_commit: −1 with a message unless [off, off + count) lies in the
  * stage's parameters and piece is one of the engine's. what: "host view", "commit". */
 int engine_grads_range_check(const engine *e, int piece, size_t off, size_t count,

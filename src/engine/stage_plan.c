@@ -15,7 +15,8 @@ static const shard_plan *shape_tp(const stage_shape *sh)
     return sh->tp && sh->tp->T > 1 ? sh->tp : NULL;
 }
 
-layer_desc stage_shape_layer(const stage_shape *sh, int l)
+/* Layer l of the net as rank tp_rank runs it. */
+static layer_desc shape_layer(const stage_shape *sh, int l)
 {
     const shard_plan *tp = shape_tp(sh);
     return tp ? shard_local_layer(tp, sh->net, l, sh->tp_rank) : sh->net->layers[l];
@@ -57,7 +58,7 @@ static stage_sizes walk(const stage_shape *sh, layer_desc *loc, size_t *param_of
 {
     stage_sizes z = {0};
     for (int l = sh->first; l < sh->last; l++) {
-        layer_desc L = stage_shape_layer(sh, l);
+        layer_desc L = shape_layer(sh, l);
         if (loc) loc[l - sh->first] = L;
         if (param_off) param_off[l - sh->first] = z.param_count;
         z.param_count += L.weight_count + L.bias_count;

@@ -100,8 +100,6 @@ int stage_plan_init(stage_plan *p, const stage_shape *shape, const char *name);
 void stage_plan_free(stage_plan *p);
 /* stage_plan_init's sizes, without allocating (the planner's estimates). */
 stage_sizes stage_plan_sizes(const stage_shape *shape);
-/* Layer l of the net as rank tp_rank runs it. */
-layer_desc stage_shape_layer(const stage_shape *shape, int l);
 
 /* Offset in params/grads where local layer i's parameters start (i = nl: the count). */
 static inline size_t stage_plan_param_end(const stage_plan *p, int i)
@@ -203,8 +201,9 @@ int stage_plan_range_idle(const stage_plan *p, const char *what);
 /* ---------------------------------------------------- tensor-parallel runs ---- */
 
 /* One device's side of a micro-batch's tensor-parallel forward and backward: the runs of
- * layers between collectives, where the slot's data lives, and the collectives (as a
- * layer_kernels is a device's kernels). Each returns 0, or −1 with a message. */
+ * layers between the collectives, and the collectives and copies at them (as a
+ * layer_kernels is a device's kernels; self is the engine's pass). Each returns 0, or −1
+ * with a message. */
 typedef struct {
     /* the forward of local layers [lo, hi) */
     int (*forward)(void *self, int lo, int hi);
