@@ -61,7 +61,7 @@ static void check_pieces_add_up(const char *model, int threads, int n, int M)
     cr_assert_eq(stage_init(&b, &net, 0, net.n_layers, n, 1, threads), 0, "%s", pt_error_get());
     stage_init_params(&a, 11);
     stage_init_params(&b, 11);
-    size_t P = a.param_count;
+    size_t P = a.plan.param_count;
     float *piece = malloc(P * sizeof *piece), *sum = calloc(P, sizeof *sum);
     cr_assert(piece && sum);
     for (int m = 0; m < M; m++) {
@@ -102,7 +102,7 @@ Test(stage, another_summation_order_differs)
     stage a;
     cr_assert_eq(stage_init(&a, &net, 0, net.n_layers, 64, 1, 1), 0);
     stage_init_params(&a, 11);
-    size_t P = a.param_count;
+    size_t P = a.plan.param_count;
     float *p[3], *fwd = calloc(P, sizeof(float)), *rev = calloc(P, sizeof(float));
     for (int m = 0; m < 3; m++) {
         p[m] = malloc(P * sizeof(float));
@@ -133,7 +133,7 @@ Test(stage, sum_is_the_same_for_one_and_two_threads)
         stage_init_params(&s[k], 5);
         for (int m = 0; m < 3; m++) run_microbatch(&s[k], m, 50, NULL);
     }
-    cr_assert_eq(memcmp(s[0].grads, s[1].grads, s[0].param_count * sizeof(float)), 0);
+    cr_assert_eq(memcmp(s[0].grads, s[1].grads, s[0].plan.param_count * sizeof(float)), 0);
     stage_free(&s[0]);
     stage_free(&s[1]);
     net_desc_free(&net);
@@ -157,7 +157,7 @@ static void check_ranges(const char *model, int first, int last, int threads, in
     cr_assert_eq(stage_init(&b, &net, first, last, n, 1, threads), 0, "%s", pt_error_get());
     stage_init_params(&a, 11);
     stage_init_params(&b, 11);
-    size_t P = a.param_count, I = (size_t)n * stage_in_count(&a);
+    size_t P = a.plan.param_count, I = (size_t)n * stage_in_count(&a);
     float *pa[4] = {a.grads}, *pb[4] = {b.grads};
     for (int p = 1; p < pieces; p++) {
         pa[p] = calloc(P, sizeof(float));
@@ -284,7 +284,7 @@ Test(stage, backward_ranges_comparison_can_fail)
     static const int top_only[] = {3, 1, -1}; /* stops before layer 0 */
     run_microbatch_ranges(&a, 0, 64, NULL, NULL, NULL);
     run_microbatch_ranges(&b, 0, 64, NULL, top_only, NULL);
-    size_t P = a.param_count, first = b.param_off[1];
+    size_t P = a.plan.param_count, first = b.plan.param_off[1];
     cr_assert_eq(count_differences(a.grads + first, b.grads + first, P - first), 0);
     cr_assert_gt(count_differences(a.grads, b.grads, first), 0);
     stage_free(&a);
@@ -303,15 +303,16 @@ static void check_estimate(const char *model, int first, int last, int batch, in
     stage s;
     cr_assert_eq(stage_init(&s, &net, first, last, batch, 2, threads), 0, "%s", pt_error_get());
     stage_bytes b = stage_estimate(&net, first, last, batch, threads);
-    cr_expect_eq(b.slot, s.slot_bytes, "%s [%d,%d) batch %d: slot %zu, stage_init %zu", model,
-                 first, last, batch, b.slot, s.slot_bytes);
-    size_t block = (s.param_count * sizeof(float) + 63) / 64 * 64;
+    cr_expect_eq(b.slot, s.plan.slot_bytes, "%s [%d,%d) batch %d: slot %zu, stage_init %zu",
+                 model, first, last, batch, b.slot, s.plan.slot_bytes);
+    size_t block = (s.plan.param_count * sizeof(float) + 63) / 64 * 64;
     cr_expect_eq(b.state, 4 * block, "%s: state %zu, expected %zu", model, b.state, 4 * block);
     size_t groups = 1; /* mb_grads */
     for (int g = 1; g < s.groups; g++) groups += s.group_grads[g] != NULL;
     cr_expect_eq(b.groups, groups * block, "%s batch %d threads %d: groups %zu, expected %zu",
                  model, batch, threads, b.groups, groups * block);
-    size_t scratch = (s.widest * (size_t)stage_chunk(&s, batch) * sizeof(float) + 63) / 64 * 64;
+    size_t scratch =
+        (s.plan.widest * (size_t)stage_chunk(&s, batch) * sizeof(float) + 63) / 64 * 64;
     cr_expect_geq(b.workers, (size_t)threads * 2 * scratch, "%s: workers %zu", model, b.workers);
     stage_free(&s);
     net_desc_free(&net);

@@ -101,7 +101,7 @@ static size_t split_vs_fused(const char *model, int first, int last, int threads
         }
         stage_slot_release(&b, slot[m]);
     }
-    diff += count_differences(a.grads, b.grads, a.param_count);
+    diff += count_differences(a.grads, b.grads, a.plan.param_count);
     for (int m = 0; m < M; m++) {
         free_data(&d[m]);
         free_data(&e[m]);
@@ -182,8 +182,8 @@ static void batched_grads(const char *model, int threads, int n, int rows, int s
         free_data(&d);
     }
     stage_wgrad_flush(&s, 0, net.n_layers);
-    memcpy(out, s.grads, s.param_count * sizeof(float));
-    *P = s.param_count;
+    memcpy(out, s.grads, s.plan.param_count * sizeof(float));
+    *P = s.plan.param_count;
     stage_free(&s);
     net_desc_free(&net);
 }
@@ -204,7 +204,7 @@ static void per_microbatch_grads(const char *model, int n, int rows, float *out)
         stage_slot_release(&s, slot);
         free_data(&d);
     }
-    memcpy(out, s.grads, s.param_count * sizeof(float));
+    memcpy(out, s.grads, s.plan.param_count * sizeof(float));
     stage_free(&s);
     net_desc_free(&net);
 }

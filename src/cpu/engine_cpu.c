@@ -36,8 +36,8 @@ static cpu_engine *impl(engine *e) { return e->impl; }
 
 static void *alloc_array(size_t bytes)
 {
-    size_t rounded = bytes ? (bytes + 63) / 64 * 64 : 64; /* aligned_alloc wants a multiple */
-    return aligned_alloc(64, rounded);
+    /* aligned_alloc wants a multiple of the alignment */
+    return aligned_alloc(STAGE_ALIGN, stage_round_up(bytes ? bytes : 1));
 }
 
 static void free_arrays(void **a, int n)
@@ -145,13 +145,6 @@ static void tick(engine *e, int t, double t0)
     e->tick_t1[t] = pt_now();
 }
 
-/* The micro-batch of buffer m is the last of its step (batched weight gradients are formed
- * at its backward). */
-static int last_microbatch(const engine *e, int m)
-{
-    return m % e->cfg.microbatches == e->cfg.microbatches - 1;
-}
-
 /* Takes a slot for m and runs its forward; its first row in the step's stash. */
 static const float *forward_slot(engine *e, int m, int n, uint64_t seed, uint64_t step,
                                  int training)
@@ -162,7 +155,7 @@ static const float *forward_slot(engine *e, int m, int n, uint64_t seed, uint64_
     c->slot_of[m] = slot;
     c->n_of[m] = n;
     if (e->cfg.wgrad_rows)
-        stage_slot_set_row(&c->st, slot, (m % e->cfg.microbatches) * e->cfg.max_batch);
+        stage_slot_set_row(&c->st, slot, engine_stash_row(e, m));
     return stage_forward(&c->st, slot, c->in[m], n, c->ids[m], seed, step, training);
 }
 
@@ -177,12 +170,12 @@ static int cpu_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, in
         int ok = 0;
         double l = kernel_softmax_xent_cpu(training ? c->grad_in[m] : NULL, &ok, y, c->labels[m],
                                            n, e->cfg.net->classes,
-                                           training ? 1.0f / (float)e->cfg.batch : 1.0f);
+                                           engine_loss_scale(&e->cfg, training));
         if (!isfinite(l)) c->sums.nonfinite = 1;
         c->sums.loss_sum += l;
         c->sums.correct += ok;
     }
-    if (e->cfg.recompute && training) {
+    if (engine_drops_activations(&e->cfg, training)) {
         /* keep the output to send (the last stage keeps the loss gradient instead) and
          * drop the activations until recompute(m) */
         if (!c->last_stage) {
@@ -217,24 +210,22 @@ static int cpu_recompute(engine *e, int m, uint64_t seed, uint64_t step, int t)
 
 /* Where m's gradient goes: NULL, added to the stage's; with pieces, formed alone in
  * piece m mod P. */
-static float *grads_of(const cpu_engine *c, int m)
+static float *grads_of(engine *e, int m)
 {
-    return c->pieces > 1 ? c->piece[m % c->pieces] : NULL;
+    int k = engine_piece_of(&e->cfg, m);
+    return k < 0 ? NULL : impl(e)->piece[k];
 }
 
 static int cpu_backward(engine *e, int m, int t)
 {
     cpu_engine *c = impl(e);
     double t0 = pt_now();
-    if (c->st.range_hi)
-        return pt_error_set("CPU engine: backward of micro-batch %d while another one's "
-                            "backward by layer ranges is unfinished (at local layer %d)", m,
-                            c->st.range_hi);
+    if (stage_plan_range_idle(&c->st.plan, "backward")) return -1;
     stage_backward_to(&c->st, c->slot_of[m], c->grad_in[m],
-                      c->first_stage ? NULL : c->grad_out[m], grads_of(c, m));
+                      c->first_stage ? NULL : c->grad_out[m], grads_of(e, m));
     if (stage_tensor_failed(&c->st)) return -1;
-    if (e->cfg.wgrad_rows && last_microbatch(e, m))
-        stage_wgrad_flush(&c->st, 0, c->st.last - c->st.first);
+    if (e->cfg.wgrad_rows && engine_last_microbatch(e, m))
+        stage_wgrad_flush(&c->st, 0, c->st.plan.nl);
     tick(e, t, t0);
     return 0;
 }
@@ -255,8 +246,8 @@ static int cpu_backward_weight(engine *e, int m, int lo, int hi, int t)
 {
     cpu_engine *c = impl(e);
     double t0 = pt_now();
-    if (stage_backward_weight(&c->st, c->slot_of[m], lo, hi, grads_of(c, m))) return -1;
-    if (e->cfg.wgrad_rows && last_microbatch(e, m)) stage_wgrad_flush(&c->st, lo, hi);
+    if (stage_backward_weight(&c->st, c->slot_of[m], lo, hi, grads_of(e, m))) return -1;
+    if (e->cfg.wgrad_rows && engine_last_microbatch(e, m)) stage_wgrad_flush(&c->st, lo, hi);
     tick(e, t, t0);
     return 0;
 }
@@ -269,22 +260,11 @@ static int cpu_backward_range(engine *e, int m, int lo, int hi, int t)
         return pt_error_set("CPU engine: backward of micro-batch buffer %d, outside 0..%d", m,
                             e->cfg.buffers - 1);
     if (stage_backward_range(&c->st, c->slot_of[m], lo, hi, c->grad_in[m],
-                             c->first_stage ? NULL : c->grad_out[m], grads_of(c, m)) ||
+                             c->first_stage ? NULL : c->grad_out[m], grads_of(e, m)) ||
         stage_tensor_failed(&c->st))
         return -1;
-    if (e->cfg.wgrad_rows && last_microbatch(e, m)) stage_wgrad_flush(&c->st, lo, hi);
+    if (e->cfg.wgrad_rows && engine_last_microbatch(e, m)) stage_wgrad_flush(&c->st, lo, hi);
     tick(e, t, t0);
-    return 0;
-}
-
-static int check_grads_range(const engine *e, int piece, size_t off, size_t count,
-                             const char *what)
-{
-    int pieces = e->cfg.grad_pieces > 1 ? e->cfg.grad_pieces : 1;
-    if (piece < 0 || piece >= pieces || off > e->param_count || count > e->param_count - off)
-        return pt_error_set("CPU engine: %s of gradients [%zu, %zu) of piece %d, outside the "
-                            "stage's %zu in %d piece%s", what, off, off + count,
-                            piece, e->param_count, pieces, pieces > 1 ? "s" : "");
     return 0;
 }
 
@@ -292,14 +272,14 @@ static int check_grads_range(const engine *e, int piece, size_t off, size_t coun
 static int cpu_grads_host(engine *e, int piece, size_t off, size_t count, float **host)
 {
     *host = NULL;
-    if (check_grads_range(e, piece, off, count, "host view")) return -1;
+    if (engine_grads_range_check(e, piece, off, count, "host view")) return -1;
     *host = impl(e)->piece[piece] + off;
     return 0;
 }
 
 static int cpu_grads_commit(engine *e, size_t off, size_t count)
 {
-    return check_grads_range(e, 0, off, count, "commit");
+    return engine_grads_range_check(e, 0, off, count, "commit");
 }
 
 static int cpu_zero_grads(engine *e)
@@ -322,11 +302,9 @@ static int cpu_release(engine *e, int m)
 static int cpu_step(engine *e, const optimizer_config *o, int t)
 {
     double t0 = pt_now();
-    if (impl(e)->st.range_hi)
-        return pt_error_set("CPU engine: step while a backward by layer ranges is unfinished "
-                            "(its next range ends at local layer %d)", impl(e)->st.range_hi);
-    stage_step(&impl(e)->st, o);
-    stage_zero_grad(&impl(e)->st);
+    stage *st = &impl(e)->st;
+    if (stage_plan_range_idle(&st->plan, "step") || stage_step(st, o)) return -1;
+    stage_zero_grad(st);
     tick(e, t, t0);
     return 0;
 }
@@ -421,8 +399,8 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
         cpu_destroy(e);
         return -1;
     }
-    e->param_count = c->st.param_count; /* this rank's shards with tensor shards */
-    e->slot_bytes = c->st.slot_bytes;
+    e->param_count = c->st.plan.param_count; /* this rank's shards with tensor shards */
+    e->slot_bytes = c->st.plan.slot_bytes;
     c->first_stage = cfg->first == 0;
     c->last_stage = cfg->last == cfg->net->n_layers;
     int nb = cfg->buffers;
@@ -447,7 +425,7 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
     }
     c->polls[0] = calloc((size_t)nb, sizeof *c->polls[0]);
     c->polls[1] = calloc((size_t)nb, sizeof *c->polls[1]);
-    c->pieces = cfg->grad_pieces > 1 ? cfg->grad_pieces : 1;
+    c->pieces = engine_pieces(cfg);
     c->piece = calloc((size_t)c->pieces, sizeof *c->piece);
     int pieces_ok = c->piece != NULL;
     for (int p = 1; pieces_ok && p < c->pieces; p++) {

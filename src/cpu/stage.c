@@ -1,36 +1,24 @@
+/* The CPU stage (src/cpu/stage.h): allocation, the forward and backward in chunks over the
+ * worker threads, and the CPU's side of the tensor runs. The split backward's and the
+ * batched weight gradients' storage is in stage_wgrad.c; the rules every engine shares are
+ * src/engine/stage_plan.c's. */
 #include "src/cpu/stage.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/rng.h"
 #include "src/base/clock.h"
 #include "src/base/error.h"
-#include "src/engine/layer_ops.h"
 #include "src/cpu/pool.h"
+#include "src/cpu/stage_impl.h"
+#include "src/engine/layer_ops.h"
 
-enum { ALIGN = 64 };
-
-static size_t round_up(size_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
-
-static void *alloc_zeroed(size_t bytes)
+void *stage_alloc_zeroed(size_t bytes)
 {
-    void *p = aligned_alloc(ALIGN, round_up(bytes ? bytes : 1));
-    if (p) memset(p, 0, round_up(bytes ? bytes : 1));
+    size_t rounded = stage_round_up(bytes ? bytes : 1);
+    void *p = aligned_alloc(STAGE_ALIGN, rounded);
+    if (p) memset(p, 0, rounded);
     return p;
-}
-
-/* Bytes of one slot's storage for layer L at batch n: output, argmax, mask. */
-static size_t layer_slot_bytes(const layer_desc *L, int n, size_t *out_b, size_t *arg_b,
-                               size_t *mask_b)
-{
-    size_t count = (size_t)n * layer_shape_count(L->out);
-    const layer_kind *k = layer_kind_of(L->type);
-    *out_b = k->own_output ? round_up(count * sizeof(float)) : 0;
-    *arg_b = k->argmax ? round_up(count * sizeof(int32_t)) : 0;
-    *mask_b = k->mask ? round_up(count) : 0;
-    return *out_b + *arg_b + *mask_b;
 }
 
 /* Convolution layers run faster on chunks of 16 samples (their im2col matrices then stay in
@@ -39,11 +27,139 @@ static size_t layer_slot_bytes(const layer_desc *L, int n, size_t *out_b, size_t
  * thread count, so that every layout computes the same sums. */
 enum { CONV_CHUNK = 16, DENSE_CHUNK_MIN = 64 };
 
-int stage_chunk(const stage *s, int n)
+/* The gradient groups of `threads` threads, and the chunk cap (CONV_CHUNK when the net has
+ * convolutions: the whole net decides, not the stage). */
+static void chunk_rules(const net_desc *net, int threads, int *groups, int *chunk_max)
 {
-    int c = s->chunk_max > 0 ? s->chunk_max : (n + s->groups - 1) / s->groups;
-    if (s->chunk_max == 0 && c < DENSE_CHUNK_MIN) c = DENSE_CHUNK_MIN;
+    *groups = threads > STAGE_MIN_GROUPS ? threads : STAGE_MIN_GROUPS;
+    *chunk_max = 0;
+    for (int l = 0; l < net->n_layers; l++)
+        if (net->layers[l].type == LAYER_CONV) *chunk_max = CONV_CHUNK;
+}
+
+static int chunk_of(int chunk_max, int groups, int n)
+{
+    int c = chunk_max > 0 ? chunk_max : (n + groups - 1) / groups;
+    if (chunk_max == 0 && c < DENSE_CHUNK_MIN) c = DENSE_CHUNK_MIN;
     return c < n ? c : (n > 0 ? n : 1);
+}
+
+/* The groups that receive chunks of n samples. */
+static int used_groups(int groups, int chunk, int n)
+{
+    int used = (n + chunk - 1) / chunk;
+    return used < groups ? used : groups;
+}
+
+int stage_chunk(const stage *s, int n) { return chunk_of(s->chunk_max, s->groups, n); }
+
+static stage_shape cpu_shape(const net_desc *net, int first, int last, int max_batch, int chunk,
+                             const shard_plan *tp, int t)
+{
+    stage_shape sh = {.net = net, .first = first, .last = last, .max_batch = max_batch,
+                      .chunk = chunk, .tp = tp, .tp_rank = t,
+                      .conv_workspace = kernel_conv2d_workspace_floats};
+    return sh;
+}
+
+/* What a stage of these sizes allocates (stage_init_shard's blocks, one by one). */
+static stage_bytes bytes_of(const stage_sizes *z, int threads, int groups, int chunk,
+                            int max_batch, int tp)
+{
+    size_t block = stage_round_up(z->param_count * sizeof(float));
+    size_t wide = stage_round_up((size_t)max_batch * z->widest * sizeof(float));
+    stage_bytes b = {
+        .state = 4 * block,
+        .groups = (size_t)used_groups(groups, chunk, max_batch) * block, /* mb_grads, 1.. */
+        .workers = (size_t)threads *
+                   (stage_round_up(z->work_floats * sizeof(float)) +
+                    2 * stage_round_up(z->widest * chunk * sizeof(float))) +
+                   (tp ? 4 * wide : 0), /* tp_buf, tp_din, tp_dout, carry */
+        .slot = z->slot_bytes,
+    };
+    return b;
+}
+
+stage_bytes stage_estimate(const net_desc *net, int first, int last, int max_batch, int threads)
+{
+    return stage_estimate_shard(net, first, last, max_batch, threads, NULL, 0);
+}
+
+stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int max_batch,
+                                 int threads, const shard_plan *tp, int t)
+{
+    int groups, chunk_max;
+    chunk_rules(net, threads, &groups, &chunk_max);
+    int chunk = chunk_of(chunk_max, groups, max_batch);
+    stage_shape sh = cpu_shape(net, first, last, max_batch, chunk, tp, t);
+    stage_sizes z = stage_plan_sizes(&sh);
+    return bytes_of(&z, threads, groups, chunk, max_batch, tp && tp->T > 1);
+}
+
+/* params | grads | m | v; each block rounded so every block stays aligned */
+static int alloc_state(stage *s)
+{
+    size_t block = stage_round_up(s->plan.param_count * sizeof(float)) / sizeof(float);
+    s->memory = stage_alloc_zeroed(4 * block * sizeof(float));
+    if (!s->memory) return -1;
+    s->params = s->memory;
+    s->grads = s->memory + block;
+    s->opt_m = s->memory + 2 * block;
+    s->opt_v = s->memory + 3 * block;
+    return 0;
+}
+
+/* Each thread's workspace and scratch; with tensor shards the collectives' buffers. */
+static int alloc_workers(stage *s, int chunk)
+{
+    const stage_plan *p = &s->plan;
+    s->workers = calloc((size_t)s->threads, sizeof *s->workers);
+    if (!s->workers) return -1;
+    for (int t = 0; t < s->threads; t++) {
+        stage_worker *wk = &s->workers[t];
+        wk->work = stage_alloc_zeroed(p->work_floats * sizeof(float));
+        for (int k = 0; k < 2; k++) wk->scratch[k] = stage_alloc_zeroed(p->widest * chunk * sizeof(float));
+        if (!wk->work || !wk->scratch[0] || !wk->scratch[1]) return -1;
+    }
+    if (!p->tp) return 0;
+    size_t bytes = (size_t)p->max_batch * p->widest * sizeof(float);
+    s->tp_buf = stage_alloc_zeroed(bytes);
+    s->tp_din = stage_alloc_zeroed(bytes);
+    s->tp_dout = stage_alloc_zeroed(bytes);
+    s->carry = stage_alloc_zeroed(bytes);
+    return s->tp_buf && s->tp_din && s->tp_dout && s->carry ? 0 : -1;
+}
+
+/* Group 0 of the first micro-batch sums straight into the stage's gradients, of later ones
+ * into mb_grads; the other groups need their own only when a micro-batch can have more
+ * than one chunk. */
+static int alloc_groups(stage *s, int chunk)
+{
+    size_t P = s->plan.param_count;
+    s->group_grads = calloc((size_t)s->groups, sizeof *s->group_grads);
+    s->mb_grads = stage_alloc_zeroed(P * sizeof(float));
+    if (!s->group_grads || !s->mb_grads) return -1;
+    s->group_grads[0] = s->grads;
+    for (int g = 1; g < used_groups(s->groups, chunk, s->plan.max_batch); g++)
+        if (!(s->group_grads[g] = stage_alloc_zeroed(P * sizeof(float)))) return -1;
+    return 0;
+}
+
+/* Every slot's activations in one block, each slot's carved by the shared layout. */
+static int alloc_slots(stage *s)
+{
+    const stage_plan *p = &s->plan;
+    s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
+    s->slot_layers = calloc((size_t)s->n_slots * (size_t)p->nl, sizeof *s->slot_layers);
+    s->slot_memory = stage_alloc_zeroed(p->slot_bytes * s->n_slots);
+    if (!s->slots || !s->slot_layers || !s->slot_memory) return -1;
+    for (int k = 0; k < s->n_slots; k++) {
+        stage_slot *sl = &s->slots[k];
+        sl->layers = s->slot_layers + (size_t)k * p->nl;
+        sl->whole_out = stage_plan_carve_slot(p, (char *)s->slot_memory + k * p->slot_bytes,
+                                              sl->layers);
+    }
+    return 0;
 }
 
 int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch, int n_slots,
@@ -51,8 +167,6 @@ int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch
 {
     return stage_init_shard(s, net, first, last, max_batch, n_slots, threads, NULL, 0, NULL);
 }
-
-static int tp_on(const shard_plan *tp) { return tp && tp->T > 1; }
 
 int stage_init_shard(stage *s, const net_desc *net, int first, int last, int max_batch,
                      int n_slots, int threads, const shard_plan *tp, int tp_rank,
@@ -65,222 +179,35 @@ int stage_init_shard(stage *s, const net_desc *net, int first, int last, int max
     if (max_batch < 1 || n_slots < 1 || threads < 1)
         return pt_error_set("stage: batch %d, slots %d and threads %d must be positive",
                             max_batch, n_slots, threads);
-    s->net = net;
-    s->first = first;
-    s->last = last;
-    s->max_batch = max_batch;
     s->n_slots = n_slots;
     s->threads = threads;
-    s->groups = threads > STAGE_MIN_GROUPS ? threads : STAGE_MIN_GROUPS;
-    int nl = last - first;
-    for (int l = 0; l < net->n_layers; l++) /* the whole net decides, not this stage */
-        if (net->layers[l].type == LAYER_CONV) s->chunk_max = CONV_CHUNK;
+    chunk_rules(net, threads, &s->groups, &s->chunk_max);
     int chunk = stage_chunk(s, max_batch);
-    if (tp_on(tp)) {
-        s->tp = tp;
-        s->tp_rank = tp_rank;
-        s->tp_comm = *comm;
+    stage_shape sh = cpu_shape(net, first, last, max_batch, chunk, tp, tp_rank);
+    if (stage_plan_init(&s->plan, &sh, "stage")) return -1;
+    if (s->plan.tp) s->tp_comm = *comm;
+    if (alloc_state(s) || alloc_workers(s, chunk) || alloc_groups(s, chunk) || alloc_slots(s)) {
+        stage_free(s);
+        return pt_error_set("stage: out of memory for layers %d..%d (batch %d, %d slots)",
+                            first, last - 1, max_batch, n_slots);
     }
-    s->loc = calloc((size_t)nl, sizeof *s->loc);
-    if (!s->loc) goto oom;
-    for (int l = first; l < last; l++) {
-        s->loc[l - first] = s->tp ? shard_local_layer(tp, net, l, tp_rank) : net->layers[l];
-        s->param_count += s->loc[l - first].weight_count + s->loc[l - first].bias_count;
-    }
-    size_t P = s->param_count;
-    /* params | grads | m | v; each block rounded so every block stays aligned */
-    size_t block = round_up(P * sizeof(float)) / sizeof(float);
-    s->memory = alloc_zeroed(4 * block * sizeof(float));
-    s->w = calloc((size_t)nl, sizeof *s->w);
-    s->b = calloc((size_t)nl, sizeof *s->b);
-    s->dw = calloc((size_t)nl, sizeof *s->dw);
-    s->db = calloc((size_t)nl, sizeof *s->db);
-    s->slots = calloc((size_t)n_slots, sizeof *s->slots);
-    s->workers = calloc((size_t)threads, sizeof *s->workers);
-    s->group_grads = calloc((size_t)s->groups, sizeof *s->group_grads);
-    s->param_off = calloc((size_t)nl, sizeof *s->param_off);
-    if (!s->memory || !s->w || !s->b || !s->dw || !s->db || !s->slots || !s->workers ||
-        !s->param_off || !s->group_grads)
-        goto oom;
-    s->params = s->memory;
-    s->grads = s->memory + block;
-    s->opt_m = s->memory + 2 * block;
-    s->opt_v = s->memory + 3 * block;
-    size_t off = 0;
-    size_t work = 0, widest = 0, slot_bytes = 0;
-    for (int l = first; l < last; l++) {
-        const layer_desc *L = &s->loc[l - first];
-        int i = l - first;
-        s->param_off[i] = off;
-        if (L->weight_count) {
-            s->w[i] = s->params + off;
-            s->dw[i] = s->grads + off;
-            off += L->weight_count;
-            s->b[i] = s->params + off;
-            s->db[i] = s->grads + off;
-            off += L->bias_count;
-        }
-        if (L->type == LAYER_CONV) {
-            kernel_conv2d_dims d = layer_conv_dims(L, chunk);
-            size_t ws = kernel_conv2d_workspace_floats(&d);
-            if (ws > work) work = ws;
-        }
-        /* whole vectors too: tensor collectives gather and reduce them */
-        size_t in = layer_shape_count(net->layers[l].in), out = layer_shape_count(net->layers[l].out);
-        if (in > widest) widest = in;
-        if (out > widest) widest = out;
-        size_t a, b, c;
-        slot_bytes += layer_slot_bytes(L, max_batch, &a, &b, &c);
-        if (s->tp)
-            slot_bytes += round_up((size_t)max_batch *
-                                   shard_slot_input(tp, net, l, first, tp_rank) * sizeof(float));
-    }
-    if (s->tp && tp->layers[last - 1].out.sharded)
-        slot_bytes += round_up((size_t)max_batch * layer_shape_count(net->layers[last - 1].out) *
-                               sizeof(float));
-    s->slot_bytes = slot_bytes;
-    if (s->tp) {
-        size_t bytes = (size_t)max_batch * widest * sizeof(float);
-        s->tp_buf = alloc_zeroed(bytes);
-        s->tp_din = alloc_zeroed(bytes);
-        s->tp_dout = alloc_zeroed(bytes);
-        s->carry = alloc_zeroed(bytes);
-        if (!s->tp_buf || !s->tp_din || !s->tp_dout || !s->carry) goto oom;
-    }
-    s->widest = widest;
-    for (int t = 0; t < threads; t++) {
-        stage_worker *wk = &s->workers[t];
-        wk->work = alloc_zeroed(work * sizeof(float));
-        for (int k = 0; k < 2; k++) wk->scratch[k] = alloc_zeroed(widest * chunk * sizeof(float));
-        if (!wk->work || !wk->scratch[0] || !wk->scratch[1]) goto oom;
-    }
-    /* group 0 of the first micro-batch sums straight into the stage's gradients, of later
-     * ones into mb_grads; the other groups need their own only when a micro-batch can have
-     * more than one chunk */
-    int used_groups = (max_batch + chunk - 1) / chunk;
-    if (used_groups > s->groups) used_groups = s->groups;
-    s->group_grads[0] = s->grads;
-    s->mb_grads = alloc_zeroed(P * sizeof(float));
-    if (!s->mb_grads) goto oom;
-    for (int g = 1; g < used_groups; g++) {
-        s->group_grads[g] = alloc_zeroed(P * sizeof(float));
-        if (!s->group_grads[g]) goto oom;
-    }
-    s->slot_memory = alloc_zeroed(slot_bytes * n_slots);
-    if (!s->slot_memory) goto oom;
     if (pool_init(&s->pool, threads)) {
         stage_free(s);
         return -1;
     }
-
-    char *mem = s->slot_memory;
-    for (int k = 0; k < n_slots; k++) {
-        stage_slot *sl = &s->slots[k];
-        sl->buf = calloc((size_t)nl, sizeof *sl->buf);
-        sl->out = calloc((size_t)nl, sizeof *sl->out);
-        sl->argmax = calloc((size_t)nl, sizeof *sl->argmax);
-        sl->mask = calloc((size_t)nl, sizeof *sl->mask);
-        sl->xin = calloc((size_t)nl, sizeof *sl->xin);
-        if (!sl->buf || !sl->out || !sl->argmax || !sl->mask || !sl->xin) goto oom;
-        for (int l = first; l < last; l++) {
-            size_t ob, ab, mb;
-            int i = l - first;
-            layer_slot_bytes(&s->loc[i], max_batch, &ob, &ab, &mb);
-            if (ob) sl->buf[i] = (float *)mem;
-            mem += ob;
-            if (ab) sl->argmax[i] = (int32_t *)mem;
-            mem += ab;
-            if (mb) sl->mask[i] = (uint8_t *)mem;
-            mem += mb;
-            size_t xb = s->tp ? shard_slot_input(tp, net, l, first, tp_rank) : 0;
-            if (xb) sl->xin[i] = (float *)mem;
-            mem += round_up((size_t)max_batch * xb * sizeof(float));
-        }
-        if (s->tp && tp->layers[last - 1].out.sharded) {
-            sl->whole_out = (float *)mem;
-            mem += round_up((size_t)max_batch * layer_shape_count(net->layers[last - 1].out) *
-                            sizeof(float));
-        }
-    }
     return 0;
-oom:
-    stage_free(s);
-    return pt_error_set("stage: out of memory for layers %d..%d (batch %d, %d slots)", first,
-                        last - 1, max_batch, n_slots);
-}
-
-stage_bytes stage_estimate(const net_desc *net, int first, int last, int max_batch, int threads)
-{
-    return stage_estimate_shard(net, first, last, max_batch, threads, NULL, 0);
-}
-
-stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int max_batch,
-                                 int threads, const shard_plan *tp, int t)
-{
-    stage_bytes b = {0};
-    if (!tp_on(tp)) tp = NULL;
-    /* the chunk and group rules of stage_init and stage_chunk */
-    int groups = threads > STAGE_MIN_GROUPS ? threads : STAGE_MIN_GROUPS, chunk_max = 0;
-    for (int l = 0; l < net->n_layers; l++)
-        if (net->layers[l].type == LAYER_CONV) chunk_max = CONV_CHUNK;
-    int chunk = chunk_max > 0 ? chunk_max : (max_batch + groups - 1) / groups;
-    if (chunk_max == 0 && chunk < DENSE_CHUNK_MIN) chunk = DENSE_CHUNK_MIN;
-    if (chunk > max_batch) chunk = max_batch;
-    size_t P = 0, work = 0, widest = 0;
-    for (int l = first; l < last; l++) {
-        layer_desc D = tp ? shard_local_layer(tp, net, l, t) : net->layers[l];
-        const layer_desc *L = &D;
-        P += L->weight_count + L->bias_count;
-        if (L->type == LAYER_CONV) {
-            kernel_conv2d_dims d = layer_conv_dims(L, chunk);
-            size_t ws = kernel_conv2d_workspace_floats(&d);
-            if (ws > work) work = ws;
-        }
-        size_t in = layer_shape_count(net->layers[l].in), out = layer_shape_count(net->layers[l].out);
-        if (in > widest) widest = in;
-        if (out > widest) widest = out;
-        size_t o, a, m;
-        b.slot += layer_slot_bytes(L, max_batch, &o, &a, &m);
-        if (tp) b.slot += round_up((size_t)max_batch * shard_slot_input(tp, net, l, first, t) *
-                                   sizeof(float));
-    }
-    if (tp && tp->layers[last - 1].out.sharded)
-        b.slot += round_up((size_t)max_batch * layer_shape_count(net->layers[last - 1].out) *
-                           sizeof(float));
-    b.state = 4 * round_up(P * sizeof(float));
-    int used_groups = (max_batch + chunk - 1) / chunk;
-    if (used_groups > groups) used_groups = groups;
-    b.groups = (size_t)used_groups * round_up(P * sizeof(float)); /* mb_grads + groups 1.. */
-    b.workers = (size_t)threads * (round_up(work * sizeof(float)) +
-                                   2 * round_up(widest * chunk * sizeof(float)));
-    if (tp) b.workers += 4 * round_up((size_t)max_batch * widest * sizeof(float));
-    return b;
 }
 
 void stage_free(stage *s)
 {
-    if (s->slots) {
-        for (int k = 0; k < s->n_slots; k++) {
-            free(s->slots[k].buf);
-            free(s->slots[k].out);
-            free(s->slots[k].argmax);
-            free(s->slots[k].mask);
-            free(s->slots[k].xin);
-        }
-    }
-    if (s->slots)
-        for (int k = 0; k < s->n_slots; k++) free(s->slots[k].gout);
     free(s->slots);
+    free(s->slot_layers);
     free(s->slot_memory);
     free(s->split_memory);
     free(s->stash_x);
     free(s->stash_g);
     free(s->stash_memory);
     free(s->memory);
-    free(s->w);
-    free(s->b);
-    free(s->dw);
-    free(s->db);
     if (s->workers) {
         for (int t = 0; t < s->threads; t++) {
             free(s->workers[t].work);
@@ -294,64 +221,42 @@ void stage_free(stage *s)
     free(s->carry);
     free(s->group_grads);
     free(s->workers);
-    free(s->param_off);
-    free(s->loc);
     free(s->tp_buf);
     free(s->tp_din);
     free(s->tp_dout);
     pool_free(s->pool);
+    stage_plan_free(&s->plan);
     memset(s, 0, sizeof *s);
 }
 
-typedef struct {
-    float *w;          /* the local layer's parameters: weight, then bias */
-    size_t weight_count; /* of the whole layer */
-    float bound;
-    uint64_t seed;
-    int layer;
-} init_ctx;
-
-/* A run of the whole layer's parameters this rank holds: the same draws as the whole. */
-static void init_run(void *arg, size_t whole, size_t local, size_t count)
+static int draw_cpu(void *ctx, float *dst, size_t first, size_t count, float bound,
+                    uint64_t seed, uint64_t stream)
 {
-    init_ctx *c = arg;
-    int bias = whole >= c->weight_count;
-    kernel_init_uniform_range_cpu(c->w + local, bias ? whole - c->weight_count : whole, count,
-                                  c->bound, c->seed, rng_stream_init(c->layer, bias));
+    kernel_init_uniform_range_cpu(dst, first, count, bound, seed, stream);
+    return 0;
 }
 
 void stage_init_params(stage *s, uint64_t seed)
 {
-    for (int l = s->first; l < s->last; l++) {
-        const layer_desc *L = &s->net->layers[l]; /* the whole layer: its fan-in */
-        int i = l - s->first;
-        if (!L->weight_count) continue;
-        size_t fan_in = L->weight_count / (L->type == LAYER_CONV ? (size_t)L->u.conv.filters
-                                                                  : (size_t)L->u.dense.units);
-        /* kaiming_uniform(a=√5) and the bias rule of torch.nn both give 1/√fan_in */
-        float bound = (float)(1.0 / sqrt((double)fan_in));
-        if (s->tp) {
-            init_ctx c = {s->w[i], L->weight_count, bound, seed, l};
-            shard_layer_runs(s->tp, s->net, l, s->tp_rank, init_run, &c);
-            continue;
-        }
-        kernel_init_uniform_cpu(s->w[i], L->weight_count, bound, seed, rng_stream_init(l, 0));
-        kernel_init_uniform_cpu(s->b[i], L->bias_count, bound, seed, rng_stream_init(l, 1));
-    }
+    int failed;
+    (void)stage_plan_init_params(&s->plan, s->params, seed, draw_cpu, NULL, &failed);
     s->step = 0;
 }
 
 const float *stage_output(const stage *s, int slot)
 {
     const stage_slot *sl = &s->slots[slot];
-    return sl->whole_out ? sl->whole_out : sl->out[s->last - s->first - 1];
+    return sl->whole_out ? sl->whole_out : sl->layers[s->plan.nl - 1].out;
 }
 
-size_t stage_in_count(const stage *s) { return layer_shape_count(s->net->layers[s->first].in); }
+size_t stage_in_count(const stage *s)
+{
+    return layer_shape_count(s->plan.net->layers[s->plan.first].in);
+}
 
 size_t stage_out_count(const stage *s)
 {
-    return layer_shape_count(s->net->layers[s->last - 1].out);
+    return layer_shape_count(s->plan.net->layers[s->plan.last - 1].out);
 }
 
 int stage_slot_acquire(stage *s)
@@ -362,39 +267,11 @@ int stage_slot_acquire(stage *s)
             return k;
         }
     }
-    return pt_error_set("stage %d..%d: all %d activation slots are in use", s->first,
-                        s->last - 1, s->n_slots);
+    return pt_error_set("stage %d..%d: all %d activation slots are in use", s->plan.first,
+                        s->plan.last - 1, s->n_slots);
 }
 
 void stage_slot_release(stage *s, int slot) { s->slots[slot].busy = 0; }
-
-/* Where each layer's output lives for this forward: its own buffer, or its input when the
- * layer is the identity (flatten; dropout when not training). Decided once per forward. */
-static const float *set_outputs(stage *s, stage_slot *sl, const float *in, int training)
-{
-    const float *x = in;
-    for (int l = s->first; l < s->last; l++) {
-        const layer_desc *L = &s->loc[l - s->first];
-        int i = l - s->first;
-        if (sl->xin[i]) x = sl->xin[i]; /* gathered or sliced for tensor shards */
-        sl->out[i] = layer_is_identity(L, training) ? x : sl->buf[i];
-        x = sl->out[i];
-    }
-    return sl->whole_out ? sl->whole_out : x;
-}
-
-/* Local layer i's input as it uses it. */
-static const float *layer_input(const stage_slot *sl, int i)
-{
-    return sl->xin[i] ? sl->xin[i] : i == 0 ? sl->input : sl->out[i - 1];
-}
-
-/* Local layer i is split by its inputs: its output is a partial sum until the tensor
- * group's all-reduce; the bias and the activation come after (tp_finish). */
-static int split_in(const stage *s, int i)
-{
-    return s->tp && s->tp->layers[s->first + i].split == SHARD_IN;
-}
 
 typedef struct {
     stage *s;
@@ -404,18 +281,10 @@ typedef struct {
     uint64_t seed, step;
     const float *dout;
     float *din;
-    int lo, hi; /* backward: local layers [lo, hi) */
-    int parts;  /* backward: BW_INPUT and/or BW_WEIGHT */
+    int lo, hi; /* local layers [lo, hi) */
+    int parts;  /* backward: LAYER_BW_INPUT and/or LAYER_BW_WEIGHT */
+    int zero0;  /* backward: group 0 (mb_grads) is zeroed by its worker first */
 } chunk_job;
-
-/* What a backward computes: the input gradient (B), the parameter gradients (W), or both. */
-enum { BW_INPUT = LAYER_BW_INPUT, BW_WEIGHT = LAYER_BW_WEIGHT, BW_BOTH = LAYER_BW_BOTH };
-
-/* Local layer i's weight gradient is formed over the whole step (stage_wgrad_flush). */
-static int batched(const stage *s, int i)
-{
-    return s->wgrad_rows > 0 && s->stash_x[i] != NULL;
-}
 
 /* One chunk of a slot as the shared layer loop sees it (src/engine/layer_ops.h). */
 typedef struct {
@@ -426,53 +295,29 @@ typedef struct {
     float *grads;        /* backward, weight: where parameter gradients go */
 } stage_chunk_io;
 
-/* Where local layer i's data lives for the chunk. */
+/* Where local layer i's data lives for the chunk: the shared rule, the chunk's sample ids
+ * and a batched layer's rows of the step's stash. */
 static int chunk_io(void *self, int i, int phase, layer_io *io)
 {
     const stage_chunk_io *c = self;
     const stage *s = c->s;
     const stage_slot *sl = c->sl;
-    const layer_desc *L = &s->loc[i];
-    size_t in_count = layer_shape_count(L->in), out_count = layer_shape_count(L->out);
-    size_t off = c->off;
-    io->x = layer_input(sl, i) + off * in_count;
-    io->identity = sl->out[i] != sl->buf[i];
-    io->argmax = sl->argmax[i] ? sl->argmax[i] + off * out_count : NULL;
-    io->mask = sl->mask[i] ? sl->mask[i] + off * out_count : NULL;
-    io->w = s->w[i];
-    io->b = s->b[i];
-    if (phase == LAYER_PHASE_FORWARD) {
-        io->y = sl->buf[i] ? sl->buf[i] + off * out_count : NULL;
-        io->partial = split_in(s, i);
-        io->ids = c->ids ? c->ids + off : NULL;
-        /* a slice's elements keep their places in the whole vector's mask */
-        if (s->tp && io->mask) {
-            int l = s->first + i;
-            size_t len;
-            shard_values(&s->tp->layers[l].in, layer_shape_count(s->net->layers[l].in),
-                         s->tp->T, s->tp_rank, &io->elem_off, &len);
-        }
-        return 0;
-    }
-    io->out = sl->out[i] + off * out_count;
-    io->batched = batched(s, i);
-    if (L->weight_count && c->grads) {
-        io->dw = c->grads + s->param_off[i];
-        io->db = io->dw + L->weight_count;
-    }
-    if (sl->gout && sl->gout[i]) io->gout = sl->gout[i] + off * out_count;
+    stage_plan_layer_io(&s->plan, sl->layers, sl->input, s->params, c->grads, i, phase, c->off,
+                        io);
+    io->ids = c->ids ? c->ids + c->off : NULL;
     if (io->batched && phase == LAYER_PHASE_BACKWARD) {
-        size_t row = (size_t)sl->row + off;
-        io->stash_x = s->stash_x[i] + row * in_count;
-        io->stash_g = s->stash_g[i] + row * out_count;
+        const layer_desc *L = &s->plan.loc[i];
+        size_t row = (size_t)sl->row + c->off;
+        io->stash_x = s->stash_x[i] + row * layer_shape_count(L->in);
+        io->stash_g = s->stash_g[i] + row * layer_shape_count(L->out);
     }
     return 0;
 }
 
 static layer_run chunk_run(const stage *s, stage_worker *wk, stage_chunk_io *io, int n)
 {
-    layer_run r = {.k = &layer_kernels_cpu, .layers = s->loc, .first = s->first, .n = n,
-                   .work = wk->work, .io = chunk_io, .self = io};
+    layer_run r = {.k = &layer_kernels_cpu, .layers = s->plan.loc, .first = s->plan.first,
+                   .n = n, .work = wk->work, .io = chunk_io, .self = io};
     return r;
 }
 
@@ -500,136 +345,6 @@ static void forward_worker(void *arg, int t)
                           j->step, j->lo, j->hi);
 }
 
-/* ---- tensor shards: the collectives between the layers (src/model/shard.h) ---- */
-
-static int tp_allreduce(stage *s, float *buf, size_t n)
-{
-    double t0 = pt_now();
-    int rc = s->tp_comm.allreduce(s->tp_comm.ctx, buf, n);
-    s->tp_s += pt_now() - t0;
-    if (rc) s->tp_failed = 1;
-    return rc;
-}
-
-/* n samples of a vector of `whole` values in state st: this rank's slices (rows of its
- * length, contiguous) all-gathered into whole rows. */
-static int tp_gather(stage *s, const shard_state *st, size_t whole, const float *local,
-                     float *out, int n)
-{
-    int T = s->tp->T;
-    size_t count[T], off[T], len[T];
-    for (int r = 0; r < T; r++) {
-        shard_values(st, whole, T, r, &off[r], &len[r]);
-        count[r] = (size_t)n * len[r];
-    }
-    double t0 = pt_now();
-    int rc = s->tp_comm.allgather(s->tp_comm.ctx, local, s->tp_buf, count);
-    s->tp_s += pt_now() - t0;
-    if (rc) {
-        s->tp_failed = 1;
-        return rc;
-    }
-    const float *blk = s->tp_buf;
-    for (int r = 0; r < T; blk += count[r], r++)
-        for (int j = 0; j < n; j++)
-            memcpy(out + (size_t)j * whole + off[r], blk + (size_t)j * len[r],
-                   len[r] * sizeof(float));
-    return 0;
-}
-
-/* This rank's slice of n whole rows, as contiguous rows. */
-static void tp_slice(const stage *s, const shard_state *st, size_t whole, const float *in,
-                     float *out, int n)
-{
-    size_t off, len;
-    shard_values(st, whole, s->tp->T, s->tp_rank, &off, &len);
-    for (int j = 0; j < n; j++)
-        memcpy(out + (size_t)j * len, in + (size_t)j * whole + off, len * sizeof(float));
-}
-
-/* A layer split by inputs after its all-reduce: bias, then activation, sample by sample
- * (each sample's row stays in cache between the two), the samples dealt to the threads. */
-typedef struct {
-    const stage *s;
-    int i, n;
-    float *y;
-} finish_job;
-
-static void finish_worker(void *arg, int t)
-{
-    const finish_job *j = arg;
-    const stage *s = j->s;
-    const layer_desc *L = &s->loc[j->i];
-    size_t count = layer_shape_count(L->out);
-    size_t per = L->type == LAYER_CONV ? (size_t)L->out.h * L->out.w : 1;
-    const float *b = s->b[j->i];
-    int lo = (int)((long)j->n * t / s->threads), hi = (int)((long)j->n * (t + 1) / s->threads);
-    for (int m = lo; m < hi; m++) {
-        float *row = j->y + (size_t)m * count;
-        for (size_t u = 0; u < count / per; u++) {
-            float *v = row + u * per;
-            for (size_t k = 0; k < per; k++) v[k] += b[u];
-        }
-        kernel_activation_forward_cpu(row, row, count, L->activation);
-    }
-}
-
-static void tp_finish(stage *s, int i, float *y, int n)
-{
-    finish_job j = {.s = s, .i = i, .n = n, .y = y};
-    pool_run(s->pool, finish_worker, &j);
-}
-
-
-/* The forward in runs of layers between collectives: each run goes chunk by chunk through
- * its layers (as the whole stage does without shards), then the tensor group completes
- * what the next layer needs. */
-static int tp_forward(stage *s, stage_slot *sl, chunk_job *j)
-{
-    const net_desc *net = s->net;
-    int nl = s->last - s->first, n = sl->n, lo = 0;
-    if (sl->xin[0]) /* the stage's first layer works on a slice of the whole input */
-        tp_slice(s, &s->tp->layers[s->first].in, layer_shape_count(net->layers[s->first].in),
-                 sl->input, sl->xin[0], n);
-    for (int i = 0; i < nl; i++) {
-        int l = s->first + i, then = shard_forward_after(s->tp, s->first, s->last, i);
-        if (!then && i < nl - 1) continue;
-        j->lo = lo;
-        j->hi = i + 1;
-        pool_run(s->pool, forward_worker, j);
-        lo = i + 1;
-        if (then & SHARD_THEN_REDUCE) {
-            if (tp_allreduce(s, sl->buf[i], (size_t)n * layer_shape_count(s->loc[i].out)))
-                return -1;
-            tp_finish(s, i, sl->buf[i], n);
-        }
-        if ((then & SHARD_THEN_GATHER) &&
-            tp_gather(s, &s->tp->layers[l].out, layer_shape_count(net->layers[l].out),
-                      sl->out[i], i + 1 < nl ? sl->xin[i + 1] : sl->whole_out, n))
-            return -1;
-    }
-    return 0;
-}
-
-const float *stage_forward(stage *s, int slot, const float *in, int n,
-                           const int64_t *sample_ids, uint64_t seed, uint64_t step, int training)
-{
-    stage_slot *sl = &s->slots[slot];
-    sl->n = n;
-    sl->input = in;
-    const float *y = set_outputs(s, sl, in, training);
-    chunk_job j = {.s = s, .sl = sl, .n = n, .chunk = stage_chunk(s, n), .ids = sample_ids,
-                   .seed = seed, .step = step, .lo = 0, .hi = s->last - s->first};
-    if (s->tp) return tp_forward(s, sl, &j) ? NULL : y;
-    pool_run(s->pool, forward_worker, &j);
-    return y;
-}
-
-size_t stage_param_end(const stage *s, int i)
-{
-    return i < s->last - s->first ? s->param_off[i] : s->param_count;
-}
-
 /* W alone for local layers [lo, hi) of one chunk, from the output gradients B kept. */
 static void weight_chunk(const stage *s, stage_worker *wk, float *grads, const stage_slot *sl,
                          int off, int n, int lo, int hi)
@@ -642,13 +357,14 @@ static void weight_chunk(const stage *s, stage_worker *wk, float *grads, const s
 /* Local layers [lo, hi) of one chunk, from the gradient of layer hi − 1's output (dout's
  * rows, or the rows the range above left in the carry). Below lo > 0 the gradient is left
  * in the carry, in the chunk's own rows off · widest: chunks never share carry memory.
- * parts: BW_BOTH, or BW_INPUT alone (the split backward's B, which keeps each parameter
- * layer's output gradient in the slot for W). Batched dense layers stash their rows. */
+ * parts: LAYER_BW_BOTH, or LAYER_BW_INPUT alone (the split backward's B, which keeps each
+ * parameter layer's output gradient in the slot for W). Batched dense layers stash their
+ * rows. */
 static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const stage_slot *sl,
                            int off, int n, int lo, int hi, const float *dout, float *din,
                            int parts)
 {
-    if (parts == BW_WEIGHT) {
+    if (parts == LAYER_BW_WEIGHT) {
         weight_chunk(s, wk, grads, sl, off, n, lo, hi);
         return;
     }
@@ -659,26 +375,10 @@ static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const
     (void)layer_run_backward(&r, lo, hi, &g, &gi, wk->scratch, din, parts);
     if (lo > 0) {
         /* g is the carry itself only when every layer of the range passed it through */
-        float *carry = s->carry + (size_t)off * s->widest;
-        size_t count = layer_shape_count(s->loc[lo].in);
+        float *carry = s->carry + (size_t)off * s->plan.widest;
+        size_t count = layer_shape_count(s->plan.loc[lo].in);
         if (g != carry) memcpy(carry, g, (size_t)n * count * sizeof(float));
     }
-}
-
-/* The parameters of local layers [lo, hi) whose gradients a backward forms per micro-batch
- * (all but batched layers) as at most `cap` maximal runs [begin, end) of offsets. */
-static int grad_runs(const stage *s, int lo, int hi, size_t (*runs)[2], int cap)
-{
-    int n = 0;
-    for (int i = lo; i < hi; i++) {
-        size_t b = s->param_off[i], e = stage_param_end(s, i + 1);
-        if (b == e || batched(s, i)) continue;
-        /* past `cap` runs, the last one spans a batched layer too: its groups are zeroed
-         * and summed for nothing, and stage_wgrad_flush overwrites its gradient */
-        if (n && (runs[n - 1][1] == b || n == cap)) runs[n - 1][1] = e;
-        else runs[n][0] = b, runs[n++][1] = e;
-    }
-    return n;
 }
 
 enum { MAX_RUNS = 64 };
@@ -687,14 +387,15 @@ static void backward_worker(void *arg, int t)
 {
     chunk_job *j = arg;
     stage *s = j->s;
-    int nl = s->last - s->first;
-    size_t in_count = layer_shape_count(s->loc[0].in),
-           out_count = layer_shape_count(s->loc[nl - 1].out);
-    int top = j->hi == nl; /* the gradient comes from dout, else the carry */
+    const stage_plan *p = &s->plan;
+    size_t in_count = layer_shape_count(p->loc[0].in),
+           out_count = layer_shape_count(p->loc[p->nl - 1].out);
+    int top = j->hi == p->nl; /* the gradient comes from dout, else the carry */
     size_t runs[MAX_RUNS][2];
-    int nr = j->parts & BW_WEIGHT ? grad_runs(s, j->lo, j->hi, runs, MAX_RUNS) : 0;
+    int nr = j->parts & LAYER_BW_WEIGHT ? stage_plan_grad_runs(p, j->lo, j->hi, runs, MAX_RUNS)
+                                        : 0;
     for (int g = t; g < s->groups && g * j->chunk < j->n; g += s->threads) {
-        if (g > 0 || s->group_grads[0] == s->mb_grads)
+        if (g > 0 || j->zero0)
             for (int r = 0; r < nr; r++)
                 memset(s->group_grads[g] + runs[r][0], 0,
                        (runs[r][1] - runs[r][0]) * sizeof(float));
@@ -702,7 +403,7 @@ static void backward_worker(void *arg, int t)
             backward_chunk(s, &s->workers[t], s->group_grads[g], j->sl, off, chunk_len(j, off),
                            j->lo, j->hi,
                            top ? j->dout + (size_t)off * out_count
-                               : s->carry + (size_t)off * s->widest,
+                               : s->carry + (size_t)off * p->widest,
                            j->din ? j->din + (size_t)off * in_count : NULL, j->parts);
     }
 }
@@ -746,101 +447,205 @@ static void reduce_worker(void *arg, int t)
 }
 
 /* Local layers [lo, hi) of the slot's micro-batch: the chunks' gradient groups of those
- * layers' parameters are zeroed, formed and summed into the target. `add` (a micro-batch
- * after the first, summed apart in mb_grads) does not change between the ranges of one
- * micro-batch, since only the last range (lo = 0) sets `accumulated`. */
+ * layers' parameters are zeroed, formed and summed into the target of the shared rule
+ * (stage_plan_grad_target; a piece is zeroed here, mb_grads by group 0's worker). */
 static void backward_span_local(stage *s, int slot, int lo, int hi, const float *dout,
                                 float *din, float *grads, int parts)
 {
     stage_slot *sl = &s->slots[slot];
     chunk_job j = {.s = s, .sl = sl, .n = sl->n, .chunk = stage_chunk(s, sl->n), .dout = dout,
                    .din = din, .lo = lo, .hi = hi, .parts = parts};
-    if (!(parts & BW_WEIGHT)) {
+    if (!(parts & LAYER_BW_WEIGHT)) {
         pool_run(s->pool, backward_worker, &j);
         return;
     }
     size_t runs[MAX_RUNS][2];
-    int nr = grad_runs(s, lo, hi, runs, MAX_RUNS);
-    /* `grads` alone is the first micro-batch's case: its gradient is formed in place */
-    float *target = grads ? grads : s->grads;
-    int add = !grads && s->accumulated;
-    for (int r = 0; grads && r < nr; r++)
-        memset(grads + runs[r][0], 0, (runs[r][1] - runs[r][0]) * sizeof(float));
-    s->group_grads[0] = add ? s->mb_grads : target;
+    int nr = stage_plan_grad_runs(&s->plan, lo, hi, runs, MAX_RUNS);
+    stage_grad_target t = stage_plan_grad_target(&s->plan, s->grads, s->mb_grads, grads);
+    for (int r = 0; t.apart && !t.add_to && r < nr; r++)
+        memset(t.form + runs[r][0], 0, (runs[r][1] - runs[r][0]) * sizeof(float));
+    s->group_grads[0] = t.form;
+    j.zero0 = t.add_to != NULL;
     pool_run(s->pool, backward_worker, &j);
-    int used = (sl->n + j.chunk - 1) / j.chunk;
-    if (used > s->groups) used = s->groups;
-    for (int k = 0; k < nr && (used > 1 || add); k++) {
-        reduce_job r = {.s = s, .used = used, .dst = target, .begin = runs[k][0],
-                        .end = runs[k][1]};
+    int used = used_groups(s->groups, j.chunk, sl->n);
+    for (int k = 0; k < nr && (used > 1 || t.add_to); k++) {
+        reduce_job r = {.s = s, .used = used, .dst = t.add_to ? t.add_to : t.form,
+                        .begin = runs[k][0], .end = runs[k][1]};
         pool_run(s->pool, reduce_worker, &r);
     }
-    if (!grads && lo == 0) s->accumulated = 1;
+    stage_plan_grads_formed(&s->plan, lo, grads);
 }
 
-/* Tensor shards: the carried gradient at local layer b's input (chunks at off · widest,
- * each its rows of `count`) packed into tp_buf's n contiguous rows, and back: rows of
- * `keep` values from `from` of each packed row (a slice, or the whole row). */
-static void carry_pack(stage *s, int n, int chunk, size_t count)
+/* ---- tensor shards: the CPU's side of the shared runs (src/engine/stage_plan.h) ---- */
+
+/* One forward or backward of a slot's micro-batch as the tensor runs see it. */
+typedef struct {
+    stage *s;
+    int slot;
+    const int64_t *ids;      /* forward */
+    uint64_t seed, step;
+    float *grads;            /* backward */
+    int parts;
+} stage_pass;
+
+static int tp_forward_run(void *self, int lo, int hi)
 {
+    stage_pass *ps = self;
+    stage *s = ps->s;
+    stage_slot *sl = &s->slots[ps->slot];
+    chunk_job j = {.s = s, .sl = sl, .n = sl->n, .chunk = stage_chunk(s, sl->n), .ids = ps->ids,
+                   .seed = ps->seed, .step = ps->step, .lo = lo, .hi = hi};
+    pool_run(s->pool, forward_worker, &j);
+    return 0;
+}
+
+static int tp_backward_run(void *self, int lo, int hi, const float *dout, float *din)
+{
+    stage_pass *ps = self;
+    backward_span_local(ps->s, ps->slot, lo, hi, dout, din, ps->grads, ps->parts);
+    return 0;
+}
+
+static int tp_allreduce(void *self, float *buf, size_t n)
+{
+    stage *s = ((stage_pass *)self)->s;
+    double t0 = pt_now();
+    int rc = s->tp_comm.allreduce(s->tp_comm.ctx, buf, n);
+    s->tp_s += pt_now() - t0;
+    if (rc) s->tp_failed = 1;
+    return rc;
+}
+
+static int tp_gather(void *self, const shard_state *st, size_t whole, const float *local,
+                     float *out, int n)
+{
+    stage *s = ((stage_pass *)self)->s;
+    int T = s->plan.tp->T;
+    size_t count[T], off[T], len[T];
+    stage_tensor_counts(&s->plan, st, whole, n, count, off, len);
+    double t0 = pt_now();
+    int rc = s->tp_comm.allgather(s->tp_comm.ctx, local, s->tp_buf, count);
+    s->tp_s += pt_now() - t0;
+    if (rc) {
+        s->tp_failed = 1;
+        return rc;
+    }
+    const float *blk = s->tp_buf;
+    for (int r = 0; r < T; blk += count[r], r++)
+        for (int j = 0; j < n; j++)
+            memcpy(out + (size_t)j * whole + off[r], blk + (size_t)j * len[r],
+                   len[r] * sizeof(float));
+    return 0;
+}
+
+static int tp_slice(void *self, const float *in, size_t whole, size_t from, size_t keep,
+                    float *out, int n)
+{
+    for (int j = 0; j < n; j++)
+        memcpy(out + (size_t)j * keep, in + (size_t)j * whole + from, keep * sizeof(float));
+    return 0;
+}
+
+/* A layer split by inputs after its all-reduce: bias, then activation, sample by sample
+ * (each sample's row stays in cache between the two), the samples dealt to the threads. */
+typedef struct {
+    const stage *s;
+    int i, n;
+    float *y;
+} finish_job;
+
+static void finish_worker(void *arg, int t)
+{
+    const finish_job *j = arg;
+    const stage *s = j->s;
+    const layer_desc *L = &s->plan.loc[j->i];
+    size_t count = layer_shape_count(L->out);
+    size_t per = L->type == LAYER_CONV ? (size_t)L->out.h * L->out.w : 1;
+    const float *b = s->params + s->plan.param_off[j->i] + L->weight_count;
+    int lo = (int)((long)j->n * t / s->threads), hi = (int)((long)j->n * (t + 1) / s->threads);
+    for (int m = lo; m < hi; m++) {
+        float *row = j->y + (size_t)m * count;
+        for (size_t u = 0; u < count / per; u++) {
+            float *v = row + u * per;
+            for (size_t k = 0; k < per; k++) v[k] += b[u];
+        }
+        kernel_activation_forward_cpu(row, row, count, L->activation);
+    }
+}
+
+static int tp_finish(void *self, int i, float *y, int n)
+{
+    stage *s = ((stage_pass *)self)->s;
+    finish_job j = {.s = s, .i = i, .n = n, .y = y};
+    pool_run(s->pool, finish_worker, &j);
+    return 0;
+}
+
+/* The carried gradient at a layer's input (chunks at off · widest, each its rows of
+ * `count`) packed into tp_buf's n contiguous rows, all-reduced, and back: rows of `keep`
+ * values from `from` of each packed row (a slice, or the whole row). */
+static int tp_reduce_carry(void *self, int b, size_t count, size_t from, size_t keep, int n)
+{
+    stage *s = ((stage_pass *)self)->s;
+    int chunk = stage_chunk(s, n);
+    size_t wide = s->plan.widest;
     for (int off = 0; off < n; off += chunk) {
         int m = n - off < chunk ? n - off : chunk;
-        memcpy(s->tp_buf + (size_t)off * count, s->carry + (size_t)off * s->widest,
+        memcpy(s->tp_buf + (size_t)off * count, s->carry + (size_t)off * wide,
                (size_t)m * count * sizeof(float));
     }
-}
-
-static void carry_unpack(stage *s, int n, int chunk, size_t count, size_t from, size_t keep)
-{
+    if (tp_allreduce(self, s->tp_buf, (size_t)n * count)) return -1;
     for (int j = 0; j < n; j++) {
         int off = j / chunk * chunk;
-        memcpy(s->carry + (size_t)off * s->widest + (size_t)(j - off) * keep,
+        memcpy(s->carry + (size_t)off * wide + (size_t)(j - off) * keep,
                s->tp_buf + (size_t)j * count + from, keep * sizeof(float));
     }
+    return 0;
 }
 
-/* The backward of local layers [lo, hi) in runs between the collectives: the gradient of
- * an output-split layer's input holds partial sums (all-reduced), a gathered input's
- * gradient is whole (each rank keeps its slice), a sliced stage input's gradient is a slice
- * (all-gathered for the previous stage), and a gathered stage output's gradient arrives
- * whole (sliced first). The weight gradients (W) need none of it. */
+static const stage_tensor_ops tensor_ops_cpu = {
+    .forward = tp_forward_run,
+    .backward = tp_backward_run,
+    .allreduce = tp_allreduce,
+    .gather = tp_gather,
+    .slice = tp_slice,
+    .finish = tp_finish,
+    .reduce_carry = tp_reduce_carry,
+};
+
+static stage_tensor_run tensor_run(stage *s, stage_pass *ps)
+{
+    stage_slot *sl = &s->slots[ps->slot];
+    stage_tensor_run r = {.plan = &s->plan, .ops = &tensor_ops_cpu, .self = ps, .n = sl->n,
+                          .layers = sl->layers, .input = sl->input, .whole_out = sl->whole_out,
+                          .tp_dout = s->tp_dout, .tp_din = s->tp_din};
+    return r;
+}
+
+const float *stage_forward(stage *s, int slot, const float *in, int n,
+                           const int64_t *sample_ids, uint64_t seed, uint64_t step, int training)
+{
+    stage_slot *sl = &s->slots[slot];
+    sl->n = n;
+    sl->input = in;
+    const float *y = stage_plan_set_outputs(&s->plan, sl->layers, in, sl->whole_out, training);
+    stage_pass ps = {.s = s, .slot = slot, .ids = sample_ids, .seed = seed, .step = step};
+    stage_tensor_run r = tensor_run(s, &ps);
+    return stage_tensor_forward(&r) ? NULL : y; /* a failed collective set tp_failed */
+}
+
+/* The backward of local layers [lo, hi): in runs between the tensor collectives (W needs
+ * none of them). A failed collective sets tp_failed. */
 static void backward_span(stage *s, int slot, int lo, int hi, const float *dout, float *din,
                           float *grads, int parts)
 {
-    if (!s->tp || parts == BW_WEIGHT) {
+    if (parts == LAYER_BW_WEIGHT) {
         backward_span_local(s, slot, lo, hi, dout, din, grads, parts);
         return;
     }
-    const net_desc *net = s->net;
-    const shard_plan *tp = s->tp;
-    stage_slot *sl = &s->slots[slot];
-    int nl = s->last - s->first, n = sl->n, chunk = stage_chunk(s, n);
-    if (hi == nl && sl->whole_out) {
-        tp_slice(s, &tp->layers[s->last - 1].out, layer_shape_count(net->layers[s->last - 1].out),
-                 dout, s->tp_dout, n);
-        dout = s->tp_dout;
-    }
-    for (int h = hi; h > lo;) {
-        int b = shard_backward_stop(tp, s->first, lo, h);
-        int slice_in = b == 0 && sl->xin[0]; /* the gradient of a sliced stage input */
-        backward_span_local(s, slot, b, h, h == nl ? dout : NULL,
-                            b == 0 ? (slice_in && din ? s->tp_din : din) : NULL, grads, parts);
-        int l = s->first + b;
-        size_t whole = layer_shape_count(net->layers[l].in);
-        if (b > 0 && tp->layers[l].split == SHARD_OUT) {
-            carry_pack(s, n, chunk, whole);
-            if (tp_allreduce(s, s->tp_buf, (size_t)n * whole)) return;
-            size_t from = 0, keep = whole;
-            if (sl->xin[b]) /* gathered input: back to the previous layer's slice */
-                shard_values(&tp->layers[l - 1].out, whole, tp->T, s->tp_rank, &from, &keep);
-            carry_unpack(s, n, chunk, whole, from, keep);
-        } else if (b == 0 && din && tp->layers[l].split == SHARD_OUT) {
-            if (tp_allreduce(s, din, (size_t)n * whole)) return;
-        } else if (slice_in && din) {
-            if (tp_gather(s, &tp->layers[l].in, whole, s->tp_din, din, n)) return;
-        }
-        h = b;
-    }
+    stage_pass ps = {.s = s, .slot = slot, .grads = grads, .parts = parts};
+    stage_tensor_run r = tensor_run(s, &ps);
+    (void)stage_tensor_backward(&r, lo, hi, dout, din);
 }
 
 void stage_backward(stage *s, int slot, const float *dout, float *din)
@@ -850,67 +655,21 @@ void stage_backward(stage *s, int slot, const float *dout, float *din)
 
 void stage_backward_to(stage *s, int slot, const float *dout, float *din, float *grads)
 {
-    backward_span(s, slot, 0, s->last - s->first, dout, din, grads, BW_BOTH);
+    backward_span(s, slot, 0, s->plan.nl, dout, din, grads, LAYER_BW_BOTH);
 }
 
 int stage_backward_range(stage *s, int slot, int lo, int hi, const float *dout, float *din,
                          float *grads)
 {
-    int nl = s->last - s->first;
-    if (lo < 0 || hi > nl || lo >= hi)
-        return pt_error_set("stage %d..%d: backward of local layers [%d, %d), outside the "
-                            "stage's %d", s->first, s->last - 1, lo, hi, nl);
-    if (s->range_hi == 0 ? hi != nl
-                         : hi != s->range_hi || slot != s->range_slot || grads != s->range_grads)
-        return pt_error_set("stage %d..%d: backward of local layers [%d, %d) out of order: "
-                            "expected %s ending at %d", s->first, s->last - 1, lo, hi,
-                            s->range_hi ? "the same micro-batch's next range" : "a first range",
-                            s->range_hi ? s->range_hi : nl);
+    if (stage_plan_range_check(&s->plan, slot, lo, hi, grads)) return -1;
     if (lo > 0 && !s->carry) {
-        s->carry = alloc_zeroed((size_t)s->max_batch * s->widest * sizeof(float));
+        s->carry = stage_alloc_zeroed((size_t)s->plan.max_batch * s->plan.widest * sizeof(float));
         if (!s->carry)
             return pt_error_set("stage %d..%d: out of memory for the gradients carried "
-                                "between backward ranges", s->first, s->last - 1);
+                                "between backward ranges", s->plan.first, s->plan.last - 1);
     }
-    backward_span(s, slot, lo, hi, dout, din, grads, BW_BOTH);
-    s->range_hi = lo;
-    s->range_slot = slot;
-    s->range_grads = grads;
-    return 0;
-}
-
-size_t stage_split_slot_bytes(const net_desc *net, int first, int last, int max_batch)
-{
-    size_t bytes = 0;
-    for (int l = first; l < last; l++)
-        if (net->layers[l].weight_count)
-            bytes += round_up((size_t)max_batch * layer_shape_count(net->layers[l].out) *
-                              sizeof(float));
-    return bytes;
-}
-
-int stage_enable_split(stage *s)
-{
-    if (s->split) return 0;
-    int nl = s->last - s->first;
-    size_t per = stage_split_slot_bytes(s->net, s->first, s->last, s->max_batch);
-    s->split_memory = alloc_zeroed(per * (size_t)s->n_slots);
-    if (!s->split_memory)
-        return pt_error_set("stage %d..%d: out of memory for the output gradients of %d "
-                            "micro-batches (split backward)", s->first, s->last - 1, s->n_slots);
-    char *mem = s->split_memory;
-    for (int k = 0; k < s->n_slots; k++) {
-        stage_slot *sl = &s->slots[k];
-        if (!(sl->gout = calloc((size_t)nl, sizeof *sl->gout)))
-            return pt_error_set("stage %d..%d: out of memory", s->first, s->last - 1);
-        for (int i = 0; i < nl; i++) {
-            const layer_desc *L = &s->loc[i];
-            if (!L->weight_count) continue;
-            sl->gout[i] = (float *)mem;
-            mem += round_up((size_t)s->max_batch * layer_shape_count(L->out) * sizeof(float));
-        }
-    }
-    s->split = 1;
+    backward_span(s, slot, lo, hi, dout, din, grads, LAYER_BW_BOTH);
+    stage_plan_range_done(&s->plan, slot, lo, grads);
     return 0;
 }
 
@@ -918,130 +677,34 @@ int stage_backward_input(stage *s, int slot, const float *dout, float *din)
 {
     if (!s->split)
         return pt_error_set("stage %d..%d: backward_input without stage_enable_split",
-                            s->first, s->last - 1);
-    if (s->range_hi)
-        return pt_error_set("stage %d..%d: backward_input while a backward by ranges is "
-                            "unfinished", s->first, s->last - 1);
-    backward_span(s, slot, 0, s->last - s->first, dout, din, NULL, BW_INPUT);
+                            s->plan.first, s->plan.last - 1);
+    if (stage_plan_range_idle(&s->plan, "backward_input")) return -1;
+    backward_span(s, slot, 0, s->plan.nl, dout, din, NULL, LAYER_BW_INPUT);
     return 0;
 }
 
 int stage_backward_weight(stage *s, int slot, int lo, int hi, float *grads)
 {
-    int nl = s->last - s->first;
+    const stage_plan *p = &s->plan;
     if (!s->split)
         return pt_error_set("stage %d..%d: backward_weight without stage_enable_split",
-                            s->first, s->last - 1);
-    if (lo < 0 || hi > nl || lo >= hi)
+                            p->first, p->last - 1);
+    if (lo < 0 || hi > p->nl || lo >= hi)
         return pt_error_set("stage %d..%d: weight gradients of local layers [%d, %d), outside "
-                            "the stage's %d", s->first, s->last - 1, lo, hi, nl);
-    backward_span(s, slot, lo, hi, NULL, NULL, grads, BW_WEIGHT);
+                            "the stage's %d", p->first, p->last - 1, lo, hi, p->nl);
+    backward_span(s, slot, lo, hi, NULL, NULL, grads, LAYER_BW_WEIGHT);
     return 0;
-}
-
-size_t stage_wgrad_row_bytes(const net_desc *net, int first, int last)
-{
-    size_t bytes = 0;
-    for (int l = first; l < last; l++) {
-        const layer_desc *L = &net->layers[l];
-        if (L->type == LAYER_DENSE)
-            bytes += (layer_shape_count(L->in) + layer_shape_count(L->out)) * sizeof(float);
-    }
-    return bytes;
-}
-
-int stage_enable_batched_wgrad(stage *s, int rows)
-{
-    int nl = s->last - s->first;
-    if (rows < 1 || s->wgrad_rows)
-        return pt_error_set("stage %d..%d: batched weight gradients over %d rows (already: %d)",
-                            s->first, s->last - 1, rows, s->wgrad_rows);
-    s->stash_x = calloc((size_t)nl, sizeof *s->stash_x);
-    s->stash_g = calloc((size_t)nl, sizeof *s->stash_g);
-    size_t total = 0;
-    for (int i = 0; i < nl; i++) {
-        const layer_desc *L = &s->loc[i];
-        if (L->type == LAYER_DENSE)
-            total += round_up((size_t)rows * layer_shape_count(L->in) * sizeof(float)) +
-                     round_up((size_t)rows * layer_shape_count(L->out) * sizeof(float));
-    }
-    s->stash_memory = total ? alloc_zeroed(total) : NULL;
-    if (!s->stash_x || !s->stash_g || (total && !s->stash_memory))
-        return pt_error_set("stage %d..%d: out of memory for the batched weight gradients' "
-                            "%zu bytes (%d rows)", s->first, s->last - 1, total, rows);
-    char *mem = s->stash_memory;
-    for (int i = 0; i < nl; i++) {
-        const layer_desc *L = &s->loc[i];
-        if (L->type != LAYER_DENSE) continue;
-        s->stash_x[i] = (float *)mem;
-        mem += round_up((size_t)rows * layer_shape_count(L->in) * sizeof(float));
-        s->stash_g[i] = (float *)mem;
-        mem += round_up((size_t)rows * layer_shape_count(L->out) * sizeof(float));
-    }
-    s->stash_bytes = total;
-    s->wgrad_rows = rows;
-    return 0;
-}
-
-void stage_slot_set_row(stage *s, int slot, int row) { s->slots[slot].row = row; }
-
-/* Tiles of a batched product: TILE output units of one layer, dealt to the threads in
- * order; each tile's sums run over the rows in order whatever the thread count. */
-enum { WGRAD_TILE = 512 };
-
-typedef struct {
-    stage *s;
-    int lo, hi;
-} flush_job;
-
-static void flush_worker(void *arg, int t)
-{
-    flush_job *j = arg;
-    stage *s = j->s;
-    int rows = s->wgrad_rows, k = 0;
-    for (int i = j->lo; i < j->hi; i++) {
-        if (!batched(s, i)) continue;
-        const layer_desc *L = &s->loc[i];
-        int in = (int)layer_shape_count(L->in), out = L->u.dense.units;
-        float *dw = s->grads + s->param_off[i], *db = dw + L->weight_count;
-        for (int a = 0; a < out; a += WGRAD_TILE, k++) {
-            if (k % s->threads != t) continue;
-            int w = out - a < WGRAD_TILE ? out - a : WGRAD_TILE;
-            kernel_dense_weight_grad_units_cpu(dw, db, s->stash_g[i], s->stash_x[i], rows, in,
-                                               out, a, w);
-        }
-    }
-}
-
-void stage_wgrad_flush(stage *s, int lo, int hi)
-{
-    if (!s->wgrad_rows) return;
-    flush_job j = {.s = s, .lo = lo, .hi = hi};
-    pool_run(s->pool, flush_worker, &j);
 }
 
 void stage_zero_grad(stage *s)
 {
-    memset(s->grads, 0, s->param_count * sizeof(float));
-    s->accumulated = 0;
-    s->range_hi = 0;
+    memset(s->grads, 0, s->plan.param_count * sizeof(float));
+    stage_plan_grads_zeroed(&s->plan);
 }
 
-void stage_step(stage *s, const optimizer_config *o)
+int stage_step(stage *s, const optimizer_config *o)
 {
-    s->step++;
-    size_t P = s->param_count;
-    switch (o->kind) {
-    case OPTIM_SGD:
-        kernel_sgd_update_cpu(s->params, s->grads, P, o->lr, o->weight_decay);
-        break;
-    case OPTIM_MOMENTUM:
-        kernel_momentum_update_cpu(s->params, s->opt_m, s->grads, P, o->lr, o->momentum,
-                                   o->weight_decay);
-        break;
-    case OPTIM_ADAM:
-        kernel_adam_update_cpu(s->params, s->opt_m, s->opt_v, s->grads, P, o->lr, o->beta1,
-                               o->beta2, o->eps, o->weight_decay, s->step);
-        break;
-    }
+    stage_optim_state st = {.params = s->params, .grads = s->grads, .m = s->opt_m,
+                            .v = s->opt_v, .count = s->plan.param_count, .step = &s->step};
+    return stage_optim_step(&optim_kernels_cpu, NULL, &st, o);
 }

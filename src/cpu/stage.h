@@ -1,7 +1,9 @@
-/* A pipeline stage at run time: a contiguous run of layers of a net_desc with its
+/* A pipeline stage at run time on the CPU: a contiguous run of layers of a net_desc with its
  * parameters, gradients and optimizer state (one allocation), and activation slots for the
- * micro-batches in flight. Sequential training is a single stage holding every layer.
- * No MPI here: the executor (src/runtime/exec.c) moves data between stages. */
+ * micro-batches in flight, its micro-batches cut into chunks over worker threads.
+ * Sequential training is a single stage holding every layer. Its layout and the rules it
+ * shares with the CUDA engine are src/engine/stage_plan.h's (stage.plan). No MPI here: the
+ * executor (src/runtime/exec.c) moves data between stages. */
 #ifndef PT_STAGE_H
 #define PT_STAGE_H
 
@@ -12,22 +14,13 @@
 #include "src/model/shard.h"
 #include "src/engine/stage_plan.h"
 
-
 /* Activations one micro-batch keeps between its forward and its backward. */
 typedef struct {
     int busy, n;
     const float *input;  /* the stage's input for this micro-batch (caller keeps it alive) */
-    float **buf;         /* per local layer: storage for its output (NULL for flatten) */
-    const float **out;   /* per local layer: its output of the last forward (may alias
-                            the layer's input: flatten, dropout when not training) */
-    int32_t **argmax;    /* per local layer: maxpool positions, else NULL */
-    uint8_t **mask;      /* per local layer: dropout mask, else NULL */
-    float **xin;         /* tensor shards, per local layer: its input when it is not the
-                            previous output (gathered whole, or the stage input's slice) */
+    stage_slot_layer *layers; /* per local layer: its storage and outputs, and the split
+                                 backward's output gradient (src/engine/stage_plan.h) */
     float *whole_out;    /* tensor shards: the stage's output gathered whole */
-    float **gout;        /* split backward: per local layer with parameters, the gradient
-                            of its output (after the activation's backward), which
-                            stage_backward_input leaves for stage_backward_weight */
     int row;             /* batched weight gradients: the micro-batch's first row in the
                             step's stash (stage_slot_set_row) */
 } stage_slot;
@@ -43,58 +36,47 @@ typedef struct {
 /* Chunks are dealt to G = max(threads, STAGE_MIN_GROUPS) gradient groups (chunk c to group
  * c mod G), each summed into its own zeroed buffer; a micro-batch's gradient is then
  * g0 + g1 + ... in group order. Results are therefore the same for every thread count up to
- * STAGE_MIN_GROUPS, and in every layout. The first micro-batch after stage_zero_grad forms
- * its gradient in place (group 0 is the stage's gradients); each later one forms it apart
- * and adds it: grads += (g0 + g1 + ...). So the step's gradient is G0 + G1 + ... over
- * micro-batches, each Gm independent of the others, which lets data-parallel replicas
- * reproduce one process bit for bit (src/reduce/reduce.h, method "ordered"). */
+ * STAGE_MIN_GROUPS, and in every layout. Where each micro-batch's gradient is formed and
+ * added is the shared rule of src/engine/stage_plan.h (stage_plan_grad_target): so the
+ * step's gradient is G0 + G1 + ... over micro-batches, each Gm independent of the others,
+ * which lets data-parallel replicas reproduce one process bit for bit
+ * (src/reduce/reduce.h, method "ordered"). */
 enum { STAGE_MIN_GROUPS = 4 };
 
 struct pool;
 
 typedef struct {
-    const net_desc *net;    /* not owned */
-    int first, last;        /* layers [first, last) */
-    int max_batch, n_slots;
-    size_t param_count;
+    stage_plan plan;        /* the layout and the rules every engine shares: net, layers,
+                               local layers, parameter offsets, sizes, gradient targets and
+                               the backward by ranges under way */
+    int n_slots;
     float *memory;          /* owned: params | grads | optimizer state */
     float *params, *grads, *opt_m, *opt_v;
-    float **w, **b, **dw, **db; /* per local layer, into memory (NULL without parameters) */
     stage_slot *slots;      /* owned */
+    stage_slot_layer *slot_layers; /* owned: [n_slots · nl], each slot's layers */
     void *slot_memory;      /* owned: every slot's activations */
     int threads, chunk_max; /* worker threads; samples per chunk (0: from the batch) */
     int groups;             /* gradient groups, see STAGE_MIN_GROUPS */
     stage_worker *workers;  /* owned, one per thread */
     float **group_grads;    /* owned (but [0] may be the stage's grads): one per group */
-    float *mb_grads;        /* owned: group 0 of a micro-batch after the first */
-    int accumulated;        /* grads hold a micro-batch's gradient since stage_zero_grad */
+    float *mb_grads;        /* owned: a micro-batch's gradient after the first */
     struct pool *pool;      /* owned */
-    size_t *param_off;      /* per local layer: offset of its weight in params/grads */
-    size_t slot_bytes;      /* activation bytes one slot holds at max_batch */
-    size_t widest;          /* values per sample of the widest layer input or output */
-    /* stage_backward_range: a micro-batch's backward in progress (range_hi > 0: the next
-     * range ends at range_hi) and where each chunk's running gradient waits between ranges
+    /* stage_backward_range: where each chunk's running gradient waits between ranges
      * (owned, max_batch · widest floats, allocated at the first range that needs it) */
-    int range_slot, range_hi;
-    float *range_grads;     /* the `grads` argument of the micro-batch's first range */
     float *carry;
     long step;              /* optimizer steps taken */
     /* zero-bubble split backward (stage_enable_split): per-slot output gradients */
     int split;
     void *split_memory;     /* owned */
-    /* batched weight gradients (stage_enable_batched_wgrad): dense layers keep every
-     * micro-batch's input and output-gradient rows of the step, and their weight gradient
-     * is one product over all of them (stage_wgrad_flush) */
-    int wgrad_rows;         /* rows of the step (0: off) */
+    /* batched weight gradients (stage_enable_batched_wgrad; plan.wgrad_rows rows): dense
+     * layers keep every micro-batch's input and output-gradient rows of the step, and their
+     * weight gradient is one product over all of them (stage_wgrad_flush) */
     float **stash_x, **stash_g; /* per local layer: [wgrad_rows][in], [wgrad_rows][out]
                                  * (dense layers only; else NULL); one owned block */
     void *stash_memory;
     size_t stash_bytes;
-    /* tensor shards (stage_init_shard): rank tp_rank of a group of tp->T */
-    const shard_plan *tp;   /* not owned; NULL: whole layers */
-    int tp_rank;
+    /* tensor shards (stage_init_shard, plan.tp): the collectives */
     stage_tensor_comm tp_comm;
-    layer_desc *loc;        /* owned: per local layer, the layer as this rank runs it */
     float *tp_buf;          /* owned: max_batch · widest floats for collectives */
     float *tp_din;          /* owned: the input gradient's slice before its all-gather */
     float *tp_dout;         /* owned: the slice of a gathered output's gradient */
@@ -170,14 +152,17 @@ void stage_backward_to(stage *s, int slot, const float *dout, float *din, float 
  * step of the stage in between (forwards may run). dout is read by the first range, din
  * (may be NULL) written by the last; `grads` as in stage_backward_to, the same for every
  * range. Together the ranges are stage_backward_to(s, slot, dout, din, grads), bit for bit,
- * and once a range returns, the gradients of its layers' parameters, [param_off[lo],
+ * and once a range returns, the gradients of its layers' parameters, [plan.param_off[lo],
  * stage_param_end(s, hi)), hold the micro-batch's contribution. Returns 0, or −1 with a
  * message (ranges out of order, no memory for the carried gradients). */
 int stage_backward_range(stage *s, int slot, int lo, int hi, const float *dout, float *din,
                          float *grads);
 /* Offset in params/grads where local layer i's parameters start (i = last − first: the
  * parameter count). */
-size_t stage_param_end(const stage *s, int i);
+static inline size_t stage_param_end(const stage *s, int i)
+{
+    return stage_plan_param_end(&s->plan, i);
+}
 
 /* Zero-bubble split of the backward into the input gradient (B) and the parameter
  * gradients (W). stage_enable_split allocates, per slot, the output gradient of every
@@ -209,7 +194,8 @@ void stage_wgrad_flush(stage *s, int lo, int hi);
 
 /* Zeroes the gradients; ends a stage_backward_range sequence left unfinished. */
 void stage_zero_grad(stage *s);
-/* One optimizer update of every parameter from the accumulated gradients. */
-void stage_step(stage *s, const optimizer_config *opt);
+/* One optimizer update of every parameter from the accumulated gradients (−1 with a
+ * message for an unknown optimizer). */
+int stage_step(stage *s, const optimizer_config *opt);
 
 #endif

@@ -1,6 +1,8 @@
-/* The CUDA engine (src/engine/engine.h): creation, the memory layout, parameters, the optimizer
- * step, samples and finish. Forward, backward and the messages are in engine_cuda_run.c;
- * the state, and how events order the three streams, in engine_cuda_impl.h. */
+/* The CUDA engine (src/engine/engine.h): creation, the memory layout, parameters, the CUDA
+ * kernel sets, the optimizer step, samples and finish. Forward, backward and the messages
+ * are in engine_cuda_run.c; the state, and how events order the three streams, in
+ * engine_cuda_impl.h; the stage's layout and rules, shared with the CPU engine, in
+ * src/engine/stage_plan.h. */
 #include "src/cuda/engine_cuda.h"
 
 #include <math.h>
@@ -9,15 +11,9 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/kernels_cuda.h"
-#include "kernels/rng.h"
 #include "src/base/clock.h"
 #include "src/cuda/engine_cuda_impl.h"
 #include "src/base/error.h"
-
-static size_t round_up(size_t x)
-{
-    return (x + ENGINE_CUDA_ALIGN - 1) / ENGINE_CUDA_ALIGN * ENGINE_CUDA_ALIGN;
-}
 
 /* ---------------------------------------------------------------- memory layout ---- */
 
@@ -32,30 +28,38 @@ static void *arena_take(arena *a, size_t bytes)
 {
     if (!bytes) return NULL;
     void *p = a->base ? a->base + a->used : NULL;
-    a->used += round_up(bytes);
+    a->used += stage_round_up(bytes);
     return p;
 }
 
-/* Bytes of one slot's storage for layer L at batch n, counted as stage.c's
- * layer_slot_bytes does (so slot_bytes agrees with the CPU engine's). */
-static size_t layer_slot_bytes(const layer_desc *L, int n, size_t *out_b, size_t *arg_b,
-                               size_t *mask_b)
+/* Each slot: its activations as the shared layout carves them (plan.slot_bytes, the same
+ * bytes as the CPU stage's), then the split backward's output gradients. */
+static void layout_slots(const engine *e, cuda_engine *c, arena *d)
 {
-    size_t count = (size_t)n * layer_shape_count(L->out);
-    const layer_kind *k = layer_kind_of(L->type);
-    *out_b = k->own_output ? round_up(count * sizeof(float)) : 0;
-    *arg_b = k->argmax ? round_up(count * sizeof(int32_t)) : 0;
-    *mask_b = k->mask ? round_up(count) : 0;
-    return *out_b + *arg_b + *mask_b;
+    const engine_config *cfg = &e->cfg;
+    const stage_plan *p = &c->plan;
+    for (int k = 0; k < cfg->n_slots; k++) {
+        cuda_slot *s = &c->slots[k];
+        s->whole_out = stage_plan_carve_slot(p, arena_take(d, p->slot_bytes), s->layers);
+        for (int i = 0; i < p->nl; i++) {
+            const layer_desc *L = &p->loc[i];
+            /* B's output gradient for W (batched layers stash theirs) */
+            s->layers[i].gout = cfg->split_backward && L->weight_count && !stage_plan_batched(p, i)
+                                    ? arena_take(d, (size_t)cfg->max_batch *
+                                                        layer_shape_count(L->out) * sizeof(float))
+                                    : NULL;
+        }
+    }
 }
 
 static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
 {
     const engine_config *cfg = &e->cfg;
+    const stage_plan *pl = &c->plan;
     size_t mbs = (size_t)cfg->max_batch, fl = sizeof(float);
     /* params | grads | m | v | mb_grads | pieces 1.., each block rounded so every block
      * stays aligned */
-    size_t block = round_up(e->param_count * fl);
+    size_t block = stage_round_up(e->param_count * fl);
     char *p = arena_take(d, (size_t)(4 + c->pieces) * block);
     c->params = p ? (float *)p : NULL;
     c->grads = p ? (float *)(p + block) : NULL;
@@ -66,45 +70,24 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
         c->piece[k] = !p ? NULL : k ? (float *)(p + (size_t)(4 + k) * block) : c->grads;
     char *hg = arena_take(h, (size_t)c->pieces * block);
     c->h_grads = hg ? (float *)hg : NULL;
-    for (int k = 0; k < cfg->n_slots; k++) {
-        for (int l = c->first; l < c->last; l++) {
-            slot_layer *sl = &c->slots[k].layers[l - c->first];
-            const layer_desc *L = &c->loc[l - c->first];
-            size_t ob, ab, mb;
-            layer_slot_bytes(L, cfg->max_batch, &ob, &ab, &mb);
-            sl->buf = arena_take(d, ob);
-            sl->argmax = arena_take(d, ab);
-            sl->mask = arena_take(d, mb);
-            /* split backward: B's output gradient for W (batched layers stash theirs) */
-            sl->gout = cfg->split_backward && L->weight_count &&
-                               !engine_cuda_batched(c, l - c->first)
-                           ? arena_take(d, mbs * layer_shape_count(L->out) * fl)
-                           : NULL;
-            sl->xin = c->tp ? arena_take(d, mbs * shard_slot_input(c->tp, c->net, l, c->first,
-                                                                    c->tp_rank) * fl)
-                            : NULL;
-        }
-        c->slots[k].whole_out =
-            c->tp && c->tp->layers[c->last - 1].out.sharded ? arena_take(d, mbs * e->out_count * fl)
-                                                             : NULL;
-    }
-    if (c->tp) {
-        size_t wide = c->widest * mbs * fl;
+    layout_slots(e, c, d);
+    if (pl->tp) {
+        size_t wide = pl->widest * mbs * fl;
         c->tp_dout = arena_take(d, wide);
         c->tp_din = arena_take(d, wide);
         c->tp_recv = c->dm ? arena_take(d, wide) : NULL;
         c->h_tp = c->dm ? NULL : arena_take(h, wide);
         c->h_tp_send = c->dm ? NULL : arena_take(h, wide);
     }
-    for (int i = 0; i < c->nl; i++) {
-        const layer_desc *L = &c->loc[i];
-        if (!engine_cuda_batched(c, i)) continue;
-        size_t rows = (size_t)c->wgrad_rows;
+    for (int i = 0; i < pl->nl; i++) {
+        const layer_desc *L = &pl->loc[i];
+        if (!stage_plan_batched(pl, i)) continue;
+        size_t rows = (size_t)pl->wgrad_rows;
         c->stash_x[i] = arena_take(d, rows * layer_shape_count(L->in) * fl);
         c->stash_g[i] = arena_take(d, rows * layer_shape_count(L->out) * fl);
     }
-    c->work = arena_take(d, c->work_floats * fl);
-    for (int k = 0; k < 2; k++) c->scratch[k] = arena_take(d, c->widest * mbs * fl);
+    c->work = arena_take(d, pl->work_floats * fl);
+    for (int k = 0; k < 2; k++) c->scratch[k] = arena_take(d, pl->widest * mbs * fl);
     for (int m = 0; m < cfg->buffers; m++) {
         cuda_mb *b = &c->mb[m];
         b->in = arena_take(d, mbs * e->in_count * fl);
@@ -133,71 +116,54 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
     }
 }
 
+/* The shared layout of the stage (its local layers and sizes: src/engine/stage_plan.h) at
+ * the whole micro-batch as one chunk, with the CUDA convolutions' workspace. */
+static int create_plan(engine *e, cuda_engine *c)
+{
+    const engine_config *cfg = &e->cfg;
+    stage_shape sh = {.net = cfg->net, .first = cfg->first, .last = cfg->last,
+                      .max_batch = cfg->max_batch, .chunk = cfg->max_batch, .tp = cfg->shard,
+                      .tp_rank = cfg->shard_rank,
+                      .conv_workspace = kernel_conv2d_workspace_floats_cuda};
+    if (stage_plan_init(&c->plan, &sh, "CUDA engine, layers")) return -1;
+    c->plan.wgrad_rows = cfg->wgrad_rows;
+    e->param_count = c->plan.param_count; /* this rank's with tensor shards */
+    e->slot_bytes = c->plan.slot_bytes;
+    for (int i = 0; i < c->plan.nl; i++)
+        if (layer_kind_of(c->plan.loc[i].type)->mask) c->has_dropout = 1;
+    return 0;
+}
+
 /* Host-side bookkeeping, the stage's sizes, and the two allocations. */
 static int create_memory(engine *e, cuda_engine *c)
 {
     const engine_config *cfg = &e->cfg;
-    int nl = c->nl;
-    c->param_off = calloc((size_t)nl, sizeof *c->param_off);
+    if (create_plan(e, c)) return -1;
+    int nl = c->plan.nl;
     c->slots = calloc((size_t)cfg->n_slots, sizeof *c->slots);
     c->slot_layers = calloc((size_t)cfg->n_slots * (size_t)nl, sizeof *c->slot_layers);
     c->mb = calloc((size_t)cfg->buffers, sizeof *c->mb);
     c->tick_ev = calloc(2 * (size_t)cfg->max_ticks + 1, sizeof *c->tick_ev);
     c->tick_used = calloc((size_t)cfg->max_ticks + 1, 1);
-    c->pieces = cfg->grad_pieces > 1 ? cfg->grad_pieces : 1;
+    c->pieces = engine_pieces(cfg);
     c->piece = calloc((size_t)c->pieces, sizeof *c->piece);
     c->ev_grads = calloc((size_t)nl, sizeof *c->ev_grads);
     c->grads_ev = calloc((size_t)nl, sizeof *c->grads_ev);
-    c->wgrad_rows = cfg->wgrad_rows > 0 ? cfg->wgrad_rows : 0;
     c->stash_x = calloc((size_t)nl, sizeof *c->stash_x);
     c->stash_g = calloc((size_t)nl, sizeof *c->stash_g);
     c->runs = calloc((size_t)nl, sizeof *c->runs);
-    c->loc = calloc((size_t)nl, sizeof *c->loc);
-    if (!c->param_off || !c->slots || !c->slot_layers || !c->mb || !c->tick_ev ||
-        !c->tick_used || !c->piece || !c->ev_grads || !c->grads_ev || !c->stash_x ||
-        !c->stash_g || !c->runs || !c->loc)
+    if (!c->slots || !c->slot_layers || !c->mb || !c->tick_ev || !c->tick_used || !c->piece ||
+        !c->ev_grads || !c->grads_ev || !c->stash_x || !c->stash_g || !c->runs)
         return pt_error_set("CUDA engine: out of host memory");
-    /* tensor shards: this rank's layers and parameters (engine_base_init counted whole ones) */
-    for (int i = 0; i < nl; i++)
-        c->loc[i] = c->tp ? shard_local_layer(c->tp, c->net, c->first + i, c->tp_rank)
-                          : c->net->layers[c->first + i];
-    if (c->tp) e->param_count = shard_param_count(c->tp, c->net, c->first, c->last, c->tp_rank);
     for (int k = 0; k < cfg->n_slots; k++) c->slots[k].layers = c->slot_layers + (size_t)k * nl;
     for (int m = 0; m < cfg->buffers; m++) c->mb[m].slot = -1;
-
-    size_t off = 0, slot_bytes = 0;
-    for (int l = c->first; l < c->last; l++) {
-        const layer_desc *L = &c->loc[l - c->first];
-        c->param_off[l - c->first] = off;
-        off += L->weight_count + L->bias_count;
-        if (L->type == LAYER_CONV) {
-            kernel_conv2d_dims dd = engine_cuda_conv_dims(L, cfg->max_batch);
-            size_t ws = kernel_conv2d_workspace_floats_cuda(&dd);
-            if (ws > c->work_floats) c->work_floats = ws;
-        }
-        if (layer_kind_of(L->type)->mask) c->has_dropout = 1;
-        /* whole vectors: the local ones are no wider, and tensor collectives move whole ones */
-        const layer_desc *W = &c->net->layers[l];
-        size_t in = layer_shape_count(W->in), out = layer_shape_count(W->out);
-        if (in > c->widest) c->widest = in;
-        if (out > c->widest) c->widest = out;
-        size_t a, b, m;
-        slot_bytes += layer_slot_bytes(L, cfg->max_batch, &a, &b, &m);
-        if (c->tp)
-            slot_bytes += round_up((size_t)cfg->max_batch *
-                                   shard_slot_input(c->tp, c->net, l, c->first, c->tp_rank) *
-                                   sizeof(float));
-    }
-    if (c->tp && c->tp->layers[c->last - 1].out.sharded)
-        slot_bytes += round_up((size_t)cfg->max_batch * e->out_count * sizeof(float));
-    e->slot_bytes = slot_bytes;
     c->needs_load = c->is_first || c->is_last || c->has_dropout;
 
     arena d = {NULL, 0}, h = {NULL, 0};
     layout(e, c, &d, &h);
     c->dmem_bytes = d.used;
     c->hmem_bytes = h.used;
-    cudaError_t r = cudaMalloc(&c->dmem, d.used ? d.used : ENGINE_CUDA_ALIGN);
+    cudaError_t r = cudaMalloc(&c->dmem, d.used ? d.used : STAGE_ALIGN);
     if (r != cudaSuccess) {
         c->dmem = NULL;
         size_t free_b = 0, total_b = 0;
@@ -206,17 +172,17 @@ static int create_memory(engine *e, cuda_engine *c)
         return pt_error_set("CUDA engine, layers %d..%d on device %d: cannot allocate %zu bytes "
                             "(%.1f MiB) of device memory (%.1f MiB free of %.1f MiB; batch %d, "
                             "%d slots, %d buffers): cudaMalloc: %s",
-                            c->first, c->last - 1, c->device, d.used, d.used / 1048576.0,
+                            c->plan.first, c->plan.last - 1, c->device, d.used, d.used / 1048576.0,
                             free_b / 1048576.0, total_b / 1048576.0, cfg->max_batch,
                             cfg->n_slots, cfg->buffers, cudaGetErrorString(r));
     }
-    r = cudaHostAlloc(&c->hmem, h.used ? h.used : ENGINE_CUDA_ALIGN, cudaHostAllocDefault);
+    r = cudaHostAlloc(&c->hmem, h.used ? h.used : STAGE_ALIGN, cudaHostAllocDefault);
     if (r != cudaSuccess) {
         c->hmem = NULL;
         (void)cudaGetLastError();
         return pt_error_set("CUDA engine, layers %d..%d: cannot allocate %zu bytes of pinned "
                             "host memory: cudaHostAlloc: %s",
-                            c->first, c->last - 1, h.used, cudaGetErrorString(r));
+                            c->plan.first, c->plan.last - 1, h.used, cudaGetErrorString(r));
     }
     d.base = c->dmem;
     h.base = c->hmem;
@@ -224,9 +190,9 @@ static int create_memory(engine *e, cuda_engine *c)
     layout(e, c, &d, &h);
     /* Zero once: gradients and optimizer state must start at zero, and no kernel then reads
      * memory that was never written (compute-sanitizer's initcheck stays quiet). */
-    CUDA_CHECK(cudaMemsetAsync(c->dmem, 0, c->dmem_bytes ? c->dmem_bytes : ENGINE_CUDA_ALIGN,
+    CUDA_CHECK(cudaMemsetAsync(c->dmem, 0, c->dmem_bytes ? c->dmem_bytes : STAGE_ALIGN,
                                c->ctx.stream));
-    memset(c->hmem, 0, c->hmem_bytes ? c->hmem_bytes : ENGINE_CUDA_ALIGN);
+    memset(c->hmem, 0, c->hmem_bytes ? c->hmem_bytes : STAGE_ALIGN);
     return 0;
 }
 
@@ -246,7 +212,7 @@ static int create_events(engine *e, cuda_engine *c)
     CUDA_CHECK(cudaEventCreateWithFlags(&c->anchor, cudaEventDefault));
     for (int t = 0; t < 2 * e->cfg.max_ticks; t++)
         CUDA_CHECK(cudaEventCreateWithFlags(&c->tick_ev[t], cudaEventDefault));
-    for (int i = 0; i < c->nl; i++)
+    for (int i = 0; i < c->plan.nl; i++)
         CUDA_CHECK(cudaEventCreateWithFlags(&c->ev_grads[i], sync_only));
     return 0;
 }
@@ -280,7 +246,7 @@ static void cuda_destroy(engine *e)
             for (int t = 0; t < 2 * e->cfg.max_ticks; t++)
                 if (c->tick_ev[t]) (void)cudaEventDestroy(c->tick_ev[t]);
         if (c->ev_grads)
-            for (int i = 0; i < c->nl; i++)
+            for (int i = 0; i < c->plan.nl; i++)
                 if (c->ev_grads[i]) (void)cudaEventDestroy(c->ev_grads[i]);
         if (c->dmem) (void)cudaFree(c->dmem);
         if (c->hmem) (void)cudaFreeHost(c->hmem);
@@ -288,7 +254,7 @@ static void cuda_destroy(engine *e)
         if (c->d2h) (void)cudaStreamDestroy(c->d2h);
         if (c->gstream) (void)cudaStreamDestroy(c->gstream);
         kernel_cuda_ctx_free(&c->ctx);
-        free(c->param_off);
+        stage_plan_free(&c->plan);
         free(c->slots);
         free(c->slot_layers);
         free(c->mb);
@@ -300,7 +266,6 @@ static void cuda_destroy(engine *e)
         free(c->stash_x);
         free(c->stash_g);
         free(c->runs);
-        free(c->loc);
         free(c);
     }
     engine_base_free(e);
@@ -387,49 +352,20 @@ int engine_cuda_loss_drain(cuda_engine *c)
 
 /* ---------------------------------------------------------------- parameters ---- */
 
-/* A run of layer `layer`'s whole parameters that this engine holds at w + local: the same
- * draws as the whole tensor's (stage_init_params' rule). */
-typedef struct {
-    cuda_engine *c;
-    float *w;            /* the local layer's parameters: weight, then bias */
-    size_t weight_count; /* of the whole layer */
-    float bound;
-    uint64_t seed;
-    int layer, rc;
-} init_ctx;
-
-static void init_run(void *arg, size_t whole, size_t local, size_t count)
+/* The shared initialisation's draws (stage_plan_init_params) with the CUDA kernel. */
+static int draw_cuda(void *ctx, float *dst, size_t first, size_t count, float bound,
+                     uint64_t seed, uint64_t stream)
 {
-    init_ctx *x = arg;
-    int bias = whole >= x->weight_count;
-    if (!x->rc)
-        x->rc = kernel_init_uniform_range_cuda(x->w + local, bias ? whole - x->weight_count
-                                                                  : whole,
-                                               count, x->bound, x->seed,
-                                               rng_stream_init(x->layer, bias), &x->c->ctx);
+    return kernel_init_uniform_range_cuda(dst, first, count, bound, seed, stream, ctx);
 }
 
 static int cuda_init_params(engine *e, uint64_t seed)
 {
     cuda_engine *c = engine_cuda_impl(e);
     CUDA_CHECK(cudaSetDevice(c->device));
-    for (int l = c->first; l < c->last; l++) {
-        const layer_desc *L = &c->net->layers[l]; /* the whole layer: its fan-in */
-        if (!L->weight_count) continue;
-        size_t fan_in = L->weight_count / (L->type == LAYER_CONV ? (size_t)L->u.conv.filters
-                                                                  : (size_t)L->u.dense.units);
-        /* stage_init_params' bound: kaiming_uniform(a=√5) and torch's bias rule, 1/√fan_in */
-        init_ctx x = {.c = c, .w = c->params + c->param_off[l - c->first],
-                      .weight_count = L->weight_count,
-                      .bound = (float)(1.0 / sqrt((double)fan_in)), .seed = seed, .layer = l};
-        if (c->tp) {
-            shard_layer_runs(c->tp, c->net, l, c->tp_rank, init_run, &x);
-        } else {
-            init_run(&x, 0, 0, L->weight_count);
-            init_run(&x, L->weight_count, L->weight_count, L->bias_count);
-        }
-        if (x.rc) return engine_cuda_layer_fail("initialisation", l, -1);
-    }
+    int failed;
+    if (stage_plan_init_params(&c->plan, c->params, seed, draw_cuda, &c->ctx, &failed))
+        return engine_cuda_layer_fail("initialisation", failed, -1);
     c->step = 0;
     return 0;
 }
@@ -487,6 +423,144 @@ static int cuda_write_state(engine *e, const float *m, const float *v, long upda
     return 0;
 }
 
+/* ----------------------------------------------------------- the CUDA kernel sets ---- */
+
+/* kernels/cuda/kernels_cuda.h as the shared layer loop's device (src/engine/layer_ops.h) and
+ * as the shared update's (stage_optim_step); ctx is the engine's kernel_cuda_ctx. */
+static int cu_dense_forward(void *ctx, float *out, const float *in, const float *w,
+                            const float *b, int n, int in_f, int out_f)
+{
+    return kernel_dense_forward_cuda(out, in, w, b, n, in_f, out_f, ctx);
+}
+static int cu_dense_backward(void *ctx, float *din, float *dw, float *db, const float *dout,
+                             const float *in, const float *w, int n, int in_f, int out_f)
+{
+    return kernel_dense_backward_cuda(din, dw, db, dout, in, w, n, in_f, out_f, ctx);
+}
+static int cu_dense_backward_weight(void *ctx, float *dw, float *db, const float *dout,
+                                    const float *in, int n, int in_f, int out_f)
+{
+    return kernel_dense_backward_weight_cuda(dw, db, dout, in, n, in_f, out_f, ctx);
+}
+static int cu_dense_backward_input(void *ctx, float *din, const float *dout, const float *w,
+                                   int n, int in_f, int out_f)
+{
+    return kernel_dense_backward_input_cuda(din, dout, w, n, in_f, out_f, ctx);
+}
+static int cu_conv_forward(void *ctx, float *out, float *work, const float *in, const float *w,
+                           const float *b, const kernel_conv2d_dims *d)
+{
+    return kernel_conv2d_forward_cuda(out, work, in, w, b, d, ctx);
+}
+static int cu_conv_backward(void *ctx, float *din, float *dw, float *db, float *work,
+                            const float *dout, const float *in, const float *w,
+                            const kernel_conv2d_dims *d)
+{
+    return kernel_conv2d_backward_cuda(din, dw, db, work, dout, in, w, d, ctx);
+}
+static int cu_conv_backward_weight(void *ctx, float *dw, float *db, float *work,
+                                   const float *dout, const float *in, const kernel_conv2d_dims *d)
+{
+    return kernel_conv2d_backward_weight_cuda(dw, db, work, dout, in, d, ctx);
+}
+static int cu_conv_backward_input(void *ctx, float *din, float *work, const float *dout,
+                                  const float *w, const kernel_conv2d_dims *d)
+{
+    return kernel_conv2d_backward_input_cuda(din, work, dout, w, d, ctx);
+}
+static int cu_maxpool_forward(void *ctx, float *out, int32_t *argmax, const float *in, int n,
+                              int c, int h, int w, int size, int stride)
+{
+    return kernel_maxpool2d_forward_cuda(out, argmax, in, n, c, h, w, size, stride, ctx);
+}
+static int cu_maxpool_backward(void *ctx, float *din, const float *dout, const int32_t *argmax,
+                               int n, int c, int h, int w, int size, int stride)
+{
+    return kernel_maxpool2d_backward_cuda(din, dout, argmax, n, c, h, w, size, stride, ctx);
+}
+static int cu_avgpool_forward(void *ctx, float *out, const float *in, int n, int c, int h, int w,
+                              int size, int stride)
+{
+    return kernel_avgpool2d_forward_cuda(out, in, n, c, h, w, size, stride, ctx);
+}
+static int cu_avgpool_backward(void *ctx, float *din, const float *dout, int n, int c, int h,
+                               int w, int size, int stride)
+{
+    return kernel_avgpool2d_backward_cuda(din, dout, n, c, h, w, size, stride, ctx);
+}
+static int cu_activation_forward(void *ctx, float *out, const float *in, size_t count,
+                                 kernel_act act)
+{
+    return kernel_activation_forward_cuda(out, in, count, act, ctx);
+}
+static int cu_activation_backward(void *ctx, float *din, const float *dout, const float *out,
+                                  size_t count, kernel_act act)
+{
+    return kernel_activation_backward_cuda(din, dout, out, count, act, ctx);
+}
+static int cu_dropout_forward(void *ctx, float *out, uint8_t *mask, const float *in, int n,
+                              size_t per_sample, size_t elem_off, float p, uint64_t seed,
+                              uint64_t stream, const int64_t *sample_ids)
+{
+    return kernel_dropout_forward_range_cuda(out, mask, in, n, per_sample, elem_off, p, seed,
+                                             stream, sample_ids, ctx);
+}
+static int cu_dropout_backward(void *ctx, float *din, const float *dout, const uint8_t *mask,
+                               size_t count, float p)
+{
+    if (!count) return 0;
+    return kernel_dropout_backward_cuda(din, dout, mask, count, p, ctx);
+}
+static int cu_copy(void *ctx, float *dst, const float *src, size_t count)
+{
+    const kernel_cuda_ctx *k = ctx;
+    if (count)
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice,
+                                   k->stream));
+    return 0;
+}
+
+const layer_kernels layer_kernels_cuda = {
+    .dense_forward = cu_dense_forward,
+    .dense_backward = cu_dense_backward,
+    .dense_backward_weight = cu_dense_backward_weight,
+    .dense_backward_input = cu_dense_backward_input,
+    .conv_forward = cu_conv_forward,
+    .conv_backward = cu_conv_backward,
+    .conv_backward_weight = cu_conv_backward_weight,
+    .conv_backward_input = cu_conv_backward_input,
+    .maxpool_forward = cu_maxpool_forward,
+    .maxpool_backward = cu_maxpool_backward,
+    .avgpool_forward = cu_avgpool_forward,
+    .avgpool_backward = cu_avgpool_backward,
+    .activation_forward = cu_activation_forward,
+    .activation_backward = cu_activation_backward,
+    .dropout_forward = cu_dropout_forward,
+    .dropout_backward = cu_dropout_backward,
+    .copy = cu_copy,
+};
+
+static int cu_sgd(void *ctx, float *param, const float *grad, size_t count, float lr,
+                  float weight_decay)
+{
+    return kernel_sgd_update_cuda(param, grad, count, lr, weight_decay, ctx);
+}
+
+static int cu_momentum(void *ctx, float *param, float *buf, const float *grad, size_t count,
+                       float lr, float momentum, float weight_decay)
+{
+    return kernel_momentum_update_cuda(param, buf, grad, count, lr, momentum, weight_decay, ctx);
+}
+
+static int cu_adam(void *ctx, float *param, float *m, float *v, const float *grad, size_t count,
+                   float lr, float beta1, float beta2, float eps, float weight_decay, long step)
+{
+    return kernel_adam_update_cuda(param, m, v, grad, count, lr, beta1, beta2, eps, weight_decay,
+                                   step, ctx);
+}
+
+static const optim_kernels optim_kernels_cuda = {cu_sgd, cu_momentum, cu_adam};
+
 /* ------------------------------------------------------------------ gradients ---- */
 
 int engine_cuda_grads_written(cuda_engine *c, int lo, int hi)
@@ -501,9 +575,8 @@ int engine_cuda_grads_written(cuda_engine *c, int lo, int hi)
 static int zero_grads(cuda_engine *c, size_t P)
 {
     if (P) CUDA_CHECK(cudaMemsetAsync(c->grads, 0, P * sizeof(float), c->ctx.stream));
-    c->accumulated = 0;
-    c->range_hi = 0;
-    return engine_cuda_grads_written(c, 0, c->nl);
+    stage_plan_grads_zeroed(&c->plan);
+    return engine_cuda_grads_written(c, 0, c->plan.nl);
 }
 
 static int cuda_zero_grads(engine *e)
@@ -513,40 +586,18 @@ static int cuda_zero_grads(engine *e)
     return zero_grads(c, e->param_count);
 }
 
-static int check_grads_range(const engine *e, int piece, size_t off, size_t count,
-                             const char *what)
-{
-    const cuda_engine *c = e->impl;
-    if (piece < 0 || piece >= c->pieces || off > e->param_count || count > e->param_count - off)
-        return pt_error_set("CUDA engine: %s of gradients [%zu, %zu) of piece %d, outside the "
-                            "stage's %zu in %d piece%s", what, off, off + count, piece,
-                            e->param_count, c->pieces, c->pieces > 1 ? "s" : "");
-    return 0;
-}
-
-/* The local layers whose parameters overlap [off, off + count) (count > 0): [*lo, *hi). */
-static void layers_of(const engine *e, size_t off, size_t count, int *lo, int *hi)
-{
-    const cuda_engine *c = e->impl;
-    int i = 0;
-    while (i + 1 < c->nl && c->param_off[i + 1] <= off) i++;
-    *lo = i;
-    while (i < c->nl && c->param_off[i] < off + count) i++;
-    *hi = i;
-}
-
 /* The copy waits (on the grads stream) only for the compute work that last wrote those
  * layers' gradients, not for what was queued after it (the lower layers' backward). */
 static int cuda_grads_host(engine *e, int piece, size_t off, size_t count, float **host)
 {
     cuda_engine *c = engine_cuda_impl(e);
     *host = NULL;
-    if (check_grads_range(e, piece, off, count, "host view")) return -1;
-    size_t stride = round_up(e->param_count * sizeof(float)) / sizeof(float); /* layout's */
+    if (engine_grads_range_check(e, piece, off, count, "host view")) return -1;
+    size_t stride = stage_round_up(e->param_count * sizeof(float)) / sizeof(float); /* layout's */
     float *mirror = c->h_grads + (size_t)piece * stride;
     if (count) {
         int lo, hi;
-        layers_of(e, off, count, &lo, &hi);
+        stage_plan_layers_of(&c->plan, off, count, &lo, &hi);
         CUDA_CHECK(cudaSetDevice(c->device));
         for (int i = lo; i < hi; i++)
             if (i == lo || c->grads_ev[i] != c->grads_ev[i - 1])
@@ -564,46 +615,26 @@ static int cuda_grads_host(engine *e, int piece, size_t off, size_t count, float
 static int cuda_grads_commit(engine *e, size_t off, size_t count)
 {
     cuda_engine *c = engine_cuda_impl(e);
-    if (check_grads_range(e, 0, off, count, "commit")) return -1;
+    if (engine_grads_range_check(e, 0, off, count, "commit")) return -1;
     if (!count) return 0;
     CUDA_CHECK(cudaSetDevice(c->device));
     CUDA_CHECK(cudaMemcpyAsync(c->grads + off, c->h_grads + off, count * sizeof(float),
                                cudaMemcpyHostToDevice, c->ctx.stream));
     int lo, hi;
-    layers_of(e, off, count, &lo, &hi);
+    stage_plan_layers_of(&c->plan, off, count, &lo, &hi);
     return engine_cuda_grads_written(c, lo, hi);
 }
 
 static int cuda_step(engine *e, const optimizer_config *o, int tick)
 {
     cuda_engine *c = engine_cuda_impl(e);
-    size_t P = e->param_count;
-    if (c->range_hi)
-        return pt_error_set("CUDA engine, layers %d..%d: step while micro-batch %d's backward "
-                            "by ranges is unfinished (its next range ends at local layer %d)",
-                            c->first, c->last - 1, c->range_m, c->range_hi);
+    if (stage_plan_range_idle(&c->plan, "step")) return -1;
     CUDA_CHECK(cudaSetDevice(c->device));
     if (engine_cuda_tick_check(e, tick) || engine_cuda_tick_begin(e, tick)) return -1;
-    c->step++; /* as stage_step: Adam's first update is step 1 */
-    int rc = 0;
-    switch (o->kind) {
-    case OPTIM_SGD:
-        rc = kernel_sgd_update_cuda(c->params, c->grads, P, o->lr, o->weight_decay, &c->ctx);
-        break;
-    case OPTIM_MOMENTUM:
-        rc = kernel_momentum_update_cuda(c->params, c->opt_m, c->grads, P, o->lr, o->momentum,
-                                         o->weight_decay, &c->ctx);
-        break;
-    case OPTIM_ADAM:
-        rc = kernel_adam_update_cuda(c->params, c->opt_m, c->opt_v, c->grads, P, o->lr,
-                                     o->beta1, o->beta2, o->eps, o->weight_decay, c->step,
-                                     &c->ctx);
-        break;
-    default:
-        return pt_error_set("CUDA engine: unknown optimizer %d", (int)o->kind);
-    }
-    if (rc) return -1;
-    if (zero_grads(c, P)) return -1;
+    stage_optim_state st = {.params = c->params, .grads = c->grads, .m = c->opt_m,
+                            .v = c->opt_v, .count = e->param_count, .step = &c->step};
+    if (stage_optim_step(&optim_kernels_cuda, &c->ctx, &st, o) || zero_grads(c, e->param_count))
+        return -1;
     return engine_cuda_tick_end(e, tick);
 }
 
@@ -721,18 +752,10 @@ static int create_parts(engine *e, cuda_engine *c)
 {
     const engine_config *cfg = &e->cfg;
     c->device = cfg->device;
-    c->net = cfg->net;
-    c->first = cfg->first;
-    c->last = cfg->last;
-    c->nl = cfg->last - cfg->first;
     c->is_first = cfg->first == 0;
     c->is_last = cfg->last == cfg->net->n_layers;
     c->dm = cfg->device_messages != 0;
     e->msg_on_device = c->dm;
-    if (cfg->shard && cfg->shard->T > 1) {
-        c->tp = cfg->shard;
-        c->tp_rank = cfg->shard_rank;
-    }
     if (kernel_cuda_ctx_init(&c->ctx, cfg->device)) return -1;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->h2d, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->d2h, cudaStreamNonBlocking));
@@ -746,18 +769,6 @@ static int create_parts(engine *e, cuda_engine *c)
 int engine_cuda_create(engine **out, const engine_config *cfg)
 {
     *out = NULL;
-    if (!cfg->net || cfg->buffers < 1 || cfg->max_batch < 1 || cfg->n_slots < 1 ||
-        cfg->batch < 1 || cfg->max_ticks < 0)
-        return pt_error_set("CUDA engine: %d buffers, batch %d of %d, %d slots, %d ticks: out "
-                            "of range", cfg->buffers, cfg->max_batch, cfg->batch, cfg->n_slots,
-                            cfg->max_ticks);
-    if ((cfg->split_backward || cfg->wgrad_rows || cfg->recompute) && cfg->microbatches < 1)
-        return pt_error_set("CUDA engine: split backward, batched weight gradients and "
-                            "recomputation need the step's micro-batch count");
-    if (cfg->wgrad_rows < 0 || (cfg->wgrad_rows && cfg->grad_pieces > 1))
-        return pt_error_set("CUDA engine: batched weight gradients over %d rows%s",
-                            cfg->wgrad_rows, cfg->wgrad_rows > 0 ? " form one gradient per "
-                            "step, not one per gradient piece" : ": out of range");
     engine *e = calloc(1, sizeof *e);
     if (!e) return pt_error_set("CUDA engine: out of host memory");
     if (engine_base_init(e, &cuda_ops, cfg)) {

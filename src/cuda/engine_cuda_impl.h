@@ -55,7 +55,7 @@
  * abandons an unfinished one).
  *
  * Zero-bubble split (split_backward): B (backward_input) runs the backward's input halves
- * and keeps, per slot, the gradient of each parameter layer's output (slot_layer.gout);
+ * and keeps, per slot, the gradient of each parameter layer's output (stage_slot_layer.gout);
  * W (backward_weight) forms the parameter gradients of a range of layers from them with
  * the kernels' weight halves, into the same targets, with the same zeroing and adding, as
  * backward_range would (so B then W is backward, bit for bit, as on the CPU). Recomputation
@@ -65,55 +65,43 @@
  * weight gradients (wgrad_rows): dense layers copy each micro-batch's input and output-
  * gradient rows into a device stash (stash_x, stash_g) and skip their weight half; the
  * backward (or W) of the step's last micro-batch writes those layers' gradients in the
- * CPU's fixed tiles of output units (ENGINE_CUDA_WGRAD_TILE).
+ * shared fixed tiles of output units (STAGE_WGRAD_TILE, src/engine/stage_plan.h).
  *
- * Tensor shards (engine_config.shard, src/model/shard.h): the engine holds rank tp_rank's
- * shards (loc: each local layer as this rank runs it; param_count is the rank's) and runs
- * the forward and the backward in runs of layers between the group's collectives, as
- * src/cpu/stage.c does: the all-reduce of an input-split layer's partial output (then its bias
- * and activation on the device), the all-gathers of sliced vectors, and in the backward the
- * all-reduce of an output-split layer's input gradient. A collective waits on the host for
+ * Tensor shards (engine_config.shard, src/model/shard.h): the engine holds rank
+ * plan.tp_rank's shards (plan.loc: each local layer as this rank runs it; param_count is the
+ * rank's) and runs the forward and the backward in runs of layers between the group's
+ * collectives (src/engine/stage_plan.h's stage_tensor_forward and _backward, over the CUDA
+ * stage_tensor_ops of engine_cuda_run.c): the all-reduce of an input-split layer's partial
+ * output (then its bias and activation on the device), the all-gathers of sliced vectors,
+ * and in the backward the all-reduce of an output-split layer's input gradient. A collective waits on the host for
  * the compute stream, then calls the executor's MPI collective on pinned host copies (or
  * on the device buffers themselves with CUDA-aware MPI); what follows is queued after it.
  * So a forward or backward with shards returns once its last collective is done (the work
  * after it stays queued).
  *
- * The layer loop is src/cpu/stage.c's (src/engine/layer_ops.h: one loop, the CUDA kernel set in
- * engine_cuda_run.c) with the whole micro-batch as one chunk: a GPU kernel fills the chip, and each layer then sees the same
- * shapes in every pipeline layout, so a layout does not change the bits. */
+ * The layer loop is the one both engines drive (src/engine/layer_ops.h; the CUDA kernel set
+ * is in engine_cuda.c), with the whole micro-batch as one chunk: a GPU kernel fills the chip,
+ * and each layer then sees the same shapes in every pipeline layout, so a layout does not
+ * change the bits. The stage's layout and rules (gradient targets, the order of backward
+ * ranges, initialisation, the update) are src/engine/stage_plan.h's, shared with the CPU. */
 #ifndef PT_ENGINE_CUDA_IMPL_H
 #define PT_ENGINE_CUDA_IMPL_H
 
 #include "kernels/cuda/kernels_cuda.h"
 #include "src/engine/engine.h"
+#include "src/engine/stage_plan.h"
 #include "src/model/layer_table.h"
 
 /* LOSS_CAPACITY: per-micro-batch loss entries held on the device between two reads;
  * evaluation forwards thousands of chunks between finishes and drains them when full. */
-enum { ENGINE_CUDA_ALIGN = 64, LOSS_CAPACITY = 1024 };
-/* Output units per product of a batched weight gradient: src/cpu/stage.c's WGRAD_TILE, which
- * fixes the CPU's sums (the two must be equal for the engines to agree bit for bit). */
-enum { ENGINE_CUDA_WGRAD_TILE = 512 };
-/* What a backward computes: the input gradient (B), the parameter gradients (W), or both. */
-enum { ENGINE_CUDA_BW_INPUT = 1, ENGINE_CUDA_BW_WEIGHT = 2, ENGINE_CUDA_BW_BOTH = 3 };
-
-typedef struct {
-    float *buf;      /* device: the layer's output storage (NULL for flatten) */
-    const float *out; /* its output of the last forward: buf, or the layer's input */
-    int32_t *argmax; /* maxpool */
-    uint8_t *mask;   /* dropout */
-    int identity;    /* the last forward passed the input through (out aliases it) */
-    float *gout;     /* split backward, layers with parameters (not batched ones): the
-                        gradient of the output after the activation's, B's for W */
-    float *xin;      /* tensor shards: its input when that is not the previous layer's
-                        output (all-gathered whole, or the stage input's slice) */
-} slot_layer;
+enum { LOSS_CAPACITY = 1024 };
 
 typedef struct {
     int busy, m, n;     /* held by micro-batch m since its forward of n samples */
     int training;       /* that forward trained (dropout on, loss gradient written) */
     int has_gout;       /* split backward: B has run since that forward */
-    slot_layer *layers; /* [last − first] */
+    stage_slot_layer *layers; /* [nl], device memory; gout: split backward, layers with
+                                 parameters (not batched ones), B's output gradient for W */
     float *whole_out;   /* tensor shards: the stage's sharded output all-gathered */
     cudaEvent_t ev_read; /* the last copy out of the slot's memory */
 } cuda_slot;
@@ -149,30 +137,25 @@ typedef struct {
     kernel_cuda_ctx ctx; /* the compute stream and its cuBLAS handle */
     cudaStream_t h2d, d2h;
     cudaStream_t gstream; /* grads_host's copies out */
-    const net_desc *net;
-    int first, last, nl;
+    stage_plan plan;   /* the stage's layout and shared rules: net, layers [first, last),
+                          local layers, parameter offsets, gradient targets, ranges */
     int is_first, is_last, has_dropout, needs_load;
     int dm; /* device messages (CUDA-aware MPI) */
     void *dmem, *hmem; /* the device and the pinned allocations */
     size_t dmem_bytes, hmem_bytes;
     float *params, *grads, *opt_m, *opt_v;
-    float *mb_grads;   /* a micro-batch's gradient after the first (src/cpu/stage.h) */
-    int accumulated;   /* grads hold a micro-batch's gradient since the last step */
+    float *mb_grads;   /* a micro-batch's gradient after the first (stage_plan_grad_target) */
     int pieces;        /* grad_pieces, at least 1 */
     float **piece;     /* [pieces] device: [0] = grads, the others after mb_grads */
     float *h_grads;    /* pinned: [pieces · param_count], each piece's host mirror */
     cudaEvent_t *ev_grads; /* [nl], see the table above */
     int *grads_ev;         /* [nl]: which ev_grads follows the last write of layer i's */
-    /* a backward by ranges in progress (range_hi > 0: the next range ends there) */
-    int range_m, range_hi, range_add, range_gi;
-    float *range_target;      /* where its parameter gradients go (grads, mb_grads, piece) */
-    const float *range_g;     /* the running gradient between ranges; range_gi: the scratch
-                                 buffer it lives in, −1 for GRAD_IN */
-    size_t *param_off; /* per local layer: its weight's offset in params and grads */
-    int wgrad_rows;    /* batched weight gradients: rows of the step (0: off) */
+    /* a backward by ranges in progress (plan.range_hi > 0): the running gradient between
+     * ranges, and the scratch buffer it lives in (range_gi, −1 for GRAD_IN) */
+    const float *range_g;
+    int range_gi;
     float **stash_x, **stash_g; /* [nl]: dense layers' [wgrad_rows][in], [wgrad_rows][out] */
     size_t (*runs)[2]; /* [nl]: scratch of the backward's gradient runs */
-    size_t work_floats, widest;
     float *work, *scratch[2];
     double *d_loss, *h_loss; /* [LOSS_CAPACITY], last stage */
     int *d_correct, *h_correct;
@@ -180,17 +163,14 @@ typedef struct {
     engine_result sums; /* drained entries, in forward order */
     long step;          /* optimizer steps since init_params */
     cuda_slot *slots;
-    slot_layer *slot_layers; /* [n_slots · nl] */
+    stage_slot_layer *slot_layers; /* [n_slots · nl] */
     cuda_mb *mb;             /* [buffers] */
     cudaEvent_t anchor;      /* timing origin: first timed op after a finish */
     double anchor_host;
     int anchored;
     cudaEvent_t *tick_ev; /* [2 · max_ticks]: begin, end */
     unsigned char *tick_used;
-    /* tensor shards (engine_config.shard, T > 1): rank tp_rank's shards of the layers */
-    const shard_plan *tp;      /* NULL: whole layers */
-    int tp_rank;
-    layer_desc *loc;           /* [nl]: each local layer as this rank runs it */
+    /* tensor shards (plan.tp: engine_config.shard with T > 1) */
     float *tp_recv;            /* device messages: an all-gather's rank blocks */
     float *tp_dout, *tp_din;   /* device: a gathered output's gradient sliced; a sliced
                                   input's gradient before its all-gather */
@@ -199,17 +179,9 @@ typedef struct {
 
 static inline cuda_engine *engine_cuda_impl(engine *e) { return e->impl; }
 
-/* Local layer i's weight gradient is formed over the whole step (batched): dense layers
- * when wgrad_rows > 0. */
-static inline int engine_cuda_batched(const cuda_engine *c, int i)
-{
-    return c->wgrad_rows > 0 && c->loc[i].type == LAYER_DENSE;
-}
-
-static inline kernel_conv2d_dims engine_cuda_conv_dims(const layer_desc *L, int n)
-{
-    return layer_conv_dims(L, n);
-}
+/* engine_cuda.c: kernels/cuda/kernels_cuda.h as the shared layer loop's device
+ * (src/engine/layer_ops.h); ctx is the engine's kernel_cuda_ctx. */
+extern const layer_kernels layer_kernels_cuda;
 
 /* engine_cuda.c: helpers of both files. Each returns 0, or −1 with a message. */
 int engine_cuda_check_m(const engine *e, int m, const char *what);

@@ -1,7 +1,8 @@
 /* The CUDA engine's forward, backward, slot release and messages (state and stream
  * ordering: engine_cuda_impl.h). The layers run through the shared layer loop
- * (src/engine/layer_ops.h) with the CUDA kernel set below and the whole micro-batch as one
- * chunk, as src/cpu/stage.c runs it chunk by chunk with the CPU's. */
+ * (src/engine/layer_ops.h) with the CUDA kernel set (engine_cuda.c) and the whole
+ * micro-batch as one chunk, as src/cpu/stage.c runs it chunk by chunk with the CPU's; the
+ * tensor runs and the gradient targets are src/engine/stage_plan.h's, shared with it. */
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "src/cuda/engine_cuda_impl.h"
@@ -9,217 +10,97 @@
 #include "src/base/clock.h"
 #include "src/base/error.h"
 
-/* ------------------------------------------------------------ the CUDA kernel set ---- */
-
-/* kernels/cuda/kernels_cuda.h as the shared layer loop's device (src/engine/layer_ops.h); ctx is
- * the engine's kernel_cuda_ctx. */
-static int cu_dense_forward(void *ctx, float *out, const float *in, const float *w,
-                            const float *b, int n, int in_f, int out_f)
-{
-    return kernel_dense_forward_cuda(out, in, w, b, n, in_f, out_f, ctx);
-}
-static int cu_dense_backward(void *ctx, float *din, float *dw, float *db, const float *dout,
-                             const float *in, const float *w, int n, int in_f, int out_f)
-{
-    return kernel_dense_backward_cuda(din, dw, db, dout, in, w, n, in_f, out_f, ctx);
-}
-static int cu_dense_backward_weight(void *ctx, float *dw, float *db, const float *dout,
-                                    const float *in, int n, int in_f, int out_f)
-{
-    return kernel_dense_backward_weight_cuda(dw, db, dout, in, n, in_f, out_f, ctx);
-}
-static int cu_dense_backward_input(void *ctx, float *din, const float *dout, const float *w,
-                                   int n, int in_f, int out_f)
-{
-    return kernel_dense_backward_input_cuda(din, dout, w, n, in_f, out_f, ctx);
-}
-static int cu_conv_forward(void *ctx, float *out, float *work, const float *in, const float *w,
-                           const float *b, const kernel_conv2d_dims *d)
-{
-    return kernel_conv2d_forward_cuda(out, work, in, w, b, d, ctx);
-}
-static int cu_conv_backward(void *ctx, float *din, float *dw, float *db, float *work,
-                            const float *dout, const float *in, const float *w,
-                            const kernel_conv2d_dims *d)
-{
-    return kernel_conv2d_backward_cuda(din, dw, db, work, dout, in, w, d, ctx);
-}
-static int cu_conv_backward_weight(void *ctx, float *dw, float *db, float *work,
-                                   const float *dout, const float *in, const kernel_conv2d_dims *d)
-{
-    return kernel_conv2d_backward_weight_cuda(dw, db, work, dout, in, d, ctx);
-}
-static int cu_conv_backward_input(void *ctx, float *din, float *work, const float *dout,
-                                  const float *w, const kernel_conv2d_dims *d)
-{
-    return kernel_conv2d_backward_input_cuda(din, work, dout, w, d, ctx);
-}
-static int cu_maxpool_forward(void *ctx, float *out, int32_t *argmax, const float *in, int n,
-                              int c, int h, int w, int size, int stride)
-{
-    return kernel_maxpool2d_forward_cuda(out, argmax, in, n, c, h, w, size, stride, ctx);
-}
-static int cu_maxpool_backward(void *ctx, float *din, const float *dout, const int32_t *argmax,
-                               int n, int c, int h, int w, int size, int stride)
-{
-    return kernel_maxpool2d_backward_cuda(din, dout, argmax, n, c, h, w, size, stride, ctx);
-}
-static int cu_avgpool_forward(void *ctx, float *out, const float *in, int n, int c, int h, int w,
-                              int size, int stride)
-{
-    return kernel_avgpool2d_forward_cuda(out, in, n, c, h, w, size, stride, ctx);
-}
-static int cu_avgpool_backward(void *ctx, float *din, const float *dout, int n, int c, int h,
-                               int w, int size, int stride)
-{
-    return kernel_avgpool2d_backward_cuda(din, dout, n, c, h, w, size, stride, ctx);
-}
-static int cu_activation_forward(void *ctx, float *out, const float *in, size_t count,
-                                 kernel_act act)
-{
-    return kernel_activation_forward_cuda(out, in, count, act, ctx);
-}
-static int cu_activation_backward(void *ctx, float *din, const float *dout, const float *out,
-                                  size_t count, kernel_act act)
-{
-    return kernel_activation_backward_cuda(din, dout, out, count, act, ctx);
-}
-static int cu_dropout_forward(void *ctx, float *out, uint8_t *mask, const float *in, int n,
-                              size_t per_sample, size_t elem_off, float p, uint64_t seed,
-                              uint64_t stream, const int64_t *sample_ids)
-{
-    return kernel_dropout_forward_range_cuda(out, mask, in, n, per_sample, elem_off, p, seed,
-                                             stream, sample_ids, ctx);
-}
-static int cu_dropout_backward(void *ctx, float *din, const float *dout, const uint8_t *mask,
-                               size_t count, float p)
-{
-    if (!count) return 0;
-    return kernel_dropout_backward_cuda(din, dout, mask, count, p, ctx);
-}
-static int cu_copy(void *ctx, float *dst, const float *src, size_t count)
-{
-    const kernel_cuda_ctx *k = ctx;
-    if (count)
-        CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice,
-                                   k->stream));
-    return 0;
-}
-
-static const layer_kernels layer_kernels_cuda = {
-    .dense_forward = cu_dense_forward,
-    .dense_backward = cu_dense_backward,
-    .dense_backward_weight = cu_dense_backward_weight,
-    .dense_backward_input = cu_dense_backward_input,
-    .conv_forward = cu_conv_forward,
-    .conv_backward = cu_conv_backward,
-    .conv_backward_weight = cu_conv_backward_weight,
-    .conv_backward_input = cu_conv_backward_input,
-    .maxpool_forward = cu_maxpool_forward,
-    .maxpool_backward = cu_maxpool_backward,
-    .avgpool_forward = cu_avgpool_forward,
-    .avgpool_backward = cu_avgpool_backward,
-    .activation_forward = cu_activation_forward,
-    .activation_backward = cu_activation_backward,
-    .dropout_forward = cu_dropout_forward,
-    .dropout_backward = cu_dropout_backward,
-    .copy = cu_copy,
-};
-
 /* ------------------------------------------------------------ forward, backward ---- */
 
-/* Micro-batch m in slot s as the shared layer loop sees it: the whole micro-batch is one
- * chunk. */
+/* Micro-batch m in slot s as the shared layer loop and the shared tensor runs see it: the
+ * whole micro-batch is one chunk. */
 typedef struct {
     engine *e;
     cuda_slot *s;
-    int m;
-    float *grads; /* backward, W: where parameter gradients go (NULL: B alone) */
-} cuda_layer_io;
+    int m, n;            /* the micro-batch and its samples */
+    uint64_t seed, step; /* forward: dropout */
+    float *grads;        /* backward, W: where parameter gradients go (NULL: B alone) */
+    int parts;           /* backward: LAYER_BW_BOTH, or LAYER_BW_INPUT (B) */
+} cuda_pass;
 
-/* Local layer i is split by its inputs: its forward leaves partial sums, all-reduced over
- * the tensor group before its bias and activation (tp_finish). */
-static int split_in(const cuda_engine *c, int i)
-{
-    return c->tp && c->tp->layers[c->first + i].split == SHARD_IN;
-}
-
-/* Where local layer i's data lives. The forward decides here whether the layer is the
- * identity (set_outputs in src/cpu/stage.c). */
+/* Where local layer i's data lives: the shared rule, m's sample ids, and a batched layer's
+ * rows of the step's stash. */
 static int layer_io_of(void *self, int i, int phase, layer_io *io)
 {
-    const cuda_layer_io *q = self;
+    const cuda_pass *q = self;
     engine *e = q->e;
     cuda_engine *c = engine_cuda_impl(e);
+    const stage_plan *p = &c->plan;
     cuda_slot *s = q->s;
-    slot_layer *sl = &s->layers[i];
-    const layer_desc *L = &c->loc[i];
-    io->x = sl->xin ? sl->xin : i == 0 ? c->mb[q->m].in : s->layers[i - 1].out;
-    if (phase == LAYER_PHASE_FORWARD) {
-        sl->identity = layer_is_identity(L, s->training);
-        sl->out = sl->identity ? io->x : sl->buf;
-        io->partial = split_in(c, i);
-        /* a slice's elements keep their places in the whole vector's dropout mask */
-        if (c->tp && sl->mask) {
-            int l = c->first + i;
-            size_t len;
-            shard_values(&c->tp->layers[l].in, layer_shape_count(c->net->layers[l].in),
-                         c->tp->T, c->tp_rank, &io->elem_off, &len);
-        }
-    }
-    io->identity = sl->identity;
-    io->y = sl->buf;
-    io->out = sl->out;
-    io->argmax = sl->argmax;
-    io->mask = sl->mask;
-    io->w = c->params + c->param_off[i];
-    io->b = io->w + L->weight_count;
+    stage_plan_layer_io(p, s->layers, c->mb[q->m].in, c->params, q->grads, i, phase, 0, io);
     io->ids = c->mb[q->m].ids;
-    io->dw = q->grads ? q->grads + c->param_off[i] : NULL;
-    io->db = io->dw ? io->dw + L->weight_count : NULL;
-    io->gout = sl->gout;
-    io->batched = engine_cuda_batched(c, i);
-    if (phase == LAYER_PHASE_BACKWARD && io->batched && L->weight_count) {
-        /* m's rows of the step's stash: its micro-batch index times the micro-batch size,
-         * as the CPU engine's stage_slot_set_row */
+    if (phase == LAYER_PHASE_BACKWARD && io->batched && p->loc[i].weight_count) {
+        const layer_desc *L = &p->loc[i];
         size_t in = layer_shape_count(L->in), out = layer_shape_count(L->out);
-        size_t row = (size_t)(q->m % e->cfg.microbatches) * (size_t)e->cfg.max_batch;
-        if (row + (size_t)s->n > (size_t)c->wgrad_rows)
+        size_t row = (size_t)engine_stash_row(e, q->m);
+        if (row + (size_t)s->n > (size_t)p->wgrad_rows)
             return pt_error_set("CUDA engine, layer %d: rows [%zu, %zu) of micro-batch buffer "
-                                "%d outside the step's %d batched rows", c->first + i, row,
-                                row + (size_t)s->n, q->m, c->wgrad_rows);
+                                "%d outside the step's %d batched rows", p->first + i, row,
+                                row + (size_t)s->n, q->m, p->wgrad_rows);
         io->stash_x = c->stash_x[i] + row * in;
         io->stash_g = c->stash_g[i] + row * out;
     }
     return 0;
 }
 
-static layer_run cuda_layer_run(engine *e, cuda_layer_io *q, int n)
+static layer_run cuda_layer_run(cuda_pass *q)
 {
-    cuda_engine *c = engine_cuda_impl(e);
-    layer_run r = {.k = &layer_kernels_cuda, .kctx = &c->ctx, .layers = c->loc,
-                   .first = c->first, .n = n,
-                   .work = c->work, .io = layer_io_of, .self = q};
+    cuda_engine *c = engine_cuda_impl(q->e);
+    layer_run r = {.k = &layer_kernels_cuda, .kctx = &c->ctx, .layers = c->plan.loc,
+                   .first = c->plan.first, .n = q->n, .work = c->work, .io = layer_io_of,
+                   .self = q, .seed = q->seed, .step = q->step};
     return r;
 }
 
 /* The loop failed: a kernel's message gets the operation, layer and micro-batch. */
 static int layer_run_fail(const cuda_engine *c, const layer_run *r, int m)
 {
-    return r->what ? engine_cuda_layer_fail(r->what, c->first + r->failed, m) : -1;
+    return r->what ? engine_cuda_layer_fail(r->what, c->plan.first + r->failed, m) : -1;
 }
 
-/* ---- tensor shards: the collectives between the layers (src/model/shard.h) ----
+/* ---- tensor shards: the CUDA side of the shared runs (src/engine/stage_plan.h) ----
  *
- * As src/cpu/stage.c: the work queued so far must be done before MPI reads the buffer, so each
- * collective waits on the host for the compute stream; host-staged, the data goes through
- * the pinned buffers on that stream (their next writer, the next collective, syncs first);
- * with device messages (CUDA-aware MPI) MPI reads and writes device memory itself. What
- * follows a collective is queued after it on the compute stream. */
+ * The work queued so far must be done before MPI reads the buffer, so each collective waits
+ * on the host for the compute stream; host-staged, the data goes through the pinned buffers
+ * on that stream (their next writer, the next collective, syncs first); with device
+ * messages (CUDA-aware MPI) MPI reads and writes device memory itself. What follows a
+ * collective is queued after it on the compute stream. */
+
+static int tp_forward_run(void *self, int lo, int hi)
+{
+    cuda_pass *q = self;
+    layer_run r = cuda_layer_run(q);
+    if (layer_run_forward(&r, lo, hi)) return layer_run_fail(engine_cuda_impl(q->e), &r, q->m);
+    return 0;
+}
+
+/* From dout when given (the top range), else from where the range above left the running
+ * gradient (c->range_g, in scratch buffer c->range_gi, −1 for GRAD_IN), which is left where
+ * the next range starts: the ranges of one micro-batch make exactly the kernel calls of one
+ * backward over all layers. */
+static int tp_backward_run(void *self, int lo, int hi, const float *dout, float *din)
+{
+    cuda_pass *q = self;
+    cuda_engine *c = engine_cuda_impl(q->e);
+    if (dout) {
+        c->range_g = dout;
+        c->range_gi = -1;
+    }
+    layer_run r = cuda_layer_run(q);
+    if (layer_run_backward(&r, lo, hi, &c->range_g, &c->range_gi, c->scratch, din, q->parts))
+        return layer_run_fail(c, &r, q->m);
+    return 0;
+}
 
 /* Sums `count` floats at dbuf (device) over the tensor group, in place. */
-static int tp_allreduce(engine *e, float *dbuf, size_t count)
+static int tp_allreduce(void *self, float *dbuf, size_t count)
 {
+    engine *e = ((cuda_pass *)self)->e;
     cuda_engine *c = engine_cuda_impl(e);
     cudaStream_t cs = c->ctx.stream;
     size_t bytes = count * sizeof(float);
@@ -235,20 +116,16 @@ static int tp_allreduce(engine *e, float *dbuf, size_t count)
     return 0;
 }
 
-/* n samples of a vector of `whole` values in state st: every rank's slice (n rows of its
- * length, contiguous at `local` on this rank) all-gathered into n whole rows at `out`. */
-static int tp_gather(engine *e, const shard_state *st, size_t whole, const float *local,
+static int tp_gather(void *self, const shard_state *st, size_t whole, const float *local,
                      float *out, int n)
 {
+    engine *e = ((cuda_pass *)self)->e;
     cuda_engine *c = engine_cuda_impl(e);
     cudaStream_t cs = c->ctx.stream;
-    int T = c->tp->T;
+    int T = c->plan.tp->T;
     size_t count[T], off[T], len[T];
-    for (int r = 0; r < T; r++) {
-        shard_values(st, whole, T, r, &off[r], &len[r]);
-        count[r] = (size_t)n * len[r];
-    }
-    size_t mine = count[c->tp_rank] * sizeof(float);
+    stage_tensor_counts(&c->plan, st, whole, n, count, off, len);
+    size_t mine = count[c->plan.tp_rank] * sizeof(float);
     if (!c->dm && mine)
         CUDA_CHECK(cudaMemcpyAsync(c->h_tp_send, local, mine, cudaMemcpyDeviceToHost, cs));
     CUDA_CHECK(cudaStreamSynchronize(cs));
@@ -267,9 +144,9 @@ static int tp_gather(engine *e, const shard_state *st, size_t whole, const float
     return 0;
 }
 
-/* Rows [from, from + keep) of n rows of `whole` values, as n contiguous rows (device). */
-static int tp_slice_rows(cuda_engine *c, const float *in, size_t whole, size_t from,
-                         size_t keep, float *out, int n)
+/* Values [from, from + keep) of n rows of `whole` values, as n contiguous rows (device). */
+static int slice_rows(cuda_engine *c, const float *in, size_t whole, size_t from, size_t keep,
+                      float *out, int n)
 {
     if (n > 0 && keep)
         CUDA_CHECK(cudaMemcpy2DAsync(out, keep * sizeof(float), in + from,
@@ -278,68 +155,81 @@ static int tp_slice_rows(cuda_engine *c, const float *in, size_t whole, size_t f
     return 0;
 }
 
-/* This rank's slice of n whole rows of a vector in state st. */
-static int tp_slice(cuda_engine *c, const shard_state *st, size_t whole, const float *in,
+static int tp_slice(void *self, const float *in, size_t whole, size_t from, size_t keep,
                     float *out, int n)
 {
-    size_t off, len;
-    shard_values(st, whole, c->tp->T, c->tp_rank, &off, &len);
-    return tp_slice_rows(c, in, whole, off, len, out, n);
+    return slice_rows(engine_cuda_impl(((cuda_pass *)self)->e), in, whole, from, keep, out, n);
 }
 
 /* A layer split by its inputs, after its all-reduce: bias, then activation (per element,
- * as the CPU's tp_finish, so the bits agree). */
-static int tp_finish(cuda_engine *c, int i, float *y, int n, int m)
+ * as the CPU's, so the bits agree). */
+static int tp_finish(void *self, int i, float *y, int n)
 {
-    const layer_desc *L = &c->loc[i];
+    const cuda_pass *q = self;
+    cuda_engine *c = engine_cuda_impl(q->e);
+    const layer_desc *L = &c->plan.loc[i];
     size_t count = layer_shape_count(L->out);
     size_t per = L->type == LAYER_CONV ? (size_t)L->out.h * L->out.w : 1;
-    if (kernel_bias_add_cuda(y, c->params + c->param_off[i] + L->weight_count, n,
+    if (kernel_bias_add_cuda(y, c->params + c->plan.param_off[i] + L->weight_count, n,
                              (int)(count / per), per, &c->ctx) ||
         kernel_activation_forward_cuda(y, y, (size_t)n * count, L->activation, &c->ctx))
         return engine_cuda_layer_fail("bias and activation after the all-reduce",
-                                      c->first + i, m);
+                                      c->plan.first + i, q->m);
     return 0;
+}
+
+/* The running gradient (a parameter layer wrote it into a scratch buffer) all-reduced; a
+ * gathered input's gradient is then cut to the previous layer's slice, into the other. */
+static int tp_reduce_carry(void *self, int b, size_t whole, size_t from, size_t keep, int n)
+{
+    const cuda_pass *q = self;
+    cuda_engine *c = engine_cuda_impl(q->e);
+    int gi = c->range_gi;
+    if (gi < 0)
+        return pt_error_set("CUDA engine, layer %d: no input gradient to all-reduce "
+                            "(micro-batch %d)", c->plan.first + b, q->m);
+    if (tp_allreduce(self, c->scratch[gi], (size_t)n * whole)) return -1;
+    if (!q->s->layers[b].xin) return 0;
+    if (slice_rows(c, c->scratch[gi], whole, from, keep, c->scratch[1 - gi], n)) return -1;
+    c->range_g = c->scratch[1 - gi];
+    c->range_gi = 1 - gi;
+    return 0;
+}
+
+static const stage_tensor_ops tensor_ops_cuda = {
+    .forward = tp_forward_run,
+    .backward = tp_backward_run,
+    .allreduce = tp_allreduce,
+    .gather = tp_gather,
+    .slice = tp_slice,
+    .finish = tp_finish,
+    .reduce_carry = tp_reduce_carry,
+};
+
+static stage_tensor_run cuda_tensor_run(engine *e, cuda_pass *q)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    stage_tensor_run r = {.plan = &c->plan, .ops = &tensor_ops_cuda, .self = q, .n = q->n,
+                          .layers = q->s->layers, .input = c->mb[q->m].in,
+                          .whole_out = q->s->whole_out, .tp_dout = c->tp_dout,
+                          .tp_din = c->tp_din};
+    return r;
 }
 
 /* The slot's output as the stage sends it: whole (gathered with tensor shards). */
 static const float *slot_output(const cuda_engine *c, const cuda_slot *s)
 {
-    return s->whole_out ? s->whole_out : s->layers[c->nl - 1].out;
+    return s->whole_out ? s->whole_out : s->layers[c->plan.nl - 1].out;
 }
 
-/* The forward in runs of layers between collectives: the shared loop runs each run, then
- * the tensor group completes what the next layer needs (src/cpu/stage.c's tp_forward). */
+/* The forward of m's n samples into slot s (the shared runs between collectives). */
 static int forward_layers(engine *e, cuda_slot *s, int m, int n, uint64_t seed, uint64_t step)
 {
     cuda_engine *c = engine_cuda_impl(e);
-    const net_desc *net = c->net;
-    cuda_layer_io q = {.e = e, .s = s, .m = m};
-    layer_run r = cuda_layer_run(e, &q, n);
-    r.seed = seed;
-    r.step = step;
-    int nl = c->nl, lo = 0;
-    if (!c->tp) return layer_run_forward(&r, 0, nl) ? layer_run_fail(c, &r, m) : 0;
-    if (s->layers[0].xin && /* the stage's first layer works on a slice of the whole input */
-        tp_slice(c, &c->tp->layers[c->first].in, e->in_count, c->mb[m].in, s->layers[0].xin,
-                 n))
-        return -1;
-    for (int i = 0; i < nl; i++) {
-        int l = c->first + i, then = shard_forward_after(c->tp, c->first, c->last, i);
-        if (!then && i < nl - 1) continue;
-        if (layer_run_forward(&r, lo, i + 1)) return layer_run_fail(c, &r, m);
-        lo = i + 1;
-        if ((then & SHARD_THEN_REDUCE) &&
-            (tp_allreduce(e, s->layers[i].buf,
-                          (size_t)n * layer_shape_count(c->loc[i].out)) ||
-             tp_finish(c, i, s->layers[i].buf, n, m)))
-            return -1;
-        if ((then & SHARD_THEN_GATHER) &&
-            tp_gather(e, &c->tp->layers[l].out, layer_shape_count(net->layers[l].out),
-                      s->layers[i].out, i + 1 < nl ? s->layers[i + 1].xin : s->whole_out, n))
-            return -1;
-    }
-    return 0;
+    (void)stage_plan_set_outputs(&c->plan, s->layers, c->mb[m].in, s->whole_out, s->training);
+    cuda_pass q = {.e = e, .s = s, .m = m, .n = n, .seed = seed, .step = step};
+    stage_tensor_run r = cuda_tensor_run(e, &q);
+    return stage_tensor_forward(&r);
 }
 
 /* A free slot for m's activations, or −1 with a message. */
@@ -350,7 +240,7 @@ static int take_slot(engine *e)
     while (k < e->cfg.n_slots && c->slots[k].busy) k++;
     if (k == e->cfg.n_slots)
         return pt_error_set("CUDA engine, layers %d..%d: all %d activation slots are in use",
-                            c->first, c->last - 1, e->cfg.n_slots);
+                            c->plan.first, c->plan.last - 1, e->cfg.n_slots);
     return k;
 }
 
@@ -406,7 +296,7 @@ int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, i
     cudaStream_t cs = c->ctx.stream;
     if (c->is_first && kernel_bytes_to_float_cuda(b->in, b->pixels, (size_t)n * e->in_count,
                                                   &c->ctx))
-        return engine_cuda_layer_fail("pixel conversion", c->first, m);
+        return engine_cuda_layer_fail("pixel conversion", c->plan.first, m);
     s->training = training;
     if (forward_layers(e, s, m, n, seed, step)) return -1;
     if (c->is_last) {
@@ -414,14 +304,14 @@ int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, i
         int j = c->n_loss;
         const float *logits = slot_output(c, s);
         if (kernel_softmax_xent_cuda(training ? b->grad_in : NULL, c->d_correct + j,
-                                     c->d_loss + j, logits, b->labels, n, c->net->classes,
-                                     training ? 1.0f / (float)e->cfg.batch : 1.0f, &c->ctx))
-            return engine_cuda_layer_fail("loss", c->last - 1, m);
+                                     c->d_loss + j, logits, b->labels, n, c->plan.net->classes,
+                                     engine_loss_scale(&e->cfg, training), &c->ctx))
+            return engine_cuda_layer_fail("loss", c->plan.last - 1, m);
         c->n_loss++;
     }
     /* recompute: the output is kept to send (the last stage keeps the loss gradient) and
      * the activations are dropped until recompute(m) */
-    int drop = e->cfg.recompute && training;
+    int drop = engine_drops_activations(&e->cfg, training);
     if (drop && b->act_out && n > 0)
         CUDA_CHECK(cudaMemcpyAsync(b->act_out, slot_output(c, s),
                                    (size_t)n * e->out_count * sizeof(float),
@@ -469,143 +359,84 @@ int engine_cuda_recompute(engine *e, int m, uint64_t seed, uint64_t step, int ti
     return 0;
 }
 
-/* Local layers [lo, hi), from the running gradient c->range_g (in scratch buffer
- * c->range_gi, −1 for GRAD_IN), which is left where the next range starts; the ranges of one
- * micro-batch thus make exactly the kernel calls of one backward over all layers. Parameter
- * gradients go to `grads` (the stage's, mb_grads or a piece: see backward_range; unused by
- * B). parts, as src/cpu/stage.c's backward_chunk: ENGINE_CUDA_BW_BOTH, or ENGINE_CUDA_BW_INPUT
- * alone (B, which keeps each parameter layer's output gradient in the slot for W). Batched
- * layers stash their rows and leave their weight half to the step's flush. */
+/* Local layers [lo, hi) of m's backward (the shared runs between collectives) from GRAD_IN
+ * at the top range, else from where the range above left the running gradient. Parameter
+ * gradients go to `grads` (the target of stage_plan_grad_target; unused by B). parts:
+ * LAYER_BW_BOTH, or LAYER_BW_INPUT alone (B, which keeps each parameter layer's output
+ * gradient in the slot for W). Batched layers stash their rows and leave their weight half
+ * to the step's flush. */
 static int backward_layers(engine *e, cuda_slot *s, int m, int lo, int hi, float *din,
                            float *grads, int parts)
 {
     cuda_engine *c = engine_cuda_impl(e);
-    cuda_layer_io q = {.e = e, .s = s, .m = m, .grads = grads};
-    layer_run r = cuda_layer_run(e, &q, s->n);
-    if (!c->tp) {
-        if (layer_run_backward(&r, lo, hi, &c->range_g, &c->range_gi, c->scratch, din, parts))
-            return layer_run_fail(c, &r, m);
-        return 0;
-    }
-    /* Tensor shards, in runs between the collectives (src/cpu/stage.c's backward_span): an
-     * output-split layer's input gradient holds partial sums (all-reduced), a gathered
-     * input's gradient is whole (each rank keeps its slice), a sliced stage input's gradient
-     * is a slice (all-gathered for the previous stage), and a gathered stage output's
-     * gradient arrives whole (sliced first). */
-    const shard_plan *tp = c->tp;
-    int n = s->n;
-    if (hi == c->nl && s->whole_out) {
-        if (tp_slice(c, &tp->layers[c->last - 1].out, e->out_count, c->range_g, c->tp_dout, n))
-            return -1;
-        c->range_g = c->tp_dout;
-        c->range_gi = -1;
-    }
-    for (int h = hi; h > lo;) {
-        int b = shard_backward_stop(tp, c->first, lo, h);
-        int slice_in = b == 0 && s->layers[0].xin; /* the gradient of a sliced stage input */
-        if (layer_run_backward(&r, b, h, &c->range_g, &c->range_gi, c->scratch,
-                               b == 0 ? (slice_in && din ? c->tp_din : din) : NULL, parts))
-            return layer_run_fail(c, &r, m);
-        int l = c->first + b;
-        size_t whole = layer_shape_count(c->net->layers[l].in);
-        if (b > 0 && tp->layers[l].split == SHARD_OUT) {
-            int gi = c->range_gi; /* a parameter layer wrote it into a scratch buffer */
-            if (gi < 0)
-                return pt_error_set("CUDA engine, layer %d: no input gradient to all-reduce "
-                                    "(micro-batch %d)", l, m);
-            if (tp_allreduce(e, c->scratch[gi], (size_t)n * whole)) return -1;
-            if (s->layers[b].xin) { /* gathered input: back to the previous layer's slice */
-                size_t from, keep;
-                shard_values(&tp->layers[l - 1].out, whole, tp->T, c->tp_rank, &from, &keep);
-                if (tp_slice_rows(c, c->scratch[gi], whole, from, keep, c->scratch[1 - gi], n))
-                    return -1;
-                c->range_g = c->scratch[1 - gi];
-                c->range_gi = 1 - gi;
-            }
-        } else if (b == 0 && din && tp->layers[l].split == SHARD_OUT) {
-            if (tp_allreduce(e, din, (size_t)n * whole)) return -1;
-        } else if (slice_in && din) {
-            if (tp_gather(e, &tp->layers[l].in, whole, c->tp_din, din, n)) return -1;
-        }
-        h = b;
-    }
-    return 0;
+    cuda_pass q = {.e = e, .s = s, .m = m, .n = s->n, .grads = grads, .parts = parts};
+    stage_tensor_run r = cuda_tensor_run(e, &q);
+    return stage_tensor_backward(&r, lo, hi, c->mb[m].grad_in, din);
 }
 
-/* W of local layers [lo, hi), as src/cpu/stage.c's weight_chunk: each parameter layer's weight
- * half from its input and the output gradient B kept. */
+/* W of local layers [lo, hi): each parameter layer's weight half from its input and the
+ * output gradient B kept. */
 static int weight_layers(engine *e, cuda_slot *s, int m, int lo, int hi, float *grads)
 {
-    cuda_engine *c = engine_cuda_impl(e);
-    cuda_layer_io q = {.e = e, .s = s, .m = m, .grads = grads};
-    layer_run r = cuda_layer_run(e, &q, s->n);
-    if (layer_run_weight(&r, lo, hi)) return layer_run_fail(c, &r, m);
+    cuda_pass q = {.e = e, .s = s, .m = m, .n = s->n, .grads = grads};
+    layer_run r = cuda_layer_run(&q);
+    if (layer_run_weight(&r, lo, hi)) return layer_run_fail(engine_cuda_impl(e), &r, m);
     return 0;
 }
 
-/* The parameters of local layers [lo, hi) whose gradients a backward forms per micro-batch
- * (all but batched layers) as maximal runs [begin, end) of offsets (src/cpu/stage.c's
- * grad_runs): what is zeroed before and added after a gradient formed apart. Without
- * batched layers this is the one run [param_off[lo], end of layer hi − 1). */
-static int grad_runs(const engine *e, int lo, int hi, size_t (*runs)[2])
+/* m's own gradient piece (data parallel, method "ordered"), NULL without pieces. */
+static float *piece_of(engine *e, int m)
 {
-    const cuda_engine *c = e->impl;
-    int n = 0;
-    for (int i = lo; i < hi; i++) {
-        size_t b = c->param_off[i], end = i + 1 < c->nl ? c->param_off[i + 1] : e->param_count;
-        if (b == end || engine_cuda_batched(c, i)) continue;
-        if (n && runs[n - 1][1] == b) runs[n - 1][1] = end;
-        else runs[n][0] = b, runs[n++][1] = end;
-    }
-    return n;
+    int k = engine_piece_of(&e->cfg, m);
+    return k < 0 ? NULL : engine_cuda_impl(e)->piece[k];
 }
 
-/* m's parameter gradients of layers [lo, hi) into `target`: zeroed first when formed apart
- * (`apart`: mb_grads or a piece), added to the stage's after when `add` (mb_grads).
- * parts: BW_BOTH runs the backward of those layers (backward_range), BW_WEIGHT W alone. */
-static int grads_span(engine *e, cuda_slot *s, int m, int lo, int hi, float *target, int apart,
-                      int add, int parts)
+/* m's parameter gradients of layers [lo, hi) into the shared rule's target: zeroed first
+ * when formed apart, added to the stage's after when formed in mb_grads (only the runs of
+ * stage_plan_grad_runs). parts: LAYER_BW_BOTH runs the backward of those layers
+ * (backward_range), LAYER_BW_WEIGHT W alone. */
+static int grads_span(engine *e, cuda_slot *s, int m, int lo, int hi, int parts)
 {
     cuda_engine *c = engine_cuda_impl(e);
     size_t(*runs)[2] = c->runs;
-    int nr = grad_runs(e, lo, hi, runs), rc = 0;
-    for (int r = 0; apart && r < nr && !rc; r++) {
-        cudaError_t err = cudaMemsetAsync(target + runs[r][0], 0,
+    stage_grad_target t = stage_plan_grad_target(&c->plan, c->grads, c->mb_grads, piece_of(e, m));
+    int nr = stage_plan_grad_runs(&c->plan, lo, hi, runs, c->plan.nl), rc = 0;
+    for (int r = 0; t.apart && r < nr && !rc; r++) {
+        cudaError_t err = cudaMemsetAsync(t.form + runs[r][0], 0,
                                           (runs[r][1] - runs[r][0]) * sizeof(float),
                                           c->ctx.stream);
         if (err != cudaSuccess)
             rc = pt_error_set("CUDA engine: cudaMemsetAsync: %s", cudaGetErrorString(err));
     }
     if (!rc)
-        rc = parts == ENGINE_CUDA_BW_WEIGHT
-                 ? weight_layers(e, s, m, lo, hi, target)
+        rc = parts == LAYER_BW_WEIGHT
+                 ? weight_layers(e, s, m, lo, hi, t.form)
                  : backward_layers(e, s, m, lo, hi, c->is_first ? NULL : c->mb[m].grad_out,
-                                   target, parts);
-    for (int r = 0; add && r < nr && !rc; r++)
-        rc = kernel_add_cuda(c->grads + runs[r][0], target + runs[r][0],
+                                   t.form, parts);
+    for (int r = 0; t.add_to && r < nr && !rc; r++)
+        rc = kernel_add_cuda(t.add_to + runs[r][0], t.form + runs[r][0],
                              runs[r][1] - runs[r][0], &c->ctx);
     return rc;
 }
 
+static int units_cuda(void *ctx, float *dw, float *db, const float *dout, const float *in,
+                      int rows, int in_f, int out_f, int u0, int units)
+{
+    return kernel_dense_weight_grad_units_cuda(dw, db, dout, in, rows, in_f, out_f, u0, units,
+                                               ctx);
+}
+
 /* Batched weight gradients: at the backward (or W) of the step's last micro-batch, the
- * batched layers of [lo, hi) get theirs, written, in the CPU's tiles of output units. */
+ * batched layers of [lo, hi) get theirs, written, in the shared tiles (one stream: t = 0 of
+ * one). */
 static int wgrad_flush(engine *e, int m, int lo, int hi)
 {
     cuda_engine *c = engine_cuda_impl(e);
-    int M = e->cfg.microbatches;
-    if (!c->wgrad_rows || m % M != M - 1) return 0;
-    for (int i = lo; i < hi; i++) {
-        if (!engine_cuda_batched(c, i)) continue;
-        const layer_desc *L = &c->loc[i];
-        int in = (int)layer_shape_count(L->in), out = L->u.dense.units;
-        float *dw = c->grads + c->param_off[i], *db = dw + L->weight_count;
-        for (int a = 0; a < out; a += ENGINE_CUDA_WGRAD_TILE) {
-            int w = out - a < ENGINE_CUDA_WGRAD_TILE ? out - a : ENGINE_CUDA_WGRAD_TILE;
-            if (kernel_dense_weight_grad_units_cuda(dw, db, c->stash_g[i], c->stash_x[i],
-                                                    c->wgrad_rows, in, out, a, w, &c->ctx))
-                return engine_cuda_layer_fail("batched weight gradient", c->first + i, m);
-        }
-    }
+    if (!c->plan.wgrad_rows || !engine_last_microbatch(e, m)) return 0;
+    int failed;
+    if (stage_plan_wgrad_flush(&c->plan, c->grads, c->stash_x, c->stash_g, lo, hi, 0, 1,
+                               units_cuda, &c->ctx, &failed))
+        return engine_cuda_layer_fail("batched weight gradient", c->plan.first + failed, m);
     return 0;
 }
 
@@ -644,44 +475,20 @@ int engine_cuda_backward_range(engine *e, int m, int lo, int hi, int tick)
 {
     cuda_engine *c = engine_cuda_impl(e);
     cuda_slot *s = backward_slot(e, m, "backward");
-    if (!s) return -1;
+    if (!s || stage_plan_range_check(&c->plan, m, lo, hi, NULL)) return -1;
     cuda_mb *b = &c->mb[m];
-    if (lo < 0 || hi > c->nl || lo >= hi)
-        return pt_error_set("CUDA engine, layers %d..%d: backward of local layers [%d, %d), "
-                            "outside the stage's %d", c->first, c->last - 1, lo, hi, c->nl);
-    if (c->range_hi && (m != c->range_m || hi != c->range_hi))
-        return pt_error_set("CUDA engine, layers %d..%d: backward of local layers [%d, %d) of "
-                            "micro-batch %d, but micro-batch %d's backward by ranges is "
-                            "unfinished (its next range ends at local layer %d)", c->first,
-                            c->last - 1, lo, hi, m, c->range_m, c->range_hi);
-    if (!c->range_hi && hi != c->nl)
-        return pt_error_set("CUDA engine, layers %d..%d: backward of local layers [%d, %d) of "
-                            "micro-batch %d before the ranges above it (the first ends at %d)",
-                            c->first, c->last - 1, lo, hi, m, c->nl);
     CUDA_CHECK(cudaSetDevice(c->device));
     if (engine_cuda_tick_check(e, tick)) return -1;
     if (backward_waits(c, b)) return -1;
     if (engine_cuda_tick_begin(e, tick)) return -1;
-    if (hi == c->nl) {
-        /* As the CPU stage (src/cpu/stage.h): the first micro-batch since the step sums into the
-         * gradients, each later one into mb_grads, which is then added; with pieces, m's
-         * gradient is formed alone in piece m mod P. */
-        c->range_add = c->pieces == 1 && c->accumulated;
-        c->range_target = c->pieces > 1 ? c->piece[m % c->pieces]
-                                        : c->range_add ? c->mb_grads : c->grads;
-        c->range_g = b->grad_in;
-        c->range_gi = -1;
-    }
-    if (grads_span(e, s, m, lo, hi, c->range_target, c->range_add || c->pieces > 1,
-                   c->range_add, ENGINE_CUDA_BW_BOTH) ||
-        wgrad_flush(e, m, lo, hi) || engine_cuda_grads_written(c, lo, hi))
+    if (grads_span(e, s, m, lo, hi, LAYER_BW_BOTH) || wgrad_flush(e, m, lo, hi) ||
+        engine_cuda_grads_written(c, lo, hi))
         return -1;
     CUDA_CHECK(cudaEventRecord(b->ev_bwd, c->ctx.stream));
     if (engine_cuda_tick_end(e, tick)) return -1;
-    c->range_m = m;
-    c->range_hi = lo;
+    stage_plan_range_done(&c->plan, m, lo, NULL);
+    stage_plan_grads_formed(&c->plan, lo, piece_of(e, m));
     if (lo == 0) {
-        if (c->pieces == 1) c->accumulated = 1;
         b->has_grad_out = !c->is_first;
         b->grad_out_prepared = 0;
     }
@@ -690,7 +497,7 @@ int engine_cuda_backward_range(engine *e, int m, int lo, int hi, int tick)
 
 int engine_cuda_backward(engine *e, int m, int tick)
 {
-    return engine_cuda_backward_range(e, m, 0, engine_cuda_impl(e)->nl, tick);
+    return engine_cuda_backward_range(e, m, 0, engine_cuda_impl(e)->plan.nl, tick);
 }
 
 int engine_cuda_backward_input(engine *e, int m, int tick)
@@ -700,20 +507,14 @@ int engine_cuda_backward_input(engine *e, int m, int tick)
         return pt_error_set("CUDA engine: backward_input of micro-batch %d without "
                             "split_backward", m);
     cuda_slot *s = backward_slot(e, m, "backward_input");
-    if (!s) return -1;
+    if (!s || stage_plan_range_idle(&c->plan, "backward_input")) return -1;
     cuda_mb *b = &c->mb[m];
-    if (c->range_hi)
-        return pt_error_set("CUDA engine, layers %d..%d: backward_input of micro-batch %d "
-                            "while micro-batch %d's backward by ranges is unfinished",
-                            c->first, c->last - 1, m, c->range_m);
     CUDA_CHECK(cudaSetDevice(c->device));
     if (engine_cuda_tick_check(e, tick)) return -1;
     if (backward_waits(c, b)) return -1;
     if (engine_cuda_tick_begin(e, tick)) return -1;
-    c->range_g = b->grad_in;
-    c->range_gi = -1;
-    if (backward_layers(e, s, m, 0, c->nl, c->is_first ? NULL : b->grad_out, NULL,
-                        ENGINE_CUDA_BW_INPUT))
+    if (backward_layers(e, s, m, 0, c->plan.nl, c->is_first ? NULL : b->grad_out, NULL,
+                        LAYER_BW_INPUT))
         return -1;
     CUDA_CHECK(cudaEventRecord(b->ev_bwd, c->ctx.stream));
     if (engine_cuda_tick_end(e, tick)) return -1;
@@ -726,6 +527,7 @@ int engine_cuda_backward_input(engine *e, int m, int tick)
 int engine_cuda_backward_weight(engine *e, int m, int lo, int hi, int tick)
 {
     cuda_engine *c = engine_cuda_impl(e);
+    const stage_plan *p = &c->plan;
     if (!e->cfg.split_backward)
         return pt_error_set("CUDA engine: backward_weight of micro-batch %d without "
                             "split_backward", m);
@@ -734,21 +536,18 @@ int engine_cuda_backward_weight(engine *e, int m, int lo, int hi, int tick)
     if (!s->has_gout)
         return pt_error_set("CUDA engine: backward_weight of micro-batch %d before its "
                             "backward_input", m);
-    if (lo < 0 || hi > c->nl || lo >= hi)
+    if (lo < 0 || hi > p->nl || lo >= hi)
         return pt_error_set("CUDA engine, layers %d..%d: weight gradients of local layers "
-                            "[%d, %d), outside the stage's %d", c->first, c->last - 1, lo, hi,
-                            c->nl);
+                            "[%d, %d), outside the stage's %d", p->first, p->last - 1, lo, hi,
+                            p->nl);
     CUDA_CHECK(cudaSetDevice(c->device));
     if (engine_cuda_tick_check(e, tick) || engine_cuda_tick_begin(e, tick)) return -1;
-    /* the targets of backward_range, decided per call as src/cpu/stage.c does */
-    int add = c->pieces == 1 && c->accumulated;
-    float *target = c->pieces > 1 ? c->piece[m % c->pieces] : add ? c->mb_grads : c->grads;
-    if (grads_span(e, s, m, lo, hi, target, add || c->pieces > 1, add, ENGINE_CUDA_BW_WEIGHT) ||
-        wgrad_flush(e, m, lo, hi) || engine_cuda_grads_written(c, lo, hi))
+    if (grads_span(e, s, m, lo, hi, LAYER_BW_WEIGHT) || wgrad_flush(e, m, lo, hi) ||
+        engine_cuda_grads_written(c, lo, hi))
         return -1;
     CUDA_CHECK(cudaEventRecord(c->mb[m].ev_late, c->ctx.stream));
     if (engine_cuda_tick_end(e, tick)) return -1;
-    if (lo == 0 && c->pieces == 1) c->accumulated = 1;
+    stage_plan_grads_formed(&c->plan, lo, piece_of(e, m));
     return 0;
 }
 
@@ -791,8 +590,8 @@ static int msg_check(const engine *e, engine_msg k, int m, int incoming)
              (k == ENGINE_MSG_GRAD_IN && !c->is_last) || k == ENGINE_MSG_ACT_OUT ||
              (k == ENGINE_MSG_GRAD_OUT && !c->is_first);
     if (!ok || (incoming >= 0 && in != incoming))
-        return pt_error_set("CUDA engine, layers %d..%d: no %s message %s", c->first,
-                            c->last - 1, msg_name(k),
+        return pt_error_set("CUDA engine, layers %d..%d: no %s message %s", c->plan.first,
+                            c->plan.last - 1, msg_name(k),
                             !ok ? "on this stage" : incoming ? "to receive" : "to send");
     return 0;
 }

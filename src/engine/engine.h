@@ -170,9 +170,52 @@ struct engine {
 void engine_destroy(engine *e);
 
 /* For engine implementations: the common fields and the tick arrays (tick times start
- * "unused"); engine_base_free releases what engine_base_init allocated. */
+ * "unused"), once cfg passed engine_config_check; engine_base_free releases what
+ * engine_base_init allocated. */
 int engine_base_init(engine *e, const engine_ops *ops, const engine_config *cfg);
 void engine_base_free(engine *e);
+/* The rules of a configuration every engine keeps (−1 with a message): counts in range, the
+ * step's micro-batch count where a schedule needs it, batched weight gradients not with
+ * gradient pieces. */
+int engine_config_check(const engine_config *cfg);
+/* Gradient pieces of the engine: grad_pieces, at least 1. */
+static inline int engine_pieces(const engine_config *cfg)
+{
+    return cfg->grad_pieces > 1 ? cfg->grad_pieces : 1;
+}
+/* The gradient piece of buffer m's micro-batch: m mod P, or −1 without pieces (its gradient
+ * then goes to the stage's; stage_plan_grad_target). */
+static inline int engine_piece_of(const engine_config *cfg, int m)
+{
+    return cfg->grad_pieces > 1 ? m % cfg->grad_pieces : -1;
+}
+/* The loss gradient's scale: the step's batch mean when training. */
+static inline float engine_loss_scale(const engine_config *cfg, int training)
+{
+    return training ? 1.0f / (float)cfg->batch : 1.0f;
+}
+/* recompute: a training forward gives its activations back at once and keeps only its
+ * output to send (not on the last stage, whose loss gradient is in GRAD_IN) until
+ * recompute(m). */
+static inline int engine_drops_activations(const engine_config *cfg, int training)
+{
+    return cfg->recompute && training;
+}
+/* grads_host and grads_commit: −1 with a message unless [off, off + count) lies in the
+ * stage's parameters and piece is one of the engine's. what: "host view", "commit". */
+int engine_grads_range_check(const engine *e, int piece, size_t off, size_t count,
+                             const char *what);
+/* Buffer m holds its step's last micro-batch (batched weight gradients are formed at its
+ * backward: schedules run backwards in micro-batch order). */
+static inline int engine_last_microbatch(const engine *e, int m)
+{
+    return m % e->cfg.microbatches == e->cfg.microbatches - 1;
+}
+/* The first row of buffer m's micro-batch in the step's batched weight-gradient stash. */
+static inline int engine_stash_row(const engine *e, int m)
+{
+    return m % e->cfg.microbatches * e->cfg.max_batch;
+}
 /* The stage layout: per-sample input and output counts, parameters, slot bytes. */
 void engine_stage_sizes(const net_desc *net, int first, int last, size_t *in_count,
                         size_t *out_count, size_t *param_count);

@@ -16,9 +16,40 @@ void engine_stage_sizes(const net_desc *net, int first, int last, size_t *in_cou
         *param_count += net->layers[l].weight_count + net->layers[l].bias_count;
 }
 
+int engine_config_check(const engine_config *cfg)
+{
+    if (!cfg->net || cfg->buffers < 2 || cfg->max_batch < 1 || cfg->n_slots < 1 ||
+        cfg->batch < 1 || cfg->max_ticks < 0)
+        return pt_error_set("engine: %s%d buffers, batch %d of %d, %d slots, %d ticks: out of "
+                            "range", cfg->net ? "" : "no net, ", cfg->buffers, cfg->max_batch,
+                            cfg->batch, cfg->n_slots, cfg->max_ticks);
+    if ((cfg->split_backward || cfg->wgrad_rows || cfg->recompute) && cfg->microbatches < 1)
+        return pt_error_set("engine: split backward, batched weight gradients and "
+                            "recomputation need the step's micro-batch count");
+    if (cfg->wgrad_rows < 0)
+        return pt_error_set("engine: batched weight gradients over %d rows: out of range",
+                            cfg->wgrad_rows);
+    if (cfg->wgrad_rows && cfg->grad_pieces > 1)
+        return pt_error_set("--wgrad batched forms one gradient per step; --reduce ordered "
+                            "needs each micro-batch's apart: use another --reduce method");
+    return 0;
+}
+
+int engine_grads_range_check(const engine *e, int piece, size_t off, size_t count,
+                             const char *what)
+{
+    int pieces = engine_pieces(&e->cfg);
+    if (piece < 0 || piece >= pieces || off > e->param_count || count > e->param_count - off)
+        return pt_error_set("%s engine: %s of gradients [%zu, %zu) of piece %d, outside the "
+                            "stage's %zu in %d piece%s", e->ops->name, what, off, off + count,
+                            piece, e->param_count, pieces, pieces > 1 ? "s" : "");
+    return 0;
+}
+
 int engine_base_init(engine *e, const engine_ops *ops, const engine_config *cfg)
 {
     memset(e, 0, sizeof *e);
+    if (engine_config_check(cfg)) return -1;
     const net_desc *net = cfg->net;
     if (cfg->first < 0 || cfg->last > net->n_layers || cfg->first >= cfg->last)
         return pt_error_set("engine: bad layer range [%d, %d) of %d layers", cfg->first,

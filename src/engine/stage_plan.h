@@ -1,9 +1,28 @@
 /* The rules of a pipeline stage that every engine (the CPU's, src/cpu/, and the CUDA
- * plugin's, src/cuda/) shares: they must agree bit for bit, so each is written once, here. */
+ * plugin's, src/cuda/) shares: they must agree bit for bit, so each is written once, here.
+ * An engine keeps only what is about its own memory, threads and streams.
+ *
+ * - the layout (stage_plan_init, stage_plan_sizes, stage_plan_carve_slot): each local layer
+ *   as this rank runs it, parameter offsets, one slot's activations (outputs, maxpool
+ *   positions, dropout masks, tensor shards' inputs, the gathered stage output), the widest
+ *   vector and the convolution workspace;
+ * - the gradient targets (stage_plan_grad_target, stage_plan_grad_runs): where each
+ *   micro-batch's parameter gradients are formed and added;
+ * - the order of a backward by layer ranges (stage_plan_range_*);
+ * - the tensor-parallel forward and backward in runs between collectives
+ *   (stage_tensor_forward, stage_tensor_backward) over a device's stage_tensor_ops;
+ * - PyTorch's initialisation (stage_plan_init_params), the optimizer update
+ *   (stage_optim_step over a device's optim_kernels) and the batched weight gradients' tiles
+ *   (stage_plan_wgrad_flush). */
 #ifndef PT_STAGE_PLAN_H
 #define PT_STAGE_PLAN_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+#include "src/engine/layer_ops.h"
+#include "src/model/layer_table.h"
+#include "src/model/shard.h"
 
 typedef enum { OPTIM_SGD = 0, OPTIM_MOMENTUM, OPTIM_ADAM } optimizer_kind;
 
@@ -22,5 +41,266 @@ typedef struct {
     int (*allreduce)(void *ctx, float *buf, size_t n);
     int (*allgather)(void *ctx, const float *send, float *recv, const size_t *count);
 } stage_tensor_comm;
+
+/* STAGE_ALIGN: every block of a stage's memory starts at a multiple of it (bytes).
+ * STAGE_WGRAD_TILE: output units per product of a batched weight gradient; it fixes the
+ * order of the sums, so it is one constant for every engine. */
+enum { STAGE_ALIGN = 64, STAGE_WGRAD_TILE = 512 };
+
+static inline size_t stage_round_up(size_t bytes)
+{
+    return (bytes + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN;
+}
+
+/* ------------------------------------------------------------------- layout ---- */
+
+/* What a stage is, for its layout. */
+typedef struct {
+    const net_desc *net;    /* not owned */
+    int first, last;        /* layers [first, last) */
+    int max_batch;          /* samples per micro-batch */
+    int chunk;              /* samples per chunk (what the convolution workspace serves) */
+    const shard_plan *tp;   /* tensor shards (not owned): NULL or T = 1 for whole layers */
+    int tp_rank;
+    size_t (*conv_workspace)(const kernel_conv2d_dims *d); /* the device's, in floats */
+} stage_shape;
+
+/* The layout's sizes. slot_bytes: one slot's activations at max_batch (every block rounded
+ * to STAGE_ALIGN), which is what the planner counts per micro-batch in flight. */
+typedef struct {
+    size_t param_count;     /* this rank's parameters */
+    size_t widest;          /* values per sample of the widest whole input or output (tensor
+                               collectives move whole vectors; local ones are no wider) */
+    size_t work_floats;     /* the widest convolution workspace at `chunk` samples */
+    size_t slot_bytes;
+} stage_sizes;
+
+/* The shared part of a stage: its layout, and the state of the rules below. */
+typedef struct {
+    const net_desc *net;    /* not owned */
+    int first, last, nl;    /* layers [first, last), nl of them */
+    int max_batch;
+    const shard_plan *tp;   /* not owned; NULL: whole layers */
+    int tp_rank;
+    const char *name;       /* how messages name the stage: "stage", "CUDA engine, layers" */
+    layer_desc *loc;        /* owned, [nl]: each local layer as this rank runs it */
+    size_t *param_off;      /* owned, [nl]: where its weight starts in params and grads (its
+                               bias follows) */
+    size_t param_count, widest, work_floats, slot_bytes; /* as stage_sizes */
+    int wgrad_rows;         /* batched weight gradients: rows of the step (0: off) */
+    int accumulated;        /* the stage's gradients hold a micro-batch's since zeroing */
+    /* a backward by layer ranges under way (range_hi > 0: its next range ends there), of
+     * micro-batch range_mb (the engine's index), into range_grads */
+    int range_hi, range_mb;
+    const float *range_grads;
+} stage_plan;
+
+/* Fills p for `shape` (the engine zeroes p first); −1 with a message when out of memory. */
+int stage_plan_init(stage_plan *p, const stage_shape *shape, const char *name);
+void stage_plan_free(stage_plan *p);
+/* stage_plan_init's sizes, without allocating (the planner's estimates). */
+stage_sizes stage_plan_sizes(const stage_shape *shape);
+
+/* Offset in params/grads where local layer i's parameters start (i = nl: the count). */
+static inline size_t stage_plan_param_end(const stage_plan *p, int i)
+{
+    return i < p->nl ? p->param_off[i] : p->param_count;
+}
+
+/* The local layers whose parameters overlap [off, off + count) (count > 0): [*lo, *hi). */
+void stage_plan_layers_of(const stage_plan *p, size_t off, size_t count, int *lo, int *hi);
+
+/* Local layer i's weight gradient is formed over the whole step (batched weight gradients:
+ * dense layers); its micro-batches' rows go to a stash instead. */
+static inline int stage_plan_batched(const stage_plan *p, int i)
+{
+    return p->wgrad_rows > 0 && p->loc[i].type == LAYER_DENSE;
+}
+
+/* Local layer i's storage in one slot, and where its data is for the last forward. */
+typedef struct {
+    float *buf;          /* its output storage (NULL: none of its own, flatten) */
+    int32_t *argmax;     /* maxpool positions, else NULL */
+    uint8_t *mask;       /* dropout mask, else NULL */
+    float *xin;          /* tensor shards: its input when that is not the previous output
+                            (gathered whole, or the stage input's slice), else NULL */
+    const float *out;    /* its output of the last forward: buf, or its input when the
+                            layer was the identity (flatten; dropout when not training) */
+    float *gout;         /* split backward: the output gradient B keeps for W (engine's) */
+} stage_slot_layer;
+
+/* Carves one slot's slot_bytes at `base` (NULL: every pointer NULL) into layers[0, nl)
+ * (buf, argmax, mask, xin); returns the storage of the stage's output gathered whole, NULL
+ * when its output is not sharded. */
+float *stage_plan_carve_slot(const stage_plan *p, void *base, stage_slot_layer *layers);
+/* Decides, for a forward, where each layer's output lives (out) from the stage's input.
+ * Returns what the stage sends: the last layer's output, or whole_out when gathered. */
+const float *stage_plan_set_outputs(const stage_plan *p, stage_slot_layer *layers,
+                                    const float *input, float *whole_out, int training);
+/* Local layer i's input as it uses it. */
+static inline const float *stage_slot_input(const stage_slot_layer *layers, int i,
+                                            const float *input)
+{
+    return layers[i].xin ? layers[i].xin : i == 0 ? input : layers[i - 1].out;
+}
+/* Local layer i is split by its inputs: its forward leaves partial sums, all-reduced over
+ * the tensor group before its bias and activation (stage_tensor_ops.finish). */
+static inline int stage_plan_split_in(const stage_plan *p, int i)
+{
+    return p->tp && p->tp->layers[p->first + i].split == SHARD_IN;
+}
+/* What the shared layer loop (src/engine/layer_ops.h) needs of local layer i for a chunk of
+ * samples [off, ...) of a slot in `phase`, apart from the device's own: its input, output
+ * and storage, parameters (and their gradients in `grads`, NULL: none), B's output
+ * gradient, whether it is batched, and for the forward whether its output is partial and
+ * where its dropout elements sit in the whole vector. The engine adds the sample ids and a
+ * batched layer's stash rows. */
+void stage_plan_layer_io(const stage_plan *p, const stage_slot_layer *layers,
+                         const float *input, float *params, float *grads, int i, int phase,
+                         size_t off, layer_io *io);
+
+/* ------------------------------------------------------- gradient targets ---- */
+
+/* A micro-batch's parameter gradients. The first since zeroing is formed in place in the
+ * stage's gradients; each later one apart in mb_grads (zeroed first), then added, so that
+ * each is rounded on its own: grads = G0 + G1 + ... With gradient pieces (data parallel,
+ * method "ordered"), micro-batch m's is formed apart in its piece (m mod P) and left there.
+ * Only the layers' runs of stage_plan_grad_runs are zeroed and added. */
+typedef struct {
+    float *form;     /* where the kernels sum it */
+    int apart;       /* form is zeroed first (mb_grads or a piece) */
+    float *add_to;   /* then added here (the stage's gradients), or NULL */
+} stage_grad_target;
+
+/* piece: the micro-batch's own target (NULL: none, the stage's gradients). The target does
+ * not change between the ranges of one micro-batch's backward. */
+stage_grad_target stage_plan_grad_target(const stage_plan *p, float *grads, float *mb_grads,
+                                         float *piece);
+/* A backward (or W) of layers [lo, ...) formed its target: at lo = 0 the stage's gradients
+ * hold a micro-batch's, unless it went to a piece. */
+void stage_plan_grads_formed(stage_plan *p, int lo, const float *piece);
+/* The stage's gradients were zeroed; an unfinished backward by ranges is abandoned. */
+void stage_plan_grads_zeroed(stage_plan *p);
+/* The parameters of local layers [lo, hi) whose gradients a backward forms per micro-batch
+ * (all but batched layers), as at most `cap` maximal runs [begin, end) of offsets (past cap,
+ * the last run spans the rest: a batched layer inside is zeroed and summed for nothing, and
+ * its flush overwrites it). Returns the number of runs. */
+int stage_plan_grad_runs(const stage_plan *p, int lo, int hi, size_t (*runs)[2], int cap);
+
+/* ------------------------------------------------- backward by layer ranges ---- */
+
+/* A backward of local layers [lo, hi) of micro-batch mb into `grads`: −1 with a message
+ * unless the range lies in the stage and continues the backward by ranges under way (the
+ * same micro-batch and grads, ending where the last one began) or starts one at the top. */
+int stage_plan_range_check(const stage_plan *p, int mb, int lo, int hi, const float *grads);
+/* The range [lo, hi) of mb ran: the next ends at lo (none after lo = 0). */
+void stage_plan_range_done(stage_plan *p, int mb, int lo, const float *grads);
+/* −1 with a message ("<what> while ... unfinished") when a backward by ranges is under way. */
+int stage_plan_range_idle(const stage_plan *p, const char *what);
+
+/* ---------------------------------------------------- tensor-parallel runs ---- */
+
+/* One device's side of a micro-batch's tensor-parallel forward and backward: the runs of
+ * layers between the collectives, and the collectives and copies at them (as a
+ * layer_kernels is a device's kernels; self is the engine's pass). Each returns 0, or −1
+ * with a message. */
+typedef struct {
+    /* the forward of local layers [lo, hi) */
+    int (*forward)(void *self, int lo, int hi);
+    /* the backward of local layers [lo, hi) from dout (the gradient of layer hi − 1's
+     * output; NULL: where the range above left it) to din (NULL: not wanted) */
+    int (*backward)(void *self, int lo, int hi, const float *dout, float *din);
+    /* sums count floats in place over the group */
+    int (*allreduce)(void *self, float *buf, size_t count);
+    /* n rows of this rank's slice (len values each, contiguous at local) of a vector of
+     * `whole` values in state st, all-gathered into n whole rows at out */
+    int (*gather)(void *self, const shard_state *st, size_t whole, const float *local,
+                  float *out, int n);
+    /* values [from, from + keep) of n rows of `whole`, as n contiguous rows */
+    int (*slice)(void *self, const float *in, size_t whole, size_t from, size_t keep,
+                 float *out, int n);
+    /* an input-split layer after its all-reduce: its bias, then its activation */
+    int (*finish)(void *self, int i, float *y, int n);
+    /* the gradient the backward left at local layer b's input (an output-split layer's
+     * partial sums, n rows of `whole`): all-reduced, and cut to values [from, from + keep)
+     * of each row, which the layer below continues from */
+    int (*reduce_carry)(void *self, int b, size_t whole, size_t from, size_t keep, int n);
+} stage_tensor_ops;
+
+typedef struct {
+    const stage_plan *plan;
+    const stage_tensor_ops *ops;
+    void *self;
+    int n;                  /* samples of the micro-batch */
+    const stage_slot_layer *layers; /* the slot's (buf, out, xin) */
+    const float *input;     /* forward: the stage's input (whole rows) */
+    float *whole_out;       /* the stage's output gathered whole (NULL: not sharded) */
+    float *tp_dout;         /* backward, whole_out: the output gradient's slice */
+    float *tp_din;          /* backward, a sliced input: the input gradient's slice */
+} stage_tensor_run;
+
+/* The forward: without shards one run of every layer; with them, runs of layers, each
+ * followed by what the group completes for the next (the stage input's slice first). */
+int stage_tensor_forward(const stage_tensor_run *r);
+/* The backward of local layers [lo, hi) (dout read when hi = nl, din written when lo = 0 and
+ * not NULL): in runs between the collectives with shards. The gradient of an output-split
+ * layer's input holds partial sums (all-reduced), a gathered input's gradient is whole (each
+ * rank keeps its slice), a sliced stage input's gradient is a slice (all-gathered for the
+ * previous stage), and a gathered stage output's gradient arrives whole (sliced first). */
+int stage_tensor_backward(const stage_tensor_run *r, int lo, int hi, const float *dout,
+                          float *din);
+/* n rows of a vector of `whole` values in state st, rank by rank: count[r] = n · len[r]
+ * floats, rank r's values [off[r], off[r] + len[r]) of each row (for a gather). */
+void stage_tensor_counts(const stage_plan *p, const shard_state *st, size_t whole, int n,
+                         size_t *count, size_t *off, size_t *len);
+
+/* ------------------------------------------- initialisation and the update ---- */
+
+/* PyTorch's default initialisation: U(±1/√fan_in) for weights and biases
+ * (kaiming_uniform(a=√5) and torch.nn's bias rule), drawn per layer from the counter-based
+ * generator, so the same in every layout: draw(ctx, dst, first, count, bound, seed, stream)
+ * writes elements [first, first + count) of that stream's tensor to dst. On a failed draw,
+ * −1 and *failed = the net's layer. */
+typedef int (*stage_init_draw)(void *ctx, float *dst, size_t first, size_t count, float bound,
+                               uint64_t seed, uint64_t stream);
+int stage_plan_init_params(const stage_plan *p, float *params, uint64_t seed,
+                           stage_init_draw draw, void *ctx, int *failed);
+
+/* One device's optimizer updates (kernels/kernels.h's operations and roundings). */
+typedef struct {
+    int (*sgd)(void *ctx, float *param, const float *grad, size_t count, float lr,
+               float weight_decay);
+    int (*momentum)(void *ctx, float *param, float *buf, const float *grad, size_t count,
+                    float lr, float momentum, float weight_decay);
+    int (*adam)(void *ctx, float *param, float *m, float *v, const float *grad, size_t count,
+                float lr, float beta1, float beta2, float eps, float weight_decay, long step);
+} optim_kernels;
+
+extern const optim_kernels optim_kernels_cpu;
+
+/* The stage's parameters and optimizer state (one device's memory). */
+typedef struct {
+    float *params, *grads, *m, *v;
+    size_t count;
+    long *step;             /* updates taken: the first is 1 (Adam's bias correction) */
+} stage_optim_state;
+
+/* One update of every parameter from the gradients. −1 with a message (a failed kernel,
+ * an unknown optimizer). */
+int stage_optim_step(const optim_kernels *k, void *ctx, const stage_optim_state *s,
+                     const optimizer_config *o);
+
+/* The batched weight gradients of local layers [lo, hi): per batched layer, dw = G^T·X and
+ * db = column sums of G over the step's wgrad_rows rows (written, not added), in tiles of
+ * STAGE_WGRAD_TILE output units; tiles numbered k = 0, 1, ... across the layers, and this
+ * call (worker t of `threads`) forms those with k mod threads = t. units(ctx, dw, db, g, x,
+ * rows, in, out, u0, count) is the device's kernel. On a failure, −1 and *failed = the
+ * local layer. */
+typedef int (*stage_wgrad_units)(void *ctx, float *dw, float *db, const float *dout,
+                                 const float *in, int rows, int in_f, int out_f, int u0,
+                                 int units);
+int stage_plan_wgrad_flush(const stage_plan *p, float *grads, float *const *stash_x,
+                           float *const *stash_g, int lo, int hi, int t, int threads,
+                           stage_wgrad_units units, void *ctx, int *failed);
 
 #endif

@@ -1,0 +1,119 @@
+/* The CPU stage's zero-bubble split backward and batched weight gradients
+ * (src/cpu/stage.h): their storage, and the flush of the batched products. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/base/error.h"
+#include "src/cpu/pool.h"
+#include "src/cpu/stage.h"
+#include "src/cpu/stage_impl.h"
+
+size_t stage_split_slot_bytes(const net_desc *net, int first, int last, int max_batch)
+{
+    size_t bytes = 0;
+    for (int l = first; l < last; l++)
+        if (net->layers[l].weight_count)
+            bytes += stage_round_up((size_t)max_batch * layer_shape_count(net->layers[l].out) *
+                                    sizeof(float));
+    return bytes;
+}
+
+int stage_enable_split(stage *s)
+{
+    const stage_plan *p = &s->plan;
+    if (s->split) return 0;
+    size_t per = stage_split_slot_bytes(p->net, p->first, p->last, p->max_batch);
+    s->split_memory = stage_alloc_zeroed(per * (size_t)s->n_slots);
+    if (!s->split_memory)
+        return pt_error_set("stage %d..%d: out of memory for the output gradients of %d "
+                            "micro-batches (split backward)", p->first, p->last - 1, s->n_slots);
+    char *mem = s->split_memory;
+    for (int k = 0; k < s->n_slots; k++) {
+        for (int i = 0; i < p->nl; i++) {
+            const layer_desc *L = &p->loc[i];
+            if (!L->weight_count) continue;
+            s->slots[k].layers[i].gout = (float *)mem;
+            mem += stage_round_up((size_t)p->max_batch * layer_shape_count(L->out) * sizeof(float));
+        }
+    }
+    s->split = 1;
+    return 0;
+}
+
+size_t stage_wgrad_row_bytes(const net_desc *net, int first, int last)
+{
+    size_t bytes = 0;
+    for (int l = first; l < last; l++) {
+        const layer_desc *L = &net->layers[l];
+        if (L->type == LAYER_DENSE)
+            bytes += (layer_shape_count(L->in) + layer_shape_count(L->out)) * sizeof(float);
+    }
+    return bytes;
+}
+
+/* Stash bytes of local layer i at `rows` rows: its inputs, then its output gradients. */
+static size_t stash_bytes(const layer_desc *L, int rows, size_t *x_bytes)
+{
+    if (L->type != LAYER_DENSE) return *x_bytes = 0;
+    *x_bytes = stage_round_up((size_t)rows * layer_shape_count(L->in) * sizeof(float));
+    return *x_bytes + stage_round_up((size_t)rows * layer_shape_count(L->out) * sizeof(float));
+}
+
+int stage_enable_batched_wgrad(stage *s, int rows)
+{
+    stage_plan *p = &s->plan;
+    if (rows < 1 || p->wgrad_rows)
+        return pt_error_set("stage %d..%d: batched weight gradients over %d rows (already: %d)",
+                            p->first, p->last - 1, rows, p->wgrad_rows);
+    s->stash_x = calloc((size_t)p->nl, sizeof *s->stash_x);
+    s->stash_g = calloc((size_t)p->nl, sizeof *s->stash_g);
+    size_t total = 0, xb;
+    for (int i = 0; i < p->nl; i++) total += stash_bytes(&p->loc[i], rows, &xb);
+    s->stash_memory = total ? stage_alloc_zeroed(total) : NULL;
+    if (!s->stash_x || !s->stash_g || (total && !s->stash_memory))
+        return pt_error_set("stage %d..%d: out of memory for the batched weight gradients' "
+                            "%zu bytes (%d rows)", p->first, p->last - 1, total, rows);
+    char *mem = s->stash_memory;
+    for (int i = 0; i < p->nl; i++) {
+        size_t bytes = stash_bytes(&p->loc[i], rows, &xb);
+        if (!bytes) continue;
+        s->stash_x[i] = (float *)mem;
+        s->stash_g[i] = (float *)(mem + xb);
+        mem += bytes;
+    }
+    s->stash_bytes = total;
+    p->wgrad_rows = rows;
+    return 0;
+}
+
+void stage_slot_set_row(stage *s, int slot, int row) { s->slots[slot].row = row; }
+
+static int units_cpu(void *ctx, float *dw, float *db, const float *dout, const float *in,
+                     int rows, int in_f, int out_f, int u0, int units)
+{
+    kernel_dense_weight_grad_units_cpu(dw, db, dout, in, rows, in_f, out_f, u0, units);
+    return 0;
+}
+
+typedef struct {
+    stage *s;
+    int lo, hi;
+} flush_job;
+
+/* The shared tiles (STAGE_WGRAD_TILE), dealt to the threads in order; each tile's sums run
+ * over the rows in order whatever the thread count. */
+static void flush_worker(void *arg, int t)
+{
+    flush_job *j = arg;
+    stage *s = j->s;
+    int failed;
+    (void)stage_plan_wgrad_flush(&s->plan, s->grads, s->stash_x, s->stash_g, j->lo, j->hi, t,
+                                 s->threads, units_cpu, NULL, &failed);
+}
+
+void stage_wgrad_flush(stage *s, int lo, int hi)
+{
+    if (!s->plan.wgrad_rows) return;
+    flush_job j = {.s = s, .lo = lo, .hi = hi};
+    pool_run(s->pool, flush_worker, &j);
+}

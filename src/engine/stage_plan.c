@@ -1,0 +1,477 @@
+#include "src/engine/stage_plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "kernels/rng.h"
+#include "src/base/error.h"
+
+/* ------------------------------------------------------------------- layout ---- */
+
+static const shard_plan *shape_tp(const stage_shape *sh)
+{
+    return sh->tp && sh->tp->T > 1 ? sh->tp : NULL;
+}
+
+/* Layer l of the net as rank tp_rank runs it. */
+static layer_desc shape_layer(const stage_shape *sh, int l)
+{
+    const shard_plan *tp = shape_tp(sh);
+    return tp ? shard_local_layer(tp, sh->net, l, sh->tp_rank) : sh->net->layers[l];
+}
+
+/* Bytes of local layer L's (the net's layer l) storage in one slot, each rounded. */
+typedef struct {
+    size_t out, argmax, mask, xin;
+} slot_part;
+
+static slot_part slot_part_of(const stage_shape *sh, const layer_desc *L, int l)
+{
+    const shard_plan *tp = shape_tp(sh);
+    size_t mb = (size_t)sh->max_batch, count = mb * layer_shape_count(L->out);
+    const layer_kind *k = layer_kind_of(L->type);
+    slot_part s = {
+        .out = k->own_output ? stage_round_up(count * sizeof(float)) : 0,
+        .argmax = k->argmax ? stage_round_up(count * sizeof(int32_t)) : 0,
+        .mask = k->mask ? stage_round_up(count) : 0,
+        .xin = tp ? stage_round_up(mb * shard_slot_input(tp, sh->net, l, sh->first, sh->tp_rank) *
+                                   sizeof(float))
+                  : 0,
+    };
+    return s;
+}
+
+/* The stage's output all-gathered whole, per slot (0: its output is not sharded). */
+static size_t whole_out_bytes(const stage_shape *sh)
+{
+    const shard_plan *tp = shape_tp(sh);
+    if (!tp || !tp->layers[sh->last - 1].out.sharded) return 0;
+    return stage_round_up((size_t)sh->max_batch *
+                          layer_shape_count(sh->net->layers[sh->last - 1].out) * sizeof(float));
+}
+
+/* The one pass over the layers both stage_plan_sizes and stage_plan_init make; loc and
+ * param_off (either may be NULL) receive the local layers and their offsets. */
+static stage_sizes walk(const stage_shape *sh, layer_desc *loc, size_t *param_off)
+{
+    stage_sizes z = {0};
+    for (int l = sh->first; l < sh->last; l++) {
+        layer_desc L = shape_layer(sh, l);
+        if (loc) loc[l - sh->first] = L;
+        if (param_off) param_off[l - sh->first] = z.param_count;
+        z.param_count += L.weight_count + L.bias_count;
+        if (L.type == LAYER_CONV) {
+            kernel_conv2d_dims d = layer_conv_dims(&L, sh->chunk);
+            size_t ws = sh->conv_workspace(&d);
+            if (ws > z.work_floats) z.work_floats = ws;
+        }
+        const layer_desc *W = &sh->net->layers[l];
+        size_t in = layer_shape_count(W->in), out = layer_shape_count(W->out);
+        if (in > z.widest) z.widest = in;
+        if (out > z.widest) z.widest = out;
+        slot_part s = slot_part_of(sh, &L, l);
+        z.slot_bytes += s.out + s.argmax + s.mask + s.xin;
+    }
+    z.slot_bytes += whole_out_bytes(sh);
+    return z;
+}
+
+stage_sizes stage_plan_sizes(const stage_shape *shape) { return walk(shape, NULL, NULL); }
+
+int stage_plan_init(stage_plan *p, const stage_shape *sh, const char *name)
+{
+    p->net = sh->net;
+    p->first = sh->first;
+    p->last = sh->last;
+    p->nl = sh->last - sh->first;
+    p->max_batch = sh->max_batch;
+    p->tp = shape_tp(sh);
+    p->tp_rank = p->tp ? sh->tp_rank : 0;
+    p->name = name;
+    p->loc = calloc((size_t)p->nl, sizeof *p->loc);
+    p->param_off = calloc((size_t)p->nl, sizeof *p->param_off);
+    if (!p->loc || !p->param_off) {
+        stage_plan_free(p);
+        return pt_error_set("%s %d..%d: out of memory", name, sh->first, sh->last - 1);
+    }
+    stage_sizes z = walk(sh, p->loc, p->param_off);
+    p->param_count = z.param_count;
+    p->widest = z.widest;
+    p->work_floats = z.work_floats;
+    p->slot_bytes = z.slot_bytes;
+    return 0;
+}
+
+void stage_plan_free(stage_plan *p)
+{
+    free(p->loc);
+    free(p->param_off);
+    p->loc = NULL;
+    p->param_off = NULL;
+}
+
+void stage_plan_layers_of(const stage_plan *p, size_t off, size_t count, int *lo, int *hi)
+{
+    int i = 0;
+    while (i + 1 < p->nl && p->param_off[i + 1] <= off) i++;
+    *lo = i;
+    while (i < p->nl && p->param_off[i] < off + count) i++;
+    *hi = i;
+}
+
+static stage_shape plan_shape(const stage_plan *p)
+{
+    stage_shape sh = {.net = p->net, .first = p->first, .last = p->last,
+                      .max_batch = p->max_batch, .tp = p->tp, .tp_rank = p->tp_rank};
+    return sh;
+}
+
+static void *take(char *base, size_t *at, size_t bytes)
+{
+    void *q = base && bytes ? base + *at : NULL;
+    *at += bytes;
+    return q;
+}
+
+float *stage_plan_carve_slot(const stage_plan *p, void *base, stage_slot_layer *layers)
+{
+    stage_shape sh = plan_shape(p);
+    size_t at = 0;
+    for (int i = 0; i < p->nl; i++) {
+        slot_part s = slot_part_of(&sh, &p->loc[i], p->first + i);
+        layers[i].buf = take(base, &at, s.out);
+        layers[i].argmax = take(base, &at, s.argmax);
+        layers[i].mask = take(base, &at, s.mask);
+        layers[i].xin = take(base, &at, s.xin);
+    }
+    return take(base, &at, whole_out_bytes(&sh));
+}
+
+const float *stage_plan_set_outputs(const stage_plan *p, stage_slot_layer *layers,
+                                    const float *input, float *whole_out, int training)
+{
+    const float *x = input;
+    for (int i = 0; i < p->nl; i++) {
+        if (layers[i].xin) x = layers[i].xin; /* gathered or sliced for tensor shards */
+        layers[i].out = layer_is_identity(&p->loc[i], training) ? x : layers[i].buf;
+        x = layers[i].out;
+    }
+    return whole_out ? whole_out : x;
+}
+
+void stage_plan_layer_io(const stage_plan *p, const stage_slot_layer *layers,
+                         const float *input, float *params, float *grads, int i, int phase,
+                         size_t off, layer_io *io)
+{
+    const stage_slot_layer *ly = &layers[i];
+    const layer_desc *L = &p->loc[i];
+    size_t in_count = layer_shape_count(L->in), out_count = layer_shape_count(L->out);
+    io->x = stage_slot_input(layers, i, input) + off * in_count;
+    io->identity = ly->out != ly->buf;
+    io->y = ly->buf ? ly->buf + off * out_count : NULL;
+    io->out = ly->out ? ly->out + off * out_count : NULL;
+    io->argmax = ly->argmax ? ly->argmax + off * out_count : NULL;
+    io->mask = ly->mask ? ly->mask + off * out_count : NULL;
+    io->gout = ly->gout ? ly->gout + off * out_count : NULL;
+    io->batched = stage_plan_batched(p, i);
+    if (L->weight_count) {
+        io->w = params + p->param_off[i];
+        io->b = io->w + L->weight_count;
+        io->dw = grads ? grads + p->param_off[i] : NULL;
+        io->db = grads ? io->dw + L->weight_count : NULL;
+    }
+    if (phase != LAYER_PHASE_FORWARD) return;
+    io->partial = stage_plan_split_in(p, i);
+    /* a slice's elements keep their places in the whole vector's dropout mask */
+    if (p->tp && io->mask) {
+        int l = p->first + i;
+        size_t len;
+        shard_values(&p->tp->layers[l].in, layer_shape_count(p->net->layers[l].in), p->tp->T,
+                     p->tp_rank, &io->elem_off, &len);
+    }
+}
+
+/* ------------------------------------------------------- gradient targets ---- */
+
+stage_grad_target stage_plan_grad_target(const stage_plan *p, float *grads, float *mb_grads,
+                                         float *piece)
+{
+    stage_grad_target t = {.form = grads};
+    if (piece) {
+        t.form = piece;
+        t.apart = 1;
+    } else if (p->accumulated) {
+        t.form = mb_grads;
+        t.apart = 1;
+        t.add_to = grads;
+    }
+    return t;
+}
+
+void stage_plan_grads_formed(stage_plan *p, int lo, const float *piece)
+{
+    if (lo == 0 && !piece) p->accumulated = 1;
+}
+
+void stage_plan_grads_zeroed(stage_plan *p)
+{
+    p->accumulated = 0;
+    p->range_hi = 0;
+}
+
+int stage_plan_grad_runs(const stage_plan *p, int lo, int hi, size_t (*runs)[2], int cap)
+{
+    int n = 0;
+    for (int i = lo; i < hi; i++) {
+        size_t b = p->param_off[i], e = stage_plan_param_end(p, i + 1);
+        if (b == e || stage_plan_batched(p, i)) continue;
+        if (n && (runs[n - 1][1] == b || n == cap)) runs[n - 1][1] = e;
+        else runs[n][0] = b, runs[n++][1] = e;
+    }
+    return n;
+}
+
+/* ------------------------------------------------- backward by layer ranges ---- */
+
+int stage_plan_range_check(const stage_plan *p, int mb, int lo, int hi, const float *grads)
+{
+    if (lo < 0 || hi > p->nl || lo >= hi)
+        return pt_error_set("%s %d..%d: backward of local layers [%d, %d), outside the "
+                            "stage's %d", p->name, p->first, p->last - 1, lo, hi, p->nl);
+    if (!p->range_hi && hi != p->nl)
+        return pt_error_set("%s %d..%d: backward of local layers [%d, %d) of micro-batch %d "
+                            "out of order: a first range ends at the top, %d", p->name,
+                            p->first, p->last - 1, lo, hi, mb, p->nl);
+    if (p->range_hi && (hi != p->range_hi || mb != p->range_mb || grads != p->range_grads))
+        return pt_error_set("%s %d..%d: backward of local layers [%d, %d) of micro-batch %d "
+                            "out of order: micro-batch %d's backward by ranges is unfinished "
+                            "(its next range ends at local layer %d%s)", p->name, p->first,
+                            p->last - 1, lo, hi, mb, p->range_mb, p->range_hi,
+                            grads != p->range_grads ? ", into other gradients" : "");
+    return 0;
+}
+
+void stage_plan_range_done(stage_plan *p, int mb, int lo, const float *grads)
+{
+    p->range_hi = lo;
+    p->range_mb = mb;
+    p->range_grads = grads;
+}
+
+int stage_plan_range_idle(const stage_plan *p, const char *what)
+{
+    if (!p->range_hi) return 0;
+    return pt_error_set("%s %d..%d: %s while micro-batch %d's backward by ranges is unfinished "
+                        "(its next range ends at local layer %d)", p->name, p->first,
+                        p->last - 1, what, p->range_mb, p->range_hi);
+}
+
+/* ---------------------------------------------------- tensor-parallel runs ---- */
+
+void stage_tensor_counts(const stage_plan *p, const shard_state *st, size_t whole, int n,
+                         size_t *count, size_t *off, size_t *len)
+{
+    int T = p->tp->T;
+    for (int r = 0; r < T; r++) {
+        shard_values(st, whole, T, r, &off[r], &len[r]);
+        count[r] = (size_t)n * len[r];
+    }
+}
+
+/* This rank's slice of n whole rows of a vector in state st. */
+static int slice_mine(const stage_tensor_run *r, const shard_state *st, size_t whole,
+                      const float *in, float *out)
+{
+    size_t off, len;
+    shard_values(st, whole, r->plan->tp->T, r->plan->tp_rank, &off, &len);
+    return r->ops->slice(r->self, in, whole, off, len, out, r->n);
+}
+
+int stage_tensor_forward(const stage_tensor_run *r)
+{
+    const stage_plan *p = r->plan;
+    const stage_tensor_ops *o = r->ops;
+    if (!p->tp) return o->forward(r->self, 0, p->nl);
+    const net_desc *net = p->net;
+    const stage_slot_layer *ly = r->layers;
+    int nl = p->nl, n = r->n, lo = 0;
+    if (ly[0].xin && /* the stage's first layer works on a slice of the whole input */
+        slice_mine(r, &p->tp->layers[p->first].in, layer_shape_count(net->layers[p->first].in),
+                   r->input, ly[0].xin))
+        return -1;
+    for (int i = 0; i < nl; i++) {
+        int l = p->first + i, then = shard_forward_after(p->tp, p->first, p->last, i);
+        if (!then && i < nl - 1) continue;
+        if (o->forward(r->self, lo, i + 1)) return -1;
+        lo = i + 1;
+        if ((then & SHARD_THEN_REDUCE) &&
+            (o->allreduce(r->self, ly[i].buf, (size_t)n * layer_shape_count(p->loc[i].out)) ||
+             o->finish(r->self, i, ly[i].buf, n)))
+            return -1;
+        if ((then & SHARD_THEN_GATHER) &&
+            o->gather(r->self, &p->tp->layers[l].out, layer_shape_count(net->layers[l].out),
+                      ly[i].out, i + 1 < nl ? ly[i + 1].xin : r->whole_out, n))
+            return -1;
+    }
+    return 0;
+}
+
+/* After the run [b, h): what the group does with the gradient at local layer b's input. */
+static int backward_collective(const stage_tensor_run *r, int b, float *din)
+{
+    const stage_plan *p = r->plan;
+    const shard_plan *tp = p->tp;
+    const stage_tensor_ops *o = r->ops;
+    int l = p->first + b, n = r->n;
+    size_t whole = layer_shape_count(p->net->layers[l].in);
+    if (b > 0 && tp->layers[l].split == SHARD_OUT) {
+        size_t from = 0, keep = whole;
+        if (r->layers[b].xin) /* gathered input: back to the previous layer's slice */
+            shard_values(&tp->layers[l - 1].out, whole, tp->T, p->tp_rank, &from, &keep);
+        return o->reduce_carry(r->self, b, whole, from, keep, n);
+    }
+    if (b == 0 && din && tp->layers[l].split == SHARD_OUT)
+        return o->allreduce(r->self, din, (size_t)n * whole);
+    if (b == 0 && din && r->layers[0].xin) /* a sliced stage input's gradient */
+        return o->gather(r->self, &tp->layers[l].in, whole, r->tp_din, din, n);
+    return 0;
+}
+
+int stage_tensor_backward(const stage_tensor_run *r, int lo, int hi, const float *dout,
+                          float *din)
+{
+    const stage_plan *p = r->plan;
+    const stage_tensor_ops *o = r->ops;
+    int nl = p->nl;
+    if (!p->tp) return o->backward(r->self, lo, hi, hi == nl ? dout : NULL, din);
+    if (hi == nl && r->whole_out) {
+        int L = p->last - 1;
+        if (slice_mine(r, &p->tp->layers[L].out, layer_shape_count(p->net->layers[L].out), dout,
+                       r->tp_dout))
+            return -1;
+        dout = r->tp_dout;
+    }
+    for (int h = hi; h > lo;) {
+        int b = shard_backward_stop(p->tp, p->first, lo, h);
+        int slice_in = b == 0 && r->layers[0].xin;
+        if (o->backward(r->self, b, h, h == nl ? dout : NULL,
+                        b == 0 ? (slice_in && din ? r->tp_din : din) : NULL) ||
+            backward_collective(r, b, din))
+            return -1;
+        h = b;
+    }
+    return 0;
+}
+
+/* ------------------------------------------- initialisation and the update ---- */
+
+typedef struct {
+    stage_init_draw draw;
+    void *ctx;
+    float *w;            /* the local layer's parameters: weight, then bias */
+    size_t weight_count; /* of the whole layer */
+    float bound;
+    uint64_t seed;
+    int layer, rc;
+} init_job;
+
+/* A run of the whole layer's parameters this rank holds: the same draws as the whole. */
+static void init_run(void *arg, size_t whole, size_t local, size_t count)
+{
+    init_job *j = arg;
+    int bias = whole >= j->weight_count;
+    if (!j->rc)
+        j->rc = j->draw(j->ctx, j->w + local, bias ? whole - j->weight_count : whole, count,
+                        j->bound, j->seed, rng_stream_init(j->layer, bias));
+}
+
+int stage_plan_init_params(const stage_plan *p, float *params, uint64_t seed,
+                           stage_init_draw draw, void *ctx, int *failed)
+{
+    for (int l = p->first; l < p->last; l++) {
+        const layer_desc *L = &p->net->layers[l]; /* the whole layer: its fan-in */
+        if (!L->weight_count) continue;
+        size_t fan_in = L->weight_count / (L->type == LAYER_CONV ? (size_t)L->u.conv.filters
+                                                                  : (size_t)L->u.dense.units);
+        /* kaiming_uniform(a=√5) and the bias rule of torch.nn both give 1/√fan_in */
+        init_job j = {.draw = draw, .ctx = ctx, .w = params + p->param_off[l - p->first],
+                      .weight_count = L->weight_count,
+                      .bound = (float)(1.0 / sqrt((double)fan_in)), .seed = seed, .layer = l};
+        if (p->tp) {
+            shard_layer_runs(p->tp, p->net, l, p->tp_rank, init_run, &j);
+        } else {
+            init_run(&j, 0, 0, L->weight_count);
+            init_run(&j, L->weight_count, L->weight_count, L->bias_count);
+        }
+        if (j.rc) {
+            *failed = l;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int cpu_sgd(void *ctx, float *param, const float *grad, size_t count, float lr,
+                   float weight_decay)
+{
+    kernel_sgd_update_cpu(param, grad, count, lr, weight_decay);
+    return 0;
+}
+
+static int cpu_momentum(void *ctx, float *param, float *buf, const float *grad, size_t count,
+                        float lr, float momentum, float weight_decay)
+{
+    kernel_momentum_update_cpu(param, buf, grad, count, lr, momentum, weight_decay);
+    return 0;
+}
+
+static int cpu_adam(void *ctx, float *param, float *m, float *v, const float *grad,
+                    size_t count, float lr, float beta1, float beta2, float eps,
+                    float weight_decay, long step)
+{
+    kernel_adam_update_cpu(param, m, v, grad, count, lr, beta1, beta2, eps, weight_decay, step);
+    return 0;
+}
+
+const optim_kernels optim_kernels_cpu = {cpu_sgd, cpu_momentum, cpu_adam};
+
+int stage_optim_step(const optim_kernels *k, void *ctx, const stage_optim_state *s,
+                     const optimizer_config *o)
+{
+    long step = ++*s->step;
+    switch (o->kind) {
+    case OPTIM_SGD:
+        return k->sgd(ctx, s->params, s->grads, s->count, o->lr, o->weight_decay);
+    case OPTIM_MOMENTUM:
+        return k->momentum(ctx, s->params, s->m, s->grads, s->count, o->lr, o->momentum,
+                           o->weight_decay);
+    case OPTIM_ADAM:
+        return k->adam(ctx, s->params, s->m, s->v, s->grads, s->count, o->lr, o->beta1,
+                       o->beta2, o->eps, o->weight_decay, step);
+    }
+    return pt_error_set("unknown optimizer %d", (int)o->kind);
+}
+
+int stage_plan_wgrad_flush(const stage_plan *p, float *grads, float *const *stash_x,
+                           float *const *stash_g, int lo, int hi, int t, int threads,
+                           stage_wgrad_units units, void *ctx, int *failed)
+{
+    int k = 0;
+    for (int i = lo; i < hi; i++) {
+        if (!stage_plan_batched(p, i)) continue;
+        const layer_desc *L = &p->loc[i];
+        int in = (int)layer_shape_count(L->in), out = L->u.dense.units;
+        float *dw = grads + p->param_off[i], *db = dw + L->weight_count;
+        for (int a = 0; a < out; a += STAGE_WGRAD_TILE, k++) {
+            if (k % threads != t) continue;
+            int w = out - a < STAGE_WGRAD_TILE ? out - a : STAGE_WGRAD_TILE;
+            if (units(ctx, dw, db, stash_g[i], stash_x[i], p->wgrad_rows, in, out, a, w)) {
+                *failed = i;
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
