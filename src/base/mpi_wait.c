@@ -57,7 +57,7 @@ int mpi_wait_collective(MPI_Request *req, MPI_Comm comm, double timeout_s)
     if (timed_out) {
         int rank;
         PT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-        return pt_error_set("rank %d: no progress for %.0f s in a collective (--timeout); "
+        return pt_error_set("rank %d: no progress for %g s in a collective (--timeout); "
                             "another rank has died or stalled", rank, timeout_s);
     }
     return 0;

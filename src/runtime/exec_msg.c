@@ -66,7 +66,7 @@ int exec_wait_request(exec_t *e, MPI_Request *req, const char *what, int m, int 
     int timed_out = 0;
     if (mpi_wait_test(req, e->cfg.timeout_s, keep_progressing, e, &timed_out)) return -1;
     if (timed_out)
-        return pt_error_set("rank %d (%s, stage %d): no progress for %.0f s waiting for %s "
+        return pt_error_set("rank %d (%s, stage %d): no progress for %g s waiting for %s "
                                 "of micro-batch %d %s stage %d (--timeout); a peer has died or "
                                 "stalled", e->world_rank, e->host, e->rank, e->cfg.timeout_s,
                                 what, m, strncmp(what, "send", 4) ? "from" : "to", peer);
@@ -106,7 +106,7 @@ int exec_wait_send(exec_t *e, MPI_Request *req, const char *what, int m, int pee
         if (progress_sends(e)) return -1;
         if (!is_pending(e, req)) break;
         if (pt_now() - t0 > e->cfg.timeout_s)
-            return pt_error_set("rank %d (%s, stage %d): no progress for %.0f s: the %s of "
+            return pt_error_set("rank %d (%s, stage %d): no progress for %g s: the %s of "
                                 "micro-batch %d never became ready (--timeout)", e->world_rank,
                                 e->host, e->rank, e->cfg.timeout_s, what, m);
         mpi_wait_pause();
@@ -121,7 +121,7 @@ int exec_flush_sends(exec_t *e)
         if (progress_sends(e) || exec_progress_reductions(e)) return -1;
         if (!e->n_pending) break;
         if (pt_now() - t0 > e->cfg.timeout_s)
-            return pt_error_set("rank %d (%s, stage %d): no progress for %.0f s: a send never "
+            return pt_error_set("rank %d (%s, stage %d): no progress for %g s: a send never "
                                 "became ready (--timeout)", e->world_rank, e->host, e->rank,
                                 e->cfg.timeout_s);
         mpi_wait_pause();

@@ -35,7 +35,7 @@ static int wait_message(MPI_Request *req, MPI_Comm comm, int peer, double timeou
             char host[64] = "";
             MPI_Comm_rank(comm, &rank);
             gethostname(host, sizeof host - 1);
-            return pt_error_set("rank %d (%s): no answer from rank %d for %.0f s while "
+            return pt_error_set("rank %d (%s): no answer from rank %d for %g s while "
                                 "aligning the trace clocks (--timeout)", rank, host, peer,
                                 timeout_s);
         }
