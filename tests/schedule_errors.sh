@@ -9,6 +9,9 @@ expect_fail "unknown schedule" "known" \
     "$MPIEXEC" -n 2 "$PIPETRAIN" "${A[@]}" --stages 2 --schedule zb-h9
 expect_fail "--virtual with a schedule that does not use it" "interleaved" \
     "$MPIEXEC" -n 2 "$PIPETRAIN" "${A[@]}" --stages 2 --schedule 1f1b --virtual 2
+# checked before the cut: it read "cannot cut 3 layers into 4 stages"
+expect_fail "--virtual with 1f1b on a model too small for K·V chunks" "needs --schedule interleaved" \
+    "$MPIEXEC" -n 2 "$PIPETRAIN" "${MLP[@]}" --stages 2 --schedule 1f1b --virtual 2
 expect_fail "K·V chunks beyond the layers" "layers" \
     "$MPIEXEC" -n 2 "$PIPETRAIN" "${MLP[@]}" --stages 2 --schedule interleaved --virtual 2 --microbatches 2
 expect_fail "micro-batches interleaved does not take" "multiple" \

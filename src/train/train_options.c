@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <stdio.h>
 
+#include "schedule/schedule.h"
 #include "src/base/error.h"
 #include "src/base/mpi_wait.h"
 #include "src/runtime/exec.h"
@@ -243,6 +244,15 @@ static int check_options(train_options *o, const opt_parser *p)
     if (o->batch % o->microbatches)
         return opt_error(p, "--microbatches %d does not divide --batch %d", o->microbatches,
                          o->batch);
+    /* the schedule's own rules (--virtual needs interleaved, which needs 2 stages and
+     * micro-batches in multiples of them) before anything is cut, profiled or allocated */
+    schedule s;
+    if (schedule_init_named(&s, o->schedule, o->stages, o->virtual_stages, o->microbatches)) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", pt_error_get());
+        return opt_error(p, "%s", why);
+    }
+    schedule_free(&s);
     return 0;
 }
 
