@@ -32,7 +32,7 @@ for d in (json.loads(open(sys.argv[1]).read().splitlines()[-1]),
 # progress lines, the epoch line, the end report, metrics intervals and --json; the untimed
 # steps are this process's first ones
 "$PIPETRAIN" train "${CNN[@]}" --steps 12 --resume "$WORK/c1" --progress 0.000001 \
-    --metrics "$WORK/res3.jsonl" --log-every 3 >"$WORK/res3.txt"
+    --metrics "$WORK/res3.jsonl" --log-every 3 >"$WORK/res3.txt" || failed "resume: exit $?"
 grep -q "^resuming from .*ckpt-0000000005.safetensors at step 5$" "$WORK/res3.txt" \
     && pass "resuming says so: $(grep -m1 '^resuming' "$WORK/res3.txt")" \
     || { failed "no 'resuming from FILE at step 5' line"; cat "$WORK/res3.txt"; }
@@ -50,7 +50,7 @@ assert steps == [(6, 1), (9, 3), (12, 3)], steps" "$WORK/res3.jsonl" \
     && pass "metrics intervals after resuming at 5: steps 6 (1), 9 (3), 12 (3)" \
     || failed "metrics intervals after resuming"
 "$PIPETRAIN" train "${CNN[@]}" --steps 12 --resume "$WORK/c1" --untimed-steps 2 --json \
-    >"$WORK/res4.json"
+    >"$WORK/res4.json" || failed "resume with --untimed-steps 2: exit $?"
 python3 -c "import json,sys
 d = json.loads(open(sys.argv[1]).read().splitlines()[-1])
 want = dict(steps=12, steps_run=7, total_steps=12, untimed_steps=2, timed_steps=5, resumed_from_step=5)
