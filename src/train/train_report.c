@@ -35,8 +35,8 @@ void train_report_banner(const train_run *run)
 {
     const train_options *o = &run->o;
     if (run->rank != 0 || o->json) return;
-    printf("model %s: %d layers, %zu parameters, %d classes\n", o->model, run->net.n_layers,
-           run->net.param_count, run->net.classes);
+    printf("model %s: %d layer%s, %zu parameters, %d classes\n", o->model, run->net.n_layers,
+           run->net.n_layers == 1 ? "" : "s", run->net.param_count, run->net.classes);
     printf("data: %d training, %d validation, %d test samples; batch %d, %ld step%s per "
            "epoch; %ld step%s over %ld epoch%s\n", run->train.count, run->val.count,
            run->test.count, o->batch, run->steps_per_epoch, run->steps_per_epoch == 1 ? "" : "s",
