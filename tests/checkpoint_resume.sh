@@ -58,6 +58,17 @@ assert all(d[k] == v for k, v in want.items()), {k: d[k] for k in want}" "$WORK/
     && pass "--json after resuming at 5 to 12: steps 12, steps_run 7, timed_steps 5 of --untimed-steps 2" \
     || { failed "--json counts after resuming"; tail -n 1 "$WORK/res4.json"; }
 
+# under launch, a restart counts on too (it printed "step 1/12" again): a rank killed at
+# step 5 after the checkpoint of step 4 (killed again there: one restart is enough to see)
+timeout 120 "$PIPETRAIN" launch --max-restarts 1 --log "$WORK/l.jsonl" -- "$MPIEXEC" -n 1 \
+    "$PIPETRAIN" train "${MLP[@]}" --steps 12 --checkpoint-dir "$WORK/cl" --checkpoint-every 2 \
+    --checkpoint-write sync --debug-kill 0:5 --progress 0.000001 >"$WORK/l.out" 2>&1 || true
+after=$(sed -n '/^resuming from /,$p' "$WORK/l.out")
+grep -q "^resuming from .*ckpt-0000000004.safetensors at step 4$" <<<"$after" \
+    && grep -q "^  step 5/12 " <<<"$after" && ! grep -q "step [1-4]/12" <<<"$after" \
+    && pass "launch's restart: $(head -n 2 <<<"$after" | tr '\n' ' ' | cut -c1-110)" \
+    || { failed "launch's restart does not count on from step 4"; cat "$WORK/l.out"; }
+
 # momentum, 2-stage pipeline interrupted at 6 then resumed as one process and as 2 replicas
 "$PIPETRAIN" train "${MLP[@]}" --steps 12 --microbatches 2 --save "$WORK/mlp_full.st" >/dev/null
 "$MPIEXEC" -n 2 "$PIPETRAIN" train "${MLP[@]}" --stages 2 --microbatches 2 --steps 6 \
