@@ -61,7 +61,7 @@ for name, ranks, threads, extra in CONFIGS:
         for side in (('a', 'b') if i % 2 == 0 else ('b', 'a')):
             args.pipetrain = binaries[side]
             j = benchlib.train(args, env, ranks, [*extra, *COMMON, '--steps',
-                                                  args.warmup + args.steps, '--warmup',
+                                                  args.warmup + args.steps, '--untimed-steps',
                                                   args.warmup], noise)
             runs[side].append(j['samples_per_s'])
     a, b = benchlib.summary(runs['a']), benchlib.summary(runs['b'])

@@ -170,7 +170,7 @@ def med(values):
 def measure(args, env, name, model, batch, opt, lr, warmup, steps):
     R = args.replicas
     common = ['--model', model, '--batch', str(batch), '--optimizer', opt, '--lr', str(lr)]
-    pt = [args.pipetrain, 'train', *common, '--steps', str(warmup + steps), '--warmup',
+    pt = [args.pipetrain, 'train', *common, '--steps', str(warmup + steps), '--untimed-steps',
           str(warmup), '--test-samples', '0', '--json']
     bucket = ['--bucket-mb', '%g' % args.bucket_mb] if args.bucket_mb else []
     runs = []  # (kind, label, command)

@@ -63,7 +63,7 @@ def run(cmd, what):
 
 def train(k, extra, steps=None):
     steps = steps or args.steps
-    cmd = [args.pipetrain, 'train', *BASE, '--steps', str(args.warmup + steps), '--warmup',
+    cmd = [args.pipetrain, 'train', *BASE, '--steps', str(args.warmup + steps), '--untimed-steps',
            str(args.warmup), '--stages', str(k), *extra]
     if k > 1:
         cmd = [args.mpiexec, '-n', str(k), *cmd]

@@ -54,7 +54,7 @@ noise = []
 
 def median_run(k, base, extra):
     return benchlib.median_train(args, ENV, k, [*base, '--steps', args.warmup + args.steps,
-                                                '--warmup', args.warmup, '--stages', k, *extra],
+                                                '--untimed-steps', args.warmup, '--stages', k, *extra],
                                  noise)
 
 

@@ -72,7 +72,7 @@ def plan_step(model, extra):
 
 def median_run(n, base, extra):
     return benchlib.median_train(args, ENV, n, [*base, *COMMON, '--steps',
-                                                args.warmup + args.steps, '--warmup',
+                                                args.warmup + args.steps, '--untimed-steps',
                                                 args.warmup, *extra], noise)
 
 

@@ -55,7 +55,7 @@ def main():
     results = []
     for name, model, batch, opt, lr, threads, blas in configs:
         common = ['--model', model, '--batch', str(batch), '--optimizer', opt, '--lr', str(lr),
-                  '--warmup', str(args.warmup)]
+                  '--untimed-steps', str(args.warmup)]
         pt_cmd = [args.pipetrain, 'train', *common, '--threads', str(threads),
                   '--steps', str(args.warmup + args.steps), '--test-samples', '0', '--json']
         peer_cmd = [args.python or sys.executable, os.path.join(benchlib.HERE, 'torch_peer.py'),

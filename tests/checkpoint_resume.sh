@@ -28,6 +28,47 @@ for d in (json.loads(open(sys.argv[1]).read().splitlines()[-1]),
     "$WORK/res.json" "$WORK/res.jsonl" && pass "--json and the metrics' run line: resumed_from_step 5" \
     || failed "--json or --metrics lacks resumed_from_step"
 
+# resuming says so and counts on from the checkpoint's step everywhere (issue 23 item 13):
+# progress lines, the epoch line, the end report, metrics intervals and --json; the untimed
+# steps are this process's first ones
+"$PIPETRAIN" train "${CNN[@]}" --steps 12 --resume "$WORK/c1" --progress 0.000001 \
+    --metrics "$WORK/res3.jsonl" --log-every 3 >"$WORK/res3.txt" || failed "resume: exit $?"
+grep -q "^resuming from .*ckpt-0000000005.safetensors at step 5$" "$WORK/res3.txt" \
+    && pass "resuming says so: $(grep -m1 '^resuming' "$WORK/res3.txt")" \
+    || { failed "no 'resuming from FILE at step 5' line"; cat "$WORK/res3.txt"; }
+first=$(grep -m1 -o "step [0-9]*/[0-9]*" "$WORK/res3.txt" || true)
+[ "$first" = "step 6/12" ] && ! grep -q "step [1-5]/12" "$WORK/res3.txt" \
+    && pass "progress counts on from the checkpoint: first line '$first'" \
+    || { failed "progress after resuming at 5: first '$first'"; cat "$WORK/res3.txt"; }
+grep -q "^epoch 1/2 (steps 6-8 only) " "$WORK/res3.txt" \
+    && grep -q "^done: steps 6-12 of 12 (resumed at 5) in " "$WORK/res3.txt" \
+    && pass "epoch and end report name the steps run: $(grep '^done' "$WORK/res3.txt" | cut -c1-40)" \
+    || { failed "epoch line or end report after resuming"; cat "$WORK/res3.txt"; }
+python3 -c "import json,sys
+steps = [(l['step'], l['steps']) for l in map(json.loads, open(sys.argv[1])) if l['type'] == 'step']
+assert steps == [(6, 1), (9, 3), (12, 3)], steps" "$WORK/res3.jsonl" \
+    && pass "metrics intervals after resuming at 5: steps 6 (1), 9 (3), 12 (3)" \
+    || failed "metrics intervals after resuming"
+"$PIPETRAIN" train "${CNN[@]}" --steps 12 --resume "$WORK/c1" --untimed-steps 2 --json \
+    >"$WORK/res4.json" || failed "resume with --untimed-steps 2: exit $?"
+python3 -c "import json,sys
+d = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+want = dict(steps=12, steps_run=7, total_steps=12, untimed_steps=2, timed_steps=5, resumed_from_step=5)
+assert all(d[k] == v for k, v in want.items()), {k: d[k] for k in want}" "$WORK/res4.json" \
+    && pass "--json after resuming at 5 to 12: steps 12, steps_run 7, timed_steps 5 of --untimed-steps 2" \
+    || { failed "--json counts after resuming"; tail -n 1 "$WORK/res4.json"; }
+
+# under launch, a restart counts on too (it printed "step 1/12" again): a rank killed at
+# step 5 after the checkpoint of step 4 (killed again there: one restart is enough to see)
+timeout 120 "$PIPETRAIN" launch --max-restarts 1 --log "$WORK/l.jsonl" -- "$MPIEXEC" -n 1 \
+    "$PIPETRAIN" train "${MLP[@]}" --steps 12 --checkpoint-dir "$WORK/cl" --checkpoint-every 2 \
+    --checkpoint-write sync --debug-kill 0:5 --progress 0.000001 >"$WORK/l.out" 2>&1 || true
+after=$(sed -n '/^resuming from /,$p' "$WORK/l.out")
+grep -q "^resuming from .*ckpt-0000000004.safetensors at step 4$" <<<"$after" \
+    && grep -q "^  step 5/12 " <<<"$after" && ! grep -q "step [1-4]/12" <<<"$after" \
+    && pass "launch's restart: $(head -n 2 <<<"$after" | tr '\n' ' ' | cut -c1-110)" \
+    || { failed "launch's restart does not count on from step 4"; cat "$WORK/l.out"; }
+
 # momentum, 2-stage pipeline interrupted at 6 then resumed as one process and as 2 replicas
 "$PIPETRAIN" train "${MLP[@]}" --steps 12 --microbatches 2 --save "$WORK/mlp_full.st" >/dev/null
 "$MPIEXEC" -n 2 "$PIPETRAIN" train "${MLP[@]}" --stages 2 --microbatches 2 --steps 6 \

@@ -175,4 +175,58 @@ timeout 60 "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 100000 --test-sam
 [ $rc = 2 ] && grep -q "cannot write in $WORK/nodir" "$WORK/err" && ! grep -q "step" "$WORK/out" \
     && pass "--save into a missing directory: exit 2 before training" \
     || { failed "--save into a missing directory: exit $rc"; cat "$WORK/err"; }
+# --- issue 23 items 16, 17, 10: the layout line, untimed steps, checks before profiling ---
+layout() { grep -m1 "^layout:" "$WORK/lay.out" || true; }
+"$MPIEXEC" -n 2 "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 1 --test-samples 0 \
+    --tensor 2 >"$WORK/lay.out" 2>&1 || true
+layout | grep -q "^layout: 1 stage × 2 tensor shards (megatron), 1 micro-batch of 32," \
+    && pass "--tensor 2 in the layout line: $(layout)" || { failed "--tensor 2 layout: $(layout)"; }
+"$MPIEXEC" -n 2 "$PIPETRAIN" train --model "$MODELS/seed-cnn.cfg" "${T[@]}" --steps 1 \
+    --test-samples 0 --stages 2 --virtual 2 --schedule interleaved --microbatches 2 \
+    --recompute all --partition uniform >"$WORK/lay.out" 2>&1 || true
+layout | grep -q "^layout: 2 stages × 2 virtual (4 model chunks), .*schedule interleaved, recompute all," \
+    && pass "V and --recompute in the layout line: $(layout)" || failed "V layout: $(layout)"
+"$MPIEXEC" -n 2 "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 1 --test-samples 0 \
+    --stages 2 --schedule zb-h1 --microbatches 2 --wgrad batched >"$WORK/lay.out" 2>&1 || true
+layout | grep -q "schedule zb-h1, wgrad batched," \
+    && pass "--wgrad batched in the layout line: $(layout)" || failed "wgrad layout: $(layout)"
+"$PIPETRAIN" train --model "$MLP" --batch 32 --train-samples 32 --threads 1 --steps 1 \
+    --test-samples 0 >"$WORK/lay.out"
+grep -q "batch 32, 1 step per epoch; 1 step over 1 epoch$" "$WORK/lay.out" \
+    && pass "singular: $(grep -m1 '^data:' "$WORK/lay.out")" \
+    || failed "plural of one step: $(grep -m1 '^data:' "$WORK/lay.out")"
+
+# the tensor collectives' time is the training steps' (2 steps here), not evaluation's (10000
+# test samples, many times longer)
+"$MPIEXEC" -n 2 "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 2 --test-samples 10000 \
+    --tensor 2 --json >"$WORK/tev.json"
+check "stage_tensor_s leaves evaluation out (at most train_s)" "$WORK/tev.json" '
+assert 0 < r["stage_tensor_s"][0] <= r["train_s"], (r["stage_tensor_s"], r["train_s"])'
+
+# --untimed-steps (the old --warmup: an alias that says it is deprecated)
+ok_run "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 3 --test-samples 0 \
+    --untimed-steps 1 --json >"$WORK/ut.json"
+check "--untimed-steps 1 of 3: 2 timed steps" "$WORK/ut.json" '
+assert r["untimed_steps"] == 1 and r["warmup"] == 1 and r["timed_steps"] == 2, r'
+ok_run "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 3 --test-samples 0 --warmup 1 \
+    --json >"$WORK/wu.json" 2>"$WORK/wu.err"
+grep -q "warmup is deprecated.*--untimed-steps" "$WORK/wu.err" \
+    && pass "--warmup still works and says it is deprecated: $(cut -c1-70 "$WORK/wu.err")" \
+    || { failed "--warmup alias"; cat "$WORK/wu.err"; }
+check "--warmup 1 reads as --untimed-steps 1" "$WORK/wu.json" '
+assert r["untimed_steps"] == 1 and r["timed_steps"] == 2, r'
+"$PIPETRAIN" train --help >"$WORK/help"
+grep -q -- "--untimed-steps N" "$WORK/help" && ! grep -q -- "--warmup" "$WORK/help" \
+    && pass "the help names --untimed-steps, not --warmup" || failed "help and --warmup"
+
+# a batch the data cannot fill is refused before the layers are profiled at it (it took
+# 36 s and 3.5 GB, then said "out of memory")
+t0=$(date +%s.%N)
+expect_fail "--stages 2 --batch 1048576: refused before profiling" \
+    "fewer than one batch of 1048576" \
+    "$MPIEXEC" -n 2 "$PIPETRAIN" train --model "$MLP" --stages 2 --batch 1048576 --threads 1
+secs=$(python3 -c "import sys; print('%.1f' % (float(sys.argv[2]) - float(sys.argv[1])))" \
+    "$t0" "$(date +%s.%N)")
+python3 -c "import sys; sys.exit(float(sys.argv[1]) >= 8)" "$secs" \
+    && pass "refused in $secs s" || failed "--batch 1048576 took $secs s to refuse"
 finish

@@ -738,7 +738,7 @@ throughput() {
             runs=$((runs + 1))
             tp_run pipetrain "$b" "$r" "$log" "$(cap 90)" "$PT" train --model "$MODEL" \
                 --data "$DATA" --test-samples 0 --batch "$b" --seed 1 --device "$DEV" --json \
-                --warmup 20 --steps $((TIMED + 20)) --epochs 100000 || fails=$((fails + 1))
+                --untimed-steps 20 --steps $((TIMED + 20)) --epochs 100000 || fails=$((fails + 1))
             runs=$((runs + 1))
             if [ -z "$PYTORCH" ]; then
                 echo "  torch: no python3 with torch"; fails=$((fails + 1)); continue

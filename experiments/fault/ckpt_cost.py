@@ -15,7 +15,7 @@ import argparse, json, os, shutil, statistics, subprocess, sys, tempfile
 def run(args, extra, tmp):
     cmd = (['mpiexec', '-n', str(args.ranks)] if args.ranks > 1 else []) + [
         args.pipetrain, 'train', '--model', args.model, '--batch', str(args.batch),
-        '--steps', str(args.steps), '--warmup', '5', '--test-samples', '0', '--threads', '1',
+        '--steps', str(args.steps), '--untimed-steps', '5', '--test-samples', '0', '--threads', '1',
         '--optimizer', 'adam', '--lr', '0.001', '--json']
     if args.ranks > 1:
         cmd += ['--stages', str(args.ranks), '--microbatches', '8']

@@ -33,7 +33,7 @@ def run(ctx):
         def acc_at(steps):
             r = ctx.train('batch %d, %d steps' % (b, steps),
                           ['--model', MODEL, '--batch', b, '--optimizer', 'adam', '--lr',
-                           '%.6g' % lr_for(b), '--steps', steps, '--warmup', 0,
+                           '%.6g' % lr_for(b), '--steps', steps, '--untimed-steps', 0,
                            '--train-samples', samples, '--threads', 1, '--seed', 1], 1)
             return r['test_acc'], r['train_s']
 

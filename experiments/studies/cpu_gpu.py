@@ -32,7 +32,7 @@ def run(ctx):
             for dev in ('cpu', 'cuda'):
                 r = ctx.train('%s batch %d %s' % (model, b, dev),
                               ['--model', model, '--batch', b, '--device', dev, '--steps',
-                               steps + warmup, '--warmup', warmup, '--train-samples', samples,
+                               steps + warmup, '--untimed-steps', warmup, '--train-samples', samples,
                                '--test-samples', 0], 1)
                 rate[dev] = r['samples_per_s']
             rows.append([model, b, rate['cpu'], rate['cuda'], rate['cuda'] / rate['cpu']])

@@ -46,7 +46,7 @@ def run(ctx):
                 skipped.append('%s: %s (%d model chunks, %d layers)' % (mname, label,
                                                                         chunks(extra), n_layers))
                 continue
-            args = ['--model', path, '--batch', BATCH, '--steps', steps + warmup, '--warmup',
+            args = ['--model', path, '--batch', BATCH, '--steps', steps + warmup, '--untimed-steps',
                     warmup, '--train-samples', samples, '--test-samples', 0, '--seed', 1,
                     *opt, *extra]
             r = ctx.train('%s: %s' % (mname, label), args, ranks)

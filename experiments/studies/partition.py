@@ -31,7 +31,7 @@ def run(ctx):
         r = ctx.train('%s K=2 measured' % m, ['--model', MODEL, '--stages', 2, '--partition', m,
                                                '--batch', BATCH, '--microbatches', MICRO,
                                                '--threads', 1, '--steps', steps + warmup,
-                                               '--warmup', warmup, '--train-samples', samples,
+                                               '--untimed-steps', warmup, '--train-samples', samples,
                                                '--test-samples', 0], 2)
         comp = r['stage_compute_s']
         imb = max(comp) / (sum(comp) / len(comp)) if sum(comp) > 0 else None

@@ -28,9 +28,9 @@ def predicted(ctx, label, procs, batch, nodes=1):
 
 def run(ctx):
     if ctx.quick:
-        epochs_args = ['--steps', 3, '--warmup', 1, '--train-samples', 1024, '--test-samples', 256]
+        epochs_args = ['--steps', 3, '--untimed-steps', 1, '--train-samples', 1024, '--test-samples', 256]
     else:
-        epochs_args = ['--epochs', 1, '--warmup', 5]
+        epochs_args = ['--epochs', 1, '--untimed-steps', 5]
     max_real = max(1, ctx.cores)
     real = [p for p in (1, 2, 4, 8, 16) if p <= max_real]
     pred = [1, 2, 4, 8] if ctx.quick else [1, 2, 4, 8, 16]

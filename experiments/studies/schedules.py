@@ -34,7 +34,7 @@ def run(ctx):
             args = ['--model', 'models/seed-cnn.cfg', '--batch', 128, '--stages', 2,
                     '--schedule', s, *EXTRA.get(s, []), '--microbatches', m, '--threads', 1,
                     '--steps',
-                    steps + warmup, '--warmup', warmup, '--train-samples', samples,
+                    steps + warmup, '--untimed-steps', warmup, '--train-samples', samples,
                     '--test-samples', 0, '--optimizer', 'adam', '--lr', '0.001']
             r = ctx.train('seed-cnn K=2 %s M=%d' % (s, m), args, 2)
             act = [b / 1e6 for b in r['stage_peak_act_bytes']]

@@ -122,10 +122,15 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
     int count = (int)(hi - lo);
     double t_start = pt_now();
     e->prefetched = 0; /* evaluation reuses the first buffers */
+    /* the tensor collectives of evaluation are no training time: left out of the stats */
+    double tensor_before = 0, tensor_after = 0;
+    for (int v = 0; v < e->V; v++) tensor_before += e->engs[v]->tensor_s;
     engine_result r;
-    if (e->V > 1 ? evaluate_chunked(e, data, lo, count, &r)
-                 : evaluate_pipeline(e, data, lo, count, &r))
-        return -1;
+    int rc = e->V > 1 ? evaluate_chunked(e, data, lo, count, &r)
+                      : evaluate_pipeline(e, data, lo, count, &r);
+    for (int v = 0; v < e->V; v++) tensor_after += e->engs[v]->tensor_s;
+    e->tensor_s0 += tensor_after - tensor_before;
+    if (rc) return -1;
     exec_record(e, TRACE_EVAL, t_start, pt_now(), -1, 0);
     double sums[2] = {r.loss_sum, (double)r.correct};
     if (mpi_wait_allreduce(sums, 2, MPI_DOUBLE, MPI_SUM, e->world, e->cfg.timeout_s)) return -1;

@@ -161,6 +161,8 @@ static int metrics_start(train_run *run)
     int rc = run->metrics_prev ? 0 : pt_error_set("out of memory");
     if (!rc && run->rank == 0) rc = metrics_open(&run->metrics, o->metrics, train_report_run_json(run));
     run->metrics_t = pt_now();
+    /* the first interval of a resumed run starts at its checkpoint's step */
+    run->metrics_step = run->resumed_from_step > 0 ? run->resumed_from_step : 0;
     return train_agree(rc, run->comm, o->timeout);
 }
 
@@ -192,7 +194,7 @@ static int metrics_step(train_run *run, long epoch, long step)
     double *d = run->metrics_prev; /* becomes the interval's figures, then now's totals */
     for (int i = 0; i < 3 * K; i++) {
         double v = now[i] / (R * run->o.tensor);
-        /* the figures restart after --warmup: then the interval is what came since */
+        /* the figures restart after --untimed-steps: then the interval is what came since */
         double delta = v >= d[i] ? v - d[i] : v;
         d[i] = v;
         now[i] = delta;
@@ -274,7 +276,8 @@ static int train_epoch(train_run *run, long ep, train_progress *prog, train_resu
     long correct = 0, samples = 0;
     for (long s = s0; s < n; s++) {
         long step = res->steps;
-        if (step == o->warmup) exec_reset_stats(run->ex);
+        /* the untimed steps are this process's first ones (caches, pages), also on resuming */
+        if (step - res->first_step == o->untimed_steps) exec_reset_stats(run->ex);
         double ts = pt_now();
         /* the next step's samples, loaded while this one computes (not across epochs: the
          * next order is drawn after evaluation) */
@@ -289,12 +292,12 @@ static int train_epoch(train_run *run, long ep, train_progress *prog, train_resu
         }
         if (src) train_abort_job(run->comm);
         double dt = pt_now() - ts;
-        if (step >= o->warmup) {
+        if (step - res->first_step >= o->untimed_steps) {
             res->timed_s += dt;
             res->timed_steps++;
         }
         res->steps++;
-        if (res->steps == (run->resumed_from_step > 0 ? run->resumed_from_step : 0) + 1)
+        if (res->steps == res->first_step + 1)
             note_first_step(run);
         loss_sum += r.loss_sum;
         correct += r.correct;
@@ -318,7 +321,7 @@ static int train_epoch(train_run *run, long ep, train_progress *prog, train_resu
     res->train_acc = (double)correct / samples;
     evaluate(run, res);
     train_progress_clear(prog);
-    train_report_epoch(run, res, epoch_s, samples);
+    train_report_epoch(run, res, epoch_s, samples, res->steps - (n - s0));
     metrics_epoch(run, res, epoch_s, samples);
     return 0;
 }
@@ -330,10 +333,11 @@ static int train_loop(train_run *run, train_results *res)
         .val_loss = NAN, .val_acc = NAN, .test_loss = NAN, .test_acc = NAN,
         .t_begin = pt_now(),
     };
-    train_progress prog;
-    train_progress_init(&prog, run);
+    /* a resumed run counts on from its checkpoint's step: progress, reports, metrics */
     long start = run->resumed_from_step > 0 ? run->resumed_from_step : 0;
-    res->steps = start;
+    res->steps = res->first_step = start;
+    train_progress prog;
+    train_progress_init(&prog, run, start);
     for (long ep = start / run->steps_per_epoch; ep < run->epochs; ep++)
         if (train_epoch(run, ep, &prog, res)) return -1;
     return 0;

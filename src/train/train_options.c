@@ -12,12 +12,12 @@
 #include "src/base/options.h"
 
 enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS, O_STEPS,
-       O_WARMUP, O_BATCH, O_OPT, O_LR, O_MOM, O_WD, O_SEED, O_SHUFFLE, O_STAGES, O_MICRO,
+       O_UNTIMED, O_BATCH, O_OPT, O_LR, O_MOM, O_WD, O_SEED, O_SHUFFLE, O_STAGES, O_MICRO,
        O_SCHED, O_PART, O_THREADS, O_BIND, O_DEVICE, O_TIMEOUT, O_TRACE, O_JSON, O_VERBOSE,
        O_HELP, O_STALL, O_KILL, O_DELAY, O_PROGRESS, O_MPI_ERROR, O_REPLICAS, O_REDUCE,
        O_TENSOR, O_TENSOR_MODE, O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT, O_METRICS,
        O_LOG_EVERY, O_CKPT_DIR, O_CKPT_EVERY, O_KEEP, O_RESUME, O_CKPT_MIN, O_CKPT_WRITE,
-       O_VIRTUAL, O_RECOMPUTE, O_WGRAD };
+       O_VIRTUAL, O_RECOMPUTE, O_WGRAD, O_WARMUP };
 
 /* The largest step count, sample count or seed we take: far beyond any run, exact in a
  * double (the table's ranges are doubles). */
@@ -58,8 +58,9 @@ static const opt_spec train_opts[] = {
     {.id = O_STEPS, .name = "steps", .kind = OPT_INT, .arg = "N", .min = 1, .max = BIG,
      .help = "run N optimizer steps, crossing epochs; with --epochs, stop at whichever "
              "limit comes first"},
-    {.id = O_WARMUP, .name = "warmup", .kind = OPT_INT, .arg = "N", .min = 0, .max = BIG,
-     .def = "0", .help = "leave the first N steps out of speed and bubble figures"},
+    {.id = O_UNTIMED, .name = "untimed-steps", .kind = OPT_INT, .arg = "N", .min = 0,
+     .max = BIG, .def = "0", .help = "leave this process's first N steps out of the speed, "
+     "bubble and per-stage time figures (they still train)"},
     {.id = O_BATCH, .name = "batch", .shared = 1},
     {.id = O_OPT, .name = "optimizer", .kind = OPT_CHOICE, .choices = "sgd|momentum|adam",
      .def = "adam", .help = "the update rule"},
@@ -111,6 +112,8 @@ static const opt_spec train_opts[] = {
     {.id = O_VERBOSE, .name = "verbose", .kind = OPT_FLAG,
      .help = "more detail (binding of every rank)"},
     {.id = O_HELP, .name = "help", .shared = 1},
+    /* the old name of --untimed-steps (read as learning-rate warm-up): one more release */
+    {.id = O_WARMUP, .name = "warmup", .kind = OPT_INT, .arg = "N", .min = 0, .max = BIG},
     /* testing only, not in the help */
     {.id = O_STALL, .name = "debug-stall", .kind = OPT_TEXT, .arg = "RANK:STEP"},
     {.id = O_KILL, .name = "debug-kill", .kind = OPT_TEXT, .arg = "RANK:STEP"},
@@ -177,7 +180,11 @@ static int read_option(train_options *o, const opt_parser *p, int id)
     /* training */
     case O_EPOCHS: o->epochs = (int)p->num; break;
     case O_STEPS: o->steps = p->num; break;
-    case O_WARMUP: o->warmup = p->num; break;
+    case O_UNTIMED: o->untimed_steps = p->num; break;
+    case O_WARMUP:
+        o->untimed_steps = p->num;
+        o->warmup_alias = 1;
+        break;
     case O_BATCH: o->batch = (int)p->num; break;
     case O_OPT: o->opt.kind = optimizers[p->choice]; break;
     case O_LR: o->opt.lr = (float)p->real; break;

@@ -18,7 +18,9 @@ typedef struct {
     int epochs, batch, stages, microbatches, threads, val, json, verbose, shuffle;
     int epochs_given;    /* --epochs was on the command line (else --steps alone decides) */
     double progress;     /* seconds between progress lines when stdout is no terminal */
-    long steps, warmup, train_samples, test_samples;
+    long steps, train_samples, test_samples;
+    long untimed_steps;  /* --untimed-steps: this process's first steps, left out of timings */
+    int warmup_alias;    /* the deprecated --warmup named them (a warning on rank 0) */
     double timeout;
     unsigned long long seed;
     optimizer_config opt;

@@ -35,13 +35,21 @@ void train_report_banner(const train_run *run)
 {
     const train_options *o = &run->o;
     if (run->rank != 0 || o->json) return;
-    printf("model %s: %d layers, %zu parameters, %d classes\n", o->model, run->net.n_layers,
-           run->net.param_count, run->net.classes);
-    printf("data: %d training, %d validation, %d test samples; batch %d, %ld steps per "
-           "epoch; %ld steps over %ld epoch%s\n", run->train.count, run->val.count,
-           run->test.count, o->batch, run->steps_per_epoch, run->total_steps, run->epochs,
+    printf("model %s: %d layer%s, %zu parameters, %d classes\n", o->model, run->net.n_layers,
+           run->net.n_layers == 1 ? "" : "s", run->net.param_count, run->net.classes);
+    printf("data: %d training, %d validation, %d test samples; batch %d, %ld step%s per "
+           "epoch; %ld step%s over %ld epoch%s\n", run->train.count, run->val.count,
+           run->test.count, o->batch, run->steps_per_epoch, run->steps_per_epoch == 1 ? "" : "s",
+           run->total_steps, run->total_steps == 1 ? "" : "s", run->epochs,
            run->epochs > 1 ? "s" : "");
+    if (run->resumed_from_step >= 0)
+        printf("resuming from %s at step %ld\n", run->resumed_from, run->resumed_from_step);
     printf("layout: %d stage%s", o->stages, o->stages > 1 ? "s" : "");
+    if (run->sched.virtual_stages > 1)
+        printf(" × %d virtual (%d model chunks)", run->sched.virtual_stages,
+               o->stages * run->sched.virtual_stages);
+    if (o->tensor > 1)
+        printf(" × %d tensor shards (%s)", o->tensor, tensor_mode_name(o->tensor_mode));
     if (o->replicas > 1) {
         printf(" × %d replicas (reduce %s", o->replicas, reduce_method_name(o->reduce));
         if (!reduce_method_root_steps(o->reduce))
@@ -51,6 +59,9 @@ void train_report_banner(const train_run *run)
     printf(", %d micro-batch%s of %d%s, schedule %s, ", o->microbatches,
            o->microbatches > 1 ? "es" : "", o->batch / (o->replicas * o->microbatches),
            o->replicas > 1 ? " per replica" : "", run->sched.name);
+    if (o->recompute && strcmp(o->recompute, "none") != 0)
+        printf("recompute %s, ", o->recompute);
+    if (o->wgrad_batched) printf("wgrad batched, ");
     if (o->device == ENGINE_CUDA)
         printf("rank 0 on CUDA device %d (%s, %s messages)", run->gpu, run->gpu_info.name,
                run->device_messages ? "device-memory" : "host-staged");
@@ -66,11 +77,14 @@ void train_report_banner(const train_run *run)
 }
 
 void train_report_epoch(const train_run *run, const train_results *res, double epoch_s,
-                        long epoch_samples)
+                        long epoch_samples, long from)
 {
     if (run->rank != 0 || run->o.json) return;
-    printf("epoch %ld/%ld  train loss %.4f acc %.4f", res->epochs, run->epochs, res->train_loss,
-           res->train_acc);
+    printf("epoch %ld/%ld", res->epochs, run->epochs);
+    /* resumed mid-epoch: the figures cover only the steps this run took */
+    if (from != (res->epochs - 1) * run->steps_per_epoch)
+        printf(" (steps %ld-%ld only)", from + 1, res->steps);
+    printf("  train loss %.4f acc %.4f", res->train_loss, res->train_acc);
     if (run->val.count) printf("  val acc %.4f", res->val_acc);
     if (run->test.count) printf("  test loss %.4f acc %.4f", res->test_loss, res->test_acc);
     printf("  %.1f s  %.0f samples/s\n", epoch_s, epoch_samples / epoch_s);
@@ -79,9 +93,10 @@ void train_report_epoch(const train_run *run, const train_results *res, double e
 
 /* ---- progress ---- */
 
-void train_progress_init(train_progress *p, const train_run *run)
+void train_progress_init(train_progress *p, const train_run *run, long first)
 {
-    *p = (train_progress){.mode = PROGRESS_OFF, .interval = run->o.progress, .last = pt_now()};
+    *p = (train_progress){.mode = PROGRESS_OFF, .interval = run->o.progress, .last = pt_now(),
+                          .first = first};
     p->start = p->last;
     if (run->rank != 0 || run->o.json) return;
     if (isatty(STDOUT_FILENO)) {
@@ -113,22 +128,22 @@ void train_progress_step(train_progress *p, const train_run *run, long epoch, do
     double now = pt_now();
     if (p->steps > 1 && now - p->last < p->interval) return;
     p->last = now;
-    long total = run->total_steps;
+    long total = run->total_steps, step = p->first + p->steps; /* of the whole run */
     /* samples/s over the steps alone; the ETA over the wall clock, evaluation included */
     double rate = p->step_s > 0 ? (double)p->steps * run->o.batch / p->step_s : 0;
     char eta[32];
-    format_eta(eta, sizeof eta, (now - p->start) / (double)p->steps * (double)(total - p->steps));
+    format_eta(eta, sizeof eta, (now - p->start) / (double)p->steps * (double)(total - step));
     if (p->mode == PROGRESS_LINES) {
-        printf("  step %ld/%ld  epoch %ld/%ld  loss %.4f  %.0f samples/s  ETA %s\n", p->steps,
+        printf("  step %ld/%ld  epoch %ld/%ld  loss %.4f  %.0f samples/s  ETA %s\n", step,
                total, epoch, run->epochs, loss, rate, eta);
     } else {
         /* under 80 columns (the epoch is in the epoch lines), or \r cannot erase it */
         enum { WIDTH = 20 };
         char bar[WIDTH + 1];
-        int done = (int)(WIDTH * p->steps / total);
+        int done = (int)(WIDTH * step / total);
         for (int i = 0; i < WIDTH; i++) bar[i] = i < done ? '#' : '.';
         bar[WIDTH] = '\0';
-        int len = printf("\r  [%s] %ld/%ld  loss %.4f  %.0f samples/s  ETA %s", bar, p->steps,
+        int len = printf("\r  [%s] %ld/%ld  loss %.4f  %.0f samples/s  ETA %s", bar, step,
                          total, loss, rate, eta);
         if (len > 1 + p->bar_width) p->bar_width = len - 1;
     }
@@ -329,8 +344,13 @@ static void report_text(const train_run *run, const train_results *res,
                         const stage_figures *fig)
 {
     double rate = samples_per_s(run, res);
-    printf("done: %ld steps in %.1f s, ", res->steps, res->train_s);
-    if (isnan(rate)) printf("no step after --warmup %ld to time", run->o.warmup);
+    if (res->first_step > 0)
+        printf("done: steps %ld-%ld of %ld (resumed at %ld) in %.1f s, ", res->first_step + 1,
+               res->steps, run->total_steps, res->first_step, res->train_s);
+    else
+        printf("done: %ld step%s in %.1f s, ", res->steps, res->steps == 1 ? "" : "s",
+               res->train_s);
+    if (isnan(rate)) printf("no step after --untimed-steps %ld to time", run->o.untimed_steps);
     else printf("%.0f samples/s", rate);
     if (run->o.stages > 1) {
         bubble_figures b = bubbles(run, fig);
@@ -469,7 +489,9 @@ static json_t *run_json(const train_run *run)
         {"optimizer", json_string(optimizer_name(o->opt.kind))},
         {"lr", json_float(o->opt.lr)},
         {"weight_decay", json_float(o->opt.weight_decay)},
-        {"warmup", json_integer(o->warmup)},
+        {"warmup", json_integer(o->untimed_steps)}, /* the old name, kept for readers */
+        {"untimed_steps", json_integer(o->untimed_steps)},
+        {"total_steps", json_integer(run->total_steps)},
         {"threads", json_integer(o->threads)},
         {"wait", json_string(mpi_wait_mode_name(o->wait))},
         {"device", json_string(cuda ? "cuda" : "cpu")},
@@ -540,7 +562,9 @@ static json_t *results_json(const train_run *run, const train_results *res,
         {"test_acc", json_number(res->test_acc)},
         {"val_loss", json_number(res->val_loss)},
         {"val_acc", json_number(res->val_acc)},
-        {"steps", json_integer(res->steps)},
+        {"steps", json_integer(res->steps)}, /* the last step reached */
+        {"steps_run", json_integer(res->steps - res->first_step)}, /* by this process */
+        {"timed_steps", json_integer(res->timed_steps)},
         {"epochs", json_integer(res->epochs)},
         {"wall_s", json_number(pt_now() - res->t_begin)},
         {"train_s", json_number(res->train_s)},

@@ -12,11 +12,12 @@
 /* What the training loop measured; NAN where a figure does not exist (no --val, no test
  * samples). Then which outputs were written. */
 typedef struct {
-    long steps;
+    long steps;                 /* the last step reached, counted from the run's beginning */
+    long first_step;            /* the checkpoint's step when resuming, else 0 */
     long epochs;
     double t_begin;             /* pt_now() when training began (wall_s counts from it) */
     double train_s;             /* inside the epochs' steps, evaluation left out */
-    double timed_s;             /* steps after --warmup */
+    double timed_s;             /* steps after --untimed-steps */
     long timed_steps;
     double train_loss, train_acc; /* the last epoch's (or partial epoch's) means */
     double val_loss, val_acc, test_loss, test_acc;
@@ -41,9 +42,10 @@ typedef struct {
 
 /* Rank 0, unless --json: model, data, layout and (for a pipeline) the schedule's timeline. */
 void train_report_banner(const train_run *run);
-/* Rank 0, unless --json: the line of the epoch that just ended (res->epochs). */
+/* Rank 0, unless --json: the line of the epoch that just ended (res->epochs); from: the
+ * step it (re)started after, so that a resumed epoch says which steps its figures cover. */
 void train_report_epoch(const train_run *run, const train_results *res, double epoch_s,
-                        long epoch_samples);
+                        long epoch_samples, long from);
 /* Rank 0: the final report, as text or (--json) as the last line of stdout. −1 with a
  * message when the JSON object cannot be built. */
 int train_report_final(const train_run *run, const train_results *res,
@@ -65,11 +67,12 @@ typedef struct {
     double start;               /* pt_now() before the first step */
     double last;                /* pt_now() of the last output */
     double step_s;              /* time inside steps so far */
-    long steps;                 /* steps so far */
+    long first;                 /* the step the run started after (a resumed checkpoint's) */
+    long steps;                 /* steps so far, by this process */
     int bar_width;              /* characters of the bar line on screen, to erase it */
 } train_progress;
 
-void train_progress_init(train_progress *p, const train_run *run);
+void train_progress_init(train_progress *p, const train_run *run, long first);
 /* After each step: step_s its duration, loss the epoch's mean loss so far. */
 void train_progress_step(train_progress *p, const train_run *run, long epoch, double step_s,
                          double loss);

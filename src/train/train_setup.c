@@ -450,6 +450,10 @@ int train_setup_start(train_run *run, int argc, char **argv)
         if (run->rank == 0) train_options_usage(stdout);
         return 1;
     }
+    if (!prc && run->rank == 0 && run->o.warmup_alias)
+        fprintf(stderr, "pipetrain: --warmup is deprecated and goes in the next release: it "
+                "is --untimed-steps N (steps left out of the timings, not learning-rate "
+                "warm-up)\n");
     if (prc || check_ranks(run) || setup_threads(run) || setup_gpu(run)) return -1;
     return 0;
 }
@@ -514,18 +518,21 @@ int train_setup_run(train_run *run)
     if (train_agree(check_outputs(o, run->rank), comm, timeout) ||
         train_agree(setup_layout(run), comm, timeout) ||
         train_agree(net_desc_load(&run->net, o->model), comm, timeout) ||
-        train_agree(setup_shards(run), comm, timeout) ||
+        train_agree(setup_shards(run), comm, timeout))
+        return -1;
+    /* the data before any profiling: a batch the data set cannot fill is refused now, not
+     * after the layers were profiled (and memory allocated) at that batch */
+    double t_read = pt_now();
+    int read_rc = load_data(o, &run->net, &run->train, &run->val, &run->test);
+    run->read_s = pt_now() - t_read;
+    if (train_agree(read_rc, comm, timeout) ||
+        train_agree(make_schedule(o, &run->sched), comm, timeout) ||
         train_agree(choose_partition(o, &run->net, &run->part, comm, run->rank, run->gpu), comm,
                     timeout) ||
-        train_agree(make_schedule(o, &run->sched), comm, timeout) ||
         train_agree(replicas_schedule(&run->sched, o->tensor > 1 ? &run->local_net : &run->net,
                                       &run->part, &run->rep),
                     comm, timeout))
         return -1;
-    double t_read = pt_now();
-    int read_rc = load_data(o, &run->net, &run->train, &run->val, &run->test);
-    run->read_s = pt_now() - t_read;
-    if (train_agree(read_rc, comm, timeout)) return -1;
     exec_config cfg = exec_config_of(run);
     if (train_agree(exec_init(&run->ex, run->comms.pipeline, &run->net, &run->part, &run->sched,
                               &cfg),
