@@ -3,7 +3,8 @@
 # (item 8): an exit 0 without completing is no success; an unrunnable command is not
 # retried; a rank killed by SIGINT (mpiexec exits 2) is restarted; a stray
 # ckpt-best.safetensors is not taken for a checkpoint; restarts back off; attached short
-# options, abbreviations and repeated options re-plan as train reads them.
+# options, abbreviations and repeated options re-plan as train reads them. --log refuses a
+# device and follows no link.
 source "$(dirname "$0")/lib/common.bash"
 export OPENBLAS_NUM_THREADS=1
 MLP=(--model "$MODELS/seed-mlp.cfg" --train-samples 2048 --test-samples 0
@@ -93,4 +94,13 @@ wait $pid && rc=0 || rc=$?
 expect_fail "the job's bad options" "the job's options: " "$PIPETRAIN" launch --log "$WORK/opt.jsonl" \
     -- "$PIPETRAIN" train "${MLP[@]}" -kx --checkpoint-dir "$WORK/opt"
 [ ! -s "$WORK/opt.jsonl" ] && pass "no attempt for options train refuses" || failed "an attempt ran"
+
+# 7. --log: a device is refused at start (events written to /dev/full were lost silently),
+# and a planted link is not followed
+expect_fail "--log /dev/full" "is a character device" "$PIPETRAIN" launch --log /dev/full -- \
+    "$PIPETRAIN" train "${MLP[@]}" --steps 2 --checkpoint-dir "$WORK/devfull"
+ln -s "$WORK/elsewhere" "$WORK/link.jsonl"
+expect_fail "--log through a symbolic link" "cannot open" "$PIPETRAIN" launch --log "$WORK/link.jsonl" \
+    -- "$PIPETRAIN" train "${MLP[@]}" --steps 2 --checkpoint-dir "$WORK/link"
+[ ! -e "$WORK/elsewhere" ] && pass "the link's target was not written" || failed "--log followed a link"
 finish

@@ -33,6 +33,7 @@
  * replica. The checkpoints are layout-independent, so the job resumes in the new layout. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
 #include <signal.h>
@@ -48,6 +49,7 @@
 
 #include "src/base/error.h"
 #include "src/base/options.h"
+#include "src/base/output.h"
 #include "src/cli/commands.h"
 #include "src/cli/launch.h"
 #include "src/io/checkpoint_dir.h"
@@ -134,9 +136,12 @@ static void event(launch_options *o, json_t *ev, const char *fmt, ...)
         json_object_set_new(ev, "time", json_string(when));
         json_object_set_new(ev, "unix_time", json_real(t));
         char *line = json_dumps(ev, JSON_COMPACT);
-        if (line) {
-            fprintf(o->logf, "%s\n", line);
-            fflush(o->logf);
+        /* a full disk must not lose events silently: said once, then stderr only */
+        if (!line || fprintf(o->logf, "%s\n", line) < 0 || fflush(o->logf) != 0) {
+            fprintf(stderr, "pipetrain launch: --log %s: cannot write: %s (events from now on "
+                            "on stderr only)\n", o->log, line ? strerror(errno) : "out of memory");
+            fclose(o->logf);
+            o->logf = NULL;
         }
         free(line);
     }
@@ -453,6 +458,21 @@ static int read_job(launch_options *o, launch_job *j, int argc, char **argv, cha
     return make_dir(o, *ckpt_arg);
 }
 
+/* --log: appended to, so opened in place, but only as a regular file (pt_output_check
+ * refuses a FIFO, a device, a directory), without following a link, and not inherited by
+ * the job. */
+static int open_log(launch_options *o)
+{
+    if (pt_output_check("--log", o->log)) return -1;
+    int fd = open(o->log, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0 || !(o->logf = fdopen(fd, "a"))) {
+        int e = errno;
+        if (fd >= 0) close(fd);
+        return pt_error_set("--log %s: cannot open: %s", o->log, strerror(e));
+    }
+    return 0;
+}
+
 int cmd_launch(int argc, char **argv)
 {
     int dd = 0;
@@ -482,8 +502,8 @@ int cmd_launch(int argc, char **argv)
     int rc = PT_EXIT_USAGE;
     if (read_job(&o, &j, argc - dd - 1, argv + dd + 1, &ckpt_arg)) {
         fprintf(stderr, "pipetrain launch: %s\n", pt_error_get());
-    } else if (o.log && !(o.logf = fopen(o.log, "a"))) {
-        fprintf(stderr, "pipetrain launch: --log %s: cannot open: %s\n", o.log, strerror(errno));
+    } else if (o.log && open_log(&o)) {
+        fprintf(stderr, "pipetrain launch: %s\n", pt_error_get());
     } else {
         struct sigaction sa = {.sa_handler = forward_signal};
         sigemptyset(&sa.sa_mask);
