@@ -1,34 +1,47 @@
-/* `pipetrain launch [--max-restarts N] [--min-ranks R] [--hostfile F] [--log FILE] --
- * COMMAND...`: MPICH 4.0.2 gives the surviving ranks of a job no way to go on after one
- * dies (DESIGN.md), so a lost rank is handled as elastic launchers do: the job ends (its
- * launcher ends it within seconds of a killed rank; the watchdog within --timeout of a stalled
- * one), and this runs it again with --resume from its newest complete checkpoint.
+/* `pipetrain launch [--max-restarts N] [--min-ranks R] [--hostfile F] [--log FILE]
+ * [--backoff S] -- COMMAND...`: MPICH 4.0.2 gives the surviving ranks of a job no way to go
+ * on after one dies (DESIGN.md), so a lost rank is handled as elastic launchers do: the job
+ * ends (its launcher ends it within seconds of a killed rank; the watchdog within --timeout
+ * of a stalled one), and this runs it again with --resume from its newest complete
+ * checkpoint.
  *
- * How it reads the job's end (measured with MPICH hydra 4.0.2): every rank exits with
- * train's status and mpiexec passes it on, so 2 (PT_EXIT_USAGE: options, model, data,
- * checkpoints or output paths at fault, found before training starts) is never restarted;
- * 1 is a failure while training (watchdog, MPI error, a write that failed); a rank killed by
- * signal S makes mpiexec exit with S (9 for SIGKILL), and a job run without a launcher is
- * seen killed by S. Everything but 0 and 2 is restarted, up to --max-restarts times.
+ * How it reads the job's end: rank 0 of train writes a status record (PT_LAUNCH_STATUS, a
+ * file in the checkpoint directory) as it ends: "completed", "failed" or "input" (at fault,
+ * found before training) with the step. Only "completed" is a success, whatever the exit
+ * status; "input" is never restarted; neither is a command that cannot be run (126, 127
+ * with no record). Anything else (a failure, a rank killed, by SIGINT too, which mpiexec
+ * reports as 2, no record at all) is restarted, up to --max-restarts times, after a delay
+ * that doubles from --backoff seconds (at most 60 s). The job's options are read with
+ * train's own table (launch_job.c), so they are refused here, before any attempt, when
+ * train would refuse them.
+ *
+ * Signals: SIGINT and SIGTERM to launch are passed to the job's process group (the job runs
+ * in a group of its own, so that mpiexec and every rank it started get them; after 10 s the
+ * group is killed); launch then exits 128 + the signal, saying it was interrupted, unless
+ * the job's record says it completed. When launch itself is killed (SIGKILL, the OOM
+ * killer), the kernel sends the job SIGTERM (PR_SET_PDEATHSIG), and mpiexec ends its ranks.
  *
  * Elastic restarts (--min-ranks R): before each restart the ranks available are read from
  * --hostfile (MPICH's "host[:slots]" lines, re-read every time, so that a lost node can be
  * taken out of it) or from Slurm's SLURM_NTASKS; with fewer than the job had, but at least
  * R, the launcher's rank count (-n/-np; srun's -n/--ntasks) is rewritten and the layout
- * re-planned: --tensor T kept (the ranks left must be a multiple of it), --stages kept
- * when it divides the ranks left / T (replicas = ranks / (T · stages)),
+ * re-planned from what train would run: --tensor T kept (the ranks left must be a multiple
+ * of it), --stages kept when it divides the ranks left / T (replicas = ranks / (T · stages)),
  * else the largest stage count that does and is not larger; micro-batches per replica
  * scaled so that replicas × micro-batches stays what it was (with --reduce ordered the
  * arithmetic is then the same), else the largest count that divides the samples per
  * replica. The checkpoints are layout-independent, so the job resumes in the new layout. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -36,9 +49,12 @@
 
 #include "src/base/error.h"
 #include "src/base/options.h"
+#include "src/base/output.h"
 #include "src/cli/commands.h"
+#include "src/cli/launch.h"
+#include "src/io/checkpoint_dir.h"
 
-enum { O_MAX = 1, O_MIN, O_HOSTFILE, O_LOG, O_HELP };
+enum { O_MAX = 1, O_MIN, O_HOSTFILE, O_LOG, O_BACKOFF, O_HELP };
 
 static const opt_spec launch_opts[] = {
     {.id = O_MAX, .name = "max-restarts", .kind = OPT_INT, .arg = "N", .min = 0, .max = 1000000,
@@ -51,6 +67,9 @@ static const opt_spec launch_opts[] = {
              "else SLURM_NTASKS"},
     {.id = O_LOG, .name = "log", .kind = OPT_TEXT, .arg = "FILE",
      .help = "append each attempt's start, failure and restart as JSON lines"},
+    {.id = O_BACKOFF, .name = "backoff", .kind = OPT_REAL, .arg = "S", .min = 0, .max = 60,
+     .def = "1", .help = "seconds to wait before the first restart; each further restart "
+                         "waits twice as long as the one before, at most 60 s"},
     {.id = O_HELP, .name = "help", .shared = 1},
     {0},
 };
@@ -60,162 +79,26 @@ static const opt_command launch_command = {
     .about = "Runs a pipetrain training job (COMMAND: mpiexec ... pipetrain train ..., srun "
              "... pipetrain train ..., or pipetrain train ...; it must have --checkpoint-dir) "
              "and, when it fails (a rank killed, a stall caught by the watchdog, a node lost), "
-             "runs it again with --resume from its newest complete checkpoint. A job whose "
-             "input is at fault (exit status 2: bad options or files) is not restarted.",
-    .notes = "Exit status: 0 when the job ends well; 2 for a bad launch command or a job whose "
-             "input is at fault; otherwise the last attempt's status once the restarts are "
+             "runs it again with --resume from its newest complete checkpoint. The job tells "
+             "launch how it ended (a status record in the checkpoint directory): a job whose "
+             "input is at fault (bad options or files) is not restarted, and only a job that "
+             "reached its last step is a success. SIGINT and SIGTERM stop the job and launch.",
+    .notes = "Exit status: 0 when the job completed; 2 for a bad launch command or a job whose "
+             "input is at fault; 128 + S when stopped by signal S; otherwise the last "
+             "attempt's status (1 when it was 0 without completing) once the restarts are "
              "spent (a signal S as 128 + S).",
     .opts = launch_opts,
 };
 
 typedef struct {
     int max_restarts, min_ranks;
+    double backoff;
     const char *hostfile, *log;
     FILE *logf;
+    char *ckpt_dir;              /* the job's --checkpoint-dir, absolute */
+    char status[PATH_MAX + 64];  /* the job's status record */
+    char first[PATH_MAX + 64];   /* when its first step ended */
 } launch_options;
-
-/* The job's command as a growable argv, and where its parts are. */
-typedef struct {
-    char **argv; /* owned array of owned strings, NULL-terminated */
-    int argc;
-    int launcher;  /* 0: pipetrain itself; 1: mpiexec/mpirun; 2: srun */
-    int pt;        /* index of the pipetrain binary ("train" follows) */
-} job_cmd;
-
-static const char *base_name(const char *p)
-{
-    const char *s = strrchr(p, '/');
-    return s ? s + 1 : p;
-}
-
-static void job_free(job_cmd *j)
-{
-    for (int i = 0; i < j->argc; i++) free(j->argv[i]);
-    free(j->argv);
-    j->argv = NULL;
-    j->argc = 0;
-}
-
-static int job_insert(job_cmd *j, int at, const char *a, const char *b)
-{
-    int n = b ? 2 : 1;
-    char **v = realloc(j->argv, (size_t)(j->argc + n + 1) * sizeof *v);
-    if (!v) return pt_error_set("out of memory");
-    j->argv = v;
-    memmove(v + at + n, v + at, (size_t)(j->argc - at + 1) * sizeof *v);
-    v[at] = strdup(a);
-    if (b) v[at + 1] = strdup(b);
-    j->argc += n;
-    if (at <= j->pt) j->pt += n;
-    return !v[at] || (b && !v[at + 1]) ? pt_error_set("out of memory") : 0;
-}
-
-/* The value of option `name` (or its one-letter form) among the train arguments: its index
- * in argv (the value's), or −1. "--name=V" is split into two arguments first. */
-static int find_value(job_cmd *j, const char *name, char letter)
-{
-    size_t len = strlen(name);
-    for (int i = j->pt + 2; i < j->argc; i++) {
-        char *a = j->argv[i];
-        if (!strncmp(a, "--", 2) && !strncmp(a + 2, name, len) && a[2 + len] == '=') {
-            char *value = strdup(a + 3 + len);
-            if (!value) return -1;
-            a[2 + len] = '\0';
-            if (job_insert(j, i + 1, value, NULL)) {
-                free(value);
-                return -1;
-            }
-            free(value);
-            return i + 1;
-        }
-        if (((!strncmp(a, "--", 2) && !strcmp(a + 2, name)) ||
-             (letter && a[0] == '-' && a[1] == letter && !a[2])) && i + 1 < j->argc)
-            return i + 1;
-    }
-    return -1;
-}
-
-/* Removes argv[at] and the n − 1 after it. */
-static void job_remove(job_cmd *j, int at, int n)
-{
-    for (int i = at; i < at + n; i++) free(j->argv[i]);
-    memmove(j->argv + at, j->argv + at + n, (size_t)(j->argc - at - n + 1) * sizeof *j->argv);
-    j->argc -= n;
-}
-
-static int set_value(job_cmd *j, int at, long v)
-{
-    char buf[32];
-    snprintf(buf, sizeof buf, "%ld", v);
-    char *s = strdup(buf);
-    if (!s) return pt_error_set("out of memory");
-    free(j->argv[at]);
-    j->argv[at] = s;
-    return 0;
-}
-
-static long value_or(job_cmd *j, const char *name, char letter, long def)
-{
-    int i = find_value(j, name, letter);
-    return i < 0 ? def : strtol(j->argv[i], NULL, 10);
-}
-
-/* The launcher's rank count: index of its value in argv, or −1 (then one rank). */
-static int ranks_at(const job_cmd *j)
-{
-    for (int i = 1; i < j->pt; i++) {
-        const char *a = j->argv[i];
-        if (j->launcher == 1 && (!strcmp(a, "-n") || !strcmp(a, "-np")) && i + 1 < j->pt)
-            return i + 1;
-        if (j->launcher == 2 && (!strcmp(a, "-n") || !strcmp(a, "--ntasks")) && i + 1 < j->pt)
-            return i + 1;
-    }
-    return -1;
-}
-
-static int parse_job(job_cmd *j, int argc, char **argv)
-{
-    *j = (job_cmd){0};
-    j->argv = calloc((size_t)argc + 1, sizeof *j->argv);
-    if (!j->argv) return pt_error_set("out of memory");
-    for (int i = 0; i < argc; i++)
-        if (!(j->argv[j->argc++] = strdup(argv[i]))) return pt_error_set("out of memory");
-    j->pt = -1;
-    for (int i = 0; i + 1 < argc; i++)
-        if (!strncmp(base_name(argv[i]), "pipetrain", 9) && !strcmp(argv[i + 1], "train")) {
-            j->pt = i;
-            break;
-        }
-    if (j->pt < 0)
-        return pt_error_set("the command is not a pipetrain training job (expected "
-                            "'... pipetrain train ...', e.g. mpiexec -n 4 build/pipetrain "
-                            "train ...): launch restarts only those");
-    const char *l = base_name(argv[0]);
-    j->launcher = j->pt == 0 ? 0 : !strcmp(l, "srun") ? 2 : !strncmp(l, "mpi", 3) ? 1 : -1;
-    if (j->launcher < 0)
-        return pt_error_set("%s: not a launcher launch knows (mpiexec, mpirun, srun, or "
-                            "pipetrain itself)", argv[0]);
-    /* srun lets the other tasks run on when one dies (KillOnBadExit=0 by default): they
-     * would wait for it until --timeout. Ask srun to end the step at once, as mpiexec
-     * does, unless the command says otherwise. */
-    int kill_set = 0;
-    for (int i = 1; j->launcher == 2 && i < j->pt; i++)
-        kill_set |= !strncmp(j->argv[i], "--kill-on-bad-exit", 18) ||
-                    !strncmp(j->argv[i], "-K", 2);
-    if (j->launcher == 2 && !kill_set && job_insert(j, 1, "--kill-on-bad-exit=1", NULL))
-        return -1;
-    /* srun --ntasks=N: split, so that it can be rewritten */
-    for (int i = 1; i < j->pt; i++)
-        if (!strncmp(j->argv[i], "--ntasks=", 9)) {
-            char *v = strdup(j->argv[i] + 9);
-            if (!v) return pt_error_set("out of memory");
-            j->argv[i][8] = '\0';
-            int rc = job_insert(j, i + 1, v, NULL);
-            free(v);
-            if (rc) return -1;
-        }
-    return 0;
-}
 
 /* ---- time and the log ---- */
 
@@ -233,20 +116,6 @@ static void iso_time(double t, char *buf, size_t size)
     gmtime_r(&s, &tm);
     size_t n = strftime(buf, size, "%Y-%m-%dT%H:%M:%S", &tm);
     snprintf(buf + n, size - n, ".%03dZ", (int)((t - (double)s) * 1000));
-}
-
-static char *joined(const job_cmd *j)
-{
-    size_t len = 1;
-    for (int i = 0; i < j->argc; i++) len += strlen(j->argv[i]) + 1;
-    char *s = malloc(len);
-    if (!s) return NULL;
-    s[0] = '\0';
-    for (int i = 0; i < j->argc; i++) {
-        if (i) strcat(s, " ");
-        strcat(s, j->argv[i]);
-    }
-    return s;
 }
 
 /* One event: a line on stderr, and a JSON line in --log. */
@@ -267,9 +136,12 @@ static void event(launch_options *o, json_t *ev, const char *fmt, ...)
         json_object_set_new(ev, "time", json_string(when));
         json_object_set_new(ev, "unix_time", json_real(t));
         char *line = json_dumps(ev, JSON_COMPACT);
-        if (line) {
-            fprintf(o->logf, "%s\n", line);
-            fflush(o->logf);
+        /* a full disk must not lose events silently: said once, then stderr only */
+        if (!line || fprintf(o->logf, "%s\n", line) < 0 || fflush(o->logf) != 0) {
+            fprintf(stderr, "pipetrain launch: --log %s: cannot write: %s (events from now on "
+                            "on stderr only)\n", o->log, line ? strerror(errno) : "out of memory");
+            fclose(o->logf);
+            o->logf = NULL;
         }
         free(line);
     }
@@ -304,62 +176,14 @@ static long ranks_available(const launch_options *o)
     return s ? strtol(s, NULL, 10) : 0;
 }
 
-/* Rewrites the rank count and the layout for n ranks. */
-static int replan(job_cmd *j, launch_options *o, long n)
-{
-    int at = ranks_at(j);
-    if (at < 0) return pt_error_set("the command names no rank count (-n) to change");
-    long K = value_or(j, "stages", 'k', 1), R = value_or(j, "replicas", 'r', 1);
-    long M = value_or(j, "microbatches", 'M', 1), B = value_or(j, "batch", 'b', 128);
-    /* tensor groups stay whole: the stages and replicas share the ranks' n / T groups */
-    long T = value_or(j, "tensor", 0, 1);
-    if (T < 1 || n % T)
-        return pt_error_set("%ld ranks: not a multiple of --tensor %ld", n, T);
-    long G = n / T;
-    long K2 = K < G ? K : G;
-    while (K2 > 1 && G % K2) K2--;
-    long R2 = G / K2;
-    if (B % R2)
-        return pt_error_set("%ld ranks: the batch of %ld does not split over %ld replicas", n,
-                            B, R2);
-    /* the step's micro-batches stay R·M where they can: then a --reduce ordered run goes on
-     * with the same arithmetic, bit for bit */
-    long M2 = (M * R) % R2 == 0 ? M * R / R2 : M;
-    if ((B / R2) % M2) M2 = M;
-    while (M2 > 1 && (B / R2) % M2) M2--;
-    if (set_value(j, at, n)) return -1;
-    int i;
-    const char *names[] = {"stages", "replicas", "microbatches"};
-    const char letters[] = {'k', 'r', 'M'};
-    long values[] = {K2, R2, M2}, old[] = {K, R, M};
-    for (int k = 0; k < 3; k++) {
-        if (values[k] == old[k]) continue;
-        i = find_value(j, names[k], letters[k]);
-        char opt[32];
-        snprintf(opt, sizeof opt, "--%s", names[k]);
-        char v[32];
-        snprintf(v, sizeof v, "%ld", values[k]);
-        if (i < 0 ? job_insert(j, j->argc, opt, v) : set_value(j, i, values[k])) return -1;
-    }
-    json_t *ev = json_pack("{s:s, s:i, s:i, s:i, s:i}", "event", "replan", "ranks", (int)n,
-                           "stages", (int)K2, "replicas", (int)R2, "microbatches", (int)M2);
-    event(o, ev, "%ld ranks available: re-planned as --stages %ld --replicas %ld "
-                 "--microbatches %ld", n, K2, R2, M2);
-    return 0;
-}
-
-/* Whether DIR holds a complete checkpoint file (temporaries end in .tmp-...). */
+/* Whether DIR holds a checkpoint, by the name train gives them (ckpt_dir_name_step). */
 static int has_checkpoint(const char *dir)
 {
     DIR *d = opendir(dir);
     if (!d) return 0;
     struct dirent *e;
     int found = 0;
-    while (!found && (e = readdir(d))) {
-        size_t len = strlen(e->d_name);
-        found = !strncmp(e->d_name, "ckpt-", 5) && len > 17 &&
-                !strcmp(e->d_name + len - 12, ".safetensors");
-    }
+    while (!found && (e = readdir(d))) found = ckpt_dir_name_step(e->d_name) >= 0;
     closedir(d);
     return found;
 }
@@ -374,23 +198,57 @@ static void forward_signal(int sig)
     if (child_group > 0) kill(-child_group, sig);
 }
 
-/* Runs the job; its wait status in *status. */
-static int run_attempt(const job_cmd *j, const char *first_step_file, int *status)
+static void sleep_s(double s)
 {
-    pid_t pid = fork();
-    if (pid < 0) return pt_error_set("cannot start the job: %s", strerror(errno));
-    if (pid == 0) {
-        setpgid(0, 0); /* its own group: a signal for the job reaches all it started */
-        setenv("PT_LAUNCH_FIRST_STEP", first_step_file, 1);
-        execvp(j->argv[0], j->argv);
-        fprintf(stderr, "pipetrain launch: cannot run %s: %s\n", j->argv[0], strerror(errno));
-        _exit(127);
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL); /* a signal ends it early */
+}
+
+/* In the child: its own process group (a signal for the job reaches all it started), the
+ * job ended by the kernel if launch dies, the signals as they were, then the command. */
+static void exec_job(const launch_job *j, const launch_options *o, pid_t parent,
+                     const sigset_t *old)
+{
+    setpgid(0, 0);
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent) _exit(128 + SIGTERM);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    sigprocmask(SIG_SETMASK, old, NULL);
+    setenv("PT_LAUNCH_FIRST_STEP", o->first, 1);
+    setenv("PT_LAUNCH_STATUS", o->status, 1);
+    execvp(j->argv[0], j->argv);
+    fprintf(stderr, "pipetrain launch: cannot run %s: %s\n", j->argv[0], strerror(errno));
+    _exit(127);
+}
+
+/* Runs the job; its wait status in *status. The signals are held while it starts, so that
+ * one that comes then reaches it as soon as its group exists. */
+static int run_attempt(const launch_job *j, const launch_options *o, int *status)
+{
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigprocmask(SIG_BLOCK, &block, &old);
+    pid_t parent = getpid(), pid = fork();
+    if (pid < 0) {
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        return pt_error_set("cannot start the job: %s", strerror(errno));
     }
+    if (pid == 0) exec_job(j, o, parent, &old);
     setpgid(pid, pid);
     child_group = pid;
-    while (waitpid(pid, status, 0) < 0)
-        if (errno != EINTR) return pt_error_set("waiting for the job: %s", strerror(errno));
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    /* after a signal the job has 10 s to end before its whole group is killed */
+    double waited = 0;
+    pid_t got;
+    while ((got = waitpid(pid, status, WNOHANG)) == 0) {
+        sleep_s(0.05);
+        if (stop_signal && (waited += 0.05) > 10) kill(-pid, SIGKILL);
+    }
     child_group = 0;
+    if (got < 0) return pt_error_set("waiting for the job: %s", strerror(errno));
+    if (stop_signal) kill(-pid, SIGKILL); /* nothing of an interrupted job goes on */
     return 0;
 }
 
@@ -405,102 +263,214 @@ static double read_first_step(const char *path)
     return t;
 }
 
-static int launch_loop(launch_options *o, job_cmd *j, const char *ckpt_dir)
+/* The job's status record: how it ended, at which step, of how many. */
+typedef enum { REC_NONE, REC_COMPLETED, REC_FAILED, REC_INPUT } record_state;
+typedef struct {
+    record_state state;
+    long step, total;
+} job_record;
+
+static job_record read_record(const char *path)
 {
-    char first_file[] = "/tmp/pipetrain-launch-XXXXXX";
-    int fd = mkstemp(first_file);
-    if (fd < 0) {
-        fprintf(stderr, "pipetrain launch: cannot create a temporary file: %s\n", strerror(errno));
-        return PT_EXIT_FAIL;
+    job_record r = {REC_NONE, 0, 0};
+    FILE *f = fopen(path, "r");
+    char word[16];
+    if (!f) return r;
+    if (fscanf(f, "%15s %ld %ld", word, &r.step, &r.total) == 3)
+        r.state = !strcmp(word, "completed") ? REC_COMPLETED
+                  : !strcmp(word, "failed")  ? REC_FAILED
+                  : !strcmp(word, "input")   ? REC_INPUT
+                                             : REC_NONE;
+    fclose(f);
+    return r;
+}
+
+/* Before a restart: the ranks available (re-planning when fewer), and --resume once the
+ * directory holds a checkpoint. −1 to stop (reported). */
+static int prepare_restart(launch_options *o, launch_job *j, const char *ckpt_arg, long *ranks)
+{
+    long avail = ranks_available(o);
+    if (avail < 0) {
+        event(o, NULL, "%s", pt_error_get());
+        return -1;
     }
-    close(fd);
-    int at = ranks_at(j);
+    if (o->min_ranks && avail > 0 && avail < *ranks) {
+        if (avail < o->min_ranks) {
+            event(o, json_pack("{s:s, s:i}", "event", "gave_up", "available", (int)avail),
+                  "%ld ranks available, fewer than --min-ranks %d: giving up", avail,
+                  o->min_ranks);
+            return -1;
+        }
+        long k, r, m;
+        if (launch_job_replan(j, avail, &k, &r, &m)) {
+            event(o, NULL, "cannot re-plan: %s", pt_error_get());
+            return -1;
+        }
+        event(o, json_pack("{s:s, s:i, s:i, s:i, s:i}", "event", "replan", "ranks", (int)avail,
+                           "stages", (int)k, "replicas", (int)r, "microbatches", (int)m),
+              "%ld ranks available: re-planned as --stages %ld --replicas %ld "
+              "--microbatches %ld", avail, k, r, m);
+        *ranks = avail;
+    }
+    /* the checkpoint sets the parameters now, not --load's file */
+    if (has_checkpoint(ckpt_arg) && launch_job_resume(j, ckpt_arg)) {
+        event(o, NULL, "%s", pt_error_get());
+        return -1;
+    }
+    return 0;
+}
+
+/* Reports how attempt n (started at t0) ended, from the job's record first. Returns 1 when
+ * it may be restarted, else 0; *rc: launch's exit status if it stops here. */
+static int judge(launch_options *o, int n, int status, double t0, int *rc)
+{
+    double t1 = wall_now(), tf = read_first_step(o->first);
+    job_record rec = read_record(o->status);
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    char how[64], first[64] = "", what[96];
+    if (WIFEXITED(status)) snprintf(how, sizeof how, "exit status %d", code);
+    else snprintf(how, sizeof how, "killed by signal %d", WTERMSIG(status));
+    if (tf > 0) snprintf(first, sizeof first, "; first step %.2f s after the start", tf - t0);
+    const char *states[] = {"no_record", "completed", "failed", "input"};
+    if (rec.state == REC_COMPLETED)
+        snprintf(what, sizeof what, "completed (step %ld of %ld)", rec.step, rec.total);
+    else if (rec.state == REC_FAILED)
+        snprintf(what, sizeof what, "failed at step %ld of %ld", rec.step, rec.total);
+    else if (rec.state == REC_INPUT)
+        snprintf(what, sizeof what, "failed: its input is at fault");
+    else
+        snprintf(what, sizeof what, "ended without completing (no status record from the job)");
+    json_t *ev = json_pack("{s:s, s:i, s:i, s:s, s:f, s:s, s:i}", "event",
+                           rec.state == REC_COMPLETED ? "done" : "failed", "attempt", n,
+                           "status", code, "how", how, "seconds", t1 - t0, "record",
+                           states[rec.state], "step", (int)rec.step);
+    if (tf > 0) json_object_set_new(ev, "first_step_s", json_real(tf - t0));
+    event(o, ev, "attempt %d %s after %.2f s (%s)%s", n, what, t1 - t0, how, first);
+    *rc = rec.state == REC_COMPLETED ? PT_EXIT_OK : code ? code : PT_EXIT_FAIL;
+    if (rec.state == REC_COMPLETED || stop_signal) return 0;
+    if (rec.state == REC_INPUT) {
+        *rc = PT_EXIT_USAGE;
+        event(o, json_pack("{s:s}", "event", "not_restarted"),
+              "not restarted: the job's input is at fault (its message is above)");
+        return 0;
+    }
+    if (rec.state == REC_NONE && (code == 126 || code == 127)) {
+        event(o, json_pack("{s:s}", "event", "not_restarted"),
+              "not restarted: the command cannot be run (exit status %d)", code);
+        return 0;
+    }
+    return 1;
+}
+
+static int launch_loop(launch_options *o, launch_job *j, const char *ckpt_arg)
+{
+    int at = launch_job_ranks_at(j);
     long ranks = at < 0 ? 1 : strtol(j->argv[at], NULL, 10);
     int rc = PT_EXIT_FAIL;
-    for (int attempt = 0;; attempt++) {
-        if (attempt > 0) {
-            long avail = ranks_available(o);
-            if (avail < 0) {
-                event(o, NULL, "%s", pt_error_get());
-                break;
-            }
-            if (o->min_ranks && avail > 0 && avail < ranks) {
-                if (avail < o->min_ranks) {
-                    event(o, json_pack("{s:s, s:i}", "event", "gave_up", "available", (int)avail),
-                          "%ld ranks available, fewer than --min-ranks %d: giving up", avail,
-                          o->min_ranks);
-                    break;
-                }
-                if (replan(j, o, avail)) {
-                    event(o, NULL, "cannot re-plan: %s", pt_error_get());
-                    break;
-                }
-                ranks = avail;
-            }
-            if (has_checkpoint(ckpt_dir)) {
-                /* the checkpoint sets the parameters now, not --load's file */
-                int l = find_value(j, "load", 0);
-                if (l >= 0) job_remove(j, l - 1, 2);
-                int r = find_value(j, "resume", 0);
-                if (r >= 0) {
-                    char *d = strdup(ckpt_dir);
-                    if (!d) break;
-                    free(j->argv[r]);
-                    j->argv[r] = d;
-                } else if (job_insert(j, j->argc, "--resume", ckpt_dir)) {
-                    break;
-                }
-            }
-        }
-        char *cmd = joined(j);
-        unlink(first_file);
+    double delay = o->backoff;
+    for (int attempt = 0; !stop_signal; attempt++) {
+        if (attempt > 0 && prepare_restart(o, j, ckpt_arg, &ranks)) break;
+        if (stop_signal) break;
+        unlink(o->first);
+        unlink(o->status);
+        char *cmd = launch_job_joined(j);
         double t0 = wall_now();
         event(o, json_pack("{s:s, s:i, s:s?}", "event", "start", "attempt", attempt + 1,
                            "command", cmd),
               "attempt %d: %s", attempt + 1, cmd ? cmd : "(out of memory)");
         free(cmd);
         int status = 0;
-        if (run_attempt(j, first_file, &status)) {
+        if (run_attempt(j, o, &status)) {
             event(o, NULL, "%s", pt_error_get());
             break;
         }
-        double t1 = wall_now(), tf = read_first_step(first_file);
-        int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        char how[64];
-        if (WIFEXITED(status)) snprintf(how, sizeof how, "exit status %d", code);
-        else snprintf(how, sizeof how, "killed by signal %d", WTERMSIG(status));
-        json_t *ev = json_pack("{s:s, s:i, s:i, s:s, s:f}", "event", code ? "failed" : "done",
-                               "attempt", attempt + 1, "status", code, "how", how,
-                               "seconds", t1 - t0);
-        if (tf > 0) json_object_set_new(ev, "first_step_s", json_real(tf - t0));
-        char first[64] = "";
-        if (tf > 0) snprintf(first, sizeof first, "; first step %.2f s after the start", tf - t0);
-        event(o, ev, "attempt %d %s after %.2f s (%s)%s", attempt + 1,
-              code ? "failed" : "ended well", t1 - t0, how, first);
-        rc = code;
-        if (code == 0) break;
-        if (stop_signal) {
-            event(o, NULL, "stopped by signal %d: not restarted", (int)stop_signal);
-            break;
-        }
-        if (code == PT_EXIT_USAGE) {
-            event(o, json_pack("{s:s}", "event", "not_restarted"),
-                  "not restarted: the job's input is at fault (its message is above)");
-            break;
-        }
+        if (!judge(o, attempt + 1, status, t0, &rc)) break;
         if (attempt >= o->max_restarts) {
             event(o, json_pack("{s:s, s:i}", "event", "gave_up", "restarts", attempt),
                   "giving up after %d restart%s", attempt, attempt == 1 ? "" : "s");
             break;
         }
-        event(o, json_pack("{s:s, s:i, s:b}", "event", "restart", "restart", attempt + 1,
-                           "from_checkpoint", has_checkpoint(ckpt_dir)),
-              "restart %d of %d, %s", attempt + 1, o->max_restarts,
-              has_checkpoint(ckpt_dir) ? "from the newest checkpoint in the directory"
-                                       : "from the start (no checkpoint yet)");
+        int from = has_checkpoint(ckpt_arg);
+        event(o, json_pack("{s:s, s:i, s:b, s:f}", "event", "restart", "restart", attempt + 1,
+                           "from_checkpoint", from, "delay_s", delay),
+              "restart %d of %d in %.3g s, %s", attempt + 1, o->max_restarts, delay,
+              from ? "from the newest checkpoint in the directory"
+                   : "from the start (no checkpoint yet)");
+        for (double t = wall_now() + delay; !stop_signal && wall_now() < t;)
+            sleep_s(t - wall_now());
+        delay = delay * 2 > 60 ? 60 : delay * 2;
     }
-    unlink(first_file);
+    if (stop_signal && rc != PT_EXIT_OK) {
+        event(o, json_pack("{s:s, s:i}", "event", "interrupted", "signal", (int)stop_signal),
+              "interrupted by signal %d (%s): the job was stopped, not restarted",
+              (int)stop_signal, strsignal(stop_signal));
+        rc = 128 + stop_signal;
+    }
+    unlink(o->first);
+    unlink(o->status);
     return rc;
+}
+
+/* Creates DIR and its parents (train would, but the status record goes there from the
+ * start); the absolute path in o->ckpt_dir. */
+static int make_dir(launch_options *o, const char *dir)
+{
+    char buf[PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+        return pt_error_set("--checkpoint-dir %s: path too long", dir);
+    for (char *p = buf + 1;; p++) {
+        char c = *p;
+        if (c && c != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return pt_error_set("--checkpoint-dir %s: cannot create %s: %s", dir, buf,
+                                strerror(errno));
+        *p = c;
+        if (!c) break;
+    }
+    if (!(o->ckpt_dir = realpath(dir, NULL)))
+        return pt_error_set("--checkpoint-dir %s: %s", dir, strerror(errno));
+    snprintf(o->status, sizeof o->status, "%s/.pipetrain-launch-status", o->ckpt_dir);
+    snprintf(o->first, sizeof o->first, "%s/.pipetrain-launch-first-step", o->ckpt_dir);
+    return 0;
+}
+
+/* The job's command and options, checked as train checks them; 0 or a message. */
+static int read_job(launch_options *o, launch_job *j, int argc, char **argv, char **ckpt_arg)
+{
+    if (launch_job_parse(j, argc, argv)) return -1;
+    train_options to;
+    int prc = launch_job_options(j, &to);
+    if (prc < 0) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", pt_error_get());
+        return pt_error_set("the job's options: %s", why);
+    }
+    if (prc == 1) return pt_error_set("the job only asks for train's --help: nothing to run");
+    if (!to.ckpt_dir)
+        return pt_error_set("the job has no --checkpoint-dir: a restart would begin again "
+                            "from the first step; give it one");
+    if (o->min_ranks && launch_job_ranks_at(j) < 0)
+        return pt_error_set("--min-ranks needs a launcher with a rank count (mpiexec -n N "
+                            "or srun -n N)");
+    if (o->hostfile && hostfile_slots(o->hostfile) < 0) return -1;
+    if (!(*ckpt_arg = strdup(to.ckpt_dir))) return pt_error_set("out of memory");
+    return make_dir(o, *ckpt_arg);
+}
+
+/* --log: appended to, so opened in place, but only as a regular file (pt_output_check
+ * refuses a FIFO, a device, a directory), without following a link, and not inherited by
+ * the job. */
+static int open_log(launch_options *o)
+{
+    if (pt_output_check("--log", o->log)) return -1;
+    int fd = open(o->log, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0 || !(o->logf = fdopen(fd, "a"))) {
+        int e = errno;
+        if (fd >= 0) close(fd);
+        return pt_error_set("--log %s: cannot open: %s", o->log, strerror(e));
+    }
+    return 0;
 }
 
 int cmd_launch(int argc, char **argv)
@@ -517,6 +487,7 @@ int cmd_launch(int argc, char **argv)
         case O_MIN: o.min_ranks = (int)p.num; break;
         case O_HOSTFILE: o.hostfile = p.arg; break;
         case O_LOG: o.log = p.arg; break;
+        case O_BACKOFF: o.backoff = p.real; break;
         case O_HELP: opt_print_help(&launch_command, stdout); return PT_EXIT_OK;
         }
     }
@@ -526,43 +497,23 @@ int cmd_launch(int argc, char **argv)
                       "-- mpiexec -n 4 pipetrain train ... --checkpoint-dir ck/");
         goto usage;
     }
-    job_cmd j;
-    if (parse_job(&j, argc - dd - 1, argv + dd + 1)) {
-        job_free(&j);
+    launch_job j;
+    char *ckpt_arg = NULL;
+    int rc = PT_EXIT_USAGE;
+    if (read_job(&o, &j, argc - dd - 1, argv + dd + 1, &ckpt_arg)) {
         fprintf(stderr, "pipetrain launch: %s\n", pt_error_get());
-        return PT_EXIT_USAGE;
-    }
-    int ck = find_value(&j, "checkpoint-dir", 0);
-    if (ck < 0) {
-        job_free(&j);
-        fprintf(stderr, "pipetrain launch: the job has no --checkpoint-dir: a restart would "
-                        "begin again from the first step; give it one\n");
-        return PT_EXIT_USAGE;
-    }
-    if (o.min_ranks && ranks_at(&j) < 0) {
-        job_free(&j);
-        fprintf(stderr, "pipetrain launch: --min-ranks needs a launcher with a rank count "
-                        "(mpiexec -n N or srun -n N)\n");
-        return PT_EXIT_USAGE;
-    }
-    if (o.hostfile && hostfile_slots(o.hostfile) < 0) {
-        job_free(&j);
+    } else if (o.log && open_log(&o)) {
         fprintf(stderr, "pipetrain launch: %s\n", pt_error_get());
-        return PT_EXIT_USAGE;
+    } else {
+        struct sigaction sa = {.sa_handler = forward_signal};
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+        rc = launch_loop(&o, &j, ckpt_arg);
     }
-    if (o.log && !(o.logf = fopen(o.log, "a"))) {
-        job_free(&j);
-        fprintf(stderr, "pipetrain launch: --log %s: cannot open: %s\n", o.log, strerror(errno));
-        return PT_EXIT_USAGE;
-    }
-    char *ckpt_dir = strdup(j.argv[ck]);
-    struct sigaction sa = {.sa_handler = forward_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    int rc = ckpt_dir ? launch_loop(&o, &j, ckpt_dir) : PT_EXIT_FAIL;
-    free(ckpt_dir);
-    job_free(&j);
+    free(ckpt_arg);
+    free(o.ckpt_dir);
+    launch_job_free(&j);
     if (o.logf) fclose(o.logf);
     return rc;
 usage:

@@ -33,15 +33,6 @@ static int mkdir_parents(const char *dir)
     return 0;
 }
 
-/* "ckpt-0000000120.safetensors" → 120; −1 for any other name. */
-static long step_of(const char *name)
-{
-    char *end;
-    if (strncmp(name, "ckpt-", 5) != 0) return -1;
-    long step = strtol(name + 5, &end, 10);
-    return end != name + 5 && strcmp(end, ".safetensors") == 0 && step >= 0 ? step : -1;
-}
-
 /* The steps of DIR's checkpoints, newest first; *n of them. NULL with *n = 0 when none. */
 static long *list_steps(const char *dir, int *n, int *err)
 {
@@ -56,7 +47,7 @@ static long *list_steps(const char *dir, int *n, int *err)
     int cap = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        long s = step_of(e->d_name);
+        long s = ckpt_dir_name_step(e->d_name);
         if (s < 0) continue;
         if (*n == cap) {
             cap = cap ? 2 * cap : 16;
@@ -164,4 +155,14 @@ int ckpt_find_latest(const char *path, ckpt_check_fn check, void *arg, char *out
     free(steps);
     return pt_error_set("--resume %s: none of its %d checkpoints can be used (reasons above)",
                         path, n);
+}
+
+long ckpt_dir_name_step(const char *name)
+{
+    if (strncmp(name, "ckpt-", 5) != 0) return -1;
+    const char *p = name + 5;
+    long step = 0;
+    int digits = 0;
+    for (; *p >= '0' && *p <= '9' && digits < 18; p++, digits++) step = 10 * step + (*p - '0');
+    return digits > 0 && strcmp(p, ".safetensors") == 0 ? step : -1;
 }

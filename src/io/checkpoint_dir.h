@@ -33,4 +33,9 @@ typedef int (*ckpt_check_fn)(const st_file *f, const char *path, void *arg);
  * is usable (an empty directory says so). */
 int ckpt_find_latest(const char *path, ckpt_check_fn check, void *arg, char *out, size_t size);
 
+/* The step of a checkpoint's file name (ckpt-DIGITS.safetensors, as ckpt_dir_file writes
+ * it), else −1: temporaries, ckpt-best.safetensors and other names are not checkpoints.
+ * Train and `pipetrain launch` both use it, so that they agree on what a checkpoint is. */
+long ckpt_dir_name_step(const char *name);
+
 #endif

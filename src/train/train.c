@@ -16,6 +16,7 @@
 #include "src/base/error.h"
 #include "src/base/mpi_wait.h"
 #include "src/base/options.h"
+#include "src/base/output.h"
 #include "src/io/checkpoint.h"
 #include "src/runtime/exec.h"
 #include "src/train/metrics.h"
@@ -398,6 +399,19 @@ static int finish_run(train_run *run, train_results *res)
     return failed ? 1 : 0;
 }
 
+/* For `pipetrain launch`: rank 0 records how the run ended in the file PT_LAUNCH_STATUS
+ * names ("completed|failed|input STEP TOTAL"); launch decides restarts from it. */
+static void write_status(const train_run *run, int rc, long step)
+{
+    const char *path = getenv("PT_LAUNCH_STATUS");
+    if (run->rank != 0 || !path || !*path) return;
+    const char *state = rc == PT_EXIT_OK ? "completed" : rc == PT_EXIT_USAGE ? "input" : "failed";
+    pt_output out;
+    if (pt_output_begin(&out, path)) return; /* launch then judges by the exit status */
+    if (dprintf(out.fd, "%s %ld %ld\n", state, step, run->total_steps) < 0) pt_output_abort(&out);
+    else pt_output_commit(&out);
+}
+
 int train_main(int argc, char **argv)
 {
     train_run run;
@@ -405,10 +419,14 @@ int train_main(int argc, char **argv)
      * checkpoints, output paths, the device) is the input's fault: PT_EXIT_USAGE, which
      * `pipetrain launch` never restarts; a failure while training is PT_EXIT_FAIL. */
     int prc = train_setup_start(&run, argc, argv);
-    if (prc) return prc == 1 ? PT_EXIT_OK : PT_EXIT_USAGE;
+    if (prc == 1) return PT_EXIT_OK;
+    if (prc) {
+        write_status(&run, PT_EXIT_USAGE, 0);
+        return PT_EXIT_USAGE;
+    }
 
     int rc = PT_EXIT_USAGE;
-    train_results res;
+    train_results res = {.steps = 0};
     run.last_checkpoint_step = -1;
     run.ckpt_req = MPI_REQUEST_NULL;
     run.ckpt_t_last = pt_now();
@@ -418,6 +436,7 @@ int train_main(int argc, char **argv)
         if (!train_loop(&run, &res)) rc = finish_run(&run, &res);
         else train_checkpoint_finish(&run); /* a write in progress lands before the exit */
     }
+    write_status(&run, rc, rc == PT_EXIT_USAGE ? 0 : res.steps);
     train_run_free(&run);
     return rc;
 }
