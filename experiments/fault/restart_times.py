@@ -22,7 +22,9 @@ def rank_pid(ckdir):
 def one(args, tmp, kind, i):
     ck = os.path.join(tmp, f'{kind}{i}')
     log = os.path.join(tmp, f'{kind}{i}.jsonl')
-    cmd = [args.pipetrain, 'launch', '--log', log, '--', 'mpiexec', '-n', '2', args.pipetrain,
+    # --backoff 0: the figures are of noticing and restarting, not of launch's chosen wait
+    cmd = [args.pipetrain, 'launch', '--backoff', '0', '--log', log, '--', 'mpiexec', '-n', '2',
+           args.pipetrain,
            'train', '--model', args.model, '--batch', '64', '--stages', '2',
            '--microbatches', '4', '--steps', str(args.steps), '--test-samples', '0',
            '--threads', '1', '--timeout', str(args.timeout), '--checkpoint-dir', ck,
