@@ -98,8 +98,9 @@ int schedule_init_1f1b(schedule *s, int stages, int microbatches);
  * chunks in groups of K, with a warm-up of 2(K−1−s) + (V−1)·K forwards on rank s, then one
  * forward and one backward in turn, then the cool-down. V > 1 needs K >= 2 (a rank does not
  * send to itself) and M a multiple of K (as Megatron-LM: a smaller last group deadlocks
- * that warm-up); with unit costs (1/V per chunk op) the bubble is then (K−1)/(V·M) of the
- * ideal time. V = 1 gives 1F1B's lists, for any M. Named "interleaved". */
+ * that warm-up); with unit costs (1/V per chunk op) the idle time is then (K−1)/(V·M) of the
+ * ideal time, (K−1)/(V·M+K−1) of the step. V = 1 gives 1F1B's lists, for any M. Named
+ * "interleaved". */
 int schedule_init_interleaved(schedule *s, int stages, int virtual_stages, int microbatches);
 /* Zero Bubble H1 (Qi et al. 2023): backward split into BACKWARD_INPUT (b) and
  * BACKWARD_WEIGHT (w). Each stage runs 1F1B's order of F and b, and stage s delays each w
@@ -107,14 +108,14 @@ int schedule_init_interleaved(schedule *s, int stages, int virtual_stages, int m
  * most min(K, M) micro-batches (FORWARD to w): 1F1B's peak (its stage 0), but more than
  * 1F1B holds on its later stages, which no schedule with this bubble can avoid (the last
  * stage must run ~K forwards and b's ahead of its w's). Unit costs F = b = w = 1: makespan
- * 3M + K − 1 for M >= K, a bubble of (K−1)/(3M) of the ideal 3M; for M < K the makespan
- * is 2M + 2K − 1 (the least possible: the last micro-batch's F and b cross every stage),
- * a bubble of (2K − M − 1)/(3M). Any M >= 1. Named "zb-h1". */
+ * 3M + K − 1 for M >= K, idle (K−1)/(3M) of the ideal 3M, (K−1)/(3M+K−1) of the step; for
+ * M < K the makespan is 2M + 2K − 1 (the least possible: the last micro-batch's F and b
+ * cross every stage), idle (2K − M − 1)/(2M + 2K − 1) of the step. Any M >= 1. Named "zb-h1". */
 int schedule_init_zb_h1(schedule *s, int stages, int microbatches);
 /* The same with any per-stage memory cap max_inflight[s] >= min(K−s, M) (1F1B's own):
  * stage s delays its w's by max_inflight[s] − min(K−s, M) micro-batches. zb-h1 is cap
- * min(K, M) everywhere; 1F1B's caps keep every stage's memory at 1F1B's, and the bubble is
- * then 2(K−1)/(3M) for M >= K (only the b on the critical path is shorter than 1F1B's
+ * min(K, M) everywhere; 1F1B's caps keep every stage's memory at 1F1B's, and the idle time
+ * is then 2(K−1)/(3M) of the ideal, 2(K−1)/(3M+2K−2) of the step, for M >= K (only the b on the critical path is shorter than 1F1B's
  * backward). Named "zb". */
 int schedule_init_zb(schedule *s, int stages, int microbatches, const int *max_inflight);
 /* name: "gpipe" or "1f1b"; an unknown name is an error listing the known ones. V = 1. */
@@ -264,10 +265,9 @@ typedef struct {
 typedef struct {
     double makespan;
     double *busy;         /* per stage: compute time (waits excluded), owned */
-    double bubble;        /* mean over stages of idle / makespan */
-    double bubble_ideal;  /* mean over stages of (makespan − busy) / busy: the idle time
-                           * relative to the ideal (busy) time, as published bubbles of
-                           * interleaved and zero-bubble schedules are stated */
+    double bubble;        /* mean over stages of idle / makespan: the share of the step
+                           * that is idle, what a trace shows; the one unit of every
+                           * bubble pipetrain prints */
     double *start, *end;  /* per stage × op, index lists[s] offset; owned */
     int *offset;          /* offset[s]: index of stage s's first op in start/end */
     double *reduce;       /* per stage: time its reductions occupy its network, owned */
@@ -288,17 +288,23 @@ double schedule_allreduce_time(double bytes, int replicas, double alpha, double 
 /* Bubble fraction of the unit-cost simulation (F = B = 1, messages free) and the GPipe
  * formula (K−1)/(M+K−1). */
 double schedule_bubble_theory(int stages, int microbatches);
-/* The published unit-cost bubble of a generated schedule, relative to the ideal time
- * (schedule_sim.bubble_ideal): (K−1)/M for gpipe and 1f1b, (K−1)/(V·M) for interleaved
- * (K dividing M), (K−1)/(3M) for zb-h1 (M >= K, F = B = W = 1); *formula (may be NULL) gets
- * the text. −1 for a schedule without one (hand-built). */
+/* The unit-cost bubble of a generated schedule for balanced stages, as a share of the step
+ * (what schedule_sim.bubble gives): (K−1)/(M+K−1) for gpipe and 1f1b, (K−1)/(V·M+K−1) for
+ * interleaved (K dividing M), (K−1)/(3M+K−1) for zb-h1 (F = B = W = 1; M >= K, else
+ * (2K−M−1)/(2M+2K−1)). The published figures (K−1)/M, (K−1)/(V·M), (K−1)/(3M) are the
+ * same idle time relative to the ideal (busy) time instead. *formula (may be NULL) gets the
+ * text. −1 for a schedule without one (hand-built). */
 double schedule_bubble_formula(const schedule *s, const char **formula);
+/* The same from the schedule's name ("gpipe", "1f1b", "interleaved", "zb-h1"), K, V, M. */
+double schedule_bubble_share(const char *name, int stages, int virtual_stages,
+                             int microbatches, const char **formula);
 
 /* Prints each stage's instruction list, then a text timeline (one row per stage, one
  * column per unit slot: "F3" forward of micro-batch 3, "B3" backward, "b3"/"w3" zero
  * bubble's input/weight gradient backward, "R3" recompute, "W" waiting for a reduction,
  * "." idle; ops of chunk v > 0 carry ".v": "F3.1"; below a stage with buckets, a row of
- * its network: "A0" or "A0-2", the buckets being reduced) and the bubble fraction. Unit
+ * its network: "A0" or "A0-2", the buckets being reduced) and the bubble as the idle share
+ * of the step, simulated and by the schedule's formula. Unit
  * costs: every F, B, b, w, R of any chunk = 1 slot, a stage's whole reduction 1 slot (1/B
  * per bucket), messages and the step free. */
 void schedule_print(const schedule *s, FILE *out);

@@ -358,15 +358,11 @@ static size_t sim_run(sim_state *w)
 
 static void sim_bubbles(schedule_sim *out, int K)
 {
-    double idle = 0.0, rel = 0.0;
+    double idle = 0.0;
     if (out->makespan > 0) {
-        for (int st = 0; st < K; st++) {
+        for (int st = 0; st < K; st++)
             idle += (out->makespan - out->busy[st]) / out->makespan;
-            if (out->busy[st] > 0)
-                rel += (out->makespan - out->busy[st]) / out->busy[st];
-        }
         out->bubble = idle / K;
-        out->bubble_ideal = rel / K;
     }
 }
 
@@ -435,24 +431,43 @@ double schedule_bubble_theory(int stages, int microbatches)
     return (double)(stages - 1) / (double)(microbatches + stages - 1);
 }
 
-double schedule_bubble_formula(const schedule *s, const char **formula)
+/* The published bubbles are stated relative to the ideal (busy) time: idle / busy = r.
+ * As a share of the step, the unit of every figure printed, that is r / (1 + r), so
+ * (K−1)/M becomes (K−1)/(M+K−1) and so on. */
+double schedule_bubble_share(const char *name, int stages, int virtual_stages,
+                             int microbatches, const char **formula)
 {
     const char *text = NULL;
     double v = -1;
-    if (s && s->stages >= 1 && s->microbatches >= 1) {
-        double K = s->stages, M = s->microbatches, V = s->virtual_stages;
-        if (!strcmp(s->name, "gpipe") || !strcmp(s->name, "1f1b")) {
-            text = "(K-1)/M";
-            v = (K - 1) / M;
-        } else if (!strcmp(s->name, "interleaved")) {
-            text = "(K-1)/(V*M)";
-            v = (K - 1) / (V * M);
-        } else if (!strcmp(s->name, "zb-h1")) {
-            text = "(K-1)/(3M)";
-            v = (K - 1) / (3 * M);
+    if (name && stages >= 1 && microbatches >= 1 && virtual_stages >= 1) {
+        double K = stages, M = microbatches, V = virtual_stages;
+        if (!strcmp(name, "gpipe") || !strcmp(name, "1f1b")) {
+            text = "(K-1)/(M+K-1)";
+            v = (K - 1) / (M + K - 1);
+        } else if (!strcmp(name, "interleaved")) {
+            text = "(K-1)/(V*M+K-1)";
+            v = (K - 1) / (V * M + K - 1);
+        } else if (!strcmp(name, "zb-h1") && M >= K) {
+            text = "(K-1)/(3M+K-1)";
+            v = (K - 1) / (3 * M + K - 1);
+        } else if (!strcmp(name, "zb-h1")) {
+            /* fewer micro-batches than stages: a makespan of 2M + 2K − 1 for 3M of work */
+            text = "(2K-M-1)/(2M+2K-1)";
+            v = (2 * K - M - 1) / (2 * M + 2 * K - 1);
         }
     }
     if (formula)
         *formula = text;
     return v;
+}
+
+double schedule_bubble_formula(const schedule *s, const char **formula)
+{
+    if (!s) {
+        if (formula)
+            *formula = NULL;
+        return -1;
+    }
+    return schedule_bubble_share(s->name, s->stages, s->virtual_stages, s->microbatches,
+                                 formula);
 }

@@ -224,6 +224,34 @@ a, z = [list(map(float, open(f).read().split())) for f in sys.argv[1:]]
 assert abs(z[1] - a[1]) <= 0.5 * a[1], ('compute', a[1], z[1])
 assert z[2] > a[2], ('memory', a[2], z[2])
 PYEOF
+# bubbles in one unit (issue 23 item 14): the predicted bubble and the balanced-stage
+# figure are both the idle share of the step, named in the text
+while read -r want formula sched; do
+    # shellcheck disable=SC2086 # $sched: the schedule and its --virtual
+    "$PIPETRAIN" plan "${P[@]}" --stages 4 --microbatches 8 --partition uniform --schedule $sched \
+        --json </dev/null >"$WORK/bubble.json"
+    WANT=$want python3 - "$WORK/bubble.json" <<'PYEOF' && pass "--json, $sched at K=4 M=8: bubble_theory $want" || failed "--json bubble_theory, $sched"
+import json, os, sys
+p = json.load(open(sys.argv[1]))['predicted']
+assert abs(p['bubble_theory'] - float(os.environ['WANT'])) < 5e-4, p['bubble_theory']
+assert 0 <= p['bubble'] < 1, p['bubble']
+PYEOF
+    # shellcheck disable=SC2086
+    "$PIPETRAIN" plan "${P[@]}" --stages 4 --microbatches 8 --partition uniform --schedule $sched \
+        </dev/null >"$WORK/bubble.txt"
+    grep -q "^Predicted step (.*, bubble (idle share of the step) [0-9.]*, $want for balanced stages ($formula)\$" \
+        "$WORK/bubble.txt" && pass "text, $sched: the unit and the formula named" \
+        || { failed "text, $sched: bubble"; grep Predicted "$WORK/bubble.txt"; }
+done <<'EOF2'
+0.273 (K-1)/(M+K-1) gpipe
+0.273 (K-1)/(M+K-1) 1f1b
+0.273 (K-1)/(V\*M+K-1) interleaved --virtual 1
+0.158 (K-1)/(V\*M+K-1) interleaved --virtual 2
+0.111 (K-1)/(3M+K-1) zb-h1
+EOF2
+"$PIPETRAIN" plan "${P[@]}" --stages 1 --json </dev/null >"$WORK/one.json"
+python3 -c "import json, sys; p = json.load(open(sys.argv[1]))['predicted']; assert p['bubble_theory'] is None, p" \
+    "$WORK/one.json" && pass "--json, one stage: bubble_theory null" || failed "one stage: bubble_theory"
 "$PIPETRAIN" plan "${P[@]}" --stages 2 --microbatches 4 --schedule interleaved --virtual 2 >"$WORK/il.txt"
 grep -q "^Predicted step (simulator, schedule interleaved --virtual 2, recompute none" "$WORK/il.txt" \
     && grep -q 'into 4 model chunks, 2 per rank' "$WORK/il.txt" \

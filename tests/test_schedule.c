@@ -338,7 +338,8 @@ Test(schedule, print_gpipe)
         "\n t |  0  1  2  3  4  5\n",
         "\ns0 | F0 F1  .  . B0 B1\n",
         "\ns1 |  . F0 F1 B0 B1  .\n",
-        "bubble: 0.3333 simulated (unit costs), 0.3333 GPipe formula",
+        "bubble (idle share of the step): 0.3333 simulated (unit costs), 0.3333 formula "
+        "(K-1)/(M+K-1) with K=2 V=1 M=2;",
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         cr_assert(strstr(text, want[i]), "output lacks '%s':\n%s", want[i], text);
@@ -354,7 +355,7 @@ Test(schedule, print_1f1b_wide_and_invalid)
     /* Labels up to "F10" make every cell three wide; stage 2 starts after two idle slots. */
     cr_assert(strstr(text, "\ns2 |   .   .  F0  B0  F1  B1"), "%s", text);
     cr_assert(strstr(text, "\ns0 |  F0  F1  F2   .   .  B0  F3"), "%s", text);
-    cr_assert(strstr(text, "bubble: 0.1538 simulated"), "%s", text);
+    cr_assert(strstr(text, "bubble (idle share of the step): 0.1538 simulated"), "%s", text);
     free(text);
     schedule_free(&s);
 
@@ -364,4 +365,53 @@ Test(schedule, print_1f1b_wide_and_invalid)
     cr_assert(strstr(text, "timeline: not available") && strstr(text, "deadlock"), "%s", text);
     free(text);
     schedule_free(&s);
+}
+
+/* Issue 23 item 14: one unit, the idle share of the step (what a trace shows), for every
+ * schedule, named where printed; the formula agrees with the simulator for balanced stages.
+ * K = 4, M = 8: gpipe and 1f1b 3/11, interleaved V = 1 the same as 1f1b, V = 2 3/19, zb-h1
+ * 3/27 (the published 3/8, 3/16 and 3/24 are of the ideal time, not of the step). */
+Test(schedule, bubbles_in_one_unit_at_k4_m8)
+{
+    static const struct {
+        const char *name;
+        int V;
+        const char *line;
+    } cases[] = {
+        {"gpipe", 1, "bubble (idle share of the step): 0.2727 simulated (unit costs), 0.2727 "
+                     "formula (K-1)/(M+K-1) with K=4 V=1 M=8;"},
+        {"1f1b", 1, "bubble (idle share of the step): 0.2727 simulated (unit costs), 0.2727 "
+                    "formula (K-1)/(M+K-1) with K=4 V=1 M=8;"},
+        {"interleaved", 1, "bubble (idle share of the step): 0.2727 simulated (unit costs), "
+                           "0.2727 formula (K-1)/(V*M+K-1) with K=4 V=1 M=8;"},
+        {"interleaved", 2, "bubble (idle share of the step): 0.1579 simulated (unit costs), "
+                           "0.1579 formula (K-1)/(V*M+K-1) with K=4 V=2 M=8;"},
+        {"zb-h1", 1, "bubble (idle share of the step): 0.1111 simulated (unit costs), 0.1111 "
+                     "formula (K-1)/(3M+K-1) with K=4 V=1 M=8;"},
+    };
+    const double want[] = {3.0 / 11, 3.0 / 11, 3.0 / 11, 3.0 / 19, 3.0 / 27};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        schedule s;
+        schedule_sim sim;
+        cr_assert_eq(schedule_init_named(&s, cases[i].name, 4, cases[i].V, 8), 0, "%s",
+                     pt_error_get());
+        /* unit costs as the printer's: F = B = 1, and F = b = w = 1 for zero bubble */
+        double ones[4] = {1, 1, 1, 1};
+        schedule_costs unit = {.fwd = ones, .bwd_input = ones, .bwd_weight = ones};
+        int zb = !strcmp(cases[i].name, "zb-h1");
+        cr_assert_eq(zb ? schedule_simulate_costs(&s, &unit, &sim)
+                        : schedule_simulate(&s, NULL, NULL, 0, 0, &sim), 0, "%s",
+                     pt_error_get());
+        double formula = schedule_bubble_formula(&s, NULL);
+        double named = schedule_bubble_share(cases[i].name, 4, cases[i].V, 8, NULL);
+        CHECK_CLOSE("simulated", &sim.bubble, &want[i], 1, 1e-12, 0);
+        CHECK_CLOSE("formula", &formula, &want[i], 1, 1e-15, 0);
+        CHECK_CLOSE("by name", &named, &want[i], 1, 1e-15, 0);
+        char *text = print_to_string(&s);
+        cr_assert(strstr(text, cases[i].line), "%s V=%d: output lacks '%s':\n%s",
+                  cases[i].name, cases[i].V, cases[i].line, text);
+        free(text);
+        schedule_sim_free(&sim);
+        schedule_free(&s);
+    }
 }

@@ -324,7 +324,8 @@ Test(schedule, interleaved_messages_are_v_times_1f1b)
 Test(schedule, interleaved_unit_bubble_matches_formula)
 {
     /* Unit costs (NULL arrays): 1/V per chunk op, so each rank's work is 2M, as with V = 1;
-     * bubble of the ideal time = (makespan − busy) / busy, published (K−1)/(V·M). */
+     * idle share of the step = (makespan − busy) / makespan = (K−1)/(V·M+K−1), the published
+     * (K−1)/(V·M) of the ideal time. */
     for (int V = 1; V <= 4; V++)
         for (int K = 1; K <= 8; K++)
             for (int M = 1; M <= 32; M++) {
@@ -336,15 +337,15 @@ Test(schedule, interleaved_unit_bubble_matches_formula)
                 cr_assert_eq(schedule_simulate(&s, NULL, NULL, 0, 0, &sim), 0, "%s",
                              pt_error_get());
                 const char *formula;
-                double want = (double)(K - 1) / (V * M);
+                double want = (double)(K - 1) / (V * M + K - 1);
                 double got = schedule_bubble_formula(&s, &formula);
-                cr_assert_str_eq(formula, "(K-1)/(V*M)");
+                cr_assert_str_eq(formula, "(K-1)/(V*M+K-1)");
                 CHECK_CLOSE("formula", &got, &want, 1, 1e-15, 0);
-                CHECK_CLOSE("interleaved unit bubble", &sim.bubble_ideal, &want, 1, 1e-12, 0);
+                CHECK_CLOSE("interleaved unit bubble", &sim.bubble, &want, 1, 1e-12, 0);
                 double span = 2.0 * M + 2.0 * (K - 1) / V;
                 CHECK_CLOSE("interleaved makespan", &sim.makespan, &span, 1, 1e-12, 0);
                 for (int st = 0; st < K; st++) {
-                    double busy = 2.0 * M, rel = (sim.makespan - busy) / busy;
+                    double busy = 2.0 * M, rel = (sim.makespan - busy) / sim.makespan;
                     CHECK_CLOSE("busy", &sim.busy[st], &busy, 1, 1e-12, 0);
                     CHECK_CLOSE("per stage", &rel, &want, 1, 1e-12, 0);
                 }
@@ -385,15 +386,15 @@ Test(schedule, zb_h1_unit_bubble_and_memory)
             cr_assert_eq(schedule_simulate_costs(&zb, &unit, &sz), 0, "%s", pt_error_get());
             cr_assert_eq(schedule_simulate_costs(&strict, &unit, &ss), 0, "%s", pt_error_get());
             double span = M >= K ? 3.0 * M + K - 1 : 2.0 * M + 2.0 * K - 1;
-            double want = M >= K ? (double)(K - 1) / (3 * M) : (2.0 * K - M - 1) / (3 * M);
+            double want = (span - 3.0 * M) / span; /* idle share of the step */
             CHECK_CLOSE("zb-h1 makespan", &sz.makespan, &span, 1, 0, 0);
-            CHECK_CLOSE("zb-h1 bubble of the ideal time", &sz.bubble_ideal, &want, 1, 1e-12, 0);
+            CHECK_CLOSE("zb-h1 bubble, share of the step", &sz.bubble, &want, 1, 1e-12, 0);
+            double formula = schedule_bubble_formula(&zb, NULL);
+            CHECK_CLOSE("formula", &formula, &want, 1, 1e-15, 0);
             if (M >= K) {
-                double formula = schedule_bubble_formula(&zb, NULL);
-                CHECK_CLOSE("formula", &formula, &want, 1, 1e-15, 0);
                 /* 1F1B's memory on every stage: only the b on the critical path is shorter */
-                double strict_want = 2.0 * (K - 1) / (3 * M);
-                CHECK_CLOSE("zb with 1F1B's caps", &ss.bubble_ideal, &strict_want, 1, 1e-12, 0);
+                double strict_want = 2.0 * (K - 1) / (3 * M + 2 * (K - 1));
+                CHECK_CLOSE("zb with 1F1B's caps", &ss.bubble, &strict_want, 1, 1e-12, 0);
             }
             for (int st = 0; st < K; st++) {
                 double busy = 3.0 * M;
@@ -694,8 +695,8 @@ Test(schedule, print_zb_h1_and_interleaved)
         "unit costs: F = b = w = R = 1 slot",
         "\ns0 | F0 F1  . b0 w0 b1 w1\n",
         "\ns1 |  . F0 b0 F1 b1 w0 w1\n",
-        "bubble: 0.1667 of the ideal time simulated (unit costs), 0.1667 formula (K-1)/(3M) "
-        "with K=2 V=1 M=2; makespan 7 slots\n",
+        "bubble (idle share of the step): 0.1429 simulated (unit costs), 0.1429 formula "
+        "(K-1)/(3M+K-1) with K=2 V=1 M=2; makespan 7 slots\n",
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         cr_assert(strstr(text, want[i]), "output lacks '%s':\n%s", want[i], text);
@@ -710,8 +711,8 @@ Test(schedule, print_zb_h1_and_interleaved)
         "\ns0: F0 >a0 F1 >a1 <a0.1 F0.1 >a0.1 <a1.1 F1.1 >a1.1 <g0.1 B0.1 >g0.1",
         "\ns0 |   F0   F1 F0.1 F1.1    . B0.1    . B1.1   B0   B1\n",
         "\ns1 |    .   F0   F1 F0.1 B0.1 F1.1 B1.1   B0   B1    .\n",
-        "bubble: 0.2500 of the ideal time simulated (unit costs), 0.2500 formula (K-1)/(V*M) "
-        "with K=2 V=2 M=2; makespan 10 slots\n",
+        "bubble (idle share of the step): 0.2000 simulated (unit costs), 0.2000 formula "
+        "(K-1)/(V*M+K-1) with K=2 V=2 M=2; makespan 10 slots\n",
     };
     for (size_t i = 0; i < sizeof want_il / sizeof *want_il; i++)
         cr_assert(strstr(text, want_il[i]), "output lacks '%s':\n%s", want_il[i], text);

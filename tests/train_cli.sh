@@ -82,6 +82,36 @@ for k in ("bubble", "bubble_theory", "bubble_simulated"):
     assert isinstance(r[k], float), (k, r[k])
 assert len(r["stage_compute_s"]) == 2 and len(r["stage_peak_act_bytes"]) == 2, r'
 
+# --- bubbles in one unit (issue 23 item 14): the idle share of the step, named in the text;
+# the balanced-stage figure is the simulator's for unit costs at K=4 M=8 ---
+CNN=(--model "$MODELS/seed-cnn.cfg" --train-samples 64 --batch 32 --threads 1 --steps 1
+     --test-samples 0 --stages 4 --partition uniform)
+while read -r want formula m sched; do
+    # shellcheck disable=SC2086 # $sched: the schedule and its --virtual
+    ok_run "$MPIEXEC" -n 4 "$PIPETRAIN" train "${CNN[@]}" --microbatches "$m" --schedule $sched \
+        >"$WORK/bubble.txt" </dev/null # mpiexec would read the cases
+    line=$(grep '^done:' "$WORK/bubble.txt")
+    case "$line" in
+        *"; bubble (idle share of the step) "*" measured, "*" simulated from the measured stage"*", $want for balanced stages ($formula)")
+            pass "train text, $sched M=$m: $want for balanced stages ($formula), unit named" ;;
+        *) failed "train text, $sched M=$m: '$line'" ;;
+    esac
+    # shellcheck disable=SC2086
+    ok_run "$MPIEXEC" -n 4 "$PIPETRAIN" train "${CNN[@]}" --microbatches "$m" --schedule $sched \
+        --json >"$WORK/bubble.json" </dev/null
+    WANT=$want check "train --json, $sched M=$m: bubble_theory $want" "$WORK/bubble.json" '
+import os
+assert abs(r["bubble_theory"] - float(os.environ["WANT"])) < 5e-4, r["bubble_theory"]
+assert 0 <= r["bubble"] < 1 and 0 <= r["bubble_simulated"] < 1, r'
+done <<'EOF2'
+0.273 (K-1)/(M+K-1) 8 gpipe
+0.273 (K-1)/(M+K-1) 8 1f1b
+0.273 (K-1)/(V*M+K-1) 8 interleaved --virtual 1
+0.158 (K-1)/(V*M+K-1) 8 interleaved --virtual 2
+0.111 (K-1)/(3M+K-1) 8 zb-h1
+0.455 (2K-M-1)/(2M+2K-1) 2 zb-h1
+EOF2
+
 # --- --steps crosses epochs; with --epochs, the first limit wins ---
 steps_of() {
     "$PIPETRAIN" train --model "$MLP" "${T[@]}" --test-samples 0 --json "$@" \

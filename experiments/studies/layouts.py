@@ -65,8 +65,8 @@ def run(ctx):
                          act, params_mb, 'yes' if ranks * r['threads'] > ctx.cores else ''])
             bars[mname].append((label, step, compute, exposed, ranks * r['threads'] > ctx.cores))
     md = common.table(['model', 'layout', 'ranks×threads', 'samples/s', 'step ms',
-                       'compute ms (slowest stage)', 'bubble', 'exposed reduction ms',
-                       'peak activations MB', 'params+grads+state MB per rank',
+                       'compute ms (slowest stage)', 'bubble (share of the step)',
+                       'exposed reduction ms', 'peak activations MB', 'params+grads+state MB per rank',
                        'oversubscribed'], rows)
     if skipped:
         md += '\nNot run (more model chunks than layers): %s.\n' % '; '.join(skipped)

@@ -45,7 +45,7 @@ def run(ctx):
                                             r.get('bubble_theory'), max(act)))
     skipped = [s for s in CANDIDATES if s not in scheds]
     md = common.table(['schedule', 'M', 'bubble measured', 'bubble simulated',
-                       'formula (share of the step)',
+                       'formula for balanced stages (share of the step)',
                        'step ms', 'step ms simulated', 'peak activations MB per stage'], rows)
     if skipped:
         md += '\nNot measured (train does not run them in this build): %s.\n' % ', '.join(skipped)

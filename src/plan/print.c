@@ -2,6 +2,7 @@
 #include "src/plan/print.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <string.h>
 
 #include "src/model/shard.h"
@@ -263,6 +264,18 @@ static void print_tensor(const plan_result *r, FILE *out)
                 "perfectly)\n", T);
 }
 
+/* The schedule's unit-cost bubble for balanced stages, in the simulator's unit (the idle
+ * share of the step); NAN with one stage, where there is no pipeline to idle in. */
+static double plan_bubble_theory(const plan_args *a, const char **formula)
+{
+    *formula = NULL;
+    if (a->stages < 2)
+        return NAN;
+    double f = schedule_bubble_share(a->schedule, a->stages, a->virtual_stages,
+                                     a->microbatches, formula);
+    return f >= 0 ? f : NAN;
+}
+
 /* The simulator's step and, per stage, its compute, reductions and memory per rank. */
 static void print_prediction(const plan_result *r, FILE *out)
 {
@@ -275,10 +288,15 @@ static void print_prediction(const plan_result *r, FILE *out)
         snprintf(sched, sizeof sched, "%s --virtual %d", a->schedule, a->virtual_stages);
     else
         snprintf(sched, sizeof sched, "%s", a->schedule);
+    const char *formula = NULL;
+    double theory = plan_bubble_theory(a, &formula);
     fprintf(out, "\nPredicted step (simulator, schedule %s, recompute %s, reduce %s): %s, "
-            "bubble %.3f\n  (layer times profiled on this machine's CPU; the optimizer's "
-            "update left out%s)\n", sched, a->recompute,
-            a->replicas > 1 ? reduce_method_name(a->reduce) : "-", st, pr->bubble,
+            "bubble (idle share of the step) %.3f", sched, a->recompute,
+            a->replicas > 1 ? reduce_method_name(a->reduce) : "-", st, pr->bubble);
+    if (formula)
+        fprintf(out, ", %.3f for balanced stages (%s)", theory, formula);
+    fprintf(out, "\n  (layer times profiled on this machine's CPU; the optimizer's update left "
+            "out%s)\n",
             a->wgrad_batched ? "; weight gradients priced per micro-batch, memory batched" : "");
     fprintf(out, "%7s %11s %11s %11s %14s", "stage", "compute", "reductions", "exposed",
             "memory/rank");
@@ -494,6 +512,8 @@ static json_t *json_prediction(const plan_result *r, int *ok)
     put(pj, "overlap", json_boolean(a->overlap), ok);
     put(pj, "step_s", topo_json_number(r->pred->step_s), ok);
     put(pj, "bubble", topo_json_number(r->pred->bubble), ok);
+    const char *formula;
+    put(pj, "bubble_theory", topo_json_number(plan_bubble_theory(a, &formula)), ok);
     put_stage_figures(pj, r, ok);
     put_stage_tensor(pj, r, ok);
     return pj;

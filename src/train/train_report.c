@@ -217,13 +217,12 @@ static bubble_figures bubbles(const train_run *run, const stage_figures *fig)
 {
     if (run->o.stages < 2)
         return (bubble_figures){.measured = NAN, .simulated = NAN, .theory = NAN};
-    /* the schedule's published bubble is relative to the ideal time; measured and simulated
-     * ones are the idle fraction of the step: f / (1 + f) */
+    /* all three are the idle share of the step, as a trace shows it */
     double f = schedule_bubble_formula(&run->sched, NULL);
     return (bubble_figures){
         .measured = fig->bubble,
         .simulated = simulated_bubble(&run->sched, fig, run->o.microbatches),
-        .theory = f >= 0 ? f / (1 + f) : NAN,
+        .theory = f >= 0 ? f : NAN,
     };
 }
 
@@ -356,9 +355,9 @@ static void report_text(const train_run *run, const train_results *res,
         bubble_figures b = bubbles(run, fig);
         const char *formula = NULL;
         schedule_bubble_formula(&run->sched, &formula);
-        printf("; bubble %.3f measured, %.3f simulated from the measured stage times, "
-               "%.3f for balanced stages (%s of the ideal time)\n", b.measured, b.simulated,
-               b.theory, formula ? formula : "no formula");
+        printf("; bubble (idle share of the step) %.3f measured, %.3f simulated from the "
+               "measured stage times, %.3f for balanced stages (%s)\n", b.measured,
+               b.simulated, b.theory, formula ? formula : "no formula");
     } else {
         printf("\n");
     }
