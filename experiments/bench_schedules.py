@@ -3,8 +3,8 @@
 
 1. schedules: seed-cnn, batch 128, K = 2, M = 4, 8, 16, for gpipe, 1f1b, interleaved
    (V = 2) and zb-h1: measured bubble (mean idle fraction of the step), the simulator's
-   from the measured per-chunk F, B, W times, and the schedule's published formula
-   (balanced stages, converted to a fraction of the step); step time measured against the
+   from the measured per-chunk F, B, W times, and the schedule's formula for balanced
+   stages (train's bubble_theory), all as the idle share of the step; step time measured against the
    simulator's prediction; peak activation memory per stage against the verifier's bound.
 2. wgrad: models/wide-mlp.cfg (784-2048x4-10, batch 128) cut in two, M = 8, 2 ranks x 1
    thread, per-micro-batch and batched weight gradients (1f1b and zb-h1), against one
