@@ -150,10 +150,21 @@ Test(trace, failure_names_path_and_reason_and_leaves_nothing)
     char cmd[200];
     snprintf(cmd, sizeof cmd, "test \"$(ls -A '%s')\" = t.json", tmpdir);
     cr_assert_eq(system(cmd), 0, "only t.json remains");
-    /* a device is written in place, not replaced */
-    cr_assert_eq(trace_write_json("/dev/null", &ev, 1, &r, 1), 0, "%s", pt_error_get());
+    /* a device is refused, neither written in place nor replaced (issue 23 item 4) */
+    cr_assert_eq(trace_write_json("/dev/null", &ev, 1, &r, 1), -1);
+    cr_assert(strstr(pt_error_get(), "/dev/null") && strstr(pt_error_get(), "device"), "%s",
+              pt_error_get());
     struct stat st;
     cr_assert(stat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode));
-    cr_assert_eq(trace_write_json("/dev/full", &ev, 1, &r, 1), -1);
-    cr_assert(strstr(pt_error_get(), "/dev/full: No space left"), "%s", pt_error_get());
+    /* a link planted at the path is replaced by the trace, its target left alone */
+    char victim[200];
+    snprintf(victim, sizeof victim, "%s/victim", tmpdir);
+    FILE *v = fopen(victim, "w");
+    fputs("precious", v);
+    fclose(v);
+    cr_assert_eq(unlink(path), 0);
+    cr_assert_eq(symlink(victim, path), 0);
+    cr_assert_eq(trace_write_json(path, &ev, 1, &r, 1), 0, "%s", pt_error_get());
+    cr_assert(lstat(path, &st) == 0 && S_ISREG(st.st_mode), "the link is replaced");
+    cr_assert(stat(victim, &st) == 0 && st.st_size == 8, "the link's target is untouched");
 }

@@ -212,7 +212,7 @@ bad_trace "trace in a missing directory" \
 bad_trace "trace under /proc" "cannot write trace /proc/pipetrain-trace.json: " \
     /proc/pipetrain-trace.json
 mkdir "$WORK/adir"
-bad_trace "trace onto a directory" "cannot write trace $WORK/adir: it is a directory" "$WORK/adir"
+bad_trace "trace onto a directory" "--trace $WORK/adir: is a directory" "$WORK/adir"
 # A full disk (a 4 KiB tmpfs in a private mount namespace, where one can be made): the
 # trace fails halfway, and neither it nor its temporary file may remain.
 mkdir "$WORK/full"

@@ -155,9 +155,8 @@ ok_run "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 20 --test-samples 0 -
     || { failed "--json printed more than its line"; cat "$WORK/j.txt"; }
 
 # --- a failed output costs no other output ---
-# (the outputs are existing directories: their parents are writable, so the check before
-# training passes, and writing them fails at the end)
-mkdir -p "$WORK/DIR_T" "$WORK/DIR_S"
+# outputs that fail only when written, after training (/proc takes no new files; a directory
+# is refused at start: tests/output_start_checks.sh)
 # run_outputs NAME STAGES ARGS...: must exit non-zero (no hang) and write what it can.
 run_outputs() {
     local name=$1 k=$2 rc=0
@@ -172,8 +171,8 @@ run_outputs() {
     fi
     pass "$name: exit $rc"
 }
-if run_outputs "unwritable --trace" 1 --trace "$WORK/DIR_T" --save "$WORK/keep.st"; then
-    grep -q "trace.*DIR_T" "$WORK/err" && pass "the trace failure is reported" \
+if run_outputs "unwritable --trace" 1 --trace /proc/pipetrain-trace.json --save "$WORK/keep.st"; then
+    grep -q "trace.*/proc/pipetrain-trace" "$WORK/err" && pass "the trace failure is reported" \
         || { failed "the trace failure is not reported"; cat "$WORK/err"; }
     [ -s "$WORK/keep.st" ] && "$PIPETRAIN" diff "$WORK/keep.st" "$WORK/keep.st" >/dev/null \
         && pass "the checkpoint is still written" || failed "no checkpoint after a failed trace"
@@ -181,20 +180,20 @@ if run_outputs "unwritable --trace" 1 --trace "$WORK/DIR_T" --save "$WORK/keep.s
         && pass "the report names the checkpoint, not the trace" \
         || { failed "the report claims the wrong outputs"; cat "$WORK/out"; }
 fi
-if run_outputs "unwritable --trace and --save" 1 --trace "$WORK/DIR_T" \
-        --save "$WORK/DIR_S" --json; then
-    [ "$(grep -c "DIR_" "$WORK/err")" -ge 2 ] && pass "both failures are reported" \
+if run_outputs "unwritable --trace and --save" 1 --trace /proc/pipetrain-trace.json \
+        --save /proc/pipetrain-save.st --json; then
+    [ "$(grep -c "/proc/pipetrain-" "$WORK/err")" -ge 2 ] && pass "both failures are reported" \
         || { failed "not every failure is reported"; cat "$WORK/err"; }
     check "the results are still printed, with no outputs" "$WORK/out" '
 assert r["steps"] == 20 and r["checkpoint"] is None and r["trace"] is None, r'
 fi
-if run_outputs "unwritable --save, writable --trace" 1 --save "$WORK/DIR_S" \
+if run_outputs "unwritable --save, writable --trace" 1 --save /proc/pipetrain-save.st \
         --trace "$WORK/t.json"; then
     python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$WORK/t.json" \
         && pass "the trace is still written" || failed "no trace after a failed checkpoint"
 fi
 if run_outputs "two stages, unwritable --trace" 2 --microbatches 2 \
-        --trace "$WORK/DIR_T" --save "$WORK/keep2.st"; then
+        --trace /proc/pipetrain-trace.json --save "$WORK/keep2.st"; then
     [ -s "$WORK/keep2.st" ] && pass "two stages: the checkpoint is still written" \
         || failed "two stages: no checkpoint after a failed trace"
 fi

@@ -3,9 +3,12 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -67,11 +70,58 @@ static long *list_steps(const char *dir, int *n, int *err)
     return steps;
 }
 
+/* The lock held for the life of the process (flock goes with the descriptor, so a job that
+ * dies, however it dies, frees the directory), and the directory it is on. */
+static int lock_fd = -1;
+static char lock_dir_path[4096];
+
+/* flock on DIR/.pipetrain-lock, created without following a link; it holds "PID HOST" of
+ * its holder, which a refused job names. Taking the lock again in the same process is a
+ * no-op. */
+static int lock_dir(const char *dir)
+{
+    if (lock_fd >= 0 && !strcmp(lock_dir_path, dir)) return 0;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/" CKPT_DIR_LOCK, dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        int err = fd < 0 ? errno : EINVAL;
+        if (fd >= 0) close(fd);
+        return pt_error_set("--checkpoint-dir %s: cannot open its lock file %s: %s", dir,
+                            CKPT_DIR_LOCK, strerror(err));
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        char holder[256] = "";
+        ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
+        holder[n > 0 ? n : 0] = '\0';
+        holder[strcspn(holder, "\n")] = '\0';
+        close(fd);
+        if (err != EWOULDBLOCK)
+            return pt_error_set("--checkpoint-dir %s: cannot lock it: %s", dir, strerror(err));
+        char pid[32] = "?", host[200] = "?";
+        sscanf(holder, "%31s %199s", pid, host);
+        return pt_error_set("--checkpoint-dir %s: in use by another job (pid %s on %s holds "
+                            "%s/%s); one job per checkpoint directory", dir, pid, host, dir,
+                            CKPT_DIR_LOCK);
+    }
+    char me[300], host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    int len = snprintf(me, sizeof me, "%ld %s\n", (long)getpid(), host);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, me, (size_t)len, 0) != len) { /* only a label */ }
+    if (lock_fd >= 0) close(lock_fd);
+    lock_fd = fd;
+    snprintf(lock_dir_path, sizeof lock_dir_path, "%s", dir);
+    return 0;
+}
+
 int ckpt_dir_prepare(const char *dir)
 {
     if (mkdir_parents(dir)) return -1;
     /* an exclusive file under a name nobody can plant a link at (src/base/output.h) */
     if (pt_output_probe_dir("--checkpoint-dir", dir)) return -1;
+    if (lock_dir(dir)) return -1;
     /* temporaries of a writer that was killed: never a checkpoint, only litter */
     DIR *d = opendir(dir);
     struct dirent *e;
@@ -90,23 +140,63 @@ void ckpt_dir_file(const char *dir, long step, char *buf, size_t size)
     snprintf(buf, size, "%s/ckpt-%010ld.safetensors", dir, step);
 }
 
-int ckpt_dir_prune(const char *dir, int keep)
+/* The "run_id" in a checkpoint's metadata, read from its header alone (the tensors are not
+ * needed to prune): 0, or −1 when the file has none or cannot be read. */
+static int run_id_of(const char *path, char *out, size_t size)
+{
+    FILE *f = fopen(path, "rb");
+    unsigned char len[8];
+    if (!f) return -1;
+    uint64_t n = 0;
+    if (fread(len, 1, 8, f) == 8)
+        for (int i = 7; i >= 0; i--) n = n << 8 | len[i];
+    char *text = n > 0 && n < (64u << 20) ? malloc(n + 1) : NULL;
+    int rc = -1;
+    if (text && fread(text, 1, n, f) == n) {
+        json_t *h = json_loadb(text, n, 0, NULL);
+        const char *id = json_string_value(json_object_get(json_object_get(h, "__metadata__"),
+                                                           "run_id"));
+        if (id && strlen(id) < size) {
+            snprintf(out, size, "%s", id);
+            rc = 0;
+        }
+        json_decref(h);
+    }
+    free(text);
+    fclose(f);
+    return rc;
+}
+
+int ckpt_dir_prune(const char *dir, int keep, const char *run_id)
 {
     int n, err;
     long *steps = list_steps(dir, &n, &err);
     if (err) return pt_error_set("%s: %s", dir, strerror(err));
-    for (int i = keep; i < n; i++) {
-        char path[4200];
+    /* newest first: the run's first `keep` stay, its older ones go, other runs' stay */
+    int mine = 0;
+    for (int i = 0; i < n; i++) {
+        char path[4200], id[64];
         ckpt_dir_file(dir, steps[i], path, sizeof path);
-        unlink(path);
+        if (run_id_of(path, id, sizeof id) != 0 || strcmp(id, run_id) != 0) continue;
+        if (++mine > keep) unlink(path);
     }
     free(steps);
     return 0;
 }
 
-/* A file that reads completely, is a pipetrain checkpoint marked complete, and passes the
- * caller's check. */
-static int usable(const char *path, ckpt_check_fn check, void *arg)
+/* The metadata's step is the one the file's name gives (an edited step would skip steps). */
+static int step_matches(const st_file *f, long step)
+{
+    char want[32];
+    snprintf(want, sizeof want, "%ld", step);
+    const char *have = st_meta(f, "step");
+    return have && !strcmp(have, want);
+}
+
+/* A file that reads completely, is a pipetrain checkpoint marked complete, whose step is
+ * the one its name gives (name_step ≥ 0: found in a directory), and passes the caller's
+ * check. */
+static int usable(const char *path, long name_step, ckpt_check_fn check, void *arg)
 {
     st_file f;
     if (st_read(&f, path)) return -1;
@@ -117,6 +207,9 @@ static int usable(const char *path, ckpt_check_fn check, void *arg)
                           "pipetrain_checkpoint in its metadata: a --save file?)", path);
     else if (!complete || strcmp(complete, "1") != 0)
         rc = pt_error_set("%s: not marked complete", path);
+    else if (name_step >= 0 && !step_matches(&f, name_step))
+        rc = pt_error_set("%s: bad step '%s' in its metadata (its name says %ld)", path,
+                          st_meta(&f, "step") ? st_meta(&f, "step") : "(none)", name_step);
     else if (check)
         rc = check(&f, path, arg);
     st_free(&f);
@@ -129,7 +222,7 @@ int ckpt_find_latest(const char *path, ckpt_check_fn check, void *arg, char *out
     if (stat(path, &st) != 0)
         return pt_error_set("--resume %s: %s", path, strerror(errno));
     if (S_ISREG(st.st_mode)) {
-        if (usable(path, check, arg)) return -1;
+        if (usable(path, -1, check, arg)) return -1;
         snprintf(out, size, "%s", path);
         return 0;
     }
@@ -144,7 +237,7 @@ int ckpt_find_latest(const char *path, ckpt_check_fn check, void *arg, char *out
     for (int i = 0; i < n; i++) {
         char file[4200];
         ckpt_dir_file(path, steps[i], file, sizeof file);
-        if (usable(file, check, arg) == 0) {
+        if (usable(file, steps[i], check, arg) == 0) {
             snprintf(out, size, "%s", file);
             free(steps);
             return 0;

@@ -7,6 +7,8 @@
  *   seed, shuffle, batch, optimizer, lr, momentum, beta1, beta2, eps, weight_decay
  *   stages, replicas, microbatches, schedule, reduce   the layout that wrote it
  *   version, commit       the pipetrain that wrote it
+ *   run_id                the run that wrote it: 16 random hex digits drawn at a fresh
+ *                         start, kept by a run that resumes from it (--keep prunes by it)
  * The tensors: the parameters and the optimizer's moments (src/io/checkpoint.h). */
 #ifndef PT_CHECKPOINT_DIR_H
 #define PT_CHECKPOINT_DIR_H
@@ -16,13 +18,17 @@
 #include "src/io/safetensors.h"
 
 /* Creates DIR (and its parents) when missing, checks that a file can be written there,
- * and removes temporaries a killed writer left behind (ckpt-*.safetensors.tmp-*).
+ * locks it for the life of the process (flock on DIR/.pipetrain-lock, which names its
+ * holder's pid and host: a second job on the directory is refused, naming them), and
+ * removes temporaries a killed writer left behind (ckpt-*.safetensors.tmp-*).
  * −1 with a message naming the directory and the reason. */
+#define CKPT_DIR_LOCK ".pipetrain-lock"
 int ckpt_dir_prepare(const char *dir);
 /* DIR/ckpt-STEP.safetensors into buf. */
 void ckpt_dir_file(const char *dir, long step, char *buf, size_t size);
-/* Removes all but the `keep` newest checkpoints (keep ≥ 1). */
-int ckpt_dir_prune(const char *dir, int keep);
+/* Removes all but the `keep` newest checkpoints of the run `run_id` (keep ≥ 1): those whose
+ * metadata "run_id" is that; other runs' checkpoints, and files without a run_id, stay. */
+int ckpt_dir_prune(const char *dir, int keep, const char *run_id);
 
 /* Checks an open checkpoint against what the run needs; 0, or −1 with the reason. */
 typedef int (*ckpt_check_fn)(const st_file *f, const char *path, void *arg);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "src/base/error.h"
+#include "src/base/output.h"
 
 static const char *const names[TRACE_KIND_COUNT] = {
     "forward", "backward", "send_act", "send_grad", "wait_act",
@@ -250,67 +251,34 @@ static void write_all(writer *w, const trace_event *events, int n, const trace_r
     if (!w->err && !w->oom && fputs("\n]}\n", w->f) == EOF) w->err = errno ? errno : EIO;
 }
 
-/* Opens where the trace goes: a new file beside the target (*tmp, to be renamed), or the
- * target itself when it is a device or FIFO (*tmp empty). */
-static FILE *open_output(const char *path, char *target, size_t target_size, char *tmp,
-                         size_t tmp_size)
-{
-    struct stat st;
-    tmp[0] = '\0';
-    snprintf(target, target_size, "%s", path);
-    if (stat(path, &st) == 0) {
-        if (S_ISDIR(st.st_mode)) {
-            pt_error_set("cannot write trace %s: it is a directory", path);
-            return NULL;
-        }
-        if (!S_ISREG(st.st_mode)) {
-            FILE *f = fopen(path, "w");
-            if (!f) pt_error_set("cannot write trace %s: %s", path, strerror(errno));
-            return f;
-        }
-        /* a symbolic link keeps naming the file: replace the file it points at */
-        char *real = realpath(path, NULL);
-        if (real && strlen(real) < target_size) snprintf(target, target_size, "%s", real);
-        free(real);
-    }
-    for (int i = 0;; i++) {
-        if (snprintf(tmp, tmp_size, "%s.tmp%ld-%d", target, (long)getpid(), i) >= (int)tmp_size) {
-            pt_error_set("cannot write trace %s: the path is too long", path);
-            return NULL;
-        }
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd >= 0) {
-            FILE *f = fdopen(fd, "w");
-            if (!f) {
-                pt_error_set("cannot write trace %s: %s", path, strerror(errno));
-                close(fd);
-                unlink(tmp);
-            }
-            return f;
-        }
-        if (errno != EEXIST || i >= 100) {
-            pt_error_set("cannot write trace %s: %s", path, strerror(errno));
-            return NULL;
-        }
-    }
-}
-
+/* The trace goes through src/base/output.h: an exclusive temporary under an unguessable name
+ * beside FILE, never through a link, renamed over FILE when whole. A FIFO or a device as
+ * FILE (even /dev/stdout) is refused: train refuses it at start. */
 int trace_write_json(const char *path, const trace_event *events, int n,
                      const trace_rank *ranks, int n_ranks)
 {
-    char target[PATH_MAX], tmp[PATH_MAX + 32];
-    FILE *f = open_output(path, target, sizeof target, tmp, sizeof tmp);
-    if (!f) return -1;
+    pt_output out;
+    if (pt_output_begin(&out, path)) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", pt_error_get());
+        return pt_error_set("cannot write trace %s: %s", path, why);
+    }
+    int fd = dup(out.fd);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        pt_output_abort(&out);
+        return pt_error_set("cannot write trace %s: %s", path, strerror(err));
+    }
     setvbuf(f, NULL, _IOFBF, 1 << 20);
     writer w = {.f = f};
     write_all(&w, events, n, ranks, n_ranks);
     errno = 0;
     if (!w.err && fflush(f) != 0) w.err = errno ? errno : EIO;
-    if (!w.err && !w.oom && tmp[0] && fsync(fileno(f)) != 0) w.err = errno;
     if (fclose(f) != 0 && !w.err) w.err = errno ? errno : EIO;
-    if (!w.err && !w.oom && tmp[0] && rename(tmp, target) != 0) w.err = errno;
-    if (!w.err && !w.oom) return 0;
-    if (tmp[0]) unlink(tmp);
+    if (!w.err && !w.oom) return pt_output_commit(&out);
+    pt_output_abort(&out);
     if (w.oom)
         return pt_error_set("cannot write trace %s: encoding failed (out of memory, or a host "
                             "name that is not UTF-8)", path);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "src/base/error.h"
+#include "src/base/output.h"
 
 struct metrics {
     int fd;
@@ -47,6 +48,28 @@ static json_t *with_type(json_t *obj, const char *type)
     return NULL;
 }
 
+/* The file through src/base/output.h, never through a link or a guessable name: an
+ * exclusive temporary, put in place at once (empty), and kept open to append to, so that
+ * a reader sees the lines as they come. The fd, or −1 with a message. */
+static int create_in_place(const char *path)
+{
+    pt_output o;
+    if (pt_output_begin(&o, path)) return -1;
+    int fd = dup(o.fd);
+    if (fd < 0 || fcntl(fd, F_SETFL, O_APPEND) != 0) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        pt_output_abort(&o);
+        return pt_error_set("--metrics %s: %s", path, strerror(err));
+    }
+    (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+    if (pt_output_commit(&o)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 int metrics_open(metrics_t **out, const char *path, json_t *run)
 {
     *out = NULL;
@@ -56,12 +79,11 @@ int metrics_open(metrics_t **out, const char *path, json_t *run)
         return pt_error_set("out of memory");
     }
     snprintf(m->path, sizeof m->path, "%s", path);
-    m->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    m->fd = create_in_place(path);
     if (m->fd < 0) {
-        int err = errno;
         free(m);
         json_decref(run);
-        return pt_error_set("--metrics %s: cannot create the file: %s", path, strerror(err));
+        return -1;
     }
     run = with_type(run, "run");
     int rc = run ? write_line(m, run) : pt_error_set("out of memory for the metrics header");
@@ -84,7 +106,9 @@ int metrics_write(metrics_t *m, const char *type, json_t *line)
 int metrics_close(metrics_t *m)
 {
     if (!m) return 0;
-    int rc = close(m->fd) ? pt_error_set("%s: %s", m->path, strerror(errno)) : 0;
+    /* flushed to disk: a line the disk did not take is an error, not a silent loss */
+    int rc = fsync(m->fd) ? pt_error_set("%s: %s", m->path, strerror(errno)) : 0;
+    if (close(m->fd) && !rc) rc = pt_error_set("%s: %s", m->path, strerror(errno));
     free(m);
     return rc;
 }

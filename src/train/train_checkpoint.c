@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "src/base/clock.h"
@@ -91,6 +93,42 @@ typedef struct {
     meta_field fixed[N_FIXED];
 } resume_check;
 
+/* A count in the metadata: decimal digits only, at most 18 of them. −1 when it is not. */
+static long meta_count(const st_file *f, const char *key)
+{
+    const char *v = st_meta(f, key);
+    size_t n = v ? strlen(v) : 0;
+    if (n == 0 || n > 18 || strspn(v, "0123456789") != n) return -1;
+    return strtol(v, NULL, 10);
+}
+
+/* step, epoch and updates: what the run continues from, so each is checked against the
+ * others and the run (an edited step would skip steps, an edited update count would reset
+ * or break Adam's bias correction). */
+static int check_counts(const st_file *f, const char *path, const train_run *run)
+{
+    const char *raw[3] = {st_meta(f, "step"), st_meta(f, "epoch"), st_meta(f, "updates")};
+    for (int i = 0; i < 3; i++)
+        if (!raw[i]) raw[i] = "(none)";
+    long s = meta_count(f, "step"), e = meta_count(f, "epoch"), u = meta_count(f, "updates");
+    if (s < 1)
+        return pt_error_set("%s: bad step '%s' in its metadata (a whole number of steps, at "
+                            "least 1)", path, raw[0]);
+    long per = run->steps_per_epoch;
+    if (e < 0 || (per > 0 && e != s / per))
+        return pt_error_set("%s: bad epoch '%s' in its metadata (step %ld is in epoch %ld)",
+                            path, raw[1], s, per > 0 ? s / per : 0);
+    /* one optimizer update per step; plain SGD keeps no count (0) */
+    int counted = run->o.opt.kind == OPTIM_ADAM;
+    if (u < 0 || (counted && u != s) || (!counted && u != 0 && u != s))
+        return pt_error_set("%s: bad updates '%s' in its metadata (after step %ld: %ld)", path,
+                            raw[2], s, s);
+    if (s > run->total_steps)
+        return pt_error_set("%s is at step %ld, past this run's last step %ld: give more "
+                            "--steps or --epochs", path, s, run->total_steps);
+    return 0;
+}
+
 static int check_compatible(const st_file *f, const char *path, void *arg)
 {
     const resume_check *rc = arg;
@@ -108,15 +146,20 @@ static int check_compatible(const st_file *f, const char *path, void *arg)
                                 rc->fixed[i].key);
         }
     }
-    const char *step = st_meta(f, "step");
-    char *end = NULL;
-    long s = step ? strtol(step, &end, 10) : -1;
-    if (!step || *end || s < 0)
-        return pt_error_set("%s: bad step '%s' in its metadata", path, step ? step : "(none)");
-    if (s > rc->run->total_steps)
-        return pt_error_set("%s is at step %ld, past this run's last step %ld: give more "
-                            "--steps or --epochs", path, s, rc->run->total_steps);
-    return 0;
+    return check_counts(f, path, rc->run);
+}
+
+/* This run's id (rank 0's; only rank 0 writes checkpoints): drawn at a fresh start, taken
+ * from the checkpoint a run resumes from, so that --keep prunes the run's own checkpoints
+ * across restarts and never another run's. */
+static char run_id[17];
+
+static void new_run_id(void)
+{
+    unsigned long long r = 0;
+    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) /* no entropy yet: still distinct */
+        r = (unsigned long long)getpid() << 32 ^ (unsigned long long)time(NULL);
+    snprintf(run_id, sizeof run_id, "%016llx", r);
 }
 
 /* Which moment buffers the optimizer keeps. */
@@ -131,8 +174,10 @@ int train_checkpoint_setup(train_run *run)
     const train_options *o = &run->o;
     run->resumed_from_step = -1;
     int rc = 0;
+    /* prepared and locked at start (train_setup.c's check_outputs): again is a no-op */
     if (o->ckpt_dir && run->rank == 0) rc = ckpt_dir_prepare(o->ckpt_dir);
     if (all_ok(run, rc)) return -1;
+    if (run->rank == 0) new_run_id();
     if (!o->resume) return 0;
 
     /* rank 0 chooses (and reports what it refuses); every rank reads the same file */
@@ -166,11 +211,13 @@ int train_checkpoint_setup(train_run *run)
     rc = buf ? st_read(&f, path) : pt_error_set("out of memory");
     if (!rc) rc = check_compatible(&f, path, &check);
     long step = 0, epoch = 0, updates = 0;
-    if (!rc) {
-        step = strtol(st_meta(&f, "step"), NULL, 10);
-        const char *e = st_meta(&f, "epoch"), *u = st_meta(&f, "updates");
-        epoch = e ? strtol(e, NULL, 10) : 0;
-        updates = u ? strtol(u, NULL, 10) : step;
+    if (!rc) { /* all three checked by check_compatible */
+        step = meta_count(&f, "step");
+        epoch = meta_count(&f, "epoch");
+        updates = meta_count(&f, "updates");
+        const char *id = st_meta(&f, "run_id"); /* a checkpoint from before run ids: a new one */
+        if (run->rank == 0 && id && strlen(id) == 16 && strspn(id, "0123456789abcdef") == 16)
+            snprintf(run_id, sizeof run_id, "%s", id);
     }
     st_free(&f);
     /* each model chunk this rank holds (one, unless the schedule is interleaved) */
@@ -231,7 +278,7 @@ static void *write_checkpoint(void *arg)
     double t0 = pt_now();
     w->rc = checkpoint_save_full(w->path, w->net, w->all, w->use_m ? w->all + w->P : NULL,
                                  w->use_v ? w->all + 2 * w->P : NULL, w->meta);
-    if (!w->rc) w->rc = ckpt_dir_prune(w->dir, w->keep);
+    if (!w->rc) w->rc = ckpt_dir_prune(w->dir, w->keep, run_id);
     if (w->rc) snprintf(w->err, sizeof w->err, "%s", pt_error_get());
     w->seconds = pt_now() - t0;
     return NULL;
@@ -285,6 +332,7 @@ static void fill_meta(struct ckpt_writer *w, const train_run *run, const char *h
     meta[k++] = "schedule", meta[k++] = run->sched.name;
     meta[k++] = "version", meta[k++] = PT_VERSION;
     meta[k++] = "commit", meta[k++] = PT_GIT_COMMIT;
+    meta[k++] = "run_id", meta[k++] = run_id;
     meta[k++] = "complete", meta[k++] = "1";
     meta[k] = NULL;
 }

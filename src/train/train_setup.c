@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -19,7 +20,9 @@
 #include "src/base/mpi_check.h"
 #include "src/base/mpi_wait.h"
 #include "src/base/options.h"
+#include "src/base/output.h"
 #include "src/io/checkpoint.h"
+#include "src/io/checkpoint_dir.h"
 #include "src/runtime/cuda_plugin.h"
 #include "src/runtime/exec.h"
 #include "src/runtime/profile.h"
@@ -458,8 +461,10 @@ int train_setup_start(train_run *run, int argc, char **argv)
     return 0;
 }
 
-/* Rank 0 writes --save, --trace and --metrics: their directories must exist and be
- * writable now, not after the whole run (and a restart would only fail the same way). */
+/* Rank 0 writes --save, --trace, --metrics and the checkpoints: each must be a file (or a
+ * directory) it can write now, not found wanting after the whole run (a restart would only
+ * fail the same way). A FIFO, a device, a directory, "" or a trailing '/' is refused; so is
+ * a link to anything but a regular file (/dev/stdout), which a write would replace. */
 static int check_outputs(const train_options *o, int rank)
 {
     const char *paths[] = {o->save, o->trace, o->metrics};
@@ -472,11 +477,24 @@ static int check_outputs(const train_options *o, int rank)
         if (!slash) snprintf(dir, sizeof dir, ".");
         else if (slash == dir) dir[1] = '\0';
         else *slash = '\0';
-        if (access(dir, W_OK | X_OK) != 0)
+        if (paths[i][0] && access(dir, W_OK | X_OK) != 0)
             return pt_error_set("%s %s: cannot write in %s: %s", names[i], paths[i], dir,
                                 strerror(errno));
+        if (pt_output_check(names[i], paths[i])) return -1;
+        /* /dev/stdout is a link in /dev: a rename would replace the link itself */
+        char *real = realpath(dir, NULL);
+        int in_dev = real && (!strcmp(real, "/dev") || !strncmp(real, "/dev/", 5));
+        free(real);
+        struct stat st;
+        if (in_dev || (stat(paths[i], &st) == 0 && !S_ISREG(st.st_mode)))
+            return pt_error_set("%s %s: is %s; pipetrain writes only regular files", names[i],
+                                paths[i], in_dev ? "under /dev" : "a link to something "
+                                "other than a regular file");
     }
-    return 0;
+    if (rank != 0 || !o->ckpt_dir) return 0;
+    if (!o->ckpt_dir[0]) return pt_error_set("--checkpoint-dir: an empty path names no directory");
+    /* created, probed and locked now, before any work (src/io/checkpoint_dir.h) */
+    return ckpt_dir_prepare(o->ckpt_dir);
 }
 
 /* What the executor is told: the options' and the layout's settings. */
