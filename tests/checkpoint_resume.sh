@@ -111,6 +111,9 @@ expect_fail "--resume an empty directory" "no checkpoint in this directory" \
     "$PIPETRAIN" train "${CNN[@]}" --steps 12 --resume "$WORK/empty"
 expect_fail "--resume with another optimizer" "written with --optimizer adam, this run has sgd" \
     "$PIPETRAIN" train "${CNN[@]}" --steps 12 --resume "$WORK/c1/ckpt-0000000005.safetensors" --optimizer sgd
+# the learning rates as written (they read 0.00100000005 and 0.00200000009)
+expect_fail "--resume with another --lr" "written with --lr 0.001, this run has 0.002:" \
+    "$PIPETRAIN" train "${CNN[@]}" --steps 12 --resume "$WORK/c1/ckpt-0000000005.safetensors" --lr 0.002
 expect_fail "--resume into another model" "written for another model" \
     "$PIPETRAIN" train "${MLP[@]}" --optimizer adam --lr 0.001 --steps 12 \
     --resume "$WORK/c1/ckpt-0000000005.safetensors"

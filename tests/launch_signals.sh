@@ -5,7 +5,10 @@
 # signals it when launch dies) and leaves no temporary file behind.
 source "$(dirname "$0")/lib/common.bash"
 export OPENBLAS_NUM_THREADS=1
-STEPS=400 # about 1.5 s on 2 ranks here: most signals come mid-run, some after the end
+# long enough that signals within 2.5 s come mid-run on a fast idle machine too (400 steps
+# ended before most of them there, and no try was interrupted); a try that completes first
+# is still checked
+STEPS=6000
 MLP=(--model "$MODELS/seed-mlp.cfg" --batch 32 --train-samples 2048 --test-samples 0
      --threads 1 --seed 5 --optimizer momentum --lr 0.01 --stages 2 --microbatches 2)
 job_left() { pgrep -f -- "--checkpoint-dir $1( |\$)" >/dev/null; }
@@ -24,7 +27,7 @@ signal_try() { # SIG N
     kill -"$1" $pid 2>/dev/null || true
     wait $pid && rc=0 || rc=$?
     if [ $rc = 0 ]; then
-        if [ -e "$d/ckpt-0000000$STEPS.safetensors" ] && [ -e "$d.st" ] \
+        if [ -e "$d/ckpt-$(printf %010d $STEPS).safetensors" ] && [ -e "$d.st" ] \
             && grep -q '"event":"done".*"record":"completed"' "$d.jsonl"; then
             COMPLETED=$((COMPLETED + 1))
         else

@@ -129,6 +129,17 @@ static int check_counts(const st_file *f, const char *path, const train_run *run
     return 0;
 }
 
+/* A metadata value as the user would write it: a number stored exactly ("%.9g" of a float,
+ * 0.00100000005) shown as the float it is (0.001); other text as it is. */
+static const char *as_written(const char *v, char *buf, size_t size)
+{
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || *end) return v;
+    snprintf(buf, size, "%g", (double)(float)x);
+    return buf;
+}
+
 static int check_compatible(const st_file *f, const char *path, void *arg)
 {
     const resume_check *rc = arg;
@@ -141,8 +152,11 @@ static int check_compatible(const st_file *f, const char *path, void *arg)
                 return pt_error_set("%s was written for another model (its model file's hash "
                                     "%s, %s's is %s)", path, have, rc->run->o.model,
                                     rc->fixed[i].value);
+            char was[64], now[64];
             return pt_error_set("%s was written with --%s %s, this run has %s: resume with the "
-                                "same --%s", path, rc->fixed[i].key, have, rc->fixed[i].value,
+                                "same --%s", path, rc->fixed[i].key,
+                                as_written(have, was, sizeof was),
+                                as_written(rc->fixed[i].value, now, sizeof now),
                                 rc->fixed[i].key);
         }
     }

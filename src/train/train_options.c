@@ -49,7 +49,9 @@ static const opt_spec train_opts[] = {
      .choices = "background|sync", .def = "background",
      .help = "write checkpoints from a snapshot while training goes on, or hold it"},
     {.id = O_KEEP, .name = "keep", .kind = OPT_INT, .arg = "K", .min = 1, .max = 1000000,
-     .def = "2", .help = "checkpoints kept in --checkpoint-dir (this run's newest K; other runs' are never deleted)"},
+     .def = "2",
+     .help = "checkpoints kept in --checkpoint-dir (this run's newest K; other runs' are never "
+             "deleted)"},
     {.id = O_RESUME, .name = "resume", .kind = OPT_TEXT, .arg = "DIR|FILE",
      .help = "continue from the newest complete checkpoint there, in any layout"},
     {.section = "training"},
