@@ -17,6 +17,7 @@ Configurations (batch 128, 4,096 training samples, no test pass):
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -32,11 +33,15 @@ args = p.parse_args()
 args.no_peer = True
 if args.quick:
     args.repeats, args.warmup, args.steps = 1, 1, 3
-binaries = {}
+binaries, untimed = {}, {}
 for side in ('a', 'b'):
     args.pipetrain = getattr(args, side)
     benchlib.check_setup(args)
     binaries[side] = args.pipetrain
+    # builds before --untimed-steps existed call it --warmup
+    helptext = subprocess.run([args.pipetrain, 'train', '--help'], capture_output=True,
+                              text=True).stdout
+    untimed[side] = '--untimed-steps' if '--untimed-steps' in helptext else '--warmup'
 
 SEED_CNN = ['--model', 'models/seed-cnn.cfg', '--optimizer', 'adam', '--lr', '0.001']
 WIDE_MLP = ['--model', 'models/wide-mlp.cfg', '--optimizer', 'sgd', '--lr', '0.01']
@@ -61,7 +66,7 @@ for name, ranks, threads, extra in CONFIGS:
         for side in (('a', 'b') if i % 2 == 0 else ('b', 'a')):
             args.pipetrain = binaries[side]
             j = benchlib.train(args, env, ranks, [*extra, *COMMON, '--steps',
-                                                  args.warmup + args.steps, '--untimed-steps',
+                                                  args.warmup + args.steps, untimed[side],
                                                   args.warmup], noise)
             runs[side].append(j['samples_per_s'])
     a, b = benchlib.summary(runs['a']), benchlib.summary(runs['b'])
