@@ -116,14 +116,19 @@ static const opt_spec train_opts[] = {
     {.id = O_HELP, .name = "help", .shared = 1},
     /* the old name of --untimed-steps (read as learning-rate warm-up): one more release */
     {.id = O_WARMUP, .name = "warmup", .kind = OPT_INT, .arg = "N", .min = 0, .max = BIG},
-    /* testing only, not in the help */
-    {.id = O_STALL, .name = "debug-stall", .kind = OPT_TEXT, .arg = "RANK:STEP"},
-    {.id = O_KILL, .name = "debug-kill", .kind = OPT_TEXT, .arg = "RANK:STEP"},
-    {.id = O_MPI_ERROR, .name = "debug-mpi-error", .kind = OPT_TEXT, .arg = "RANK:STEP"},
+    /* the faults the tests inject: in the help, so that nobody meets them unawares */
+    {.section = "testing only (faults the test suite injects; never for a real run)"},
+    {.id = O_STALL, .name = "debug-stall", .kind = OPT_TEXT, .arg = "RANK:STEP",
+     .help = "rank RANK stops responding at step STEP"},
+    {.id = O_KILL, .name = "debug-kill", .kind = OPT_TEXT, .arg = "RANK:STEP",
+     .help = "rank RANK kills itself (SIGKILL) at step STEP; PT_TEST_KILL_BEFORE_RENAME=FILE "
+             "kills the writer of a checkpoint once before its rename"},
+    {.id = O_MPI_ERROR, .name = "debug-mpi-error", .kind = OPT_TEXT, .arg = "RANK:STEP",
+     .help = "rank RANK makes an invalid MPI call at step STEP"},
     {.id = O_DELAY, .name = "debug-delay-sends", .kind = OPT_INT, .arg = "POLLS", .min = 0,
-     .max = 1000000},
+     .max = 1000000, .help = "outgoing messages become ready POLLS polls late"},
     {.id = O_SKIP_BUCKET, .name = "debug-skip-bucket", .kind = OPT_INT, .arg = "B", .min = 0,
-     .max = INT_MAX},
+     .max = INT_MAX, .help = "gradient bucket B is left out of the reductions"},
     {0},
 };
 
@@ -136,8 +141,9 @@ static const opt_command train_command = {
              "as R data-parallel replicas of that pipeline.",
     .notes = "With --json the last line of stdout is one JSON object of results. With --device "
              "cuda each rank takes a GPU by its local rank (several ranks may share one). "
-             "With replicas, stage s of replica r is MPI rank s*R + r (each stage's replicas "
-             "on consecutive ranks; --bind auto keeps this numbering); --batch is the whole "
+             "Tensor shard t of stage s in replica r is MPI rank t + T*(s*R + r) (a stage's "
+             "shards, then its replicas, on consecutive ranks; --bind auto keeps this "
+             "numbering); --batch is the whole "
              "job's batch, of which each replica takes batch/R samples in M micro-batches.",
     .opts = train_opts,
 };
