@@ -351,6 +351,17 @@ static int topo_xml_support(void)
     return 0;
 }
 
+/* hwloc refused the file at `path`: why, as far as pipetrain can tell. */
+static int xml_refused(const char *path)
+{
+    if (!topo_xml_support())
+        return pt_error_set("%s: hwloc cannot read XML topologies on this machine: its "
+                            "libxml2 reader (" PT_HWLOC_XML_PLUGIN ") is missing; install "
+                            "it with: apt-get install libhwloc-plugins", path);
+    return pt_error_set("%s: not a valid hwloc XML topology (HWLOC_XML_VERBOSE=1 "
+                        "lstopo-no-graphics -i FILE shows why)", path);
+}
+
 int topo_init(topo_t **out, const char *xml_path)
 {
     *out = NULL;
@@ -360,8 +371,9 @@ int topo_init(topo_t **out, const char *xml_path)
         if (fd < 0)
             return -1;
         close(fd);
-        if (topo_xml_check(xml_path) < 0)
-            return -1;
+        int checked = topo_xml_check(xml_path);
+        if (checked < 0) return -1;
+        if (checked > 0) return xml_refused(xml_path);
     }
     topo_t *t = calloc(1, sizeof *t);
     if (!t)
@@ -393,13 +405,7 @@ int topo_init(topo_t **out, const char *xml_path)
         int e = errno;
         hwloc_topology_destroy(t->hw);
         free(t);
-        if (xml_path && !topo_xml_support())
-            return pt_error_set("%s: hwloc cannot read XML topologies on this machine: its "
-                                "libxml2 reader (" PT_HWLOC_XML_PLUGIN ") is missing; install "
-                                "it with: apt-get install libhwloc-plugins", xml_path);
-        if (xml_path)
-            return pt_error_set("%s: not a valid hwloc XML topology (HWLOC_XML_VERBOSE=1 "
-                                "lstopo-no-graphics -i FILE shows why)", xml_path);
+        if (xml_path) return xml_refused(xml_path);
         return pt_error_set("hwloc cannot discover this machine's topology: %s", strerror(e));
     }
     /* hwloc's PCI plugin uses libpciaccess, whose state hangs off that library's globals;

@@ -132,9 +132,8 @@ int topo_xml_check(const char *path)
     while (waitpid(pid, &status, 0) < 0)
         if (errno != EINTR)
             return pt_error_set("%s: cannot check the topology: waitpid: %s", path, strerror(errno));
-    /* Refused cleanly: the caller's own load refuses it again, with its message. */
-    if (WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == HWLOC_REFUSED))
-        return 0;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == HWLOC_REFUSED) return 1;
     char how[64];
     if (WIFSIGNALED(status))
         snprintf(how, sizeof how, "%s", strsignal(WTERMSIG(status)));

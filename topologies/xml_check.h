@@ -10,9 +10,10 @@
 
 /* 0 when hwloc can be given the XML file at `path` safely: its PU and NUMA node numbers
  * are at most TOPO_MAX_OS_INDEX, and hwloc read it in a child process (fork) without
- * crashing; it may still have refused the file, which the caller's own load then reports.
- * −1 with a message naming the file and what is wrong (the object and its line, or how
- * hwloc ended). No MPI call is made in the child. */
+ * crashing or refusing it. 1 when hwloc refused it cleanly in the child: the caller says so
+ * without loading it again (hwloc 2.9 leaks objects on some refusal paths, which
+ * LeakSanitizer reports). −1 with a message naming the file and what is wrong (the object
+ * and its line, or how hwloc ended). No MPI call is made in the child. */
 int topo_xml_check(const char *path);
 
 #endif
