@@ -87,6 +87,10 @@ expect_fail "a missing value" "option --model needs a value" "$PIPETRAIN" summar
 if "$PIPETRAIN" partition -m "$MODELS/seed-mlp.cfg" -k 2 -p params >"$WORK/out" &&
    grep -q "into 2 stages by params" "$WORK/out"; then pass "short options"
 else failed "partition -m -k -p"; cat "$WORK/out"; fi
+# counts of one read as one ("1 stage", not "1 stages")
+if "$PIPETRAIN" partition -m "$MODELS/seed-mlp.cfg" -k 1 -p params >"$WORK/out" &&
+   grep -q "into 1 stage by params" "$WORK/out"; then pass "one stage, singular"
+else failed "partition -k 1"; cat "$WORK/out"; fi
 # partition cuts by measured time unless told otherwise, as train does
 if "$PIPETRAIN" partition --model "$MODELS/seed-mlp.cfg" --stages 2 >"$WORK/out" &&
    grep -q "by time (measured on this machine)" "$WORK/out"; then pass "partition: time"

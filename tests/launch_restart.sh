@@ -114,7 +114,9 @@ fi
     && rc=0 || rc=$?
 [ $rc = 2 ] && [ "$(events "$WORK/bad.jsonl")" = "start failed not_restarted" ] \
     && grep -q "missing.cfg" "$WORK/bad.err" \
-    && pass "a missing model file: exit 2, not restarted" \
+    && grep '"not_restarted"' "$WORK/bad.jsonl" | grep -q "missing.cfg" \
+    && grep -q "not restarted: the job's input is at fault: .*missing.cfg" "$WORK/bad.err" \
+    && pass "a missing model file: exit 2, not restarted, launch repeats the job's message" \
     || { failed "missing model under launch: exit $rc, $(events "$WORK/bad.jsonl")"; cat "$WORK/bad.err"; }
 
 # 7. bad launch commands

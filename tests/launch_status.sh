@@ -47,7 +47,8 @@ pid=$!
 wait_for_checkpoint "$WORK/int" && kill -INT "$(rank_pid "$WORK/int")"
 wait $pid && rc=0 || rc=$?
 [ $rc = 0 ] && [ "$(events "$WORK/int.jsonl")" = "start failed restart start done" ] \
-    && pass "a rank killed by SIGINT: restarted from the checkpoint, done" \
+    && grep -q "pipetrain: rank [01] (.*): stopped by signal 2 (Interrupt)" "$WORK/int.err" \
+    && pass "a rank killed by SIGINT: says so, restarted from the checkpoint, done" \
     || { failed "rank killed by SIGINT: exit $rc, events $(events "$WORK/int.jsonl")"; tail -5 "$WORK/int.err"; }
 
 # 4. a stray ckpt-best.safetensors is no checkpoint: a job killed before its first

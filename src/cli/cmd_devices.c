@@ -76,9 +76,10 @@ static void print_text(const topo_machine *m, const char *topo_err, const cuda_l
                        const char *mpi_lib, int aware)
 {
     if (m)
-        printf("CPU: %s (%d package%s, %d cores, %d hardware threads, %d NUMA node%s, "
+        printf("CPU: %s (%d package%s, %d core%s, %d hardware thread%s, %d NUMA node%s, "
                "%.1f GiB)\n", *m->cpu_model ? m->cpu_model : "model unknown", m->n_packages,
-               m->n_packages == 1 ? "" : "s", m->n_cores, m->n_pus, m->n_numa,
+               m->n_packages == 1 ? "" : "s", m->n_cores, m->n_cores == 1 ? "" : "s", m->n_pus,
+               m->n_pus == 1 ? "" : "s", m->n_numa,
                m->n_numa == 1 ? "" : "s", gib(m->memory));
     else
         printf("CPU: unknown: %s\n", topo_err);

@@ -91,9 +91,9 @@ static int diff_files(const st_file *a, const st_file *b, const char *const path
         }
     int bad = c.exceeds;
     if (c.only_a || c.only_b || c.reshaped) {
-        printf("A = %s (%d tensors), B = %s (%d tensors): %d only in A, %d only in B, "
-               "%d with different shapes\n", paths[0], a->count, paths[1], b->count, c.only_a,
-               c.only_b, c.reshaped);
+        printf("A = %s (%d tensor%s), B = %s (%d tensor%s): %d only in A, %d only in B, "
+               "%d with different shapes\n", paths[0], a->count, a->count == 1 ? "" : "s",
+               paths[1], b->count, b->count == 1 ? "" : "s", c.only_a, c.only_b, c.reshaped);
         bad = 1;
     }
     if (!c.compared && (a->count || b->count)) /* no figure to give: none was measured */

@@ -263,24 +263,29 @@ static double read_first_step(const char *path)
     return t;
 }
 
-/* The job's status record: how it ended, at which step, of how many. */
+/* The job's status record: how it ended, at which step, of how many, and rank 0's last
+ * message ("" when the fault was found on another rank). */
 typedef enum { REC_NONE, REC_COMPLETED, REC_FAILED, REC_INPUT } record_state;
 typedef struct {
     record_state state;
     long step, total;
+    char message[512];
 } job_record;
 
 static job_record read_record(const char *path)
 {
-    job_record r = {REC_NONE, 0, 0};
+    job_record r = {REC_NONE, 0, 0, ""};
     FILE *f = fopen(path, "r");
     char word[16];
     if (!f) return r;
-    if (fscanf(f, "%15s %ld %ld", word, &r.step, &r.total) == 3)
+    if (fscanf(f, "%15s %ld %ld", word, &r.step, &r.total) == 3) {
         r.state = !strcmp(word, "completed") ? REC_COMPLETED
                   : !strcmp(word, "failed")  ? REC_FAILED
                   : !strcmp(word, "input")   ? REC_INPUT
                                              : REC_NONE;
+        if (fgetc(f) == '\n' && fgets(r.message, sizeof r.message, f))
+            r.message[strcspn(r.message, "\n")] = '\0';
+    }
     fclose(f);
     return r;
 }
@@ -350,8 +355,9 @@ static int judge(launch_options *o, int n, int status, double t0, int *rc)
     if (rec.state == REC_COMPLETED || stop_signal) return 0;
     if (rec.state == REC_INPUT) {
         *rc = PT_EXIT_USAGE;
-        event(o, json_pack("{s:s}", "event", "not_restarted"),
-              "not restarted: the job's input is at fault (its message is above)");
+        event(o, json_pack("{s:s, s:s}", "event", "not_restarted", "message", rec.message),
+              "not restarted: the job's input is at fault%s%s", *rec.message ? ": " : "",
+              *rec.message ? rec.message : " (another rank than 0 found it and printed it)");
         return 0;
     }
     if (rec.state == REC_NONE && (code == 126 || code == 127)) {

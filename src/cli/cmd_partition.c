@@ -66,7 +66,7 @@ int cmd_partition(int argc, char **argv)
     if (!rc && partition_by_method(&part, method, &net, timed ? &prof : NULL, stages))
         rc = PT_EXIT_USAGE;
     if (!rc) {
-        printf("%s into %d stages by %s%s:\n", model, stages, method,
+        printf("%s into %d stage%s by %s%s:\n", model, stages, stages == 1 ? "" : "s", method,
                timed ? " (measured on this machine)" : "");
         partition_print(&part, &net, timed ? &prof : NULL, stdout);
     } else {

@@ -246,6 +246,8 @@ int ckpt_find_latest(const char *path, ckpt_check_fn check, void *arg, char *out
                 i + 1 < n ? "; trying the previous checkpoint" : "");
     }
     free(steps);
+    if (n == 1)
+        return pt_error_set("--resume %s: its one checkpoint cannot be used (reason above)", path);
     return pt_error_set("--resume %s: none of its %d checkpoints can be used (reasons above)",
                         path, n);
 }

@@ -304,8 +304,9 @@ static void print_text(const plan_args *base, const topo_machine *m, const candi
                        int fitting, int shown, const char *skipped)
 {
     int N = base->ranks;
-    printf("Plan for %d ranks: %s, batch %d, partition \"%s\", on %s; %d layouts simulated",
-           N, base->model, base->batch, base->method, m->source, n);
+    printf("Plan for %d rank%s: %s, batch %d, partition \"%s\", on %s; %d layout%s simulated",
+           N, N == 1 ? "" : "s", base->model, base->batch, base->method, m->source, n,
+           n == 1 ? "" : "s");
     if (base->memory_mb > 0)
         printf(", %d fit in %g MiB per rank", fitting, base->memory_mb);
     printf("\n(step: the schedule's simulator on layer times profiled on this machine's CPU, "

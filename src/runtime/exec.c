@@ -82,8 +82,9 @@ static int check_layout(int size, int V, const net_desc *net, const partition *p
 {
     int R = cfg->rep.replicas > 1 ? cfg->rep.replicas : 1;
     if (sched->stages != size || part->stages != size * V)
-        return pt_error_set("the pipeline has %d ranks but the layout has %d stages: run with "
-                            "mpiexec -n %d", size, sched->stages, sched->stages * R);
+        return pt_error_set("the pipeline has %d rank%s but the layout has %d stage%s: run "
+                            "with mpiexec -n %d", size, size == 1 ? "" : "s", sched->stages,
+                            sched->stages == 1 ? "" : "s", sched->stages * R);
     if (V > 1 && size < 2)
         return pt_error_set("interleaved schedules (--virtual %d) need at least 2 stages", V);
     if (sched->microbatches != cfg->microbatches || part->n_layers != net->n_layers)

@@ -400,7 +400,8 @@ static int finish_run(train_run *run, train_results *res)
 }
 
 /* For `pipetrain launch`: rank 0 records how the run ended in the file PT_LAUNCH_STATUS
- * names ("completed|failed|input STEP TOTAL"); launch decides restarts from it. */
+ * names ("completed|failed|input STEP TOTAL", then its last
+ * message); launch decides restarts from it. */
 static void write_status(const train_run *run, int rc, long step)
 {
     const char *path = getenv("PT_LAUNCH_STATUS");
@@ -408,7 +409,11 @@ static void write_status(const train_run *run, int rc, long step)
     const char *state = rc == PT_EXIT_OK ? "completed" : rc == PT_EXIT_USAGE ? "input" : "failed";
     pt_output out;
     if (pt_output_begin(&out, path)) return; /* launch then judges by the exit status */
-    if (dprintf(out.fd, "%s %ld %ld\n", state, step, run->total_steps) < 0) pt_output_abort(&out);
+    /* the second line: this rank's last message, which launch repeats ("" when the fault
+     * was found on another rank, which printed it) */
+    if (dprintf(out.fd, "%s %ld %ld\n%s\n", state, step, run->total_steps,
+                rc == PT_EXIT_OK ? "" : pt_error_get()) < 0)
+        pt_output_abort(&out);
     else pt_output_commit(&out);
 }
 

@@ -21,6 +21,7 @@
 #include "src/base/mpi_wait.h"
 #include "src/base/options.h"
 #include "src/base/output.h"
+#include "src/base/stop_signal.h"
 #include "src/io/checkpoint.h"
 #include "src/io/checkpoint_dir.h"
 #include "src/runtime/cuda_plugin.h"
@@ -448,6 +449,7 @@ int train_setup_start(train_run *run, int argc, char **argv)
         PT_MPI_CALL(MPI_Comm_size(run->comm, &run->size)))
         train_abort_job(run->comm);
     stamp_start(run);
+    pt_stop_signal_note(run->size > 1 ? run->rank : -1, run->host);
     int prc = agree_options(run, train_options_parse(&run->o, argc, argv), argc, argv);
     if (prc == 1) {
         if (run->rank == 0) train_options_usage(stdout);
