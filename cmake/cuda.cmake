@@ -110,7 +110,8 @@ if(PT_HAVE_CUDA)
     target_include_directories(test_engine_cuda_mock PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
     target_link_libraries(test_engine_cuda_mock PRIVATE ptcore)
     add_test(NAME test_engine_cuda_mock COMMAND test_engine_cuda_mock)
-    set_tests_properties(test_engine_cuda_mock PROPERTIES LABELS "unit;cuda" TIMEOUT 300)
+    set_tests_properties(test_engine_cuda_mock PROPERTIES LABELS "unit;cuda;slow" TIMEOUT 300
+      COST 100) # slow and quick: tests/CMakeLists.txt
 
     # The whole plugin over the mock runtime, for tests/cuda_mock_e2e.sh: pipetrain's real
     # --device cuda path (loading, GPU choice, executor, CUDA engine) on any machine.
@@ -129,7 +130,7 @@ if(PT_HAVE_CUDA)
     target_link_libraries(test_cuda_kernels PRIVATE ptcuda)
     set_target_properties(test_cuda_kernels PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
     add_test(NAME test_cuda_kernels COMMAND test_cuda_kernels)
-    set_tests_properties(test_cuda_kernels PROPERTIES SKIP_RETURN_CODE 77 LABELS "unit;cuda"
+    set_tests_properties(test_cuda_kernels PROPERTIES SKIP_RETURN_CODE 77 LABELS "unit;cuda;quick"
       TIMEOUT 300)
     if(PT_SANITIZE)
       # On a GPU machine: ASan's protected shadow gap overlaps the address range the CUDA

@@ -53,7 +53,10 @@ def check(path, N, L, batch=128):
             assert x['step_s'] >= y['step_s'] * 0.999, (g, x['step_s'], y['step_s'])
     return c
 PYEOF
-"$PIPETRAIN" plan "${P[@]}" --ranks 8 --top 1000 --json >"$WORK/all.json"
+# the "params" cut, so that each layout's memory is the same in every run (the "time" cut
+# follows the profile): the memory limit below is drawn from this run
+PP=("${P[@]}" --partition params)
+"$PIPETRAIN" plan "${PP[@]}" --ranks 8 --top 1000 --json >"$WORK/all.json"
 python3 -c "
 import sys; sys.path.insert(0, sys.argv[1]); import space
 space.check(sys.argv[2], 8, int(sys.argv[3]))" "$WORK" "$WORK/all.json" "$LAYERS" \
@@ -68,10 +71,8 @@ assert {x['virtual'] for x in c} == {1, 2, 3, 4}, c
 assert {x['recompute'] for x in c} == {'none', 'all'}, c" "$WORK" "$WORK/two.json" "$LAYERS" \
     && pass "--ranks 2: gpipe, 1f1b, zb-h1, interleaved V = 2, 3, 4, with and without recomputation" \
     || failed "--ranks 2: the new schedules"
-# a limit between the smallest and the fastest layout's memory; the "params" cut, so that
-# each layout's memory is the same in every run (the "time" cut follows the profile)
-P=("${P[@]}" --partition params)
-"$PIPETRAIN" plan "${P[@]}" --ranks 8 --top 1000 --json >"$WORK/all.json"
+# a limit between the smallest and the fastest layout's memory
+P=("${PP[@]}")
 limit=$(python3 -c "
 import json, sys
 c = json.load(open(sys.argv[1]))['choices']
@@ -214,16 +215,22 @@ p = d['predicted']
 assert p['schedule'] == 'interleaved' and p['virtual'] == 2 and p['recompute'] == 'all'
 assert p['step_s'] > 0 and len(p['stage_memory_bytes']) == 2
 PYEOF
-for s in 1f1b zb-h1; do
-    "$PIPETRAIN" plan "${P[@]}" --stages 4 --microbatches 8 --partition uniform --schedule $s --json \
-        | python3 -c "import json, sys; p = json.load(sys.stdin)['predicted']; print(p['step_s'], sum(p['stage_compute_s']), max(p['stage_memory_bytes']))" >"$WORK/$s.txt"
-done
-python3 - "$WORK/1f1b.txt" "$WORK/zb-h1.txt" <<'PYEOF' && pass "--schedule zb-h1: the same work as 1f1b (B + W about B), more memory" || failed "--schedule zb-h1"
+# each plan profiles the layers anew: on a loaded machine (ctest -j) two profiles may differ
+# by more than the 50% allowed, so the pair is measured up to three times
+zb_same_work() {
+    for s in 1f1b zb-h1; do
+        "$PIPETRAIN" plan "${P[@]}" --stages 4 --microbatches 8 --partition uniform --schedule $s --json \
+            | python3 -c "import json, sys; p = json.load(sys.stdin)['predicted']; print(p['step_s'], sum(p['stage_compute_s']), max(p['stage_memory_bytes']))" >"$WORK/$s.txt"
+    done
+    python3 - "$WORK/1f1b.txt" "$WORK/zb-h1.txt" <<'PYEOF'
 import sys
 a, z = [list(map(float, open(f).read().split())) for f in sys.argv[1:]]
 assert abs(z[1] - a[1]) <= 0.5 * a[1], ('compute', a[1], z[1])
 assert z[2] > a[2], ('memory', a[2], z[2])
 PYEOF
+}
+zb_same_work || zb_same_work || zb_same_work \
+    && pass "--schedule zb-h1: the same work as 1f1b (B + W about B), more memory" || failed "--schedule zb-h1"
 # bubbles in one unit (issue 23 item 14): the predicted bubble and the balanced-stage
 # figure are both the idle share of the step, named in the text
 while read -r want formula sched; do
