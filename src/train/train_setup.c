@@ -90,10 +90,10 @@ static int load_data(const train_options *o, const net_desc *net, dataset *train
                      dataset *val, dataset *test)
 {
     memset(val, 0, sizeof *val);
-    if (data_load_fashion_mnist(train, test, o->data, net->classes)) return -1;
-    if (train->rows * train->cols != (int)layer_shape_count(net->input))
-        return pt_error_set("the data has %d×%d images but the model expects input %d,%d,%d",
-                            train->rows, train->cols, net->input.c, net->input.h, net->input.w);
+    memset(test, 0, sizeof *test);
+    if (data_load_dir(train, o->data, "train", &net->input, net->classes) ||
+        data_load_dir(test, o->data, "t10k", &net->input, net->classes))
+        return -1;
     if (o->val && data_split_tail(train, val, o->val)) return -1;
     if (o->train_samples > 0 && o->train_samples < train->count)
         train->count = (int)o->train_samples;
