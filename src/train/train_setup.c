@@ -86,13 +86,23 @@ void train_abort_job(MPI_Comm comm)
 
 /* ---- pieces of the set-up ---- */
 
+/* One split: the files the options name, else --data's in Fashion-MNIST's names. */
+static int load_split(dataset *d, const char *images, const char *labels, const char *dir,
+                      const char *prefix, const net_desc *net)
+{
+    if (images) return data_load_idx(d, images, labels, &net->input, net->classes);
+    return data_load_dir(d, dir, prefix, &net->input, net->classes);
+}
+
 static int load_data(const train_options *o, const net_desc *net, dataset *train,
                      dataset *val, dataset *test)
 {
     memset(val, 0, sizeof *val);
     memset(test, 0, sizeof *test);
-    if (data_load_dir(train, o->data, "train", &net->input, net->classes) ||
-        data_load_dir(test, o->data, "t10k", &net->input, net->classes))
+    if (load_split(train, o->train_images, o->train_labels, o->data, "train", net)) return -1;
+    /* a user's training files without test files: no test set */
+    if ((o->test_images || !o->train_images) &&
+        load_split(test, o->test_images, o->test_labels, o->data, "t10k", net))
         return -1;
     if (o->val && data_split_tail(train, val, o->val)) return -1;
     if (o->train_samples > 0 && o->train_samples < train->count)
