@@ -99,7 +99,7 @@ def worker(args):
     dist.init_process_group('gloo', rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))
     B, b = args.batch, args.batch // world
-    xtr, ytr = torch_peer.load_fashion_mnist(args.data_dir, 'train')
+    xtr, ytr = torch_peer.load_data(args, 'train')
     # one shuffled order on every rank; this rank keeps its contiguous share of each batch,
     # laid out so that its share of batch j is rows j*b .. (j+1)*b (zero-copy slices)
     perm = torch.randperm(ytr.shape[0], generator=torch.Generator().manual_seed(args.seed))
@@ -159,9 +159,7 @@ def worker(args):
 
 def main():
     args = parse_args()
-    if not os.path.isdir(args.data_dir):
-        sys.exit('%s: no Fashion-MNIST at %s (Debian: apt-get install dataset-fashion-mnist)'
-                 % (sys.argv[0], args.data_dir))
+    torch_peer.check_data_args(args)
     interpreter.ensure_modules(['torch'])
     if args.rank is None:
         launch(args)

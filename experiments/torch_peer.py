@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch peer of `pipetrain train`: the same network, built from the same models/*.cfg
-file, trained on the same Fashion-MNIST files with the same optimizer, batch and threads,
-so that pipetrain's figures can be compared with PyTorch's in one run on one machine.
+file, trained on the same files (Fashion-MNIST's, or a user's named by --train-images and
+--train-labels, IDX3 or IDX4 as pipetrain reads them) with the same optimizer, batch and
+threads, so that pipetrain's figures can be compared with PyTorch's in one run on one
+machine.
 
 Modes
   throughput  --warmup steps, then --steps timed training steps. The data set is read,
@@ -126,24 +128,87 @@ def make_optimizer(params, name, lr, momentum):
 
 
 # ---------------------------------------------------------------- data
-def read_idx(path):
-    """An IDX file (gzip) as a uint8 tensor."""
+def read_idx(path, ranks):
+    """An IDX file of unsigned bytes (gzip or plain) with one of `ranks` dimensions, as a
+    uint8 tensor. pipetrain's reader (src/io/data.c) checks more; this one refuses what
+    would otherwise train on the wrong data."""
     import torch
-    with gzip.open(path, 'rb') as f:
-        raw = f.read()
-    ndim = raw[3]
+    try:
+        with open(path, 'rb') as f:
+            raw = f.read()
+    except OSError as e:
+        sys.exit('%s: cannot open: %s' % (path, e.strerror))
+    if raw[:2] == b'\x1f\x8b':
+        raw = gzip.decompress(raw)
+    magic = struct.unpack('>I', raw[:4])[0] if len(raw) >= 4 else -1
+    if magic >> 8 != 0x08 or magic & 0xFF not in ranks:
+        sys.exit('%s: bad magic 0x%08x (expected %s)' % (
+            path, magic & 0xFFFFFFFF, ' or '.join('0x%08x' % (0x800 + r) for r in ranks)))
+    ndim = magic & 0xFF
+    if len(raw) < 4 + 4 * ndim:
+        sys.exit('%s: truncated: a %d-byte header, expected %d' % (path, len(raw), 4 + 4 * ndim))
     dims = struct.unpack('>%dI' % ndim, raw[4:4 + 4 * ndim])
+    n = 1
+    for d in dims:
+        n *= d
+    if len(raw) != 4 + 4 * ndim + n:
+        sys.exit('%s: %d bytes after the header, expected %d' % (path, len(raw) - 4 - 4 * ndim, n))
     return torch.frombuffer(bytearray(raw[4 + 4 * ndim:]), dtype=torch.uint8).reshape(dims)
 
 
-def load_fashion_mnist(d, split='train', images=True):
-    """Images as float32 N×1×28×28 in [0, 1] (as pipetrain reads them), labels as int64."""
+def check_data_args(args):
+    """pipetrain train's rules: images and labels named in pairs, each pair instead of
+    --data-dir's files; training files without test files leave no test set."""
+    for split in ('train', 'test'):
+        img, lab = getattr(args, split + '_images'), getattr(args, split + '_labels')
+        if (img is None) != (lab is None):
+            sys.exit('%s: --%s-images and --%s-labels go together' % (sys.argv[0], split, split))
+        if img is not None and args.data_dir is not None:
+            sys.exit('%s: --%s-images and --data-dir %s both name the %s data: give one'
+                     % (sys.argv[0], split, args.data_dir,
+                        'training' if split == 'train' else 'test'))
+    if args.data_dir is None:
+        args.data_dir = DATA_DIR
+    if args.train_images is None and not os.path.isdir(args.data_dir):
+        sys.exit('%s: no Fashion-MNIST at %s (Debian: apt-get install dataset-fashion-mnist)'
+                 % (sys.argv[0], args.data_dir))
+
+
+def data_paths(args, split):
+    """The split's image and label files, or None when there is no such set."""
+    img, lab = getattr(args, split + '_images'), getattr(args, split + '_labels')
+    if img is not None:
+        return img, lab
+    if split == 'test' and args.train_images is not None:
+        return None
     prefix = 'train' if split == 'train' else 't10k'
-    y = read_idx('%s/%s-labels-idx1-ubyte.gz' % (d, prefix)).long()
+    # as pipetrain: NAME.gz when it exists, else NAME
+    found = [(p + '.gz' if os.path.exists(p + '.gz') else p)
+             for p in ('%s/%s-%s-ubyte' % (args.data_dir, prefix, kind)
+                       for kind in ('images-idx3', 'labels-idx1'))]
+    return found[0], found[1]
+
+
+def load_data(args, split='train', images=True):
+    """Images as float32 N×C×H×W in [0, 1] (as pipetrain reads them; IDX3 is one channel),
+    labels as int64; (None, None) for a test set that is not there. Checked against the
+    model file's input=C,H,W."""
+    paths = data_paths(args, split)
+    if paths is None:
+        return None, None
+    y = read_idx(paths[1], (1,)).long()
     if not images:
         return None, y
-    x = read_idx('%s/%s-images-idx3-ubyte.gz' % (d, prefix)).float().div_(255.0).unsqueeze(1)
-    return x, y
+    x = read_idx(paths[0], (3, 4))
+    if x.dim() == 3:
+        x = x.unsqueeze(1)
+    want = tuple(int(v) for v in read_cfg(args.model)[0][1]['input'].split(','))
+    if tuple(x.shape[1:]) != want:
+        sys.exit('%s: images are %s, the model takes %s' % (
+            paths[0], '×'.join(map(str, x.shape[1:])), '×'.join(map(str, want))))
+    if x.shape[0] != y.shape[0]:
+        sys.exit('%s has %d samples but %s has %d' % (paths[0], x.shape[0], paths[1], y.shape[0]))
+    return x.float().div_(255.0), y
 
 
 # ---------------------------------------------------------------- measurement
@@ -226,7 +291,14 @@ def common_args(p):
     p.add_argument('--warmup', type=int, default=20, help='untimed steps first')
     p.add_argument('--steps', type=int, default=150, help='timed steps')
     p.add_argument('--seed', type=int, default=0)
-    p.add_argument('--data-dir', default=DATA_DIR)
+    p.add_argument('--data-dir', default=None,
+                   help="Fashion-MNIST's files (default %s)" % DATA_DIR)
+    p.add_argument('--train-images', metavar='FILE',
+                   help='training images by name, IDX3 or IDX4, instead of --data-dir\'s')
+    p.add_argument('--train-labels', metavar='FILE')
+    p.add_argument('--test-images', metavar='FILE',
+                   help='test images by name (--train-images without them: no test set)')
+    p.add_argument('--test-labels', metavar='FILE')
 
 
 # ---------------------------------------------------------------- main
@@ -241,9 +313,7 @@ def main():
     p.add_argument('--epochs', type=int, default=5, help='accuracy mode')
     p.add_argument('--eval-at', default='1,3,5', help='accuracy mode: epochs to evaluate after')
     args = p.parse_args()
-    if not os.path.isdir(args.data_dir):
-        sys.exit('%s: no Fashion-MNIST at %s (Debian: apt-get install dataset-fashion-mnist)'
-                 % (sys.argv[0], args.data_dir))
+    check_data_args(args)
 
     interpreter.ensure_modules(['torch'])
     set_thread_env(args.threads, args.blas_threads or args.threads)
@@ -254,7 +324,7 @@ def main():
     info = runtime_info(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
-    xtr, ytr = load_fashion_mnist(args.data_dir, 'train')
+    xtr, ytr = load_data(args, 'train')
     load_s = time.perf_counter() - t0
     layers, _, _ = build_layers(args.model)
     model = nn.Sequential(*layers)
@@ -294,8 +364,8 @@ def main():
                     'step_ms_median': round(1e3 * median(times), 3),
                     'train_loss': round(loss.item(), 5)})
     else:
-        xte, yte = load_fashion_mnist(args.data_dir, 'test')
-        eval_at = {int(e) for e in args.eval_at.split(',') if e}
+        xte, yte = load_data(args, 'test')
+        eval_at = {int(e) for e in args.eval_at.split(',') if e} if xte is not None else set()
         g = torch.Generator().manual_seed(args.seed)
         N = xtr.shape[0]
         epochs = []

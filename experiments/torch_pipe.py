@@ -159,7 +159,7 @@ def worker(args):
                      len(kinds))
     if not 0 < split < len(kinds):
         sys.exit('--split %d: each stage needs a layer (the model has %d)' % (split, len(kinds)))
-    xtr, ytr = torch_peer.load_fashion_mnist(args.data_dir, 'train', images=rank == 0)
+    xtr, ytr = torch_peer.load_data(args, 'train', images=rank == 0)
     perm = torch.randperm(ytr.shape[0], generator=torch.Generator().manual_seed(args.seed))
     ys = ytr[perm].contiguous()
     xs = xtr[perm].contiguous() if rank == 0 else None
@@ -209,9 +209,7 @@ def worker(args):
 
 def main():
     args = parse_args()
-    if not os.path.isdir(args.data_dir):
-        sys.exit('%s: no Fashion-MNIST at %s (Debian: apt-get install dataset-fashion-mnist)'
-                 % (sys.argv[0], args.data_dir))
+    torch_peer.check_data_args(args)
     interpreter.ensure_modules(['torch'])
     if args.rank is None:
         launch(args)

@@ -17,12 +17,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     dataset d;
-    if (data_load_idx(&d, images.path, labels.path, 10) == 0) {
+    if (data_load_idx(&d, images.path, labels.path, NULL, 10) == 0) {
         /* what a loaded set promises: every label in range, every pixel readable */
         unsigned sum = 0;
         for (int i = 0; i < d.count; i++) {
             if (d.labels[i] < 0 || d.labels[i] >= 10) abort();
-            for (int p = 0; p < d.rows * d.cols; p++) sum += d.pixels[(size_t)i * d.rows * d.cols + p];
+            for (size_t p = 0; p < data_image_bytes(&d); p++)
+                sum += d.pixels[(size_t)i * data_image_bytes(&d) + p];
         }
         (void)sum;
         data_free(&d);

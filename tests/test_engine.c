@@ -17,7 +17,7 @@ enum { MB = 16, M = 4 };
 
 static dataset make_data(int count, unsigned seed)
 {
-    dataset d = {.count = count, .rows = 28, .cols = 28,
+    dataset d = {.count = count, .channels = 1, .rows = 28, .cols = 28,
                  .pixels = malloc((size_t)count * 28 * 28),
                  .labels = malloc((size_t)count * sizeof(int32_t))};
     cr_assert(d.pixels && d.labels);

@@ -127,7 +127,7 @@ static int cpu_load(engine *e, int m, const dataset *d, const int64_t *ids, int 
 {
     cpu_engine *c = impl(e);
     if (c->first_stage) {
-        size_t px = (size_t)d->rows * d->cols;
+        size_t px = data_image_bytes(d);
         for (int j = 0; j < n; j++)
             kernel_bytes_to_float_cpu(c->in[m] + (size_t)j * px, d->pixels + (size_t)ids[j] * px,
                                       px);

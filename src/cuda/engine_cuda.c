@@ -657,9 +657,9 @@ static int cuda_load(engine *e, int m, const dataset *d, const int64_t *ids, int
             return pt_error_set("CUDA engine: sample %lld outside the data set of %d",
                                 (long long)ids[j], d->count);
     size_t px = e->in_count;
-    if (c->is_first && (size_t)d->rows * (size_t)d->cols != px)
-        return pt_error_set("CUDA engine: images of %dx%d pixels, but the network's input "
-                            "has %zu values", d->rows, d->cols, px);
+    if (c->is_first && data_image_bytes(d) != px)
+        return pt_error_set("CUDA engine: images of %d×%d×%d values, but the network's input "
+                            "has %zu", d->channels, d->rows, d->cols, px);
     CUDA_CHECK(cudaSetDevice(c->device));
     /* the previous copy out of these pinned buffers must be over before they are rewritten */
     CUDA_CHECK(cudaEventSynchronize(b->ev_loaded));

@@ -136,7 +136,8 @@ int partition_profile_measure_with(partition_profile *prof, const net_desc *net,
     int64_t *ids = calloc((size_t)batch, sizeof *ids);
     /* a data set of random images for the first layer, labels for the last */
     size_t px = layer_shape_count(net->input);
-    dataset fake = {.count = batch, .rows = (int)px, .cols = 1,
+    dataset fake = {.count = batch, .channels = net->input.c, .rows = net->input.h,
+                    .cols = net->input.w,
                     .pixels = malloc((size_t)batch * px), .labels = calloc((size_t)batch, 4)};
     if (!prof->fwd_s || !prof->bwd_s || (split && (!prof->bwd_input_s || !prof->bwd_weight_s)) ||
         !tf || !tb || !ids || !fake.pixels || !fake.labels) {

@@ -17,7 +17,8 @@ enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS
        O_HELP, O_STALL, O_KILL, O_DELAY, O_PROGRESS, O_MPI_ERROR, O_REPLICAS, O_REDUCE,
        O_TENSOR, O_TENSOR_MODE, O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT, O_METRICS,
        O_LOG_EVERY, O_CKPT_DIR, O_CKPT_EVERY, O_KEEP, O_RESUME, O_CKPT_MIN, O_CKPT_WRITE,
-       O_VIRTUAL, O_RECOMPUTE, O_WGRAD, O_WARMUP };
+       O_VIRTUAL, O_RECOMPUTE, O_WGRAD, O_WARMUP, O_TRAIN_IMG, O_TRAIN_LAB, O_TEST_IMG,
+       O_TEST_LAB };
 
 /* The largest step count, sample count or seed we take: far beyond any run, exact in a
  * double (the table's ranges are doubles). */
@@ -27,7 +28,16 @@ static const opt_spec train_opts[] = {
     {.section = "data and model"},
     {.id = O_MODEL, .name = "model", .shared = 1},
     {.id = O_DATA, .name = "data", .kind = OPT_TEXT, .arg = "DIR", .def = DEFAULT_DATA_DIR,
-     .help = "Fashion-MNIST IDX files, .gz or not"},
+     .help = "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] in DIR: Fashion-MNIST's "
+             "names"},
+    {.id = O_TRAIN_IMG, .name = "train-images", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "training images, any name, instead of --data's (IDX, see below)"},
+    {.id = O_TRAIN_LAB, .name = "train-labels", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "their labels"},
+    {.id = O_TEST_IMG, .name = "test-images", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "test images, likewise (--train-images without them: no test set)"},
+    {.id = O_TEST_LAB, .name = "test-labels", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "their labels"},
     {.id = O_VAL, .name = "val", .kind = OPT_INT, .arg = "N", .min = 0, .max = INT_MAX,
      .help = "hold out the last N training samples for validation"},
     {.id = O_TRAIN_N, .name = "train-samples", .kind = OPT_INT, .arg = "N", .min = 1,
@@ -137,9 +147,13 @@ static const opt_command train_command = {
     .usage = "pipetrain train --model FILE [options]\n"
              "mpiexec -n K pipetrain train --model FILE --stages K [options]\n"
              "mpiexec -n K*R pipetrain train --model FILE --stages K --replicas R ...",
-    .about = "Trains a model on Fashion-MNIST, sequentially, as a pipeline of K stages, or "
-             "as R data-parallel replicas of that pipeline.",
-    .notes = "With --json the last line of stdout is one JSON object of results. With --device "
+    .about = "Trains a model on Fashion-MNIST or the user's own IDX files, sequentially, as a "
+             "pipeline of K stages, or as R data-parallel replicas of that pipeline.",
+    .notes = "Data files are IDX, gzip or plain. Images are unsigned bytes, N×H×W (IDX3, magic "
+             "0x00000803, one channel) or N×C×H×W (IDX4, magic 0x00000804), of the shape the "
+             "model's input=C,H,W names; pixels are divided by 255. Labels are IDX1 (magic "
+             "0x00000801), each below the model's classes.\n\n"
+             "With --json the last line of stdout is one JSON object of results. With --device "
              "cuda each rank takes a GPU by its local rank (several ranks may share one). "
              "Tensor shard t of stage s in replica r is MPI rank t + T*(s*R + r) (a stage's "
              "shards, then its replicas, on consecutive ranks; --bind auto keeps this "
@@ -174,6 +188,10 @@ static int read_option(train_options *o, const opt_parser *p, int id)
     /* data and model */
     case O_MODEL: o->model = p->arg; break;
     case O_DATA: o->data = p->arg; break;
+    case O_TRAIN_IMG: o->train_images = p->arg; break;
+    case O_TRAIN_LAB: o->train_labels = p->arg; break;
+    case O_TEST_IMG: o->test_images = p->arg; break;
+    case O_TEST_LAB: o->test_labels = p->arg; break;
     case O_VAL: o->val = (int)p->num; break;
     case O_TRAIN_N: o->train_samples = p->num; break;
     case O_TEST_N: o->test_samples = p->num; break;
@@ -236,11 +254,33 @@ static int read_option(train_options *o, const opt_parser *p, int id)
     return 0;
 }
 
+/* Data files by name: images and labels in pairs, each pair instead of --data. */
+static int check_data_files(const train_options *o, const opt_parser *p)
+{
+    const char *files[2][2] = {{o->train_images, o->train_labels},
+                               {o->test_images, o->test_labels}};
+    static const char *const names[2][2] = {{"--train-images", "--train-labels"},
+                                            {"--test-images", "--test-labels"}};
+    for (int s = 0; s < 2; s++) {
+        if (!files[s][0] != !files[s][1]) {
+            int g = files[s][0] ? 0 : 1;
+            return opt_error(p, "%s %s needs %s FILE too", names[s][g], files[s][g],
+                             names[s][!g]);
+        }
+        if (files[s][0] && opt_given(p, O_DATA))
+            return opt_error(p, "%s and --data %s both name the %s data: give one", names[s][0],
+                             o->data, s ? "test" : "training");
+    }
+    return 0;
+}
+
 /* What the table cannot check: options that need others, and the batch's split. Sets the
  * defaults that depend on other options. */
 static int check_options(train_options *o, const opt_parser *p)
 {
     o->epochs_given = opt_given(p, O_EPOCHS);
+    if (check_data_files(o, p))
+        return -1;
     if (!(o->bucket_mb > 0))
         return opt_error(p, "--bucket-mb %g: must be positive", o->bucket_mb);
     if (o->ckpt_every > 0 && !o->ckpt_dir)

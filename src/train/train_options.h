@@ -14,6 +14,9 @@
 
 typedef struct {
     const char *model, *data, *load, *save, *trace, *schedule, *partition, *bind;
+    /* IDX files by name, each pair instead of --data's (NULL: none); training files without
+     * test files: no test set */
+    const char *train_images, *train_labels, *test_images, *test_labels;
     engine_device device;
     int epochs, batch, stages, microbatches, threads, val, json, verbose, shuffle;
     int epochs_given;    /* --epochs was on the command line (else --steps alone decides) */

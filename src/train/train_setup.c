@@ -86,14 +86,24 @@ void train_abort_job(MPI_Comm comm)
 
 /* ---- pieces of the set-up ---- */
 
+/* One split: the files the options name, else --data's in Fashion-MNIST's names. */
+static int load_split(dataset *d, const char *images, const char *labels, const char *dir,
+                      const char *prefix, const net_desc *net)
+{
+    if (images) return data_load_idx(d, images, labels, &net->input, net->classes);
+    return data_load_dir(d, dir, prefix, &net->input, net->classes);
+}
+
 static int load_data(const train_options *o, const net_desc *net, dataset *train,
                      dataset *val, dataset *test)
 {
     memset(val, 0, sizeof *val);
-    if (data_load_fashion_mnist(train, test, o->data, net->classes)) return -1;
-    if (train->rows * train->cols != (int)layer_shape_count(net->input))
-        return pt_error_set("the data has %d×%d images but the model expects input %d,%d,%d",
-                            train->rows, train->cols, net->input.c, net->input.h, net->input.w);
+    memset(test, 0, sizeof *test);
+    if (load_split(train, o->train_images, o->train_labels, o->data, "train", net)) return -1;
+    /* a user's training files without test files: no test set */
+    if ((o->test_images || !o->train_images) &&
+        load_split(test, o->test_images, o->test_labels, o->data, "t10k", net))
+        return -1;
     if (o->val && data_split_tail(train, val, o->val)) return -1;
     if (o->train_samples > 0 && o->train_samples < train->count)
         train->count = (int)o->train_samples;

@@ -50,8 +50,9 @@ typedef struct {
 
 static dataset make_data(int count, int side, int classes, unsigned seed)
 {
-    dataset d = {count, side, side, malloc((size_t)count * side * side),
-                 malloc((size_t)count * sizeof(int32_t))};
+    dataset d = {.count = count, .channels = 1, .rows = side, .cols = side,
+                 .pixels = malloc((size_t)count * side * side),
+                 .labels = malloc((size_t)count * sizeof(int32_t))};
     for (size_t i = 0; i < (size_t)count * side * side; i++) {
         seed = seed * 1664525u + 1013904223u;
         d.pixels[i] = (uint8_t)(seed >> 24);
