@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     dataset d;
-    if (data_load_idx(&d, images.path, labels.path, NULL, 10) == 0) {
+    if (data_load_idx(&d, images.path, labels.path, NULL, 10, -1) == 0) {
         /* what a loaded set promises: every label in range, every pixel readable */
         unsigned sum = 0;
         for (int i = 0; i < d.count; i++) {

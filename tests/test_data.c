@@ -103,7 +103,7 @@ static void expect_fail_for(const char *images, const char *labels, int classes,
 {
     dataset d;
     pt_error_clear();
-    cr_assert_eq(data_load_idx(&d, images, labels, want, classes), -1,
+    cr_assert_eq(data_load_idx(&d, images, labels, want, classes, -1), -1,
                  "accepted (expected '%s')", phrase);
     cr_assert(d.pixels == NULL && d.labels == NULL && d.count == 0, "dataset not cleared");
     cr_assert(strstr(pt_error_get(), phrase) != NULL, "message '%s' lacks '%s'", pt_error_get(),
@@ -121,7 +121,7 @@ Test(data, read_plain_and_gzip)
         const char *img = tmp_path(gz ? "i.gz" : "i"), *lab = tmp_path(gz ? "l.gz" : "l");
         write_good(img, lab, gz);
         dataset d;
-        cr_assert_eq(data_load_idx(&d, img, lab, NULL, 10), 0, "%s", pt_error_get());
+        cr_assert_eq(data_load_idx(&d, img, lab, NULL, 10, -1), 0, "%s", pt_error_get());
         check_good(&d);
         data_free(&d);
         cr_assert(d.pixels == NULL && d.labels == NULL && d.count == 0);
@@ -190,7 +190,7 @@ Test(data, truncated_gzip_stream)
     write_idx(img, 1, 0x803, (uint32_t[]){2, 40, 25}, 3, payload, sizeof payload);
     write_idx(lab, 1, 0x801, (uint32_t[]){2}, 1, labels3, 2);
     dataset d;
-    cr_assert_eq(data_load_idx(&d, img, lab, NULL, 10), 0, "%s", pt_error_get());
+    cr_assert_eq(data_load_idx(&d, img, lab, NULL, 10, -1), 0, "%s", pt_error_get());
     cr_assert_arr_eq(d.pixels, payload, sizeof payload);
     data_free(&d);
     struct stat st;
@@ -231,7 +231,7 @@ Test(data, label_out_of_range)
     expect_fail(img, lab, 10, "label 12 at index 1 is out of range 0..9");
     /* the same file is fine with enough classes */
     dataset d;
-    cr_assert_eq(data_load_idx(&d, img, lab, NULL, 13), 0, "%s", pt_error_get());
+    cr_assert_eq(data_load_idx(&d, img, lab, NULL, 13, -1), 0, "%s", pt_error_get());
     cr_assert_eq(d.labels[1], 12);
     data_free(&d);
     write_good(img, lab, 0); /* label 9 */
@@ -259,12 +259,50 @@ Test(data, missing_file)
     expect_fail(img, tmp_path("nothing"), 10, "nothing: cannot open: No such file");
 }
 
+/* A limit reads the first samples only: a file cut short, with trailing data or with a bad
+ * label after them is not read there, and so not refused; the counts still must agree. */
+Test(data, first_samples_only)
+{
+    const char *img = tmp_path("li"), *lab = tmp_path("ll");
+    write_good(img, lab, 1);
+    dataset d;
+    cr_assert_eq(data_load_idx(&d, img, lab, NULL, 10, 2), 0, "%s", pt_error_get());
+    cr_assert_eq(d.count, 2);
+    cr_assert_arr_eq(d.pixels, pixels3, 12);
+    cr_assert_eq(d.labels[0], 9);
+    cr_assert_eq(d.labels[1], 0);
+    data_free(&d);
+    cr_assert_eq(data_load_idx(&d, img, lab, NULL, 10, 0), 0, "%s", pt_error_get());
+    cr_assert_eq(d.count, 0);
+    cr_assert_eq(d.rows, 2);
+    data_free(&d);
+    cr_assert_eq(data_load_idx(&d, img, lab, NULL, 10, 7), 0, "%s", pt_error_get());
+    check_good(&d); /* more than the file holds: all of it */
+    data_free(&d);
+    /* the third label out of range for 5 classes: refused when read, not before */
+    write_idx(lab, 1, 0x801, (uint32_t[]){3}, 1, (const unsigned char[]){1, 2, 7}, 3);
+    cr_assert_eq(data_load_idx(&d, img, lab, NULL, 5, 2), 0, "%s", pt_error_get());
+    data_free(&d);
+    cr_assert_eq(data_load_idx(&d, img, lab, NULL, 5, 3), -1);
+    cr_assert(strstr(pt_error_get(), "label 7 at index 2"), "%s", pt_error_get());
+    /* trailing data: refused only when the whole file is read */
+    write_idx(img, 0, 0x803, (uint32_t[]){2, 2, 3}, 3, pixels3, sizeof pixels3);
+    write_idx(lab, 0, 0x801, (uint32_t[]){2}, 1, labels3, 2);
+    cr_assert_eq(data_load_idx(&d, img, lab, NULL, 10, 1), 0, "%s", pt_error_get());
+    data_free(&d);
+    expect_fail(img, lab, 10, "trailing data");
+    /* counts that disagree: refused whatever is read */
+    write_idx(lab, 0, 0x801, (uint32_t[]){3}, 1, labels3, 3);
+    cr_assert_eq(data_load_idx(&d, img, lab, NULL, 10, 1), -1);
+    cr_assert(strstr(pt_error_get(), "has 2 samples but"), "%s", pt_error_get());
+}
+
 Test(data, split_tail)
 {
     const char *img = tmp_path("i"), *lab = tmp_path("l");
     write_good(img, lab, 0);
     dataset d, v;
-    cr_assert_eq(data_load_idx(&d, img, lab, NULL, 10), 0, "%s", pt_error_get());
+    cr_assert_eq(data_load_idx(&d, img, lab, NULL, 10, -1), 0, "%s", pt_error_get());
     cr_assert_eq(data_split_tail(&d, &v, 3), -1, "split off everything");
     cr_assert_eq(data_split_tail(&d, &v, 0), -1, "split off nothing");
     cr_assert_eq(data_split_tail(&d, &v, 1), 0, "%s", pt_error_get());
@@ -290,7 +328,7 @@ Test(data, idx4_channels)
         write_idx(lab, 0, 0x801, (uint32_t[]){2}, 1, labels3, 2);
         dataset d, v;
         const layer_shape input = {3, 2, 2};
-        cr_assert_eq(data_load_idx(&d, img, lab, &input, 10), 0, "%s", pt_error_get());
+        cr_assert_eq(data_load_idx(&d, img, lab, &input, 10, -1), 0, "%s", pt_error_get());
         cr_assert(d.count == 2 && d.channels == 3 && d.rows == 2 && d.cols == 2);
         cr_assert_eq(data_image_bytes(&d), 12);
         cr_assert_arr_eq(d.pixels, pixels4, sizeof pixels4);
@@ -312,7 +350,7 @@ Test(data, shape_must_match_the_model)
     char expect[256];
     dataset d;
     /* IDX3 is one channel: it fits a model of 1×2×3 */
-    cr_assert_eq(data_load_idx(&d, img, lab, &(layer_shape){1, 2, 3}, 10), 0, "%s",
+    cr_assert_eq(data_load_idx(&d, img, lab, &(layer_shape){1, 2, 3}, 10, -1), 0, "%s",
                  pt_error_get());
     data_free(&d);
     snprintf(expect, sizeof expect, "%s: images are 1×2×3, the model takes 1×3×2", img);
@@ -324,7 +362,7 @@ Test(data, shape_must_match_the_model)
     expect_fail_for(img4, lab, 10, &(layer_shape){1, 2, 3}, expect);
     expect_fail_for(img4, lab, 10, &(layer_shape){6, 1, 1},
                     "images are 3×2×1, the model takes 6×1×1");
-    cr_assert_eq(data_load_idx(&d, img4, lab, &(layer_shape){3, 2, 1}, 10), 0, "%s",
+    cr_assert_eq(data_load_idx(&d, img4, lab, &(layer_shape){3, 2, 1}, 10, -1), 0, "%s",
                  pt_error_get());
     cr_assert(d.channels == 3 && d.rows == 2 && d.cols == 1);
     data_free(&d);
@@ -375,15 +413,15 @@ Test(data, fashion_mnist_layout_plain_fallback)
                                          "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
     write_good(tmp_path(names[0]), tmp_path(names[1]), 0);
     dataset train, test;
-    cr_assert_eq(data_load_dir(&test, tmpdir, "t10k", NULL, 10), -1);
+    cr_assert_eq(data_load_dir(&test, tmpdir, "t10k", NULL, 10, -1), -1);
     cr_assert(strstr(pt_error_get(), "t10k-images-idx3-ubyte.gz: cannot open") != NULL, "%s",
               pt_error_get());
     cr_assert(test.pixels == NULL);
     char gzname[64];
     snprintf(gzname, sizeof gzname, "%s.gz", names[2]);
     write_good(tmp_path(gzname), tmp_path(names[3]), 1);
-    cr_assert_eq(data_load_dir(&train, tmpdir, "train", NULL, 10), 0, "%s", pt_error_get());
-    cr_assert_eq(data_load_dir(&test, tmpdir, "t10k", NULL, 10), 0, "%s", pt_error_get());
+    cr_assert_eq(data_load_dir(&train, tmpdir, "train", NULL, 10, -1), 0, "%s", pt_error_get());
+    cr_assert_eq(data_load_dir(&test, tmpdir, "t10k", NULL, 10, -1), 0, "%s", pt_error_get());
     check_good(&train);
     check_good(&test);
     data_free(&train);
@@ -397,9 +435,9 @@ Test(data, fashion_mnist_real)
         cr_skip_test("%s is not installed", FASHION_DIR);
     dataset train, test;
     const layer_shape input = {1, 28, 28};
-    cr_assert_eq(data_load_dir(&train, FASHION_DIR, "train", &input, 10), 0, "%s",
+    cr_assert_eq(data_load_dir(&train, FASHION_DIR, "train", &input, 10, -1), 0, "%s",
                  pt_error_get());
-    cr_assert_eq(data_load_dir(&test, FASHION_DIR, "t10k", &input, 10), 0, "%s",
+    cr_assert_eq(data_load_dir(&test, FASHION_DIR, "t10k", &input, 10, -1), 0, "%s",
                  pt_error_get());
     cr_assert_eq(train.count, 60000);
     cr_assert_eq(test.count, 10000);

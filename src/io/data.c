@@ -155,9 +155,10 @@ static int idx_read_header(idx_file *f, uint32_t lo, uint32_t hi, const char *ki
     return 0;
 }
 
-/* Reads exactly n bytes of payload into a new buffer, then checks nothing follows. */
+/* Reads exactly n bytes of payload into a new buffer; with `to_end`, then checks that
+ * nothing follows (a file read only in part is not checked past that part). */
 static int idx_read_payload(idx_file *f, size_t n, const char *what, uint32_t count,
-                            unsigned char **out)
+                            int to_end, unsigned char **out)
 {
     *out = NULL;
     size_t cap = n < IDX_FIRST_CHUNK ? n : IDX_FIRST_CHUNK;
@@ -190,6 +191,10 @@ static int idx_read_payload(idx_file *f, size_t n, const char *what, uint32_t co
                             have, idx_why(f, why, sizeof why));
     }
     unsigned char extra;
+    if (!to_end) {
+        *out = buf;
+        return 0;
+    }
     if (idx_read(f, &extra, 1) != 0) {
         free(buf);
         return pt_error_set("%s: trailing data after %u %ss", f->path, count, what);
@@ -242,7 +247,13 @@ static int check_image_dims(const char *path, int ndim, const uint32_t *dims,
                             : "");
 }
 
-static int load_images(const char *path, const layer_shape *want, uint32_t *count,
+/* The samples to read of a file that holds n: all, or the first `limit` (≥ 0). */
+static uint32_t samples_to_read(uint32_t n, long limit)
+{
+    return limit >= 0 && (unsigned long)limit < n ? (uint32_t)limit : n;
+}
+
+static int load_images(const char *path, const layer_shape *want, long limit, uint32_t *count,
                        dataset *d)
 {
     idx_file f = {0};
@@ -257,8 +268,9 @@ static int load_images(const char *path, const layer_shape *want, uint32_t *coun
     }
     int c = ndim == 4 ? (int)dims[1] : 1;
     int h = (int)dims[ndim - 2], w = (int)dims[ndim - 1];
-    size_t n = (size_t)dims[0] * c * h * w;
-    int rc = idx_read_payload(&f, n, "image", dims[0], &d->pixels);
+    uint32_t take = samples_to_read(dims[0], limit);
+    size_t n = (size_t)take * c * h * w;
+    int rc = idx_read_payload(&f, n, "image", dims[0], take == dims[0], &d->pixels);
     idx_close(&f);
     if (rc != 0)
         return -1;
@@ -269,7 +281,8 @@ static int load_images(const char *path, const layer_shape *want, uint32_t *coun
     return 0;
 }
 
-static int load_labels(const char *path, int classes, uint32_t *count, int32_t **labels)
+static int load_labels(const char *path, int classes, long limit, uint32_t *count,
+                       int32_t **labels)
 {
     idx_file f = {0};
     if (idx_open(&f, path) != 0)
@@ -285,7 +298,9 @@ static int load_labels(const char *path, int classes, uint32_t *count, int32_t *
         return pt_error_set("%s: bad label count %u (must be 1..%d)", path, n, INT_MAX);
     }
     unsigned char *raw;
-    int rc = idx_read_payload(&f, n, "label", n, &raw);
+    uint32_t file_n = n;
+    n = samples_to_read(file_n, limit);
+    int rc = idx_read_payload(&f, n, "label", file_n, n == file_n, &raw);
     idx_close(&f);
     if (rc != 0)
         return -1;
@@ -296,7 +311,7 @@ static int load_labels(const char *path, int classes, uint32_t *count, int32_t *
             free(raw);
             return -1;
         }
-    *labels = malloc((size_t)n * sizeof **labels);
+    *labels = malloc((n ? n : 1) * sizeof **labels);
     if (!*labels) {
         free(raw);
         return pt_error_set("%s: out of memory", path);
@@ -304,22 +319,22 @@ static int load_labels(const char *path, int classes, uint32_t *count, int32_t *
     for (uint32_t i = 0; i < n; i++)
         (*labels)[i] = raw[i];
     free(raw);
-    *count = n;
+    *count = file_n;
     return 0;
 }
 
 int data_load_idx(dataset *d, const char *images_path, const char *labels_path,
-                  const layer_shape *want, int classes)
+                  const layer_shape *want, int classes, long limit)
 {
     memset(d, 0, sizeof *d);
     if (classes < 1)
         return pt_error_set("%s: classes must be positive, got %d", labels_path, classes);
     uint32_t n_images = 0, n_labels = 0;
-    if (load_images(images_path, want, &n_images, d) != 0) {
+    if (load_images(images_path, want, limit, &n_images, d) != 0) {
         data_free(d);
         return -1;
     }
-    if (load_labels(labels_path, classes, &n_labels, &d->labels) != 0) {
+    if (load_labels(labels_path, classes, limit, &n_labels, &d->labels) != 0) {
         data_free(d);
         return -1;
     }
@@ -328,7 +343,7 @@ int data_load_idx(dataset *d, const char *images_path, const char *labels_path,
         return pt_error_set("%s has %u samples but %s has %u", images_path, n_images,
                             labels_path, n_labels);
     }
-    d->count = (int)n_images;
+    d->count = (int)samples_to_read(n_images, limit);
     return 0;
 }
 
@@ -349,7 +364,7 @@ static int find_file(char *out, size_t size, const char *dir, const char *name)
 }
 
 int data_load_dir(dataset *d, const char *dir, const char *prefix, const layer_shape *want,
-                  int classes)
+                  int classes, long limit)
 {
     memset(d, 0, sizeof *d);
     char images[4096], labels[4096], name[64];
@@ -359,7 +374,7 @@ int data_load_dir(dataset *d, const char *dir, const char *prefix, const layer_s
     snprintf(name, sizeof name, "%s-labels-idx1-ubyte", prefix);
     if (find_file(labels, sizeof labels, dir, name) != 0)
         return -1;
-    return data_load_idx(d, images, labels, want, classes);
+    return data_load_idx(d, images, labels, want, classes, limit);
 }
 
 int data_split_tail(dataset *from, dataset *to, int n)

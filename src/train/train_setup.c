@@ -86,12 +86,13 @@ void train_abort_job(MPI_Comm comm)
 
 /* ---- pieces of the set-up ---- */
 
-/* One split: the files the options name, else --data's in Fashion-MNIST's names. */
+/* One split: the files the options name, else --data's in Fashion-MNIST's names; the first
+ * `limit` samples (−1: all). */
 static int load_split(dataset *d, const char *images, const char *labels, const char *dir,
-                      const char *prefix, const net_desc *net)
+                      const char *prefix, const net_desc *net, long limit)
 {
-    if (images) return data_load_idx(d, images, labels, &net->input, net->classes);
-    return data_load_dir(d, dir, prefix, &net->input, net->classes);
+    if (images) return data_load_idx(d, images, labels, &net->input, net->classes, limit);
+    return data_load_dir(d, dir, prefix, &net->input, net->classes, limit);
 }
 
 static int load_data(const train_options *o, const net_desc *net, dataset *train,
@@ -99,10 +100,14 @@ static int load_data(const train_options *o, const net_desc *net, dataset *train
 {
     memset(val, 0, sizeof *val);
     memset(test, 0, sizeof *test);
-    if (load_split(train, o->train_images, o->train_labels, o->data, "train", net)) return -1;
+    /* only the samples the run uses are read: --val takes the last ones, so all then */
+    long train_limit = !o->val && o->train_samples > 0 ? o->train_samples : -1;
+    long test_limit = o->test_samples >= 0 ? o->test_samples : -1;
+    if (load_split(train, o->train_images, o->train_labels, o->data, "train", net, train_limit))
+        return -1;
     /* a user's training files without test files: no test set */
     if ((o->test_images || !o->train_images) &&
-        load_split(test, o->test_images, o->test_labels, o->data, "t10k", net))
+        load_split(test, o->test_images, o->test_labels, o->data, "t10k", net, test_limit))
         return -1;
     if (o->val && data_split_tail(train, val, o->val)) return -1;
     if (o->train_samples > 0 && o->train_samples < train->count)
