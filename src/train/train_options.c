@@ -41,7 +41,8 @@ static const opt_spec train_opts[] = {
     {.id = O_VAL, .name = "val", .kind = OPT_INT, .arg = "N", .min = 0, .max = INT_MAX,
      .help = "hold out the last N training samples for validation"},
     {.id = O_TRAIN_N, .name = "train-samples", .kind = OPT_INT, .arg = "N", .min = 1,
-     .max = INT_MAX, .help = "use only the first N training samples (after --val)"},
+     .max = INT_MAX, .help = "use only the first N training samples (after --val); without --val only "
+             "they are read"},
     {.id = O_TEST_N, .name = "test-samples", .kind = OPT_INT, .arg = "N", .min = 0,
      .max = INT_MAX, .help = "evaluate on the first N test samples (0: skip the test set)"},
     {.id = O_LOAD, .name = "load", .kind = OPT_TEXT, .arg = "FILE",
