@@ -116,11 +116,6 @@ class Context:
         self._record('predicted', label, cmd, res, res.get('ranks', 1), time.perf_counter() - t0)
         return res
 
-    def supports(self, option):
-        """Whether this build's train takes an option (the layouts of later issues)."""
-        r = subprocess.run([self.pipetrain, 'train', '--help'], capture_output=True, text=True)
-        return ('--' + option) in r.stdout
-
     # ---- outputs -----------------------------------------------------------------------
 
     def figure(self, fig, stem):
