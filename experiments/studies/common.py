@@ -186,14 +186,21 @@ def recorded(study, where):
                     rec = json.loads(line)
                 except ValueError as e:
                     raise StudyError('%s: not JSON (%s)' % (where_, e))
+                if not isinstance(rec, dict):
+                    raise StudyError('%s: not a JSON object' % where_)
                 bad = [k for k in ('study', 'label', 'kind', 'cmd', 'machine', 'result', 'recorded')
                        if k not in rec]
-                if bad or rec['study'] != study or rec.get('measured_elsewhere') is not True:
-                    raise StudyError('%s: not a recorded run of %s (missing %s, or no '
-                                     '"measured_elsewhere": true)' % (where_, study,
-                                                                     ', '.join(bad) or 'nothing'))
-                if not all(rec['recorded'].get(k) for k in ('machine', 'date')):
-                    raise StudyError('%s: "recorded" must name the machine and the date' % where_)
+                why = ('no ' + ', '.join(bad) if bad
+                       else 'a record of %s' % rec['study'] if rec['study'] != study
+                       else 'not marked "measured_elsewhere": true'
+                       if rec.get('measured_elsewhere') is not True else None)
+                if why:
+                    raise StudyError('%s: not a recorded run of %s: %s' % (where_, study, why))
+                if not (isinstance(rec['recorded'], dict) and isinstance(rec['machine'], dict)
+                        and isinstance(rec['result'], dict)
+                        and all(rec['recorded'].get(k) for k in ('machine', 'date'))):
+                    raise StudyError('%s: "machine" and "result" must be objects and "recorded" '
+                                     'must name the machine and the date' % where_)
                 rec['file'] = os.path.relpath(path, ROOT)
                 out.append(rec)
     return out

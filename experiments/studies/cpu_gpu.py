@@ -75,6 +75,11 @@ def recorded_points(recs):
     for r in recs:
         src = (r['recorded']['machine'], r['recorded']['date'])
         res = r['result']
+        try:
+            int(res['batch']), float(res['samples_per_s'])
+        except (KeyError, TypeError, ValueError):
+            raise common.StudyError('%s: a recorded run (%s) without its batch and samples_per_s'
+                                    % (r['file'], r['label']))
         dev = r.get('device') or res.get('device', 'cuda')
         model = r.get('model') or res.get('model', '?').split('/')[-1].replace('.cfg', '')
         key = (src, model, r.get('tool', 'pipetrain'), dev, int(res['batch']))
