@@ -9,7 +9,9 @@ results/NAME/runs.jsonl, draws its figures into docs/figures/ and writes its tab
 docs/STUDIES.md between the markers <!-- study:NAME --> and <!-- /study:NAME -->, leaving
 the prose around them alone. --quick runs a few steps per run, writes into results/quick/
 (figures included) and leaves docs/ untouched: ./test.sh runs it so the scripts cannot rot;
-its numbers mean nothing.
+its numbers mean nothing. Runs measured on another machine (the cpu-gpu study's GPU runs)
+are kept in git under results/recorded/STUDY/*.jsonl and drawn, labelled with the machine
+and date they were measured on (experiments/studies/common.py).
 
 Studies: layouts, scaling, batch, schedules, partition, cpu-gpu (see docs/STUDIES.md).
 """
@@ -40,6 +42,8 @@ def parse():
     p.add_argument('--results', default=None, help='default: results/ (results/quick/ with --quick)')
     p.add_argument('--figures', default=None,
                    help='default: docs/figures/ (results/quick/figures/ with --quick)')
+    p.add_argument('--recorded', default=os.path.join(ROOT, 'results', 'recorded'),
+                   help='runs recorded on other machines, STUDY/*.jsonl (default: %(default)s)')
     p.add_argument('--no-plot', action='store_true', help='tables only (no matplotlib needed)')
     a = p.parse_args()
     names = STUDIES if a.study == 'all' else [a.study]

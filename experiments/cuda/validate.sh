@@ -36,13 +36,20 @@
 #     bench_torch_gpu.py (eager, TF32 off) alternating, VALIDATE_REPEATS times each;
 #     samples/s (median, min-max), their ratio, and the fraction of the GPU's FP32 peak
 #     reached (flops.py's training FLOPs per sample × samples/s / peak). 6c: the PyTorch
-#     peer with torch.compile, when time is left (information)
+#     peer with torch.compile, when time is left (information); 6d: pipetrain on this
+#     machine's CPU (every core), VALIDATE_CPU_TIMED_STEPS timed steps, when time is left
+#     (information: the CPU beside the GPU for the cpu-gpu study)
 # VALIDATE_ONLY="7 8" runs only those steps (with 1 and 3, which the others need).
-# Run order: 1 2 3 4 7 8 9 6 5a 5b 5c 6c, so that the slow sanitizers come after the figures.
+# Run order: 1 2 3 4 7 8 9 6 5a 5b 5c 6c 6d, so that the slow sanitizers come after the figures.
 #
 # Output: a line per check here; logs and results.json in $OUT (set by the device tool; 8
-# files at most: validate.log, machine.log, build.log, test_cuda_kernels.log, e2e.log,
-# sanitizer.log, throughput.log, results.json) or build-cuda/validate/. The run keeps within
+# files at most: validate.log, machine.log, test_cuda_kernels.log, e2e.log, sanitizer.log,
+# throughput.log, results.json, cpu-gpu-runs.jsonl; build.log instead of the last when it
+# built here and pipetrain is missing, as a successful build's log stays in the work
+# directory) or build-cuda/validate/. cpu-gpu-runs.jsonl holds every throughput run of
+# steps 6, 6c and 6d as a record of experiments/study.py's cpu-gpu study, marked as measured
+# elsewhere, with the machine (VALIDATE_MACHINE names it, e.g. nvidia-h100-x1) and the date:
+# copy it to results/recorded/cpu-gpu/ (experiments/cuda/README.md). The run keeps within
 # VALIDATE_BUDGET_S seconds (default 560; the device tool stops a command at 600): a step
 # that no longer fits is reported NOT RUN, a failure for a counted step.
 # Warnings are not errors here (CI checks them); a newer host compiler must not stop it.
@@ -58,6 +65,7 @@ LOGS=${OUT:-$BUILD/validate}
 BUDGET=${VALIDATE_BUDGET_S:-560}
 REPEATS=${VALIDATE_REPEATS:-3}
 TIMED=${VALIDATE_TIMED_STEPS:-300}
+CPU_TIMED=${VALIDATE_CPU_TIMED_STEPS:-40}
 DEV=${VALIDATE_DEVICE:-cuda}
 JOBS=$(nproc 2>/dev/null || echo 4)
 mkdir -p "$BUILD" "$LOGS" || exit 1
@@ -128,6 +136,8 @@ build_here() {
         # shellcheck disable=SC2086
         if cmake --build "$BUILD" -j "$JOBS" --target $targets >>"$blog" 2>&1; then
             echo "built $targets in $((SECONDS - start)) s"
+            # $OUT brings back 8 files: a build that worked leaves its log in the work directory
+            mv "$blog" "$WORK/build.log"
             TEST_BIN=$BUILD/test_cuda_kernels
             PT=$BUILD/pipetrain
             MPIEXEC=$(command -v mpiexec || true)
@@ -475,6 +485,20 @@ print("%s, FP32 peak %.1f TFLOP/s, %s" % (d.get("name"), d["peak_fp32_flops"] / 
         fi
     fi
 
+    # ---- 6d pipetrain on this machine's CPU, for information (the cpu-gpu study's CPU side)
+    if [ -n "$PT" ] && want 6; then
+        section "6d pipetrain on the CPU, every core (information): batch 128 and 512, $CPU_TIMED timed steps after 5"
+        local b n=0
+        for b in 128 512; do
+            fits 60 || break
+            tp_run pipetrain_cpu "$b" 1 "$TPL" "$(cap 90)" "$PT" train --model "$MODEL" \
+                --data "$DATA" --test-samples 0 --batch "$b" --seed 1 --device cpu --json \
+                --untimed-steps 5 --steps $((CPU_TIMED + 5)) --epochs 100000 && n=$((n + 1))
+        done
+        record 6d INFO "pipetrain on the CPU" "$n of 2 batch sizes measured$(fits 60 || echo \
+            ' (time budget)')"
+    fi
+
     report
 }
 
@@ -696,26 +720,33 @@ resume_on_gpu() {
 }
 
 # tp_run TOOL BATCH REP LOG SECONDS CMD...: one throughput run; its JSON (the last line of
-# stdout) goes to $TP wrapped with tool, batch, repetition and exit status.
+# stdout) goes to $TP wrapped with tool, batch, repetition, exit status, the command, its
+# wall time and when it started (what report() makes the study's records of).
 tp_run() {
     local tool=$1 batch=$2 rep=$3 log=$4 t=$5
     shift 5
     printf '\n$ %s\n' "$*" >>"$log"
+    local t0 t1
+    t0=$(date -u +%s.%N)
     timeout -k 10 "$t" "$@" >"$WORK/tp.out" 2>"$WORK/tp.err"
     local rc=$?
+    t1=$(date -u +%s.%N)
     cat "$WORK/tp.out" "$WORK/tp.err" >>"$log"
     local line
     line=$(grep '^{' "$WORK/tp.out" | tail -1)
-    "$PYANY" -c 'import json, sys
-tool, batch, rep, rc, line = sys.argv[1:6]
+    "$PYANY" -c 'import datetime, json, shlex, sys
+tool, batch, rep, rc, line, t0, t1 = sys.argv[1:8]
 try:
     res = json.loads(line) if line else None
 except ValueError:
     res = None
 ok = rc == "0" and res is not None and float(res.get("samples_per_s", 0)) > 0
+when = datetime.datetime.fromtimestamp(float(t0), datetime.timezone.utc)
 print(json.dumps({"tool": tool, "batch": int(batch), "rep": int(rep), "rc": int(rc),
-                  "ok": ok, "result": res}))
-sys.exit(0 if ok else 1)' "$tool" "$batch" "$rep" "$rc" "$line" >>"$TP"
+                  "ok": ok, "result": res, "cmd": " ".join(shlex.quote(a) for a in sys.argv[8:]),
+                  "wall_s": round(float(t1) - float(t0), 3),
+                  "when": when.isoformat(timespec="seconds")}))
+sys.exit(0 if ok else 1)' "$tool" "$batch" "$rep" "$rc" "$line" "$t0" "$t1" "$@" >>"$TP"
     local ok=$?
     local sps
     sps=$(tail -1 "$TP" | "$PYANY" -c 'import json, sys
@@ -761,9 +792,9 @@ throughput() {
 report() {
     section "results"
     "$PYANY" - "$STEPS" "$TP" "$WORK/devices.json" "$WORK/flops.json" "$WORK/smi.csv" \
-        "$LOGS/results.json" "${PT_BUNDLE:-}" "$DEV" <<'EOF'
-import json, os, statistics, sys
-steps_f, tp_f, dev_f, flops_f, smi_f, out_f, bundle, device = sys.argv[1:9]
+        "$LOGS/results.json" "${PT_BUNDLE:-}" "$DEV" "$LOGS/cpu-gpu-runs.jsonl" <<'EOF'
+import datetime, json, os, platform, statistics, sys
+steps_f, tp_f, dev_f, flops_f, smi_f, out_f, bundle, device, rec_f = sys.argv[1:10]
 def load_json(path):
     try:
         with open(path) as f:
@@ -799,6 +830,7 @@ if peak is None:
     except (OSError, ValueError, StopIteration, KeyError):
         pass
 
+TOOLS = ('pipetrain', 'torch', 'torch_compile', 'pipetrain_cpu')
 rows = {}
 for r in runs:
     if r['ok']:
@@ -806,7 +838,7 @@ for r in runs:
 table = []
 for batch in sorted({b for b, _ in rows}):
     row = {'batch': batch}
-    for tool in ('pipetrain', 'torch', 'torch_compile'):
+    for tool in TOOLS:
         v = rows.get((batch, tool))
         if not v:
             continue
@@ -814,11 +846,14 @@ for batch in sorted({b for b, _ in rows}):
         row[tool] = {'samples_per_s_median': med, 'min': min(v), 'max': max(v), 'runs': len(v)}
         if train_flops:
             row[tool]['tflops'] = med * train_flops / 1e12
-            if peak:
+            if peak and tool != 'pipetrain_cpu':  # the GPU's peak
                 row[tool]['fraction_of_fp32_peak'] = med * train_flops / peak
     if 'pipetrain' in row and 'torch' in row:
         row['ratio_pipetrain_to_torch'] = (row['pipetrain']['samples_per_s_median'] /
                                           row['torch']['samples_per_s_median'])
+    if 'pipetrain' in row and 'pipetrain_cpu' in row:
+        row['ratio_pipetrain_to_its_cpu'] = (row['pipetrain']['samples_per_s_median'] /
+                                            row['pipetrain_cpu']['samples_per_s_median'])
     table.append(row)
 
 if table:
@@ -829,7 +864,7 @@ if table:
     print(f'{"batch":>5}  {"tool":<14}{"samples/s":>12}  {"[min - max]":<22}{"TFLOP/s":>8}'
           f'{"% peak":>8}')
     for row in table:
-        for tool in ('pipetrain', 'torch', 'torch_compile'):
+        for tool in TOOLS:
             if tool not in row:
                 continue
             t = row[tool]
@@ -840,6 +875,59 @@ if table:
                   f'{tf:>8}{pk:>8}')
         if 'ratio_pipetrain_to_torch' in row:
             print(f'{"":>5}  pipetrain / torch (eager) = {row["ratio_pipetrain_to_torch"]:.3f}')
+        if 'ratio_pipetrain_to_its_cpu' in row:
+            print(f'{"":>5}  pipetrain on {device} / on the CPU = '
+                  f'{row["ratio_pipetrain_to_its_cpu"]:.3f}')
+
+# Every run that gave a figure, as a record of experiments/study.py's cpu-gpu study
+# (experiments/studies/common.py's format), to be copied into results/recorded/cpu-gpu/
+def cpu_model():
+    try:
+        for line in open('/proc/cpuinfo'):
+            if line.startswith('model name'):
+                return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+gpu_name = None
+try:
+    gpu_name = devices['cuda']['devices'][0]['name']
+except (TypeError, KeyError, IndexError):
+    try:
+        gpu_name = open(smi_f).readline().rsplit(',', 1)[0].strip() or None
+    except OSError:
+        pass
+ok_runs = [r for r in runs if r['ok']]
+day = (ok_runs[0].get('when') or '')[:10] if ok_runs else ''
+host_label = os.environ.get('VALIDATE_MACHINE') or gpu_name or platform.node()
+machine = {'host': platform.node(), 'cpu': cpu_model(), 'cores': os.cpu_count(),
+           'kernel': platform.release(), 'gpu': gpu_name if device == 'cuda' else None,
+           'gpu_peak_fp32_tflops': round(peak / 1e12, 1) if peak else None}
+for r in ok_runs:  # PyTorch's versions, from a run of the peer
+    if r['result'].get('torch'):
+        machine['torch'] = r['result']['torch']
+        machine['cuda'] = r['result'].get('cuda')
+names = {'pipetrain': 'pipetrain', 'torch': 'PyTorch eager', 'torch_compile': 'torch.compile',
+         'pipetrain_cpu': 'pipetrain'}
+with open(rec_f, 'w') as f:
+    for r in ok_runs:
+        dev = 'cpu' if r['tool'] == 'pipetrain_cpu' else device
+        tool = 'pipetrain' if r['tool'] == 'pipetrain_cpu' else r['tool']
+        f.write(json.dumps({
+            'study': 'cpu-gpu',
+            'label': 'seed-cnn batch %d %s %s run %d' % (r['batch'], names[r['tool']], dev, r['rep']),
+            'kind': 'measured', 'ranks': 1, 'oversubscribed': False, 'quick': False,
+            'cmd': r.get('cmd', ''), 'wall_s': r.get('wall_s'), 'when': r.get('when'),
+            'machine': machine, 'measured_elsewhere': True,
+            'recorded': {'machine': host_label, 'date': day,
+                         'by': 'experiments/cuda/validate.sh step 6 (torch.compile: 6c, '
+                               'CPU: 6d)' + ('; a dry run on the CPU' if device != 'cuda' else ''),
+                         'source': 'cpu-gpu-runs.jsonl of that run, one record per run'},
+            'tool': tool, 'device': dev, 'model': 'seed-cnn', 'result': r['result']}) + '\n')
+if ok_runs:
+    print(f'{len(ok_runs)} throughput runs recorded for the cpu-gpu study in {rec_f}')
+else:
+    os.remove(rec_f) if os.path.exists(rec_f) else None
 
 manifest = None
 if bundle and os.path.exists(os.path.join(bundle, 'MANIFEST')):
@@ -854,7 +942,7 @@ with open(out_f, 'w') as f:
     json.dump(res, f, indent=1)
 
 order = ['1', '2', '3a', '3b', '3c', '3d', '4a', '4b', '7a', '7b', '8a', '8b', '9a', '9b',
-         '9c', '5a', '5b', '5c', '6', '6c']
+         '9c', '5a', '5b', '5c', '6', '6c', '6d']
 steps.sort(key=lambda s: order.index(s['id']) if s['id'] in order else 99)
 print()
 print(f'{"step":<5}{"check":<34}{"result":<9}detail')

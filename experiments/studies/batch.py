@@ -71,15 +71,23 @@ def draw(ctx, pts, target):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    import matplotlib.ticker  # noqa: F401  (plain tick labels)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.4), constrained_layout=True)
     bs = [p[0] for p in pts]
     a.loglog(bs, [p[1] for p in pts], 'o-', base=2, label='measured')
     a.loglog(bs, [pts[0][1] * pts[0][0] / x for x in bs], 'k:', base=2,
-             label='perfect scaling (steps ∝ 1/B)')
+             label='perfect scaling from the smallest batch (steps ∝ 1/B)')
     a.set_ylabel('steps to test accuracy %.2f' % target)
-    b.semilogx(bs, [p[2] for p in pts], 'o-', base=2)
+    b.semilogx(bs, [p[2] for p in pts], 'o-', base=2, label='measured')
     b.set_ylabel('training time to target, s (1 thread)')
+    b.set_ylim(bottom=0)
     for ax in (a, b):
+        ax.set_xticks(bs)
+        ax.set_xticklabels([str(x) for x in bs])
+        ax.minorticks_off()
         ax.set_xlabel('global batch B')
-    a.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    a.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    h, lab = a.get_legend_handles_labels()
+    common.legend_below(fig, h, lab, ncol=2)
     return ctx.figure(fig, 'batch')

@@ -9,6 +9,11 @@ study.py puts into docs/STUDIES.md (full runs) or prints (--quick).
 Measured figures and predicted ones are never mixed: a run of `plan` is recorded with
 "kind": "predicted", a run of `train` with "kind": "measured", and figures draw predicted
 points as open markers on dashed lines.
+
+Runs measured on another machine (a GPU this one lacks) are kept in git under
+results/recorded/STUDY/*.jsonl, one file per session, in the same record format with
+"measured_elsewhere": true and "recorded": {"machine", "date", "by", "source"}; recorded()
+reads them, and a study that draws them says on which machine and date they were measured.
 """
 import datetime
 import json
@@ -53,6 +58,7 @@ class Context:
         self.results = os.path.join(os.path.abspath(args.results), name)
         self.figures = os.path.abspath(args.figures)
         self.plot = not args.no_plot
+        self.recorded_dir = os.path.abspath(args.recorded)
         self.env = benchlib.environment('tuned', OPENBLAS_NUM_THREADS='1')
         self.cores = len(os.sched_getaffinity(0))
         self.machine = machine()
@@ -110,11 +116,6 @@ class Context:
         self._record('predicted', label, cmd, res, res.get('ranks', 1), time.perf_counter() - t0)
         return res
 
-    def supports(self, option):
-        """Whether this build's train takes an option (the layouts of later issues)."""
-        r = subprocess.run([self.pipetrain, 'train', '--help'], capture_output=True, text=True)
-        return ('--' + option) in r.stdout
-
     # ---- outputs -----------------------------------------------------------------------
 
     def figure(self, fig, stem):
@@ -127,6 +128,14 @@ class Context:
 
     def close(self):
         self.log.close()
+
+
+def legend_below(fig, handles, labels, ncol=None, title=None):
+    """A legend under the figure's axes, outside every one of them (bbox_inches='tight'
+    keeps it in the saved image; matplotlib 3.6 has no loc='outside ...')."""
+    return fig.legend(handles, labels, loc='upper center', bbox_to_anchor=(0.5, 0.0),
+                      ncol=ncol or min(4, len(labels)), fontsize=8, frameon=False, title=title,
+                      title_fontsize=8)
 
 
 def table(header, rows):
@@ -152,6 +161,49 @@ def per_step(res, key, reduce=max):
 def step_ms(res):
     rate = res.get('samples_per_s')
     return 1e3 * res['batch'] / rate if rate else None
+
+
+def recorded(study, where):
+    """The runs of STUDY recorded on other machines: every record of WHERE/STUDY/*.jsonl
+    (WHERE: results/recorded by default; files in name order), each checked for the fields
+    a study draws from. A malformed one is refused naming its file and line."""
+    d = os.path.join(where, study)
+    try:
+        names = sorted(n for n in os.listdir(d) if n.endswith('.jsonl'))
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise StudyError('cannot read %s: %s' % (d, e.strerror))
+    out = []
+    for n in names:
+        path = os.path.join(d, n)
+        with open(path) as f:
+            for i, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where_ = '%s:%d' % (os.path.relpath(path, ROOT), i)
+                try:
+                    rec = json.loads(line)
+                except ValueError as e:
+                    raise StudyError('%s: not JSON (%s)' % (where_, e))
+                if not isinstance(rec, dict):
+                    raise StudyError('%s: not a JSON object' % where_)
+                bad = [k for k in ('study', 'label', 'kind', 'cmd', 'machine', 'result', 'recorded')
+                       if k not in rec]
+                why = ('no ' + ', '.join(bad) if bad
+                       else 'a record of %s' % rec['study'] if rec['study'] != study
+                       else 'not marked "measured_elsewhere": true'
+                       if rec.get('measured_elsewhere') is not True else None)
+                if why:
+                    raise StudyError('%s: not a recorded run of %s: %s' % (where_, study, why))
+                if not (isinstance(rec['recorded'], dict) and isinstance(rec['machine'], dict)
+                        and isinstance(rec['result'], dict)
+                        and all(rec['recorded'].get(k) for k in ('machine', 'date'))):
+                    raise StudyError('%s: "machine" and "result" must be objects and "recorded" '
+                                     'must name the machine and the date' % where_)
+                rec['file'] = os.path.relpath(path, ROOT)
+                out.append(rec)
+    return out
 
 
 def sizes(quick, full, small):

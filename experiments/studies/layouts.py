@@ -1,6 +1,8 @@
 """Layouts compared: one global batch trained sequentially, data-parallel, as a pipeline
-(each schedule), and hybrid, with the step time cut into compute, pipeline bubble and the
-exposed part of the gradient reductions, and the memory each rank holds."""
+(each schedule train runs, with recomputation and batched weight gradients), hybrid, and
+tensor-parallel (both modes), with the step time cut into compute, the tensor collectives
+inside it, the exposed part of the gradient reductions and the rest (bubble, messages), and
+the memory each rank holds."""
 from . import common
 
 TITLE = 'Layouts compared'
@@ -11,7 +13,7 @@ MODELS = [('seed-cnn', 'models/seed-cnn.cfg', ['--optimizer', 'adam', '--lr', '0
 BATCH = 128
 
 # (label, ranks, options): ranks × threads never exceeds the cores for the speed figures;
-# the 4-rank hybrid is oversubscribed on a 2-core machine and says so.
+# the 4-rank hybrid is oversubscribed on a 2-core machine and says so (ctx.cores decides).
 LAYOUTS = [
     ('sequential, 1 thread', 1, ['--threads', '1']),
     ('sequential, 2 threads', 1, ['--threads', '2']),
@@ -25,19 +27,23 @@ LAYOUTS = [
                                               '--threads', '1']),
     ('pipeline K=2 zb-h1 M=4', 2, ['--stages', '2', '--schedule', 'zb-h1', '--microbatches', '4',
                                     '--threads', '1']),
+    ('pipeline K=2 zb-h1 M=4, wgrad batched', 2, ['--stages', '2', '--schedule', 'zb-h1',
+                                                  '--microbatches', '4', '--wgrad', 'batched',
+                                                  '--threads', '1']),
+    ('pipeline K=2 1f1b M=4, recompute all', 2, ['--stages', '2', '--schedule', '1f1b',
+                                                 '--microbatches', '4', '--recompute', 'all',
+                                                 '--threads', '1']),
     ('hybrid K=2 x R=2 1f1b M=2', 4, ['--stages', '2', '--replicas', '2', '--microbatches', '2',
                                        '--threads', '1']),
+    ('tensor T=2 megatron', 2, ['--tensor', '2', '--tensor-mode', 'megatron', '--threads', '1']),
+    ('tensor T=2 gather (classic model parallel)', 2, ['--tensor', '2', '--tensor-mode', 'gather',
+                                                       '--threads', '1']),
 ]
 
 
 def run(ctx):
     steps, warmup, samples = common.sizes(ctx.quick, (60, 10, 60000), (3, 1, 512))
     layouts = list(LAYOUTS)
-    if ctx.supports('tensor'):
-        layouts.append(('tensor T=2 megatron', 2, ['--tensor', '2', '--tensor-mode', 'megatron',
-                                                   '--threads', '1']))
-        layouts.append(('tensor T=2 gather (classic model parallel)', 2,
-                        ['--tensor', '2', '--tensor-mode', 'gather', '--threads', '1']))
     rows, bars, skipped = [], {}, []
     for mname, path, opt, n_layers in MODELS:
         bars[mname] = []
@@ -52,6 +58,8 @@ def run(ctx):
             r = ctx.train('%s: %s' % (mname, label), args, ranks)
             step = common.step_ms(r)
             compute = common.per_step(r, 'stage_compute_s', max)
+            # a tensor group's collectives run inside the forward and backward: part of compute
+            tensor = common.per_step(r, 'stage_tensor_s', max) or 0.0
             exposed = common.per_step(r, 'stage_reduce_exposed_s', max) or 0.0
             act = max(r.get('stage_peak_act_bytes') or [0]) / 1e6
             # parameters, gradients and optimizer state (Adam: 2 more) of the largest stage
@@ -60,13 +68,17 @@ def run(ctx):
                 params_mb = max(r['stage_params']) * 4 * copies / 1e6
             else:
                 params_mb = r['params'] * 4 * copies / r['stages'] / 1e6
+            over = ranks * r['threads'] > ctx.cores
             rows.append([mname, label, '%d×%d' % (ranks, r['threads']), r['samples_per_s'], step,
-                         compute * 1e3 if compute else None, r.get('bubble'), exposed * 1e3,
-                         act, params_mb, 'yes' if ranks * r['threads'] > ctx.cores else ''])
-            bars[mname].append((label, step, compute, exposed, ranks * r['threads'] > ctx.cores))
+                         compute * 1e3 if compute else None,
+                         tensor * 1e3 if r.get('tensor', 1) > 1 else None, r.get('bubble'),
+                         exposed * 1e3, act, params_mb, 'yes' if over else ''])
+            bars[mname].append({'label': label, 'step': step, 'compute': compute or 0.0,
+                                'tensor': tensor, 'exposed': exposed, 'over': over})
     md = common.table(['model', 'layout', 'ranks×threads', 'samples/s', 'step ms',
-                       'compute ms (slowest stage)', 'bubble (share of the step)',
-                       'exposed reduction ms', 'peak activations MB', 'params+grads+state MB per rank',
+                       'compute ms (slowest stage)', 'of which tensor collectives ms',
+                       'bubble (share of the step)', 'exposed reduction ms',
+                       'peak activations MB (largest stage)', 'params+grads+state MB per rank',
                        'oversubscribed'], rows)
     if skipped:
         md += '\nNot run (more model chunks than layers): %s.\n' % '; '.join(skipped)
@@ -83,25 +95,42 @@ def chunks(extra):
 
 
 def draw(ctx, bars):
+    """One panel per model, stacked (their step times differ by 50×, and the layout names
+    need the width), bars cut into compute, exposed reduction and the rest; the legend under
+    the panels, where it covers no bar."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(bars), figsize=(6 * len(bars), 4))
-    for ax, (mname, items) in zip(axes, bars.items()):
-        labels = [i[0] + (' *' if i[4] else '') for i in items]
-        step = [i[1] or 0 for i in items]
-        comp = [(i[2] or 0) * 1e3 for i in items]
-        exp = [i[3] * 1e3 for i in items]
-        other = [max(0.0, s - c - e) for s, c, e in zip(step, comp, exp)]
-        y = range(len(items))
-        ax.barh(y, comp, label='compute (slowest stage)')
-        ax.barh(y, exp, left=comp, label='exposed reduction')
-        ax.barh(y, other, left=[c + e for c, e in zip(comp, exp)],
-                label='bubble, messages, rest')
-        ax.set_yticks(list(y))
+    n = [len(items) for items in bars.values()]
+    fig, axes = plt.subplots(len(bars), 1, figsize=(9, 1.2 + 0.34 * sum(n) + 0.9 * len(bars)),
+                             squeeze=False, constrained_layout=True,
+                             gridspec_kw={'height_ratios': [max(1, k) for k in n]})
+    parts = [('compute (slowest stage)', 'C0'),
+             ('tensor collectives (inside the forward and backward)', 'C4'),
+             ('exposed reduction', 'C1'), ('bubble, messages, rest', 'C2')]
+    for ax, (mname, items) in zip(axes[:, 0], bars.items()):
+        labels = [i['label'] + (' *' if i['over'] else '') for i in items]
+        step = [i['step'] or 0 for i in items]
+        tens = [i['tensor'] * 1e3 for i in items]
+        comp = [max(0.0, i['compute'] * 1e3 - t) for i, t in zip(items, tens)]
+        exp = [i['exposed'] * 1e3 for i in items]
+        other = [max(0.0, s - c - t - e) for s, c, t, e in zip(step, comp, tens, exp)]
+        y = list(range(len(items)))
+        left = [0.0] * len(items)
+        for (name, color), width in zip(parts, (comp, tens, exp, other)):
+            ax.barh(y, width, left=left, color=color, label=name, height=0.7)
+            left = [a + b for a, b in zip(left, width)]
+        for yy, total in zip(y, step):  # the step time at the end of each bar
+            ax.annotate('%.3g' % total, (total, yy), xytext=(3, 0), textcoords='offset points',
+                        va='center', fontsize=7)
+        ax.set_yticks(y)
         ax.set_yticklabels(labels, fontsize=8)
         ax.invert_yaxis()
+        ax.set_xlim(0, max(step + [1e-9]) * 1.12)
         ax.set_xlabel('ms per optimizer step (batch %d)' % BATCH)
-        ax.set_title(mname + ('  (* oversubscribed)' if any(i[4] for i in items) else ''))
-    axes[0].legend(fontsize=8, loc='lower right')
+        ax.set_title(mname + ('  (* oversubscribed: ranks × threads > cores, speed not a '
+                              'figure of the layout)' if any(i['over'] for i in items) else ''),
+                     fontsize=9)
+    h, lab = axes[0, 0].get_legend_handles_labels()
+    common.legend_below(fig, h, lab, ncol=2)
     return ctx.figure(fig, 'layouts')

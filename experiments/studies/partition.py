@@ -27,6 +27,7 @@ def run(ctx):
                          pr['step_s'] * 1e3, p['cost_s'] * 1e6, p['rank_order_cost_s'] * 1e6])
             pts.setdefault(m, []).append((k, imb, pr['step_s']))
     steps, warmup, samples = common.sizes(ctx.quick, (30, 5, 60000), (3, 1, 512))
+    measured = {}
     for m in METHODS:
         r = ctx.train('%s K=2 measured' % m, ['--model', MODEL, '--stages', 2, '--partition', m,
                                                '--batch', BATCH, '--microbatches', MICRO,
@@ -37,6 +38,7 @@ def run(ctx):
         imb = max(comp) / (sum(comp) / len(comp)) if sum(comp) > 0 else None
         rows.append([m, 2, 'measured here', ' '.join(map(str, r['stage_layers'])), imb,
                      common.step_ms(r), None, None])
+        measured.setdefault(m, []).append((2, imb, common.step_ms(r) / 1e3))
     md = common.table(['method', 'K', 'kind', 'layers per stage',
                        'imbalance (slowest / mean compute)', 'step ms',
                        'placement comm µs/step', 'rank order comm µs/step'], rows)
@@ -44,21 +46,41 @@ def run(ctx):
            'layer times profiled on this machine; measured: 2 ranks × 1 thread here.\n'
            % (MACHINE, BATCH, MICRO))
     if ctx.plot:
-        md += '\n![partitioners](%s)\n' % draw(ctx, pts)
+        md += '\n![partitioners](%s)\n' % draw(ctx, pts, measured)
     return md
 
 
-def draw(ctx, pts):
+def draw(ctx, pts, measured):
+    """Predicted lines (open markers, dashed) per method, and the K = 2 runs measured here as
+    filled markers of the same colour beside them."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for m, p in pts.items():
-        a.plot([x[0] for x in p], [x[1] for x in p], 'o--', mfc='none', label=m)
-        b.plot([x[0] for x in p], [x[2] * 1e3 for x in p], 'o--', mfc='none', label=m)
-    a.set_ylabel('imbalance (predicted)')
-    b.set_ylabel('step ms (predicted)')
+    from matplotlib.lines import Line2D
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.4), constrained_layout=True)
+    for i, (m, p) in enumerate(pts.items()):
+        c = 'C%d' % i
+        a.plot([x[0] for x in p], [x[1] for x in p], 'o--', mfc='none', color=c)
+        b.plot([x[0] for x in p], [x[2] * 1e3 for x in p], 'o--', mfc='none', color=c)
+        for k, imb, step in measured.get(m, []):
+            if imb is not None:
+                a.plot([k + 0.08], [imb], 'o', color=c, ms=7, zorder=3)
+            if step is not None:
+                b.plot([k + 0.08], [step * 1e3], 'o', color=c, ms=7, zorder=3)
+    ks = sorted({x[0] for p in pts.values() for x in p})
+    a.set_ylabel('imbalance (slowest / mean stage compute)')
+    b.set_ylabel('step ms (batch %d, M = %d)' % (BATCH, MICRO))
     for ax in (a, b):
+        ax.set_xticks(ks)
         ax.set_xlabel('stages K')
-        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    a.set_ylim(bottom=1)
+    b.set_ylim(bottom=0)
+    handles = [Line2D([], [], color='C%d' % i, ls='--', marker='o', mfc='none', label=m)
+               for i, m in enumerate(pts)]
+    handles += [Line2D([], [], color='gray', ls='--', marker='o', mfc='none',
+                       label='predicted (plan on %s)' % MACHINE.split('/')[-1]),
+                Line2D([], [], color='gray', ls='', marker='o', ms=7,
+                       label='measured here (2 ranks; set a little right of K = 2)')]
+    common.legend_below(fig, handles, [h.get_label() for h in handles], ncol=len(handles))
     return ctx.figure(fig, 'partition')

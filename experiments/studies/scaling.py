@@ -73,19 +73,31 @@ def draw(ctx, strong, weak, nodes):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4), constrained_layout=True)
 
-    def series(ax, pts, f, ylabel, title):
+    def below(ax):  # the legend under the panel, where it covers no point
+        ax.legend(fontsize=8, loc='upper center', bbox_to_anchor=(0.5, -0.17), ncol=3,
+                  frameon=False)
+
+    def series(ax, pts, f, ideal, ylabel, title):
         for kind, style in (('measured', 'o-'), ('predicted', 'o--')):
             xs = [p for k, p, _ in pts if k == kind]
             ys = [f(p, t, pts, kind) for k, p, t in pts if k == kind]
             if xs:
-                ax.plot(xs, ys, style, mfc='none' if kind == 'predicted' else None, label=kind)
+                ax.plot(xs, ys, style, mfc='none' if kind == 'predicted' else None,
+                        label=kind if kind == 'measured' else 'predicted (plan, not measured)',
+                        zorder=3 if kind == 'measured' else 2)
+        procs = sorted({p for _, p, _ in pts})
+        ax.plot(procs, [ideal(p) for p in procs], 'k:', lw=1, label='ideal', zorder=1)
         ax.set_xscale('log', base=2)
+        ax.set_xticks(procs)
+        ax.set_xticklabels([str(p) for p in procs])
+        ax.minorticks_off()
         ax.set_xlabel('processes')
         ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.legend(fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        below(ax)
 
     def speedup(p, t, pts, kind):
         base = [tt for k, pp, tt in pts if k == kind and pp == 1][0]
@@ -95,14 +107,21 @@ def draw(ctx, strong, weak, nodes):
         base = [tt for k, pp, tt in pts if k == kind and pp == 1][0]
         return base / t  # same work per process: ideal is a flat 1
 
-    series(axes[0], strong, speedup, 'speed-up (batch %d)' % STRONG_BATCH, 'strong scaling')
-    series(axes[1], weak, efficiency, 'efficiency (%d per process)' % WEAK_BATCH, 'weak scaling')
+    series(axes[0], strong, speedup, lambda p: p, 'speed-up over 1 process (batch %d)'
+           % STRONG_BATCH, 'strong scaling')
+    series(axes[1], weak, efficiency, lambda p: 1.0, 'efficiency (%d samples per process)'
+           % WEAK_BATCH, 'weak scaling')
+    axes[1].set_ylim(bottom=0)
     for tag, style in (('8 processes', 'o--'), ('4 per node', 's--')):
         pts = [(n, s) for t, n, _, s in nodes if t == tag]
         axes[2].plot([n for n, _ in pts], [s * 1e3 for _, s in pts], style, mfc='none',
-                     label=tag)
-    axes[2].set_xlabel('nodes (predicted)')
+                     label=tag + ' (predicted)')
+    ns = sorted({n for _, n, _, _ in nodes})
+    axes[2].set_xticks(ns)
+    axes[2].set_xlabel('nodes of %s (predicted)' % MACHINE.split('/')[-1])
     axes[2].set_ylabel('step ms (batch %d)' % STRONG_BATCH)
-    axes[2].set_title('effect of the number of nodes')
-    axes[2].legend(fontsize=8)
+    axes[2].set_ylim(bottom=0)
+    axes[2].set_title('effect of the number of nodes', fontsize=10)
+    axes[2].grid(alpha=0.3)
+    below(axes[2])
     return ctx.figure(fig, 'scaling')

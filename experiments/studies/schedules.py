@@ -51,26 +51,79 @@ def run(ctx):
         md += '\nNot measured (train does not run them in this build): %s.\n' % ', '.join(skipped)
     if ctx.plot:
         md += '\n![bubble and memory against micro-batches](%s)\n' % draw(ctx, lines)
+        same = coincident(lines, 3, 'the formula') + coincident(lines, 4, 'the peak activations')
+        if same:
+            md += ('\nLines that coincide in the figure (equal at every M; their markers are '
+                   'set a little apart sideways, and each schedule has its own marker): %s.\n'
+                   % '; '.join(same))
     return md
+
+
+MARKERS = {'gpipe': 'o', '1f1b': 's', 'interleaved': '^', 'zb-h1': 'D'}
+
+
+def coincident(lines, idx, what):
+    """Groups of schedules whose series idx is the same at every M (within 0.5%)."""
+    groups, seen = [], set()
+    names = list(lines)
+    for i, a in enumerate(names):
+        if a in seen:
+            continue
+        same = [a]
+        for b in names[i + 1:]:
+            pa, pb = lines[a], lines[b]
+            if len(pa) == len(pb) and all(
+                    x[0] == y[0] and x[idx] is not None and y[idx] is not None
+                    and abs(x[idx] - y[idx]) <= 0.005 * max(abs(x[idx]), abs(y[idx]), 1e-12)
+                    for x, y in zip(pa, pb)):
+                same.append(b)
+        if len(same) > 1:
+            seen.update(same)
+            groups.append('%s: %s' % (what, ' and '.join(same)))
+    return groups
 
 
 def draw(ctx, lines):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    from matplotlib.lines import Line2D
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.6), constrained_layout=True)
+    n = len(lines)
     for i, (s, pts) in enumerate(lines.items()):
-        c = 'C%d' % i
-        m = [p[0] for p in pts]
-        a.plot(m, [p[1] for p in pts], 'o-', color=c, label='%s measured' % s)
-        a.plot(m, [p[2] for p in pts], 'o--', mfc='none', color=c, label='%s simulated' % s)
-        a.plot(m, [p[3] for p in pts], ':', color=c, label='%s formula' % s)
-        b.plot(m, [p[4] for p in pts], 'o-', color=c, label=s)
+        c, mk = 'C%d' % i, MARKERS.get(s, 'o')
+        # set each schedule's points a little apart sideways (up to ±6% of M), so
+        # that schedules with equal values stay visible; later schedules are drawn on top
+        m = [p[0] * 2 ** (0.055 * (i - (n - 1) / 2)) for p in pts]
+        z = 2 + i
+        a.plot(m, [p[1] for p in pts], '-', marker=mk, color=c, zorder=z)
+        a.plot(m, [p[2] for p in pts], '--', marker=mk, mfc='white', color=c, zorder=z)
+        a.plot(m, [p[3] for p in pts], ':', color=c, lw=1.5, zorder=z)
+        # measured; markers shrink from the first schedule to the last, drawn on top
+        b.plot(m, [p[4] for p in pts], '-', marker=mk, color=c, zorder=z, ms=9 - 1.5 * i)
+    ms = sorted({p[0] for pts in lines.values() for p in pts})
     for ax in (a, b):
         ax.set_xscale('log', base=2)
+        ax.set_xticks(ms)
+        ax.set_xticklabels([str(x) for x in ms])
+        ax.minorticks_off()
         ax.set_xlabel('micro-batches M (K = 2 stages, batch 128)')
+        ax.grid(alpha=0.3)
     a.set_ylabel('bubble (idle share of the step)')
+    a.set_ylim(bottom=0)
+    a.set_title('bubble', fontsize=10)
     b.set_ylabel('peak activation MB (largest stage)')
-    a.legend(fontsize=7)
-    b.legend(fontsize=7)
+    b.set_ylim(bottom=0)
+    b.set_title('activation memory (measured)', fontsize=10)
+    sched = [Line2D([], [], color='C%d' % i, marker=MARKERS.get(s, 'o'), label=s)
+             for i, s in enumerate(lines)]
+    kinds = [Line2D([], [], color='gray', ls='-', marker='o', label='measured'),
+             Line2D([], [], color='gray', ls='--', marker='o', mfc='white',
+                    label='simulated (measured stage times)'),
+             Line2D([], [], color='gray', ls=':', label='formula, balanced stages')]
+    leg = fig.legend(handles=sched, loc='upper center', bbox_to_anchor=(0.3, 0.0), ncol=len(sched),
+                     fontsize=8, frameon=False, title='schedule', title_fontsize=8)
+    fig.add_artist(leg)
+    fig.legend(handles=kinds, loc='upper center', bbox_to_anchor=(0.75, 0.0), ncol=1, fontsize=8,
+               frameon=False, title='bubble panel: line style', title_fontsize=8)
     return ctx.figure(fig, 'schedules')
