@@ -108,7 +108,10 @@ void kernel_dropout_backward_cpu(float *din, const float *dout, const uint8_t *m
  * Returns the SUM over the n samples of −log softmax(logits)[label], in double.
  * dlogits (may be NULL) = (softmax − onehot) · grad_scale; grad_scale is 1 / (whole
  * batch size) so that micro-batches give the gradient of the batch mean.
- * *correct (may be NULL) receives the number of samples whose first argmax is the label. */
+ * *correct (may be NULL) receives the number of samples whose first argmax is the label.
+ * A language model's loss is this call over every position: logits [batch·seq, vocab],
+ * targets [batch·seq], grad_scale 1 / (tokens in the whole batch); its mean is the sum
+ * divided by those tokens (F.cross_entropy's default reduction). */
 double kernel_softmax_xent_cpu(float *dlogits, int *correct, const float *logits,
                                const int32_t *labels, int n, int classes, float grad_scale);
 
@@ -124,6 +127,14 @@ void kernel_momentum_update_cpu(float *param, float *buf, const float *grad, siz
 void kernel_adam_update_cpu(float *param, float *m, float *v, const float *grad, size_t count,
                             float lr, float beta1, float beta2, float eps, float weight_decay,
                             long step);
+
+/* torch.optim.AdamW: decoupled weight decay p ← p·(1 − lr·wd) first (kernel_adamw_decay_at),
+ * then the Adam update above without the L2 term. m and v must be zero before step 1. */
+void kernel_adamw_update_cpu(float *param, float *m, float *v, const float *grad, size_t count,
+                             float lr, float beta1, float beta2, float eps, float weight_decay,
+                             long step);
+/* AdamW's decay factor 1 − lr·wd, computed in double from the decimals as torch does. */
+float kernel_adamw_decay_at(float lr, float weight_decay);
 
 /* Adam's per-step scalars, computed as torch does: from the decimals the user wrote (0.999,
  * 1e-3: torch keeps them as Python doubles), in double, with a float32 step counter.
@@ -150,5 +161,8 @@ void kernel_bytes_to_float_cpu(float *out, const uint8_t *in, size_t count);
 #ifdef __cplusplus
 }
 #endif
+
+/* Layer norm, GELU, embedding, causal attention, gradient-norm helpers. */
+#include "kernels/kernels_transformer.h"
 
 #endif

@@ -1,4 +1,4 @@
-/* Optimizer updates that reproduce torch.optim.SGD and torch.optim.Adam (1.13, single-tensor
+/* Optimizer updates that reproduce torch.optim.SGD, Adam and AdamW (1.13, single-tensor
  * path, CPU) bit for bit, not just mathematically.
  *
  * Each torch tensor operation rounds once, and some of them are fused multiply-adds on
@@ -127,15 +127,17 @@ static inline void optim_sqrt_block(float *x)
 static inline void optim_sqrt_block(float *x) { x[0] = sqrtf(x[0]); }
 #endif
 
-/* m and v must be zero before step 1. The update runs in chunks that stay in L1: moments
- * first (vectorised), then the square roots, then the parameter step (vectorised). */
+/* The Adam update of both rules: l2 is Adam's weight decay (added to the gradient), decay
+ * AdamW's factor (applied to the parameter first; 1 skips it, as x·1 = x). m and v must be
+ * zero before step 1. The update runs in chunks that stay in L1: moments first (vectorised),
+ * then the square roots, then the parameter step (vectorised). Inlined into each caller, so
+ * the test of l2 and decay is hoisted and Adam's loop is what it was before AdamW. */
 OPTIM_EXACT
-void kernel_adam_update_cpu(float *param, float *m, float *v, const float *grad, size_t count,
-                            float lr, float beta1, float beta2, float eps, float weight_decay,
-                            long step)
+static inline void optim_adam_core(float *param, float *m, float *v, const float *grad,
+                                   size_t count, float beta1, float beta2, float eps, float l2,
+                                   float decay, kernel_adam_scalars k)
 {
     enum { CHUNK = 512 };
-    const kernel_adam_scalars k = kernel_adam_scalars_at(lr, beta1, beta2, step);
     const float neg_step_size = k.neg_step_size, bc2_sqrt = k.bc2_sqrt;
     const float one_m_b1 = k.one_m_b1, one_m_b2 = k.one_m_b2;
     const float eps_f = eps;
@@ -144,8 +146,11 @@ void kernel_adam_update_cpu(float *param, float *m, float *v, const float *grad,
         const size_t len = count - i0 < CHUNK ? count - i0 : CHUNK;
         float *p = param + i0, *mc = m + i0, *vc = v + i0;
         const float *gc = grad + i0;
+        if (decay != 1.0f) /* param.mul_(1 − lr·wd): one rounding */
+            for (size_t i = 0; i < len; i++)
+                p[i] = p[i] * decay;
         for (size_t i = 0; i < len; i++) {
-            float g = weight_decay != 0.0f ? fmaf(weight_decay, p[i], gc[i]) : gc[i];
+            float g = l2 != 0.0f ? fmaf(l2, p[i], gc[i]) : gc[i];
             float mi = mc[i] * beta1;
             mc[i] = fmaf(one_m_b1, g, mi);
             float vi = vc[i] * beta2;
@@ -163,4 +168,30 @@ void kernel_adam_update_cpu(float *param, float *m, float *v, const float *grad,
             p[i] = p[i] + (neg_step_size * mc[i]) / denom;
         }
     }
+}
+
+OPTIM_EXACT
+void kernel_adam_update_cpu(float *param, float *m, float *v, const float *grad, size_t count,
+                            float lr, float beta1, float beta2, float eps, float weight_decay,
+                            long step)
+{
+    optim_adam_core(param, m, v, grad, count, beta1, beta2, eps, weight_decay, 1.0f,
+                    kernel_adam_scalars_at(lr, beta1, beta2, step));
+}
+
+float kernel_adamw_decay_at(float lr, float weight_decay)
+{
+    /* torch: param.mul_(1 - lr * weight_decay), Python doubles, then the float tensor's
+     * multiply by the scalar rounded to float. */
+    return (float)(1.0 - optim_decimal_value(lr) * optim_decimal_value(weight_decay));
+}
+
+OPTIM_EXACT
+void kernel_adamw_update_cpu(float *param, float *m, float *v, const float *grad, size_t count,
+                             float lr, float beta1, float beta2, float eps, float weight_decay,
+                             long step)
+{
+    optim_adam_core(param, m, v, grad, count, beta1, beta2, eps, 0.0f,
+                    kernel_adamw_decay_at(lr, weight_decay),
+                    kernel_adam_scalars_at(lr, beta1, beta2, step));
 }

@@ -2,8 +2,12 @@
 """Writes tests/golden/*.bin: PyTorch 1.13 reference values for the CPU kernels.
 
 Needs PyTorch (Debian: apt-get install python3-torch, for /usr/bin/python3; run under another
-python3 it runs itself again under /usr/bin/python3):  python3 experiments/golden/make_golden.py
-The files are committed; the tests (tests/test_golden.c) read them and never need torch.
+python3 it runs itself again under /usr/bin/python3):
+    python3 experiments/golden/make_golden.py [FILE.bin ...]   (default: every file)
+The files are committed; the tests (tests/test_golden.c, tests/test_golden_transformer.c)
+read them and never need torch. Each file comes out the same whether it is written alone or
+with the others (transformer.bin seeds its own generator; the older files share one
+sequence, so they are always written together).
 
 File format (little-endian):
     magic   4 bytes  b"PTGD"
@@ -13,6 +17,7 @@ File format (little-endian):
               ndim u32, dims u32 × ndim, data (4 bytes × product of dims) }
     check   u32      FNV-1a (32-bit) of every byte before it
 """
+import math
 import os
 import struct
 import sys
@@ -205,19 +210,145 @@ def golden_optim():
     write_golden("optim.bin", arrays)
 
 
-def main():
-    if not torch.__version__.startswith("1.13"):
-        print("warning: torch %s, the golden values are defined by 1.13" % torch.__version__,
-              file=sys.stderr)
+def f64(t):
+    """Rounded to float32 first, then double: the stored inputs are exactly what torch used."""
+    return t.float().double()
+
+
+def golden_layernorm():
+    rows, width = 5, 37  # 37: two blocks of 16 partial sums and a tail
+    x = leaf(f64(torch.randn(rows, width) * 2 + 1.5))
+    gamma, beta = leaf(f64(1 + 0.3 * torch.randn(width))), leaf(f64(0.5 * torch.randn(width)))
+    y, mean, rstd = torch.native_layer_norm(x, [width], gamma, beta, 1e-5)
+    dy = f64(torch.randn(rows, width))
+    (y * dy).sum().backward()
+    return [("ln.dims", torch.tensor([rows, width])), ("ln.x", x), ("ln.gamma", gamma),
+            ("ln.beta", beta), ("ln.out", y), ("ln.mean", mean.reshape(rows)),
+            ("ln.rstd", rstd.reshape(rows)), ("ln.dout", dy), ("ln.dx", x.grad),
+            ("ln.dgamma", gamma.grad), ("ln.dbeta", beta.grad)]
+
+
+def golden_gelu():
+    special = torch.tensor([0.0, -0.0, 1e-6, -1e-6, 0.5, -0.5, 1.0, -1.0, 3.0, -3.0, 5.0, -5.0,
+                            10.0, -10.0, 30.0, -30.0])
+    x = leaf(f64(torch.cat([special, torch.randn(100) * 3, torch.linspace(-8, 8, 65)])))
+    y = F.gelu(x, approximate="tanh")
+    dy = f64(torch.randn(x.shape))
+    (y * dy).sum().backward()
+    return [("gelu.x", x), ("gelu.out", y), ("gelu.dout", dy), ("gelu.din", x.grad)]
+
+
+ATTENTION_CASES = [("a", 2, 5, 3, 4), ("b", 1, 70, 2, 8)]  # name, batch, seq, heads, head_dim
+
+
+def golden_attention():
+    """GPT-2's explicit causal attention (torch 1.13 has no scaled_dot_product_attention)."""
+    arrays = []
+    for name, b, t, h, d in ATTENTION_CASES:
+        q, k, v = (leaf(f64(torch.randn(b * t, h * d))) for _ in range(3))
+        heads = lambda z: z.view(b, t, h, d).transpose(1, 2)  # noqa: E731
+        att = (heads(q) @ heads(k).transpose(-2, -1)) * (1.0 / math.sqrt(d))
+        mask = torch.tril(torch.ones(t, t, dtype=torch.bool))
+        att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
+        y = (att @ heads(v)).transpose(1, 2).contiguous().view(b * t, h * d)
+        dy = f64(torch.randn(y.shape))
+        (y * dy).sum().backward()
+        arrays += [("attn.%s.%s" % (name, key), val) for key, val in (
+            ("dims", torch.tensor([b, t, h, d])), ("q", q), ("k", k), ("v", v), ("out", y),
+            ("dout", dy), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad))]
+        if t < 10:  # the probabilities of the small case only (the file stays small)
+            arrays.append(("attn.%s.probs" % name, att))
+    return arrays
+
+
+def golden_embedding():
+    b, t, width, vocab, ctx = 2, 5, 6, 11, 8
+    tokens = torch.randint(0, vocab, (b * t,), dtype=torch.int32)
+    tokens[7] = tokens[2]  # a repeated token (its gradient rows add)
+    wte, wpe = leaf(f64(torch.randn(vocab, width))), leaf(f64(torch.randn(ctx, width)))
+    pos = torch.arange(t).repeat(b)
+    y = F.embedding(tokens.long(), wte) + F.embedding(pos, wpe)
+    dy = f64(torch.randn(y.shape))
+    (y * dy).sum().backward()
+    return [("emb.dims", torch.tensor([b, t, width, vocab, ctx])), ("emb.tokens", tokens),
+            ("emb.wte", wte), ("emb.wpe", wpe), ("emb.out", y), ("emb.dout", dy),
+            ("emb.dwte", wte.grad), ("emb.dwpe", wpe.grad)]
+
+
+def golden_lm_xent():
+    n, vocab = 6, 300  # batch 2 × seq 3 positions
+    logits = torch.randn(n, vocab) * 3
+    logits[1] += 50.0
+    lg = leaf(f64(logits))
+    targets = torch.randint(0, vocab, (n,), dtype=torch.int32)
+    loss = F.cross_entropy(lg, targets.long())  # the mean over positions
+    loss.backward()
+    return [("xent.dims", torch.tensor([n, vocab])), ("xent.logits", lg),
+            ("xent.targets", targets), ("xent.loss_hi_lo", split_double(loss.item())),
+            ("xent.dlogits", lg.grad)]
+
+
+ADAMW_STEPS = 3
+
+
+def golden_adamw():
+    """In float32, as training runs it: the optimizer's own roundings are what is reproduced."""
+    count = 37
+    p0 = torch.randn(count)
+    grads = torch.randn(ADAMW_STEPS, count) * torch.logspace(-4, 1, count)
+    hp = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    p = torch.nn.Parameter(p0.clone())
+    opt = torch.optim.AdamW([p], **hp)
+    history = []
+    for step in range(ADAMW_STEPS):
+        p.grad = grads[step].clone()
+        opt.step()
+        history.append(p.detach().clone())
+    state = opt.state[p]
+    hyper = [hp["lr"], hp["betas"][0], hp["betas"][1], hp["eps"], hp["weight_decay"]]
+    return [("adamw.p0", p0), ("adamw.grads", grads),
+            ("adamw.hyper", torch.tensor(hyper, dtype=torch.float32)),
+            ("adamw.params", torch.stack(history)), ("adamw.m", state["exp_avg"]),
+            ("adamw.v", state["exp_avg_sq"])]
+
+
+def golden_transformer():
+    """GPT-2's kernels, computed in float64 from float32 inputs (AdamW in float32)."""
+    torch.manual_seed(20240624)
+    write_golden("transformer.bin", golden_layernorm() + golden_gelu() + golden_attention() +
+                 golden_embedding() + golden_lm_xent() + golden_adamw())
+
+
+def write_original():
+    """The first six files, from one generator sequence in this order."""
     torch.manual_seed(20240601)
-    torch.set_num_threads(1)
-    os.makedirs(OUT_DIR, exist_ok=True)
     golden_dense()
     golden_conv()
     golden_pool()
     golden_activation()
     golden_xent()
     golden_optim()
+
+
+WRITERS = {"original": write_original, "transformer.bin": golden_transformer}
+ORIGINAL = ("dense.bin", "conv.bin", "pool.bin", "act.bin", "xent.bin", "optim.bin")
+
+
+def main():
+    if not torch.__version__.startswith("1.13"):
+        print("warning: torch %s, the golden values are defined by 1.13" % torch.__version__,
+              file=sys.stderr)
+    torch.set_num_threads(1)
+    os.makedirs(OUT_DIR, exist_ok=True)
+    wanted = sys.argv[1:] or ["original", "transformer.bin"]
+    for name in wanted:
+        if name in ORIGINAL:
+            name = "original"
+        if name not in WRITERS:
+            sys.exit("make_golden.py: unknown file %s (known: %s)" %
+                     (name, ", ".join(ORIGINAL + ("transformer.bin",))))
+    for name in dict.fromkeys("original" if n in ORIGINAL else n for n in wanted):
+        WRITERS[name]()
 
 
 if __name__ == "__main__":
