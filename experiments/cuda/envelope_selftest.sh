@@ -9,6 +9,10 @@
 #   perturbed  a CPU run from the start perturbed with a third seed (another device's
 #              rounding, as far as the CPU can play it)                      must pass
 #   threads2   a CPU run with --threads 2                                    must pass
+#   mock       --device cuda through the CUDA plugin built over the mock runtime
+#              (tests/cuda/mock_cuda.c: the CPU kernels, a micro-batch in one call, so
+#              other sums than the CPU stage's above 16 samples), when it is built:
+#              the GPU's code path of validate.sh with another order of sums  must pass
 #   lr         lr 0.1% high (1-step kinds: what 3d and 3f refuse)            must fail
 #   seed       another seed's batches and dropout masks (5-step kinds)       must fail
 #   planted    the perturbed run with 1e-3 of the update's norm added to one element of
@@ -17,7 +21,8 @@
 # exits 1 when any outcome is not the expected one. --quick: batch 64, seed 1 only.
 # Environment: PIPETRAIN (default build/pipetrain), PT_DATA (the Fashion-MNIST directory),
 # SELFTEST_KINDS, SELFTEST_BATCHES, SELFTEST_SEEDS (space-separated lists), SELFTEST_JOBS
-# (runs at once, default the number of cores), SELFTEST_KEEP=DIR (keep the files there).
+# (runs at once, default the number of cores), SELFTEST_KEEP=DIR (keep the files there),
+# SELFTEST_MOCK (the mock plugin; default build/tests/libpipetrain-cuda-mock.so; empty: none).
 set -u -o pipefail
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
@@ -46,6 +51,14 @@ ENV_TRAIN=(--model "$ROOT/models/seed-cnn.cfg" --data "${PT_DATA:-/usr/share/dat
            --test-samples 0 --train-samples 1024 --progress 0 --timeout 120)
 # shellcheck source=experiments/cuda/envelope_lib.sh
 source "$ROOT/experiments/cuda/envelope_lib.sh"
+MOCK=${SELFTEST_MOCK-$(dirname "$PT")/tests/libpipetrain-cuda-mock.so}
+mock=()
+if [ -n "$MOCK" ] && [ -f "$MOCK" ]; then
+    export PIPETRAIN_CUDA_PLUGIN=$MOCK PT_MOCK_CUDA_MODE=2
+    mock=("mock|ref|none|pass|--device cuda")
+else
+    echo "(no mock CUDA plugin at '${MOCK}': no mock rows)"
+fi
 
 start=$SECONDS
 for seed in $SEEDS; do
@@ -56,7 +69,7 @@ for seed in $SEEDS; do
                 *) control="seed|ref|seed|fail|" ;;
             esac
             env_case "$kind" "$batch" "$seed" "perturbed|p3|none|pass|" \
-                "threads2|ref|none|pass|--threads 2" "$control"
+                "threads2|ref|none|pass|--threads 2" "${mock[@]}" "$control"
             dir=$ENV_DIR/$kind-b$batch-s$seed
             if [[ $kind == *1 ]] && [ -f "$dir/v-perturbed.st" ]; then
                 "$PYNP" "$ENV_CHECK" plant "$dir/v-perturbed.st" "$dir/P3.st" "$dir/planted.st" \
@@ -95,8 +108,8 @@ for r in rows:
     if key not in cases:
         cases.append(key)
 print('| kind | batch | seed | envelope bulk / norm | perturbed bulk / norm | threads2 | '
-      'control (must fail) | planted (must fail) |')
-print('| --- | --- | --- | --- | --- | --- | --- | --- |')
+      'mock device | control (must fail) | planted (must fail) |')
+print('| --- | --- | --- | --- | --- | --- | --- | --- | --- |')
 bad = 0
 for kind, b, s in cases:
     case = f'{kind}-b{b}-s{s}'
@@ -116,7 +129,7 @@ for kind, b, s in cases:
            f'{max(x["norm_envelope"] for x in j["rows"]):.1e}' if j else '-')
     ctrl = 'lr' if 'lr' in res else 'seed'
     print(f'| {kind} | {b} | {s} | {env} | {cell("perturbed")} | {cell("threads2")} | '
-          f'{ctrl}: {cell(ctrl, False)} | {cell("planted", False)} |')
+          f'{cell("mock")} | {ctrl}: {cell(ctrl, False)} | {cell("planted", False)} |')
 print()
 print('figures: the largest over the tensors; in brackets, the largest value/limit of the '
       'check (above 1: outside)')
