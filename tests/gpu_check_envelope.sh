@@ -2,8 +2,10 @@
 # The rounding envelope of validate.sh's step 3 (experiments/cuda/envelope_lib.sh and
 # envelope_check.py), reduced: batch 64, seed 1, one SGD step and one Adam step from a
 # checkpoint, the CPU playing the GPU's part. A run from a start perturbed by rounding must
-# pass; lr 0.1% high (what validate.sh's 3d and 3f refuse) and a planted error of 1e-3 of
-# the update's norm in one element must not; envelope_check.py refuses bad input with exit 2.
+# pass, and so must --device cuda through the mock CUDA plugin where it is built (the start
+# loaded, the Adam checkpoint resumed onto the device, as validate.sh does); lr 0.1% high
+# (what validate.sh's 3d and 3f refuse) and a planted error of 1e-3 of the update's norm in
+# one element must not; envelope_check.py refuses bad input with exit 2.
 # The full self-test, with the table README.md keeps: experiments/cuda/envelope_selftest.sh.
 # shellcheck source=tests/lib/common.bash
 source "$(dirname "$0")/lib/common.bash"
@@ -20,9 +22,16 @@ ENV_TRAIN=(--model "$MODELS/seed-cnn.cfg" --test-samples 0 --train-samples 256 -
 # shellcheck source=experiments/cuda/envelope_lib.sh
 source "$PT_SOURCE_DIR/experiments/cuda/envelope_lib.sh"
 
+mock=()
+if [ -n "${CUDA_MOCK_PLUGIN:-}" ] && [ -f "$CUDA_MOCK_PLUGIN" ]; then
+    export PIPETRAIN_CUDA_PLUGIN=$CUDA_MOCK_PLUGIN PT_MOCK_CUDA_MODE=2
+    mock=("mock|ref|none|pass|--device cuda")
+else
+    echo "(no mock CUDA plugin: no --device cuda run)"
+fi
 for kind in sgd1 adam1; do
     set +e
-    env_case "$kind" 64 1 "perturbed|p3|none|pass|" "lr|ref|lr|fail|"
+    env_case "$kind" 64 1 "perturbed|p3|none|pass|" "${mock[@]}" "lr|ref|lr|fail|"
     dir=$WORK/$kind-b64-s1
     "$PYNP" "$ENV_CHECK" plant "$dir/v-perturbed.st" "$dir/P3.st" "$dir/planted.st" \
         >>"$ENV_LOG" 2>&1
