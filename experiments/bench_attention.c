@@ -12,6 +12,7 @@
  * dense one (all T² scores), for comparison with other implementations. q, k, v are views
  * into one [tokens, 3·C] buffer, as GPT-2's c_attn output. */
 #include "kernels/kernels.h"
+#include "experiments/bench_common.h"
 
 #include <cblas.h>
 #include <stdio.h>
@@ -21,35 +22,7 @@
 
 void openblas_set_num_threads(int);
 
-#define BENCH_MAX_REPEATS 1000
 enum { BLOCK = 64 }; /* kernels/attention.c's ATTN_BLOCK */
-
-static double bench_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int bench_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static float *bench_alloc(size_t count, unsigned seed)
-{
-    float *a = malloc((count ? count : 1) * sizeof *a);
-    if (!a) {
-        fprintf(stderr, "bench_attention: out of memory (%zu floats)\n", count);
-        exit(1);
-    }
-    for (size_t i = 0; i < count; i++) {
-        seed = seed * 1664525u + 1013904223u;
-        a[i] = (float)(seed >> 8) * 0x1p-24f - 0.5f;
-    }
-    return a;
-}
 
 typedef struct {
     kernel_attention_dims d;
@@ -110,15 +83,15 @@ static void bench_time(double out[3], const bench_bufs *b, int backward, int gem
 {
     static double t[BENCH_MAX_REPEATS];
     for (int r = 0; r < repeats + 2; r++) {
-        const double t0 = bench_now();
+        const double t0 = pt_now();
         bench_pass(b, backward, gemm_only);
         if (r >= 2)
-            t[r - 2] = bench_now() - t0;
+            t[r - 2] = pt_now() - t0;
     }
-    qsort(t, (size_t)repeats, sizeof *t, bench_cmp);
-    out[0] = repeats % 2 ? t[repeats / 2] : 0.5 * (t[repeats / 2 - 1] + t[repeats / 2]);
-    out[1] = t[0];
-    out[2] = t[repeats - 1];
+    bench_stats st = bench_summarise(t, repeats);
+    out[0] = st.median;
+    out[1] = st.min;
+    out[2] = st.max;
 }
 
 static int bench_args(int argc, char **argv, kernel_attention_dims *d, int *threads,
@@ -163,10 +136,10 @@ int main(int argc, char **argv)
     openblas_set_num_threads(threads);
     const int T = d.seq, C = d.heads * d.head_dim;
     const size_t tokens = (size_t)d.batch * T;
-    bench_bufs b = {d, bench_alloc(tokens * 3 * C, 1), bench_alloc(tokens * 3 * C, 2),
-                    bench_alloc(tokens * C, 3), bench_alloc(tokens * C, 4),
-                    bench_alloc(kernel_attention_probs_floats(&d), 5),
-                    bench_alloc(bench_work_floats(&d), 6)};
+    bench_bufs b = {d, bench_alloc("bench_attention", tokens * 3 * C, 1), bench_alloc("bench_attention", tokens * 3 * C, 2),
+                    bench_alloc("bench_attention", tokens * C, 3), bench_alloc("bench_attention", tokens * C, 4),
+                    bench_alloc("bench_attention", kernel_attention_probs_floats(&d), 5),
+                    bench_alloc("bench_attention", bench_work_floats(&d), 6)};
     /* Flops of one product over a (sample, head): executed (blocked), causal, dense. */
     double keys_blocked = 0.0;
     for (int i0 = 0; i0 < T; i0 += BLOCK) {

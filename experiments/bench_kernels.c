@@ -9,52 +9,13 @@
  * repeats (after a warm-up), the GFLOP/s of the median, and the median of the bare sgemm
  * products the pass contains. The first layer's backward skips din, as training does. */
 #include "kernels/kernels.h"
+#include "experiments/bench_common.h"
 
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#define BENCH_MAX_REPEATS 1000
-
-static double bench_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int bench_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-typedef struct {
-    double median, min, max;
-} bench_stats;
-
-static bench_stats bench_summarise(double *t, int n)
-{
-    qsort(t, (size_t)n, sizeof *t, bench_cmp);
-    bench_stats s = {n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]), t[0], t[n - 1]};
-    return s;
-}
-
-static float *bench_alloc(size_t count, unsigned seed)
-{
-    float *a = malloc(count * sizeof *a);
-    if (!a) {
-        fprintf(stderr, "bench_kernels: out of memory (%zu floats)\n", count);
-        exit(1);
-    }
-    for (size_t i = 0; i < count; i++) {
-        seed = seed * 1664525u + 1013904223u;
-        a[i] = (float)(seed >> 8) * 0x1p-24f - 0.5f;
-    }
-    return a;
-}
 
 enum { PASS_FORWARD, PASS_BACKWARD };
 
@@ -126,11 +87,11 @@ int main(int argc, char **argv)
         const size_t nw = (size_t)d->filters * d->c * d->size * d->size;
         const size_t nout =
             (size_t)d->n * d->filters * kernel_conv2d_out_h(d) * kernel_conv2d_out_w(d);
-        float *in = bench_alloc(nin, 1), *w = bench_alloc(nw, 2), *b = bench_alloc(d->filters, 3);
-        float *dout = bench_alloc(nout, 4), *out = bench_alloc(nout, 5);
-        float *din = bench_alloc(nin, 6), *dw = bench_alloc(nw, 7);
-        float *db = bench_alloc(d->filters, 8);
-        float *work = bench_alloc(kernel_conv2d_workspace_floats(d), 9);
+        float *in = bench_alloc("bench_kernels", nin, 1), *w = bench_alloc("bench_kernels", nw, 2), *b = bench_alloc("bench_kernels", d->filters, 3);
+        float *dout = bench_alloc("bench_kernels", nout, 4), *out = bench_alloc("bench_kernels", nout, 5);
+        float *din = bench_alloc("bench_kernels", nin, 6), *dw = bench_alloc("bench_kernels", nw, 7);
+        float *db = bench_alloc("bench_kernels", d->filters, 8);
+        float *work = bench_alloc("bench_kernels", kernel_conv2d_workspace_floats(d), 9);
         const int need_din = l > 0;
         const double cols = (double)d->n * kernel_conv2d_out_h(d) * kernel_conv2d_out_w(d);
         const double gemm_flops = 2.0 * d->filters * d->c * d->size * d->size * cols;
@@ -139,10 +100,10 @@ int main(int argc, char **argv)
             bench_stats st[2];
             for (int gemm_only = 0; gemm_only < 2; gemm_only++) {
                 for (int r = 0; r < repeats + 2; r++) {
-                    double t0 = bench_now();
+                    double t0 = pt_now();
                     bench_run(pass, gemm_only, need_din, d, out, work, in, w, b, din, dw, db,
                               dout);
-                    double t1 = bench_now();
+                    double t1 = pt_now();
                     if (r >= 2)
                         times[r - 2] = t1 - t0;
                 }
