@@ -162,6 +162,23 @@ Test(text, fortune_separators_stripped)
     cr_assert(strstr(pt_error_get(), "no text") != NULL, "%s", pt_error_get());
 }
 
+Test(text, fortunes_directory)
+{
+    write_file("fortunes", "A.\n%\nB.\n", 8);
+    write_file("literature", "C.\n%\n", 5);
+    text_tokens t;
+    cr_assert_eq(text_load_fortunes(&t, tmpdir), -1, "loaded without riddles");
+    cr_assert(strstr(pt_error_get(), "riddles") != NULL, "%s", pt_error_get());
+    cr_assert_null(t.tokens);
+    write_file("riddles", "D?\n", 3);
+    cr_assert_eq(text_load_fortunes(&t, tmpdir), 0, "%s", pt_error_get());
+    const char want[] = "A.\nB.\nC.\nD?\n";
+    cr_assert_eq(t.count, sizeof want - 1, "%zu tokens", t.count);
+    for (size_t i = 0; i < t.count; i++)
+        cr_assert_eq(t.tokens[i], (uint8_t)want[i], "token %zu", i);
+    text_free(&t);
+}
+
 Test(text, llmc_good_file)
 {
     const uint16_t toks[] = {0, 1, 50256, 300, 65535};
@@ -322,6 +339,9 @@ Test(text, sampling_edges)
     cr_assert_eq(text_fill_batch(&t, 17, 1, 0, ids, 1, in, tg), -1);
     cr_assert(strstr(pt_error_get(), "too short") != NULL, "%s", pt_error_get());
     cr_assert_eq(text_fill_batch(&t, 0, 1, 0, ids, 1, in, tg), -1);
+    cr_assert_eq(text_sample_offset(&t, 17, 1, 0, 0), SIZE_MAX);
+    cr_assert_eq(text_sample_offset(&t, 0, 1, 0, 0), SIZE_MAX);
+    cr_assert_eq(text_sample_offset(&t, -5, 1, 0, 0), SIZE_MAX);
     /* every window of a short corpus is reached */
     int seen[2] = {0, 0};
     for (uint64_t i = 0; i < 64; i++)

@@ -4,6 +4,7 @@
 #include "src/io/text_data.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -345,10 +346,12 @@ void text_free(text_tokens *t)
 size_t text_sample_offset(const text_tokens *t, int T, uint64_t seed, uint64_t step,
                           uint64_t i)
 {
+    if (T < 1 || t->count < (size_t)T + 1)
+        return SIZE_MAX; /* no window fits (text_fill_batch says so in words) */
     uint32_t r[4];
     rng_philox4x32_10(r, seed, rng_stream_text(step), i);
     uint64_t x = (uint64_t)r[0] | (uint64_t)r[1] << 32;
-    /* the windows that fit: offsets 0..count−T−1 (the caller checked count ≥ T+1) */
+    /* the windows that fit: offsets 0..count−T−1 */
     uint64_t positions = (uint64_t)(t->count - (size_t)T);
     return (size_t)(x % positions);
 }

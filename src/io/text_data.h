@@ -65,7 +65,8 @@ void text_free(text_tokens *t);
  * [o, o+T) and its targets [o+1, o+T+1). The offset depends on nothing but (seed, step, i)
  * and the tokens' count: every layout, rank and order of requests sees the same samples,
  * and a run resumes its data position from the step alone (a checkpoint keeps the seed and
- * the step, and the corpus must be the same: text_digest tells). */
+ * the step, and the corpus must be the same: text_digest tells). SIZE_MAX when no window
+ * fits (T < 1 or count < T+1). */
 size_t text_sample_offset(const text_tokens *t, int T, uint64_t seed, uint64_t step,
                           uint64_t i);
 /* Fills a micro-batch: for k < n, sample ids[k] of `step` into inputs[k·T .. k·T+T) and
