@@ -11,7 +11,7 @@ build=${1:?usage: fuzz/run.sh BUILD SECONDS [TARGET...]}
 secs=${2:?usage: fuzz/run.sh BUILD SECONDS [TARGET...]}
 shift 2
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(model idx safetensors topo options)
+[ ${#targets[@]} -gt 0 ] || targets=(model idx safetensors topo options text)
 artifacts=${PT_FUZZ_ARTIFACTS:-$build/fuzz-artifacts}
 jobs=${PT_FUZZ_JOBS:-$(nproc)}
 mkdir -p "$artifacts"

@@ -55,5 +55,10 @@ static inline uint64_t rng_stream_shuffle(uint64_t epoch)
 {
     return ((uint64_t)3 << 62) | epoch;
 }
+/* A text corpus's windows of one step (src/io/text_data.c); index: the sample's id. */
+static inline uint64_t rng_stream_text(uint64_t step)
+{
+    return ((uint64_t)1 << 61) | (step & (((uint64_t)1 << 61) - 1));
+}
 
 #endif
