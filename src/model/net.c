@@ -111,8 +111,8 @@ typedef struct {
     unsigned seen;      /* bit k: key k was given in this section */
     int key_line[KEY_COUNT];
     int ival[KEY_COUNT]; /* integer values; activation as kernel_act */
-    float p;             /* dropout's p, [block]'s dropout */
-    float block_p;
+    float p;             /* [dropout]'s p */
+    float block_p;       /* [block]'s dropout */
     layer_shape input;
     int have_net;
     int input_line;      /* where [net] gave 'input' (0: not given) */
