@@ -26,7 +26,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             params += L->weight_count + L->bias_count;
         }
         if (params != net.param_count) abort();
-        if ((size_t)net.classes != layer_shape_count(net.layers[net.n_layers - 1].out)) abort();
+        /* a language model's classes are per position: V at each of its T positions */
+        const layer_desc *last = &net.layers[net.n_layers - 1];
+        size_t positions = net.sequence ? (size_t)last->out.c : 1;
+        if ((size_t)net.classes * positions != layer_shape_count(last->out)) abort();
+        if (net.sequence && (net.layers[0].type != LAYER_EMBEDDING ||
+                             last->type != LAYER_LM_HEAD ||
+                             layer_shape_count(net.input) != positions))
+            abort();
         FILE *sink = fopen("/dev/null", "w");
         if (sink) {
             net_desc_print_summary(&net, sink);

@@ -319,3 +319,139 @@ Test(net, names)
     cr_assert_str_eq(layer_act_name(KERNEL_ACT_SIGMOID), "sigmoid");
     cr_assert_str_eq(layer_act_name(KERNEL_ACT_LINEAR), "linear");
 }
+
+/* ---- transformer sections (issue 24): GPT-2-style language models ---- */
+
+#define EMB "[net]\n[embedding]\nvocab=256\ncontext=16\nwidth=32\n" /* lines 1–5 */
+
+Test(net, gpt2_small_exact_count)
+{
+    net_desc net;
+    load_model(&net, "gpt2-small.cfg");
+    cr_assert_eq(net.param_count, (size_t)124439808, "%zu", net.param_count);
+    cr_assert_eq(net.n_layers, 15);
+    cr_assert(net.sequence);
+    cr_assert_eq(net.classes, 50257);
+    assert_shape(net.input, 1024, 1, 1, "input: T token ids");
+    const layer_desc *E = &net.layers[0], *B = &net.layers[1], *H = &net.layers[14];
+    cr_assert_eq(E->type, LAYER_EMBEDDING);
+    assert_shape(E->in, 1024, 1, 1, "embedding in");
+    assert_shape(E->out, 1024, 1, 768, "embedding out: positions major");
+    cr_assert_eq(E->weight_count + E->bias_count, (size_t)(50257 + 1024) * 768);
+    cr_assert_eq(B->type, LAYER_BLOCK);
+    cr_assert_eq(B->u.block.heads, 12);
+    cr_assert_eq(B->u.block.hidden, 3072);
+    cr_assert_eq(B->weight_count + B->bias_count, (size_t)7087872);
+    cr_assert_eq(net.layers[13].type, LAYER_LAYERNORM);
+    cr_assert_eq(net.layers[13].weight_count + net.layers[13].bias_count, (size_t)1536);
+    cr_assert_eq(H->type, LAYER_LM_HEAD);
+    cr_assert(H->u.lm_head.tied);
+    cr_assert_eq(H->weight_count + H->bias_count, (size_t)0);
+    assert_shape(H->out, 1024, 1, 50257, "lm_head out");
+    for (int i = 0; i < net.n_layers; i++)
+        cr_assert_eq(layer_shape_count(net.layers[i].out),
+                     (size_t)1024 * (i == 14 ? 50257 : 768), "layer %d floats per sample", i);
+    net_desc_free(&net);
+}
+
+Test(net, gpt_nano_and_mini_counts)
+{
+    net_desc net;
+    load_model(&net, "gpt-nano.cfg");
+    cr_assert_eq(net.param_count, (size_t)42880, "%zu", net.param_count);
+    cr_assert_eq(net.layers[net.n_layers - 1].weight_count, (size_t)256 * 32, "untied head");
+    net_desc_free(&net);
+    load_model(&net, "gpt-mini.cfg");
+    cr_assert_eq(net.param_count, (size_t)10844160, "%zu", net.param_count);
+    net_desc_free(&net);
+}
+
+Test(net, gpt_sections_parse)
+{
+    net_desc net;
+    parse_ok(&net, EMB "[dropout]\np=0.1\n[block]\nheads=4\nhidden=48\ndropout=0.1\n"
+                       "[layernorm]\n[lm_head]\n");
+    cr_assert_eq(net.n_layers, 5);
+    const layer_desc *B = &net.layers[2];
+    cr_assert_eq(B->u.block.hidden, 48);
+    cr_assert_float_eq(B->u.block.p, 0.1f, 1e-7f);
+    cr_assert_eq(B->weight_count, (size_t)(4 * 32 * 32 + 2 * 32 * 48));
+    cr_assert_eq(B->bias_count, (size_t)(9 * 32 + 48));
+    assert_shape(net.layers[1].out, 16, 1, 32, "dropout keeps the sequence");
+    cr_assert_eq(net.layers[4].weight_count, (size_t)256 * 32);
+    cr_assert_eq(net.classes, 256);
+    net_desc_free(&net);
+    /* the head's vocab may be given when it matches */
+    parse_ok(&net, EMB "[lm_head]\nvocab=256\ntied=0\n");
+    net_desc_free(&net);
+}
+
+Test(net, gpt_errors)
+{
+    expect_error(EMB "[block]\nheads=5\n[lm_head]\n", 6, "heads=5 does not divide the width 32");
+    expect_error(EMB "[block]\nheads=64\n[lm_head]\n", 6, "heads=64 is larger than 32");
+    expect_error("[net]\n[block]\nheads=2\n", 2, "[block] before an [embedding]");
+    expect_error("[net]\n[dense]\nunits=4\n[layernorm]\n", 4, "[layernorm] before an [embedding]");
+    expect_error("[net]\n[dense]\nunits=4\n[lm_head]\n", 4, "[lm_head] before an [embedding]");
+    expect_error(EMB "[lm_head]\nvocab=100\ntied=1\n", 6, "vocab=100 differs");
+    expect_error(EMB "[lm_head]\ntied=2\n", 7, "must be 0 or 1");
+    expect_error(EMB "[dense]\nunits=4\n", 6, "[dense] in a language model");
+    expect_error(EMB "[conv]\nfilters=2\nsize=1\n", 6, "[conv] in a language model");
+    expect_error(EMB "[flatten]\n[lm_head]\n", 6, "[flatten] in a language model");
+    expect_error("[net]\n[dense]\nunits=4\n[embedding]\nvocab=8\ncontext=4\nwidth=4\n", 4,
+                 "[embedding] must be the first layer");
+    expect_error("[net]\ninput=1,4,4\n[embedding]\nvocab=8\ncontext=4\nwidth=4\n[lm_head]\n", 2,
+                 "'input' in [net] of a language model");
+    expect_error(EMB "[lm_head]\n[layernorm]\n", 7, "after the [lm_head] (line 6)");
+    expect_error(EMB "[block]\nheads=2\n", 6, "must end with an [lm_head]");
+    expect_error("[net]\n[embedding]\nvocab=0\ncontext=4\nwidth=4\n", 3, "must be positive");
+    expect_error("[net]\n[embedding]\nvocab=8\ncontext=-4\nwidth=4\n", 4, "must be positive");
+    expect_error("[net]\n[embedding]\nvocab=8\ncontext=4\nwidth=0\n", 5, "must be positive");
+    expect_error("[net]\n[embedding]\nvocab=1\ncontext=4\nwidth=4\n[lm_head]\n", 2,
+                 "at least 2 tokens");
+    expect_error("[net]\n[embedding]\nvocab=16777217\ncontext=4\nwidth=4\n[lm_head]\n", 2,
+                 "vocab=16777217 is larger than 16777216");
+    expect_error("[net]\n[embedding]\nvocab=8\ncontext=65537\nwidth=4\n[lm_head]\n", 2,
+                 "context=65537 is larger");
+    expect_error("[net]\n[embedding]\nvocab=8\ncontext=4\nwidth=65537\n[lm_head]\n", 2,
+                 "width=65537 is larger");
+    expect_error(EMB "[block]\nheads=2\nhidden=1048577\n[lm_head]\n", 6, "hidden=1048577 is larger");
+    expect_error(EMB "[block]\nheads=2\nhidden=0\n", 8, "must be positive");
+    expect_error(EMB "[block]\nheads=2\ndropout=1\n", 8, "0 <= dropout < 1");
+    expect_error(EMB "[block]\n[lm_head]\n", 6, "[block] needs 'heads'");
+    expect_error("[net]\n[embedding]\nvocab=8\nwidth=4\n[lm_head]\n", 2,
+                 "[embedding] needs 'context'");
+    expect_error(EMB "[block]\nheads=2\nvocab=4\n", 8, "unknown key 'vocab' in [block]");
+    /* the logits of every position must stay within the stages' int indexing */
+    expect_error("[net]\n[embedding]\nvocab=16777216\ncontext=65536\nwidth=1\n[lm_head]\n", 6,
+                 "[lm_head] has too many elements");
+}
+
+Test(net, gpt_summary_and_refusal)
+{
+    net_desc net;
+    load_model(&net, "gpt-mini.cfg");
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&buf, &len);
+    cr_assert_not_null(out);
+    net_desc_print_summary(&net, out);
+    fclose(out);
+    static const char *const expected[] = {
+        "Input: 256 token ids (vocabulary 256)", "embedding (256, 256 positions)", "(256, 384)",
+        "block (6 heads, hidden 1536)", "1,774,464", "lm_head (256, tied to layer 0)",
+        "(256, 256)", "Total params: 10,844,160\n", "shares the embedding's token matrix",
+        "Loss per position: 256 classes",
+    };
+    for (size_t i = 0; i < sizeof expected / sizeof expected[0]; i++)
+        cr_assert(strstr(buf, expected[i]) != NULL, "summary lacks '%s':\n%s", expected[i], buf);
+    free(buf);
+    pt_error_clear();
+    cr_assert_eq(net_desc_check_trainable(&net, "gpt-mini.cfg"), -1);
+    cr_assert_str_eq(pt_error_get(), "gpt-mini.cfg: layer 0 [embedding] is not trained by this "
+                                     "version of pipetrain yet (issue 24)");
+    net_desc_free(&net);
+    load_model(&net, "seed-cnn.cfg");
+    cr_assert_eq(net_desc_check_trainable(&net, "seed-cnn.cfg"), 0);
+    net_desc_free(&net);
+}

@@ -61,6 +61,8 @@ int cmd_partition(int argc, char **argv)
     int timed = !strcmp(method, "time");
     /* a cut that cannot be is the input's fault (2); only the profiling can fail (1) */
     int rc = partition_check(net.n_layers, stages) ? PT_EXIT_USAGE : PT_EXIT_OK;
+    /* timing runs the layers: a model this version cannot train is refused (2) first */
+    if (!rc && timed && net_desc_check_trainable(&net, model)) rc = PT_EXIT_USAGE;
     if (!rc && timed && partition_profile_measure(&prof, &net, batch / micro, 2, 7))
         rc = PT_EXIT_FAIL;
     if (!rc && partition_by_method(&part, method, &net, timed ? &prof : NULL, stages))

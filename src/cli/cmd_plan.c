@@ -345,7 +345,8 @@ int cmd_plan(int argc, char **argv)
     net_desc net = {0};
     topo_t *t = NULL;
     rc = PT_EXIT_FAIL;
-    if (net_desc_load(&net, a.model) < 0 || topo_init(&t, a.xml) < 0 ||
+    if (net_desc_load(&net, a.model) < 0 || net_desc_check_trainable(&net, a.model) < 0 ||
+        topo_init(&t, a.xml) < 0 ||
         ((!a.ranks || a.tensor_given) && check_shards(&a, &net) < 0))
         rc = cli_input_fail();
     else if (a.ranks) /* prints its own errors */

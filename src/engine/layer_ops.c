@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "kernels/rng.h"
+#include "src/base/error.h"
 
 /* ---- the CPU's kernel set: kernels/kernels.h, which cannot fail ---- */
 
@@ -254,6 +255,24 @@ static int pass_backward(const layer_call *c, const float *g, float *dx, int wei
 }
 static int flatten_forward(const layer_call *c, uint64_t seed, uint64_t step) { return 0; }
 
+/* The transformer layers (issue 24) are described but have no compute half yet: train,
+ * plan and partition by time refuse them up front (net_desc_check_trainable); should one
+ * reach the loop anyway, it fails with that message instead of calling through NULL. */
+static int untrained(const layer_call *c)
+{
+    return pt_error_set("layer %d [%s] is not trained by this version of pipetrain yet "
+                        "(issue 24)", c->l, layer_type_name(c->L->type));
+}
+static int untrained_forward(const layer_call *c, uint64_t seed, uint64_t step)
+{
+    return untrained(c);
+}
+static int untrained_backward(const layer_call *c, const float *g, float *dx, int weight_now)
+{
+    return untrained(c);
+}
+static int untrained_weight(const layer_call *c, const float *g) { return untrained(c); }
+
 static const layer_ops layer_ops_table[LAYER_TYPE_COUNT] = {
     [LAYER_CONV] = {conv_forward, conv_backward, conv_weight},
     [LAYER_MAXPOOL] = {maxpool_forward, maxpool_backward, NULL},
@@ -261,6 +280,10 @@ static const layer_ops layer_ops_table[LAYER_TYPE_COUNT] = {
     [LAYER_DENSE] = {dense_forward, dense_backward, dense_weight},
     [LAYER_DROPOUT] = {dropout_forward, pass_backward, NULL},
     [LAYER_FLATTEN] = {flatten_forward, pass_backward, NULL},
+    [LAYER_EMBEDDING] = {untrained_forward, untrained_backward, untrained_weight},
+    [LAYER_BLOCK] = {untrained_forward, untrained_backward, untrained_weight},
+    [LAYER_LAYERNORM] = {untrained_forward, untrained_backward, untrained_weight},
+    [LAYER_LM_HEAD] = {untrained_forward, untrained_backward, untrained_weight},
 };
 
 /* ---- the loop ---- */

@@ -141,6 +141,112 @@ static void flatten_describe(char *buf, size_t size, const layer_desc *L)
     snprintf(buf, size, "flatten");
 }
 
+/* ---- transformer: embedding, block, layernorm, lm_head (GPT-2's layers) ----
+ * A sequence is {T, 1, C} (src/model/net.h). Parameters per layer, in the order an engine
+ * will keep them: weights first, then the vectors (layer-norm gains and biases count as
+ * biases). */
+
+/* Values within [1, max]: the parser checked ≥ 1. */
+static int check_max(layer_shape_error *e, const char *sec, const char *key, int v, int max)
+{
+    if (v > max) return shape_fail(e, "[%s] %s=%d is larger than %d", sec, key, v, max);
+    return 0;
+}
+
+static int embedding_shape(layer_desc *L, const layer_spec *sp, layer_shape_error *e)
+{
+    if (check_max(e, "embedding", "vocab", sp->vocab, LAYER_MAX_VOCAB) ||
+        check_max(e, "embedding", "context", sp->context, LAYER_MAX_CONTEXT) ||
+        check_max(e, "embedding", "width", sp->width, LAYER_MAX_WIDTH))
+        return -1;
+    if (sp->vocab < 2)
+        return shape_fail(e, "[embedding] vocab=%d: a language model needs at least 2 tokens",
+                          sp->vocab);
+    L->u.embedding.vocab = sp->vocab;
+    L->u.embedding.context = sp->context;
+    L->u.embedding.width = sp->width;
+    L->in = (layer_shape){sp->context, 1, 1}; /* T token ids */
+    L->out = (layer_shape){sp->context, 1, sp->width};
+    /* token matrix V×C, then the learned positions T×C */
+    L->weight_count = ((size_t)sp->vocab + (size_t)sp->context) * (size_t)sp->width;
+    return 0;
+}
+
+static void embedding_describe(char *buf, size_t size, const layer_desc *L)
+{
+    snprintf(buf, size, "embedding (%d, %d positions)", L->u.embedding.vocab,
+             L->u.embedding.context);
+}
+
+static int block_shape(layer_desc *L, const layer_spec *sp, layer_shape_error *e)
+{
+    int C = L->in.w;
+    int hidden = (sp->given & LAYER_SPEC_HIDDEN) ? sp->hidden : 4 * C;
+    if (check_max(e, "block", "heads", sp->heads, C) ||
+        check_max(e, "block", "hidden", hidden, LAYER_MAX_HIDDEN))
+        return -1;
+    if (C % sp->heads)
+        return shape_fail(e, "[block] heads=%d does not divide the width %d", sp->heads, C);
+    L->u.block.heads = sp->heads;
+    L->u.block.hidden = hidden;
+    L->u.block.p = (sp->given & LAYER_SPEC_DROPOUT) ? sp->dropout : 0.0f;
+    L->out = L->in;
+    size_t c = (size_t)C, h = (size_t)hidden;
+    /* c_attn C×3C, attention c_proj C×C, c_fc C×hidden, MLP c_proj hidden×C */
+    L->weight_count = 4 * c * c + 2 * c * h;
+    /* ln_1 2C, c_attn 3C, c_proj C, ln_2 2C, c_fc hidden, c_proj C */
+    L->bias_count = 9 * c + h;
+    return 0;
+}
+
+static void block_describe(char *buf, size_t size, const layer_desc *L)
+{
+    int n = snprintf(buf, size, "block (%d heads, hidden %d", L->u.block.heads,
+                     L->u.block.hidden);
+    if (L->u.block.p > 0 && n >= 0 && (size_t)n < size)
+        n += snprintf(buf + n, size - (size_t)n, ", dropout %g", (double)L->u.block.p);
+    if (n >= 0 && (size_t)n < size) snprintf(buf + n, size - (size_t)n, ")");
+}
+
+static int layernorm_shape(layer_desc *L, const layer_spec *sp, layer_shape_error *e)
+{
+    L->out = L->in;
+    L->weight_count = (size_t)L->in.w; /* gain */
+    L->bias_count = (size_t)L->in.w;
+    return 0;
+}
+
+static void layernorm_describe(char *buf, size_t size, const layer_desc *L)
+{
+    snprintf(buf, size, "layernorm");
+}
+
+static int lm_head_shape(layer_desc *L, const layer_spec *sp, layer_shape_error *e)
+{
+    const layer_desc *E = sp->embedding; /* the parser placed it at layer 0 */
+    int V = (sp->given & LAYER_SPEC_VOCAB) ? sp->vocab : E->u.embedding.vocab;
+    int tied = (sp->given & LAYER_SPEC_TIED) ? sp->tied : 0;
+    if (V != E->u.embedding.vocab)
+        return shape_fail(e, "[lm_head] vocab=%d differs from the [embedding]'s vocab=%d: it "
+                          "predicts the model's own tokens", V, E->u.embedding.vocab);
+    if (tied && L->in.w != E->u.embedding.width)
+        return shape_fail(e, "[lm_head] tied=1 needs a %d×%d matrix but the [embedding]'s "
+                          "token matrix is %d×%d", V, L->in.w, E->u.embedding.vocab,
+                          E->u.embedding.width);
+    L->u.lm_head.vocab = V;
+    L->u.lm_head.tied = tied;
+    L->out = (layer_shape){L->in.c, 1, V};
+    /* C→V without bias; tied: the embedding's token matrix, counted there */
+    L->weight_count = tied ? 0 : (size_t)V * (size_t)L->in.w;
+    return 0;
+}
+
+static void lm_head_describe(char *buf, size_t size, const layer_desc *L)
+{
+    snprintf(buf, size, "lm_head (%d%s)", L->u.lm_head.vocab,
+             L->u.lm_head.tied ? ", tied to layer 0" : "");
+}
+
 static int always_identity(const layer_desc *L, int training) { return 1; }
 
 const layer_kind layer_kinds[LAYER_TYPE_COUNT] = {
@@ -153,7 +259,18 @@ const layer_kind layer_kinds[LAYER_TYPE_COUNT] = {
     [LAYER_DENSE] = {.name = "dense", .shape = dense_shape, .describe = dense_describe,
                      .flat = 1, .own_output = 1},
     [LAYER_DROPOUT] = {.name = "dropout", .shape = dropout_shape, .describe = dropout_describe,
-                       .flat = -1, .own_output = 1, .mask = 1, .identity = dropout_identity},
+                       .flat = -1, .sequence = -1, .own_output = 1, .mask = 1,
+                       .identity = dropout_identity},
     [LAYER_FLATTEN] = {.name = "flatten", .shape = flatten_shape, .describe = flatten_describe,
                        .flat = 1, .own_output = 0, .identity = always_identity},
+    [LAYER_EMBEDDING] = {.name = "embedding", .shape = embedding_shape,
+                         .describe = embedding_describe, .flat = 2, .own_output = 1,
+                         .untrained = 1},
+    [LAYER_BLOCK] = {.name = "block", .shape = block_shape, .describe = block_describe,
+                     .flat = 2, .sequence = 1, .own_output = 1, .untrained = 1},
+    [LAYER_LAYERNORM] = {.name = "layernorm", .shape = layernorm_shape,
+                         .describe = layernorm_describe, .flat = 2, .sequence = 1,
+                         .own_output = 1, .untrained = 1},
+    [LAYER_LM_HEAD] = {.name = "lm_head", .shape = lm_head_shape, .describe = lm_head_describe,
+                       .flat = 2, .sequence = 1, .own_output = 1, .untrained = 1},
 };

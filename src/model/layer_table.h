@@ -12,13 +12,33 @@
 
 /* A layer section's values as the model file gave them (the parser checked their ranges);
  * `given` has bit LAYER_SPEC_x for each key present. */
-enum { LAYER_SPEC_SIZE = 1, LAYER_SPEC_STRIDE = 2, LAYER_SPEC_PAD = 4, LAYER_SPEC_ACTIVATION = 8 };
+enum {
+    LAYER_SPEC_SIZE = 1,
+    LAYER_SPEC_STRIDE = 2,
+    LAYER_SPEC_PAD = 4,
+    LAYER_SPEC_ACTIVATION = 8,
+    LAYER_SPEC_VOCAB = 16,
+    LAYER_SPEC_HIDDEN = 32,
+    LAYER_SPEC_DROPOUT = 64,
+    LAYER_SPEC_TIED = 128,
+};
 typedef struct {
     unsigned given;
     int filters, size, stride, pad, units;
     kernel_act activation;
     float p;
+    /* transformer sections; dropout is [block]'s p */
+    int vocab, context, width, heads, hidden, tied;
+    float dropout;
+    const layer_desc *embedding; /* the model's [embedding] (layer 0), NULL if none */
 } layer_spec;
+
+/* Largest values the transformer sections take: a token id is exact as a float below 2^24,
+ * and each count stays far inside size_t and every int index the stages use. */
+#define LAYER_MAX_VOCAB (1 << 24)
+#define LAYER_MAX_CONTEXT (1 << 16)
+#define LAYER_MAX_WIDTH (1 << 16)
+#define LAYER_MAX_HIDDEN (1 << 20)
 
 /* Why a layer's shapes failed: the reason, and whether the 'size' key is to blame (else
  * the section header). */
@@ -34,8 +54,12 @@ typedef struct {
     int (*shape)(layer_desc *L, const layer_spec *spec, layer_shape_error *err);
     /* The summary's "Layer (type)" text. */
     void (*describe)(char *buf, size_t size, const layer_desc *L);
-    int flat;           /* summary: its output is shown as a vector (1), as planes (0), or
-                           as its input was (−1) */
+    int flat;           /* summary: its output is shown as a vector (1), as planes (0), as
+                           a sequence (T, C) (2), or as its input was (−1) */
+    int sequence;       /* 1: it takes a sequence {T, 1, C} (follows an [embedding]); 0: an
+                           image or vector; −1: either (dropout) */
+    int untrained;      /* no compute half yet (src/engine/layer_ops.c): train, plan and
+                           partition by time refuse it (net_desc_check_trainable) */
     int own_output;     /* a forward writes its output into storage of its own (flatten
                            passes its input through) */
     int argmax, mask;   /* a forward keeps maxpool positions / a dropout mask per output */

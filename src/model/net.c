@@ -36,15 +36,21 @@ typedef enum {
     SEC_DENSE,
     SEC_DROPOUT,
     SEC_FLATTEN,
+    SEC_EMBEDDING,
+    SEC_BLOCK,
+    SEC_LAYERNORM,
+    SEC_LM_HEAD,
     SEC_COUNT
 } section_kind;
 
 static const char *const section_names[SEC_COUNT] = {
     "net", "conv", "maxpool", "avgpool", "dense", "dropout", "flatten",
+    "embedding", "block", "layernorm", "lm_head",
 };
 static const layer_type section_layer[SEC_COUNT] = {
     LAYER_CONV, /* unused for [net] */
     LAYER_CONV, LAYER_MAXPOOL, LAYER_AVGPOOL, LAYER_DENSE, LAYER_DROPOUT, LAYER_FLATTEN,
+    LAYER_EMBEDDING, LAYER_BLOCK, LAYER_LAYERNORM, LAYER_LM_HEAD,
 };
 
 typedef enum {
@@ -56,6 +62,13 @@ typedef enum {
     KEY_ACTIVATION,
     KEY_UNITS,
     KEY_P,
+    KEY_VOCAB,
+    KEY_CONTEXT,
+    KEY_WIDTH,
+    KEY_HEADS,
+    KEY_HIDDEN,
+    KEY_DROPOUT,
+    KEY_TIED,
     KEY_COUNT
 } key_id;
 
@@ -74,6 +87,13 @@ static const struct {
     [KEY_ACTIVATION] = {"activation", SEC_BIT(SEC_CONV) | SEC_BIT(SEC_DENSE), 0},
     [KEY_UNITS] = {"units", SEC_BIT(SEC_DENSE), SEC_BIT(SEC_DENSE)},
     [KEY_P] = {"p", SEC_BIT(SEC_DROPOUT), SEC_BIT(SEC_DROPOUT)},
+    [KEY_VOCAB] = {"vocab", SEC_BIT(SEC_EMBEDDING) | SEC_BIT(SEC_LM_HEAD), SEC_BIT(SEC_EMBEDDING)},
+    [KEY_CONTEXT] = {"context", SEC_BIT(SEC_EMBEDDING), SEC_BIT(SEC_EMBEDDING)},
+    [KEY_WIDTH] = {"width", SEC_BIT(SEC_EMBEDDING), SEC_BIT(SEC_EMBEDDING)},
+    [KEY_HEADS] = {"heads", SEC_BIT(SEC_BLOCK), SEC_BIT(SEC_BLOCK)},
+    [KEY_HIDDEN] = {"hidden", SEC_BIT(SEC_BLOCK), 0},
+    [KEY_DROPOUT] = {"dropout", SEC_BIT(SEC_BLOCK), 0},
+    [KEY_TIED] = {"tied", SEC_BIT(SEC_LM_HEAD), 0},
 };
 
 static const char *const act_names[] = {"linear", "relu", "sigmoid", "tanh"};
@@ -91,9 +111,13 @@ typedef struct {
     unsigned seen;      /* bit k: key k was given in this section */
     int key_line[KEY_COUNT];
     int ival[KEY_COUNT]; /* integer values; activation as kernel_act */
-    float p;             /* dropout */
+    float p;             /* [dropout]'s p */
+    float block_p;       /* [block]'s dropout */
     layer_shape input;
     int have_net;
+    int input_line;      /* where [net] gave 'input' (0: not given) */
+    int sequence;        /* layer 0 is an [embedding]: the layers work on a sequence */
+    int head_line;       /* an [lm_head] was given (its line): it must be the last layer */
 
     layer_desc *layers;
     int n_layers, cap_layers;
@@ -187,12 +211,22 @@ static int parse_value(net_parser *p, key_id k, const char *v)
 {
     const char *key = key_table[k].name;
     switch (k) {
-    case KEY_INPUT: return parse_input(p, v, &p->input);
+    case KEY_INPUT: p->input_line = p->line; return parse_input(p, v, &p->input);
+    case KEY_TIED:
+        if (parse_int(p, key, v, 0, &p->ival[k])) return -1;
+        if (p->ival[k] > 1)
+            return parser_fail(p, p->line, "bad value '%s' for 'tied': must be 0 or 1", v);
+        return 0;
     case KEY_PAD: return parse_int(p, key, v, 0, &p->ival[k]);
     case KEY_FILTERS:
     case KEY_SIZE:
     case KEY_STRIDE:
-    case KEY_UNITS: return parse_int(p, key, v, 1, &p->ival[k]);
+    case KEY_UNITS:
+    case KEY_VOCAB:
+    case KEY_CONTEXT:
+    case KEY_WIDTH:
+    case KEY_HEADS:
+    case KEY_HIDDEN: return parse_int(p, key, v, 1, &p->ival[k]);
     case KEY_ACTIVATION:
         for (int a = 0; a < ACT_COUNT; a++)
             if (strcmp(v, act_names[a]) == 0) {
@@ -201,16 +235,18 @@ static int parse_value(net_parser *p, key_id k, const char *v)
             }
         return parser_fail(p, p->line,
                            "unknown activation '%s' (expected linear, relu, sigmoid or tanh)", v);
-    case KEY_P: {
+    case KEY_P:
+    case KEY_DROPOUT: {
         char *end = NULL;
         errno = 0;
         double x = strtod(v, &end);
         if (!*v || end == v || *end != '\0' || errno == ERANGE)
-            return parser_fail(p, p->line, "bad value '%s' for 'p': not a number", v);
+            return parser_fail(p, p->line, "bad value '%s' for '%s': not a number", v, key);
         /* checked as the float we keep: 0.99999999999 would round to 1 */
         if (!(x >= 0.0 && (float)x < 1.0f))
-            return parser_fail(p, p->line, "bad value '%s' for 'p': must satisfy 0 <= p < 1", v);
-        p->p = (float)x;
+            return parser_fail(p, p->line, "bad value '%s' for '%s': must satisfy 0 <= %s < 1",
+                               v, key, key);
+        *(k == KEY_P ? &p->p : &p->block_p) = (float)x;
         return 0;
     }
     case KEY_COUNT: break;
@@ -226,6 +262,34 @@ static int blame_line(const net_parser *p, key_id k)
     return (p->seen & (1u << k)) ? p->key_line[k] : p->sec_line;
 }
 
+/* Where section s may stand: a language model is [embedding] first (token ids in, so no
+ * 'input' in [net]), then [block]s, [layernorm]s and [dropout]s on the sequence, and an
+ * [lm_head] last; the image/vector layers do not mix with it. */
+static int check_order(net_parser *p, section_kind s)
+{
+    const char *name = section_names[s];
+    int seq = layer_kind_of(section_layer[s])->sequence;
+    if (p->head_line)
+        return parser_fail(p, p->sec_line, "[%s] after the [lm_head] (line %d): the [lm_head] "
+                           "must be the last layer", name, p->head_line);
+    if (s == SEC_EMBEDDING) {
+        if (p->n_layers > 0)
+            return parser_fail(p, p->sec_line, "[embedding] must be the first layer (it takes "
+                               "the token ids)");
+        if (p->input_line)
+            return parser_fail(p, p->input_line, "'input' in [net] of a language model: its "
+                               "input is the [embedding]'s context of token ids");
+        return 0;
+    }
+    if (seq == 1 && !p->sequence)
+        return parser_fail(p, p->sec_line, "[%s] before an [embedding]: it works on a sequence "
+                           "of token vectors, which only an [embedding] makes", name);
+    if (seq == 0 && p->sequence)
+        return parser_fail(p, p->sec_line, "[%s] in a language model: after an [embedding] "
+                           "come [block], [layernorm], [dropout] and [lm_head]", name);
+    return 0;
+}
+
 /* Turns the finished section into a layer: defaults, required keys, shapes, counts. */
 static int finish_layer(net_parser *p)
 {
@@ -234,6 +298,7 @@ static int finish_layer(net_parser *p)
         if ((key_table[k].required & SEC_BIT(s)) && !(p->seen & (1u << k)))
             return parser_fail(p, p->sec_line, "[%s] needs '%s'", section_names[s],
                                key_table[k].name);
+    if (check_order(p, s)) return -1;
 
     layer_desc L;
     memset(&L, 0, sizeof L);
@@ -245,7 +310,11 @@ static int finish_layer(net_parser *p)
         .given = ((p->seen & (1u << KEY_SIZE)) ? LAYER_SPEC_SIZE : 0u) |
                  ((p->seen & (1u << KEY_STRIDE)) ? LAYER_SPEC_STRIDE : 0u) |
                  ((p->seen & (1u << KEY_PAD)) ? LAYER_SPEC_PAD : 0u) |
-                 ((p->seen & (1u << KEY_ACTIVATION)) ? LAYER_SPEC_ACTIVATION : 0u),
+                 ((p->seen & (1u << KEY_ACTIVATION)) ? LAYER_SPEC_ACTIVATION : 0u) |
+                 ((p->seen & (1u << KEY_VOCAB)) ? LAYER_SPEC_VOCAB : 0u) |
+                 ((p->seen & (1u << KEY_HIDDEN)) ? LAYER_SPEC_HIDDEN : 0u) |
+                 ((p->seen & (1u << KEY_DROPOUT)) ? LAYER_SPEC_DROPOUT : 0u) |
+                 ((p->seen & (1u << KEY_TIED)) ? LAYER_SPEC_TIED : 0u),
         .filters = p->ival[KEY_FILTERS],
         .size = p->ival[KEY_SIZE],
         .stride = p->ival[KEY_STRIDE],
@@ -253,6 +322,14 @@ static int finish_layer(net_parser *p)
         .units = p->ival[KEY_UNITS],
         .activation = (kernel_act)p->ival[KEY_ACTIVATION],
         .p = p->p,
+        .vocab = p->ival[KEY_VOCAB],
+        .context = p->ival[KEY_CONTEXT],
+        .width = p->ival[KEY_WIDTH],
+        .heads = p->ival[KEY_HEADS],
+        .hidden = p->ival[KEY_HIDDEN],
+        .tied = p->ival[KEY_TIED],
+        .dropout = p->block_p,
+        .embedding = p->sequence ? &p->layers[0] : NULL,
     };
     layer_shape_error err = {.blame_size = 0};
     if (layer_kind_of(L.type)->shape(&L, &spec, &err))
@@ -275,6 +352,8 @@ static int finish_layer(net_parser *p)
         p->cap_layers = cap;
     }
     p->layers[p->n_layers++] = L;
+    if (s == SEC_EMBEDDING) p->sequence = 1;
+    if (s == SEC_LM_HEAD) p->head_line = p->sec_line;
     return 0;
 }
 
@@ -290,7 +369,7 @@ static int begin_section(net_parser *p, const char *name)
     if (s == SEC_NONE)
         return parser_fail(p, p->line,
                            "unknown section [%s] (expected net, conv, maxpool, avgpool, dense, "
-                           "dropout or flatten)", name);
+                           "dropout, flatten, embedding, block, layernorm or lm_head)", name);
     if (s == SEC_NET && p->have_net)
         return parser_fail(p, p->line, "[net] given twice (first on line %d)", p->have_net);
     if (s != SEC_NET && !p->have_net)
@@ -431,7 +510,10 @@ int net_desc_parse_string(net_desc *net, const char *text, const char *name)
         parser_fail(&p, p.line > 0 ? p.line : 1, "no [net] section");
     if (!p.failed && p.n_layers == 0)
         parser_fail(&p, p.have_net, "no layers after [net]");
-    if (!p.failed) {
+    if (!p.failed && p.sequence && !p.head_line)
+        parser_fail(&p, p.layers[p.n_layers - 1].line,
+                    "a language model must end with an [lm_head] (it predicts the next token)");
+    if (!p.failed && !p.sequence) {
         const layer_desc *last = &p.layers[p.n_layers - 1];
         size_t classes = layer_shape_count(last->out);
         if (classes < 2)
@@ -443,11 +525,14 @@ int net_desc_parse_string(net_desc *net, const char *text, const char *name)
         parser_free(&p);
         return -1;
     }
-    net->input = p.input;
+    net->input = p.sequence ? p.layers[0].in : p.input;
     net->n_layers = p.n_layers;
     net->layers = p.layers;
     net->param_count = p.param_count;
-    net->classes = (int)layer_shape_count(p.layers[p.n_layers - 1].out);
+    net->sequence = p.sequence;
+    /* a language model's loss is per position: V classes at each of the T positions */
+    net->classes = p.sequence ? p.layers[p.n_layers - 1].out.w
+                              : (int)layer_shape_count(p.layers[p.n_layers - 1].out);
     return 0;
 }
 
@@ -545,7 +630,11 @@ static void print_rule(FILE *out, char c)
 void net_desc_print_summary(const net_desc *net, FILE *out)
 {
     char buf[128];
-    fprintf(out, "Input shape: (%d, %d, %d)\n", net->input.c, net->input.h, net->input.w);
+    if (net->sequence)
+        fprintf(out, "Input: %d token ids (vocabulary %d)\n", net->input.c,
+                net->layers[0].u.embedding.vocab);
+    else
+        fprintf(out, "Input shape: (%d, %d, %d)\n", net->input.c, net->input.h, net->input.w);
     print_rule(out, '_');
     print_padded(out, "#", SUMMARY_IDX_W, 0);
     print_padded(out, "Layer (type)", SUMMARY_NAME_W, 0);
@@ -563,7 +652,9 @@ void net_desc_print_summary(const net_desc *net, FILE *out)
         layer_kind_of(L->type)->describe(buf, sizeof buf, L);
         print_padded(out, buf, SUMMARY_NAME_W - 1, 0);
         fputc(' ', out);
-        if (flat)
+        if (flat == 2)
+            snprintf(buf, sizeof buf, "(%d, %d)", L->out.c, L->out.w);
+        else if (flat)
             snprintf(buf, sizeof buf, "(%zu)", layer_shape_count(L->out));
         else
             snprintf(buf, sizeof buf, "(%d, %d, %d)", L->out.c, L->out.h, L->out.w);
@@ -575,4 +666,24 @@ void net_desc_print_summary(const net_desc *net, FILE *out)
     print_rule(out, '=');
     format_thousands(buf, sizeof buf, net->param_count);
     fprintf(out, "Total params: %s\n", buf);
+    const layer_desc *last = &net->layers[net->n_layers - 1];
+    if (net->sequence && last->type == LAYER_LM_HEAD && last->u.lm_head.tied) {
+        format_thousands(buf, sizeof buf,
+                         (size_t)last->u.lm_head.vocab * (size_t)last->in.w);
+        fprintf(out, "The lm_head shares the embedding's token matrix (tied): its %s weights "
+                "are counted once, in layer 0.\n", buf);
+    }
+    if (net->sequence)
+        fprintf(out, "Loss per position: %d classes at each of %d positions.\n", net->classes,
+                last->out.c);
+}
+
+int net_desc_check_trainable(const net_desc *net, const char *model)
+{
+    for (int i = 0; i < net->n_layers; i++)
+        if (layer_kind_of(net->layers[i].type)->untrained)
+            return pt_error_set("%s: layer %d [%s] is not trained by this version of pipetrain "
+                                "yet (issue 24)", model ? model : "model", i,
+                                layer_type_name(net->layers[i].type));
+    return 0;
 }

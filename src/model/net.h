@@ -15,11 +15,18 @@ typedef enum {
     LAYER_DENSE,
     LAYER_DROPOUT,
     LAYER_FLATTEN,
+    LAYER_EMBEDDING, /* transformer layers (issue 24): described, not yet trained */
+    LAYER_BLOCK,
+    LAYER_LAYERNORM,
+    LAYER_LM_HEAD,
     LAYER_TYPE_COUNT /* what each type is and does: src/model/layer_table.h, src/engine/layer_ops.h */
 } layer_type;
 
+/* A flat vector of n values is {n, 1, 1}. A sequence of T positions of width C (the
+ * transformer layers) is {T, 1, C}: row-major, positions major, as the transformer kernels'
+ * [tokens, width] rows; a language model's input, T token ids, is {T, 1, 1}. */
 typedef struct {
-    int c, h, w; /* a flat vector of n values is {n, 1, 1} */
+    int c, h, w;
 } layer_shape;
 
 typedef struct {
@@ -32,6 +39,9 @@ typedef struct {
         struct { int size, stride; } pool;
         struct { int units; } dense;
         struct { float p; } dropout;
+        struct { int vocab, context, width; } embedding;
+        struct { int heads, hidden; float p; } block;
+        struct { int vocab, tied; } lm_head;
     } u;
     size_t weight_count, bias_count; /* 0 for parameterless layers */
 } layer_desc;
@@ -41,7 +51,9 @@ typedef struct {
     int n_layers;
     layer_desc *layers; /* owned; layer i is the i-th section after [net] */
     size_t param_count;
-    int classes;        /* elements of the last layer's output */
+    int classes;        /* elements of the last layer's output; a language model's vocabulary
+                           (its loss is per position: T predictions of V classes a sample) */
+    int sequence;       /* a language model: layer 0 is an [embedding], the input T token ids */
 } net_desc;
 
 /* Parses a model file. On error returns -1 with a message "FILE:LINE: reason". */
@@ -53,6 +65,10 @@ void net_desc_free(net_desc *net);
 static inline size_t layer_shape_count(layer_shape s) { return (size_t)s.c * s.h * s.w; }
 const char *layer_type_name(layer_type t);
 const char *layer_act_name(kernel_act a);
+
+/* 0 when every layer has compute functions in this version; else −1 with
+ * "MODEL: layer N [type] is not trained by this version of pipetrain yet (issue 24)". */
+int net_desc_check_trainable(const net_desc *net, const char *model);
 
 /* Keras-style table: layer, type, output shape, parameters, and the total. */
 void net_desc_print_summary(const net_desc *net, FILE *out);

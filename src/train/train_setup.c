@@ -553,6 +553,7 @@ int train_setup_run(train_run *run)
     if (train_agree(check_outputs(o, run->rank), comm, timeout) ||
         train_agree(setup_layout(run), comm, timeout) ||
         train_agree(net_desc_load(&run->net, o->model), comm, timeout) ||
+        train_agree(net_desc_check_trainable(&run->net, o->model), comm, timeout) ||
         train_agree(setup_shards(run), comm, timeout))
         return -1;
     /* the data before any profiling: a batch the data set cannot fill is refused now, not
