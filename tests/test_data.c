@@ -12,34 +12,11 @@
 
 #include "src/io/data.h"
 #include "src/base/error.h"
+#include "tests/test_tmpdir.h"
 
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
 
-static char tmpdir[64];
-
-static void make_tmpdir(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/pt_test_data_XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
-}
-
-static void remove_tmpdir(void)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    cr_assert_eq(system(cmd), 0);
-}
-
-TestSuite(data, .init = make_tmpdir, .fini = remove_tmpdir);
-
-static const char *tmp_path(const char *name)
-{
-    static char paths[16][160];
-    static int next;
-    char *p = paths[next++ % 16];
-    snprintf(p, sizeof paths[0], "%s/%s", tmpdir, name);
-    return p;
-}
+PT_TEST_TMPDIR_SUITE(data);
 
 static void put_be32(unsigned char *b, uint32_t v)
 {

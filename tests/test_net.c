@@ -289,16 +289,23 @@ Test(net, load_errors_name_the_file)
     rmdir(dir);
 }
 
-Test(net, summary_table)
+/* The summary table as text (owned by the caller). */
+static char *summary_text(const net_desc *net)
 {
-    net_desc net;
-    load_model(&net, "seed-cnn.cfg");
     char *buf = NULL;
     size_t len = 0;
     FILE *out = open_memstream(&buf, &len);
     cr_assert_not_null(out);
-    net_desc_print_summary(&net, out);
+    net_desc_print_summary(net, out);
     fclose(out);
+    return buf;
+}
+
+Test(net, summary_table)
+{
+    net_desc net;
+    load_model(&net, "seed-cnn.cfg");
+    char *buf = summary_text(&net);
     static const char *const expected[] = {
         "Total params: 690,590\n", "conv2d (3×3, 32, relu)", "(32, 26, 26)", "295,168",
         "maxpool2d (2×2)", "dense (1000, relu)", "(1000)", "dropout (0.5)", "flatten",
@@ -431,12 +438,7 @@ Test(net, gpt_summary_and_refusal)
 {
     net_desc net;
     load_model(&net, "gpt-mini.cfg");
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *out = open_memstream(&buf, &len);
-    cr_assert_not_null(out);
-    net_desc_print_summary(&net, out);
-    fclose(out);
+    char *buf = summary_text(&net);
     static const char *const expected[] = {
         "Input: 256 token ids (vocabulary 256)", "embedding (256, 256 positions)", "(256, 384)",
         "block (6 heads, hidden 1536)", "1,774,464", "lm_head (256, tied to layer 0)",

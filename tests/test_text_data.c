@@ -10,32 +10,9 @@
 
 #include "src/base/error.h"
 #include "src/io/text_data.h"
+#include "tests/test_tmpdir.h"
 
-static char tmpdir[64];
-
-static void make_tmpdir(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/pt_test_text_XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
-}
-
-static void remove_tmpdir(void)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    cr_assert_eq(system(cmd), 0);
-}
-
-TestSuite(text, .init = make_tmpdir, .fini = remove_tmpdir);
-
-static const char *tmp_path(const char *name)
-{
-    static char paths[8][160];
-    static int next;
-    char *p = paths[next++ % 8];
-    snprintf(p, sizeof paths[0], "%s/%s", tmpdir, name);
-    return p;
-}
+PT_TEST_TMPDIR_SUITE(text);
 
 static const char *write_file(const char *name, const void *data, size_t n)
 {
