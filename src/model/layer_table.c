@@ -249,6 +249,17 @@ static void lm_head_describe(char *buf, size_t size, const layer_desc *L)
 
 static int always_identity(const layer_desc *L, int training) { return 1; }
 
+size_t layer_decayed_count(const layer_desc *L)
+{
+    switch (L->type) {
+    case LAYER_CONV:
+    case LAYER_DENSE:
+    case LAYER_BLOCK: return L->weight_count;
+    case LAYER_LM_HEAD: return L->u.lm_head.tied ? 0 : L->weight_count;
+    default: return 0;
+    }
+}
+
 const layer_kind layer_kinds[LAYER_TYPE_COUNT] = {
     [LAYER_CONV] = {.name = "conv", .shape = conv_shape, .describe = conv_describe, .flat = 0,
                     .own_output = 1},

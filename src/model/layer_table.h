@@ -78,6 +78,13 @@ static inline int layer_is_identity(const layer_desc *L, int training)
     return k->identity && k->identity(L, training);
 }
 
+/* The leading parameters of L that weight decay applies to under --optimizer adamw (the
+ * matrices, nanoGPT's rule): dense and conv: their weights; a block: its four matrices
+ * (weight_count); an untied lm_head: its matrix; everything else (biases, layer norms,
+ * embeddings, a tied head, which follows the embedding's token matrix) 0. The rest of the
+ * layer's parameters (its bias, vectors) are updated without decay. */
+size_t layer_decayed_count(const layer_desc *L);
+
 /* A convolution's dimensions at batch n. */
 static inline kernel_conv2d_dims layer_conv_dims(const layer_desc *L, int n)
 {
