@@ -559,7 +559,16 @@ static int cu_adam(void *ctx, float *param, float *m, float *v, const float *gra
                                    step, ctx);
 }
 
-static const optim_kernels optim_kernels_cuda = {cu_sgd, cu_momentum, cu_adam};
+static int cu_adamw(void *ctx, float *param, float *m, float *v, const float *grad,
+                    size_t count, float lr, float beta1, float beta2, float eps,
+                    float weight_decay, long step)
+{
+    return kernel_adamw_update_cuda(param, m, v, grad, count, lr, beta1, beta2, eps,
+                                    weight_decay, step, ctx);
+}
+
+static const optim_kernels optim_kernels_cuda = {.sgd = cu_sgd, .momentum = cu_momentum,
+                                                 .adam = cu_adam, .adamw = cu_adamw};
 
 /* ------------------------------------------------------------------ gradients ---- */
 
@@ -632,7 +641,8 @@ static int cuda_step(engine *e, const optimizer_config *o, int tick)
     CUDA_CHECK(cudaSetDevice(c->device));
     if (engine_cuda_tick_check(e, tick) || engine_cuda_tick_begin(e, tick)) return -1;
     stage_optim_state st = {.params = c->params, .grads = c->grads, .m = c->opt_m,
-                            .v = c->opt_v, .count = e->param_count, .step = &c->step};
+                            .v = c->opt_v, .count = e->param_count, .step = &c->step,
+                            .plan = &c->plan};
     if (stage_optim_step(&optim_kernels_cuda, &c->ctx, &st, o) || zero_grads(c, e->param_count))
         return -1;
     return engine_cuda_tick_end(e, tick);

@@ -62,7 +62,6 @@ static void fixed_fields(const train_run *run, const char *hash, meta_field *f)
 {
     const train_options *o = &run->o;
     const optimizer_config *c = &o->opt;
-    static const char *const opt_names[] = {"sgd", "momentum", "adam"};
     int i = 0;
     f[i].key = "model_hash";
     snprintf(f[i++].value, sizeof f->value, "%s", hash);
@@ -73,7 +72,7 @@ static void fixed_fields(const train_run *run, const char *hash, meta_field *f)
     f[i].key = "batch";
     snprintf(f[i++].value, sizeof f->value, "%d", o->batch);
     f[i].key = "optimizer";
-    snprintf(f[i++].value, sizeof f->value, "%s", opt_names[c->kind]);
+    snprintf(f[i++].value, sizeof f->value, "%s", optimizer_kind_name(c->kind));
     f[i].key = "lr";
     snprintf(f[i++].value, sizeof f->value, "%.9g", (double)c->lr);
     f[i].key = "momentum";
@@ -119,7 +118,7 @@ static int check_counts(const st_file *f, const char *path, const train_run *run
         return pt_error_set("%s: bad epoch '%s' in its metadata (step %ld is in epoch %ld)",
                             path, raw[1], s, per > 0 ? s / per : 0);
     /* one optimizer update per step; plain SGD keeps no count (0) */
-    int counted = run->o.opt.kind == OPTIM_ADAM;
+    int counted = optimizer_is_adam(run->o.opt.kind);
     if (u < 0 || (counted && u != s) || (!counted && u != 0 && u != s))
         return pt_error_set("%s: bad updates '%s' in its metadata (after step %ld: %ld)", path,
                             raw[2], s, s);
@@ -180,7 +179,7 @@ static void new_run_id(void)
 static void moments_used(const train_run *run, int *m, int *v)
 {
     *m = run->o.opt.kind != OPTIM_SGD;
-    *v = run->o.opt.kind == OPTIM_ADAM;
+    *v = optimizer_is_adam(run->o.opt.kind);
 }
 
 int train_checkpoint_setup(train_run *run)

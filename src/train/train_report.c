@@ -24,10 +24,7 @@
 #error "PT_GIT_COMMIT must be defined by the build (CMakeLists.txt)"
 #endif
 
-static const char *optimizer_name(optimizer_kind k)
-{
-    return k == OPTIM_SGD ? "sgd" : k == OPTIM_MOMENTUM ? "momentum" : "adam";
-}
+static const char *optimizer_name(optimizer_kind k) { return optimizer_kind_name(k); }
 
 /* ---- banner and epoch lines ---- */
 
