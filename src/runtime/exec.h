@@ -55,6 +55,8 @@ enum { EXEC_STALL_HANG = 0, EXEC_STALL_KILL = 1, EXEC_STALL_MPI_ERROR = 2 };
 typedef struct {
     double loss_sum;       /* summed over the batch's samples (every rank gets it) */
     long correct;
+    double grad_norm;      /* the whole model's gradient norm before clipping, on every rank
+                              (optimizer_config.clip_norm > 0), else NAN */
 } exec_step_result;
 
 /* What the per-chunk times of exec_stats.chunk_s count: forward, whole backward, the split
@@ -109,8 +111,11 @@ int exec_stages(const exec_t *e);
  * the same array on every rank; replica r takes [r·batch/R, (r+1)·batch/R) of it, cut
  * into its micro-batches). next_indices (may be NULL) are the next step's: they are
  * loaded once this step is queued, so a GPU copies them in while it computes. step numbers
- * the dropout stream. Fails with a message on a timeout or a non-finite loss (then every
- * rank that can still talk fails too). */
+ * the dropout stream. opt is the step's update (its lr the schedule's for this step); before
+ * it, a tied head's gradients are summed and, with opt->clip_norm > 0, the whole model's
+ * gradient is clipped (exec_finish.c: then collective over the world, every rank with the
+ * same opt). Fails with a message on a timeout or a non-finite loss (then every rank that
+ * can still talk fails too). */
 int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
                     const int64_t *next_indices, uint64_t seed, uint64_t step,
                     const optimizer_config *opt, exec_step_result *res);
