@@ -79,6 +79,21 @@ python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(abs(a - b) > 1
     && pass "--tensor 2, SGD clipped: within 1e-5 of one process" \
     || { failed "--tensor 2, SGD clipped"; tail -n 2 "$WORK/diff"; }
 
+# a checkpoint of step 3 of the 5-step run, resumed: the schedule continues from step 3
+# (the run's step counter), so the result is the uninterrupted run's
+args=("${COMMON[@]}" --load "$WORK/init.st" "${OPT[@]}" --microbatches 2)
+"$PIPETRAIN" train "${args[@]}" --checkpoint-dir "$WORK/ck" --checkpoint-every 3 >/dev/null
+rm "$WORK/ck/ckpt-0000000005.safetensors"
+"$MPIEXEC" -n 2 "$PIPETRAIN" train "${COMMON[@]}" "${OPT[@]}" --microbatches 2 --stages 2 \
+    --resume "$WORK/ck" --save "$WORK/resumed.st" >"$WORK/resumed.json"
+from=$(json_field resumed_from_step <"$WORK/resumed.json")
+"$PIPETRAIN" diff "$WORK/resumed.st" "$WORK/ref.st" >"$WORK/diff" 2>&1 && [ "$from" = 3 ] \
+    && pass "resumed at step $from on 2 stages: bit-identical to the uninterrupted run" \
+    || { failed "resumed at step '$from'"; tail -n 2 "$WORK/diff"; }
+expect_fail "resuming with another schedule" "written with --lr_schedule cosine" \
+    "$PIPETRAIN" train "${COMMON[@]}" --optimizer adamw --lr 0.01 --lr-schedule linear \
+    --lr-warmup 2 --clip-grad-norm 0.5 --resume "$WORK/ck"
+
 # clipping acts: to a tiny norm it changes the result; to a huge one nothing (the factor
 # is 1), so the run equals the one without clipping
 NOCLIP=(--optimizer adamw --lr 0.01 --lr-schedule cosine --lr-warmup 2)

@@ -60,7 +60,7 @@ struct exec_finish {
     MPI_Comm pair;            /* the two ranks holding them (MPI_COMM_NULL: one holds both) */
     norm_run *norm;           /* [n_norm]: what this rank's norm counts */
     int n_norm;
-    double *sums, *all;       /* [layers], [world size · layers] */
+    double *sums, *all;       /* [layers], [world size · layers] (NULL: not yet needed) */
     float **host;             /* [V]: each engine's host view during the clip */
     double last_norm;         /* the last step's norm before clipping (NAN: not computed) */
 };
@@ -289,7 +289,7 @@ static int norm_layer(exec_t *e, struct exec_finish *f, int *cap, int v, int l, 
 }
 
 /* What this rank's norm counts, sorted by layer then local order (runs of one layer are
- * added in that order). */
+ * added in that order); local work, done at the first clipped step. */
 static int norm_start(exec_t *e, struct exec_finish *f)
 {
     int cap = 0, L = e->net->n_layers;
@@ -311,6 +311,7 @@ static int norm_start(exec_t *e, struct exec_finish *f)
 /* Step 2: the norm over the job, and the gradients scaled to at most max_norm. */
 static int clip_step(exec_t *e, struct exec_finish *f, float max_norm)
 {
+    if (!f->sums && norm_start(e, f)) return -1;
     int L = e->net->n_layers;
     memset(f->sums, 0, (size_t)L * sizeof *f->sums);
     for (int v = 0; v < e->V; v++) {
@@ -358,8 +359,7 @@ int exec_finish_start(exec_t *e)
     f->pair = MPI_COMM_NULL;
     f->last_norm = NAN;
     e->fin = f;
-    if (tie_start(e, f) || norm_start(e, f)) return -1;
-    return 0;
+    return tie_start(e, f);
 }
 
 void exec_finish_free(exec_t *e)

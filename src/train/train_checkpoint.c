@@ -50,18 +50,21 @@ static int model_hash(const char *path, char out[17])
 }
 
 /* The options a checkpoint's state depends on: a resumed run must have the same, or it
- * would not continue the same training. (The layout may differ.) */
+ * would not continue the same training. (The layout may differ.) A field that checkpoints
+ * of an earlier version lack stands for `absent` there (NULL: every checkpoint has it). */
 typedef struct {
     const char *key;
     char value[64];
+    const char *absent;
 } meta_field;
 
-enum { N_FIXED = 11 };
+enum { N_FIXED = 15 };
 
 static void fixed_fields(const train_run *run, const char *hash, meta_field *f)
 {
     const train_options *o = &run->o;
     const optimizer_config *c = &o->opt;
+    memset(f, 0, N_FIXED * sizeof *f);
     int i = 0;
     f[i].key = "model_hash";
     snprintf(f[i++].value, sizeof f->value, "%s", hash);
@@ -85,6 +88,17 @@ static void fixed_fields(const train_run *run, const char *hash, meta_field *f)
     snprintf(f[i++].value, sizeof f->value, "%.9g", (double)c->eps);
     f[i].key = "weight_decay";
     snprintf(f[i++].value, sizeof f->value, "%.9g", (double)c->weight_decay);
+    /* the schedule and the clip (the run's length may change on resuming: the schedule
+     * then follows the new one) */
+    const lr_schedule *s = &o->lr_sched;
+    f[i].key = "lr_schedule", f[i].absent = "constant";
+    snprintf(f[i++].value, sizeof f->value, "%s", lr_schedule_name(s->kind));
+    f[i].key = "lr_warmup", f[i].absent = "0";
+    snprintf(f[i++].value, sizeof f->value, "%ld", s->warmup);
+    f[i].key = "lr_min", f[i].absent = "0";
+    snprintf(f[i++].value, sizeof f->value, "%.17g", s->lr_min);
+    f[i].key = "clip_grad_norm", f[i].absent = "0";
+    snprintf(f[i++].value, sizeof f->value, "%.9g", (double)c->clip_norm);
 }
 
 typedef struct {
@@ -144,6 +158,7 @@ static int check_compatible(const st_file *f, const char *path, void *arg)
     const resume_check *rc = arg;
     for (int i = 0; i < N_FIXED; i++) {
         const char *have = st_meta(f, rc->fixed[i].key);
+        if (!have) have = rc->fixed[i].absent;
         if (!have)
             return pt_error_set("%s: its metadata lacks %s", path, rc->fixed[i].key);
         if (strcmp(have, rc->fixed[i].value) != 0) {
