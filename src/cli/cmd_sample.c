@@ -70,6 +70,7 @@ typedef struct {
     int32_t *ctx;   /* the prompt (or the start token) and what was generated */
     size_t n, first_generated;
     struct cand { float logit; int id; } *cand; /* [V] */
+    float *row;     /* [V]: the logits of the next token */
 } sampler;
 
 /* The draws' stream: this command's own (a sample run has no other use of the generator). */
@@ -129,7 +130,8 @@ static int open_model(sampler *s, const sample_options *o)
                         .max_ticks = 1};
     if (engine_create(&s->eng, ENGINE_CPU, &ec)) return -1;
     s->cand = malloc((size_t)s->V * sizeof *s->cand);
-    if (!s->cand) return pt_error_set("out of memory");
+    s->row = malloc((size_t)s->V * sizeof *s->row);
+    if (!s->cand || !s->row) return pt_error_set("out of memory");
     if (data_text_alloc(&s->window, 1, s->T)) return -1;
     return load_params(s, o->load);
 }
@@ -200,11 +202,12 @@ static const float *next_logits(sampler *s)
     for (int j = 0; j < s->T; j++) s->window.tokens[j] = (size_t)j < len ? (float)last[j] : 0.0f;
     engine_result r;
     int64_t id = 0;
-    if (engine_load(s->eng, 0, &s->window, &id, 1) ||
-        engine_forward(s->eng, 0, 1, 0, 0, 0, -1) || engine_finish(s->eng, &r))
+    if (engine_load(s->eng, 0, &s->window, &id, 1) || engine_forward(s->eng, 0, 1, 0, 0, 0, -1))
         return NULL;
     const float *y = engine_msg_buffer(s->eng, ENGINE_MSG_ACT_OUT, 0);
-    return y + (len - 1) * (size_t)s->V;
+    memcpy(s->row, y + (len - 1) * (size_t)s->V, (size_t)s->V * sizeof *s->row);
+    if (engine_release(s->eng, 0) || engine_finish(s->eng, &r)) return NULL;
+    return s->row;
 }
 
 /* Higher logit first; the lower id among equals. */
@@ -267,6 +270,7 @@ static void sampler_free(sampler *s)
     data_free(&s->window);
     free(s->ctx);
     free(s->cand);
+    free(s->row);
     if (s->net.layers) net_desc_free(&s->net);
 }
 

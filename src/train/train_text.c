@@ -61,11 +61,11 @@ static int load_corpus(train_run *run, text_tokens *t)
     char why[1024];
     snprintf(why, sizeof why, "%s", pt_error_get());
     if (!strstr(why, "is not below the vocabulary")) {
-        if (o->text == TEXT_LLMC && strstr(why, "bad magic"))
+        if (o->text == TEXT_LLMC && strstr(why, "bad magic") && !strstr(why, "LLaMA-3"))
             return pt_error_set("%s (a nanoGPT .bin without a header: --tokens-raw)", why);
         return pt_error_set("%s", why);
     }
-    return pt_error_set("%s of %s (vocab=%d)%s", why, o->model, V,
+    return pt_error_set("%s of %s%s", why, o->model,
                         o->text == TEXT_LLMC ? "; llm.c's version 1 files hold GPT-2 tokens "
                                                "(vocabulary 50257)" : "");
 }
