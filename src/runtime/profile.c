@@ -163,22 +163,15 @@ int partition_profile_measure_with(partition_profile *prof, const net_desc *net,
         prof->bwd_weight_s = calloc((size_t)net->n_layers, sizeof(double));
     }
     int64_t *ids = calloc((size_t)batch, sizeof *ids);
-    /* a data set of random images for the first layer, labels for the last */
-    size_t px = layer_shape_count(net->input);
-    dataset fake = {.count = batch, .channels = net->input.c, .rows = net->input.h,
-                    .cols = net->input.w,
-                    .pixels = malloc((size_t)batch * px), .labels = calloc((size_t)batch, 4)};
+    /* random images (or token windows) for the first layer, labels for the last */
+    dataset fake;
+    int fake_rc = data_fake(&fake, net, batch);
     if (!prof->fwd_s || !prof->bwd_s || (split && (!prof->bwd_input_s || !prof->bwd_weight_s)) ||
-        !tf || !tb || !ids || !fake.pixels || !fake.labels) {
+        !tf || !tb || !ids || fake_rc) {
         pt_error_set("profile: out of memory");
         goto fail;
     }
-    for (size_t i = 0; i < (size_t)batch * px; i++)
-        fake.pixels[i] = (uint8_t)(rng_uniform_at(12345, 3, i) * 255.0f);
-    for (int j = 0; j < batch; j++) {
-        ids[j] = j;
-        fake.labels[j] = j % net->classes;
-    }
+    for (int j = 0; j < batch; j++) ids[j] = j;
     for (int l = 0; l < net->n_layers; l++) {
         int same = same_as_earlier(net, l), measured;
         if (same >= 0) { /* a transformer's blocks are alike: measured once */
@@ -200,10 +193,12 @@ int partition_profile_measure_with(partition_profile *prof, const net_desc *net,
         prof->bwd_input_s[l] = median(tf, measured) / batch;
         prof->bwd_weight_s[l] = median(tb, measured) / batch;
     }
-    free(tf), free(tb), free(ids), free(fake.pixels), free(fake.labels);
+    free(tf), free(tb), free(ids);
+    data_free(&fake);
     return 0;
 fail:
-    free(tf), free(tb), free(ids), free(fake.pixels), free(fake.labels);
+    free(tf), free(tb), free(ids);
+    data_free(&fake);
     partition_profile_free(prof);
     return -1;
 }
