@@ -49,6 +49,14 @@ expect2 "image model + --text" "give this model images" \
     "$PIPETRAIN" train --model "$MLP" --text "$WORK/ok.txt" "${Q[@]}"
 expect2 "language model + images" "gpt-nano.cfg is a language model: give it text" \
     "$PIPETRAIN" train --model "$NANO" --train-samples 64 --test-samples 0 "${Q[@]}"
+# a language model given no data reads the built-in corpus, as --data text
+rc=0
+"$PIPETRAIN" train --model "$NANO" "${Q[@]}" >"$WORK/out" 2>&1 || rc=$?
+if [ "$rc" -eq 0 ] && grep -q "^data: fortunes" "$WORK/out"; then
+    pass "language model without data options: the built-in corpus"
+else
+    failed "language model without data options: exit $rc: $(head -c 300 "$WORK/out")"
+fi
 # options that cannot go together
 expect2 "--text and --data" "both name the data" \
     "$PIPETRAIN" train --model "$NANO" --text "$WORK/ok.txt" --data /tmp "${Q[@]}"

@@ -554,6 +554,16 @@ static exec_config exec_config_of(const train_run *run)
     };
 }
 
+/* A language model given no data options reads the built-in corpus (--data text), as an
+ * image model reads Fashion-MNIST; image data options with it stay refused (load_data). */
+static void default_text(train_run *run)
+{
+    train_options *o = &run->o;
+    if (run->net.sequence && !o->text && !o->train_images && !o->test_images && !o->val &&
+        o->train_samples < 0 && o->test_samples < 0 && !strcmp(o->data, DEFAULT_DATA_DIR))
+        o->text = TEXT_FORTUNES;
+}
+
 /* Model, partition, schedule, data, executor and parameters, agreed on by every rank. */
 int train_setup_run(train_run *run)
 {
@@ -567,6 +577,7 @@ int train_setup_run(train_run *run)
         train_agree(net_desc_check_trainable(&run->net, o->model), comm, timeout) ||
         train_agree(setup_shards(run), comm, timeout))
         return -1;
+    default_text(run);
     /* the data before any profiling: a batch the data set cannot fill is refused now, not
      * after the layers were profiled (and memory allocated) at that batch */
     double t_read = pt_now();
