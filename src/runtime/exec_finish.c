@@ -65,14 +65,6 @@ struct exec_finish {
     double last_norm;         /* the last step's norm before clipping (NAN: not computed) */
 };
 
-/* net_desc.tied_head, until that field is in main: the tied lm_head's layer, −1 if none. */
-static int tied_head_of(const net_desc *net)
-{
-    for (int l = 0; l < net->n_layers; l++)
-        if (net->layers[l].type == LAYER_LM_HEAD && net->layers[l].u.lm_head.tied) return l;
-    return -1;
-}
-
 /* The net as this rank runs it (its tensor shard's layers). */
 static const net_desc *local_net(const exec_t *e)
 {
@@ -172,10 +164,8 @@ static int pair_runs(struct exec_finish *f, const run_list *w, const run_list *h
 /* The tie's runs and ranks. Collective over the pipeline when the net has a tied head. */
 static int tie_start(exec_t *e, struct exec_finish *f)
 {
-    f->head = tied_head_of(e->net);
-    /* a head without a matrix of its own (the model format before the engine trained
-     * these layers counted it in the embedding only) has nothing to tie */
-    if (f->head < 0 || !e->net->layers[f->head].weight_count) return 0;
+    f->head = e->net->tied_head;
+    if (f->head < 0) return 0;
     const layer_desc *E = &e->net->layers[0];
     if (E->type != LAYER_EMBEDDING)
         return pt_error_set("a tied lm_head needs an [embedding] at layer 0");
