@@ -3,8 +3,8 @@
  * the engines' host views of their gradients (engine_grads_host / engine_grads_commit: the
  * CPU engine's own memory, a CUDA engine's pinned mirror, copied back when changed).
  *
- * 1. A tied lm_head (docs/DESIGN.md, gpt-spec): the head keeps its own copy of the
- *    embedding's token matrix wte; the two gradients are summed and both copies receive
+ * 1. A tied lm_head (docs/DESIGN.md, the parameter order): the head keeps its own copy of
+ *    the embedding's token matrix wte; the two gradients are summed and both copies receive
  *    the sum, so the copies stay bit-identical. One stage holding both adds them; in a
  *    pipeline the two ranks holding them all-reduce on a communicator of their own (one
  *    per replica and tensor index), made at exec_start. a + b = b + a in floats, so both

@@ -23,7 +23,8 @@ float lr_schedule_at(const lr_schedule *s, long step, long total)
     double p = (double)(step - s->warmup) / (double)span;
     p = p < 0 ? 0 : p > 1 ? 1 : p;
     switch (s->kind) {
-    case LR_COSINE: return (float)(s->lr_min + 0.5 * (1.0 + cos(LR_PI * p)) * (s->lr - s->lr_min));
+    case LR_COSINE:
+        return (float)(s->lr_min + 0.5 * (1.0 + cos(LR_PI * p)) * (s->lr - s->lr_min));
     case LR_LINEAR: return (float)(s->lr - p * (s->lr - s->lr_min));
     case LR_CONSTANT: break;
     }
