@@ -99,6 +99,36 @@ def text_batch(tokens, T, seed, step, batch):
     return xs, ys
 
 
+def text_tail_count(count, fraction):
+    """src/io/text_data.c's text_tail_count: the tokens a validation fraction holds."""
+    if not 0 < fraction < 1:
+        return 0
+    return max(1, int(count * fraction))
+
+
+def split_corpus(tokens, val_fraction):
+    """(training tokens, validation tokens): the last text_tail_count tokens held out, as
+    `train --val-fraction` does."""
+    n = text_tail_count(len(tokens), val_fraction)
+    return (tokens[:len(tokens) - n], tokens[len(tokens) - n:]) if n else (tokens, [])
+
+
+def eval_offsets(count, T, n):
+    """src/io/data_text.c's data_text_eval: n windows evenly spaced over a part of `count`
+    tokens, the first at 0 and the last ending at its end (n cut to the distinct ones)."""
+    if T < 1 or count < T + 1:
+        raise ValueError('%d tokens hold no window of %d + 1 tokens' % (count, T))
+    last = count - T - 1
+    n = min(n, last + 1)
+    return [k * last // (n - 1) if n > 1 else 0 for k in range(n)]
+
+
+def eval_batch(tokens, T, n):
+    """Inputs and targets of the evaluation windows of a part (eval_offsets)."""
+    offs = eval_offsets(len(tokens), T, n)
+    return ([list(tokens[o:o + T]) for o in offs], [list(tokens[o + 1:o + T + 1]) for o in offs])
+
+
 def read_corpus(path):
     """A UTF-8 text file as byte tokens (vocabulary 256), as text_load_utf8 reads it."""
     with open(path, 'rb') as f:

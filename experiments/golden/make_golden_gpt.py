@@ -4,8 +4,7 @@ float64, from pipetrain's initial parameters, on pipetrain's text windows of
 tests/golden/corpus.txt, under several optimizers, so that `pipetrain train` (float32) can
 be compared with it step by step in every layout.
 
-    /usr/bin/python3 experiments/golden/make_golden_gpt.py            # writes the files
-    /usr/bin/python3 experiments/golden/make_golden_gpt.py --check32  # and float32 errors
+    /usr/bin/python3 experiments/golden/make_golden_gpt.py [--dry-run]
 
 (run under another python3 it runs itself again under /usr/bin/python3, which has torch).
 The files are committed; the test needs neither torch nor numpy.
@@ -15,7 +14,8 @@ Writes, in tests/golden/:
                               `pipetrain train` options that ask for the same training, the
                               loss of every step (mean cross-entropy over the batch's B·T
                               tokens, before that step's update), the gradient norm of every
-                              step (before clipping), and its parameter file;
+                              step (before clipping), the validation loss after the last
+                              step, and its parameter file;
   gpt_<run>.safetensors       the parameters after the last step, float32, under pipetrain's
                               checkpoint names (layers.<i>.<tensor>).
 
@@ -23,7 +23,11 @@ What the reference does (gpt-spec.md):
   - model: experiments/gpt_torch.py (pipetrain's layout; a tied head shares wte, so torch
     adds both gradients into one tensor, which is what pipetrain's summed copies are);
   - initial parameters: gpt_torch.init_params (Philox normals as pipetrain draws them);
-  - batch of step s: samples 0..B−1 of step s (gpt_torch.text_batch), windows of T+1 bytes;
+  - data: the corpus's bytes less the last 10% (train's default --val-fraction 0.1); the
+    batch of step s: samples 0..B−1 of step s (gpt_torch.text_batch), windows of T+1 bytes
+    drawn from that training part;
+  - validation loss after the last step: the mean cross-entropy over every position of
+    the 64 evenly spaced windows of the held-out 10% (--eval-windows 64, the default);
   - loss: F.cross_entropy over all B·T positions (mean);
   - clipping: torch.nn.utils.clip_grad_norm_ over every distinct parameter;
   - learning rate of update s (0-based) of `steps`: s < warmup: lr·(s+1)/warmup; else
@@ -56,6 +60,9 @@ CORPUS = 'corpus.txt'
 SEED = 11
 BATCH = 8
 STEPS = 4
+# train's defaults for text: the last 10% held out, the validation loss over 64 windows
+VAL_FRACTION = 0.1
+EVAL_WINDOWS = 64
 
 # name, model file, hyper-parameters (steps: STEPS unless given). The same batch for all.
 RUNS = [
@@ -70,6 +77,11 @@ RUNS = [
      dict(optimizer='adamw', lr=1e-2, weight_decay=0.1, schedule='linear', warmup=1,
           lr_min=2e-3, clip=0.3)),
 ]
+# Tolerances: MARGIN times the float32 spread, at least the floors (relative to |loss| and
+# to each tensor's max|p|)
+MARGIN = 10
+LOSS_RTOL = 1e-5
+PARAM_RTOL = 1e-4
 # pipetrain's AdamW constants (train_options.c: beta1 0.9, beta2 0.999, eps 1e-8)
 BETAS = (0.9, 0.999)
 EPS = 1e-8
@@ -125,8 +137,24 @@ def make_optimizer(model, hp):
         lr=f32(hp['lr']), betas=tuple(f32(b) for b in BETAS), eps=f32(EPS))
 
 
-def train(cfg, hp, dtype, tokens):
-    """Trains one run: (losses, grad_norms, model)."""
+def val_loss(model, tokens):
+    """The mean cross-entropy over every position of the evaluation windows."""
+    xs, ys = gpt_torch.eval_batch(tokens, model.context, EVAL_WINDOWS)
+    with torch.no_grad():
+        logits = model(torch.tensor(xs))
+        return F.cross_entropy(logits.reshape(-1, model.vocab), torch.tensor(ys).reshape(-1)).item()
+
+
+# Ways of computing the same step in float32 that round differently, as pipetrain's
+# layouts do: the samples in another order, gradients accumulated over micro-batches.
+# name: (micro-batches, reversed sample order)
+VARIANTS = {'batch': (1, False), 'reversed': (1, True), 'micro2': (2, False),
+            'micro4-reversed': (4, True)}
+
+
+def train(cfg, hp, dtype, tokens, variant='batch'):
+    """Trains one run on the training tokens: (losses, grad_norms, model)."""
+    micro, rev = VARIANTS[variant]
     model = gpt_torch.build(cfg, dtype)
     gpt_torch.init_params(model, SEED)
     opt = make_optimizer(model, hp)
@@ -137,10 +165,16 @@ def train(cfg, hp, dtype, tokens):
     for s in range(steps):
         xs, ys = gpt_torch.text_batch(tokens, T, SEED, s, BATCH)
         x, y = torch.tensor(xs), torch.tensor(ys)
+        if rev:
+            x, y = x.flip(0), y.flip(0)
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1))
-        loss.backward()
-        losses.append(loss.item())
+        loss = 0.0
+        for xm, ym in zip(x.chunk(micro), y.chunk(micro)):
+            # the batch's mean: each micro-batch's sum over its tokens / (B·T)
+            part = F.cross_entropy(model(xm).reshape(-1, V), ym.reshape(-1), reduction='sum')
+            (part / (BATCH * T)).backward()
+            loss += part.item() / (BATCH * T)
+        losses.append(loss)
         if 'clip' in hp:
             norm = torch.nn.utils.clip_grad_norm_(params, f32(hp['clip']))
         else:
@@ -150,6 +184,32 @@ def train(cfg, hp, dtype, tokens):
             g['lr'] = lr_at(hp, s, steps)
         opt.step()
     return losses, norms, model
+
+
+def tight_tensors(model, loose):
+    """st_tensors(model) as float64, the loose slices cut out (they are compared apart)."""
+    out = {k: v.double() for k, v in st_tensors(model).items()}
+    for sl in loose:
+        t = out[sl['tensor']]
+        out[sl['tensor']] = torch.cat([t[:sl['begin']], t[sl['end']:]])
+    return out
+
+
+def float32_spread(cfg, hp, tokens, held_out, losses, val, model, loose):
+    """How far float32 computations of the run land from the float64 one, the largest
+    over the VARIANTS: relative errors of the step losses and of the validation loss, and
+    per tensor max|p32 − p64| as a fraction of max|p64|."""
+    ref = tight_tensors(model, loose)
+    loss_err, val_err, spread = 0.0, 0.0, {k: 0.0 for k in ref}
+    for variant in VARIANTS:
+        l32, _, m32 = train(cfg, hp, torch.float32, tokens, variant)
+        loss_err = max(loss_err, max(abs(a - b) / abs(b) for a, b in zip(l32, losses)))
+        val_err = max(val_err, abs(val_loss(m32, held_out) - val) / val)
+        got = tight_tensors(m32, loose)
+        for k in ref:
+            spread[k] = max(spread[k], ((got[k] - ref[k]).abs().max() /
+                                        ref[k].abs().max()).item())
+    return loss_err, val_err, spread
 
 
 def loose_slices(model, hp):
@@ -197,23 +257,20 @@ def write_safetensors(path, tensors):
         f.write(struct.pack('<Q', len(h)) + h + b''.join(blobs))
 
 
-def rel_err(a, b):
-    return max(abs(x - y) for x, y in zip(a, b)) / max(abs(y) for y in b)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('--check32', action='store_true',
-                    help='also train in float32 and print its errors against float64')
     ap.add_argument('--dry-run', action='store_true', help='write nothing')
     args = ap.parse_args()
     if not torch.__version__.startswith('1.13'):
         print('warning: torch %s, the golden values are defined by 1.13' % torch.__version__,
               file=sys.stderr)
     torch.set_num_threads(1)
-    tokens = gpt_torch.read_corpus(os.path.join(GOLDEN, CORPUS))
+    corpus = gpt_torch.read_corpus(os.path.join(GOLDEN, CORPUS))
+    tokens, held_out = gpt_torch.split_corpus(corpus, VAL_FRACTION)
     doc = dict(version=1, generator='experiments/golden/make_golden_gpt.py',
-               torch=torch.__version__, corpus=CORPUS, corpus_bytes=len(tokens), seed=SEED,
+               torch=torch.__version__, corpus=CORPUS, corpus_bytes=len(corpus),
+               train_tokens=len(tokens), val_fraction=VAL_FRACTION,
+               eval_windows=EVAL_WINDOWS, seed=SEED,
                batch=BATCH, betas=list(BETAS), eps=EPS, runs=[])
     for name, model_file, hp in RUNS:
         cfg = os.path.join(GOLDEN, model_file)
@@ -225,20 +282,25 @@ def main():
         tensors = st_tensors(model)
         doc['runs'].append(dict(name=name, model=model_file, hyper=hp,
                                 args=pipetrain_args(hp), losses=losses, grad_norms=norms,
+                                val_loss=val_loss(model, held_out),
                                 params=st, loose=loose_slices(model, hp)))
-        line = '%-16s losses %s  norms %s' % (
-            name, ' '.join('%.5f' % v for v in losses), ' '.join('%.3f' % v for v in norms))
-        if args.check32:
-            l32, _, m32 = train(cfg, hp, torch.float32, tokens)
-            p64, p32 = st_tensors(model), st_tensors(m32)
-            for sl in doc['runs'][-1]['loose']:  # as the test: these are noise
-                for p in (p64, p32):
-                    p[sl['tensor']] = torch.cat([p[sl['tensor']][:sl['begin']],
-                                                 p[sl['tensor']][sl['end']:]])
-            worst = max((((p64[k] - p32[k]).abs().max() / p64[k].abs().max()).item(), k)
-                        for k in p64)
-            line += '\n%16s float32: losses rel %.2g, params %.2g (of max|p|, %s)' % (
-                '', rel_err(l32, losses), worst[0], worst[1])
+        run = doc['runs'][-1]
+        loss_err, val_err, spread = float32_spread(cfg, hp, tokens, held_out, losses,
+                                                   run['val_loss'], model, run['loose'])
+        run['float32_loss_err'] = loss_err
+        run['float32_val_loss_err'] = val_err
+        run['float32_spread'] = spread
+        run['loss_rtol'] = max(LOSS_RTOL, MARGIN * loss_err)
+        run['val_loss_rtol'] = max(LOSS_RTOL, MARGIN * val_err)
+        run['param_rtol'] = {k: max(PARAM_RTOL, MARGIN * v) for k, v in sorted(spread.items())}
+        worst = max((v, k) for k, v in spread.items())
+        line = ('%-16s losses %s  norms %s  val %.5f\n%16s float32: losses within %.2g, '
+                'validation %.2g, parameters %.2g of max|p| (%s); %d tensors above the '
+                'floor %g' % (
+                    name, ' '.join('%.5f' % v for v in losses),
+                    ' '.join('%.3f' % v for v in norms), run['val_loss'], '', loss_err, val_err,
+                    worst[0], worst[1], sum(v > PARAM_RTOL for v in run['param_rtol'].values()),
+                    PARAM_RTOL))
         print(line)
         if not args.dry_run:
             write_safetensors(os.path.join(GOLDEN, st), tensors)
