@@ -3,6 +3,7 @@
 #include "kernels/kernels.h"
 #include "kernels/rng.h"
 
+#include <math.h>
 #include <string.h>
 
 /* Philox blocks generated together: 16 blocks = 64 uniforms per call. */
@@ -137,6 +138,21 @@ void kernel_init_uniform_cpu(float *out, size_t count, float bound, uint64_t see
                              uint64_t stream)
 {
     kernel_init_uniform_range_cpu(out, 0, count, bound, seed, stream);
+}
+
+double rng_normal_at(uint64_t seed, uint64_t stream, uint64_t i)
+{
+    uint32_t r[4];
+    rng_philox4x32_10(r, seed, stream, i);
+    double u1 = ((double)r[0] + 1.0) * 0x1p-32, u2 = (double)r[1] * 0x1p-32;
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+void kernel_init_normal_range_cpu(float *out, size_t first, size_t count, double std,
+                                  uint64_t seed, uint64_t stream)
+{
+    for (size_t i = 0; i < count; i++)
+        out[i] = (float)(std * rng_normal_at(seed, stream, first + i));
 }
 
 void kernel_bytes_to_float_cpu(float *out, const uint8_t *in, size_t count)

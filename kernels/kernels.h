@@ -151,6 +151,10 @@ void kernel_init_uniform_cpu(float *out, size_t count, float bound, uint64_t see
                              uint64_t stream);
 /* out[i] = what kernel_init_uniform_cpu writes at index first + i, for any first: a slice
  * [first, first + count) of the whole tensor. kernel_init_uniform_cpu is this with first = 0. */
+/* Elements [first, first + count) of N(0, std²) (rng_normal_at, times std in double, rounded
+ * to float once): GPT-2's initialisation. */
+void kernel_init_normal_range_cpu(float *out, size_t first, size_t count, double std,
+                                  uint64_t seed, uint64_t stream);
 void kernel_init_uniform_range_cpu(float *out, size_t first, size_t count, float bound,
                                    uint64_t seed, uint64_t stream);
 

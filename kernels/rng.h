@@ -55,6 +55,17 @@ static inline uint64_t rng_stream_shuffle(uint64_t epoch)
 {
     return ((uint64_t)3 << 62) | epoch;
 }
+/* Tensor k of transformer layer `layer` (GPT-2's normal initialisation). */
+static inline uint64_t rng_stream_init_tensor(int layer, int k)
+{
+    return ((uint64_t)1 << 62) | ((uint64_t)1 << 59) | ((uint64_t)layer << 8) | (uint64_t)k;
+}
+
+/* Element i of the standard normal sequence (seed, stream), by Box–Muller on one Philox
+ * block per element, in double: u1 = (r0 + 1)/2^32 in (0, 1], u2 = r1/2^32, z =
+ * √(−2 ln u1)·cos(2π u2). experiments/gpt_torch.py reproduces it. */
+double rng_normal_at(uint64_t seed, uint64_t stream, uint64_t i);
+
 /* A text corpus's windows of one step (src/io/text_data.c); index: the sample's id. */
 static inline uint64_t rng_stream_text(uint64_t step)
 {

@@ -142,6 +142,10 @@ void partition_print(const partition *p, const net_desc *net, const partition_pr
     if (timed)
         fprintf(out, "  %12.3f", total_ms);
     fprintf(out, "\n");
+    if (net->tied_head >= 0)
+        fprintf(out, "(the lm_head keeps its own copy of the tied token matrix, %zu values, kept "
+                "equal to the embedding's: the model has %zu distinct parameters)\n",
+                net->layers[net->tied_head].weight_count, net->param_count);
 
     double imb = partition_imbalance(p, cost);
     if (timed)

@@ -25,22 +25,27 @@ void *stage_alloc_zeroed(size_t bytes)
  * cache; measured with experiments/bench_kernels.c); dense layers prefer larger ones. The
  * chunk size depends only on the net and the micro-batch size, never on the layout or the
  * thread count, so that every layout computes the same sums. */
-enum { CONV_CHUNK = 16, DENSE_CHUNK_MIN = 64 };
+enum { CONV_CHUNK = 16, DENSE_CHUNK_MIN = 64, SEQUENCE_CHUNK_MIN_TOKENS = 128 };
 
-/* The gradient groups of `threads` threads, and the chunk cap (CONV_CHUNK when the net has
- * convolutions: the whole net decides, not the stage). */
-static void chunk_rules(const net_desc *net, int threads, int *groups, int *chunk_max)
+/* The gradient groups of `threads` threads, the chunk cap (CONV_CHUNK when the net has
+ * convolutions: the whole net decides, not the stage) and the least chunk: 64 samples of a
+ * vector net; a language model's sample is T tokens, so its chunks need only reach 128
+ * token rows, and a micro-batch of a few sequences still spreads over the threads. */
+static void chunk_rules(const net_desc *net, int threads, int *groups, int *chunk_max,
+                        int *chunk_min)
 {
     *groups = threads > STAGE_MIN_GROUPS ? threads : STAGE_MIN_GROUPS;
     *chunk_max = 0;
     for (int l = 0; l < net->n_layers; l++)
         if (net->layers[l].type == LAYER_CONV) *chunk_max = CONV_CHUNK;
+    int T = net->input.c;
+    *chunk_min = net->sequence ? (SEQUENCE_CHUNK_MIN_TOKENS + T - 1) / T : DENSE_CHUNK_MIN;
 }
 
-static int chunk_of(int chunk_max, int groups, int n)
+static int chunk_of(int chunk_max, int chunk_min, int groups, int n)
 {
     int c = chunk_max > 0 ? chunk_max : (n + groups - 1) / groups;
-    if (chunk_max == 0 && c < DENSE_CHUNK_MIN) c = DENSE_CHUNK_MIN;
+    if (chunk_max == 0 && c < chunk_min) c = chunk_min;
     return c < n ? c : (n > 0 ? n : 1);
 }
 
@@ -51,7 +56,10 @@ static int used_groups(int groups, int chunk, int n)
     return used < groups ? used : groups;
 }
 
-int stage_chunk(const stage *s, int n) { return chunk_of(s->chunk_max, s->groups, n); }
+int stage_chunk(const stage *s, int n)
+{
+    return chunk_of(s->chunk_max, s->chunk_min, s->groups, n);
+}
 
 static stage_shape cpu_shape(const net_desc *net, int first, int last, int max_batch, int chunk,
                              const shard_plan *tp, int t)
@@ -88,9 +96,9 @@ stage_bytes stage_estimate(const net_desc *net, int first, int last, int max_bat
 stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int max_batch,
                                  int threads, const shard_plan *tp, int t)
 {
-    int groups, chunk_max;
-    chunk_rules(net, threads, &groups, &chunk_max);
-    int chunk = chunk_of(chunk_max, groups, max_batch);
+    int groups, chunk_max, chunk_min;
+    chunk_rules(net, threads, &groups, &chunk_max, &chunk_min);
+    int chunk = chunk_of(chunk_max, chunk_min, groups, max_batch);
     stage_shape sh = cpu_shape(net, first, last, max_batch, chunk, tp, t);
     stage_sizes z = stage_plan_sizes(&sh);
     return bytes_of(&z, threads, groups, chunk, max_batch, tp && tp->T > 1);
@@ -181,7 +189,7 @@ int stage_init_shard(stage *s, const net_desc *net, int first, int last, int max
                             max_batch, n_slots, threads);
     s->n_slots = n_slots;
     s->threads = threads;
-    chunk_rules(net, threads, &s->groups, &s->chunk_max);
+    chunk_rules(net, threads, &s->groups, &s->chunk_max, &s->chunk_min);
     int chunk = stage_chunk(s, max_batch);
     stage_shape sh = cpu_shape(net, first, last, max_batch, chunk, tp, tp_rank);
     if (stage_plan_init(&s->plan, &sh, "stage")) return -1;
@@ -229,10 +237,19 @@ void stage_free(stage *s)
     memset(s, 0, sizeof *s);
 }
 
-static int draw_cpu(void *ctx, float *dst, size_t first, size_t count, float bound,
-                    uint64_t seed, uint64_t stream)
+static int draw_cpu(void *ctx, float *dst, size_t first, size_t count, layer_init kind,
+                    double scale, uint64_t seed, uint64_t stream)
 {
-    kernel_init_uniform_range_cpu(dst, first, count, bound, seed, stream);
+    switch (kind) {
+    case LAYER_INIT_TORCH:
+        kernel_init_uniform_range_cpu(dst, first, count, (float)scale, seed, stream);
+        break;
+    case LAYER_INIT_NORMAL:
+        kernel_init_normal_range_cpu(dst, first, count, scale, seed, stream);
+        break;
+    default:
+        for (size_t i = 0; i < count; i++) dst[i] = kind == LAYER_INIT_ONES ? 1.0f : 0.0f;
+    }
     return 0;
 }
 

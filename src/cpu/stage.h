@@ -56,6 +56,7 @@ typedef struct {
     stage_slot_layer *slot_layers; /* owned: [n_slots · nl], each slot's layers */
     void *slot_memory;      /* owned: every slot's activations */
     int threads, chunk_max; /* worker threads; samples per chunk (0: from the batch) */
+    int chunk_min;          /* the least samples per chunk when chunk_max is 0 */
     int groups;             /* gradient groups, see STAGE_MIN_GROUPS */
     stage_worker *workers;  /* owned, one per thread */
     float **group_grads;    /* owned (but [0] may be the stage's grads): one per group */
@@ -111,7 +112,8 @@ int stage_init_shard(stage *s, const net_desc *net, int first, int last, int max
 static inline int stage_tensor_failed(const stage *s) { return s->tp_failed; }
 
 /* Samples per chunk for a micro-batch of n: 16 in nets with convolutions, else
- * max(64, ⌈n / groups⌉); never depends on the layout. */
+ * max(64, ⌈n / groups⌉), or for a language model max(⌈128 / T⌉, ⌈n / groups⌉); never
+ * depends on the layout. */
 int stage_chunk(const stage *s, int n);
 void stage_free(stage *s);
 

@@ -12,9 +12,8 @@ size_t stage_split_slot_bytes(const net_desc *net, int first, int last, int max_
 {
     size_t bytes = 0;
     for (int l = first; l < last; l++)
-        if (net->layers[l].weight_count)
-            bytes += stage_round_up((size_t)max_batch * layer_shape_count(net->layers[l].out) *
-                                    sizeof(float));
+        bytes += stage_round_up((size_t)max_batch * layer_gout_floats(&net->layers[l]) *
+                                sizeof(float));
     return bytes;
 }
 
@@ -33,7 +32,7 @@ int stage_enable_split(stage *s)
             const layer_desc *L = &p->loc[i];
             if (!L->weight_count) continue;
             s->slots[k].layers[i].gout = (float *)mem;
-            mem += stage_round_up((size_t)p->max_batch * layer_shape_count(L->out) * sizeof(float));
+            mem += stage_round_up((size_t)p->max_batch * layer_gout_floats(L) * sizeof(float));
         }
     }
     s->split = 1;

@@ -353,10 +353,13 @@ int engine_cuda_loss_drain(cuda_engine *c)
 /* ---------------------------------------------------------------- parameters ---- */
 
 /* The shared initialisation's draws (stage_plan_init_params) with the CUDA kernel. */
-static int draw_cuda(void *ctx, float *dst, size_t first, size_t count, float bound,
-                     uint64_t seed, uint64_t stream)
+static int draw_cuda(void *ctx, float *dst, size_t first, size_t count, layer_init kind,
+                     double scale, uint64_t seed, uint64_t stream)
 {
-    return kernel_init_uniform_range_cuda(dst, first, count, bound, seed, stream, ctx);
+    /* transformer models are refused before an engine is made (issue 25) */
+    if (kind != LAYER_INIT_TORCH)
+        return pt_error_set("the CUDA engine has no initialisation for transformer layers");
+    return kernel_init_uniform_range_cuda(dst, first, count, (float)scale, seed, stream, ctx);
 }
 
 static int cuda_init_params(engine *e, uint64_t seed)

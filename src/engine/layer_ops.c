@@ -113,6 +113,75 @@ static int cpu_copy(void *ctx, float *dst, const float *src, size_t count)
     return 0;
 }
 
+static int cpu_add(void *ctx, float *dst, const float *src, size_t count)
+{
+    kernel_add_cpu(dst, src, count);
+    return 0;
+}
+static int cpu_layernorm_forward(void *ctx, float *out, float *mean, float *rstd, const float *x,
+                                 const float *gamma, const float *beta, int rows, int width)
+{
+    kernel_layernorm_forward_cpu(out, mean, rstd, x, gamma, beta, rows, width);
+    return 0;
+}
+static int cpu_layernorm_backward(void *ctx, float *dx, float *dgamma, float *dbeta,
+                                  const float *dy, const float *x, const float *mean,
+                                  const float *rstd, const float *gamma, int rows, int width)
+{
+    kernel_layernorm_backward_cpu(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, width);
+    return 0;
+}
+static int cpu_gelu_forward(void *ctx, float *out, const float *in, size_t count)
+{
+    kernel_gelu_forward_cpu(out, in, count);
+    return 0;
+}
+static int cpu_gelu_backward(void *ctx, float *din, const float *dout, const float *in,
+                             size_t count)
+{
+    kernel_gelu_backward_cpu(din, dout, in, count);
+    return 0;
+}
+/* Token ids from their float form; one outside [0, vocab) becomes −1, which the kernels turn
+ * into a NaN row and no gradient (the data loader has already refused such a token). */
+static void token_ids(int32_t *tok, const float *ids, size_t count, int vocab)
+{
+    for (size_t i = 0; i < count; i++)
+        tok[i] = ids[i] >= 0 && ids[i] < (float)vocab ? (int32_t)ids[i] : -1;
+}
+static int cpu_embedding_forward(void *ctx, float *out, int32_t *tok, const float *ids,
+                                 const float *wte, const float *wpe, int n, int seq, int width,
+                                 int vocab)
+{
+    token_ids(tok, ids, (size_t)n * seq, vocab);
+    kernel_embedding_forward_cpu(out, tok, wte, wpe, n, seq, width, vocab);
+    return 0;
+}
+static int cpu_embedding_backward(void *ctx, float *dwte, float *dwpe, int32_t *tok,
+                                  const float *dout, const float *ids, int n, int seq,
+                                  int width, int vocab)
+{
+    token_ids(tok, ids, (size_t)n * seq, vocab);
+    kernel_embedding_backward_cpu(dwte, dwpe, dout, tok, n, seq, width, vocab);
+    return 0;
+}
+static int cpu_attention_forward(void *ctx, float *y, float *probs, const float *qkv,
+                                 const kernel_attention_dims *d)
+{
+    size_t C = (size_t)d->heads * d->head_dim;
+    kernel_attention_forward_cpu(y, probs, qkv, qkv + C, qkv + 2 * C, d);
+    return 0;
+}
+static int cpu_attention_backward(void *ctx, float *dqkv, float *work, const float *dy,
+                                  const float *qkv, const float *probs,
+                                  const kernel_attention_dims *d)
+{
+    size_t C = (size_t)d->heads * d->head_dim;
+    kernel_attention_backward_cpu(dqkv, dqkv + C, dqkv + 2 * C, work, dy, qkv, qkv + C,
+                                  qkv + 2 * C, probs, d);
+    return 0;
+}
+
 const layer_kernels layer_kernels_cpu = {
     .dense_forward = cpu_dense_forward,
     .dense_backward = cpu_dense_backward,
@@ -131,6 +200,15 @@ const layer_kernels layer_kernels_cpu = {
     .dropout_forward = cpu_dropout_forward,
     .dropout_backward = cpu_dropout_backward,
     .copy = cpu_copy,
+    .add = cpu_add,
+    .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_backward = cpu_layernorm_backward,
+    .gelu_forward = cpu_gelu_forward,
+    .gelu_backward = cpu_gelu_backward,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
 };
 
 /* ---- the table: per layer type, its forward, backward and weight half ---- */
@@ -255,23 +333,248 @@ static int pass_backward(const layer_call *c, const float *g, float *dx, int wei
 }
 static int flatten_forward(const layer_call *c, uint64_t seed, uint64_t step) { return 0; }
 
-/* The transformer layers (issue 24) are described but have no compute half yet: train,
- * plan and partition by time refuse them up front (net_desc_check_trainable); should one
- * reach the loop anyway, it fails with that message instead of calling through NULL. */
-static int untrained(const layer_call *c)
+/* ---- the transformer layers (GPT-2's) ----
+ * A chunk of n samples is N = n·T token rows. The forward keeps, besides its output, what
+ * layer_saved_floats counts, laid out per chunk as [N, ·] regions so that each is one matrix
+ * for the products; the backward and W of a chunk use the same chunking (the same n), so
+ * they find them. A block's B leaves its inner gradients (layer_gout_floats) in io->gout
+ * for W under the split backward, else in the chunk's workspace, and W reads them there:
+ * the weight half is the same code either way, so split and whole agree bit for bit. */
+
+static int seq_rows(const layer_call *c) { return c->n * c->L->in.c; }
+
+/* A device without these kernels refuses transformer models before running one. */
+static int need_transformer(const layer_call *c)
 {
-    return pt_error_set("layer %d [%s] is not trained by this version of pipetrain yet "
-                        "(issue 24)", c->l, layer_type_name(c->L->type));
+    if (c->k->layernorm_forward) return 0;
+    return pt_error_set("layer %d [%s]: this device has no transformer kernels", c->l,
+                        layer_type_name(c->L->type));
 }
-static int untrained_forward(const layer_call *c, uint64_t seed, uint64_t step)
+
+/* A block's parameters, activations and gradients as pointers. */
+typedef struct {
+    int N, C, H;
+    const float *Wattn, *Waproj, *Wfc, *Wmproj, *g1, *b1, *battn, *baproj, *g2, *b2, *bfc,
+        *bmproj;
+    float *ln1, *qkv, *y, *x1, *ln2, *fc, *gel, *mean1, *rstd1, *mean2, *rstd2, *probs;
+    kernel_attention_dims d;
+} block_view;
+
+static block_view block_of(const layer_call *c)
 {
-    return untrained(c);
+    const layer_desc *L = c->L;
+    block_view v;
+    size_t C = (size_t)L->in.w, H = (size_t)L->u.block.hidden, T = (size_t)L->in.c;
+    size_t N = (size_t)c->n * T;
+    v.N = (int)N;
+    v.C = (int)C;
+    v.H = (int)H;
+    const float *w = c->io->w;
+    v.Wattn = w;
+    v.Waproj = v.Wattn + 3 * C * C;
+    v.Wfc = v.Waproj + C * C;
+    v.Wmproj = v.Wfc + H * C;
+    v.g1 = v.Wmproj + C * H;
+    v.b1 = v.g1 + C;
+    v.battn = v.b1 + C;
+    v.baproj = v.battn + 3 * C;
+    v.g2 = v.baproj + C;
+    v.b2 = v.g2 + C;
+    v.bfc = v.b2 + C;
+    v.bmproj = v.bfc + H;
+    float *s = c->io->saved;
+    v.ln1 = s;
+    v.qkv = v.ln1 + N * C;
+    v.y = v.qkv + N * 3 * C;
+    v.x1 = v.y + N * C;
+    v.ln2 = v.x1 + N * C;
+    v.fc = v.ln2 + N * C;
+    v.gel = v.fc + N * H;
+    v.mean1 = v.gel + N * H;
+    v.rstd1 = v.mean1 + N;
+    v.mean2 = v.rstd1 + N;
+    v.rstd2 = v.mean2 + N;
+    v.probs = v.rstd2 + N;
+    v.d = (kernel_attention_dims){.batch = c->n, .seq = (int)T, .heads = L->u.block.heads,
+                                  .head_dim = (int)C / L->u.block.heads, .qkv_stride = 3 * (int)C};
+    return v;
 }
-static int untrained_backward(const layer_call *c, const float *g, float *dx, int weight_now)
+
+/* A block's inner gradients (layer_gout_floats' order): the MLP output's (its input's
+ * gradient through the residual as well), c_fc's, ln_2's output's, the residual stream's
+ * after attention, c_attn's, ln_1's output's. */
+typedef struct {
+    float *dmp, *dfc, *dln2, *dx1, *dqkv, *dln1;
+} block_grads;
+
+static block_grads block_grads_at(float *set, const block_view *v)
 {
-    return untrained(c);
+    size_t N = (size_t)v->N, C = (size_t)v->C, H = (size_t)v->H;
+    block_grads g;
+    g.dmp = set;
+    g.dfc = g.dmp + N * C;
+    g.dln2 = g.dfc + N * H;
+    g.dx1 = g.dln2 + N * C;
+    g.dqkv = g.dx1 + N * C;
+    g.dln1 = g.dqkv + N * 3 * C;
+    return g;
 }
-static int untrained_weight(const layer_call *c, const float *g) { return untrained(c); }
+
+static int block_forward(const layer_call *c, uint64_t seed, uint64_t step)
+{
+    if (need_transformer(c)) return -1;
+    const layer_kernels *k = c->k;
+    void *kc = c->kc;
+    block_view v = block_of(c);
+    const float *x = c->io->x;
+    float *out = c->io->y;
+    size_t NC = (size_t)v.N * v.C;
+    /* x1 = x + attn(ln_1(x)); out = x1 + mlp(ln_2(x1)) */
+    return k->layernorm_forward(kc, v.ln1, v.mean1, v.rstd1, x, v.g1, v.b1, v.N, v.C) ||
+           k->dense_forward(kc, v.qkv, v.ln1, v.Wattn, v.battn, v.N, v.C, 3 * v.C) ||
+           k->attention_forward(kc, v.y, v.probs, v.qkv, &v.d) ||
+           k->dense_forward(kc, v.x1, v.y, v.Waproj, v.baproj, v.N, v.C, v.C) ||
+           k->add(kc, v.x1, x, NC) ||
+           k->layernorm_forward(kc, v.ln2, v.mean2, v.rstd2, v.x1, v.g2, v.b2, v.N, v.C) ||
+           k->dense_forward(kc, v.fc, v.ln2, v.Wfc, v.bfc, v.N, v.C, v.H) ||
+           k->gelu_forward(kc, v.gel, v.fc, (size_t)v.N * v.H) ||
+           k->dense_forward(kc, out, v.gel, v.Wmproj, v.bmproj, v.N, v.H, v.C) ||
+           k->add(kc, out, v.x1, NC);
+}
+
+/* W: every parameter gradient of the block from its inner gradients. */
+static int block_weight_from(const layer_call *c, const block_view *v, const block_grads *g)
+{
+    const layer_kernels *k = c->k;
+    void *kc = c->kc;
+    size_t C = (size_t)v->C, H = (size_t)v->H;
+    float *dw = c->io->dw;
+    float *dWattn = dw, *dWaproj = dWattn + 3 * C * C, *dWfc = dWaproj + C * C,
+          *dWmproj = dWfc + H * C, *dg1 = dWmproj + C * H, *db1 = dg1 + C,
+          *dbattn = db1 + C, *dbaproj = dbattn + 3 * C, *dg2 = dbaproj + C, *db2 = dg2 + C,
+          *dbfc = db2 + C, *dbmproj = dbfc + H;
+    return k->dense_backward_weight(kc, dWmproj, dbmproj, g->dmp, v->gel, v->N, v->H, v->C) ||
+           k->dense_backward_weight(kc, dWfc, dbfc, g->dfc, v->ln2, v->N, v->C, v->H) ||
+           k->layernorm_backward(kc, NULL, dg2, db2, g->dln2, v->x1, v->mean2, v->rstd2, v->g2,
+                                 v->N, v->C) ||
+           k->dense_backward_weight(kc, dWaproj, dbaproj, g->dx1, v->y, v->N, v->C, v->C) ||
+           k->dense_backward_weight(kc, dWattn, dbattn, g->dqkv, v->ln1, v->N, v->C, 3 * v->C) ||
+           k->layernorm_backward(kc, NULL, dg1, db1, g->dln1, c->io->x, v->mean1, v->rstd1,
+                                 v->g1, v->N, v->C);
+}
+
+static int block_backward(const layer_call *c, const float *g, float *dx, int weight_now)
+{
+    if (need_transformer(c)) return -1;
+    const layer_kernels *k = c->k;
+    void *kc = c->kc;
+    block_view v = block_of(c);
+    /* B alone keeps its gradients for W in gout (where the loop already put g); else the
+     * chunk's workspace holds them until this call's W */
+    int keep = !weight_now && c->io->gout;
+    float *set = keep ? c->io->gout : c->work;
+    block_grads G = block_grads_at(set, &v);
+    size_t NC = (size_t)v.N * v.C, NH = (size_t)v.N * v.H;
+    float *dy = c->work + (size_t)v.N * (size_t)(7 * v.C + v.H);
+    float *attn_work = dy + NC;
+    if (!keep) G.dmp = (float *)g; /* read only */
+    if (k->dense_backward_input(kc, G.dfc, G.dmp, v.Wmproj, v.N, v.H, v.C) ||
+        k->gelu_backward(kc, G.dfc, G.dfc, v.fc, NH) ||
+        k->dense_backward_input(kc, G.dln2, G.dfc, v.Wfc, v.N, v.C, v.H) ||
+        k->layernorm_backward(kc, G.dx1, NULL, NULL, G.dln2, v.x1, v.mean2, v.rstd2, v.g2, v.N,
+                              v.C) ||
+        k->add(kc, G.dx1, G.dmp, NC) ||
+        k->dense_backward_input(kc, dy, G.dx1, v.Waproj, v.N, v.C, v.C) ||
+        k->attention_backward(kc, G.dqkv, attn_work, dy, v.qkv, v.probs, &v.d) ||
+        k->dense_backward_input(kc, G.dln1, G.dqkv, v.Wattn, v.N, v.C, 3 * v.C))
+        return -1;
+    if (dx && (k->layernorm_backward(kc, dx, NULL, NULL, G.dln1, c->io->x, v.mean1, v.rstd1,
+                                     v.g1, v.N, v.C) ||
+               k->add(kc, dx, G.dx1, NC)))
+        return -1;
+    return weight_now ? block_weight_from(c, &v, &G) : 0;
+}
+
+static int block_weight(const layer_call *c, const float *g)
+{
+    if (need_transformer(c)) return -1;
+    block_view v = block_of(c);
+    block_grads G = block_grads_at((float *)g, &v);
+    return block_weight_from(c, &v, &G);
+}
+
+/* The token and position embedding: the first layer of a language model; its input, token
+ * ids, has no gradient. */
+static int embedding_forward(const layer_call *c, uint64_t seed, uint64_t step)
+{
+    if (need_transformer(c)) return -1;
+    const layer_desc *L = c->L;
+    int V = L->u.embedding.vocab, T = L->u.embedding.context, C = L->u.embedding.width;
+    const float *wte = c->io->w;
+    return c->k->embedding_forward(c->kc, c->io->y, (int32_t *)c->work, c->io->x, wte,
+                                   wte + (size_t)V * C, c->n, T, C, V);
+}
+static int embedding_weight(const layer_call *c, const float *g)
+{
+    if (need_transformer(c)) return -1;
+    const layer_desc *L = c->L;
+    int V = L->u.embedding.vocab, T = L->u.embedding.context, C = L->u.embedding.width;
+    float *dwte = c->io->dw;
+    return c->k->embedding_backward(c->kc, dwte, dwte + (size_t)V * C, (int32_t *)c->work, g,
+                                    c->io->x, c->n, T, C, V);
+}
+static int embedding_backward(const layer_call *c, const float *g, float *dx, int weight_now)
+{
+    /* token ids have no gradient: a caller that asks for one gets zeros */
+    if (dx) memset(dx, 0, (size_t)c->n * c->in_count * sizeof *dx);
+    return weight_now ? embedding_weight(c, g) : 0;
+}
+
+/* A layer norm over each position's vector (the final ln_f); its statistics are saved. */
+static int layernorm_forward(const layer_call *c, uint64_t seed, uint64_t step)
+{
+    if (need_transformer(c)) return -1;
+    int N = seq_rows(c), C = c->L->in.w;
+    float *mean = c->io->saved, *rstd = mean + N;
+    return c->k->layernorm_forward(c->kc, c->io->y, mean, rstd, c->io->x, c->io->w, c->io->b, N,
+                                   C);
+}
+static int layernorm_weight(const layer_call *c, const float *g)
+{
+    if (need_transformer(c)) return -1;
+    int N = seq_rows(c), C = c->L->in.w;
+    const float *mean = c->io->saved, *rstd = mean + N;
+    return c->k->layernorm_backward(c->kc, NULL, c->io->dw, c->io->db, g, c->io->x, mean, rstd,
+                                    c->io->w, N, C);
+}
+static int layernorm_backward(const layer_call *c, const float *g, float *dx, int weight_now)
+{
+    if (need_transformer(c)) return -1;
+    int N = seq_rows(c), C = c->L->in.w;
+    const float *mean = c->io->saved, *rstd = mean + N;
+    if (dx && c->k->layernorm_backward(c->kc, dx, NULL, NULL, g, c->io->x, mean, rstd, c->io->w,
+                                       N, C))
+        return -1;
+    return weight_now ? layernorm_weight(c, g) : 0;
+}
+
+/* The output head: each position's vector onto the vocabulary, no bias. */
+static int lm_head_forward(const layer_call *c, uint64_t seed, uint64_t step)
+{
+    return c->k->dense_forward(c->kc, c->io->y, c->io->x, c->io->w, NULL, seq_rows(c),
+                               c->L->in.w, c->L->u.lm_head.vocab);
+}
+static int lm_head_weight(const layer_call *c, const float *g)
+{
+    return c->k->dense_backward_weight(c->kc, c->io->dw, NULL, g, c->io->x, seq_rows(c),
+                                       c->L->in.w, c->L->u.lm_head.vocab);
+}
+static int lm_head_backward(const layer_call *c, const float *g, float *dx, int weight_now)
+{
+    int N = seq_rows(c), C = c->L->in.w, V = c->L->u.lm_head.vocab;
+    if (dx && c->k->dense_backward_input(c->kc, dx, g, c->io->w, N, C, V)) return -1;
+    return weight_now ? lm_head_weight(c, g) : 0;
+}
 
 static const layer_ops layer_ops_table[LAYER_TYPE_COUNT] = {
     [LAYER_CONV] = {conv_forward, conv_backward, conv_weight},
@@ -280,10 +583,10 @@ static const layer_ops layer_ops_table[LAYER_TYPE_COUNT] = {
     [LAYER_DENSE] = {dense_forward, dense_backward, dense_weight},
     [LAYER_DROPOUT] = {dropout_forward, pass_backward, NULL},
     [LAYER_FLATTEN] = {flatten_forward, pass_backward, NULL},
-    [LAYER_EMBEDDING] = {untrained_forward, untrained_backward, untrained_weight},
-    [LAYER_BLOCK] = {untrained_forward, untrained_backward, untrained_weight},
-    [LAYER_LAYERNORM] = {untrained_forward, untrained_backward, untrained_weight},
-    [LAYER_LM_HEAD] = {untrained_forward, untrained_backward, untrained_weight},
+    [LAYER_EMBEDDING] = {embedding_forward, embedding_backward, embedding_weight},
+    [LAYER_BLOCK] = {block_forward, block_backward, block_weight},
+    [LAYER_LAYERNORM] = {layernorm_forward, layernorm_backward, layernorm_weight},
+    [LAYER_LM_HEAD] = {lm_head_forward, lm_head_backward, lm_head_weight},
 };
 
 /* ---- the loop ---- */

@@ -58,6 +58,29 @@ typedef struct {
                             size_t count, float p);
     /* count floats, device to device (count may be 0) */
     int (*copy)(void *ctx, float *dst, const float *src, size_t count);
+    /* the transformer layers' (kernels/kernels_transformer.h); NULL on a device without them
+     * (such a device refuses transformer models before it runs one) */
+    int (*add)(void *ctx, float *dst, const float *src, size_t count);
+    int (*layernorm_forward)(void *ctx, float *out, float *mean, float *rstd, const float *x,
+                             const float *gamma, const float *beta, int rows, int width);
+    int (*layernorm_backward)(void *ctx, float *dx, float *dgamma, float *dbeta,
+                              const float *dy, const float *x, const float *mean,
+                              const float *rstd, const float *gamma, int rows, int width);
+    int (*gelu_forward)(void *ctx, float *out, const float *in, size_t count);
+    int (*gelu_backward)(void *ctx, float *din, const float *dout, const float *in,
+                         size_t count);
+    /* token ids arrive as floats (the stage input); tok: scratch for n·seq int32 */
+    int (*embedding_forward)(void *ctx, float *out, int32_t *tok, const float *ids,
+                             const float *wte, const float *wpe, int n, int seq, int width,
+                             int vocab);
+    int (*embedding_backward)(void *ctx, float *dwte, float *dwpe, int32_t *tok,
+                              const float *dout, const float *ids, int n, int seq, int width,
+                              int vocab);
+    int (*attention_forward)(void *ctx, float *y, float *probs, const float *qkv,
+                             const kernel_attention_dims *d);
+    int (*attention_backward)(void *ctx, float *dqkv, float *work, const float *dy,
+                              const float *qkv, const float *probs,
+                              const kernel_attention_dims *d);
 } layer_kernels;
 
 extern const layer_kernels layer_kernels_cpu;
@@ -71,9 +94,11 @@ typedef struct {
     int identity;            /* the forward passed x through (y unused, out = x) */
     int32_t *argmax;         /* maxpool */
     uint8_t *mask;           /* dropout */
+    float *saved;            /* transformer layers: what the forward keeps for the backward */
     const float *w, *b;      /* parameters */
     float *dw, *db;          /* backward, weight: where its parameter gradients are added */
-    float *gout;             /* split backward: the output gradient B keeps for W */
+    float *gout;             /* split backward: the output gradient B keeps for W (a block:
+                                every inner gradient W needs, layer_gout_floats) */
     int batched;             /* its weight half is the step's (rows go to the stash) */
     float *stash_x, *stash_g; /* batched, backward: where this chunk's rows go */
     int partial;             /* split by inputs: no bias and no activation in its forward */

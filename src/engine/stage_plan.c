@@ -24,7 +24,7 @@ static layer_desc shape_layer(const stage_shape *sh, int l)
 
 /* Bytes of local layer L's (the net's layer l) storage in one slot, each rounded. */
 typedef struct {
-    size_t out, argmax, mask, xin;
+    size_t out, argmax, mask, saved, xin;
 } slot_part;
 
 static slot_part slot_part_of(const stage_shape *sh, const layer_desc *L, int l)
@@ -36,6 +36,7 @@ static slot_part slot_part_of(const stage_shape *sh, const layer_desc *L, int l)
         .out = k->own_output ? stage_round_up(count * sizeof(float)) : 0,
         .argmax = k->argmax ? stage_round_up(count * sizeof(int32_t)) : 0,
         .mask = k->mask ? stage_round_up(count) : 0,
+        .saved = stage_round_up(mb * layer_saved_floats(L) * sizeof(float)),
         .xin = tp ? stage_round_up(mb * shard_slot_input(tp, sh->net, l, sh->first, sh->tp_rank) *
                                    sizeof(float))
                   : 0,
@@ -67,12 +68,14 @@ static stage_sizes walk(const stage_shape *sh, layer_desc *loc, size_t *param_of
             size_t ws = sh->conv_workspace(&d);
             if (ws > z.work_floats) z.work_floats = ws;
         }
+        size_t lw = layer_work_floats(&L, sh->chunk);
+        if (lw > z.work_floats) z.work_floats = lw;
         const layer_desc *W = &sh->net->layers[l];
         size_t in = layer_shape_count(W->in), out = layer_shape_count(W->out);
         if (in > z.widest) z.widest = in;
         if (out > z.widest) z.widest = out;
         slot_part s = slot_part_of(sh, &L, l);
-        z.slot_bytes += s.out + s.argmax + s.mask + s.xin;
+        z.slot_bytes += s.out + s.argmax + s.mask + s.saved + s.xin;
     }
     z.slot_bytes += whole_out_bytes(sh);
     return z;
@@ -144,6 +147,7 @@ float *stage_plan_carve_slot(const stage_plan *p, void *base, stage_slot_layer *
         layers[i].buf = take(base, &at, s.out);
         layers[i].argmax = take(base, &at, s.argmax);
         layers[i].mask = take(base, &at, s.mask);
+        layers[i].saved = take(base, &at, s.saved);
         layers[i].xin = take(base, &at, s.xin);
     }
     return take(base, &at, whole_out_bytes(&sh));
@@ -174,7 +178,8 @@ void stage_plan_layer_io(const stage_plan *p, const stage_slot_layer *layers,
     io->out = ly->out ? ly->out + off * out_count : NULL;
     io->argmax = ly->argmax ? ly->argmax + off * out_count : NULL;
     io->mask = ly->mask ? ly->mask + off * out_count : NULL;
-    io->gout = ly->gout ? ly->gout + off * out_count : NULL;
+    io->gout = ly->gout ? ly->gout + off * layer_gout_floats(L) : NULL;
+    io->saved = ly->saved ? ly->saved + off * layer_saved_floats(L) : NULL;
     io->batched = stage_plan_batched(p, i);
     if (L->weight_count) {
         io->w = params + p->param_off[i];
@@ -384,7 +389,49 @@ static void init_run(void *arg, size_t whole, size_t local, size_t count)
     int bias = whole >= j->weight_count;
     if (!j->rc)
         j->rc = j->draw(j->ctx, j->w + local, bias ? whole - j->weight_count : whole, count,
-                        j->bound, j->seed, rng_stream_init(j->layer, bias));
+                        LAYER_INIT_TORCH, j->bound, j->seed, rng_stream_init(j->layer, bias));
+}
+
+/* PyTorch's default for conv and dense: U(±1/√fan_in) (kaiming_uniform(a=√5) and the bias
+ * rule of torch.nn both give 1/√fan_in), tensor shards drawing their runs of the whole. */
+static int init_torch_layer(const stage_plan *p, float *w, const layer_desc *L, int l,
+                            uint64_t seed, stage_init_draw draw, void *ctx)
+{
+    size_t fan_in = L->weight_count / (L->type == LAYER_CONV ? (size_t)L->u.conv.filters
+                                                              : (size_t)L->u.dense.units);
+    init_job j = {.draw = draw, .ctx = ctx, .w = w, .weight_count = L->weight_count,
+                  .bound = (float)(1.0 / sqrt((double)fan_in)), .seed = seed, .layer = l};
+    if (p->tp) {
+        shard_layer_runs(p->tp, p->net, l, p->tp_rank, init_run, &j);
+    } else {
+        init_run(&j, 0, 0, L->weight_count);
+        init_run(&j, L->weight_count, L->weight_count, L->bias_count);
+    }
+    return j.rc;
+}
+
+/* GPT-2's for the transformer layers, tensor by tensor (layer_tensors): normal draws per
+ * tensor stream, ones and zeros; a tied head draws the embedding's token matrix's numbers,
+ * so it equals it wherever the two live. */
+static int init_tensor_layer(const stage_plan *p, float *w, const layer_desc *L, int l,
+                             uint64_t seed, stage_init_draw draw, void *ctx)
+{
+    layer_tensor t[LAYER_MAX_TENSORS];
+    int nt = layer_tensors(L, p->net->blocks, t);
+    for (int k = 0; k < nt; k++) {
+        layer_init kind = t[k].init;
+        double scale = t[k].std;
+        uint64_t stream = rng_stream_init_tensor(l, k);
+        if (kind == LAYER_INIT_TIED) {
+            layer_tensor e[LAYER_MAX_TENSORS];
+            (void)layer_tensors(&p->net->layers[0], p->net->blocks, e);
+            kind = e[0].init;
+            scale = e[0].std;
+            stream = rng_stream_init_tensor(0, 0);
+        }
+        if (draw(ctx, w + t[k].offset, 0, t[k].count, kind, scale, seed, stream)) return -1;
+    }
+    return 0;
 }
 
 int stage_plan_init_params(const stage_plan *p, float *params, uint64_t seed,
@@ -393,19 +440,10 @@ int stage_plan_init_params(const stage_plan *p, float *params, uint64_t seed,
     for (int l = p->first; l < p->last; l++) {
         const layer_desc *L = &p->net->layers[l]; /* the whole layer: its fan-in */
         if (!L->weight_count) continue;
-        size_t fan_in = L->weight_count / (L->type == LAYER_CONV ? (size_t)L->u.conv.filters
-                                                                  : (size_t)L->u.dense.units);
-        /* kaiming_uniform(a=√5) and the bias rule of torch.nn both give 1/√fan_in */
-        init_job j = {.draw = draw, .ctx = ctx, .w = params + p->param_off[l - p->first],
-                      .weight_count = L->weight_count,
-                      .bound = (float)(1.0 / sqrt((double)fan_in)), .seed = seed, .layer = l};
-        if (p->tp) {
-            shard_layer_runs(p->tp, p->net, l, p->tp_rank, init_run, &j);
-        } else {
-            init_run(&j, 0, 0, L->weight_count);
-            init_run(&j, L->weight_count, L->weight_count, L->bias_count);
-        }
-        if (j.rc) {
+        float *w = params + p->param_off[l - p->first];
+        int conv_dense = L->type == LAYER_CONV || L->type == LAYER_DENSE;
+        if (conv_dense ? init_torch_layer(p, w, L, l, seed, draw, ctx)
+                       : init_tensor_layer(p, w, L, l, seed, draw, ctx)) {
             *failed = l;
             return -1;
         }

@@ -122,6 +122,7 @@ typedef struct {
     float *buf;          /* its output storage (NULL: none of its own, flatten) */
     int32_t *argmax;     /* maxpool positions, else NULL */
     uint8_t *mask;       /* dropout mask, else NULL */
+    float *saved;        /* what else its backward needs (layer_saved_floats), else NULL */
     float *xin;          /* tensor shards: its input when that is not the previous output
                             (gathered whole, or the stage input's slice), else NULL */
     const float *out;    /* its output of the last forward: buf, or its input when the
@@ -130,7 +131,7 @@ typedef struct {
 } stage_slot_layer;
 
 /* Carves one slot's slot_bytes at `base` (NULL: every pointer NULL) into layers[0, nl)
- * (buf, argmax, mask, xin); returns the storage of the stage's output gathered whole, NULL
+ * (buf, argmax, mask, saved, xin); returns the storage of the stage's output gathered whole, NULL
  * when its output is not sharded. */
 float *stage_plan_carve_slot(const stage_plan *p, void *base, stage_slot_layer *layers);
 /* Decides, for a forward, where each layer's output lives (out) from the stage's input.
@@ -256,13 +257,14 @@ void stage_tensor_counts(const stage_plan *p, const shard_state *st, size_t whol
 
 /* ------------------------------------------- initialisation and the update ---- */
 
-/* PyTorch's default initialisation: U(±1/√fan_in) for weights and biases
- * (kaiming_uniform(a=√5) and torch.nn's bias rule), drawn per layer from the counter-based
- * generator, so the same in every layout: draw(ctx, dst, first, count, bound, seed, stream)
- * writes elements [first, first + count) of that stream's tensor to dst. On a failed draw,
- * −1 and *failed = the net's layer. */
-typedef int (*stage_init_draw)(void *ctx, float *dst, size_t first, size_t count, float bound,
-                               uint64_t seed, uint64_t stream);
+/* The initialisation, drawn per layer (per tensor) from the counter-based generator, so the
+ * same in every layout: PyTorch's default for conv and dense (U(±1/√fan_in) for weights and
+ * biases), GPT-2's for the transformer layers (src/model/layer_table.h, layer_tensors).
+ * draw(ctx, dst, first, count, kind, scale, seed, stream) writes elements [first, first +
+ * count) of that stream's tensor to dst: U(±scale) for LAYER_INIT_TORCH, N(0, scale²) for
+ * LAYER_INIT_NORMAL, ones, zeros. On a failed draw, −1 and *failed = the net's layer. */
+typedef int (*stage_init_draw)(void *ctx, float *dst, size_t first, size_t count,
+                               layer_init kind, double scale, uint64_t seed, uint64_t stream);
 int stage_plan_init_params(const stage_plan *p, float *params, uint64_t seed,
                            stage_init_draw draw, void *ctx, int *failed);
 

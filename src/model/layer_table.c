@@ -1,6 +1,7 @@
 #include "src/model/layer_table.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -236,8 +237,9 @@ static int lm_head_shape(layer_desc *L, const layer_spec *sp, layer_shape_error 
     L->u.lm_head.vocab = V;
     L->u.lm_head.tied = tied;
     L->out = (layer_shape){L->in.c, 1, V};
-    /* C→V without bias; tied: the embedding's token matrix, counted there */
-    L->weight_count = tied ? 0 : (size_t)V * (size_t)L->in.w;
+    /* C→V without bias. Tied, it keeps a copy of the embedding's token matrix (so that the
+     * head can sit on another stage), kept equal to it; the net counts the pair once. */
+    L->weight_count = (size_t)V * (size_t)L->in.w;
     return 0;
 }
 
@@ -264,13 +266,134 @@ const layer_kind layer_kinds[LAYER_TYPE_COUNT] = {
     [LAYER_FLATTEN] = {.name = "flatten", .shape = flatten_shape, .describe = flatten_describe,
                        .flat = 1, .own_output = 0, .identity = always_identity},
     [LAYER_EMBEDDING] = {.name = "embedding", .shape = embedding_shape,
-                         .describe = embedding_describe, .flat = 2, .own_output = 1,
-                         .untrained = 1},
+                         .describe = embedding_describe, .flat = 2, .own_output = 1},
     [LAYER_BLOCK] = {.name = "block", .shape = block_shape, .describe = block_describe,
-                     .flat = 2, .sequence = 1, .own_output = 1, .untrained = 1},
+                     .flat = 2, .sequence = 1, .own_output = 1},
     [LAYER_LAYERNORM] = {.name = "layernorm", .shape = layernorm_shape,
                          .describe = layernorm_describe, .flat = 2, .sequence = 1,
-                         .own_output = 1, .untrained = 1},
+                         .own_output = 1},
     [LAYER_LM_HEAD] = {.name = "lm_head", .shape = lm_head_shape, .describe = lm_head_describe,
-                       .flat = 2, .sequence = 1, .own_output = 1, .untrained = 1},
+                       .flat = 2, .sequence = 1, .own_output = 1},
 };
+
+/* ---- named tensors, decay, and what the backward keeps ---- */
+
+static int put(layer_tensor *t, int k, size_t *off, const char *name, int rows, int cols,
+               layer_init init, double std, int decay)
+{
+    size_t count = (size_t)rows * (size_t)cols;
+    t[k] = (layer_tensor){.name = name, .offset = *off, .count = count, .rows = rows,
+                          .cols = cols, .init = init, .std = std, .decay = decay};
+    *off += count;
+    return k + 1;
+}
+
+enum { GPT2_STD_X1000 = 20 }; /* GPT-2's σ = 0.02 */
+
+int layer_tensors(const layer_desc *L, int blocks, layer_tensor *t)
+{
+    const double std = GPT2_STD_X1000 / 1000.0;
+    size_t off = 0;
+    int k = 0;
+    switch (L->type) {
+    case LAYER_CONV:
+    case LAYER_DENSE: {
+        int out = L->type == LAYER_CONV ? L->u.conv.filters : L->u.dense.units;
+        k = put(t, k, &off, "weight", out, (int)(L->weight_count / (size_t)out),
+                LAYER_INIT_TORCH, 0, 1);
+        return put(t, k, &off, "bias", out, 1, LAYER_INIT_TORCH, 0, 0);
+    }
+    case LAYER_EMBEDDING: {
+        int V = L->u.embedding.vocab, T = L->u.embedding.context, C = L->u.embedding.width;
+        k = put(t, k, &off, "wte.weight", V, C, LAYER_INIT_NORMAL, std, 0);
+        return put(t, k, &off, "wpe.weight", T, C, LAYER_INIT_NORMAL, std, 0);
+    }
+    case LAYER_BLOCK: {
+        int C = L->in.w, H = L->u.block.hidden;
+        /* the residual projections' σ shrinks with depth (GPT-2) */
+        double rstd = std / sqrt(2.0 * (blocks > 0 ? blocks : 1));
+        k = put(t, k, &off, "attn.c_attn.weight", 3 * C, C, LAYER_INIT_NORMAL, std, 1);
+        k = put(t, k, &off, "attn.c_proj.weight", C, C, LAYER_INIT_NORMAL, rstd, 1);
+        k = put(t, k, &off, "mlp.c_fc.weight", H, C, LAYER_INIT_NORMAL, std, 1);
+        k = put(t, k, &off, "mlp.c_proj.weight", C, H, LAYER_INIT_NORMAL, rstd, 1);
+        k = put(t, k, &off, "ln_1.weight", C, 1, LAYER_INIT_ONES, 0, 0);
+        k = put(t, k, &off, "ln_1.bias", C, 1, LAYER_INIT_ZEROS, 0, 0);
+        k = put(t, k, &off, "attn.c_attn.bias", 3 * C, 1, LAYER_INIT_ZEROS, 0, 0);
+        k = put(t, k, &off, "attn.c_proj.bias", C, 1, LAYER_INIT_ZEROS, 0, 0);
+        k = put(t, k, &off, "ln_2.weight", C, 1, LAYER_INIT_ONES, 0, 0);
+        k = put(t, k, &off, "ln_2.bias", C, 1, LAYER_INIT_ZEROS, 0, 0);
+        k = put(t, k, &off, "mlp.c_fc.bias", H, 1, LAYER_INIT_ZEROS, 0, 0);
+        return put(t, k, &off, "mlp.c_proj.bias", C, 1, LAYER_INIT_ZEROS, 0, 0);
+    }
+    case LAYER_LAYERNORM:
+        k = put(t, k, &off, "weight", L->in.w, 1, LAYER_INIT_ONES, 0, 0);
+        return put(t, k, &off, "bias", L->in.w, 1, LAYER_INIT_ZEROS, 0, 0);
+    case LAYER_LM_HEAD:
+        if (L->u.lm_head.tied)
+            return put(t, k, &off, "weight", L->u.lm_head.vocab, L->in.w, LAYER_INIT_TIED, 0, 0);
+        return put(t, k, &off, "weight", L->u.lm_head.vocab, L->in.w, LAYER_INIT_NORMAL, std, 1);
+    default:
+        return 0;
+    }
+}
+
+size_t layer_decayed_count(const layer_desc *L)
+{
+    switch (L->type) {
+    case LAYER_CONV:
+    case LAYER_DENSE:
+    case LAYER_BLOCK:
+        return L->weight_count; /* a block's four matrices come first */
+    case LAYER_LM_HEAD:
+        return L->u.lm_head.tied ? 0 : L->weight_count;
+    default:
+        return 0;
+    }
+}
+
+/* A block's inner activations per token (the forward's saved storage, in this order):
+ * ln_1's output C, c_attn's output 3C, attention's output C, the residual after attention
+ * C, ln_2's output C, c_fc's output H, GELU's output H, and the two norms' mean and rstd;
+ * then per sample the attention probabilities heads·T². */
+size_t layer_saved_floats(const layer_desc *L)
+{
+    size_t T = (size_t)L->in.c, C = (size_t)L->in.w;
+    switch (L->type) {
+    case LAYER_BLOCK:
+        return T * (7 * C + 2 * (size_t)L->u.block.hidden + 4) +
+               (size_t)L->u.block.heads * T * T;
+    case LAYER_LAYERNORM:
+        return 2 * T; /* mean and rstd per token */
+    default:
+        return 0;
+    }
+}
+
+/* A block's gradients per token that W needs (src/engine/layer_ops.c): its output's C
+ * (MLP c_proj), c_fc's H, ln_2's output C, the residual after attention C (attention
+ * c_proj), c_attn's 3C, ln_1's output C. */
+size_t layer_gout_floats(const layer_desc *L)
+{
+    if (!L->weight_count) return 0;
+    if (L->type == LAYER_BLOCK)
+        return (size_t)L->in.c * (7 * (size_t)L->in.w + (size_t)L->u.block.hidden);
+    return layer_shape_count(L->out);
+}
+
+size_t layer_work_floats(const layer_desc *L, int n)
+{
+    size_t T = (size_t)L->in.c, C = (size_t)L->in.w, N = (size_t)n * T;
+    switch (L->type) {
+    case LAYER_BLOCK: {
+        /* the gradients of layer_gout_floats (when W runs with B), attention's output
+         * gradient, and the attention backward's scratch */
+        kernel_attention_dims d = {n, (int)T, L->u.block.heads, (int)C / L->u.block.heads,
+                                   3 * (int)C};
+        return N * (8 * C + (size_t)L->u.block.hidden) + kernel_attention_workspace_floats(&d);
+    }
+    case LAYER_EMBEDDING:
+        return N; /* the token ids as int32 */
+    default:
+        return 0;
+    }
+}

@@ -78,6 +78,43 @@ static inline int layer_is_identity(const layer_desc *L, int training)
     return k->identity && k->identity(L, training);
 }
 
+/* ---- parameters as named tensors, and what a layer keeps for its backward ----
+ * A layer's parameters are weight_count + bias_count floats: its tensors, in the order
+ * layer_tensors lists them (PyTorch's layout: a linear map is [out, in]). The transformer
+ * layers' names are GPT-2's, without the "transformer.h.N." prefix. */
+enum { LAYER_MAX_TENSORS = 12 };
+typedef enum {
+    LAYER_INIT_TORCH = 0, /* U(±1/√fan_in), PyTorch's default (conv and dense) */
+    LAYER_INIT_NORMAL,    /* N(0, std²) from the counter-based generator (GPT-2) */
+    LAYER_INIT_ONES,
+    LAYER_INIT_ZEROS,
+    LAYER_INIT_TIED,      /* a copy of the embedding's token matrix (a tied head) */
+} layer_init;
+typedef struct {
+    const char *name;
+    size_t offset, count; /* in the layer's parameters */
+    int rows, cols;       /* a vector is rows × 1 */
+    layer_init init;
+    double std;           /* LAYER_INIT_NORMAL */
+    int decay;            /* AdamW's weight decay applies (matrices of blocks and heads) */
+} layer_tensor;
+/* L's tensors into t[LAYER_MAX_TENSORS]; blocks: the net's [block] count (GPT-2 scales the
+ * residual projections' σ by 1/√(2·blocks)). Returns how many (0: no parameters). */
+int layer_tensors(const layer_desc *L, int blocks, layer_tensor *t);
+/* The leading parameters of L that AdamW decays (nanoGPT's rule: matrices of dense, conv,
+ * blocks and an untied head; not biases, norms, embeddings or a tied head, which must stay
+ * equal to the embedding). */
+size_t layer_decayed_count(const layer_desc *L);
+/* Floats per sample a forward keeps for the backward besides the output (layer norms'
+ * statistics; a block's inner activations and attention probabilities). */
+size_t layer_saved_floats(const layer_desc *L);
+/* Floats per sample of the output gradients the split backward's B keeps for W (a block:
+ * each of its inner products' and norms'); out_count for other parameter layers. */
+size_t layer_gout_floats(const layer_desc *L);
+/* Floats of scratch a chunk of n samples needs (a block's backward; an embedding's token
+ * ids), beyond the convolution workspace. */
+size_t layer_work_floats(const layer_desc *L, int n);
+
 /* A convolution's dimensions at batch n. */
 static inline kernel_conv2d_dims layer_conv_dims(const layer_desc *L, int n)
 {

@@ -339,7 +339,9 @@ static int finish_layer(net_parser *p)
     if ((size_t)layer_shape_count(L.out) > INT_MAX)
         return parser_fail(p, p->sec_line, "output of [%s] has too many elements (%d×%d×%d)",
                            section_names[s], L.out.c, L.out.h, L.out.w);
-    if (__builtin_add_overflow(p->param_count, L.weight_count, &p->param_count) ||
+    /* a tied head's copy of the token matrix is the embedding's, counted there */
+    size_t counted = L.type == LAYER_LM_HEAD && L.u.lm_head.tied ? 0 : L.weight_count;
+    if (__builtin_add_overflow(p->param_count, counted, &p->param_count) ||
         __builtin_add_overflow(p->param_count, L.bias_count, &p->param_count))
         return parser_fail(p, p->sec_line, "parameter count overflows");
 
@@ -530,6 +532,12 @@ int net_desc_parse_string(net_desc *net, const char *text, const char *name)
     net->layers = p.layers;
     net->param_count = p.param_count;
     net->sequence = p.sequence;
+    net->blocks = 0;
+    net->tied_head = -1;
+    for (int i = 0; i < p.n_layers; i++) {
+        if (p.layers[i].type == LAYER_BLOCK) net->blocks++;
+        if (p.layers[i].type == LAYER_LM_HEAD && p.layers[i].u.lm_head.tied) net->tied_head = i;
+    }
     /* a language model's loss is per position: V classes at each of the T positions */
     net->classes = p.sequence ? p.layers[p.n_layers - 1].out.w
                               : (int)layer_shape_count(p.layers[p.n_layers - 1].out);
@@ -659,7 +667,10 @@ void net_desc_print_summary(const net_desc *net, FILE *out)
         else
             snprintf(buf, sizeof buf, "(%d, %d, %d)", L->out.c, L->out.h, L->out.w);
         print_padded(out, buf, SUMMARY_SHAPE_W, 0);
-        format_thousands(buf, sizeof buf, L->weight_count + L->bias_count);
+        if ((int)i == net->tied_head)
+            snprintf(buf, sizeof buf, "(tied) 0");
+        else
+            format_thousands(buf, sizeof buf, L->weight_count + L->bias_count);
         print_padded(out, buf, SUMMARY_PARAMS_W, 1);
         fputc('\n', out);
     }
@@ -680,10 +691,16 @@ void net_desc_print_summary(const net_desc *net, FILE *out)
 
 int net_desc_check_trainable(const net_desc *net, const char *model)
 {
-    for (int i = 0; i < net->n_layers; i++)
-        if (layer_kind_of(net->layers[i].type)->untrained)
+    for (int i = 0; i < net->n_layers; i++) {
+        const layer_desc *L = &net->layers[i];
+        if (layer_kind_of(L->type)->untrained)
             return pt_error_set("%s: layer %d [%s] is not trained by this version of pipetrain "
-                                "yet (issue 24)", model ? model : "model", i,
-                                layer_type_name(net->layers[i].type));
+                                "yet", model ? model : "model", i, layer_type_name(L->type));
+        if (L->type == LAYER_BLOCK && L->u.block.p > 0)
+            return pt_error_set("%s: layer %d [block] dropout=%g: dropout inside transformer "
+                                "blocks is not trained by this version of pipetrain yet; "
+                                "remove the key (or set 0)", model ? model : "model", i,
+                                (double)L->u.block.p);
+    }
     return 0;
 }

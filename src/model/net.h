@@ -54,6 +54,9 @@ typedef struct {
     int classes;        /* elements of the last layer's output; a language model's vocabulary
                            (its loss is per position: T predictions of V classes a sample) */
     int sequence;       /* a language model: layer 0 is an [embedding], the input T token ids */
+    int blocks;         /* [block] layers (GPT-2's initialisation scales by their count) */
+    int tied_head;      /* the lm_head tied to layer 0's token matrix, −1 if none: it keeps a
+                           copy (counted once in param_count), kept equal (src/train) */
 } net_desc;
 
 /* Parses a model file. On error returns -1 with a message "FILE:LINE: reason". */
@@ -66,8 +69,8 @@ static inline size_t layer_shape_count(layer_shape s) { return (size_t)s.c * s.h
 const char *layer_type_name(layer_type t);
 const char *layer_act_name(kernel_act a);
 
-/* 0 when every layer has compute functions in this version; else −1 with
- * "MODEL: layer N [type] is not trained by this version of pipetrain yet (issue 24)". */
+/* 0 when this version trains every layer of the net; else −1 with
+ * "MODEL: layer N [type] ...: what is not trained yet". */
 int net_desc_check_trainable(const net_desc *net, const char *model);
 
 /* Keras-style table: layer, type, output shape, parameters, and the total. */

@@ -42,6 +42,9 @@ int shard_plan_init(shard_plan *p, const net_desc *net, int T, tensor_mode mode)
 {
     memset(p, 0, sizeof *p);
     if (T < 1) return pt_error_set("--tensor %d: the tensor size must be at least 1", T);
+    if (T > 1 && net->sequence)
+        return pt_error_set("--tensor %d: tensor shards of transformer language models are not "
+                            "built yet; use pipeline stages and replicas", T);
     p->layers = calloc((size_t)net->n_layers ? (size_t)net->n_layers : 1, sizeof *p->layers);
     if (!p->layers) return pt_error_set("out of memory");
     p->T = T;
