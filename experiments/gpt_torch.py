@@ -49,9 +49,9 @@ def philox4x32_10(seed, stream, index):
 
 
 def init_stream(layer, k):
-    """The stream of tensor k (its index in the layer's tensor list) of layer `layer` (its
-    index after [net]). The one place to change should the engine choose other streams."""
-    return (1 << 62) | (layer << 8) | k
+    """kernels/rng.h's rng_stream_init_tensor: the stream of tensor k (its index in the
+    layer's tensor list, layer_tensors) of layer `layer` (its index after [net])."""
+    return (1 << 62) | (1 << 59) | (layer << 8) | k
 
 
 def float32(x):
