@@ -65,19 +65,32 @@ steps, final = {}, {}
 for line in open(got_jsonl):
     rec = json.loads(line)
     if rec.get('type') == 'step':
-        steps[rec['step']] = rec['loss']
+        steps[rec['step']] = rec
     elif rec.get('type') == 'final':
         final = rec
 if sorted(steps) != list(range(1, len(want_losses) + 1)):
     problems.append('metrics steps %s, expected 1..%d' % (sorted(steps), len(want_losses)))
 worst_loss = 0.0
+clip = 'clip' in run['hyper']
 for s, want in enumerate(want_losses, 1):
-    if s in steps:
-        err = abs(steps[s] - want) / abs(want)
-        worst_loss = max(worst_loss, err)
-        if not err <= loss_rtol:
-            problems.append('step %d: loss %.9g, golden %.9g (rel %.2g > %.2g)'
-                            % (s, steps[s], want, err, loss_rtol))
+    if s not in steps:
+        continue
+    got = steps[s]
+    err = abs(got['loss'] - want) / abs(want)
+    worst_loss = max(worst_loss, err)
+    if not err <= loss_rtol:
+        problems.append('step %d: loss %.9g, golden %.9g (rel %.2g > %.2g)'
+                        % (s, got['loss'], want, err, loss_rtol))
+    # the schedule's learning rate (float32 in pipetrain), and the norm that clipping saw
+    lr = run['lrs'][s - 1]
+    if not abs(got.get('lr', float('nan')) - lr) <= 1e-6 * lr:
+        problems.append('step %d: learning rate %s, golden %.9g' % (s, got.get('lr'), lr))
+    norm = got.get('grad_norm')
+    want_norm = run['grad_norms'][s - 1]
+    if clip and not (isinstance(norm, float) and
+                     abs(norm - want_norm) <= run['grad_norm_rtol'] * want_norm):
+        problems.append('step %d: gradient norm %s, golden %.9g (tolerance %.2g)'
+                        % (s, norm, want_norm, run['grad_norm_rtol']))
 val = final.get('val_loss')
 val_err = abs(val - run['val_loss']) / run['val_loss'] if isinstance(val, float) else None
 if val_err is None or not val_err <= val_rtol:

@@ -14,8 +14,9 @@ Writes, in tests/golden/:
                               `pipetrain train` options that ask for the same training, the
                               loss of every step (mean cross-entropy over the batch's B·T
                               tokens, before that step's update), the gradient norm of every
-                              step (before clipping), the validation loss after the last
-                              step, and its parameter file;
+                              step (before clipping), the learning rate of every step, the
+                              validation loss after the last step, its parameter file, and
+                              the tolerances of each (below);
   gpt_<run>.safetensors       the parameters after the last step, float32, under pipetrain's
                               checkpoint names (layers.<i>.<tensor>).
 
@@ -195,21 +196,22 @@ def tight_tensors(model, loose):
     return out
 
 
-def float32_spread(cfg, hp, tokens, held_out, losses, val, model, loose):
+def float32_spread(cfg, hp, tokens, held_out, losses, norms, val, model, loose):
     """How far float32 computations of the run land from the float64 one, the largest
-    over the VARIANTS: relative errors of the step losses and of the validation loss, and
-    per tensor max|p32 − p64| as a fraction of max|p64|."""
+    over the VARIANTS: relative errors of the step losses, the gradient norms and the
+    validation loss, and per tensor max|p32 − p64| as a fraction of max|p64|."""
     ref = tight_tensors(model, loose)
-    loss_err, val_err, spread = 0.0, 0.0, {k: 0.0 for k in ref}
+    loss_err, norm_err, val_err, spread = 0.0, 0.0, 0.0, {k: 0.0 for k in ref}
     for variant in VARIANTS:
-        l32, _, m32 = train(cfg, hp, torch.float32, tokens, variant)
+        l32, n32, m32 = train(cfg, hp, torch.float32, tokens, variant)
         loss_err = max(loss_err, max(abs(a - b) / abs(b) for a, b in zip(l32, losses)))
+        norm_err = max(norm_err, max(abs(a - b) / abs(b) for a, b in zip(n32, norms)))
         val_err = max(val_err, abs(val_loss(m32, held_out) - val) / val)
         got = tight_tensors(m32, loose)
         for k in ref:
             spread[k] = max(spread[k], ((got[k] - ref[k]).abs().max() /
                                         ref[k].abs().max()).item())
-    return loss_err, val_err, spread
+    return loss_err, norm_err, val_err, spread
 
 
 def loose_slices(model, hp):
@@ -282,16 +284,19 @@ def main():
         tensors = st_tensors(model)
         doc['runs'].append(dict(name=name, model=model_file, hyper=hp,
                                 args=pipetrain_args(hp), losses=losses, grad_norms=norms,
+                                lrs=[lr_at(hp, s, steps_of(hp)) for s in range(steps_of(hp))],
                                 val_loss=val_loss(model, held_out),
                                 params=st, loose=loose_slices(model, hp)))
         run = doc['runs'][-1]
-        loss_err, val_err, spread = float32_spread(cfg, hp, tokens, held_out, losses,
-                                                   run['val_loss'], model, run['loose'])
+        loss_err, norm_err, val_err, spread = float32_spread(
+            cfg, hp, tokens, held_out, losses, norms, run['val_loss'], model, run['loose'])
         run['float32_loss_err'] = loss_err
+        run['float32_grad_norm_err'] = norm_err
         run['float32_val_loss_err'] = val_err
         run['float32_spread'] = spread
         run['loss_rtol'] = max(LOSS_RTOL, MARGIN * loss_err)
         run['val_loss_rtol'] = max(LOSS_RTOL, MARGIN * val_err)
+        run['grad_norm_rtol'] = max(LOSS_RTOL, MARGIN * norm_err)
         run['param_rtol'] = {k: max(PARAM_RTOL, MARGIN * v) for k, v in sorted(spread.items())}
         worst = max((v, k) for k, v in spread.items())
         line = ('%-16s losses %s  norms %s  val %.5f\n%16s float32: losses within %.2g, '
