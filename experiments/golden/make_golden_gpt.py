@@ -38,6 +38,14 @@ What the reference does (gpt-spec.md):
     block matrices and an untied head only (gpt_torch.GPT.decay_groups).
 The hyper-parameters pipetrain holds as float32 (lr, betas, eps, weight decay, the clip
 norm) are rounded to float32 here first, so that both sides start from the same numbers.
+
+Tolerances (written per run): every run is also trained in float32 four ways that round
+differently, as pipetrain's layouts do (VARIANTS: batched, samples reversed, 2 and 4
+micro-batches); each tolerance is MARGIN (10) times the largest error they show against
+float64, at least 1e-5 (losses, gradient norms: relative) and 1e-4 (parameters: of each
+tensor's max|p|). The key third of each block's c_attn bias is compared apart under AdamW
+(loose_slices). Changed the corpus, a model file or a run? Run this again, then
+tests/gpt_parity.sh; a run added here needs no change in the test.
 """
 import argparse
 import json
