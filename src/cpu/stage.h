@@ -81,6 +81,9 @@ typedef struct {
     float *tp_buf;          /* owned: max_batch · widest floats for collectives */
     float *tp_din;          /* owned: the input gradient's slice before its all-gather */
     float *tp_dout;         /* owned: the slice of a gathered output's gradient */
+    float *tp_inner;        /* owned: the inner gradients of a layer in phases (a block cut
+                               by heads) between its backward phases, max_batch ·
+                               plan.phase_floats (every slot's gout unless split) */
     int tp_failed;          /* a collective failed: the forward or backward is void */
     double tp_s;            /* seconds in tensor collectives since stage_init */
 } stage;

@@ -40,7 +40,9 @@ typedef struct {
         struct { int units; } dense;
         struct { float p; } dropout;
         struct { int vocab, context, width; } embedding;
-        struct { int heads, hidden; float p; } block;
+        /* heads and hidden: the whole layer's, or those one tensor rank runs of a block
+         * cut `shards` ways by heads (src/model/shard.h); shards 0 or 1: whole */
+        struct { int heads, hidden; float p; int shards; } block;
         struct { int vocab, tied; } lm_head;
     } u;
     size_t weight_count, bias_count; /* 0 for parameterless layers */
