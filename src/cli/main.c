@@ -25,6 +25,7 @@ static void usage(FILE *f)
         "  devices    the CPU and CUDA devices training can use, and MPI's CUDA support\n"
         "  plan       partition + placement + predicted communication for a machine\n"
         "  diff       compare two safetensors checkpoints tensor by tensor\n"
+        "  sample     text from a trained language model's checkpoint\n"
         "  launch     run a training job; restart it from its checkpoints if it fails\n"
         "  version    the version of pipetrain (also --version)\n");
 }
@@ -43,6 +44,7 @@ static const struct {
     {"devices", cmd_devices, 0},
     {"plan", cmd_plan, 0},
     {"diff", cmd_diff, 0},
+    {"sample", cmd_sample, 0},
     {"launch", cmd_launch, 0},
 };
 

@@ -126,14 +126,28 @@ static int cpu_write_state(engine *e, const float *m, const float *v, long updat
 static int cpu_load(engine *e, int m, const dataset *d, const int64_t *ids, int n)
 {
     cpu_engine *c = impl(e);
-    if (c->first_stage) {
+    const net_desc *net = e->cfg.net;
+    int L = data_labels_per_sample(d);
+    if (!d->tokens != !net->sequence || L != data_model_labels(net))
+        return pt_error_set("CPU engine: %s data (%d label%s a sample) for %s model (%d)",
+                            d->tokens ? "text" : "image", L, L == 1 ? "" : "s",
+                            net->sequence ? "a language" : "an image", data_model_labels(net));
+    if (c->first_stage && d->tokens) {
+        for (int j = 0; j < n; j++) /* token ids, as floats */
+            memcpy(c->in[m] + (size_t)j * L, d->tokens + (size_t)ids[j] * L,
+                   (size_t)L * sizeof(float));
+    } else if (c->first_stage) {
         size_t px = data_image_bytes(d);
         for (int j = 0; j < n; j++)
             kernel_bytes_to_float_cpu(c->in[m] + (size_t)j * px, d->pixels + (size_t)ids[j] * px,
                                       px);
     }
-    if (c->last_stage)
+    if (c->last_stage && L == 1)
         for (int j = 0; j < n; j++) c->labels[m][j] = d->labels[ids[j]];
+    else if (c->last_stage)
+        for (int j = 0; j < n; j++)
+            memcpy(c->labels[m] + (size_t)j * L, d->labels + (size_t)ids[j] * L,
+                   (size_t)L * sizeof(int32_t));
     memcpy(c->ids[m], ids, (size_t)n * sizeof *ids);
     return 0;
 }
@@ -168,8 +182,10 @@ static int cpu_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, in
     if (!y) return -1;
     if (c->last_stage) {
         int ok = 0;
+        /* a row of scores per label: a language model's n·T positions */
         double l = kernel_softmax_xent_cpu(training ? c->grad_in[m] : NULL, &ok, y, c->labels[m],
-                                           n, e->cfg.net->classes,
+                                           n * data_model_labels(e->cfg.net),
+                                           e->cfg.net->classes,
                                            engine_loss_scale(&e->cfg, training));
         if (!isfinite(l)) c->sums.nonfinite = 1;
         c->sums.loss_sum += l;
@@ -409,7 +425,7 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
     c->grad_in = (float **)alloc_arrays(nb, mb * e->out_count * sizeof(float));
     c->grad_out = c->first_stage ? NULL
                                  : (float **)alloc_arrays(nb, mb * e->in_count * sizeof(float));
-    c->labels = (int32_t **)alloc_arrays(nb, mb * sizeof(int32_t));
+    c->labels = (int32_t **)alloc_arrays(nb, mb * data_model_labels(cfg->net) * sizeof(int32_t));
     c->ids = (int64_t **)alloc_arrays(nb, mb * sizeof(int64_t));
     c->slot_of = malloc((size_t)nb * sizeof *c->slot_of);
     c->n_of = calloc((size_t)nb, sizeof *c->n_of);

@@ -650,6 +650,8 @@ static int cuda_load(engine *e, int m, const dataset *d, const int64_t *ids, int
     if (n < 0 || n > e->cfg.max_batch)
         return pt_error_set("CUDA engine: load of %d samples, outside 0..%d", n,
                             e->cfg.max_batch);
+    if (d->tokens) /* train refuses them first (the transformer layers have no CUDA twins) */
+        return pt_error_set("CUDA engine: language models do not run on the GPU yet");
     cuda_mb *b = &c->mb[m];
     if (!c->needs_load) {
         b->loaded_n = n;

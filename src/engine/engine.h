@@ -75,9 +75,9 @@ typedef struct {
 typedef struct engine engine;
 
 typedef struct {
-    double loss_sum; /* last stage: summed loss over the samples forwarded since the last
-                        finish; 0 elsewhere */
-    long correct;    /* last stage: samples whose first argmax is the label */
+    double loss_sum; /* last stage: summed loss over the labels (a sample's one, or a
+                        language model's T) forwarded since the last finish; 0 elsewhere */
+    long correct;    /* last stage: labels that are the first argmax of their scores */
     int nonfinite;   /* a micro-batch's loss was NaN or infinite */
 } engine_result;
 
@@ -94,8 +94,9 @@ typedef struct {
      * number of updates taken (Adam's bias correction). For checkpoints. */
     int (*read_state)(engine *, float *m, float *v, long *updates);
     int (*write_state)(engine *, const float *m, const float *v, long updates);
-    /* Micro-batch m's samples `ids` of `d`: stage 0 takes their pixels, the last stage
-     * their labels, a stage with dropout their ids. */
+    /* Micro-batch m's samples `ids` of `d`: stage 0 takes their pixels (or a language
+     * model's token ids), the last stage their labels (data_model_labels of the net per
+     * sample), a stage with dropout their ids. */
     int (*load)(engine *, int m, const dataset *d, const int64_t *ids, int n);
     /* Takes an activation slot for m and runs the forward of n samples (the input being
      * stage 0's loaded pixels, else ACT_IN of m); training = 0 turns dropout off. The last
@@ -189,10 +190,11 @@ static inline int engine_piece_of(const engine_config *cfg, int m)
 {
     return cfg->grad_pieces > 1 ? m % cfg->grad_pieces : -1;
 }
-/* The loss gradient's scale: the step's batch mean when training. */
+/* The loss gradient's scale: the mean over every label of the step's batch when training
+ * (batch × T for a language model, a label per position: F.cross_entropy's mean). */
 static inline float engine_loss_scale(const engine_config *cfg, int training)
 {
-    return training ? 1.0f / (float)cfg->batch : 1.0f;
+    return training ? 1.0f / (float)((double)cfg->batch * data_model_labels(cfg->net)) : 1.0f;
 }
 /* recompute: a training forward gives its activations back at once and keeps only its
  * output to send (not on the last stage, whose loss gradient is in GRAD_IN) until

@@ -6,6 +6,7 @@
 
 #include "src/base/error.h"
 #include "src/io/safetensors.h"
+#include "src/model/layer_table.h"
 
 /* Shapes in PyTorch's layout: dense [out, in], conv [out, in, k, k], bias [out]. */
 static void layer_tensor_shapes(const layer_desc *L, st_tensor *w, st_tensor *b, int index)
@@ -26,28 +27,52 @@ static void layer_tensor_shapes(const layer_desc *L, st_tensor *w, st_tensor *b,
     b->shape[0] = (long)L->bias_count;
 }
 
+/* Layer l's tensors as a checkpoint names them, with their shapes and their offsets in the
+ * layer's parameters; returns how many. Dense and conv layers: "layers.<l>.weight" and
+ * ".bias" in PyTorch's shapes; the transformer layers: their named tensors (layer_tensors,
+ * GPT-2's names: "layers.1.attn.c_attn.weight"), a matrix [rows, cols], a vector [rows]. */
+static int layer_st(const layer_desc *L, int l, st_tensor *st, size_t *off)
+{
+    if (L->type == LAYER_CONV || L->type == LAYER_DENSE) {
+        layer_tensor_shapes(L, &st[0], &st[1], l);
+        off[0] = 0;
+        off[1] = L->weight_count;
+        return 2;
+    }
+    layer_tensor t[LAYER_MAX_TENSORS];
+    int n = layer_tensors(L, 0, t);
+    for (int k = 0; k < n; k++) {
+        memset(&st[k], 0, sizeof st[k]);
+        snprintf(st[k].name, sizeof st[k].name, "layers.%d.%.60s", l, t[k].name);
+        st[k].ndim = t[k].cols == 1 ? 1 : 2;
+        st[k].shape[0] = t[k].rows;
+        st[k].shape[1] = t[k].cols;
+        off[k] = t[k].offset;
+    }
+    return n;
+}
+
 /* The tensors of every layer with parameters, names prefixed ("" for the parameters,
  * "optimizer.m." for a moment buffer), data from `all` in stage order; appends to t. */
 static void add_tensors(st_tensor *t, int *n, const net_desc *net, const float *all,
                         const char *prefix)
 {
-    size_t off = 0;
+    size_t base = 0;
     for (int l = 0; l < net->n_layers; l++) {
         const layer_desc *L = &net->layers[l];
         if (!L->weight_count) continue;
-        st_tensor *w = &t[*n], *b = &t[*n + 1];
-        layer_tensor_shapes(L, w, b, l);
-        /* "optimizer.m.layers.N.weight" fits the 95 bytes of a name with room to spare */
-        char name[512];
-        snprintf(name, sizeof name, "%s%s", prefix, w->name);
-        snprintf(w->name, sizeof w->name, "%.95s", name);
-        snprintf(name, sizeof name, "%s%s", prefix, b->name);
-        snprintf(b->name, sizeof b->name, "%.95s", name);
-        w->data = all + off;
-        off += L->weight_count;
-        b->data = all + off;
-        off += L->bias_count;
-        *n += 2;
+        size_t off[LAYER_MAX_TENSORS];
+        int k = layer_st(L, l, &t[*n], off);
+        for (int j = 0; j < k; j++) {
+            st_tensor *w = &t[*n + j];
+            /* "optimizer.m.layers.N.attn.c_attn.weight" fits the 95 bytes of a name */
+            char name[512];
+            snprintf(name, sizeof name, "%s%s", prefix, w->name);
+            snprintf(w->name, sizeof w->name, "%.95s", name);
+            w->data = all + base + off[j];
+        }
+        *n += k;
+        base += L->weight_count + L->bias_count;
     }
 }
 
@@ -59,7 +84,7 @@ int checkpoint_save(const char *path, const net_desc *net, const float *all)
 int checkpoint_save_full(const char *path, const net_desc *net, const float *params,
                          const float *m, const float *v, const char *const *meta)
 {
-    st_tensor *t = calloc((size_t)net->n_layers * 6 + 1, sizeof *t);
+    st_tensor *t = calloc((size_t)net->n_layers * 3 * LAYER_MAX_TENSORS + 1, sizeof *t);
     if (!t) return pt_error_set("out of memory");
     int n = 0;
     add_tensors(t, &n, net, params, "");
@@ -94,15 +119,13 @@ static int load_family(const st_file *f, const char *path, const net_desc *net, 
     for (int l = first; l < last; l++) {
         const layer_desc *L = &net->layers[l];
         if (!L->weight_count) continue;
-        st_tensor want[2];
+        st_tensor want[LAYER_MAX_TENSORS];
+        size_t off[LAYER_MAX_TENSORS];
         memset(want, 0, sizeof want);
-        layer_tensor_shapes(L, &want[0], &want[1], l);
-        float *to[2] = {next, next + L->weight_count};
-        next += L->weight_count + L->bias_count;
-        size_t count[2] = {L->weight_count, L->bias_count};
-        for (int k = 0; k < 2; k++) {
+        int n = layer_st(L, l, want, off);
+        for (int k = 0; k < n; k++) {
             char name[512];
-            snprintf(name, sizeof name, "%s%s", prefix, want[k].name);
+            snprintf(name, sizeof name, "%.100s%.95s", prefix, want[k].name);
             const st_tensor *got = st_find(f, name);
             if (!got)
                 return pt_error_set("%s: no tensor %s (layer %d, %s)", path, name, l,
@@ -114,8 +137,11 @@ static int load_family(const st_file *f, const char *path, const net_desc *net, 
                 return pt_error_set("%s: tensor %s has shape %s but the model needs %s", path,
                                     name, a, b);
             }
-            memcpy(to[k], got->data, count[k] * sizeof(float));
+            size_t count = 1;
+            for (int d = 0; d < want[k].ndim; d++) count *= (size_t)want[k].shape[d];
+            memcpy(next + off[k], got->data, count * sizeof(float));
         }
+        next += L->weight_count + L->bias_count;
     }
     return 0;
 }

@@ -1,5 +1,6 @@
 /* Whole-model checkpoints as safetensors: tensors "layers.<i>.weight" / "layers.<i>.bias",
- * i the layer's index among the model file's sections after [net]. */
+ * i the layer's index among the model file's sections after [net]; a transformer layer's
+ * tensors "layers.<i>.<GPT-2's name>" ("layers.1.attn.c_attn.weight", layer_tensors). */
 #ifndef PT_CHECKPOINT_H
 #define PT_CHECKPOINT_H
 

@@ -5,6 +5,9 @@
  *   step, epoch           optimizer steps taken; epochs begun
  *   model, model_hash     the model file and the FNV-1a 64 hash of its bytes (hex)
  *   seed, shuffle, batch, optimizer, lr, momentum, beta1, beta2, eps, weight_decay
+ *   corpus_digest, corpus_tokens, val_fraction, corpus   a language model's text only:
+ *                         text_digest of the whole corpus, its tokens, the split, its name
+ *                         (with seed and step, the data position)
  *   stages, replicas, microbatches, schedule, reduce   the layout that wrote it
  *   version, commit       the pipetrain that wrote it
  *   run_id                the run that wrote it: 16 random hex digits drawn at a fresh

@@ -412,5 +412,6 @@ void data_free(dataset *d)
 {
     free(d->pixels);
     free(d->labels);
+    free(d->tokens);
     memset(d, 0, sizeof *d);
 }

@@ -2,7 +2,8 @@
  * 256), llm.c's pre-tokenized .bin files (and nanoGPT's headerless ones when asked), the
  * Debian fortunes as a corpus that needs no download, a held-out tail, and the sampling
  * of fixed-length windows by the counter-based generator (kernels/rng.h) so that every
- * layout and rank sees the same samples. Issue 24's data half; `train` does not use it yet. */
+ * layout and rank sees the same samples. Issue 24's data half; `train` reads it through
+ * src/train/train_text.c, windows as data sets (src/io/data.h, data_text_*). */
 #ifndef PT_TEXT_DATA_H
 #define PT_TEXT_DATA_H
 

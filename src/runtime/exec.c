@@ -450,14 +450,17 @@ static int post_receives(exec_t *e, const step_run *s)
     return 0;
 }
 
-/* Every micro-batch's samples, from `indices` into the buffers from `base` of every chunk:
- * pixels on stage 0, labels on the last stage. */
+/* This replica's micro-batches of the step whose samples are data's `indices` (the whole
+ * batch's: global sample ids index it), into the buffers from `base` of every chunk: pixels
+ * or token ids on stage 0, labels on the last stage. */
 static int load_samples(exec_t *e, int base, const dataset *data, const int64_t *indices)
 {
-    int mb = e->mb;
+    int M = e->cfg.microbatches;
     for (int v = 0; v < e->V; v++)
-        for (int m = 0; m < e->cfg.microbatches; m++)
-            if (engine_load(e->engs[v], base + m, data, indices + (size_t)m * mb, mb)) return -1;
+        for (int m = 0; m < M; m++) {
+            size_t first = exec_first_sample(e->cfg.batch, e->replicas, e->replica, M, m);
+            if (engine_load(e->engs[v], base + m, data, indices + first, e->mb)) return -1;
+        }
     return 0;
 }
 
@@ -638,17 +641,13 @@ static int finish_step(exec_t *e, const step_run *s, double t_step, exec_step_re
 }
 
 int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
-                    const int64_t *next_indices, uint64_t seed, uint64_t step,
-                    const optimizer_config *opt, exec_step_result *res)
+                    const dataset *next_data, const int64_t *next_indices, uint64_t seed,
+                    uint64_t step, const optimizer_config *opt, exec_step_result *res)
 {
     step_run s = {.list = &e->sched->lists[e->rank], .base = e->half * e->cfg.microbatches,
                   .seed = seed, .step = step, .opt = opt};
     double t_step = pt_now();
     e->trace_step = (long)step;
-    /* this replica's share of the batch */
-    size_t share = (size_t)e->replica * (size_t)(e->cfg.batch / e->replicas);
-    indices += share;
-    if (next_indices) next_indices += share;
     int fault = e->cfg.stall_rank == e->world_rank && (long)step == e->cfg.stall_step;
     if (fault && e->cfg.stall_kills != EXEC_STALL_MPI_ERROR)
         stall_forever(e->cfg.stall_kills == EXEC_STALL_KILL);
@@ -664,7 +663,9 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
      * step's samples into the other half now. */
     e->half = 1 - e->half;
     e->prefetched = next_indices != NULL;
-    if (next_indices && load_samples(e, e->half * e->cfg.microbatches, data, next_indices))
+    if (next_indices &&
+        load_samples(e, e->half * e->cfg.microbatches, next_data ? next_data : data,
+                     next_indices))
         return -1;
     return finish_step(e, &s, t_step, res);
 }

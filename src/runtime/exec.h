@@ -53,9 +53,23 @@ typedef struct {
 enum { EXEC_STALL_HANG = 0, EXEC_STALL_KILL = 1, EXEC_STALL_MPI_ERROR = 2 };
 
 typedef struct {
-    double loss_sum;       /* summed over the batch's samples (every rank gets it) */
-    long correct;
+    double loss_sum;       /* summed over the batch's labels (every rank gets it): one per
+                              sample, T per sample for a language model (data_model_labels) */
+    long correct;          /* labels predicted (first argmax): next tokens for a language
+                              model */
 } exec_step_result;
+
+/* The first global sample id of replica r's micro-batch m (of B/(R·M) samples): replica r
+ * takes [r·B/R, (r+1)·B/R) of the batch B, cut into its M micro-batches in order. A step's
+ * samples are keyed by these ids (the data set's indices[id], a language model's window
+ * id, dropout masks), so every layout of stages, replicas and micro-batches trains on the
+ * same samples. */
+static inline size_t exec_first_sample(int batch, int replicas, int replica, int microbatches,
+                                       int m)
+{
+    size_t share = (size_t)(batch / replicas);
+    return (size_t)replica * share + (size_t)m * (share / (size_t)microbatches);
+}
 
 /* What the per-chunk times of exec_stats.chunk_s count: forward, whole backward, the split
  * backward's B and W, and recomputation. */
@@ -107,16 +121,18 @@ int exec_stages(const exec_t *e);
 
 /* One optimizer step on `batch` samples of `data` given by `indices` (data-set indices,
  * the same array on every rank; replica r takes [r·batch/R, (r+1)·batch/R) of it, cut
- * into its micro-batches). next_indices (may be NULL) are the next step's: they are
- * loaded once this step is queued, so a GPU copies them in while it computes. step numbers
- * the dropout stream. Fails with a message on a timeout or a non-finite loss (then every
- * rank that can still talk fails too). */
+ * into its micro-batches: exec_first_sample). next_indices (may be NULL) are the next
+ * step's, of next_data (NULL: data; a language model's next batch is another data set):
+ * they are loaded once this step is queued, so a GPU copies them in while it computes.
+ * step numbers the dropout stream. Fails with a message on a timeout or a non-finite loss
+ * (then every rank that can still talk fails too). */
 int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
-                    const int64_t *next_indices, uint64_t seed, uint64_t step,
-                    const optimizer_config *opt, exec_step_result *res);
+                    const dataset *next_data, const int64_t *next_indices, uint64_t seed,
+                    uint64_t step, const optimizer_config *opt, exec_step_result *res);
 /* Forward only, dropout off, over the whole data set in chunks of the micro-batch size
- * (replica r takes the share [r·N/R, (r+1)·N/R) of the N samples). Loss (mean) and
- * accuracy of the whole set on every rank. */
+ * (replica r takes the share [r·N/R, (r+1)·N/R) of the N samples). Loss (the mean over
+ * every label: a language model's tokens) and accuracy (the share of labels predicted) of
+ * the whole set on every rank. */
 int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy);
 
 /* The whole model's parameters in layer order on the pipeline's stage 0 (count = net

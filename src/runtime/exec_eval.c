@@ -1,5 +1,6 @@
 /* Evaluation: forward only, dropout off, over a data set in micro-batch chunks through the
- * pipeline, with the loss and accuracy of the whole set on every rank. */
+ * pipeline, with the loss and accuracy of the whole set on every rank (per label: a
+ * language model's per token). */
 #include "src/runtime/exec_impl.h"
 
 #include <stdint.h>
@@ -134,7 +135,9 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
     exec_record(e, TRACE_EVAL, t_start, pt_now(), -1, 0);
     double sums[2] = {r.loss_sum, (double)r.correct};
     if (mpi_wait_allreduce(sums, 2, MPI_DOUBLE, MPI_SUM, e->world, e->cfg.timeout_s)) return -1;
-    *loss = data->count ? sums[0] / data->count : 0;
-    *accuracy = data->count ? sums[1] / data->count : 0;
+    /* per label: a language model's mean is over its windows' every token */
+    double labels = (double)data->count * data_model_labels(e->net);
+    *loss = data->count ? sums[0] / labels : 0;
+    *accuracy = data->count ? sums[1] / labels : 0;
     return 0;
 }

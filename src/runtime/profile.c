@@ -36,16 +36,24 @@ static void fill_random(void *buf, size_t n, uint64_t stream)
 /* One layer alone as a stage on `device`: random inputs (pixels for the first layer) and,
  * unless it ends the model, random output gradients; the engine's own timings (device
  * events on a GPU) of forward and backward. */
+/* A run of a layer that takes longer than this is measured once, without a warm-up: the
+ * blocks and heads of GPT-2-sized models on a CPU take seconds each, and a second run would
+ * not change their figure much. *measured: the repetitions timed. */
+#define PROFILE_LONG_S 1.0
+
 static int profile_layer(const net_desc *net, int l, int batch, int warmup, int repeats,
                          engine_device device, int gpu, const dataset *fake,
-                         const int64_t *ids, double *tf, double *tb)
+                         const int64_t *ids, double *tf, double *tb, int *measured)
 {
     engine_config cfg = {.net = net, .first = l, .last = l + 1, .buffers = 2,
                          .max_batch = batch, .n_slots = 1, .batch = batch, .threads = 1,
                          .device = gpu, .max_ticks = 2};
     engine *g;
     if (engine_create(&g, device, &cfg)) return -1;
-    int rc = engine_init_params(g, 1);
+    /* a language model's layers are timed on zero parameters: drawing GPT-2's normals for
+     * a 50,257-token matrix takes longer than timing the layer, and the time of a product
+     * does not depend on the values */
+    int rc = net->sequence ? 0 : engine_init_params(g, 1);
     if (!rc) rc = engine_load(g, 0, fake, ids, batch);
     if (!rc && l > 0) {
         fill_random(engine_msg_buffer(g, ENGINE_MSG_ACT_IN, 0), (size_t)batch * g->in_count, 1);
@@ -57,15 +65,18 @@ static int profile_layer(const net_desc *net, int l, int batch, int warmup, int 
         rc = engine_msg_received(g, ENGINE_MSG_GRAD_IN, 0);
     }
     engine_result res;
+    *measured = 0;
     for (int r = 0; r < warmup + repeats && !rc; r++) {
         rc = engine_forward(g, 0, batch, 1, (uint64_t)r, 1, 0);
         if (!rc) rc = engine_backward(g, 0, 1);
         if (!rc) rc = engine_release(g, 0);
         if (!rc) rc = engine_finish(g, &res);
-        if (!rc && r >= warmup) {
-            tf[r - warmup] = g->tick_t1[0] - g->tick_t0[0];
-            tb[r - warmup] = g->tick_t1[1] - g->tick_t0[1];
-        }
+        if (rc) break;
+        double f = g->tick_t1[0] - g->tick_t0[0], b = g->tick_t1[1] - g->tick_t0[1];
+        if (r < warmup && f + b < PROFILE_LONG_S) continue;
+        tf[*measured] = f;
+        tb[*measured] = b;
+        if (++*measured == repeats || f + b >= PROFILE_LONG_S) break;
     }
     engine_destroy(g);
     return rc;
@@ -74,8 +85,9 @@ static int profile_layer(const net_desc *net, int l, int batch, int warmup, int 
 /* One layer alone as a split-backward stage (CPU, one thread, as profile_layer): random
  * input and output gradient; times of stage_backward_input and stage_backward_weight. */
 static int profile_split(const net_desc *net, int l, int batch, int warmup, int repeats,
-                         const int64_t *ids, double *ti, double *tw)
+                         const int64_t *ids, double *ti, double *tw, int *measured)
 {
+    *measured = 0;
     stage st;
     if (stage_init(&st, net, l, l + 1, batch, 1, 1)) return -1;
     size_t in = stage_in_count(&st), out = stage_out_count(&st);
@@ -85,7 +97,7 @@ static int profile_split(const net_desc *net, int l, int batch, int warmup, int 
     int rc = !x || !dy || (l > 0 && !dx) ? pt_error_set("profile: out of memory")
                                          : stage_enable_split(&st);
     if (!rc) {
-        stage_init_params(&st, 1);
+        if (!net->sequence) stage_init_params(&st, 1); /* as profile_layer */
         fill_random(x, (size_t)batch * in, 4);
         fill_random(dy, (size_t)batch * out, 5);
     }
@@ -103,20 +115,37 @@ static int profile_split(const net_desc *net, int l, int batch, int warmup, int 
         double t2 = pt_now();
         stage_slot_release(&st, slot);
         stage_zero_grad(&st);
-        if (r >= warmup) {
-            ti[r - warmup] = t1 - t0;
-            tw[r - warmup] = t2 - t1;
-        }
+        if (r < warmup && t2 - t0 < PROFILE_LONG_S) continue;
+        ti[*measured] = t1 - t0;
+        tw[*measured] = t2 - t1;
+        if (++*measured == repeats || t2 - t0 >= PROFILE_LONG_S) break;
     }
     free(x), free(dy), free(dx);
     stage_free(&st);
     return rc;
 }
 
+/* The earlier layer of the same transformer kind and shapes as layer l (−1: none). Older
+ * models' layers are each measured, as before. */
+static int same_as_earlier(const net_desc *net, int l)
+{
+    const layer_desc *L = &net->layers[l];
+    if (L->type != LAYER_BLOCK) return -1;
+    for (int e = 0; e < l; e++) {
+        const layer_desc *E = &net->layers[e];
+        if (E->type == L->type && E->in.c == L->in.c && E->in.w == L->in.w &&
+            E->u.block.heads == L->u.block.heads && E->u.block.hidden == L->u.block.hidden &&
+            E->u.block.p == L->u.block.p)
+            return e;
+    }
+    return -1;
+}
+
 int partition_profile_measure_with(partition_profile *prof, const net_desc *net,
                                    const profile_options *opt)
 {
-    int batch = opt->batch, warmup = opt->warmup, repeats = opt->repeats;
+    /* a language model's sample is a whole sequence: one is enough for its products */
+    int batch = net->sequence ? 1 : opt->batch, warmup = opt->warmup, repeats = opt->repeats;
     int device = opt->device, gpu = opt->gpu;
     memset(prof, 0, sizeof *prof);
     if (batch < 1 || repeats < 1 || warmup < 0)
@@ -134,37 +163,42 @@ int partition_profile_measure_with(partition_profile *prof, const net_desc *net,
         prof->bwd_weight_s = calloc((size_t)net->n_layers, sizeof(double));
     }
     int64_t *ids = calloc((size_t)batch, sizeof *ids);
-    /* a data set of random images for the first layer, labels for the last */
-    size_t px = layer_shape_count(net->input);
-    dataset fake = {.count = batch, .channels = net->input.c, .rows = net->input.h,
-                    .cols = net->input.w,
-                    .pixels = malloc((size_t)batch * px), .labels = calloc((size_t)batch, 4)};
+    /* random images (or token windows) for the first layer, labels for the last */
+    dataset fake;
+    int fake_rc = data_fake(&fake, net, batch);
     if (!prof->fwd_s || !prof->bwd_s || (split && (!prof->bwd_input_s || !prof->bwd_weight_s)) ||
-        !tf || !tb || !ids || !fake.pixels || !fake.labels) {
+        !tf || !tb || !ids || fake_rc) {
         pt_error_set("profile: out of memory");
         goto fail;
     }
-    for (size_t i = 0; i < (size_t)batch * px; i++)
-        fake.pixels[i] = (uint8_t)(rng_uniform_at(12345, 3, i) * 255.0f);
-    for (int j = 0; j < batch; j++) {
-        ids[j] = j;
-        fake.labels[j] = j % net->classes;
-    }
+    for (int j = 0; j < batch; j++) ids[j] = j;
     for (int l = 0; l < net->n_layers; l++) {
+        int same = same_as_earlier(net, l), measured;
+        if (same >= 0) { /* a transformer's blocks are alike: measured once */
+            prof->fwd_s[l] = prof->fwd_s[same];
+            prof->bwd_s[l] = prof->bwd_s[same];
+            if (split) {
+                prof->bwd_input_s[l] = prof->bwd_input_s[same];
+                prof->bwd_weight_s[l] = prof->bwd_weight_s[same];
+            }
+            continue;
+        }
         if (profile_layer(net, l, batch, warmup, repeats, (engine_device)device, gpu, &fake, ids,
-                          tf, tb))
+                          tf, tb, &measured))
             goto fail;
-        prof->fwd_s[l] = median(tf, repeats) / batch;
-        prof->bwd_s[l] = median(tb, repeats) / batch;
+        prof->fwd_s[l] = median(tf, measured) / batch;
+        prof->bwd_s[l] = median(tb, measured) / batch;
         if (!split) continue;
-        if (profile_split(net, l, batch, warmup, repeats, ids, tf, tb)) goto fail;
-        prof->bwd_input_s[l] = median(tf, repeats) / batch;
-        prof->bwd_weight_s[l] = median(tb, repeats) / batch;
+        if (profile_split(net, l, batch, warmup, repeats, ids, tf, tb, &measured)) goto fail;
+        prof->bwd_input_s[l] = median(tf, measured) / batch;
+        prof->bwd_weight_s[l] = median(tb, measured) / batch;
     }
-    free(tf), free(tb), free(ids), free(fake.pixels), free(fake.labels);
+    free(tf), free(tb), free(ids);
+    data_free(&fake);
     return 0;
 fail:
-    free(tf), free(tb), free(ids), free(fake.pixels), free(fake.labels);
+    free(tf), free(tb), free(ids);
+    data_free(&fake);
     partition_profile_free(prof);
     return -1;
 }

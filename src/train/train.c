@@ -1,4 +1,5 @@
-/* `pipetrain train`: sequential or pipelined training on Fashion-MNIST-style IDX data. The
+/* `pipetrain train`: sequential or pipelined training on Fashion-MNIST-style IDX data (or a
+ * language model on text, src/train/train_text.c). The
  * set-up (options, layout, model, data, executor) is src/train/train_setup.c; this is the
  * training loop, the metrics lines, the figures gathered at the end and the outputs. The
  * banner, progress and reports are in src/train/train_report.c. */
@@ -23,6 +24,7 @@
 #include "src/train/train_checkpoint.h"
 #include "src/train/train_report.h"
 #include "src/train/train_setup.h"
+#include "src/train/train_text.h"
 
 /* ---- pieces of the run ---- */
 
@@ -211,8 +213,9 @@ static int metrics_step(train_run *run, long epoch, long step)
         json_object_set_new(line, "step", json_integer(step));
         json_object_set_new(line, "epoch", json_integer(epoch + 1));
         json_object_set_new(line, "steps", json_integer(step - run->metrics_step));
-        json_object_set_new(line, "loss", json_real(run->metrics_loss / (double)samples));
-        json_object_set_new(line, "acc", json_real((double)run->metrics_correct / (double)samples));
+        double labels = (double)samples * run->labels_per_sample; /* tokens for text */
+        json_object_set_new(line, "loss", json_real(run->metrics_loss / labels));
+        json_object_set_new(line, "acc", json_real((double)run->metrics_correct / labels));
         json_object_set_new(line, "samples_per_s", json_real(dt > 0 ? samples / dt : 0));
         json_object_set_new(line, "stage_compute_s", json_array_of(now, K));
         json_object_set_new(line, "stage_wait_s", json_array_of(now + K, K));
@@ -272,7 +275,9 @@ static int train_epoch(train_run *run, long ep, train_progress *prog, train_resu
     long s0 = res->steps - ep * run->steps_per_epoch;
     long left = run->total_steps - res->steps;
     long n = s0 + (left < run->steps_per_epoch - s0 ? left : run->steps_per_epoch - s0);
-    shuffle_indices(run->order, run->train.count, o->seed, ep, o->shuffle);
+    /* a language model's windows are drawn per step (train_text_batch) */
+    if (!o->text) shuffle_indices(run->order, run->train.count, o->seed, ep, o->shuffle);
+    double per = run->labels_per_sample; /* losses are means over labels: tokens for text */
     double loss_sum = 0, t0 = pt_now();
     long correct = 0, samples = 0;
     for (long s = s0; s < n; s++) {
@@ -283,9 +288,17 @@ static int train_epoch(train_run *run, long ep, train_progress *prog, train_resu
         /* the next step's samples, loaded while this one computes (not across epochs: the
          * next order is drawn after evaluation) */
         const int64_t *next = s + 1 < n ? run->order + (s + 1) * o->batch : NULL;
+        const int64_t *now = run->order + s * o->batch;
+        const dataset *data = &run->train, *next_data = NULL;
+        if (o->text) { /* each step its own batch of windows, indexed 0 … batch − 1 */
+            data = train_text_batch(run, step);
+            next_data = next ? train_text_batch(run, step + 1) : NULL;
+            now = run->order;
+            next = next ? run->order : NULL;
+        }
         exec_step_result r;
-        int src = exec_train_step(run->ex, &run->train, run->order + s * o->batch, next,
-                                  o->seed, (uint64_t)step, &o->opt, &r);
+        int src = exec_train_step(run->ex, data, now, next_data, next, o->seed, (uint64_t)step,
+                                  &o->opt, &r);
         if (src == EXEC_FAILED_EVERYWHERE) {
             train_progress_clear(prog);
             if (run->rank == 0) fprintf(stderr, "pipetrain: %s\n", pt_error_get());
@@ -313,13 +326,13 @@ static int train_epoch(train_run *run, long ep, train_progress *prog, train_resu
             if (res->steps % o->log_every == 0 && metrics_step(run, ep, res->steps))
                 train_abort_job(run->comm);
         }
-        train_progress_step(prog, run, ep + 1, dt, loss_sum / samples);
+        train_progress_step(prog, run, ep + 1, dt, loss_sum / (samples * per));
     }
     double epoch_s = pt_now() - t0;
     res->train_s += epoch_s;
     res->epochs = ep + 1;
-    res->train_loss = loss_sum / samples;
-    res->train_acc = (double)correct / samples;
+    res->train_loss = loss_sum / (samples * per);
+    res->train_acc = (double)correct / (samples * per);
     evaluate(run, res);
     train_progress_clear(prog);
     train_report_epoch(run, res, epoch_s, samples, res->steps - (n - s0));

@@ -46,7 +46,16 @@ typedef struct {
     net_desc net;
     partition part;
     schedule sched;
-    dataset train, val, test;
+    dataset train, val, test;   /* a language model's val: its evaluation windows */
+    /* a language model's text (src/train/train_text.h): the corpus's training part, the
+     * batches of two steps (step mod 2: one trained on, the next one loading), and the
+     * whole corpus's size and digest, which checkpoints keep */
+    text_tokens corpus;
+    dataset batches[2];
+    long batch_step[2];
+    size_t corpus_tokens, val_tokens;
+    uint64_t corpus_digest;
+    int labels_per_sample;      /* per sample: 1, or T next tokens (data_model_labels) */
     exec_t *ex;
     int64_t *order;             /* this epoch's sample order */
     long steps_per_epoch;

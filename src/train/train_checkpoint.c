@@ -88,6 +88,53 @@ static void fixed_fields(const train_run *run, const char *hash, meta_field *f)
     snprintf(f[i++].value, sizeof f->value, "%.9g", (double)c->weight_decay);
 }
 
+/* A language model's data position is (seed, step) in its corpus: the corpus (its digest,
+ * text_digest of every token before the split; its name only to say which it was) and the
+ * split must be the same for a resumed run to draw the same windows. Written only by text
+ * runs, so that image checkpoints keep their keys. */
+enum { N_TEXT = 4 };
+
+static void text_fields(const train_run *run, meta_field *f)
+{
+    const train_options *o = &run->o;
+    f[0].key = "corpus_digest";
+    snprintf(f[0].value, sizeof f->value, "%016llx", (unsigned long long)run->corpus_digest);
+    f[1].key = "corpus_tokens";
+    snprintf(f[1].value, sizeof f->value, "%zu", run->corpus_tokens);
+    f[2].key = "val_fraction";
+    snprintf(f[2].value, sizeof f->value, "%.9g", o->val_fraction);
+    f[3].key = "corpus";
+    snprintf(f[3].value, sizeof f->value, "%.63s",
+             o->text == TEXT_FORTUNES ? "fortunes" : o->text_file ? o->text_file : "");
+}
+
+/* The checkpoint and the run read the same corpus, split the same way (images: no corpus). */
+static int check_corpus(const st_file *f, const char *path, const train_run *run)
+{
+    const char *digest = st_meta(f, "corpus_digest"), *name = st_meta(f, "corpus");
+    if (!run->o.text)
+        return digest ? pt_error_set("%s was written by a language model's run on a text "
+                                     "corpus (%s), this run reads images", path,
+                                     name ? name : "?")
+                      : 0;
+    if (!digest)
+        return pt_error_set("%s was written by a run on images, this run reads a text corpus",
+                            path);
+    meta_field want[N_TEXT];
+    text_fields(run, want);
+    const char *tokens = st_meta(f, "corpus_tokens"), *frac = st_meta(f, "val_fraction");
+    if (strcmp(digest, want[0].value) || !tokens || strcmp(tokens, want[1].value))
+        return pt_error_set("%s was written for another corpus (%s: %s tokens, digest %s); "
+                            "this run's %s has %s tokens, digest %s: resume on the same text",
+                            path, name ? name : "?", tokens ? tokens : "?", digest,
+                            want[3].value, want[1].value, want[0].value);
+    if (!frac || strcmp(frac, want[2].value))
+        return pt_error_set("%s was written with --val-fraction %s, this run has %s: resume "
+                            "with the same --val-fraction (the training part would differ)",
+                            path, frac ? frac : "(none)", want[2].value);
+    return 0;
+}
+
 typedef struct {
     const train_run *run;
     meta_field fixed[N_FIXED];
@@ -160,7 +207,7 @@ static int check_compatible(const st_file *f, const char *path, void *arg)
                                 rc->fixed[i].key);
         }
     }
-    return check_counts(f, path, rc->run);
+    return check_corpus(f, path, rc->run) || check_counts(f, path, rc->run);
 }
 
 /* This run's id (rank 0's; only rank 0 writes checkpoints): drawn at a fresh start, taken
@@ -264,7 +311,7 @@ int train_checkpoint_setup(train_run *run)
 
 /* ---- writing: on rank 0, from a gathered copy, in a thread or not ---- */
 
-enum { N_META = 2 * (N_FIXED + 14) + 1 };
+enum { N_META = 2 * (N_FIXED + N_TEXT + 14) + 1 };
 
 /* One checkpoint being written: everything the write needs, owned, so that training can
  * go on (and change the parameters) meanwhile. */
@@ -279,6 +326,7 @@ struct ckpt_writer {
     float *all;               /* params | m | v, 3P floats */
     char path[4200];
     meta_field fixed[N_FIXED];
+    meta_field text[N_TEXT];  /* a language model's corpus */
     char s_step[32], s_epoch[32], s_upd[32], s_st[16], s_rep[16], s_mb[16];
     const char *meta[N_META];
     int rc;                   /* the outcome, and its message (errors are per thread) */
@@ -340,6 +388,10 @@ static void fill_meta(struct ckpt_writer *w, const train_run *run, const char *h
     meta[k++] = "updates", meta[k++] = w->s_upd;
     meta[k++] = "model", meta[k++] = o->model;
     for (int i = 0; i < N_FIXED; i++) meta[k++] = w->fixed[i].key, meta[k++] = w->fixed[i].value;
+    if (o->text) {
+        text_fields(run, w->text);
+        for (int i = 0; i < N_TEXT; i++) meta[k++] = w->text[i].key, meta[k++] = w->text[i].value;
+    }
     meta[k++] = "stages", meta[k++] = w->s_st;
     meta[k++] = "replicas", meta[k++] = w->s_rep;
     meta[k++] = "microbatches", meta[k++] = w->s_mb;

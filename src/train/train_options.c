@@ -4,12 +4,14 @@
 
 #include <limits.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "schedule/schedule.h"
 #include "src/base/error.h"
 #include "src/base/mpi_wait.h"
 #include "src/runtime/exec.h"
 #include "src/base/options.h"
+#include "src/io/text_data.h"
 
 enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS, O_STEPS,
        O_UNTIMED, O_BATCH, O_OPT, O_LR, O_MOM, O_WD, O_SEED, O_SHUFFLE, O_STAGES, O_MICRO,
@@ -18,7 +20,9 @@ enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS
        O_TENSOR, O_TENSOR_MODE, O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT, O_METRICS,
        O_LOG_EVERY, O_CKPT_DIR, O_CKPT_EVERY, O_KEEP, O_RESUME, O_CKPT_MIN, O_CKPT_WRITE,
        O_VIRTUAL, O_RECOMPUTE, O_WGRAD, O_WARMUP, O_TRAIN_IMG, O_TRAIN_LAB, O_TEST_IMG,
-       O_TEST_LAB };
+       O_TEST_LAB,
+       /* a language model's text */
+       O_TEXT, O_TOKENS, O_TOKENS_RAW, O_VAL_FRACTION, O_EVAL_WINDOWS };
 
 /* The largest step count, sample count or seed we take: far beyond any run, exact in a
  * double (the table's ranges are doubles). */
@@ -29,7 +33,8 @@ static const opt_spec train_opts[] = {
     {.id = O_MODEL, .name = "model", .shared = 1},
     {.id = O_DATA, .name = "data", .kind = OPT_TEXT, .arg = "DIR", .def = DEFAULT_DATA_DIR,
      .help = "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] in DIR: Fashion-MNIST's "
-             "names"},
+             "names; --data " TEXT_DATA_NAME ": the built-in text corpus (Debian's fortunes, "
+             "" TEXT_FORTUNES_DIR ") for a language model"},
     {.id = O_TRAIN_IMG, .name = "train-images", .kind = OPT_TEXT, .arg = "FILE",
      .help = "training images, any name, instead of --data's (IDX, see below)"},
     {.id = O_TRAIN_LAB, .name = "train-labels", .kind = OPT_TEXT, .arg = "FILE",
@@ -38,6 +43,22 @@ static const opt_spec train_opts[] = {
      .help = "test images, likewise (--train-images without them: no test set)"},
     {.id = O_TEST_LAB, .name = "test-labels", .kind = OPT_TEXT, .arg = "FILE",
      .help = "their labels"},
+    {.id = O_TEXT, .name = "text", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "a language model's corpus instead of --data's: any UTF-8 text file, a token "
+             "per byte"},
+    {.id = O_TOKENS, .name = "tokens", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "likewise, pre-tokenized: llm.c's .bin (uint16 tokens after its 1024-byte "
+             "header), each below the model's vocabulary"},
+    {.id = O_TOKENS_RAW, .name = "tokens-raw", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "likewise, nanoGPT's .bin: uint16 tokens, no header (nothing to check but "
+             "its size)"},
+    {.id = O_VAL_FRACTION, .name = "val-fraction", .kind = OPT_REAL, .arg = "X", .min = 0,
+     .max = 0.9, .def = "0.1",
+     .help = "text: hold out the corpus's last X for validation (0: none)"},
+    {.id = O_EVAL_WINDOWS, .name = "eval-windows", .kind = OPT_INT, .arg = "N", .min = 1,
+     .max = 1 << 20, .def = "64",
+     .help = "text: the validation loss is the mean over N windows of the model's context, "
+             "evenly spaced over the held-out part"},
     {.id = O_VAL, .name = "val", .kind = OPT_INT, .arg = "N", .min = 0, .max = INT_MAX,
      .help = "hold out the last N training samples for validation"},
     {.id = O_TRAIN_N, .name = "train-samples", .kind = OPT_INT, .arg = "N", .min = 1,
@@ -148,12 +169,19 @@ static const opt_command train_command = {
     .usage = "pipetrain train --model FILE [options]\n"
              "mpiexec -n K pipetrain train --model FILE --stages K [options]\n"
              "mpiexec -n K*R pipetrain train --model FILE --stages K --replicas R ...",
-    .about = "Trains a model on Fashion-MNIST or the user's own IDX files, sequentially, as a "
-             "pipeline of K stages, or as R data-parallel replicas of that pipeline.",
+    .about = "Trains a model on Fashion-MNIST or the user's own IDX files (a language model on "
+             "text: --data " TEXT_DATA_NAME ", --text or --tokens), sequentially, as a pipeline "
+             "of K stages, or as R data-parallel replicas of that pipeline.",
     .notes = "Data files are IDX, gzip or plain. Images are unsigned bytes, N×H×W (IDX3, magic "
              "0x00000803, one channel) or N×C×H×W (IDX4, magic 0x00000804), of the shape the "
              "model's input=C,H,W names; pixels are divided by 255. Labels are IDX1 (magic "
              "0x00000801), each below the model's classes.\n\n"
+             "A language model ([embedding] ... [lm_head]) trains on windows of its context T "
+             "drawn from the corpus at random offsets (the same in every layout, from --seed "
+             "and the step), predicting the next token at each position; an epoch is as many "
+             "tokens as the training part holds. Every token must be below the model's vocab. "
+             "The validation loss is per token, with bits per byte for text (loss / ln 2) and "
+             "the perplexity for token files; accuracy is next-token accuracy.\n\n"
              "With --json the last line of stdout is one JSON object of results. With --device "
              "cuda each rank takes a GPU by its local rank (several ranks may share one). "
              "Tensor shard t of stage s in replica r is MPI rank t + T*(s*R + r) (a stage's "
@@ -193,6 +221,14 @@ static int read_option(train_options *o, const opt_parser *p, int id)
     case O_TRAIN_LAB: o->train_labels = p->arg; break;
     case O_TEST_IMG: o->test_images = p->arg; break;
     case O_TEST_LAB: o->test_labels = p->arg; break;
+    case O_TEXT:
+    case O_TOKENS:
+    case O_TOKENS_RAW:
+        o->text = id == O_TEXT ? TEXT_UTF8 : id == O_TOKENS ? TEXT_LLMC : TEXT_RAW;
+        o->text_file = p->arg;
+        break;
+    case O_VAL_FRACTION: o->val_fraction = p->real; break;
+    case O_EVAL_WINDOWS: o->eval_windows = (int)p->num; break;
     case O_VAL: o->val = (int)p->num; break;
     case O_TRAIN_N: o->train_samples = p->num; break;
     case O_TEST_N: o->test_samples = p->num; break;
@@ -275,12 +311,49 @@ static int check_data_files(const train_options *o, const opt_parser *p)
     return 0;
 }
 
+/* A language model's text: one source, instead of --data's images; the options of image
+ * data sets have no meaning for it, and its own none for images. */
+static int check_text_options(train_options *o, const opt_parser *p)
+{
+    static const int sources[] = {O_TEXT, O_TOKENS, O_TOKENS_RAW};
+    static const char *const names[] = {"--text", "--tokens", "--tokens-raw"};
+    int given = 0, first = -1;
+    for (int k = 0; k < 3; k++)
+        if (opt_given(p, sources[k]) && (given++, first < 0)) first = k;
+    if (given > 1)
+        return opt_error(p, "%s and another of --text, --tokens and --tokens-raw: give one "
+                         "corpus", names[first]);
+    int fortunes = !strcmp(o->data, TEXT_DATA_NAME);
+    if (given && opt_given(p, O_DATA))
+        return opt_error(p, "%s and --data %s both name the data: give one", names[first],
+                         o->data);
+    if (fortunes) o->text = TEXT_FORTUNES;
+    const char *what = given ? names[first] : "--data " TEXT_DATA_NAME;
+    static const int image_only[] = {O_TRAIN_IMG, O_TRAIN_LAB, O_TEST_IMG, O_TEST_LAB, O_VAL,
+                                     O_TRAIN_N, O_TEST_N, O_SHUFFLE};
+    static const char *const image_names[] = {
+        "--train-images", "--train-labels", "--test-images", "--test-labels", "--val",
+        "--train-samples", "--test-samples", "--shuffle"};
+    static const char *const why[] = {
+        "", "", "", "", " (a text corpus holds out its tail: --val-fraction)", "", "",
+        " (text windows are drawn at random offsets every step)"};
+    for (int k = 0; o->text && k < (int)(sizeof image_only / sizeof *image_only); k++)
+        if (opt_given(p, image_only[k]))
+            return opt_error(p, "%s is for image data sets, not with %s%s", image_names[k],
+                             what, why[k]);
+    if (!o->text && (opt_given(p, O_VAL_FRACTION) || opt_given(p, O_EVAL_WINDOWS)))
+        return opt_error(p, "--%s is for a text corpus (--data " TEXT_DATA_NAME ", --text, "
+                         "--tokens)", opt_given(p, O_VAL_FRACTION) ? "val-fraction"
+                                                                 : "eval-windows");
+    return 0;
+}
+
 /* What the table cannot check: options that need others, and the batch's split. Sets the
  * defaults that depend on other options. */
 static int check_options(train_options *o, const opt_parser *p)
 {
     o->epochs_given = opt_given(p, O_EPOCHS);
-    if (check_data_files(o, p))
+    if (check_text_options(o, p) || check_data_files(o, p))
         return -1;
     if (!(o->bucket_mb > 0))
         return opt_error(p, "--bucket-mb %g: must be positive", o->bucket_mb);

@@ -11,12 +11,24 @@
 #include "src/reduce/reduce.h"
 
 #define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"
+/* --data's value that names the built-in text corpus */
+#define TEXT_DATA_NAME "text"
+
+/* train_options.text: where a language model's tokens come from */
+enum { TEXT_NONE = 0, TEXT_FORTUNES, TEXT_UTF8, TEXT_LLMC, TEXT_RAW };
 
 typedef struct {
     const char *model, *data, *load, *save, *trace, *schedule, *partition, *bind;
     /* IDX files by name, each pair instead of --data's (NULL: none); training files without
      * test files: no test set */
     const char *train_images, *train_labels, *test_images, *test_labels;
+    /* a language model's corpus (src/io/text_data.h), instead of images: --data text (the
+     * fortunes), --text FILE (UTF-8, byte tokens) or --tokens / --tokens-raw FILE (llm.c's
+     * uint16 tokens with their header, or nanoGPT's without); text says which (TEXT_*) */
+    int text;
+    const char *text_file;
+    double val_fraction;  /* the corpus's tail held out for validation (0: none) */
+    int eval_windows;     /* evaluation windows spaced evenly over that tail */
     engine_device device;
     int epochs, batch, stages, microbatches, threads, val, json, verbose, shuffle;
     int epochs_given;    /* --epochs was on the command line (else --steps alone decides) */

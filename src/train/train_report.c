@@ -14,6 +14,7 @@
 #include "src/base/error.h"
 #include "src/base/mpi_wait.h"
 #include "src/plan/predict.h"
+#include "src/train/train_text.h"
 
 /* CMakeLists.txt defines both for src/train (and src/base); PT_GIT_COMMIT is "" when the source is no git
  * checkout. */
@@ -31,17 +32,40 @@ static const char *optimizer_name(optimizer_kind k)
 
 /* ---- banner and epoch lines ---- */
 
+/* The corpus, as the options name it. */
+static const char *corpus_name(const train_options *o)
+{
+    return o->text == TEXT_FORTUNES ? "fortunes" : o->text_file;
+}
+
+/* A language model's data line: the corpus, its split, windows and steps. */
+static void banner_text(const train_run *run)
+{
+    const train_options *o = &run->o;
+    printf("data: %s, %zu tokens: %zu training, %zu held out (%d evaluation window%s); batch "
+           "%d windows of %d tokens, %ld step%s per epoch (the training tokens' worth); %ld "
+           "step%s over %ld epoch%s\n", corpus_name(o), run->corpus_tokens,
+           run->corpus.count, run->val_tokens, run->val.count, run->val.count == 1 ? "" : "s",
+           o->batch, run->labels_per_sample, run->steps_per_epoch,
+           run->steps_per_epoch == 1 ? "" : "s", run->total_steps,
+           run->total_steps == 1 ? "" : "s", run->epochs, run->epochs > 1 ? "s" : "");
+}
+
 void train_report_banner(const train_run *run)
 {
     const train_options *o = &run->o;
     if (run->rank != 0 || o->json) return;
-    printf("model %s: %d layer%s, %zu parameters, %d classes\n", o->model, run->net.n_layers,
-           run->net.n_layers == 1 ? "" : "s", run->net.param_count, run->net.classes);
-    printf("data: %d training, %d validation, %d test samples; batch %d, %ld step%s per "
-           "epoch; %ld step%s over %ld epoch%s\n", run->train.count, run->val.count,
-           run->test.count, o->batch, run->steps_per_epoch, run->steps_per_epoch == 1 ? "" : "s",
-           run->total_steps, run->total_steps == 1 ? "" : "s", run->epochs,
-           run->epochs > 1 ? "s" : "");
+    printf("model %s: %d layer%s, %zu parameters, %d %s\n", o->model, run->net.n_layers,
+           run->net.n_layers == 1 ? "" : "s", run->net.param_count, run->net.classes,
+           run->net.sequence ? "tokens in its vocabulary" : "classes");
+    if (o->text)
+        banner_text(run);
+    else
+        printf("data: %d training, %d validation, %d test samples; batch %d, %ld step%s per "
+               "epoch; %ld step%s over %ld epoch%s\n", run->train.count, run->val.count,
+               run->test.count, o->batch, run->steps_per_epoch,
+               run->steps_per_epoch == 1 ? "" : "s", run->total_steps,
+               run->total_steps == 1 ? "" : "s", run->epochs, run->epochs > 1 ? "s" : "");
     if (run->resumed_from_step >= 0)
         printf("resuming from %s at step %ld\n", run->resumed_from, run->resumed_from_step);
     printf("layout: %d stage%s", o->stages, o->stages > 1 ? "s" : "");
@@ -84,8 +108,17 @@ void train_report_epoch(const train_run *run, const train_results *res, double e
     /* resumed mid-epoch: the figures cover only the steps this run took */
     if (from != (res->epochs - 1) * run->steps_per_epoch)
         printf(" (steps %ld-%ld only)", from + 1, res->steps);
-    printf("  train loss %.4f acc %.4f", res->train_loss, res->train_acc);
-    if (run->val.count) printf("  val acc %.4f", res->val_acc);
+    if (run->o.text) { /* per token */
+        printf("  train loss %.4f next-token acc %.4f", res->train_loss, res->train_acc);
+        double m;
+        const char *what = train_text_measure(run, res->val_loss, &m);
+        if (run->val.count)
+            printf("  val loss %.4f (%s %.4f) next-token acc %.4f", res->val_loss, what, m,
+                   res->val_acc);
+    } else {
+        printf("  train loss %.4f acc %.4f", res->train_loss, res->train_acc);
+        if (run->val.count) printf("  val acc %.4f", res->val_acc);
+    }
     if (run->test.count) printf("  test loss %.4f acc %.4f", res->test_loss, res->test_acc);
     printf("  %.1f s  %.0f samples/s\n", epoch_s, epoch_samples / epoch_s);
     fflush(stdout);
@@ -481,7 +514,14 @@ static json_t *run_json(const train_run *run)
         {"host", json_text(run->host)},
         {"start_time", run->start_time[0] ? json_string(run->start_time) : json_null()},
         {"seed", json_integer((json_int_t)o->seed)},
-        {"train_samples", json_integer(run->train.count)},
+        {"train_samples", o->text ? json_null() : json_integer(run->train.count)},
+        /* a language model's text (null for images): val_samples are its windows */
+        {"corpus", o->text ? json_text(corpus_name(o)) : json_null()},
+        {"corpus_tokens", o->text ? json_integer((json_int_t)run->corpus_tokens) : json_null()},
+        {"train_tokens", o->text ? json_integer((json_int_t)run->corpus.count) : json_null()},
+        {"val_tokens", o->text ? json_integer((json_int_t)run->val_tokens) : json_null()},
+        {"context", o->text ? json_integer(run->labels_per_sample) : json_null()},
+        {"accuracy", json_string(o->text ? "next-token" : "class")},
         {"val_samples", json_integer(run->val.count)},
         {"test_samples", json_integer(run->test.count)},
         {"batch", json_integer(o->batch)},
@@ -527,6 +567,15 @@ static json_t *run_json(const train_run *run)
 
 json_t *train_report_run_json(const train_run *run) { return run_json(run); }
 
+/* A language model's validation figure `what` (train_text_measure), else NAN. */
+static double val_measure(const train_run *run, const train_results *res, const char *what)
+{
+    double v;
+    if (!run->o.text || !run->val.count || strcmp(train_text_measure(run, res->val_loss, &v), what))
+        return NAN;
+    return v;
+}
+
 static json_t *results_json(const train_run *run, const train_results *res,
                             const stage_figures *fig)
 {
@@ -561,6 +610,8 @@ static json_t *results_json(const train_run *run, const train_results *res,
         {"test_acc", json_number(res->test_acc)},
         {"val_loss", json_number(res->val_loss)},
         {"val_acc", json_number(res->val_acc)},
+        {"val_bits_per_byte", json_number(val_measure(run, res, "bits per byte"))},
+        {"val_perplexity", json_number(val_measure(run, res, "perplexity"))},
         {"steps", json_integer(res->steps)}, /* the last step reached */
         {"steps_run", json_integer(res->steps - res->first_step)}, /* by this process */
         {"timed_steps", json_integer(res->timed_steps)},

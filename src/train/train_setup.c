@@ -30,6 +30,7 @@
 #include "src/runtime/replicas.h"
 #include "src/train/metrics.h"
 #include "src/train/train_options.h"
+#include "src/train/train_text.h"
 #include "topologies/topo.h"
 
 void openblas_set_num_threads(int);
@@ -100,6 +101,10 @@ static int load_data(const train_options *o, const net_desc *net, dataset *train
 {
     memset(val, 0, sizeof *val);
     memset(test, 0, sizeof *test);
+    if (net->sequence)
+        return pt_error_set("%s is a language model: give it text (--data " TEXT_DATA_NAME
+                            ", the built-in corpus; --text FILE; --tokens FILE), not images",
+                            o->model);
     /* only the samples the run uses are read: --val takes the last ones, so all then */
     long train_limit = !o->val && o->train_samples > 0 ? o->train_samples : -1;
     long test_limit = o->test_samples >= 0 ? o->test_samples : -1;
@@ -405,6 +410,12 @@ static void plan_steps(train_run *run)
 {
     const train_options *o = &run->o;
     long per_epoch = run->train.count / o->batch; /* ≥ 1: load_data checked */
+    /* text: an epoch is as many tokens as the training part holds, in windows of T */
+    if (o->text) {
+        double tokens = (double)o->batch * run->labels_per_sample;
+        per_epoch = (long)((double)run->corpus.count / tokens);
+        if (per_epoch < 1) per_epoch = 1;
+    }
     long total = per_epoch * o->epochs;
     if (o->steps > 0 && (!o->epochs_given || o->steps < total)) total = o->steps;
     run->steps_per_epoch = per_epoch;
@@ -543,6 +554,16 @@ static exec_config exec_config_of(const train_run *run)
     };
 }
 
+/* A language model given no data options reads the built-in corpus (--data text), as an
+ * image model reads Fashion-MNIST; image data options with it stay refused (load_data). */
+static void default_text(train_run *run)
+{
+    train_options *o = &run->o;
+    if (run->net.sequence && !o->text && !o->train_images && !o->test_images && !o->val &&
+        o->train_samples < 0 && o->test_samples < 0 && !strcmp(o->data, DEFAULT_DATA_DIR))
+        o->text = TEXT_FORTUNES;
+}
+
 /* Model, partition, schedule, data, executor and parameters, agreed on by every rank. */
 int train_setup_run(train_run *run)
 {
@@ -556,10 +577,13 @@ int train_setup_run(train_run *run)
         train_agree(net_desc_check_trainable(&run->net, o->model), comm, timeout) ||
         train_agree(setup_shards(run), comm, timeout))
         return -1;
+    default_text(run);
     /* the data before any profiling: a batch the data set cannot fill is refused now, not
      * after the layers were profiled (and memory allocated) at that batch */
     double t_read = pt_now();
-    int read_rc = load_data(o, &run->net, &run->train, &run->val, &run->test);
+    run->labels_per_sample = 1;
+    int read_rc = o->text ? train_text_load(run)
+                          : load_data(o, &run->net, &run->train, &run->val, &run->test);
     run->read_s = pt_now() - t_read;
     if (train_agree(read_rc, comm, timeout) ||
         train_agree(make_schedule(o, &run->sched), comm, timeout) ||
@@ -577,7 +601,8 @@ int train_setup_run(train_run *run)
     if (exec_start(run->ex)) train_abort_job(comm);
     if (calibrate_tensor(run)) train_abort_job(comm);
     if (train_agree(init_parameters(run), comm, timeout)) return -1;
-    run->order = malloc((size_t)run->train.count * sizeof *run->order);
+    if (!o->text) /* a language model's: 0 … batch − 1, made with its corpus */
+        run->order = malloc((size_t)run->train.count * sizeof *run->order);
     if (train_agree(run->order ? 0 : pt_error_set("out of memory"), comm, timeout)) return -1;
     plan_steps(run);
     return 0;
@@ -592,6 +617,7 @@ void train_run_free(train_run *run)
     data_free(&run->train);
     data_free(&run->val);
     data_free(&run->test);
+    train_text_free(run);
     schedule_free(&run->sched);
     partition_free(&run->part);
     shard_plan_free(&run->shard);
