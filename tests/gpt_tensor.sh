@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Tensor shards of a transformer language model end to end (issue 24): gpt-nano (2 heads)
-# trained on the built-in text with --tensor 2 (each block cut by heads), as 2 stages × 2
-# shards under 1f1b and zb-h1, and as 2 replicas × 2 shards, against one process: the loss
-# of every step and the saved parameters within 1e-5 relative (SGD at lr 0.5, so a wrong
-# gradient shows; the shards sum in another order, so not bit for bit). A checkpoint the
-# shards wrote (whole tensors) resumes in one process and as 2 stages × 2 shards to the
-# one-process run's parameters; another seed differs (the comparison can fail); a block
-# whose heads are not a multiple of --tensor is refused on every rank with exit 2.
-# Skipped (77) where train reads no text.
+# trained on the built-in text with --tensor 2 (blocks cut by heads; the embedding, the head
+# and the loss by vocabulary), as 2 stages × 2 shards under 1f1b and zb-h1, and as 2
+# replicas × 2 shards, against one process: the loss of every step and the saved
+# parameters within 1e-5 relative (SGD at lr 0.5, so a wrong gradient shows; the shards sum
+# in another order, so not bit for bit). A checkpoint the shards wrote (whole tensors)
+# resumes in one process and as 2 stages × 2 shards to the one-process run's parameters;
+# another seed differs (the comparison can fail); a block whose heads are not a multiple of
+# --tensor is refused on every rank with exit 2. Skipped (77) where train reads no text.
 source "$(dirname "$0")/lib/common.bash"
 export OPENBLAS_NUM_THREADS=1
 help=$("$PIPETRAIN" train --help 2>&1 || true)

@@ -1,15 +1,18 @@
 /* Tensor shards of transformer language models at the stage level (src/model/shard.c, the
- * phases of src/engine/layer_ops.c and the tensor runs of src/engine/stage_plan.c and
- * src/cpu/stage.c): T stages of one process, one per tensor rank, each on its own thread,
- * their collectives a fake group that sums (and concatenates) the ranks' buffers in rank
- * order. Against the unsharded stage: the logits and the loss, every parameter gradient
+ * phases of src/engine/layer_ops.c, the tensor runs of src/engine/stage_plan.c and
+ * src/cpu/stage.c, the loss of src/cpu/stage_loss.c): T stages of one process, one per
+ * tensor rank, each on its own thread, their collectives a fake group that sums (and
+ * concatenates) the ranks' buffers in rank order. Against the unsharded stage: the logits
+ * (sharded by vocabulary, put together) and the loss on them, every parameter gradient
  * (the ranks' shards put together into whole tensors: the replicated ones must be each
  * rank's whole gradient, not a sum over ranks), the input gradient of a stage that starts
- * at a block, and SGD steps, to float32's tolerance (the shards sum in another order);
- * each rank's initial parameters are exact slices of the whole ones; the split backward,
- * a backward by ranges and two threads are bit-identical to the sharded whole backward;
- * exactly two all-reduces per block each way; a block whose heads or hidden units are not
- * a multiple of T is refused naming it. */
+ * at a block, and SGD steps, to float32's tolerance (the shards sum in another order); the
+ * embedding cut by vocabulary bit for bit; each rank's initial parameters are exact slices
+ * of the whole ones; the split backward, a backward by ranges and two threads are
+ * bit-identical to the sharded whole backward; exactly two all-reduces per block each way
+ * (one for the embedding, one for the head, two all-gathers for the loss); blocks whose
+ * heads or hidden units, and vocabularies that do not cut T ways are refused naming the
+ * layer. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
@@ -112,7 +115,8 @@ typedef struct {
     const float *dy;       /* else the output gradient */
     int n, mode;           /* mode: 0 whole backward, 1 B then W, 2 by ranges */
     int steps;             /* > 0: SGD steps after each backward (then the loss of each) */
-    float *logits;         /* out: the stage's output */
+    float *logits;         /* out: the stage's output (this rank's columns of sharded logits) */
+    int correct;           /* out: the last pass's rows whose argmax is the label */
     float *din;            /* out (NULL: not wanted): the input gradient */
     double loss[4];
 } job;
@@ -123,15 +127,17 @@ static void one_pass(job *j, int k)
     const net_desc *net = s->plan.net;
     int64_t ids[64];
     for (int i = 0; i < j->n; i++) ids[i] = 100 + i;
-    size_t out = stage_out_count(s);
+    /* the stage's output as this rank holds it */
+    size_t out = layer_shape_count(s->plan.loc[s->plan.nl - 1].out);
+    if (!stage_loss_sharded(s)) out = stage_out_count(s);
     int slot = stage_slot_acquire(s);
     const float *y = stage_forward(s, slot, j->x, j->n, ids, 7, (uint64_t)k, 1);
     memcpy(j->logits, y, (size_t)j->n * out * sizeof(float));
     float *g = malloc((size_t)j->n * out * sizeof(float));
     if (j->labels) {
-        int T = net->input.c, V = net->classes, correct;
-        j->loss[k] = kernel_softmax_xent_cpu(g, &correct, y, j->labels, j->n * T, V,
-                                             1.0f / (float)(j->n * T)) /
+        int T = net->input.c;
+        j->loss[k] = stage_loss(s, y, g, &j->correct, j->labels, j->n * T,
+                                1.0f / (float)(j->n * T)) /
                      (j->n * T);
     } else {
         memcpy(g, j->dy, (size_t)j->n * out * sizeof(float));
@@ -272,6 +278,7 @@ static size_t layers_params(const net_desc *net, int first, int last)
 typedef struct {
     float *out, *din, *grads, *params;
     double loss[4];
+    int correct;
     int reduces, gathers;
 } result;
 
@@ -281,6 +288,22 @@ static void result_free(result *r)
     free(r->din);
     free(r->grads);
     free(r->params);
+}
+
+/* The ranks' columns of sharded logits (n samples) put together into outs[0]. */
+static void whole_logits(const net_desc *net, int n, int T, float *const *outs)
+{
+    int V = net->classes;
+    size_t rows = (size_t)n * net->input.c;
+    float *whole = malloc(rows * V * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        int off, len;
+        shard_cut(V, T, t, &off, &len);
+        for (size_t i = 0; i < rows; i++)
+            memcpy(whole + i * V + off, outs[t] + i * len, (size_t)len * sizeof(float));
+    }
+    memcpy(outs[0], whole, rows * V * sizeof(float));
+    free(whole);
 }
 
 static result run_layout(const net_desc *net, int first, int last, int n, int T, int threads,
@@ -330,18 +353,24 @@ static result run_layout(const net_desc *net, int first, int last, int n, int T,
                         .mode = mode, .steps = steps, .logits = outs[t], .din = dins[t]};
     }
     run_ranks(jobs, T);
+    int sharded_out = T > 1 && stage_loss_sharded(&st[0]);
+    if (sharded_out) whole_logits(net, n, T, outs);
     for (int t = 0; t < T; t++) {
         cr_assert_eq(stage_tensor_failed(&st[t]), 0, "rank %d: %s", t, pt_error_get());
-        /* every rank computes the same whole output, loss and input gradient */
-        cr_assert_eq(count_differences(outs[t], outs[0], (size_t)n * out), 0,
-                     "rank %d's output differs from rank 0's", t);
+        /* every rank computes the same whole output (unless sharded logits), loss and
+         * input gradient */
+        if (!sharded_out)
+            cr_assert_eq(count_differences(outs[t], outs[0], (size_t)n * out), 0,
+                         "rank %d's output differs from rank 0's", t);
         cr_assert_eq(memcmp(jobs[t].loss, jobs[0].loss, sizeof jobs[0].loss), 0);
+        cr_assert_eq(jobs[t].correct, jobs[0].correct);
         if (dins[t])
             cr_assert_eq(count_differences(dins[t], dins[0], (size_t)n * in), 0,
                          "rank %d's input gradient differs from rank 0's", t);
     }
     res.out = outs[0];
     res.din = dins[0];
+    res.correct = jobs[0].correct;
     memcpy(res.loss, jobs[0].loss, sizeof res.loss);
     for (int t = 1; t < T; t++) {
         free(outs[t]);
@@ -409,12 +438,15 @@ static void check_against_whole(const net_desc *net, int first, int last, int n,
     char what[64];
     snprintf(what, sizeof what, "T=%d layers %d..%d gradient", T, first, last - 1);
     check_tensors(what, net, first, last, sh.grads, one.grads, 1e-5);
-    /* two all-reduces per block each way, no gathers */
-    int blocks = 0;
+    cr_assert_eq(sh.correct, one.correct);
+    /* two all-reduces per block each way; the embedding's output, the head's input
+     * gradient; the loss's two all-gathers */
+    int blocks = 0, head = net->layers[last - 1].type == LAYER_LM_HEAD;
     for (int l = first; l < last; l++) blocks += net->layers[l].type == LAYER_BLOCK;
-    cr_assert_eq(sh.reduces, 4 * blocks, "T=%d: %d all-reduces for %d blocks", T, sh.reduces,
-                 blocks);
-    cr_assert_eq(sh.gathers, 0);
+    int reduces = 4 * blocks + (first == 0) + head;
+    cr_assert_eq(sh.reduces, reduces, "T=%d layers %d..%d: %d all-reduces, not %d", T, first,
+                 last - 1, sh.reduces, reduces);
+    cr_assert_eq(sh.gathers, 2 * head);
     result_free(&one);
     result_free(&sh);
 }
@@ -434,6 +466,26 @@ Test(tensor_gpt, shards_match_one_process)
         }
         net_desc_free(&net);
     }
+}
+
+/* The embedding cut by vocabulary: each token's row comes from one rank, the position's
+ * from rank 0, so the all-reduced output and the gradients are the whole layer's bits. */
+Test(tensor_gpt, embedding_shards_are_bit_identical)
+{
+    openblas_set_num_threads(1);
+    net_desc net;
+    parse(&net, 0);
+    size_t P = layers_params(&net, 0, 1), out = layer_shape_count(net.layers[0].out) * 48;
+    result one = run_layout(&net, 0, 1, 48, 1, 1, 0, 0);
+    for (int T = 2; T <= 4; T += 2) {
+        result sh = run_layout(&net, 0, 1, 48, T, 1, 0, 0);
+        cr_assert_eq(count_differences(sh.out, one.out, out), 0, "T=%d: output", T);
+        cr_assert_eq(count_differences(sh.grads, one.grads, P), 0, "T=%d: gradients", T);
+        cr_assert_eq(sh.reduces, 1);
+        result_free(&sh);
+    }
+    result_free(&one);
+    net_desc_free(&net);
 }
 
 Test(tensor_gpt, gpt_nano_two_shards)
@@ -571,7 +623,10 @@ Test(tensor_gpt, block_runs_cover_the_block)
         shard_plan sp;
         cr_assert_eq(shard_plan_init(&sp, &net, T, TENSOR_GATHER), 0);
         cr_assert_eq(sp.layers[1].split, SHARD_HEADS);
-        cr_assert_eq(sp.layers[0].split, SHARD_NONE);
+        cr_assert_eq(sp.layers[0].split, SHARD_VOCAB);
+        cr_assert_eq(sp.layers[4].split, SHARD_NONE);
+        cr_assert_eq(sp.layers[5].split, SHARD_OUT);
+        cr_assert(sp.loss_sharded);
         int *held = calloc(all, sizeof *held);
         for (int t = 0; t < T; t++) {
             hold_ctx c = {held};
@@ -594,17 +649,22 @@ Test(tensor_gpt, block_runs_cover_the_block)
                          T, i, held[i]);
         }
         free(held);
+        /* blocks: 2 all-reduces of 6·C floats each way; the embedding's output; the head's
+         * input gradient; the loss's two all-gathers of 2 and 3 floats a position */
         shard_traffic tr = shard_stage_traffic(&sp, &net, 0, net.n_layers, 1);
-        cr_assert_eq(tr.fwd_reduces, 4);
-        cr_assert_eq(tr.bwd_reduces, 4);
-        cr_assert_eq(tr.fwd_reduce, 4 * 6 * C);
-        cr_assert_eq(tr.fwd_gathers + tr.bwd_gathers, 0);
+        cr_assert_eq(tr.fwd_reduces, 5);
+        cr_assert_eq(tr.bwd_reduces, 5);
+        cr_assert_eq(tr.fwd_reduce, 5 * 6 * C);
+        cr_assert_eq(tr.bwd_reduce, 5 * 6 * C);
+        cr_assert_eq(tr.fwd_gathers, 2);
+        cr_assert_eq(tr.fwd_gather, 5 * 6 * (size_t)T);
+        cr_assert_eq(tr.bwd_gathers, 0);
         shard_plan_free(&sp);
     }
     net_desc_free(&net);
 }
 
-Test(tensor_gpt, heads_or_hidden_not_a_multiple_of_T_is_refused)
+Test(tensor_gpt, heads_hidden_or_vocabulary_that_do_not_cut_are_refused)
 {
     net_desc net;
     cr_assert_eq(net_desc_parse_string(&net,
@@ -629,5 +689,16 @@ Test(tensor_gpt, heads_or_hidden_not_a_multiple_of_T_is_refused)
     cr_assert_eq(shard_plan_init(&sp, &net, 4, TENSOR_MEGATRON), -1);
     cr_assert(strstr(pt_error_get(), "layer 2 (block, line 6) has 2 heads and hidden 30"), "%s",
               pt_error_get());
+    net_desc_free(&net);
+    /* 3 tokens do not cut 4 ways */
+    cr_assert_eq(net_desc_parse_string(&net,
+                                       "[net]\n[embedding]\nvocab=3\ncontext=6\nwidth=8\n"
+                                       "[block]\nheads=4\n[lm_head]\n",
+                                       "vocab.cfg"),
+                 0, "%s", pt_error_get());
+    cr_assert_eq(shard_plan_init(&sp, &net, 4, TENSOR_MEGATRON), -1);
+    cr_assert(strstr(pt_error_get(), "layer 1 (embedding, line 2) has 3 tokens: it cannot be "
+                                     "cut into 4 tensor shards"),
+              "%s", pt_error_get());
     net_desc_free(&net);
 }

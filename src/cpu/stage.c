@@ -103,7 +103,9 @@ stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int m
     int chunk = chunk_of(chunk_max, chunk_min, groups, max_batch);
     stage_shape sh = cpu_shape(net, first, last, max_batch, chunk, tp, t);
     stage_sizes z = stage_plan_sizes(&sh);
-    return bytes_of(&z, threads, groups, chunk, max_batch, tp && tp->T > 1);
+    stage_bytes b = bytes_of(&z, threads, groups, chunk, max_batch, tp && tp->T > 1);
+    b.workers += stage_round_up(stage_loss_floats(net, last, max_batch, tp) * sizeof(float));
+    return b;
 }
 
 /* params | grads | m | v; each block rounded so every block stays aligned */
@@ -140,6 +142,8 @@ static int alloc_workers(stage *s, int chunk)
     if (p->phase_floats &&
         !(s->tp_inner = stage_alloc_zeroed((size_t)p->max_batch * p->phase_floats * sizeof(float))))
         return -1;
+    size_t loss = stage_loss_floats(p->net, p->last, p->max_batch, p->tp);
+    if (loss && !(s->tp_loss = stage_alloc_zeroed(loss * sizeof(float)))) return -1;
     return s->tp_buf && s->tp_din && s->tp_dout && s->carry ? 0 : -1;
 }
 
@@ -242,6 +246,7 @@ void stage_free(stage *s)
     free(s->tp_din);
     free(s->tp_dout);
     free(s->tp_inner);
+    free(s->tp_loss);
     pool_free(s->pool);
     stage_plan_free(&s->plan);
     memset(s, 0, sizeof *s);

@@ -162,6 +162,36 @@ static int cpu_embedding_backward(void *ctx, float *dwte, float *dwpe, int32_t *
     kernel_embedding_backward_cpu(dwte, dwpe, dout, tok, n, seq, width, vocab);
     return 0;
 }
+/* Token ids as this shard's rows: [first, first + vocab) from 0, −1 for another's. */
+static void token_rows(int32_t *tok, const float *ids, size_t count, int first, int vocab)
+{
+    for (size_t i = 0; i < count; i++)
+        tok[i] = ids[i] >= (float)first && ids[i] < (float)first + (float)vocab
+                     ? (int32_t)ids[i] - first
+                     : -1;
+}
+static int cpu_embedding_shard_forward(void *ctx, float *out, int32_t *tok, const float *ids,
+                                       const float *wte, const float *wpe, int n, int seq,
+                                       int width, int first, int vocab)
+{
+    token_rows(tok, ids, (size_t)n * seq, first, vocab);
+    for (size_t r = 0; r < (size_t)n * seq; r++) {
+        float *o = out + r * width;
+        const float *e = tok[r] >= 0 ? wte + (size_t)tok[r] * width : NULL;
+        const float *p = wpe ? wpe + (r % (size_t)seq) * width : NULL;
+        /* e + p as the whole kernel adds them; the ranks' zeros add nothing */
+        for (int j = 0; j < width; j++) o[j] = e && p ? e[j] + p[j] : e ? e[j] : p ? p[j] : 0.0f;
+    }
+    return 0;
+}
+static int cpu_embedding_shard_backward(void *ctx, float *dwte, float *dwpe, int32_t *tok,
+                                        const float *dout, const float *ids, int n, int seq,
+                                        int width, int first, int vocab)
+{
+    token_rows(tok, ids, (size_t)n * seq, first, vocab);
+    kernel_embedding_backward_cpu(dwte, dwpe, dout, tok, n, seq, width, vocab);
+    return 0;
+}
 static int cpu_attention_forward(void *ctx, float *y, float *probs, const float *qkv,
                                  const kernel_attention_dims *d)
 {
@@ -204,6 +234,8 @@ const layer_kernels layer_kernels_cpu = {
     .gelu_backward = cpu_gelu_backward,
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,
+    .embedding_shard_forward = cpu_embedding_shard_forward,
+    .embedding_shard_backward = cpu_embedding_shard_backward,
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
 };

@@ -402,14 +402,21 @@ static int block_weight(const layer_call *c, const float *g)
 
 /* The token and position embedding: the first layer of a language model; its input, token
  * ids, has no gradient. */
+/* An embedding cut by vocabulary (shards > 1) holds the rows of tokens [first, first + V):
+ * its output is a partial sum (each token's row on the rank that holds it, the position's
+ * on the rank holding token 0), all-reduced by the engine; the whole is the same bits. */
 static int embedding_forward(const layer_call *c, uint64_t seed, uint64_t step)
 {
     if (need_transformer(c)) return -1;
     const layer_desc *L = c->L;
     int V = L->u.embedding.vocab, T = L->u.embedding.context, C = L->u.embedding.width;
-    const float *wte = c->io->w;
-    return c->k->embedding_forward(c->kc, c->io->y, (int32_t *)c->work, c->io->x, wte,
-                                   wte + (size_t)V * C, c->n, T, C, V);
+    const float *wte = c->io->w, *wpe = wte + (size_t)V * C;
+    if (L->u.embedding.shards > 1)
+        return c->k->embedding_shard_forward(c->kc, c->io->y, (int32_t *)c->work, c->io->x, wte,
+                                             L->u.embedding.first == 0 ? wpe : NULL, c->n, T,
+                                             C, L->u.embedding.first, V);
+    return c->k->embedding_forward(c->kc, c->io->y, (int32_t *)c->work, c->io->x, wte, wpe,
+                                   c->n, T, C, V);
 }
 static int embedding_weight(const layer_call *c, const float *g)
 {
@@ -417,6 +424,10 @@ static int embedding_weight(const layer_call *c, const float *g)
     const layer_desc *L = c->L;
     int V = L->u.embedding.vocab, T = L->u.embedding.context, C = L->u.embedding.width;
     float *dwte = c->io->dw;
+    if (L->u.embedding.shards > 1) /* its rows' gradients; every position's, as every rank */
+        return c->k->embedding_shard_backward(c->kc, dwte, dwte + (size_t)V * C,
+                                              (int32_t *)c->work, g, c->io->x, c->n, T, C,
+                                              L->u.embedding.first, V);
     return c->k->embedding_backward(c->kc, dwte, dwte + (size_t)V * C, (int32_t *)c->work, g,
                                     c->io->x, c->n, T, C, V);
 }

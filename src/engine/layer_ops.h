@@ -76,6 +76,16 @@ typedef struct {
     int (*embedding_backward)(void *ctx, float *dwte, float *dwpe, int32_t *tok,
                               const float *dout, const float *ids, int n, int seq, int width,
                               int vocab);
+    /* an embedding cut by vocabulary (src/model/shard.h): wte holds the rows of tokens
+     * [first, first + vocab); forward, those tokens' rows and zeros for the others, plus
+     * each position's row where wpe is given; backward, those tokens' rows of dwte and
+     * (dwpe given) every position's */
+    int (*embedding_shard_forward)(void *ctx, float *out, int32_t *tok, const float *ids,
+                                   const float *wte, const float *wpe, int n, int seq,
+                                   int width, int first, int vocab);
+    int (*embedding_shard_backward)(void *ctx, float *dwte, float *dwpe, int32_t *tok,
+                                    const float *dout, const float *ids, int n, int seq,
+                                    int width, int first, int vocab);
     int (*attention_forward)(void *ctx, float *y, float *probs, const float *qkv,
                              const kernel_attention_dims *d);
     int (*attention_backward)(void *ctx, float *dqkv, float *work, const float *dy,

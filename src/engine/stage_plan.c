@@ -48,7 +48,7 @@ static slot_part slot_part_of(const stage_shape *sh, const layer_desc *L, int l)
 static size_t whole_out_bytes(const stage_shape *sh)
 {
     const shard_plan *tp = shape_tp(sh);
-    if (!tp || !tp->layers[sh->last - 1].out.sharded) return 0;
+    if (!tp || !shard_output_gathered(tp, sh->last)) return 0;
     return stage_round_up((size_t)sh->max_batch *
                           layer_shape_count(sh->net->layers[sh->last - 1].out) * sizeof(float));
 }
@@ -340,9 +340,11 @@ int stage_tensor_forward(const stage_tensor_run *r)
         if (run_forward(r, lo, i + 1, from, 0)) return -1;
         lo = i + 1;
         from = 0;
+        /* an input-split layer's bias and activation follow (an embedding cut by vocabulary
+         * has neither) */
         if ((then & SHARD_THEN_REDUCE) &&
             (o->allreduce(r->self, ly[i].buf, (size_t)n * layer_shape_count(p->loc[i].out)) ||
-             o->finish(r->self, i, ly[i].buf, n)))
+             (stage_plan_split_in(p, i) && o->finish(r->self, i, ly[i].buf, n))))
             return -1;
         if ((then & SHARD_THEN_GATHER) &&
             o->gather(r->self, &p->tp->layers[l].out, layer_shape_count(net->layers[l].out),

@@ -39,7 +39,10 @@ typedef struct {
         struct { int size, stride; } pool;
         struct { int units; } dense;
         struct { float p; } dropout;
-        struct { int vocab, context, width; } embedding;
+        /* vocab: the whole layer's tokens, or those [first, first + vocab) one tensor rank
+         * holds of an embedding cut `shards` ways by vocabulary (src/model/shard.h);
+         * shards 0 or 1: whole */
+        struct { int vocab, context, width, first, shards; } embedding;
         /* heads and hidden: the whole layer's, or those one tensor rank runs of a block
          * cut `shards` ways by heads (src/model/shard.h); shards 0 or 1: whole */
         struct { int heads, hidden; float p; int shards; } block;

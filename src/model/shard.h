@@ -32,9 +32,15 @@
  * before their bias and residual (two all-reduces forward), and the input gradients of
  * c_fc and c_attn are partial sums, all-reduced before the layer norms' backward (two
  * backward): the block runs in phases between them (src/engine/layer_ops.h). The heads
- * and the hidden units must be multiples of T. The embedding, the final layer norm and the
- * lm_head are whole on every rank (SHARD_NONE), each computing the same values and the
- * same whole gradients. */
+ * and the hidden units must be multiples of T. The embedding and the lm_head are cut by
+ * vocabulary, rank t holding tokens [⌊t·V/T⌋, ⌊(t+1)·V/T⌋) (V ≥ T): the embedding's rows
+ * of them (SHARD_VOCAB; the positions whole on every rank) give each token's vector on the
+ * rank that holds it and zeros elsewhere (rank 0 adds the position's), all-reduced into
+ * the whole output; the lm_head's rows of them (SHARD_OUT) give the logits of those
+ * tokens, which stay sharded: the loss takes them so (loss_sharded; src/cpu/stage.h,
+ * stage_loss, Megatron's vocabulary-parallel cross-entropy), and its input gradient is a
+ * partial sum, all-reduced. The final layer norm is whole on every rank (SHARD_NONE),
+ * computing the same values and the same whole gradients. */
 #ifndef PT_SHARD_H
 #define PT_SHARD_H
 
@@ -43,7 +49,7 @@
 #include "src/model/net.h"
 
 typedef enum { TENSOR_MEGATRON = 0, TENSOR_GATHER } tensor_mode;
-typedef enum { SHARD_NONE = 0, SHARD_OUT, SHARD_IN, SHARD_HEADS } shard_split;
+typedef enum { SHARD_NONE = 0, SHARD_OUT, SHARD_IN, SHARD_HEADS, SHARD_VOCAB } shard_split;
 
 /* A per-sample vector: whole, or cut into `units` (channels or features) of `unit` values
  * each (rank t: units [⌊t·units/T⌋, ⌊(t+1)·units/T⌋)). */
@@ -64,6 +70,8 @@ typedef struct {
     tensor_mode mode;
     int n_layers;
     shard_layer *layers; /* owned, per layer of the net */
+    int loss_sharded;    /* the net's last layer (a language model's lm_head) leaves its
+                            output sharded by vocabulary for the loss: never gathered */
 } shard_plan;
 
 /* Plans T shards (T ≥ 1; T = 1 plans nothing: every layer SHARD_NONE, every vector FULL).
@@ -81,7 +89,8 @@ void shard_values(const shard_state *s, size_t whole, int T, int t, size_t *off,
 
 /* Layer l as rank t runs it: shapes of its local input and output, its units or filters
  * and its parameter counts (weight slice; bias slice for SHARD_OUT, whole for SHARD_IN; a
- * block's heads, hidden units and shards, src/model/layer_table.h). */
+ * block's heads, hidden units and shards, src/model/layer_table.h; an embedding's or
+ * lm_head's tokens). */
 layer_desc shard_local_layer(const shard_plan *p, const net_desc *net, int l, int t);
 /* Parameters rank t holds of layers [first, last). */
 size_t shard_param_count(const shard_plan *p, const net_desc *net, int first, int last, int t);
@@ -123,6 +132,9 @@ size_t shard_slot_input(const shard_plan *p, const net_desc *net, int l, int fir
  * returned, then the group acts on the gradient at layer b's input (an output-split layer's
  * partial sums, a gathered input's slice); b = lo when nothing stops it earlier. */
 enum { SHARD_THEN_REDUCE = 1, SHARD_THEN_GATHER = 2 };
+/* A stage ending at layer last − 1 all-gathers its output (it is sharded, and is not the
+ * sharded logits the loss takes as they are). */
+int shard_output_gathered(const shard_plan *p, int last);
 int shard_forward_after(const shard_plan *p, int first, int last, int i);
 int shard_backward_stop(const shard_plan *p, int first, int lo, int h);
 
