@@ -107,8 +107,8 @@ static int load_params(sampler *s, const char *load)
     } else {
         snprintf(path, sizeof path, "%s", load);
     }
-    float *p = malloc((s->net.param_count + 1) * sizeof *p);
-    if (!p) return pt_error_set("out of memory for %zu parameters", s->net.param_count);
+    float *p = malloc((s->net.stored_count + 1) * sizeof *p);
+    if (!p) return pt_error_set("out of memory for %zu parameters", s->net.stored_count);
     int rc = checkpoint_load_layers(path, &s->net, 0, s->net.n_layers, p);
     if (!rc) rc = engine_write_params(s->eng, p);
     free(p);

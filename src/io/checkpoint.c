@@ -41,9 +41,14 @@ static int layer_st(const layer_desc *L, int l, st_tensor *st, size_t *off)
     }
     layer_tensor t[LAYER_MAX_TENSORS];
     int n = layer_tensors(L, 0, t);
+    /* a tied head's copy is the embedding's token matrix: stored once, under its name */
+    int tied = L->type == LAYER_LM_HEAD && L->u.lm_head.tied;
     for (int k = 0; k < n; k++) {
         memset(&st[k], 0, sizeof st[k]);
-        snprintf(st[k].name, sizeof st[k].name, "layers.%d.%.60s", l, t[k].name);
+        if (tied)
+            snprintf(st[k].name, sizeof st[k].name, "layers.0.wte.weight");
+        else
+            snprintf(st[k].name, sizeof st[k].name, "layers.%d.%.60s", l, t[k].name);
         st[k].ndim = t[k].cols == 1 ? 1 : 2;
         st[k].shape[0] = t[k].rows;
         st[k].shape[1] = t[k].cols;
@@ -61,6 +66,10 @@ static void add_tensors(st_tensor *t, int *n, const net_desc *net, const float *
     for (int l = 0; l < net->n_layers; l++) {
         const layer_desc *L = &net->layers[l];
         if (!L->weight_count) continue;
+        if (l == net->tied_head) { /* equal to layer 0's token matrix, written there */
+            base += L->weight_count + L->bias_count;
+            continue;
+        }
         size_t off[LAYER_MAX_TENSORS];
         int k = layer_st(L, l, &t[*n], off);
         for (int j = 0; j < k; j++) {

@@ -534,7 +534,9 @@ int net_desc_parse_string(net_desc *net, const char *text, const char *name)
     net->sequence = p.sequence;
     net->blocks = 0;
     net->tied_head = -1;
+    net->stored_count = 0;
     for (int i = 0; i < p.n_layers; i++) {
+        net->stored_count += p.layers[i].weight_count + p.layers[i].bias_count;
         if (p.layers[i].type == LAYER_BLOCK) net->blocks++;
         if (p.layers[i].type == LAYER_LM_HEAD && p.layers[i].u.lm_head.tied) net->tied_head = i;
     }

@@ -55,7 +55,9 @@ typedef struct {
     layer_shape input;
     int n_layers;
     layer_desc *layers; /* owned; layer i is the i-th section after [net] */
-    size_t param_count;
+    size_t param_count; /* distinct parameters (a tied head's copy counted once) */
+    size_t stored_count; /* what the stages hold in all: Σ weight_count + bias_count, the
+                            length of the whole parameter vector gathers and checkpoints use */
     int classes;        /* elements of the last layer's output; a language model's vocabulary
                            (its loss is per position: T predictions of V classes a sample) */
     int sequence;       /* a language model: layer 0 is an [embedding], the input T token ids */

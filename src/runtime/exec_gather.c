@@ -40,7 +40,7 @@ static int gather_array(exec_t *e, const float *local, int mine, float *all, con
     free(displs);
     if (rc) return -1;
     if (!ok) return -1;
-    if (e->rank == 0 && (size_t)total != e->net->param_count)
+    if (e->rank == 0 && (size_t)total != e->net->stored_count)
         return pt_error_set("gathering the %s: another stage could not read its own", what);
     return 0;
 }
@@ -50,7 +50,7 @@ static int gather_array(exec_t *e, const float *local, int mine, float *all, con
 static int reorder_chunks(const exec_t *e, float *all)
 {
     int K = e->size, V = e->V;
-    size_t total = e->net->param_count;
+    size_t total = e->net->stored_count;
     float *tmp = malloc((total ? total : 1) * sizeof *tmp);
     if (!tmp) return pt_error_set("out of memory for the parameters");
     memcpy(tmp, all, total * sizeof *tmp);

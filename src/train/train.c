@@ -364,7 +364,7 @@ static int train_loop(train_run *run, train_results *res)
 static int save_checkpoint(train_run *run)
 {
     float *all = NULL;
-    if (run->rank == 0) all = malloc(run->net.param_count * sizeof *all + 1);
+    if (run->rank == 0) all = malloc(run->net.stored_count * sizeof *all + 1);
     int oom = run->rank == 0 && !all ? pt_error_set("out of memory for the checkpoint") : 0;
     if (train_agree(oom, run->comm, run->o.timeout)) return -1;
     int err = run->replica == 0 ? exec_gather_params(run->ex, all) : 0;

@@ -408,7 +408,7 @@ int train_checkpoint_save(train_run *run, long step)
     const train_options *o = &run->o;
     double t0 = pt_now();
     if (wait_for_writer(run)) return -1;
-    size_t P = run->net.param_count;
+    size_t P = run->net.stored_count;
     int use_m, use_v, root = run->rank == 0;
     moments_used(run, &use_m, &use_v);
     struct ckpt_writer *w = NULL;
