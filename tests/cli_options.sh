@@ -78,8 +78,8 @@ expect_fail "plan without --stages" "give --stages K" \
     "$PIPETRAIN" plan --model "$MODELS/seed-mlp.cfg"
 expect_fail "a value out of range" "--stages 0: must be between 1 and 4096" \
     "$PIPETRAIN" partition --model "$MODELS/seed-mlp.cfg" --stages 0
-expect_fail "a choice" "--optimizer adamw: expected sgd, momentum or adam" \
-    "$PIPETRAIN" train --model "$MODELS/seed-mlp.cfg" --optimizer adamw
+expect_fail "a choice" "--optimizer lamb: expected sgd, momentum, adam or adamw" \
+    "$PIPETRAIN" train --model "$MODELS/seed-mlp.cfg" --optimizer lamb
 expect_fail "an ambiguous prefix" "option --m is ambiguous" \
     "$PIPETRAIN" train --m "$MODELS/seed-mlp.cfg"
 expect_fail "a missing value" "option --model needs a value" "$PIPETRAIN" summary --model

@@ -155,6 +155,10 @@ int kernel_momentum_update_cuda(float *param, float *buf, const float *grad, siz
 int kernel_adam_update_cuda(float *param, float *m, float *v, const float *grad, size_t count,
                             float lr, float beta1, float beta2, float eps, float weight_decay,
                             long step, const kernel_cuda_ctx *ctx);
+/* torch.optim.AdamW: decoupled decay by kernel_adamw_decay_at first (kernel_adamw_update_cpu) */
+int kernel_adamw_update_cuda(float *param, float *m, float *v, const float *grad, size_t count,
+                             float lr, float beta1, float beta2, float eps, float weight_decay,
+                             long step, const kernel_cuda_ctx *ctx);
 
 /* ---- initialisation: U(−bound, bound), the CPU's numbers ---- */
 int kernel_init_uniform_cuda(float *out, size_t count, float bound, uint64_t seed,

@@ -33,8 +33,10 @@ __global__ static void optim_momentum(float *param, float *buf, const float *gra
     }
 }
 
+/* wd: Adam's L2 term (added to the gradient); decay: AdamW's factor 1 − lr·wd, applied to
+ * the parameter first (1: none, as x·1 = x), as optim_adam_core on the CPU. */
 typedef struct {
-    float beta1, beta2, one_m_b1, one_m_b2, eps, wd, neg_step_size, bc2_sqrt;
+    float beta1, beta2, one_m_b1, one_m_b2, eps, wd, decay, neg_step_size, bc2_sqrt;
 } optim_adam_consts;
 
 __global__ static void optim_adam(float *param, float *m, float *v, const float *grad,
@@ -42,7 +44,7 @@ __global__ static void optim_adam(float *param, float *m, float *v, const float 
 {
     CUDA_GRID_STRIDE(i, count)
     {
-        const float p = param[i];
+        const float p = k.decay != 1.0f ? __fmul_rn(param[i], k.decay) : param[i];
         const float g = k.wd != 0.0f ? __fmaf_rn(k.wd, p, grad[i]) : grad[i];
         const float mi = __fmaf_rn(k.one_m_b1, g, __fmul_rn(m[i], k.beta1));
         const float vi = __fmaf_rn(__fmul_rn(k.one_m_b2, g), g, __fmul_rn(v[i], k.beta2));
@@ -92,15 +94,15 @@ extern "C" int kernel_momentum_update_cuda(float *param, float *buf, const float
     return 0;
 }
 
-extern "C" int kernel_adam_update_cuda(float *param, float *m, float *v, const float *grad,
-                                       size_t count, float lr, float beta1, float beta2,
-                                       float eps, float weight_decay, long step,
-                                       const kernel_cuda_ctx *ctx)
+/* Adam (l2 = its weight decay, decay 1) and AdamW (l2 0, decay its factor). */
+static int adam_launch(float *param, float *m, float *v, const float *grad, size_t count,
+                       float lr, float beta1, float beta2, float eps, float l2, float decay,
+                       long step, const char *name, const kernel_cuda_ctx *ctx)
 {
     if (count == 0)
         return 0;
     if (step < 1)
-        return pt_error_set("adam: step %ld, must start at 1", step);
+        return pt_error_set("%s: step %ld, must start at 1", name, step);
     /* the same scalars as the CPU update, computed by the same function */
     const kernel_adam_scalars sc = kernel_adam_scalars_at(lr, beta1, beta2, step);
     optim_adam_consts k;
@@ -109,11 +111,30 @@ extern "C" int kernel_adam_update_cuda(float *param, float *m, float *v, const f
     k.one_m_b1 = sc.one_m_b1;
     k.one_m_b2 = sc.one_m_b2;
     k.eps = eps;
-    k.wd = weight_decay;
+    k.wd = l2;
+    k.decay = decay;
     k.neg_step_size = sc.neg_step_size;
     k.bc2_sqrt = sc.bc2_sqrt;
     optim_adam<<<cuda_grid(count), CUDA_THREADS, 0, ctx->stream>>>(param, m, v, grad, count,
                                                                    k);
     CUDA_CHECK_LAUNCH("optim_adam");
     return 0;
+}
+
+extern "C" int kernel_adam_update_cuda(float *param, float *m, float *v, const float *grad,
+                                       size_t count, float lr, float beta1, float beta2,
+                                       float eps, float weight_decay, long step,
+                                       const kernel_cuda_ctx *ctx)
+{
+    return adam_launch(param, m, v, grad, count, lr, beta1, beta2, eps, weight_decay, 1.0f,
+                       step, "adam", ctx);
+}
+
+extern "C" int kernel_adamw_update_cuda(float *param, float *m, float *v, const float *grad,
+                                        size_t count, float lr, float beta1, float beta2,
+                                        float eps, float weight_decay, long step,
+                                        const kernel_cuda_ctx *ctx)
+{
+    return adam_launch(param, m, v, grad, count, lr, beta1, beta2, eps, 0.0f,
+                       kernel_adamw_decay_at(lr, weight_decay), step, "adamw", ctx);
 }

@@ -56,7 +56,7 @@ typedef struct {
     int operands;         /* positional arguments: exactly this many (0: none allowed) */
 } opt_command;
 
-#define OPT_MAX 64
+#define OPT_MAX 96
 
 typedef struct {
     const opt_command *cmd;

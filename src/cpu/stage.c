@@ -761,6 +761,7 @@ void stage_zero_grad(stage *s)
 int stage_step(stage *s, const optimizer_config *o)
 {
     stage_optim_state st = {.params = s->params, .grads = s->grads, .m = s->opt_m,
-                            .v = s->opt_v, .count = s->plan.param_count, .step = &s->step};
+                            .v = s->opt_v, .count = s->plan.param_count, .step = &s->step,
+                            .plan = &s->plan};
     return stage_optim_step(&optim_kernels_cpu, NULL, &st, o);
 }

@@ -1,5 +1,5 @@
 /* The CUDA engine (src/engine/engine.h): creation, the memory layout, parameters, the CUDA
- * kernel sets, the optimizer step, samples and finish. Forward, backward and the messages
+ * layer kernel set, the optimizer step, samples and finish. Forward, backward and the messages
  * are in engine_cuda_run.c; the state, and how events order the three streams, in
  * engine_cuda_impl.h; the stage's layout and rules, shared with the CPU engine, in
  * src/engine/stage_plan.h. */
@@ -428,8 +428,8 @@ static int cuda_write_state(engine *e, const float *m, const float *v, long upda
 
 /* ----------------------------------------------------------- the CUDA kernel sets ---- */
 
-/* kernels/cuda/kernels_cuda.h as the shared layer loop's device (src/engine/layer_ops.h) and
- * as the shared update's (stage_optim_step); ctx is the engine's kernel_cuda_ctx. */
+/* kernels/cuda/kernels_cuda.h as the shared layer loop's device (src/engine/layer_ops.h);
+ * ctx is the engine's kernel_cuda_ctx. The update's set is in engine_cuda_optim.c. */
 static int cu_dense_forward(void *ctx, float *out, const float *in, const float *w,
                             const float *b, int n, int in_f, int out_f)
 {
@@ -543,27 +543,6 @@ const layer_kernels layer_kernels_cuda = {
     .copy = cu_copy,
 };
 
-static int cu_sgd(void *ctx, float *param, const float *grad, size_t count, float lr,
-                  float weight_decay)
-{
-    return kernel_sgd_update_cuda(param, grad, count, lr, weight_decay, ctx);
-}
-
-static int cu_momentum(void *ctx, float *param, float *buf, const float *grad, size_t count,
-                       float lr, float momentum, float weight_decay)
-{
-    return kernel_momentum_update_cuda(param, buf, grad, count, lr, momentum, weight_decay, ctx);
-}
-
-static int cu_adam(void *ctx, float *param, float *m, float *v, const float *grad, size_t count,
-                   float lr, float beta1, float beta2, float eps, float weight_decay, long step)
-{
-    return kernel_adam_update_cuda(param, m, v, grad, count, lr, beta1, beta2, eps, weight_decay,
-                                   step, ctx);
-}
-
-static const optim_kernels optim_kernels_cuda = {cu_sgd, cu_momentum, cu_adam};
-
 /* ------------------------------------------------------------------ gradients ---- */
 
 int engine_cuda_grads_written(cuda_engine *c, int lo, int hi)
@@ -635,7 +614,8 @@ static int cuda_step(engine *e, const optimizer_config *o, int tick)
     CUDA_CHECK(cudaSetDevice(c->device));
     if (engine_cuda_tick_check(e, tick) || engine_cuda_tick_begin(e, tick)) return -1;
     stage_optim_state st = {.params = c->params, .grads = c->grads, .m = c->opt_m,
-                            .v = c->opt_v, .count = e->param_count, .step = &c->step};
+                            .v = c->opt_v, .count = e->param_count, .step = &c->step,
+                            .plan = &c->plan};
     if (stage_optim_step(&optim_kernels_cuda, &c->ctx, &st, o) || zero_grads(c, e->param_count))
         return -1;
     return engine_cuda_tick_end(e, tick);

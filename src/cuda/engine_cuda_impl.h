@@ -182,6 +182,8 @@ static inline cuda_engine *engine_cuda_impl(engine *e) { return e->impl; }
 /* engine_cuda.c: kernels/cuda/kernels_cuda.h as the shared layer loop's device
  * (src/engine/layer_ops.h); ctx is the engine's kernel_cuda_ctx. */
 extern const layer_kernels layer_kernels_cuda;
+/* engine_cuda_optim.c: the optimizer updates as stage_optim_step's device set. */
+extern const optim_kernels optim_kernels_cuda;
 
 /* engine_cuda.c: helpers of both files. Each returns 0, or −1 with a message. */
 int engine_cuda_check_m(const engine *e, int m, const char *what);

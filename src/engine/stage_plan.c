@@ -578,7 +578,63 @@ static int cpu_adam(void *ctx, float *param, float *m, float *v, const float *gr
     return 0;
 }
 
-const optim_kernels optim_kernels_cpu = {cpu_sgd, cpu_momentum, cpu_adam};
+static int cpu_adamw(void *ctx, float *param, float *m, float *v, const float *grad,
+                     size_t count, float lr, float beta1, float beta2, float eps,
+                     float weight_decay, long step)
+{
+    kernel_adamw_update_cpu(param, m, v, grad, count, lr, beta1, beta2, eps, weight_decay,
+                            step);
+    return 0;
+}
+
+const optim_kernels optim_kernels_cpu = {.sgd = cpu_sgd, .momentum = cpu_momentum,
+                                         .adam = cpu_adam, .adamw = cpu_adamw};
+
+const char *optimizer_kind_name(optimizer_kind k)
+{
+    static const char *const names[] = {"sgd", "momentum", "adam", "adamw"};
+    return (unsigned)k < sizeof names / sizeof *names ? names[k] : "?";
+}
+
+/* AdamW of parameters [a, b) with decay wd (nothing when empty). */
+static int adamw_run(const optim_kernels *k, void *ctx, const stage_optim_state *s,
+                     const optimizer_config *o, long step, size_t a, size_t b, float wd)
+{
+    if (b <= a) return 0;
+    return k->adamw(ctx, s->params + a, s->m + a, s->v + a, s->grads + a, b - a, o->lr,
+                    o->beta1, o->beta2, o->eps, wd, step);
+}
+
+/* AdamW over the stage in maximal runs of one decay: each local layer's leading
+ * layer_decayed_count parameters with o's weight decay, the rest (biases, norms,
+ * embeddings) with none; neighbouring parts of the same decay go in one call. */
+static int adamw_by_layer(const optim_kernels *k, void *ctx, const stage_optim_state *s,
+                          const optimizer_config *o, long step)
+{
+    const stage_plan *p = s->plan;
+    if (!k->adamw) return pt_error_set("AdamW is not available on this device");
+    if (!p || p->param_count != s->count)
+        return pt_error_set("AdamW needs the stage's layers (its plan) to choose what decays");
+    const float decay = o->weight_decay;
+    size_t begin = 0; /* the run under way, [begin, ...) with decay wd */
+    float wd = 0.0f;
+    for (int i = 0; i < p->nl; i++) {
+        size_t off = p->param_off[i], end = stage_plan_param_end(p, i + 1);
+        size_t dec = layer_decayed_count(&p->loc[i]);
+        size_t mid = off + (dec < end - off ? dec : end - off);
+        if (mid > off && wd != decay) { /* [off, mid) decays */
+            if (adamw_run(k, ctx, s, o, step, begin, off, wd)) return -1;
+            begin = off;
+            wd = decay;
+        }
+        if (end > mid && wd != 0.0f) { /* [mid, end) does not */
+            if (adamw_run(k, ctx, s, o, step, begin, mid, wd)) return -1;
+            begin = mid;
+            wd = 0.0f;
+        }
+    }
+    return adamw_run(k, ctx, s, o, step, begin, s->count, wd);
+}
 
 int stage_optim_step(const optim_kernels *k, void *ctx, const stage_optim_state *s,
                      const optimizer_config *o)
@@ -593,6 +649,8 @@ int stage_optim_step(const optim_kernels *k, void *ctx, const stage_optim_state 
     case OPTIM_ADAM:
         return k->adam(ctx, s->params, s->m, s->v, s->grads, s->count, o->lr, o->beta1,
                        o->beta2, o->eps, o->weight_decay, step);
+    case OPTIM_ADAMW:
+        return adamw_by_layer(k, ctx, s, o, step);
     }
     return pt_error_set("unknown optimizer %d", (int)o->kind);
 }

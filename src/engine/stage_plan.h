@@ -24,13 +24,27 @@
 #include "src/model/layer_table.h"
 #include "src/model/shard.h"
 
-typedef enum { OPTIM_SGD = 0, OPTIM_MOMENTUM, OPTIM_ADAM } optimizer_kind;
+typedef enum { OPTIM_SGD = 0, OPTIM_MOMENTUM, OPTIM_ADAM, OPTIM_ADAMW } optimizer_kind;
 
+/* One step's update. lr is the step's (the run's schedule, src/train/lr_schedule.h, gives
+ * it). weight_decay: L2 added to the gradient (sgd, momentum, adam), or AdamW's decoupled
+ * decay of each layer's leading layer_decayed_count parameters (the rest: none).
+ * clip_norm: the executor scales the whole model's gradient to at most this global norm
+ * before the update (torch.nn.utils.clip_grad_norm_; 0: no clipping); engines ignore it. */
 typedef struct {
     optimizer_kind kind;
     float lr, momentum, weight_decay;
     float beta1, beta2, eps;
+    float clip_norm;
 } optimizer_config;
+
+/* "sgd", "momentum", "adam", "adamw" ("?" out of range). */
+const char *optimizer_kind_name(optimizer_kind k);
+/* Adam and AdamW: both moment buffers and a count of the updates (bias correction). */
+static inline int optimizer_is_adam(optimizer_kind k)
+{
+    return k == OPTIM_ADAM || k == OPTIM_ADAMW;
+}
 
 /* Tensor shards (src/model/shard.h): the collectives of the stage's tensor group, given by
  * the executor (the stage itself knows no MPI). Each waits until done; −1 with a message.
@@ -294,6 +308,9 @@ typedef struct {
                     float lr, float momentum, float weight_decay);
     int (*adam)(void *ctx, float *param, float *m, float *v, const float *grad, size_t count,
                 float lr, float beta1, float beta2, float eps, float weight_decay, long step);
+    /* torch.optim.AdamW (kernel_adamw_update_cpu); NULL: the device has none */
+    int (*adamw)(void *ctx, float *param, float *m, float *v, const float *grad, size_t count,
+                 float lr, float beta1, float beta2, float eps, float weight_decay, long step);
 } optim_kernels;
 
 extern const optim_kernels optim_kernels_cpu;
@@ -303,10 +320,14 @@ typedef struct {
     float *params, *grads, *m, *v;
     size_t count;
     long *step;             /* updates taken: the first is 1 (Adam's bias correction) */
+    const stage_plan *plan; /* the stage's layers (AdamW decays each one's leading
+                               layer_decayed_count parameters); not owned */
 } stage_optim_state;
 
-/* One update of every parameter from the gradients. −1 with a message (a failed kernel,
- * an unknown optimizer). */
+/* One update of every parameter from the gradients. AdamW runs per layer in segments
+ * (decayed, then not), which the element-wise update makes bit-identical to one call with
+ * a per-element decay. −1 with a message (a failed kernel, an unknown optimizer, AdamW
+ * without a plan or on a device without it). */
 int stage_optim_step(const optim_kernels *k, void *ctx, const stage_optim_state *s,
                      const optimizer_config *o);
 

@@ -276,6 +276,7 @@ static int start_reductions(exec_t *e)
 int exec_start(exec_t *e)
 {
     if (e->cfg.rep.replicas > 1 && start_reductions(e)) return -1;
+    if (exec_finish_start(e)) return -1;
     /* every rank has its stage */
     if (mpi_wait_allreduce(&(int){0}, 1, MPI_INT, MPI_SUM, e->world, e->cfg.timeout_s)) return -1;
     return e->cfg.trace ? exec_start_trace(e) : 0;
@@ -284,6 +285,7 @@ int exec_start(exec_t *e)
 void exec_free(exec_t *e)
 {
     if (!e) return;
+    exec_finish_free(e);
     for (int v = 0; e->reps && v < e->V; v++) replicas_free(e->reps[v]);
     free(e->reps);
     free(e->rep_base);
@@ -557,14 +559,16 @@ static int op_backward_weight(exec_t *e, const step_run *s, const schedule_op *o
     return end_backward(e, v, m, b);
 }
 
-/* Once every gradient sent has left, each chunk's optimizer step (through its replicas'
- * reductions in hybrid mode); each engine has ticks of its own. */
+/* Once every gradient sent has left, the gradients' finish (the tied head, clipping:
+ * exec_finish.c), then each chunk's optimizer step (through its replicas' reductions in
+ * hybrid mode); each engine has ticks of its own. */
 static int op_optimizer_step(exec_t *e, const step_run *s, int i)
 {
     int M = e->cfg.microbatches;
     for (int q = 0; q < e->V * M; q++)
         if (exec_wait_send(e, &e->req_send_grad[q], "send of the gradient", q % M, e->rank - 1))
             return -1;
+    if (exec_finish_grads(e, s->opt)) return -1;
     for (int w = 0; w < e->V; w++) {
         replicas_t *r = e->reps ? e->reps[w] : NULL;
         if (r ? replicas_step(r, s->opt, i) : engine_step(e->engs[w], s->opt, i)) return -1;
@@ -632,6 +636,7 @@ static int finish_step(exec_t *e, const step_run *s, double t_step, exec_step_re
     e->steps++;
     res->loss_sum = sums[0];
     res->correct = (long)sums[1];
+    res->grad_norm = exec_finish_norm(e);
     if (sums[2] > 0) {
         pt_error_set("the loss is not finite (NaN or infinite) at step %llu: lower the "
                      "learning rate", (unsigned long long)s->step + 1);

@@ -57,6 +57,8 @@ typedef struct {
                               sample, T per sample for a language model (data_model_labels) */
     long correct;          /* labels predicted (first argmax): next tokens for a language
                               model */
+    double grad_norm;      /* the whole model's gradient norm before clipping, on every rank
+                              (optimizer_config.clip_norm > 0), else NAN */
 } exec_step_result;
 
 /* The first global sample id of replica r's micro-batch m (of B/(R·M) samples): replica r
@@ -124,8 +126,11 @@ int exec_stages(const exec_t *e);
  * into its micro-batches: exec_first_sample). next_indices (may be NULL) are the next
  * step's, of next_data (NULL: data; a language model's next batch is another data set):
  * they are loaded once this step is queued, so a GPU copies them in while it computes.
- * step numbers the dropout stream. Fails with a message on a timeout or a non-finite loss
- * (then every rank that can still talk fails too). */
+ * step numbers the dropout stream. opt is the step's update (its lr the schedule's for this
+ * step); before it, a tied head's gradients are summed and, with opt->clip_norm > 0, the
+ * whole model's gradient is clipped (exec_finish.c: then collective over the world, every
+ * rank with the same opt). Fails with a message on a timeout or a non-finite loss (then
+ * every rank that can still talk fails too). */
 int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
                     const dataset *next_data, const int64_t *next_indices, uint64_t seed,
                     uint64_t step, const optimizer_config *opt, exec_step_result *res);

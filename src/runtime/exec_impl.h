@@ -73,6 +73,7 @@ struct exec {
     long steps;
     int inflight, peak_inflight;
     trace_log trace;
+    struct exec_finish *fin; /* the step's gradient finish (exec_finish.c) */
 };
 
 /* Chunk routing of interleaved schedules (schedule/schedule.h): the chunk of the peer
@@ -90,6 +91,18 @@ static inline void exec_counted_once(const exec_t *e, engine_result *r)
     r->loss_sum = 0;
     r->correct = 0;
 }
+
+/* exec_finish.c: the step's gradients between the replicas' reduction and the update. */
+/* Collective over the world (exec_start): the tied head's runs and communicator, and what
+ * this rank's part of the gradient norm counts. */
+int exec_finish_start(exec_t *e);
+void exec_finish_free(exec_t *e);
+/* Before the optimizer step, collective as the step's settings say (every rank the same):
+ * a tied head's two gradients summed into both, then with opt->clip_norm > 0 the whole
+ * model's gradient scaled to at most that norm. */
+int exec_finish_grads(exec_t *e, const optimizer_config *opt);
+/* The last step's gradient norm before clipping; NAN when it was not computed. */
+double exec_finish_norm(const exec_t *e);
 
 /* exec_msg.c. Every wait is polite and gives up after --timeout with a message that names
  * what it waited for. */

@@ -20,6 +20,7 @@
 #include "src/base/output.h"
 #include "src/io/checkpoint.h"
 #include "src/runtime/exec.h"
+#include "src/train/lr_schedule.h"
 #include "src/train/metrics.h"
 #include "src/train/train_checkpoint.h"
 #include "src/train/train_report.h"
@@ -217,6 +218,12 @@ static int metrics_step(train_run *run, long epoch, long step)
         json_object_set_new(line, "loss", json_real(run->metrics_loss / labels));
         json_object_set_new(line, "acc", json_real((double)run->metrics_correct / labels));
         json_object_set_new(line, "samples_per_s", json_real(dt > 0 ? samples / dt : 0));
+        /* the interval's last step: its learning rate and its gradient norm before clipping
+         * (null without --clip-grad-norm) */
+        json_object_set_new(line, "lr", json_real(run->last_lr));
+        json_object_set_new(line, "grad_norm", isfinite(run->last_grad_norm)
+                                                   ? json_real(run->last_grad_norm)
+                                                   : json_null());
         json_object_set_new(line, "stage_compute_s", json_array_of(now, K));
         json_object_set_new(line, "stage_wait_s", json_array_of(now + K, K));
         json_object_set_new(line, "stage_reduce_exposed_s", json_array_of(now + 2 * K, K));
@@ -296,9 +303,12 @@ static int train_epoch(train_run *run, long ep, train_progress *prog, train_resu
             now = run->order;
             next = next ? run->order : NULL;
         }
+        /* the step's learning rate: every rank computes it from the step alone */
+        optimizer_config opt = o->opt;
+        opt.lr = lr_schedule_at(&o->lr_sched, step, run->total_steps);
         exec_step_result r;
         int src = exec_train_step(run->ex, data, now, next_data, next, o->seed, (uint64_t)step,
-                                  &o->opt, &r);
+                                  &opt, &r);
         if (src == EXEC_FAILED_EVERYWHERE) {
             train_progress_clear(prog);
             if (run->rank == 0) fprintf(stderr, "pipetrain: %s\n", pt_error_get());
@@ -316,6 +326,8 @@ static int train_epoch(train_run *run, long ep, train_progress *prog, train_resu
         loss_sum += r.loss_sum;
         correct += r.correct;
         samples += o->batch;
+        run->last_lr = opt.lr;
+        run->last_grad_norm = r.grad_norm;
         int due = train_checkpoint_due(run, res->steps);
         if (due < 0 || (due && train_checkpoint_save(run, res->steps)))
             train_abort_job(run->comm);
@@ -337,6 +349,18 @@ static int train_epoch(train_run *run, long ep, train_progress *prog, train_resu
     train_progress_clear(prog);
     train_report_epoch(run, res, epoch_s, samples, res->steps - (n - s0));
     metrics_epoch(run, res, epoch_s, samples);
+    return 0;
+}
+
+/* The schedule's warm-up against the run's length, known once the data is (every rank
+ * decides the same). */
+static int check_lr_schedule(const train_run *run)
+{
+    const lr_schedule *s = &run->o.lr_sched;
+    if (s->warmup > run->total_steps)
+        return pt_error_set("--lr-warmup %ld is longer than the run's %ld step%s: the learning "
+                            "rate would never reach --lr", s->warmup, run->total_steps,
+                            run->total_steps == 1 ? "" : "s");
     return 0;
 }
 
@@ -448,7 +472,9 @@ int train_main(int argc, char **argv)
     run.last_checkpoint_step = -1;
     run.ckpt_req = MPI_REQUEST_NULL;
     run.ckpt_t_last = pt_now();
-    if (!train_setup_run(&run) && !train_checkpoint_setup(&run) && !metrics_start(&run)) {
+    run.last_grad_norm = NAN;
+    if (!train_setup_run(&run) && !train_agree(check_lr_schedule(&run), run.comm, run.o.timeout) &&
+        !train_checkpoint_setup(&run) && !metrics_start(&run)) {
         train_report_banner(&run);
         rc = PT_EXIT_FAIL;
         if (!train_loop(&run, &res)) rc = finish_run(&run, &res);

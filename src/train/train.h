@@ -69,6 +69,8 @@ typedef struct {
     double metrics_t, metrics_loss;
     long metrics_samples, metrics_correct, metrics_step;
     int metrics_failed;         /* rank 0: a line could not be written (reported once) */
+    float last_lr;              /* the last step's learning rate (the schedule's) */
+    double last_grad_norm;      /* and its gradient norm before clipping (NAN: none) */
     long resumed_from_step;     /* --resume: the checkpoint's step (−1: a fresh start) */
     char resumed_from[4096];    /* and its file */
     long last_checkpoint_step;  /* the step of the last checkpoint written (−1: none) */

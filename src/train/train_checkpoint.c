@@ -50,19 +50,21 @@ static int model_hash(const char *path, char out[17])
 }
 
 /* The options a checkpoint's state depends on: a resumed run must have the same, or it
- * would not continue the same training. (The layout may differ.) */
+ * would not continue the same training. (The layout may differ.) A field that checkpoints
+ * of an earlier version lack stands for `absent` there (NULL: every checkpoint has it). */
 typedef struct {
     const char *key;
     char value[64];
+    const char *absent;
 } meta_field;
 
-enum { N_FIXED = 11 };
+enum { N_FIXED = 15 };
 
 static void fixed_fields(const train_run *run, const char *hash, meta_field *f)
 {
     const train_options *o = &run->o;
     const optimizer_config *c = &o->opt;
-    static const char *const opt_names[] = {"sgd", "momentum", "adam"};
+    memset(f, 0, N_FIXED * sizeof *f);
     int i = 0;
     f[i].key = "model_hash";
     snprintf(f[i++].value, sizeof f->value, "%s", hash);
@@ -73,7 +75,7 @@ static void fixed_fields(const train_run *run, const char *hash, meta_field *f)
     f[i].key = "batch";
     snprintf(f[i++].value, sizeof f->value, "%d", o->batch);
     f[i].key = "optimizer";
-    snprintf(f[i++].value, sizeof f->value, "%s", opt_names[c->kind]);
+    snprintf(f[i++].value, sizeof f->value, "%s", optimizer_kind_name(c->kind));
     f[i].key = "lr";
     snprintf(f[i++].value, sizeof f->value, "%.9g", (double)c->lr);
     f[i].key = "momentum";
@@ -86,6 +88,17 @@ static void fixed_fields(const train_run *run, const char *hash, meta_field *f)
     snprintf(f[i++].value, sizeof f->value, "%.9g", (double)c->eps);
     f[i].key = "weight_decay";
     snprintf(f[i++].value, sizeof f->value, "%.9g", (double)c->weight_decay);
+    /* the schedule and the clip (the run's length may change on resuming: the schedule
+     * then follows the new one) */
+    const lr_schedule *s = &o->lr_sched;
+    f[i].key = "lr_schedule", f[i].absent = "constant";
+    snprintf(f[i++].value, sizeof f->value, "%s", lr_schedule_name(s->kind));
+    f[i].key = "lr_warmup", f[i].absent = "0";
+    snprintf(f[i++].value, sizeof f->value, "%ld", s->warmup);
+    f[i].key = "lr_min", f[i].absent = "0";
+    snprintf(f[i++].value, sizeof f->value, "%.17g", s->lr_min);
+    f[i].key = "clip_grad_norm", f[i].absent = "0";
+    snprintf(f[i++].value, sizeof f->value, "%.9g", (double)c->clip_norm);
 }
 
 /* A language model's data position is (seed, step) in its corpus: the corpus (its digest,
@@ -166,7 +179,7 @@ static int check_counts(const st_file *f, const char *path, const train_run *run
         return pt_error_set("%s: bad epoch '%s' in its metadata (step %ld is in epoch %ld)",
                             path, raw[1], s, per > 0 ? s / per : 0);
     /* one optimizer update per step; plain SGD keeps no count (0) */
-    int counted = run->o.opt.kind == OPTIM_ADAM;
+    int counted = optimizer_is_adam(run->o.opt.kind);
     if (u < 0 || (counted && u != s) || (!counted && u != 0 && u != s))
         return pt_error_set("%s: bad updates '%s' in its metadata (after step %ld: %ld)", path,
                             raw[2], s, s);
@@ -192,6 +205,7 @@ static int check_compatible(const st_file *f, const char *path, void *arg)
     const resume_check *rc = arg;
     for (int i = 0; i < N_FIXED; i++) {
         const char *have = st_meta(f, rc->fixed[i].key);
+        if (!have) have = rc->fixed[i].absent;
         if (!have)
             return pt_error_set("%s: its metadata lacks %s", path, rc->fixed[i].key);
         if (strcmp(have, rc->fixed[i].value) != 0) {
@@ -227,7 +241,7 @@ static void new_run_id(void)
 static void moments_used(const train_run *run, int *m, int *v)
 {
     *m = run->o.opt.kind != OPTIM_SGD;
-    *v = run->o.opt.kind == OPTIM_ADAM;
+    *v = optimizer_is_adam(run->o.opt.kind);
 }
 
 int train_checkpoint_setup(train_run *run)

@@ -20,7 +20,7 @@ enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS
        O_TENSOR, O_TENSOR_MODE, O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT, O_METRICS,
        O_LOG_EVERY, O_CKPT_DIR, O_CKPT_EVERY, O_KEEP, O_RESUME, O_CKPT_MIN, O_CKPT_WRITE,
        O_VIRTUAL, O_RECOMPUTE, O_WGRAD, O_WARMUP, O_TRAIN_IMG, O_TRAIN_LAB, O_TEST_IMG,
-       O_TEST_LAB,
+       O_TEST_LAB, O_BETA1, O_BETA2, O_EPS, O_LR_SCHED, O_LR_WARMUP, O_LR_MIN, O_CLIP,
        /* a language model's text */
        O_TEXT, O_TOKENS, O_TOKENS_RAW, O_VAL_FRACTION, O_EVAL_WINDOWS };
 
@@ -96,14 +96,40 @@ static const opt_spec train_opts[] = {
      .max = BIG, .def = "0", .help = "leave this process's first N steps out of the speed, "
      "bubble and per-stage time figures (they still train)"},
     {.id = O_BATCH, .name = "batch", .shared = 1},
-    {.id = O_OPT, .name = "optimizer", .kind = OPT_CHOICE, .choices = "sgd|momentum|adam",
-     .def = "adam", .help = "the update rule"},
+    {.id = O_OPT, .name = "optimizer", .kind = OPT_CHOICE,
+     .choices = "sgd|momentum|adam|adamw", .def = "adam",
+     .help = "the update rule, as torch.optim's SGD, SGD(momentum), Adam and AdamW"},
     {.id = O_LR, .name = "lr", .kind = OPT_REAL, .arg = "X", .min = 0, .max = 1e6,
-     .def = "0.001", .help = "learning rate"},
+     .def = "0.001", .help = "learning rate (the peak of --lr-schedule)"},
+    {.id = O_LR_SCHED, .name = "lr-schedule", .kind = OPT_CHOICE,
+     .choices = "constant|cosine|linear", .def = "constant",
+     .help = "the learning rate of update s (from 0) of a run of N updates: "
+             "lr*(s+1)/W while s < W (--lr-warmup), then with p = (s-W)/max(1,N-W) clamped "
+             "to [0,1]: constant: lr; cosine: min + 0.5*(1+cos(pi*p))*(lr-min); linear: "
+             "lr - p*(lr-min) (min: --lr-min); in double, rounded to float once; every rank "
+             "computes it, a resumed run continues it"},
+    {.id = O_LR_WARMUP, .name = "lr-warmup", .kind = OPT_INT, .arg = "W", .min = 0,
+     .max = BIG, .def = "0", .help = "steps of linear learning-rate warm-up (at most the run's "
+                                     "steps)"},
+    {.id = O_LR_MIN, .name = "lr-min", .kind = OPT_REAL, .arg = "X", .min = 0, .max = 1e6,
+     .def = "0", .help = "the floor cosine and linear decay to (at most --lr)"},
     {.id = O_MOM, .name = "momentum", .kind = OPT_REAL, .arg = "X", .min = 0, .max = 1,
      .def = "0.9", .help = "for --optimizer momentum"},
+    {.id = O_BETA1, .name = "beta1", .kind = OPT_REAL, .arg = "X", .min = 0, .max = 1,
+     .def = "0.9", .help = "adam, adamw: decay of the first moment (below 1)"},
+    {.id = O_BETA2, .name = "beta2", .kind = OPT_REAL, .arg = "X", .min = 0, .max = 1,
+     .def = "0.999", .help = "adam, adamw: decay of the second moment (below 1)"},
+    {.id = O_EPS, .name = "eps", .kind = OPT_REAL, .arg = "X", .min = 0, .max = 1,
+     .def = "1e-8", .help = "adam, adamw: added to the denominator"},
     {.id = O_WD, .name = "weight-decay", .kind = OPT_REAL, .arg = "X", .min = 0, .max = 1e6,
-     .def = "0", .help = "L2 penalty added to the gradient"},
+     .help = "sgd, momentum, adam: L2 penalty added to the gradient (default 0); adamw: "
+             "decoupled decay p*(1 - lr*X) of the weight matrices only (dense, conv, "
+             "transformer blocks, an untied lm_head; not biases, norms or embeddings), "
+             "default 0.01 as torch's"},
+    {.id = O_CLIP, .name = "clip-grad-norm", .kind = OPT_REAL, .arg = "X", .min = 0,
+     .max = 1e9, .help = "scale the step's gradient to a global L2 norm of at most X "
+                         "(torch.nn.utils.clip_grad_norm_ over the whole model, every stage, "
+                         "shard and replica) before the update"},
     {.id = O_SEED, .name = "seed", .kind = OPT_INT, .arg = "N", .min = 0, .max = BIG,
      .def = "0", .help = "initialisation, shuffling and dropout"},
     {.id = O_SHUFFLE, .name = "shuffle", .kind = OPT_CHOICE, .choices = "on|off", .def = "on",
@@ -208,7 +234,9 @@ static int read_fault(train_options *o, const opt_parser *p, int id)
  * −1 with a message for a value the table cannot check. */
 static int read_option(train_options *o, const opt_parser *p, int id)
 {
-    static const optimizer_kind optimizers[] = {OPTIM_SGD, OPTIM_MOMENTUM, OPTIM_ADAM};
+    static const optimizer_kind optimizers[] = {OPTIM_SGD, OPTIM_MOMENTUM, OPTIM_ADAM,
+                                                OPTIM_ADAMW};
+    static const lr_schedule_kind schedules[] = {LR_CONSTANT, LR_COSINE, LR_LINEAR};
     static const engine_device devices[] = {ENGINE_CPU, ENGINE_CUDA};
     static const char *const binds[] = {"auto", "core", "none"};
     static const reduce_method methods[] = {REDUCE_ALLREDUCE, REDUCE_REDUCE_BCAST,
@@ -250,9 +278,19 @@ static int read_option(train_options *o, const opt_parser *p, int id)
         break;
     case O_BATCH: o->batch = (int)p->num; break;
     case O_OPT: o->opt.kind = optimizers[p->choice]; break;
-    case O_LR: o->opt.lr = (float)p->real; break;
+    case O_LR:
+        o->opt.lr = (float)p->real;
+        o->lr_sched.lr = p->real; /* the decimal as written: the schedule works in double */
+        break;
+    case O_LR_SCHED: o->lr_sched.kind = schedules[p->choice]; break;
+    case O_LR_WARMUP: o->lr_sched.warmup = p->num; break;
+    case O_LR_MIN: o->lr_sched.lr_min = p->real; break;
     case O_MOM: o->opt.momentum = (float)p->real; break;
+    case O_BETA1: o->opt.beta1 = (float)p->real; break;
+    case O_BETA2: o->opt.beta2 = (float)p->real; break;
+    case O_EPS: o->opt.eps = (float)p->real; break;
     case O_WD: o->opt.weight_decay = (float)p->real; break;
+    case O_CLIP: o->opt.clip_norm = (float)p->real; break;
     case O_SEED: o->seed = (unsigned long long)p->num; break;
     case O_SHUFFLE: o->shuffle = p->choice == 0; break;
     /* parallelism */
@@ -311,6 +349,27 @@ static int check_data_files(const train_options *o, const opt_parser *p)
     return 0;
 }
 
+/* The optimizer's and the schedule's rules beyond the table's ranges; AdamW's default decay
+ * (torch's 0.01). The warm-up against the run's length is checked once that is known
+ * (train.c). */
+static int check_optimizer(train_options *o, const opt_parser *p)
+{
+    if (o->opt.kind == OPTIM_ADAMW && !opt_given(p, O_WD)) o->opt.weight_decay = 0.01f;
+    if (!(o->opt.beta1 < 1) || !(o->opt.beta2 < 1))
+        return opt_error(p, "--beta1 %g, --beta2 %g: each must be below 1", (double)o->opt.beta1,
+                         (double)o->opt.beta2);
+    if (opt_given(p, O_CLIP) && !(o->opt.clip_norm > 0))
+        return opt_error(p, "--clip-grad-norm %g: the largest norm must be positive",
+                         (double)o->opt.clip_norm);
+    if (opt_given(p, O_LR_MIN) && o->lr_sched.kind == LR_CONSTANT)
+        return opt_error(p, "--lr-min is the floor of --lr-schedule cosine or linear, not of "
+                         "constant");
+    if (o->lr_sched.lr_min > o->lr_sched.lr)
+        return opt_error(p, "--lr-min %g is above --lr %g: the schedule decays from --lr to it",
+                         o->lr_sched.lr_min, o->lr_sched.lr);
+    return 0;
+}
+
 /* A language model's text: one source, instead of --data's images; the options of image
  * data sets have no meaning for it, and its own none for images. */
 static int check_text_options(train_options *o, const opt_parser *p)
@@ -353,7 +412,7 @@ static int check_text_options(train_options *o, const opt_parser *p)
 static int check_options(train_options *o, const opt_parser *p)
 {
     o->epochs_given = opt_given(p, O_EPOCHS);
-    if (check_text_options(o, p) || check_data_files(o, p))
+    if (check_text_options(o, p) || check_data_files(o, p) || check_optimizer(o, p))
         return -1;
     if (!(o->bucket_mb > 0))
         return opt_error(p, "--bucket-mb %g: must be positive", o->bucket_mb);
@@ -391,6 +450,7 @@ int train_options_parse(train_options *o, int argc, char **argv)
     *o = (train_options){
         .steps = -1, .train_samples = -1, .test_samples = -1,
         .opt = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
+        .lr_sched = {.kind = LR_CONSTANT, .lr = 0.001},
         .stall_rank = -1, .stall_step = -1, .skip_bucket = -1, .tensor = 1,
     };
     opt_parser p;

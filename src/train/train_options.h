@@ -9,6 +9,7 @@
 #include "src/model/shard.h"
 #include "src/base/mpi_wait.h"
 #include "src/reduce/reduce.h"
+#include "src/train/lr_schedule.h"
 
 #define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"
 /* --data's value that names the built-in text corpus */
@@ -38,7 +39,8 @@ typedef struct {
     int warmup_alias;    /* the deprecated --warmup named them (a warning on rank 0) */
     double timeout;
     unsigned long long seed;
-    optimizer_config opt;
+    optimizer_config opt; /* opt.lr: --lr as a float; opt.clip_norm: --clip-grad-norm */
+    lr_schedule lr_sched; /* --lr (the decimal), --lr-schedule, --lr-warmup, --lr-min */
     int stall_rank, kill; /* testing: stop responding, or another fault (EXEC_STALL_*) */
     long stall_step;
     int ready_delay; /* testing: outgoing messages become ready late, as after a GPU copy */

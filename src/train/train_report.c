@@ -25,10 +25,7 @@
 #error "PT_GIT_COMMIT must be defined by the build (CMakeLists.txt)"
 #endif
 
-static const char *optimizer_name(optimizer_kind k)
-{
-    return k == OPTIM_SGD ? "sgd" : k == OPTIM_MOMENTUM ? "momentum" : "adam";
-}
+static const char *optimizer_name(optimizer_kind k) { return optimizer_kind_name(k); }
 
 /* ---- banner and epoch lines ---- */
 
@@ -91,7 +88,12 @@ void train_report_banner(const train_run *run)
                run->device_messages ? "device-memory" : "host-staged");
     else
         printf("%d thread%s per rank", o->threads, o->threads > 1 ? "s" : "");
-    printf("; %s lr %g\n", optimizer_name(o->opt.kind), (double)o->opt.lr);
+    printf("; %s lr %g", optimizer_name(o->opt.kind), (double)o->opt.lr);
+    if (o->lr_sched.kind != LR_CONSTANT || o->lr_sched.warmup)
+        printf(" (%s, warm-up %ld, min %g)", lr_schedule_name(o->lr_sched.kind),
+               o->lr_sched.warmup, o->lr_sched.lr_min);
+    if (o->opt.clip_norm > 0) printf(", gradient norm clipped to %g", (double)o->opt.clip_norm);
+    printf("\n");
     if ((o->stages > 1 || o->replicas > 1) && o->microbatches <= 16) {
         printf("schedule (unit-time timeline, F = forward, B = backward%s):\n",
                o->replicas > 1 ? ", A = reduction, W = waiting for one" : "");
@@ -527,7 +529,11 @@ static json_t *run_json(const train_run *run)
         {"batch", json_integer(o->batch)},
         {"optimizer", json_string(optimizer_name(o->opt.kind))},
         {"lr", json_float(o->opt.lr)},
+        {"lr_schedule", json_string(lr_schedule_name(o->lr_sched.kind))},
+        {"lr_warmup", json_integer(o->lr_sched.warmup)},
+        {"lr_min", json_number(o->lr_sched.lr_min)},
         {"weight_decay", json_float(o->opt.weight_decay)},
+        {"clip_grad_norm", o->opt.clip_norm > 0 ? json_float(o->opt.clip_norm) : json_null()},
         {"warmup", json_integer(o->untimed_steps)}, /* the old name, kept for readers */
         {"untimed_steps", json_integer(o->untimed_steps)},
         {"total_steps", json_integer(run->total_steps)},

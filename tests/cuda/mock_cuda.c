@@ -622,6 +622,18 @@ int kernel_adam_update_cuda(float *param, float *m, float *v, const float *grad,
     o->f[0] = lr; o->f[1] = beta1; o->f[2] = beta2; o->f[3] = eps; o->f[4] = weight_decay; o->l = step;
     DONE();
 }
+static void r_adamw(op *o) { kernel_adamw_update_cpu(o->p[0], o->p[1], o->p[2], o->p[3], o->z[0], o->f[0], o->f[1], o->f[2], o->f[3], o->f[4], o->l); }
+int kernel_adamw_update_cuda(float *param, float *m, float *v, const float *grad, size_t count,
+                             float lr, float beta1, float beta2, float eps, float weight_decay,
+                             long step, const kernel_cuda_ctx *ctx)
+{
+    need_dev(param, "param"); need_dev(m, "m"); need_dev(v, "v"); need_dev(grad, "grad");
+    if (count && step < 1) return pt_error_set("adamw: step %ld, must start at 1", step);
+    KOP(r_adamw);
+    o->p[0] = param; o->p[1] = m; o->p[2] = v; o->p[3] = (void *)grad; o->z[0] = count;
+    o->f[0] = lr; o->f[1] = beta1; o->f[2] = beta2; o->f[3] = eps; o->f[4] = weight_decay; o->l = step;
+    DONE();
+}
 static void r_init(op *o) { kernel_init_uniform_range_cpu(o->p[0], o->z[0], o->z[1], o->f[0], o->u[0], o->u[1]); }
 int kernel_init_uniform_range_cuda(float *out, size_t first, size_t count, float bound,
                                    uint64_t seed, uint64_t stream, const kernel_cuda_ctx *ctx)

@@ -341,12 +341,13 @@ static void test_xent(int n, int classes, int variant)
     free_case();
 }
 
-enum { OPTIM_SGD, OPTIM_MOMENTUM, OPTIM_ADAM };
+enum { OPTIM_SGD, OPTIM_MOMENTUM, OPTIM_ADAM, OPTIM_ADAMW };
 
 /* Three steps on fresh gradients, from the same parameters; state compared bit for bit. */
 static void test_optim(int kind, size_t count, float wd)
 {
-    static const char *names[] = {"sgd_update", "momentum_update", "adam_update"};
+    static const char *names[] = {"sgd_update", "momentum_update", "adam_update",
+                                  "adamw_update"};
     char shape[64];
     snprintf(shape, sizeof shape, "count=%zu wd=%g", count, (double)wd);
     const size_t bytes = count * sizeof(float);
@@ -366,20 +367,26 @@ static void test_optim(int kind, size_t count, float wd)
         } else if (kind == OPTIM_MOMENTUM) {
             kernel_momentum_update_cpu(param, m, grad, count, 0.05f, 0.9f, wd);
             rc = kernel_momentum_update_cuda(d_param, d_m, d_grad, count, 0.05f, 0.9f, wd, &ctx);
-        } else {
+        } else if (kind == OPTIM_ADAM) {
             kernel_adam_update_cpu(param, m, v, grad, count, 1e-3f, 0.9f, 0.999f, 1e-8f, wd,
                                    step);
             rc = kernel_adam_update_cuda(d_param, d_m, d_v, d_grad, count, 1e-3f, 0.9f, 0.999f,
                                          1e-8f, wd, step, &ctx);
+        } else {
+            kernel_adamw_update_cpu(param, m, v, grad, count, 1e-3f, 0.9f, 0.95f, 1e-8f, wd,
+                                    step);
+            rc = kernel_adamw_update_cuda(d_param, d_m, d_v, d_grad, count, 1e-3f, 0.9f, 0.95f,
+                                          1e-8f, wd, step, &ctx);
         }
         ok = call_ok(names[kind], shape, rc);
     }
     if (ok) {
         check_exact(names[kind], shape, fetch_f(d_param, count), param, count);
+        int adam = kind == OPTIM_ADAM || kind == OPTIM_ADAMW;
         if (kind != OPTIM_SGD)
-            check_exact(kind == OPTIM_ADAM ? "adam_update m" : "momentum_update buf", shape,
+            check_exact(adam ? "adam_update m" : "momentum_update buf", shape,
                         fetch_f(d_m, count), m, count);
-        if (kind == OPTIM_ADAM)
+        if (adam)
             check_exact("adam_update v", shape, fetch_f(d_v, count), v, count);
     }
     free_case();
@@ -626,6 +633,8 @@ static void run_gpu_cases(int devices)
         test_optim(OPTIM_MOMENTUM, counts[i], 5e-4f);
         test_optim(OPTIM_ADAM, counts[i], 0.0f);
         test_optim(OPTIM_ADAM, counts[i], 1e-2f);
+        test_optim(OPTIM_ADAMW, counts[i], 0.0f);
+        test_optim(OPTIM_ADAMW, counts[i], 0.1f);
     }
     test_init(1, 0.5f, 2024, rng_stream_init(0, 0));
     test_init(5, 0.1f, 2024, rng_stream_init(0, 1));

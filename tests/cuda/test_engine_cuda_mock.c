@@ -72,7 +72,7 @@ static engine_config config(const net_desc *net, int first, int last, int dm, in
     return c;
 }
 
-static const optimizer_config adam = {OPTIM_ADAM, 1e-2f, 0.9f, 0.0f, 0.9f, 0.999f, 1e-8f};
+static const optimizer_config adam = {OPTIM_ADAM, 1e-2f, 0.9f, 0.0f, 0.9f, 0.999f, 1e-8f, 0.0f};
 static const optimizer_config sgd = {.kind = OPTIM_SGD, .lr = 5e-2f};
 
 /* How backward runs (engine.h: backward_range): 0 engine_backward; 1 one range per local
