@@ -2,8 +2,9 @@
 # The GPT-2-style model files (issue 24, the model-file half): summary prints the parameter
 # count each file's header comment states (124,439,808 for gpt2-small), partition by params
 # and uniform cut between the embedding, the blocks and the head (a tied head's copy
-# counted where it lives), partition by time and plan profile the layers, and tensor shards
-# of a transformer are refused with exit 2.
+# counted where it lives), partition by time and plan profile the layers, and plan cuts
+# the blocks by heads over tensor shards (refused with exit 2 where the heads are not a
+# multiple of --tensor).
 source "$(dirname "$0")/lib/common.bash"
 
 for m in gpt-nano gpt-mini gpt2-small; do
@@ -48,13 +49,20 @@ for cmd in "partition --stages 2 --partition time" "plan --stages 2"; do
     fi
 done
 
-# What is not built yet is refused with exit 2 and a message: tensor shards of a transformer.
+# Tensor shards of a transformer: each block cut by heads; gpt-nano's 2 heads do not cut 4 ways.
 rc=0
-timeout 60 "$PIPETRAIN" plan "${NANO[@]}" --stages 1 --tensor 2 >"$WORK/out" 2>"$WORK/err" || rc=$?
-if [ "$rc" -eq 2 ] && grep -q "tensor shards of transformer language models are not built yet" \
-    "$WORK/err"; then
-    pass "plan --tensor 2 gpt-nano: exit 2, $(head -n 1 "$WORK/err")"
+timeout 120 "$PIPETRAIN" plan "${NANO[@]}" --stages 1 --tensor 2 >"$WORK/out" 2>"$WORK/err" || rc=$?
+if [ "$rc" -eq 0 ] && grep -q "block *heads *whole *whole" "$WORK/out"; then
+    pass "plan --tensor 2 gpt-nano: blocks cut by heads"
 else
     failed "plan --tensor 2 gpt-nano: exit $rc: $(head -c 300 "$WORK/err")"
+fi
+rc=0
+timeout 60 "$PIPETRAIN" plan "${NANO[@]}" --stages 1 --tensor 4 >"$WORK/out" 2>"$WORK/err" || rc=$?
+if [ "$rc" -eq 2 ] && grep -q "layer 2 (block, line 18) has 2 heads and hidden 128: it cannot be cut into 4 tensor shards" \
+    "$WORK/err"; then
+    pass "plan --tensor 4 gpt-nano: exit 2, $(head -n 1 "$WORK/err")"
+else
+    failed "plan --tensor 4 gpt-nano: exit $rc: $(head -c 300 "$WORK/err")"
 fi
 finish

@@ -59,7 +59,8 @@ static const opt_spec opt_shared[] = {
     {.name = "tensor-mode", .kind = OPT_CHOICE, .choices = "megatron|gather",
      .def = "megatron", .help = "megatron: layers split by outputs then by inputs in turn, one "
                                 "all-reduce per pair; gather: every layer split by outputs, "
-                                "its output all-gathered"},
+                                "its output all-gathered (a language model, either way: "
+                                "blocks by heads, the embedding, head and loss by vocabulary)"},
     {.name = "batch", .letter = 'b', .kind = OPT_INT, .arg = "N", .min = 1, .max = 1 << 20,
      .def = "128", .help = "samples per optimizer step (all replicas together)"},
     {.name = "schedule", .letter = 's', .kind = OPT_TEXT, .arg = "NAME", .def = "1f1b",

@@ -182,11 +182,12 @@ static int cpu_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, in
     if (!y) return -1;
     if (c->last_stage) {
         int ok = 0;
-        /* a row of scores per label: a language model's n·T positions */
-        double l = kernel_softmax_xent_cpu(training ? c->grad_in[m] : NULL, &ok, y, c->labels[m],
-                                           n * data_model_labels(e->cfg.net),
-                                           e->cfg.net->classes,
-                                           engine_loss_scale(&e->cfg, training));
+        /* a row of scores per label: a language model's n·T positions (with tensor shards
+         * perhaps this rank's tokens of each: the stage computes the loss with its group) */
+        double l = stage_loss(&c->st, y, training ? c->grad_in[m] : NULL, &ok, c->labels[m],
+                              n * data_model_labels(e->cfg.net),
+                              engine_loss_scale(&e->cfg, training));
+        if (stage_tensor_failed(&c->st)) return -1;
         if (!isfinite(l)) c->sums.nonfinite = 1;
         c->sums.loss_sum += l;
         c->sums.correct += ok;

@@ -82,7 +82,9 @@ static stage_bytes bytes_of(const stage_sizes *z, int threads, int groups, int c
         .workers = (size_t)threads *
                    (stage_round_up(z->work_floats * sizeof(float)) +
                     2 * stage_round_up(z->widest * chunk * sizeof(float))) +
-                   (tp ? 4 * wide : 0), /* tp_buf, tp_din, tp_dout, carry */
+                   (tp ? 4 * wide + /* tp_buf, tp_din, tp_dout, carry; tp_inner */
+                             stage_round_up((size_t)max_batch * z->phase_floats * sizeof(float))
+                       : 0),
         .slot = z->slot_bytes,
     };
     return b;
@@ -101,7 +103,9 @@ stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int m
     int chunk = chunk_of(chunk_max, chunk_min, groups, max_batch);
     stage_shape sh = cpu_shape(net, first, last, max_batch, chunk, tp, t);
     stage_sizes z = stage_plan_sizes(&sh);
-    return bytes_of(&z, threads, groups, chunk, max_batch, tp && tp->T > 1);
+    stage_bytes b = bytes_of(&z, threads, groups, chunk, max_batch, tp && tp->T > 1);
+    b.workers += stage_round_up(stage_loss_floats(net, last, max_batch, tp) * sizeof(float));
+    return b;
 }
 
 /* params | grads | m | v; each block rounded so every block stays aligned */
@@ -135,6 +139,11 @@ static int alloc_workers(stage *s, int chunk)
     s->tp_din = stage_alloc_zeroed(bytes);
     s->tp_dout = stage_alloc_zeroed(bytes);
     s->carry = stage_alloc_zeroed(bytes);
+    if (p->phase_floats &&
+        !(s->tp_inner = stage_alloc_zeroed((size_t)p->max_batch * p->phase_floats * sizeof(float))))
+        return -1;
+    size_t loss = stage_loss_floats(p->net, p->last, p->max_batch, p->tp);
+    if (loss && !(s->tp_loss = stage_alloc_zeroed(loss * sizeof(float)))) return -1;
     return s->tp_buf && s->tp_din && s->tp_dout && s->carry ? 0 : -1;
 }
 
@@ -166,6 +175,10 @@ static int alloc_slots(stage *s)
         sl->layers = s->slot_layers + (size_t)k * p->nl;
         sl->whole_out = stage_plan_carve_slot(p, (char *)s->slot_memory + k * p->slot_bytes,
                                               sl->layers);
+        /* a layer in phases keeps its inner gradients between them: one backward runs at a
+         * time, so every slot shares one store (the split backward gives each its own) */
+        for (int i = 0; i < p->nl; i++)
+            if (stage_plan_phases(p, i) > 1) sl->layers[i].gout = s->tp_inner;
     }
     return 0;
 }
@@ -232,6 +245,8 @@ void stage_free(stage *s)
     free(s->tp_buf);
     free(s->tp_din);
     free(s->tp_dout);
+    free(s->tp_inner);
+    free(s->tp_loss);
     pool_free(s->pool);
     stage_plan_free(&s->plan);
     memset(s, 0, sizeof *s);
@@ -299,6 +314,7 @@ typedef struct {
     const float *dout;
     float *din;
     int lo, hi; /* local layers [lo, hi) */
+    int from, to; /* their phases (layer_run's) */
     int parts;  /* backward: LAYER_BW_INPUT and/or LAYER_BW_WEIGHT */
     int zero0;  /* backward: group 0 (mb_grads) is zeroed by its worker first */
 } chunk_job;
@@ -338,14 +354,15 @@ static layer_run chunk_run(const stage *s, stage_worker *wk, stage_chunk_io *io,
     return r;
 }
 
-static void forward_chunk(const stage *s, stage_worker *wk, const stage_slot *sl, int off, int n,
-                          const int64_t *ids, uint64_t seed, uint64_t step, int lo, int hi)
+static void forward_chunk(const stage *s, stage_worker *wk, const chunk_job *j, int off, int n)
 {
-    stage_chunk_io io = {.s = s, .sl = sl, .off = (size_t)off, .ids = ids};
+    stage_chunk_io io = {.s = s, .sl = j->sl, .off = (size_t)off, .ids = j->ids};
     layer_run r = chunk_run(s, wk, &io, n);
-    r.seed = seed;
-    r.step = step;
-    (void)layer_run_forward(&r, lo, hi); /* the CPU's kernels cannot fail */
+    r.seed = j->seed;
+    r.step = j->step;
+    r.from = j->from;
+    r.to = j->to;
+    (void)layer_run_forward(&r, j->lo, j->hi); /* the CPU's kernels cannot fail */
 }
 
 /* Chunk c belongs to group c mod G; worker t runs groups t, t+T, ..., each group's chunks
@@ -358,8 +375,7 @@ static void forward_worker(void *arg, int t)
     const stage *s = j->s;
     for (int g = t; g < s->groups; g += s->threads)
         for (int off = g * j->chunk; off < j->n; off += s->groups * j->chunk)
-            forward_chunk(s, &s->workers[t], j->sl, off, chunk_len(j, off), j->ids, j->seed,
-                          j->step, j->lo, j->hi);
+            forward_chunk(s, &s->workers[t], j, off, chunk_len(j, off));
 }
 
 /* W alone for local layers [lo, hi) of one chunk, from the output gradients B kept. */
@@ -371,26 +387,29 @@ static void weight_chunk(const stage *s, stage_worker *wk, float *grads, const s
     (void)layer_run_weight(&r, lo, hi);
 }
 
-/* Local layers [lo, hi) of one chunk, from the gradient of layer hi − 1's output (dout's
- * rows, or the rows the range above left in the carry). Below lo > 0 the gradient is left
- * in the carry, in the chunk's own rows off · widest: chunks never share carry memory.
- * parts: LAYER_BW_BOTH, or LAYER_BW_INPUT alone (the split backward's B, which keeps each
+/* Local layers [lo, hi) of one chunk (phases from, to), from the gradient of layer
+ * hi − 1's output (dout's rows, or the rows the range above left in the carry). Below
+ * lo > 0, or inside layer lo (to > 0: its partial gradient), the gradient is left in the
+ * carry, in the chunk's own rows off · widest: chunks never share carry memory. parts:
+ * LAYER_BW_BOTH, or LAYER_BW_INPUT alone (the split backward's B, which keeps each
  * parameter layer's output gradient in the slot for W). Batched dense layers stash their
  * rows. */
-static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const stage_slot *sl,
-                           int off, int n, int lo, int hi, const float *dout, float *din,
-                           int parts)
+static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const chunk_job *j,
+                           int off, int n, const float *dout, float *din)
 {
-    if (parts == LAYER_BW_WEIGHT) {
-        weight_chunk(s, wk, grads, sl, off, n, lo, hi);
+    int lo = j->lo, hi = j->hi;
+    if (j->parts == LAYER_BW_WEIGHT) {
+        weight_chunk(s, wk, grads, j->sl, off, n, lo, hi);
         return;
     }
     const float *g = dout;
     int gi = -1; /* which scratch buffer g lives in, −1 for the caller's */
-    stage_chunk_io io = {.s = s, .sl = sl, .off = (size_t)off, .grads = grads};
+    stage_chunk_io io = {.s = s, .sl = j->sl, .off = (size_t)off, .grads = grads};
     layer_run r = chunk_run(s, wk, &io, n);
-    (void)layer_run_backward(&r, lo, hi, &g, &gi, wk->scratch, din, parts);
-    if (lo > 0) {
+    r.from = j->from;
+    r.to = j->to;
+    (void)layer_run_backward(&r, lo, hi, &g, &gi, wk->scratch, din, j->parts);
+    if (lo > 0 || j->to) {
         /* g is the carry itself only when every layer of the range passed it through */
         float *carry = s->carry + (size_t)off * s->plan.widest;
         size_t count = layer_shape_count(s->plan.loc[lo].in);
@@ -400,6 +419,10 @@ static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const
 
 enum { MAX_RUNS = 64 };
 
+/* The first local layer whose parameter gradients a backward job forms: a layer in phases
+ * forms them in its last, so not layer lo when the job stops inside it. */
+static int formed_from(const chunk_job *j) { return j->lo + (j->to != 0); }
+
 static void backward_worker(void *arg, int t)
 {
     chunk_job *j = arg;
@@ -407,21 +430,22 @@ static void backward_worker(void *arg, int t)
     const stage_plan *p = &s->plan;
     size_t in_count = layer_shape_count(p->loc[0].in),
            out_count = layer_shape_count(p->loc[p->nl - 1].out);
-    int top = j->hi == p->nl; /* the gradient comes from dout, else the carry */
+    /* the gradient comes from dout, else the carry */
+    int top = j->hi == p->nl && !j->from;
     size_t runs[MAX_RUNS][2];
-    int nr = j->parts & LAYER_BW_WEIGHT ? stage_plan_grad_runs(p, j->lo, j->hi, runs, MAX_RUNS)
-                                        : 0;
+    int nr = j->parts & LAYER_BW_WEIGHT
+                 ? stage_plan_grad_runs(p, formed_from(j), j->hi, runs, MAX_RUNS)
+                 : 0;
     for (int g = t; g < s->groups && g * j->chunk < j->n; g += s->threads) {
         if (g > 0 || j->zero0)
             for (int r = 0; r < nr; r++)
                 memset(s->group_grads[g] + runs[r][0], 0,
                        (runs[r][1] - runs[r][0]) * sizeof(float));
         for (int off = g * j->chunk; off < j->n; off += s->groups * j->chunk)
-            backward_chunk(s, &s->workers[t], s->group_grads[g], j->sl, off, chunk_len(j, off),
-                           j->lo, j->hi,
+            backward_chunk(s, &s->workers[t], s->group_grads[g], j, off, chunk_len(j, off),
                            top ? j->dout + (size_t)off * out_count
                                : s->carry + (size_t)off * p->widest,
-                           j->din ? j->din + (size_t)off * in_count : NULL, j->parts);
+                           j->din ? j->din + (size_t)off * in_count : NULL);
     }
 }
 
@@ -463,21 +487,22 @@ static void reduce_worker(void *arg, int t)
     }
 }
 
-/* Local layers [lo, hi) of the slot's micro-batch: the chunks' gradient groups of those
- * layers' parameters are zeroed, formed and summed into the target of the shared rule
+/* Local layers [lo, hi) of the slot's micro-batch, their phases [from of hi − 1, to of lo)
+ * (0 and 0: whole layers): the chunks' gradient groups of the parameters of the layers
+ * that end in it are zeroed, formed and summed into the target of the shared rule
  * (stage_plan_grad_target; a piece is zeroed here, mb_grads by group 0's worker). */
-static void backward_span_local(stage *s, int slot, int lo, int hi, const float *dout,
-                                float *din, float *grads, int parts)
+static void backward_span_local(stage *s, int slot, int lo, int hi, int from, int to,
+                                const float *dout, float *din, float *grads, int parts)
 {
     stage_slot *sl = &s->slots[slot];
     chunk_job j = {.s = s, .sl = sl, .n = sl->n, .chunk = stage_chunk(s, sl->n), .dout = dout,
-                   .din = din, .lo = lo, .hi = hi, .parts = parts};
+                   .din = din, .lo = lo, .hi = hi, .from = from, .to = to, .parts = parts};
     if (!(parts & LAYER_BW_WEIGHT)) {
         pool_run(s->pool, backward_worker, &j);
         return;
     }
     size_t runs[MAX_RUNS][2];
-    int nr = stage_plan_grad_runs(&s->plan, lo, hi, runs, MAX_RUNS);
+    int nr = stage_plan_grad_runs(&s->plan, formed_from(&j), hi, runs, MAX_RUNS);
     stage_grad_target t = stage_plan_grad_target(&s->plan, s->grads, s->mb_grads, grads);
     for (int r = 0; t.apart && !t.add_to && r < nr; r++)
         memset(t.form + runs[r][0], 0, (runs[r][1] - runs[r][0]) * sizeof(float));
@@ -490,7 +515,7 @@ static void backward_span_local(stage *s, int slot, int lo, int hi, const float 
                         .begin = runs[k][0], .end = runs[k][1]};
         pool_run(s->pool, reduce_worker, &r);
     }
-    stage_plan_grads_formed(&s->plan, lo, grads);
+    stage_plan_grads_formed(&s->plan, formed_from(&j), grads);
 }
 
 /* ---- tensor shards: the CPU's side of the shared runs (src/engine/stage_plan.h) ---- */
@@ -505,22 +530,34 @@ typedef struct {
     int parts;
 } stage_pass;
 
-static int tp_forward_run(void *self, int lo, int hi)
+static int tp_forward_phases(void *self, int lo, int hi, int from, int to)
 {
     stage_pass *ps = self;
     stage *s = ps->s;
     stage_slot *sl = &s->slots[ps->slot];
     chunk_job j = {.s = s, .sl = sl, .n = sl->n, .chunk = stage_chunk(s, sl->n), .ids = ps->ids,
-                   .seed = ps->seed, .step = ps->step, .lo = lo, .hi = hi};
+                   .seed = ps->seed, .step = ps->step, .lo = lo, .hi = hi, .from = from,
+                   .to = to};
     pool_run(s->pool, forward_worker, &j);
+    return 0;
+}
+
+static int tp_forward_run(void *self, int lo, int hi)
+{
+    return tp_forward_phases(self, lo, hi, 0, 0);
+}
+
+static int tp_backward_phases(void *self, int lo, int hi, int from, int to, const float *dout,
+                              float *din)
+{
+    stage_pass *ps = self;
+    backward_span_local(ps->s, ps->slot, lo, hi, from, to, dout, din, ps->grads, ps->parts);
     return 0;
 }
 
 static int tp_backward_run(void *self, int lo, int hi, const float *dout, float *din)
 {
-    stage_pass *ps = self;
-    backward_span_local(ps->s, ps->slot, lo, hi, dout, din, ps->grads, ps->parts);
-    return 0;
+    return tp_backward_phases(self, lo, hi, 0, 0, dout, din);
 }
 
 static int tp_allreduce(void *self, float *buf, size_t n)
@@ -628,6 +665,8 @@ static const stage_tensor_ops tensor_ops_cpu = {
     .slice = tp_slice,
     .finish = tp_finish,
     .reduce_carry = tp_reduce_carry,
+    .forward_phases = tp_forward_phases,
+    .backward_phases = tp_backward_phases,
 };
 
 static stage_tensor_run tensor_run(stage *s, stage_pass *ps)
@@ -657,7 +696,7 @@ static void backward_span(stage *s, int slot, int lo, int hi, const float *dout,
                           float *grads, int parts)
 {
     if (parts == LAYER_BW_WEIGHT) {
-        backward_span_local(s, slot, lo, hi, dout, din, grads, parts);
+        backward_span_local(s, slot, lo, hi, 0, 0, dout, din, grads, parts);
         return;
     }
     stage_pass ps = {.s = s, .slot = slot, .grads = grads, .parts = parts};

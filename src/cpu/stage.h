@@ -81,6 +81,11 @@ typedef struct {
     float *tp_buf;          /* owned: max_batch · widest floats for collectives */
     float *tp_din;          /* owned: the input gradient's slice before its all-gather */
     float *tp_dout;         /* owned: the slice of a gathered output's gradient */
+    float *tp_loss;         /* owned: the loss on logits sharded by vocabulary
+                               (stage_loss_floats) */
+    float *tp_inner;        /* owned: the inner gradients of a layer in phases (a block cut
+                               by heads) between its backward phases, max_batch ·
+                               plan.phase_floats (every slot's gout unless split) */
     int tp_failed;          /* a collective failed: the forward or backward is void */
     double tp_s;            /* seconds in tensor collectives since stage_init */
 } stage;
@@ -193,6 +198,20 @@ int stage_enable_batched_wgrad(stage *s, int rows);
 size_t stage_wgrad_row_bytes(const net_desc *net, int first, int last);
 void stage_slot_set_row(stage *s, int slot, int row);
 void stage_wgrad_flush(stage *s, int lo, int hi);
+
+/* The loss at the net's last layer: softmax cross-entropy of `rows` rows of logits y (the
+ * slot's stage_forward output) against labels, its gradient into dlogits (NULL: none)
+ * scaled by grad_scale, *correct the rows whose first argmax is the label: what
+ * kernel_softmax_xent_cpu returns. With logits sharded by vocabulary over the tensor group
+ * (stage_loss_sharded: shard_plan.loss_sharded and this stage ends the net), y and dlogits
+ * are this rank's columns of each row, and the group computes the loss of the whole rows,
+ * the same on every rank (two all-gathers of a few floats per row, not the logits); not
+ * bit for bit the whole kernel's (the sums of exponentials are cut). A failed collective:
+ * NaN and stage_tensor_failed. stage_loss_floats: the scratch it needs (0: none). */
+double stage_loss(stage *s, const float *y, float *dlogits, int *correct,
+                  const int32_t *labels, int rows, float grad_scale);
+int stage_loss_sharded(const stage *s);
+size_t stage_loss_floats(const net_desc *net, int last, int max_batch, const shard_plan *tp);
 
 /* Zeroes the gradients; ends a stage_backward_range sequence left unfinished. */
 void stage_zero_grad(stage *s);

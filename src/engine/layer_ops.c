@@ -5,212 +5,6 @@
 #include "kernels/rng.h"
 #include "src/base/error.h"
 
-/* ---- the CPU's kernel set: kernels/kernels.h, which cannot fail ---- */
-
-static int cpu_dense_forward(void *ctx, float *out, const float *in, const float *w,
-                             const float *b, int n, int in_f, int out_f)
-{
-    kernel_dense_forward_cpu(out, in, w, b, n, in_f, out_f);
-    return 0;
-}
-static int cpu_dense_backward(void *ctx, float *din, float *dw, float *db, const float *dout,
-                              const float *in, const float *w, int n, int in_f, int out_f)
-{
-    kernel_dense_backward_cpu(din, dw, db, dout, in, w, n, in_f, out_f);
-    return 0;
-}
-static int cpu_dense_backward_weight(void *ctx, float *dw, float *db, const float *dout,
-                                     const float *in, int n, int in_f, int out_f)
-{
-    kernel_dense_backward_weight_cpu(dw, db, dout, in, n, in_f, out_f);
-    return 0;
-}
-static int cpu_dense_backward_input(void *ctx, float *din, const float *dout, const float *w,
-                                    int n, int in_f, int out_f)
-{
-    kernel_dense_backward_input_cpu(din, dout, w, n, in_f, out_f);
-    return 0;
-}
-static int cpu_conv_forward(void *ctx, float *out, float *work, const float *in, const float *w,
-                            const float *b, const kernel_conv2d_dims *d)
-{
-    kernel_conv2d_forward_cpu(out, work, in, w, b, d);
-    return 0;
-}
-static int cpu_conv_backward(void *ctx, float *din, float *dw, float *db, float *work,
-                             const float *dout, const float *in, const float *w,
-                             const kernel_conv2d_dims *d)
-{
-    kernel_conv2d_backward_cpu(din, dw, db, work, dout, in, w, d);
-    return 0;
-}
-static int cpu_conv_backward_weight(void *ctx, float *dw, float *db, float *work,
-                                    const float *dout, const float *in,
-                                    const kernel_conv2d_dims *d)
-{
-    kernel_conv2d_backward_weight_cpu(dw, db, work, dout, in, d);
-    return 0;
-}
-static int cpu_conv_backward_input(void *ctx, float *din, float *work, const float *dout,
-                                   const float *w, const kernel_conv2d_dims *d)
-{
-    kernel_conv2d_backward_input_cpu(din, work, dout, w, d);
-    return 0;
-}
-static int cpu_maxpool_forward(void *ctx, float *out, int32_t *argmax, const float *in, int n,
-                               int c, int h, int w, int size, int stride)
-{
-    kernel_maxpool2d_forward_cpu(out, argmax, in, n, c, h, w, size, stride);
-    return 0;
-}
-static int cpu_maxpool_backward(void *ctx, float *din, const float *dout, const int32_t *argmax,
-                                int n, int c, int h, int w, int size, int stride)
-{
-    kernel_maxpool2d_backward_cpu(din, dout, argmax, n, c, h, w, size, stride);
-    return 0;
-}
-static int cpu_avgpool_forward(void *ctx, float *out, const float *in, int n, int c, int h,
-                               int w, int size, int stride)
-{
-    kernel_avgpool2d_forward_cpu(out, in, n, c, h, w, size, stride);
-    return 0;
-}
-static int cpu_avgpool_backward(void *ctx, float *din, const float *dout, int n, int c, int h,
-                                int w, int size, int stride)
-{
-    kernel_avgpool2d_backward_cpu(din, dout, n, c, h, w, size, stride);
-    return 0;
-}
-static int cpu_activation_forward(void *ctx, float *out, const float *in, size_t count,
-                                  kernel_act act)
-{
-    kernel_activation_forward_cpu(out, in, count, act);
-    return 0;
-}
-static int cpu_activation_backward(void *ctx, float *din, const float *dout, const float *out,
-                                   size_t count, kernel_act act)
-{
-    kernel_activation_backward_cpu(din, dout, out, count, act);
-    return 0;
-}
-static int cpu_dropout_forward(void *ctx, float *out, uint8_t *mask, const float *in, int n,
-                               size_t per_sample, size_t elem_off, float p, uint64_t seed,
-                               uint64_t stream, const int64_t *sample_ids)
-{
-    kernel_dropout_forward_range_cpu(out, mask, in, n, per_sample, elem_off, p, seed, stream,
-                                     sample_ids);
-    return 0;
-}
-static int cpu_dropout_backward(void *ctx, float *din, const float *dout, const uint8_t *mask,
-                                size_t count, float p)
-{
-    kernel_dropout_backward_cpu(din, dout, mask, count, p);
-    return 0;
-}
-static int cpu_copy(void *ctx, float *dst, const float *src, size_t count)
-{
-    memcpy(dst, src, count * sizeof(float));
-    return 0;
-}
-
-static int cpu_add(void *ctx, float *dst, const float *src, size_t count)
-{
-    kernel_add_cpu(dst, src, count);
-    return 0;
-}
-static int cpu_layernorm_forward(void *ctx, float *out, float *mean, float *rstd, const float *x,
-                                 const float *gamma, const float *beta, int rows, int width)
-{
-    kernel_layernorm_forward_cpu(out, mean, rstd, x, gamma, beta, rows, width);
-    return 0;
-}
-static int cpu_layernorm_backward(void *ctx, float *dx, float *dgamma, float *dbeta,
-                                  const float *dy, const float *x, const float *mean,
-                                  const float *rstd, const float *gamma, int rows, int width)
-{
-    kernel_layernorm_backward_cpu(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, width);
-    return 0;
-}
-static int cpu_gelu_forward(void *ctx, float *out, const float *in, size_t count)
-{
-    kernel_gelu_forward_cpu(out, in, count);
-    return 0;
-}
-static int cpu_gelu_backward(void *ctx, float *din, const float *dout, const float *in,
-                             size_t count)
-{
-    kernel_gelu_backward_cpu(din, dout, in, count);
-    return 0;
-}
-/* Token ids from their float form; one outside [0, vocab) becomes −1, which the kernels turn
- * into a NaN row and no gradient (the data loader has already refused such a token). */
-static void token_ids(int32_t *tok, const float *ids, size_t count, int vocab)
-{
-    for (size_t i = 0; i < count; i++)
-        tok[i] = ids[i] >= 0 && ids[i] < (float)vocab ? (int32_t)ids[i] : -1;
-}
-static int cpu_embedding_forward(void *ctx, float *out, int32_t *tok, const float *ids,
-                                 const float *wte, const float *wpe, int n, int seq, int width,
-                                 int vocab)
-{
-    token_ids(tok, ids, (size_t)n * seq, vocab);
-    kernel_embedding_forward_cpu(out, tok, wte, wpe, n, seq, width, vocab);
-    return 0;
-}
-static int cpu_embedding_backward(void *ctx, float *dwte, float *dwpe, int32_t *tok,
-                                  const float *dout, const float *ids, int n, int seq,
-                                  int width, int vocab)
-{
-    token_ids(tok, ids, (size_t)n * seq, vocab);
-    kernel_embedding_backward_cpu(dwte, dwpe, dout, tok, n, seq, width, vocab);
-    return 0;
-}
-static int cpu_attention_forward(void *ctx, float *y, float *probs, const float *qkv,
-                                 const kernel_attention_dims *d)
-{
-    size_t C = (size_t)d->heads * d->head_dim;
-    kernel_attention_forward_cpu(y, probs, qkv, qkv + C, qkv + 2 * C, d);
-    return 0;
-}
-static int cpu_attention_backward(void *ctx, float *dqkv, float *work, const float *dy,
-                                  const float *qkv, const float *probs,
-                                  const kernel_attention_dims *d)
-{
-    size_t C = (size_t)d->heads * d->head_dim;
-    kernel_attention_backward_cpu(dqkv, dqkv + C, dqkv + 2 * C, work, dy, qkv, qkv + C,
-                                  qkv + 2 * C, probs, d);
-    return 0;
-}
-
-const layer_kernels layer_kernels_cpu = {
-    .dense_forward = cpu_dense_forward,
-    .dense_backward = cpu_dense_backward,
-    .dense_backward_weight = cpu_dense_backward_weight,
-    .dense_backward_input = cpu_dense_backward_input,
-    .conv_forward = cpu_conv_forward,
-    .conv_backward = cpu_conv_backward,
-    .conv_backward_weight = cpu_conv_backward_weight,
-    .conv_backward_input = cpu_conv_backward_input,
-    .maxpool_forward = cpu_maxpool_forward,
-    .maxpool_backward = cpu_maxpool_backward,
-    .avgpool_forward = cpu_avgpool_forward,
-    .avgpool_backward = cpu_avgpool_backward,
-    .activation_forward = cpu_activation_forward,
-    .activation_backward = cpu_activation_backward,
-    .dropout_forward = cpu_dropout_forward,
-    .dropout_backward = cpu_dropout_backward,
-    .copy = cpu_copy,
-    .add = cpu_add,
-    .layernorm_forward = cpu_layernorm_forward,
-    .layernorm_backward = cpu_layernorm_backward,
-    .gelu_forward = cpu_gelu_forward,
-    .gelu_backward = cpu_gelu_backward,
-    .embedding_forward = cpu_embedding_forward,
-    .embedding_backward = cpu_embedding_backward,
-    .attention_forward = cpu_attention_forward,
-    .attention_backward = cpu_attention_backward,
-};
-
 /* ---- the table: per layer type, its forward, backward and weight half ---- */
 
 /* One layer of one chunk as the table's entries see it. */
@@ -222,6 +16,7 @@ typedef struct {
     const layer_io *io;
     float *work;
     size_t in_count, out_count;
+    int ph0, ph1; /* the phases [ph0, ph1) of this call (layer_phases) */
 } layer_call;
 
 typedef struct {
@@ -351,9 +146,15 @@ static int need_transformer(const layer_call *c)
                         layer_type_name(c->L->type));
 }
 
-/* A block's parameters, activations and gradients as pointers. */
+int layer_phases(const layer_desc *L)
+{
+    return L->type == LAYER_BLOCK && layer_block_shards(L) > 1 ? LAYER_BLOCK_PHASES : 1;
+}
+
+/* A block's parameters, activations and gradients as pointers: C its width, A its
+ * attention width (C, or a shard's heads' columns) and H its hidden units (a shard's). */
 typedef struct {
-    int N, C, H;
+    int N, C, A, H;
     const float *Wattn, *Waproj, *Wfc, *Wmproj, *g1, *b1, *battn, *baproj, *g2, *b2, *bfc,
         *bmproj;
     float *ln1, *qkv, *y, *x1, *ln2, *fc, *gel, *mean1, *rstd1, *mean2, *rstd2, *probs;
@@ -365,19 +166,20 @@ static block_view block_of(const layer_call *c)
     const layer_desc *L = c->L;
     block_view v;
     size_t C = (size_t)L->in.w, H = (size_t)L->u.block.hidden, T = (size_t)L->in.c;
-    size_t N = (size_t)c->n * T;
+    size_t A = layer_block_attn_width(L), N = (size_t)c->n * T;
     v.N = (int)N;
     v.C = (int)C;
+    v.A = (int)A;
     v.H = (int)H;
     const float *w = c->io->w;
     v.Wattn = w;
-    v.Waproj = v.Wattn + 3 * C * C;
-    v.Wfc = v.Waproj + C * C;
+    v.Waproj = v.Wattn + 3 * A * C;
+    v.Wfc = v.Waproj + C * A;
     v.Wmproj = v.Wfc + H * C;
     v.g1 = v.Wmproj + C * H;
     v.b1 = v.g1 + C;
     v.battn = v.b1 + C;
-    v.baproj = v.battn + 3 * C;
+    v.baproj = v.battn + 3 * A;
     v.g2 = v.baproj + C;
     v.b2 = v.g2 + C;
     v.bfc = v.b2 + C;
@@ -385,8 +187,8 @@ static block_view block_of(const layer_call *c)
     float *s = c->io->saved;
     v.ln1 = s;
     v.qkv = v.ln1 + N * C;
-    v.y = v.qkv + N * 3 * C;
-    v.x1 = v.y + N * C;
+    v.y = v.qkv + N * 3 * A;
+    v.x1 = v.y + N * A;
     v.ln2 = v.x1 + N * C;
     v.fc = v.ln2 + N * C;
     v.gel = v.fc + N * H;
@@ -396,7 +198,7 @@ static block_view block_of(const layer_call *c)
     v.rstd2 = v.mean2 + N;
     v.probs = v.rstd2 + N;
     v.d = (kernel_attention_dims){.batch = c->n, .seq = (int)T, .heads = L->u.block.heads,
-                                  .head_dim = (int)C / L->u.block.heads, .qkv_stride = 3 * (int)C};
+                                  .head_dim = (int)A / L->u.block.heads, .qkv_stride = 3 * (int)A};
     return v;
 }
 
@@ -409,20 +211,68 @@ typedef struct {
 
 static block_grads block_grads_at(float *set, const block_view *v)
 {
-    size_t N = (size_t)v->N, C = (size_t)v->C, H = (size_t)v->H;
+    size_t N = (size_t)v->N, C = (size_t)v->C, A = (size_t)v->A, H = (size_t)v->H;
     block_grads g;
     g.dmp = set;
     g.dfc = g.dmp + N * C;
     g.dln2 = g.dfc + N * H;
     g.dx1 = g.dln2 + N * C;
     g.dqkv = g.dx1 + N * C;
-    g.dln1 = g.dqkv + N * 3 * C;
+    g.dln1 = g.dqkv + N * 3 * A;
     return g;
+}
+
+/* y[r, :] += b for each of `rows` rows of `width`. */
+static int add_rows(const layer_call *c, float *y, const float *b, int rows, int width)
+{
+    for (int r = 0; r < rows; r++)
+        if (c->k->add(c->kc, y + (size_t)r * width, b, (size_t)width)) return -1;
+    return 0;
+}
+
+/* dst = src, unless they are one buffer. */
+static int copy_unless_same(const layer_call *c, float *dst, const float *src, size_t count)
+{
+    return dst == src ? 0 : c->k->copy(c->kc, dst, src, count);
+}
+
+/* The phases [ph0, ph1) of a block cut by heads (layer_phases): its output holds attention
+ * c_proj's partial sum after phase 0 and MLP c_proj's after phase 1, which the engine
+ * all-reduces before the next phase adds the (whole) bias and the residual. */
+static int block_forward_shard(const layer_call *c)
+{
+    const layer_kernels *k = c->k;
+    void *kc = c->kc;
+    block_view v = block_of(c);
+    const float *x = c->io->x;
+    float *out = c->io->y;
+    size_t NC = (size_t)v.N * v.C;
+    for (int ph = c->ph0; ph < c->ph1; ph++) {
+        int rc;
+        if (ph == 0)
+            rc = k->layernorm_forward(kc, v.ln1, v.mean1, v.rstd1, x, v.g1, v.b1, v.N, v.C) ||
+                 k->dense_forward(kc, v.qkv, v.ln1, v.Wattn, v.battn, v.N, v.C, 3 * v.A) ||
+                 k->attention_forward(kc, v.y, v.probs, v.qkv, &v.d) ||
+                 k->dense_forward(kc, out, v.y, v.Waproj, NULL, v.N, v.A, v.C);
+        else if (ph == 1)
+            rc = k->copy(kc, v.x1, out, NC) || add_rows(c, v.x1, v.baproj, v.N, v.C) ||
+                 k->add(kc, v.x1, x, NC) ||
+                 k->layernorm_forward(kc, v.ln2, v.mean2, v.rstd2, v.x1, v.g2, v.b2, v.N,
+                                      v.C) ||
+                 k->dense_forward(kc, v.fc, v.ln2, v.Wfc, v.bfc, v.N, v.C, v.H) ||
+                 k->gelu_forward(kc, v.gel, v.fc, (size_t)v.N * v.H) ||
+                 k->dense_forward(kc, out, v.gel, v.Wmproj, NULL, v.N, v.H, v.C);
+        else
+            rc = add_rows(c, out, v.bmproj, v.N, v.C) || k->add(kc, out, v.x1, NC);
+        if (rc) return -1;
+    }
+    return 0;
 }
 
 static int block_forward(const layer_call *c, uint64_t seed, uint64_t step)
 {
     if (need_transformer(c)) return -1;
+    if (layer_block_shards(c->L) > 1) return block_forward_shard(c);
     const layer_kernels *k = c->k;
     void *kc = c->kc;
     block_view v = block_of(c);
@@ -431,9 +281,9 @@ static int block_forward(const layer_call *c, uint64_t seed, uint64_t step)
     size_t NC = (size_t)v.N * v.C;
     /* x1 = x + attn(ln_1(x)); out = x1 + mlp(ln_2(x1)) */
     return k->layernorm_forward(kc, v.ln1, v.mean1, v.rstd1, x, v.g1, v.b1, v.N, v.C) ||
-           k->dense_forward(kc, v.qkv, v.ln1, v.Wattn, v.battn, v.N, v.C, 3 * v.C) ||
+           k->dense_forward(kc, v.qkv, v.ln1, v.Wattn, v.battn, v.N, v.C, 3 * v.A) ||
            k->attention_forward(kc, v.y, v.probs, v.qkv, &v.d) ||
-           k->dense_forward(kc, v.x1, v.y, v.Waproj, v.baproj, v.N, v.C, v.C) ||
+           k->dense_forward(kc, v.x1, v.y, v.Waproj, v.baproj, v.N, v.A, v.C) ||
            k->add(kc, v.x1, x, NC) ||
            k->layernorm_forward(kc, v.ln2, v.mean2, v.rstd2, v.x1, v.g2, v.b2, v.N, v.C) ||
            k->dense_forward(kc, v.fc, v.ln2, v.Wfc, v.bfc, v.N, v.C, v.H) ||
@@ -447,25 +297,72 @@ static int block_weight_from(const layer_call *c, const block_view *v, const blo
 {
     const layer_kernels *k = c->k;
     void *kc = c->kc;
-    size_t C = (size_t)v->C, H = (size_t)v->H;
+    size_t C = (size_t)v->C, A = (size_t)v->A, H = (size_t)v->H;
     float *dw = c->io->dw;
-    float *dWattn = dw, *dWaproj = dWattn + 3 * C * C, *dWfc = dWaproj + C * C,
+    float *dWattn = dw, *dWaproj = dWattn + 3 * A * C, *dWfc = dWaproj + C * A,
           *dWmproj = dWfc + H * C, *dg1 = dWmproj + C * H, *db1 = dg1 + C,
-          *dbattn = db1 + C, *dbaproj = dbattn + 3 * C, *dg2 = dbaproj + C, *db2 = dg2 + C,
+          *dbattn = db1 + C, *dbaproj = dbattn + 3 * A, *dg2 = dbaproj + C, *db2 = dg2 + C,
           *dbfc = db2 + C, *dbmproj = dbfc + H;
     return k->dense_backward_weight(kc, dWmproj, dbmproj, g->dmp, v->gel, v->N, v->H, v->C) ||
            k->dense_backward_weight(kc, dWfc, dbfc, g->dfc, v->ln2, v->N, v->C, v->H) ||
            k->layernorm_backward(kc, NULL, dg2, db2, g->dln2, v->x1, v->mean2, v->rstd2, v->g2,
                                  v->N, v->C) ||
-           k->dense_backward_weight(kc, dWaproj, dbaproj, g->dx1, v->y, v->N, v->C, v->C) ||
-           k->dense_backward_weight(kc, dWattn, dbattn, g->dqkv, v->ln1, v->N, v->C, 3 * v->C) ||
+           k->dense_backward_weight(kc, dWaproj, dbaproj, g->dx1, v->y, v->N, v->A, v->C) ||
+           k->dense_backward_weight(kc, dWattn, dbattn, g->dqkv, v->ln1, v->N, v->C, 3 * v->A) ||
            k->layernorm_backward(kc, NULL, dg1, db1, g->dln1, c->io->x, v->mean1, v->rstd1,
                                  v->g1, v->N, v->C);
+}
+
+/* The backward phases [ph0, ph1) of a block cut by heads from the running gradient g (the
+ * output's at phase 0; after it, the whole gradient of ln_2's or ln_1's output, which the
+ * engine all-reduced) to dx: the partial gradient of ln_2's output after phase 0, ln_1's
+ * after phase 1, the input's after phase 2. Its inner gradients stay in io->gout between
+ * the calls; phases run in one call hand theirs on there directly. The weight half, with
+ * the last phase, is the whole block's (block_weight_from). */
+static int block_backward_shard(const layer_call *c, const float *g, float *dx, int weight_now)
+{
+    const layer_kernels *k = c->k;
+    void *kc = c->kc;
+    block_view v = block_of(c);
+    block_grads G = block_grads_at(c->io->gout ? c->io->gout : c->work, &v);
+    size_t NC = (size_t)v.N * v.C, NH = (size_t)v.N * v.H;
+    float *dy = c->work + (size_t)v.N * (size_t)(4 * v.C + 3 * v.A + v.H);
+    float *attn_work = dy + (size_t)v.N * v.A;
+    const float *in = g;
+    for (int ph = c->ph0; ph < c->ph1; ph++) {
+        float *to = ph == c->ph1 - 1 ? dx : ph == 0 ? G.dln2 : G.dln1;
+        int rc;
+        if (!to && ph < LAYER_BLOCK_PHASES - 1)
+            return pt_error_set("layer %d [block]: backward phase %d has nowhere to leave its "
+                                "gradient", c->l, ph);
+        if (ph == 0)
+            rc = copy_unless_same(c, G.dmp, in, NC) ||
+                 k->dense_backward_input(kc, G.dfc, G.dmp, v.Wmproj, v.N, v.H, v.C) ||
+                 k->gelu_backward(kc, G.dfc, G.dfc, v.fc, NH) ||
+                 k->dense_backward_input(kc, to, G.dfc, v.Wfc, v.N, v.C, v.H);
+        else if (ph == 1)
+            rc = copy_unless_same(c, G.dln2, in, NC) ||
+                 k->layernorm_backward(kc, G.dx1, NULL, NULL, G.dln2, v.x1, v.mean2, v.rstd2,
+                                       v.g2, v.N, v.C) ||
+                 k->add(kc, G.dx1, G.dmp, NC) ||
+                 k->dense_backward_input(kc, dy, G.dx1, v.Waproj, v.N, v.A, v.C) ||
+                 k->attention_backward(kc, G.dqkv, attn_work, dy, v.qkv, v.probs, &v.d) ||
+                 k->dense_backward_input(kc, to, G.dqkv, v.Wattn, v.N, v.C, 3 * v.A);
+        else
+            rc = copy_unless_same(c, G.dln1, in, NC) ||
+                 (to && (k->layernorm_backward(kc, to, NULL, NULL, G.dln1, c->io->x, v.mean1,
+                                               v.rstd1, v.g1, v.N, v.C) ||
+                         k->add(kc, to, G.dx1, NC)));
+        if (rc) return -1;
+        in = to;
+    }
+    return weight_now && c->ph1 == LAYER_BLOCK_PHASES ? block_weight_from(c, &v, &G) : 0;
 }
 
 static int block_backward(const layer_call *c, const float *g, float *dx, int weight_now)
 {
     if (need_transformer(c)) return -1;
+    if (layer_block_shards(c->L) > 1) return block_backward_shard(c, g, dx, weight_now);
     const layer_kernels *k = c->k;
     void *kc = c->kc;
     block_view v = block_of(c);
@@ -475,8 +372,8 @@ static int block_backward(const layer_call *c, const float *g, float *dx, int we
     float *set = keep ? c->io->gout : c->work;
     block_grads G = block_grads_at(set, &v);
     size_t NC = (size_t)v.N * v.C, NH = (size_t)v.N * v.H;
-    float *dy = c->work + (size_t)v.N * (size_t)(7 * v.C + v.H);
-    float *attn_work = dy + NC;
+    float *dy = c->work + (size_t)v.N * (size_t)(4 * v.C + 3 * v.A + v.H);
+    float *attn_work = dy + (size_t)v.N * v.A;
     if (!keep) G.dmp = (float *)g; /* read only */
     if (k->dense_backward_input(kc, G.dfc, G.dmp, v.Wmproj, v.N, v.H, v.C) ||
         k->gelu_backward(kc, G.dfc, G.dfc, v.fc, NH) ||
@@ -484,9 +381,9 @@ static int block_backward(const layer_call *c, const float *g, float *dx, int we
         k->layernorm_backward(kc, G.dx1, NULL, NULL, G.dln2, v.x1, v.mean2, v.rstd2, v.g2, v.N,
                               v.C) ||
         k->add(kc, G.dx1, G.dmp, NC) ||
-        k->dense_backward_input(kc, dy, G.dx1, v.Waproj, v.N, v.C, v.C) ||
+        k->dense_backward_input(kc, dy, G.dx1, v.Waproj, v.N, v.A, v.C) ||
         k->attention_backward(kc, G.dqkv, attn_work, dy, v.qkv, v.probs, &v.d) ||
-        k->dense_backward_input(kc, G.dln1, G.dqkv, v.Wattn, v.N, v.C, 3 * v.C))
+        k->dense_backward_input(kc, G.dln1, G.dqkv, v.Wattn, v.N, v.C, 3 * v.A))
         return -1;
     if (dx && (k->layernorm_backward(kc, dx, NULL, NULL, G.dln1, c->io->x, v.mean1, v.rstd1,
                                      v.g1, v.N, v.C) ||
@@ -505,14 +402,21 @@ static int block_weight(const layer_call *c, const float *g)
 
 /* The token and position embedding: the first layer of a language model; its input, token
  * ids, has no gradient. */
+/* An embedding cut by vocabulary (shards > 1) holds the rows of tokens [first, first + V):
+ * its output is a partial sum (each token's row on the rank that holds it, the position's
+ * on the rank holding token 0), all-reduced by the engine; the whole is the same bits. */
 static int embedding_forward(const layer_call *c, uint64_t seed, uint64_t step)
 {
     if (need_transformer(c)) return -1;
     const layer_desc *L = c->L;
     int V = L->u.embedding.vocab, T = L->u.embedding.context, C = L->u.embedding.width;
-    const float *wte = c->io->w;
-    return c->k->embedding_forward(c->kc, c->io->y, (int32_t *)c->work, c->io->x, wte,
-                                   wte + (size_t)V * C, c->n, T, C, V);
+    const float *wte = c->io->w, *wpe = wte + (size_t)V * C;
+    if (L->u.embedding.shards > 1)
+        return c->k->embedding_shard_forward(c->kc, c->io->y, (int32_t *)c->work, c->io->x, wte,
+                                             L->u.embedding.first == 0 ? wpe : NULL, c->n, T,
+                                             C, L->u.embedding.first, V);
+    return c->k->embedding_forward(c->kc, c->io->y, (int32_t *)c->work, c->io->x, wte, wpe,
+                                   c->n, T, C, V);
 }
 static int embedding_weight(const layer_call *c, const float *g)
 {
@@ -520,6 +424,10 @@ static int embedding_weight(const layer_call *c, const float *g)
     const layer_desc *L = c->L;
     int V = L->u.embedding.vocab, T = L->u.embedding.context, C = L->u.embedding.width;
     float *dwte = c->io->dw;
+    if (L->u.embedding.shards > 1) /* its rows' gradients; every position's, as every rank */
+        return c->k->embedding_shard_backward(c->kc, dwte, dwte + (size_t)V * C,
+                                              (int32_t *)c->work, g, c->io->x, c->n, T, C,
+                                              L->u.embedding.first, V);
     return c->k->embedding_backward(c->kc, dwte, dwte + (size_t)V * C, (int32_t *)c->work, g,
                                     c->io->x, c->n, T, C, V);
 }
@@ -591,12 +499,16 @@ static const layer_ops layer_ops_table[LAYER_TYPE_COUNT] = {
 
 /* ---- the loop ---- */
 
-static layer_call call_of(const layer_run *r, int i, const layer_io *io)
+/* Local layer i of a run whose first layer reached is `head` and last `tail` (forward: lo
+ * and hi − 1; backward: hi − 1 and lo), with the phases of it the run covers. */
+static layer_call call_of(const layer_run *r, int i, const layer_io *io, int head, int tail)
 {
     const layer_desc *L = &r->layers[i];
     layer_call c = {.k = r->k, .kc = r->kctx, .L = L, .l = r->first + i, .n = r->n, .io = io,
                     .work = r->work, .in_count = layer_shape_count(L->in),
-                    .out_count = layer_shape_count(L->out)};
+                    .out_count = layer_shape_count(L->out),
+                    .ph0 = i == head ? r->from : 0,
+                    .ph1 = i == tail && r->to ? r->to : layer_phases(L)};
     return c;
 }
 
@@ -615,7 +527,7 @@ int layer_run_forward(layer_run *r, int lo, int hi)
         memset(&io, 0, sizeof io);
         if (r->io(r->self, i, LAYER_PHASE_FORWARD, &io)) return -1;
         if (io.identity) continue;
-        layer_call c = call_of(r, i, &io);
+        layer_call c = call_of(r, i, &io, lo, hi - 1);
         if (layer_ops_table[c.L->type].forward(&c, r->seed, r->step)) return fail(r, "forward", i);
     }
     return 0;
@@ -636,9 +548,12 @@ int layer_run_backward(layer_run *r, int lo, int hi, const float **gp, int *gip,
             break;
         }
         if (io.identity && i > 0) continue; /* the gradient passes through unchanged */
-        layer_call c = call_of(r, i, &io);
+        layer_call c = call_of(r, i, &io, hi - 1, lo);
         const layer_desc *L = c.L;
-        if (L->activation != KERNEL_ACT_LINEAR) {
+        /* the layer's backward begins in this run (its output gradient is g) and ends in it
+         * (else it leaves a partial gradient for the group to all-reduce, never in din) */
+        int begins = c.ph0 == 0, ends = c.ph1 == layer_phases(L);
+        if (L->activation != KERNEL_ACT_LINEAR && begins) {
             float *ga = gi < 0 ? scratch[0] : scratch[gi];
             if (r->k->activation_backward(r->kctx, ga, g, io.out, (size_t)r->n * c.out_count,
                                           L->activation)) {
@@ -649,7 +564,7 @@ int layer_run_backward(layer_run *r, int lo, int hi, const float **gp, int *gip,
             gi = gi < 0 ? 0 : gi;
         }
         int ti = gi < 0 ? 0 : 1 - gi;
-        float *dx = i == 0 ? din : scratch[ti];
+        float *dx = i == 0 && ends ? din : scratch[ti];
         /* the weight half happens now (both parts, not batched), in W (split), or in the
          * step's flush (batched: the rows go to the stash) */
         int weight_now = (parts & LAYER_BW_WEIGHT) && !io.batched;
@@ -659,7 +574,7 @@ int layer_run_backward(layer_run *r, int lo, int hi, const float **gp, int *gip,
                 rc = -1;
                 break;
             }
-        } else if (L->weight_count && !(parts & LAYER_BW_WEIGHT)) {
+        } else if (L->weight_count && !(parts & LAYER_BW_WEIGHT) && begins) {
             if (r->k->copy(r->kctx, io.gout, g, (size_t)r->n * c.out_count)) {
                 rc = -1;
                 break;
@@ -690,7 +605,7 @@ int layer_run_weight(layer_run *r, int lo, int hi)
         memset(&io, 0, sizeof io);
         if (r->io(r->self, i, LAYER_PHASE_WEIGHT, &io)) return -1;
         if (io.batched) continue;
-        layer_call c = call_of(r, i, &io);
+        layer_call c = call_of(r, i, &io, hi - 1, lo);
         if (weight(&c, io.gout)) return fail(r, "weight gradient", i);
     }
     return 0;

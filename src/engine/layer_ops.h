@@ -76,6 +76,16 @@ typedef struct {
     int (*embedding_backward)(void *ctx, float *dwte, float *dwpe, int32_t *tok,
                               const float *dout, const float *ids, int n, int seq, int width,
                               int vocab);
+    /* an embedding cut by vocabulary (src/model/shard.h): wte holds the rows of tokens
+     * [first, first + vocab); forward, those tokens' rows and zeros for the others, plus
+     * each position's row where wpe is given; backward, those tokens' rows of dwte and
+     * (dwpe given) every position's */
+    int (*embedding_shard_forward)(void *ctx, float *out, int32_t *tok, const float *ids,
+                                   const float *wte, const float *wpe, int n, int seq,
+                                   int width, int first, int vocab);
+    int (*embedding_shard_backward)(void *ctx, float *dwte, float *dwpe, int32_t *tok,
+                                    const float *dout, const float *ids, int n, int seq,
+                                    int width, int first, int vocab);
     int (*attention_forward)(void *ctx, float *y, float *probs, const float *qkv,
                              const kernel_attention_dims *d);
     int (*attention_backward)(void *ctx, float *dqkv, float *work, const float *dy,
@@ -83,7 +93,7 @@ typedef struct {
                               const kernel_attention_dims *d);
 } layer_kernels;
 
-extern const layer_kernels layer_kernels_cpu;
+extern const layer_kernels layer_kernels_cpu; /* src/engine/layer_kernels_cpu.c */
 
 /* Where local layer i's data lives for one chunk of n samples (rows already offset to the
  * chunk). Filled by the engine's callback; fields a phase does not use may be left 0. */
@@ -107,6 +117,23 @@ typedef struct {
 } layer_io;
 
 enum { LAYER_PHASE_FORWARD = 0, LAYER_PHASE_BACKWARD, LAYER_PHASE_WEIGHT };
+
+/* A layer whose work needs its tensor group's collectives in its middle runs in phases: a
+ * block cut by heads (src/model/shard.h) forward in three, 0: ln_1, c_attn, attention and
+ * attention c_proj's partial sum into its output; 1: bias and residual, ln_2, c_fc, GELU,
+ * MLP c_proj's partial sum into its output; 2: bias and residual; and backward in three,
+ * 0: MLP c_proj, GELU and c_fc, leaving the partial gradient of ln_2's output as the
+ * running gradient; 1: ln_2 and the residual, attention c_proj, attention and c_attn,
+ * leaving the partial gradient of ln_1's output; 2: ln_1 and the residual (and, with the
+ * weight half, every parameter gradient of the block). Between two phases the engine
+ * all-reduces over the group, for the whole micro-batch, what the first left: the
+ * layer's output forward, the running gradient backward. A block's inner gradients
+ * (layer_gout_floats) live between its backward phases in io.gout, which the engine
+ * provides for such a block in every backward (in one call of all its phases, as a
+ * profile runs it without a group, the chunk's workspace does). Every other layer runs
+ * in one phase. */
+enum { LAYER_BLOCK_PHASES = 3 };
+int layer_phases(const layer_desc *L);
 /* What a backward computes: the input gradient (B), the parameter gradients (W), or both. */
 enum { LAYER_BW_INPUT = 1, LAYER_BW_WEIGHT = 2, LAYER_BW_BOTH = 3 };
 
@@ -121,6 +148,11 @@ typedef struct {
     /* fills io for local layer i in `phase`; 0, or −1 with a message */
     int (*io)(void *self, int i, int phase, layer_io *io);
     void *self;
+    /* layers in phases: the run starts at phase `from` of the first layer it reaches
+     * (forward: lo; backward: hi − 1) and stops before phase `to` of the last (forward:
+     * hi − 1; backward: lo), 0: through its end; phases count in the pass's direction.
+     * 0 and 0 run whole layers. */
+    int from, to;
     /* set when a kernel failed: what failed ("forward", "activation backward", "backward",
      * "weight gradient") and the local layer; NULL when the callback or a copy failed */
     const char *what;
@@ -130,7 +162,8 @@ typedef struct {
 /* Forward of local layers [lo, hi), identity layers skipped. 0, or −1 (see r->what). */
 int layer_run_forward(layer_run *r, int lo, int hi);
 /* Backward of local layers [hi − 1 … lo] from the running gradient *g (in scratch[*gi],
- * −1: the caller's), which is left where it ends (din when lo is 0 and din is given);
+ * −1: the caller's), which is left where it ends (din when lo is 0, finished, and din is
+ * given; a run that stops inside layer lo leaves its partial gradient in scratch);
  * parts: LAYER_BW_BOTH, or LAYER_BW_INPUT alone (B: each parameter layer that is not
  * batched keeps its output gradient in io.gout). Batched layers stash their rows. */
 int layer_run_backward(layer_run *r, int lo, int hi, const float **g, int *gi,

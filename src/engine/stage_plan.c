@@ -48,7 +48,7 @@ static slot_part slot_part_of(const stage_shape *sh, const layer_desc *L, int l)
 static size_t whole_out_bytes(const stage_shape *sh)
 {
     const shard_plan *tp = shape_tp(sh);
-    if (!tp || !tp->layers[sh->last - 1].out.sharded) return 0;
+    if (!tp || !shard_output_gathered(tp, sh->last)) return 0;
     return stage_round_up((size_t)sh->max_batch *
                           layer_shape_count(sh->net->layers[sh->last - 1].out) * sizeof(float));
 }
@@ -70,6 +70,8 @@ static stage_sizes walk(const stage_shape *sh, layer_desc *loc, size_t *param_of
         }
         size_t lw = layer_work_floats(&L, sh->chunk);
         if (lw > z.work_floats) z.work_floats = lw;
+        if (layer_phases(&L) > 1 && layer_gout_floats(&L) > z.phase_floats)
+            z.phase_floats = layer_gout_floats(&L);
         const layer_desc *W = &sh->net->layers[l];
         size_t in = layer_shape_count(W->in), out = layer_shape_count(W->out);
         if (in > z.widest) z.widest = in;
@@ -103,6 +105,7 @@ int stage_plan_init(stage_plan *p, const stage_shape *sh, const char *name)
     p->param_count = z.param_count;
     p->widest = z.widest;
     p->work_floats = z.work_floats;
+    p->phase_floats = z.phase_floats;
     p->slot_bytes = z.slot_bytes;
     return 0;
 }
@@ -294,6 +297,22 @@ static int slice_mine(const stage_tensor_run *r, const shard_state *st, size_t w
     return r->ops->slice(r->self, in, whole, off, len, out, r->n);
 }
 
+/* A device that runs no layers in phases meets one (it refuses such models before). */
+static int no_phases(const stage_plan *p)
+{
+    return pt_error_set("%s %d..%d: this device cannot run a layer in phases (a transformer "
+                        "block cut by heads)", p->name, p->first, p->last - 1);
+}
+
+/* The forward of local layers [lo, hi) from phase `from` of lo to before phase `to` of
+ * hi − 1 (0: its end). */
+static int run_forward(const stage_tensor_run *r, int lo, int hi, int from, int to)
+{
+    const stage_tensor_ops *o = r->ops;
+    if (!from && !to) return o->forward(r->self, lo, hi);
+    return o->forward_phases ? o->forward_phases(r->self, lo, hi, from, to) : no_phases(r->plan);
+}
+
 int stage_tensor_forward(const stage_tensor_run *r)
 {
     const stage_plan *p = r->plan;
@@ -301,19 +320,31 @@ int stage_tensor_forward(const stage_tensor_run *r)
     if (!p->tp) return o->forward(r->self, 0, p->nl);
     const net_desc *net = p->net;
     const stage_slot_layer *ly = r->layers;
-    int nl = p->nl, n = r->n, lo = 0;
+    int nl = p->nl, n = r->n, lo = 0, from = 0;
     if (ly[0].xin && /* the stage's first layer works on a slice of the whole input */
         slice_mine(r, &p->tp->layers[p->first].in, layer_shape_count(net->layers[p->first].in),
                    r->input, ly[0].xin))
         return -1;
     for (int i = 0; i < nl; i++) {
-        int l = p->first + i, then = shard_forward_after(p->tp, p->first, p->last, i);
+        int l = p->first + i, np = stage_plan_phases(p, i);
+        /* a layer in phases: its output's partial sums all-reduced after each but the last */
+        for (int k = 0; k < np - 1; k++) {
+            if (run_forward(r, lo, i + 1, from, k + 1) ||
+                o->allreduce(r->self, ly[i].buf, (size_t)n * layer_shape_count(p->loc[i].out)))
+                return -1;
+            lo = i;
+            from = k + 1;
+        }
+        int then = shard_forward_after(p->tp, p->first, p->last, i);
         if (!then && i < nl - 1) continue;
-        if (o->forward(r->self, lo, i + 1)) return -1;
+        if (run_forward(r, lo, i + 1, from, 0)) return -1;
         lo = i + 1;
+        from = 0;
+        /* an input-split layer's bias and activation follow (an embedding cut by vocabulary
+         * has neither) */
         if ((then & SHARD_THEN_REDUCE) &&
             (o->allreduce(r->self, ly[i].buf, (size_t)n * layer_shape_count(p->loc[i].out)) ||
-             o->finish(r->self, i, ly[i].buf, n)))
+             (stage_plan_split_in(p, i) && o->finish(r->self, i, ly[i].buf, n))))
             return -1;
         if ((then & SHARD_THEN_GATHER) &&
             o->gather(r->self, &p->tp->layers[l].out, layer_shape_count(net->layers[l].out),
@@ -344,6 +375,35 @@ static int backward_collective(const stage_tensor_run *r, int b, float *din)
     return 0;
 }
 
+/* The backward of local layers [lo, hi) from phase `from` of hi − 1 to before phase `to`
+ * of lo (0: its end). */
+static int run_backward(const stage_tensor_run *r, int lo, int hi, int from, int to,
+                        const float *dout, float *din)
+{
+    const stage_tensor_ops *o = r->ops;
+    if (!from && !to) return o->backward(r->self, lo, hi, dout, din);
+    return o->backward_phases ? o->backward_phases(r->self, lo, hi, from, to, dout, din)
+                              : no_phases(r->plan);
+}
+
+/* Where a backward run from phase `from` of local layer h − 1 stops: inside layer *b
+ * before phase *to, at the first boundary between phases below its start, else at the
+ * end of layer *b = shard_backward_stop's (*to = 0). */
+static void backward_stop(const stage_plan *p, int lo, int h, int from, int *b, int *to)
+{
+    int stop = shard_backward_stop(p->tp, p->first, lo, h);
+    for (int i = h - 1; i >= stop; i--) {
+        int start = i == h - 1 ? from : 0;
+        if (start + 1 < stage_plan_phases(p, i)) {
+            *b = i;
+            *to = start + 1;
+            return;
+        }
+    }
+    *b = stop;
+    *to = 0;
+}
+
 int stage_tensor_backward(const stage_tensor_run *r, int lo, int hi, const float *dout,
                           float *din)
 {
@@ -358,14 +418,23 @@ int stage_tensor_backward(const stage_tensor_run *r, int lo, int hi, const float
             return -1;
         dout = r->tp_dout;
     }
-    for (int h = hi; h > lo;) {
-        int b = shard_backward_stop(p->tp, p->first, lo, h);
-        int slice_in = b == 0 && r->layers[0].xin;
-        if (o->backward(r->self, b, h, h == nl ? dout : NULL,
-                        b == 0 ? (slice_in && din ? r->tp_din : din) : NULL) ||
-            backward_collective(r, b, din))
+    for (int h = hi, from = 0; h > lo;) {
+        int b, to;
+        backward_stop(p, lo, h, from, &b, &to);
+        int slice_in = b == 0 && !to && r->layers[0].xin;
+        if (run_backward(r, b, h, from, to, h == nl && !from ? dout : NULL,
+                         b == 0 && !to ? (slice_in && din ? r->tp_din : din) : NULL))
             return -1;
+        if (to) { /* inside layer b: the partial gradient its phase left, all-reduced */
+            size_t whole = layer_shape_count(p->loc[b].in);
+            if (o->reduce_carry(r->self, b, whole, 0, whole, r->n)) return -1;
+            h = b + 1;
+            from = to;
+            continue;
+        }
+        if (backward_collective(r, b, din)) return -1;
         h = b;
+        from = 0;
     }
     return 0;
 }
@@ -410,28 +479,64 @@ static int init_torch_layer(const stage_plan *p, float *w, const layer_desc *L, 
     return j.rc;
 }
 
-/* GPT-2's for the transformer layers, tensor by tensor (layer_tensors): normal draws per
- * tensor stream, ones and zeros; a tied head draws the embedding's token matrix's numbers,
- * so it equals it wherever the two live. */
+/* A transformer layer's tensors (layer_tensors of the whole layer) and where its local
+ * parameters go. */
+typedef struct {
+    const stage_plan *p;
+    stage_init_draw draw;
+    void *ctx;
+    float *w;
+    uint64_t seed;
+    layer_tensor t[LAYER_MAX_TENSORS];
+    int nt, layer, rc;
+} tensor_job;
+
+/* Elements [first, first + count) of tensor k's draws to dst: normal draws per tensor
+ * stream, ones and zeros; a tied head draws the embedding's token matrix's numbers, so it
+ * equals it wherever the two live. */
+static int draw_tensor(const tensor_job *j, int k, float *dst, size_t first, size_t count)
+{
+    const layer_tensor *t = &j->t[k];
+    layer_init kind = t->init;
+    double scale = t->std;
+    uint64_t stream = rng_stream_init_tensor(j->layer, k);
+    if (kind == LAYER_INIT_TIED) {
+        layer_tensor e[LAYER_MAX_TENSORS];
+        (void)layer_tensors(&j->p->net->layers[0], j->p->net->blocks, e);
+        kind = e[0].init;
+        scale = e[0].std;
+        stream = rng_stream_init_tensor(0, 0);
+    }
+    return j->draw(j->ctx, dst, first, count, kind, scale, j->seed, stream);
+}
+
+/* A run of the whole layer's parameters this rank holds (shard_layer_runs): each tensor's
+ * part of it drawn as the same elements of the whole tensor (a run may span tensors: the
+ * vectors a block's shard keeps whole). */
+static void tensor_run(void *arg, size_t whole, size_t local, size_t count)
+{
+    tensor_job *j = arg;
+    for (int k = 0; k < j->nt && count && !j->rc; k++) {
+        const layer_tensor *t = &j->t[k];
+        if (whole >= t->offset + t->count) continue;
+        size_t take = t->offset + t->count - whole < count ? t->offset + t->count - whole : count;
+        j->rc = draw_tensor(j, k, j->w + local, whole - t->offset, take);
+        whole += take;
+        local += take;
+        count -= take;
+    }
+}
+
+/* GPT-2's for the transformer layers, tensor by tensor (layer_tensors); tensor shards (a
+ * block cut by heads) draw their slices of the whole tensors. */
 static int init_tensor_layer(const stage_plan *p, float *w, const layer_desc *L, int l,
                              uint64_t seed, stage_init_draw draw, void *ctx)
 {
-    layer_tensor t[LAYER_MAX_TENSORS];
-    int nt = layer_tensors(L, p->net->blocks, t);
-    for (int k = 0; k < nt; k++) {
-        layer_init kind = t[k].init;
-        double scale = t[k].std;
-        uint64_t stream = rng_stream_init_tensor(l, k);
-        if (kind == LAYER_INIT_TIED) {
-            layer_tensor e[LAYER_MAX_TENSORS];
-            (void)layer_tensors(&p->net->layers[0], p->net->blocks, e);
-            kind = e[0].init;
-            scale = e[0].std;
-            stream = rng_stream_init_tensor(0, 0);
-        }
-        if (draw(ctx, w + t[k].offset, 0, t[k].count, kind, scale, seed, stream)) return -1;
-    }
-    return 0;
+    tensor_job j = {.p = p, .draw = draw, .ctx = ctx, .w = w, .seed = seed, .layer = l};
+    j.nt = layer_tensors(L, p->net->blocks, j.t);
+    if (p->tp) shard_layer_runs(p->tp, p->net, l, p->tp_rank, tensor_run, &j);
+    else tensor_run(&j, 0, 0, L->weight_count + L->bias_count);
+    return j.rc ? -1 : 0;
 }
 
 int stage_plan_init_params(const stage_plan *p, float *params, uint64_t seed,

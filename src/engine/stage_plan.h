@@ -86,6 +86,8 @@ typedef struct {
     size_t widest;          /* values per sample of the widest whole input or output (tensor
                                collectives move whole vectors; local ones are no wider) */
     size_t work_floats;     /* the widest convolution workspace at `chunk` samples */
+    size_t phase_floats;    /* per sample: the most inner gradients a layer in phases keeps
+                               between its backward phases (layer_gout_floats; 0: none) */
     size_t slot_bytes;
 } stage_sizes;
 
@@ -100,7 +102,7 @@ typedef struct {
     layer_desc *loc;        /* owned, [nl]: each local layer as this rank runs it */
     size_t *param_off;      /* owned, [nl]: where its weight starts in params and grads (its
                                bias follows) */
-    size_t param_count, widest, work_floats, slot_bytes; /* as stage_sizes */
+    size_t param_count, widest, work_floats, phase_floats, slot_bytes; /* as stage_sizes */
     int wgrad_rows;         /* batched weight gradients: rows of the step (0: off) */
     int accumulated;        /* the stage's gradients hold a micro-batch's since zeroing */
     /* a backward by layer ranges under way (range_hi > 0: its next range ends there), of
@@ -238,8 +240,15 @@ typedef struct {
     int (*finish)(void *self, int i, float *y, int n);
     /* the gradient the backward left at local layer b's input (an output-split layer's
      * partial sums, n rows of `whole`): all-reduced, and cut to values [from, from + keep)
-     * of each row, which the layer below continues from */
+     * of each row, which the layer below continues from; between two backward phases of
+     * layer b (from 0, keep = whole), the partial gradient the first phase left */
     int (*reduce_carry)(void *self, int b, size_t whole, size_t from, size_t keep, int n);
+    /* forward and backward as above, from phase `from` of the first layer each reaches to
+     * before phase `to` of its last (layer_run's from and to, src/engine/layer_ops.h):
+     * for layers in phases (a block cut by heads); NULL on a device without them */
+    int (*forward_phases)(void *self, int lo, int hi, int from, int to);
+    int (*backward_phases)(void *self, int lo, int hi, int from, int to, const float *dout,
+                           float *din);
 } stage_tensor_ops;
 
 typedef struct {
@@ -254,14 +263,23 @@ typedef struct {
     float *tp_din;          /* backward, a sliced input: the input gradient's slice */
 } stage_tensor_run;
 
+/* Local layer i's phases (layer_phases: 3 for a block cut by heads, else 1). */
+static inline int stage_plan_phases(const stage_plan *p, int i)
+{
+    return layer_phases(&p->loc[i]);
+}
+
 /* The forward: without shards one run of every layer; with them, runs of layers, each
- * followed by what the group completes for the next (the stage input's slice first). */
+ * followed by what the group completes for the next (the stage input's slice first); a
+ * layer in phases all-reduces its output between them. */
 int stage_tensor_forward(const stage_tensor_run *r);
 /* The backward of local layers [lo, hi) (dout read when hi = nl, din written when lo = 0 and
  * not NULL): in runs between the collectives with shards. The gradient of an output-split
  * layer's input holds partial sums (all-reduced), a gathered input's gradient is whole (each
  * rank keeps its slice), a sliced stage input's gradient is a slice (all-gathered for the
- * previous stage), and a gathered stage output's gradient arrives whole (sliced first). */
+ * previous stage), and a gathered stage output's gradient arrives whole (sliced first). A
+ * layer in phases all-reduces the running gradient between them (reduce_carry); it forms
+ * its parameter gradients in its last phase. */
 int stage_tensor_backward(const stage_tensor_run *r, int lo, int hi, const float *dout,
                           float *din);
 /* n rows of a vector of `whole` values in state st, rank by rank: count[r] = n · len[r]

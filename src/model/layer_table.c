@@ -191,6 +191,7 @@ static int block_shape(layer_desc *L, const layer_spec *sp, layer_shape_error *e
     L->u.block.heads = sp->heads;
     L->u.block.hidden = hidden;
     L->u.block.p = (sp->given & LAYER_SPEC_DROPOUT) ? sp->dropout : 0.0f;
+    L->u.block.shards = 1;
     L->out = L->in;
     size_t c = (size_t)C, h = (size_t)hidden;
     /* c_attn C×3C, attention c_proj C×C, c_fc C×hidden, MLP c_proj hidden×C */
@@ -359,8 +360,8 @@ size_t layer_saved_floats(const layer_desc *L)
 {
     size_t T = (size_t)L->in.c, C = (size_t)L->in.w;
     switch (L->type) {
-    case LAYER_BLOCK:
-        return T * (7 * C + 2 * (size_t)L->u.block.hidden + 4) +
+    case LAYER_BLOCK: /* ln1, qkv, y, x1, ln2, fc, gel, 4 statistics; probabilities */
+        return T * (3 * C + 4 * layer_block_attn_width(L) + 2 * (size_t)L->u.block.hidden + 4) +
                (size_t)L->u.block.heads * T * T;
     case LAYER_LAYERNORM:
         return 2 * T; /* mean and rstd per token */
@@ -371,12 +372,13 @@ size_t layer_saved_floats(const layer_desc *L)
 
 /* A block's gradients per token that W needs (src/engine/layer_ops.c): its output's C
  * (MLP c_proj), c_fc's H, ln_2's output C, the residual after attention C (attention
- * c_proj), c_attn's 3C, ln_1's output C. */
+ * c_proj), c_attn's 3A, ln_1's output C (A = C, or a shard's attention width). */
 size_t layer_gout_floats(const layer_desc *L)
 {
     if (!L->weight_count) return 0;
     if (L->type == LAYER_BLOCK)
-        return (size_t)L->in.c * (7 * (size_t)L->in.w + (size_t)L->u.block.hidden);
+        return (size_t)L->in.c * (4 * (size_t)L->in.w + 3 * layer_block_attn_width(L) +
+                                  (size_t)L->u.block.hidden);
     return layer_shape_count(L->out);
 }
 
@@ -387,9 +389,11 @@ size_t layer_work_floats(const layer_desc *L, int n)
     case LAYER_BLOCK: {
         /* the gradients of layer_gout_floats (when W runs with B), attention's output
          * gradient, and the attention backward's scratch */
-        kernel_attention_dims d = {n, (int)T, L->u.block.heads, (int)C / L->u.block.heads,
-                                   3 * (int)C};
-        return N * (8 * C + (size_t)L->u.block.hidden) + kernel_attention_workspace_floats(&d);
+        size_t A = layer_block_attn_width(L);
+        kernel_attention_dims d = {n, (int)T, L->u.block.heads, (int)A / L->u.block.heads,
+                                   3 * (int)A};
+        return N * (4 * C + 4 * A + (size_t)L->u.block.hidden) +
+               kernel_attention_workspace_floats(&d);
     }
     case LAYER_EMBEDDING:
         return N; /* the token ids as int32 */

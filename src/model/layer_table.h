@@ -105,6 +105,17 @@ int layer_tensors(const layer_desc *L, int blocks, layer_tensor *t);
  * blocks and an untied head; not biases, norms, embeddings or a tied head, which must stay
  * equal to the embedding). */
 size_t layer_decayed_count(const layer_desc *L);
+/* A [block] cut by heads over a tensor group (src/model/shard.h) is described as one rank
+ * runs it: its heads and hidden units, and `shards`; its attention width (q, k and v
+ * columns each, attention c_proj's inputs) is A = C / shards, C for a whole block. */
+static inline int layer_block_shards(const layer_desc *L)
+{
+    return L->u.block.shards > 1 ? L->u.block.shards : 1;
+}
+static inline size_t layer_block_attn_width(const layer_desc *L)
+{
+    return (size_t)L->in.w / (size_t)layer_block_shards(L);
+}
 /* Floats per sample a forward keeps for the backward besides the output (layer norms'
  * statistics; a block's inner activations and attention probabilities). */
 size_t layer_saved_floats(const layer_desc *L);

@@ -39,8 +39,13 @@ typedef struct {
         struct { int size, stride; } pool;
         struct { int units; } dense;
         struct { float p; } dropout;
-        struct { int vocab, context, width; } embedding;
-        struct { int heads, hidden; float p; } block;
+        /* vocab: the whole layer's tokens, or those [first, first + vocab) one tensor rank
+         * holds of an embedding cut `shards` ways by vocabulary (src/model/shard.h);
+         * shards 0 or 1: whole */
+        struct { int vocab, context, width, first, shards; } embedding;
+        /* heads and hidden: the whole layer's, or those one tensor rank runs of a block
+         * cut `shards` ways by heads (src/model/shard.h); shards 0 or 1: whole */
+        struct { int heads, hidden; float p; int shards; } block;
         struct { int vocab, tied; } lm_head;
     } u;
     size_t weight_count, bias_count; /* 0 for parameterless layers */

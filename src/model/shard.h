@@ -21,7 +21,26 @@
  *     and one backward (the SHARD_OUT layer's input gradient), and nothing in between.
  * The plan is made for the whole net, so a layer is cut the same way in every pipeline
  * layout; a stage whose first layer wants a sharded input takes its slice of the whole
- * vector it receives, and a stage that ends sharded all-gathers its output. */
+ * vector it receives, and a stage that ends sharded all-gathers its output.
+ *
+ * A transformer language model is cut Megatron's way in both modes: each [block] by its
+ * heads (SHARD_HEADS), its input and output whole on every rank. Rank t holds the q, k and
+ * v columns of heads [t·h/T, (t+1)·h/T) (three row runs of c_attn [3C, C] and of its bias),
+ * the matching input columns of attention c_proj, rows [t·H/T, (t+1)·H/T) of c_fc (and of
+ * its bias) and those input columns of MLP c_proj; ln_1, ln_2 and both c_proj biases are
+ * whole on every rank. Attention c_proj and MLP c_proj leave partial sums, all-reduced
+ * before their bias and residual (two all-reduces forward), and the input gradients of
+ * c_fc and c_attn are partial sums, all-reduced before the layer norms' backward (two
+ * backward): the block runs in phases between them (src/engine/layer_ops.h). The heads
+ * and the hidden units must be multiples of T. The embedding and the lm_head are cut by
+ * vocabulary, rank t holding tokens [⌊t·V/T⌋, ⌊(t+1)·V/T⌋) (V ≥ T): the embedding's rows
+ * of them (SHARD_VOCAB; the positions whole on every rank) give each token's vector on the
+ * rank that holds it and zeros elsewhere (rank 0 adds the position's), all-reduced into
+ * the whole output; the lm_head's rows of them (SHARD_OUT) give the logits of those
+ * tokens, which stay sharded: the loss takes them so (loss_sharded; src/cpu/stage.h,
+ * stage_loss, Megatron's vocabulary-parallel cross-entropy), and its input gradient is a
+ * partial sum, all-reduced. The final layer norm is whole on every rank (SHARD_NONE),
+ * computing the same values and the same whole gradients. */
 #ifndef PT_SHARD_H
 #define PT_SHARD_H
 
@@ -30,7 +49,7 @@
 #include "src/model/net.h"
 
 typedef enum { TENSOR_MEGATRON = 0, TENSOR_GATHER } tensor_mode;
-typedef enum { SHARD_NONE = 0, SHARD_OUT, SHARD_IN } shard_split;
+typedef enum { SHARD_NONE = 0, SHARD_OUT, SHARD_IN, SHARD_HEADS, SHARD_VOCAB } shard_split;
 
 /* A per-sample vector: whole, or cut into `units` (channels or features) of `unit` values
  * each (rank t: units [⌊t·units/T⌋, ⌊(t+1)·units/T⌋)). */
@@ -51,6 +70,8 @@ typedef struct {
     tensor_mode mode;
     int n_layers;
     shard_layer *layers; /* owned, per layer of the net */
+    int loss_sharded;    /* the net's last layer (a language model's lm_head) leaves its
+                            output sharded by vocabulary for the loss: never gathered */
 } shard_plan;
 
 /* Plans T shards (T ≥ 1; T = 1 plans nothing: every layer SHARD_NONE, every vector FULL).
@@ -67,7 +88,9 @@ void shard_cut(int n, int T, int t, int *off, int *len);
 void shard_values(const shard_state *s, size_t whole, int T, int t, size_t *off, size_t *len);
 
 /* Layer l as rank t runs it: shapes of its local input and output, its units or filters
- * and its parameter counts (weight slice; bias slice for SHARD_OUT, whole for SHARD_IN). */
+ * and its parameter counts (weight slice; bias slice for SHARD_OUT, whole for SHARD_IN; a
+ * block's heads, hidden units and shards, src/model/layer_table.h; an embedding's or
+ * lm_head's tokens). */
 layer_desc shard_local_layer(const shard_plan *p, const net_desc *net, int l, int t);
 /* Parameters rank t holds of layers [first, last). */
 size_t shard_param_count(const shard_plan *p, const net_desc *net, int first, int last, int t);
@@ -87,7 +110,8 @@ void shard_copy_layers(const shard_plan *p, const net_desc *net, int first, int 
 int shard_local_net(net_desc *out, const shard_plan *p, const net_desc *net, int t);
 /* Calls fn(ctx, whole_index, local_index, count) for each contiguous run of layer l's
  * parameters that rank t holds, in local order (weight runs, then bias runs), indices
- * counted from the layer's first parameter. */
+ * counted from the layer's first parameter. A rank's block keeps the whole block's order
+ * of tensors, each cut to its shard (c_attn [3A, C]: its q, then k, then v rows). */
 void shard_layer_runs(const shard_plan *p, const net_desc *net, int l, int t,
                       void (*fn)(void *ctx, size_t whole, size_t local, size_t count),
                       void *ctx);
@@ -108,13 +132,17 @@ size_t shard_slot_input(const shard_plan *p, const net_desc *net, int l, int fir
  * returned, then the group acts on the gradient at layer b's input (an output-split layer's
  * partial sums, a gathered input's slice); b = lo when nothing stops it earlier. */
 enum { SHARD_THEN_REDUCE = 1, SHARD_THEN_GATHER = 2 };
+/* A stage ending at layer last − 1 all-gathers its output (it is sharded, and is not the
+ * sharded logits the loss takes as they are). */
+int shard_output_gathered(const shard_plan *p, int last);
 int shard_forward_after(const shard_plan *p, int first, int last, int i);
 int shard_backward_stop(const shard_plan *p, int first, int lo, int h);
 
 /* Per sample, the floats a stage of layers [first, last) moves in tensor collectives:
  * forward all-gathers (the values gathered, the whole vectors' sizes) and all-reduces,
- * backward all-reduces and all-gathers. first_stage: no input gradient is needed. For
- * the planner and the simulator's α–β pricing. */
+ * backward all-reduces and all-gathers (a block cut by heads: two of its output's size
+ * each way). first_stage: no input gradient is needed. For the planner and the
+ * simulator's α–β pricing. */
 typedef struct {
     size_t fwd_gather, fwd_reduce, bwd_reduce, bwd_gather;
     int fwd_gathers, fwd_reduces, bwd_reduces, bwd_gathers; /* how many collectives */
