@@ -13,7 +13,8 @@ its numbers mean nothing. Runs measured on another machine (the cpu-gpu study's 
 are kept in git under results/recorded/STUDY/*.jsonl and drawn, labelled with the machine
 and date they were measured on (experiments/studies/common.py).
 
-Studies: layouts, scaling, batch, schedules, partition, cpu-gpu (see docs/STUDIES.md).
+Studies: layouts, scaling, batch, schedules, partition, cpu-gpu, transformer, gpt-learning
+(see docs/STUDIES.md).
 """
 import argparse
 import importlib
@@ -27,7 +28,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import interpreter  # noqa: E402
 
-STUDIES = ['layouts', 'scaling', 'batch', 'schedules', 'partition', 'cpu-gpu']
+STUDIES = ['layouts', 'scaling', 'batch', 'schedules', 'partition', 'cpu-gpu', 'transformer',
+           'gpt-learning']
 DOC = os.path.join(ROOT, 'docs', 'STUDIES.md')
 
 

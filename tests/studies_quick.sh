@@ -15,7 +15,8 @@ python3 - "$WORK/res" "$WORK/fig" <<'PY' && pass "runs recorded (command, machin
     || failed "runs or figures missing"
 import json, os, sys
 res, fig = sys.argv[1:3]
-studies = ["layouts", "scaling", "batch", "schedules", "partition", "cpu-gpu"]
+studies = ["layouts", "scaling", "batch", "schedules", "partition", "cpu-gpu", "transformer",
+           "gpt-learning"]
 for s in studies:
     lines = open(os.path.join(res, s, "runs.jsonl")).read().splitlines()
     recs = [json.loads(l) for l in lines]
@@ -24,11 +25,39 @@ for s in studies:
     for r in recs:
         assert r["study"] == s and r["kind"] in ("measured", "predicted") and r["quick"], r
         assert r["cmd"] and r["machine"]["cores"] >= 1 and isinstance(r["result"], dict), r
-        assert (r["kind"] == "measured") == (" train " in r["cmd"]), r["cmd"]
+        # measured: pipetrain's train, or the learning check's PyTorch peer
+        assert (r["kind"] == "measured") == (" train " in r["cmd"] or
+                                             "/learn_gpt.py " in r["cmd"]), r["cmd"]
 for f in ("layouts", "scaling", "batch", "schedules", "partition", "cpu_gpu"):
     p = os.path.join(fig, f + ".png")
     assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n", p
+for f in ("transformer_partition", "transformer_schedules", "transformer_layouts",
+          "transformer_memory", "gpt_learning"):
+    p = os.path.join(fig, f + ".svg")
+    assert b"<svg" in open(p, "rb").read(2000), p
+# the learning check: the peer started from pipetrain's bits, on the same corpus
+peer = [r for r in map(json.loads, open(os.path.join(res, "gpt-learning", "runs.jsonl")))
+        if "/learn_gpt.py " in r["cmd"]]
+assert peer, "no PyTorch peer run recorded"
+for r in peer:
+    i = r["result"]["init"]
+    assert i["differ"] == 0 and i["compared"] > 0, i
+    assert i["corpus_digest"] == i["checkpoint_corpus_digest"], i
+first = [json.loads(l) for l in open(os.path.join(res, "gpt-learning", "seed0", "metrics.jsonl"))
+         if '"step"' in l][0]["loss"]
+for r in peer:  # the same parameters on the same windows: the same first loss
+    assert abs(r["result"]["losses"][0] - first) < 1e-5 * first, (r["result"]["losses"][0], first)
 PY
+# the comparison of the initial parameters can fail: seed 1 against seed 0's checkpoint
+python3 "$PT_SOURCE_DIR/experiments/learn_gpt.py" --model "$PT_SOURCE_DIR/models/gpt-mini.cfg" \
+    --seed 1 --steps 1 --lr-warmup 0 --eval-windows 1 \
+    --check-init "$WORK/res/gpt-learning/seed0/init/ckpt-0000000001.safetensors" >"$WORK/peer1" \
+    2>&1 && tail -n 1 "$WORK/peer1" | python3 -c '
+import json, sys
+i = json.loads(sys.stdin.read())["init"]
+sys.exit(not (i["differ"] > 0.99 * i["compared"] and i["checkpoint_seed"] == "0"))' &&
+    pass "learn_gpt.py: another seed's initial parameters differ from the checkpoint's" ||
+    { failed "learn_gpt.py: a checkpoint of another seed was not told apart"; tail -n 5 "$WORK/peer1"; }
 # the recorded GPU session is tabulated, named by its machine and date, as measured elsewhere
 grep -q "Measured elsewhere, not on this machine:.* nvidia-h100-x1 .* on 2026-11-24" "$WORK/out" &&
     grep -q "^| seed-cnn | 128 | 118,495 \[113,870–127,172\], 3 runs" "$WORK/out" &&
