@@ -165,8 +165,9 @@ def table(per_seed, steps, warmup):
                      '%.0f / %.0f' % (pt['train_s'], p['train_s'])])
     md = common.table(['seed', 'val loss pipetrain', 'val loss PyTorch', 'difference',
                        'relative', 'val bits per byte (pipetrain)',
-                       'loss of step 1 (pipetrain / PyTorch)', 'max |Δ training loss|',
-                       '|Δ| at the last step', 'initial parameters bit-identical',
+                       'loss of step 1 (pipetrain / PyTorch)',
+                       'largest difference of a step\'s training loss (absolute)',
+                       'at the last step', 'initial parameters bit-identical',
                        'training s (pipetrain / PyTorch)'], rows)
     first = next(iter(per_seed.values()))
     md += ('\n%s, %d steps of %d windows of %d bytes (%s training bytes, %s held out; the '

@@ -126,7 +126,7 @@ def partition(ctx, small, big):
         first = [0]
         for n in r['stage_layers']:
             first.append(first[-1] + n)
-        comp = [c / ts for c in r['stage_compute_s']]
+        comp = [c / r['timed_steps'] for c in r['stage_compute_s']]
         rows.append([short(small), 2, m, 'measured here', layer_names(spec, first),
                      ' / '.join('%.2f' % (x / 1e6) for x in r['stage_params']),
                      ' / '.join('%.0f' % (x * 1e3) for x in comp),
