@@ -50,14 +50,15 @@ for r in peer:  # the same parameters on the same windows: the same first loss
 PY
 # the comparison of the initial parameters can fail: seed 1 against seed 0's checkpoint
 python3 "$PT_SOURCE_DIR/experiments/learn_gpt.py" --model "$PT_SOURCE_DIR/models/gpt-mini.cfg" \
-    --seed 1 --steps 1 --lr-warmup 0 --eval-windows 1 \
+    --seed 1 --steps 1 --lr-warmup 0 --eval-windows 1 --threads 1 \
     --check-init "$WORK/res/gpt-learning/seed0/init/ckpt-0000000001.safetensors" >"$WORK/peer1" \
     2>&1 && tail -n 1 "$WORK/peer1" | python3 -c '
 import json, sys
 i = json.loads(sys.stdin.read())["init"]
 sys.exit(not (i["differ"] > 0.99 * i["compared"] and i["checkpoint_seed"] == "0"))' &&
     pass "learn_gpt.py: another seed's initial parameters differ from the checkpoint's" ||
-    { failed "learn_gpt.py: a checkpoint of another seed was not told apart"; tail -n 5 "$WORK/peer1"; }
+    { failed "learn_gpt.py: a checkpoint of another seed was not told apart"
+      tail -n 5 "$WORK/peer1"; }
 # the recorded GPU session is tabulated, named by its machine and date, as measured elsewhere
 grep -q "Measured elsewhere, not on this machine:.* nvidia-h100-x1 .* on 2026-11-24" "$WORK/out" &&
     grep -q "^| seed-cnn | 128 | 118,495 \[113,870–127,172\], 3 runs" "$WORK/out" &&

@@ -25,15 +25,16 @@ PROMPT, TEMPERATURE, TOP_K = 'The ', 0.8, 40
 
 
 def hyper(quick):
-    """(seeds, steps, warm-up steps, validation windows, sample tokens): 5 steps, one seed
-    and 8 windows with --quick."""
-    return ([0], 5, 2, 8, 40) if quick else ([0, 1, 2], 200, 20, 64, 400)
+    """(seeds, steps, warm-up steps, validation windows, sample tokens, threads): 5 steps,
+    one seed, 8 windows and one thread each with --quick (./test.sh runs it beside other
+    tests: two threads each would oversubscribe the cores)."""
+    return ([0], 5, 2, 8, 40, 1) if quick else ([0, 1, 2], 200, 20, 64, 400, THREADS)
 
 
-def train_args(seed, steps, warmup, windows):
+def train_args(seed, steps, warmup, windows, threads):
     return ['--model', MODEL, '--data', 'text', '--steps', steps, '--batch', BATCH,
             '--optimizer', 'adamw', '--lr', LR, '--lr-schedule', 'cosine', '--lr-warmup', warmup,
-            '--clip-grad-norm', CLIP, '--threads', THREADS, '--seed', seed,
+            '--clip-grad-norm', CLIP, '--threads', threads, '--seed', seed,
             '--eval-windows', windows]
 
 
@@ -60,12 +61,12 @@ def metrics(path):
     return [losses[s] for s in sorted(losses)], val
 
 
-def peer(ctx, python, seed, steps, warmup, windows, eval_at, init_ck):
+def peer(ctx, python, seed, steps, warmup, windows, threads, eval_at, init_ck):
     """One run of experiments/learn_gpt.py, recorded as a measured run of the peer."""
     cmd = [python, os.path.join(common.EXPERIMENTS, 'learn_gpt.py'), '--model', MODEL,
            '--seed', str(seed), '--steps', str(steps), '--batch', str(BATCH), '--lr', repr(LR),
            '--lr-schedule', 'cosine', '--lr-warmup', str(warmup), '--clip-grad-norm', repr(CLIP),
-           '--threads', str(THREADS), '--eval-windows', str(windows),
+           '--threads', str(threads), '--eval-windows', str(windows),
            '--eval-at', ','.join(map(str, eval_at)),
            '--check-init', init_ck]
     label = 'seed %d: PyTorch peer, %d steps' % (seed, steps)
@@ -110,7 +111,7 @@ def sample(ctx, ck, tokens):
 
 def run(ctx):
     python = interpreter_with_torch()
-    seeds, steps, warmup, windows, n_sample = hyper(ctx.quick)
+    seeds, steps, warmup, windows, n_sample, threads = hyper(ctx.quick)
     per_seed = {}
     for seed in seeds:
         d = os.path.join(ctx.results, 'seed%d' % seed)
@@ -119,18 +120,18 @@ def run(ctx):
         # pipetrain's initial parameters and corpus digest: one SGD step with lr 0
         ctx.train('seed %d: initial parameters (sgd, lr 0)' % seed,
                   ['--model', MODEL, '--data', 'text', '--steps', 1, '--batch', BATCH,
-                   '--optimizer', 'sgd', '--lr', 0, '--eval-windows', 1, '--threads', THREADS,
+                   '--optimizer', 'sgd', '--lr', 0, '--eval-windows', 1, '--threads', threads,
                    '--seed', seed, '--checkpoint-dir', init_dir])
         init_ck = os.path.join(init_dir, 'ckpt-0000000001.safetensors')
         m_path, ck = fresh(os.path.join(d, 'metrics.jsonl')), fresh(os.path.join(d, 'final.st'))
         pt = ctx.train('seed %d: pipetrain, %d steps' % (seed, steps),
-                       train_args(seed, steps, warmup, windows) + ['--metrics', m_path, '--log-every', 1,
-                                                          '--save', ck])
+                       train_args(seed, steps, warmup, windows, threads)
+                       + ['--metrics', m_path, '--log-every', 1, '--save', ck])
         losses, val = metrics(m_path)
         if len(losses) != steps or pt['val_loss'] is None:
             raise common.StudyError('seed %d: %s holds %d step losses for %d steps'
                                     % (seed, m_path, len(losses), steps))
-        p = peer(ctx, python, seed, steps, warmup, windows, sorted(val), init_ck)
+        p = peer(ctx, python, seed, steps, warmup, windows, threads, sorted(val), init_ck)
         check_same_start(seed, p)
         per_seed[seed] = {'pt': pt, 'pt_losses': losses, 'pt_val': val, 'peer': p, 'ck': ck}
     text, cmd = sample(ctx, per_seed[seeds[0]]['ck'], n_sample)
@@ -173,13 +174,15 @@ def table(per_seed, steps, warmup):
     md += ('\n%s, %d steps of %d windows of %d bytes (%s training bytes, %s held out; the '
            'validation loss is the mean over %d windows of the held-out part), AdamW lr %g '
            '(decay 0.01 on the blocks\' matrices), cosine schedule after %d warm-up steps, '
-           'gradients clipped to norm %g, %d threads each; pipetrain in its float32 engine, '
+           'gradients clipped to norm %g, %s each; pipetrain in its float32 engine, '
            'PyTorch %s in float32 (`experiments/learn_gpt.py`). Both sides start from the same '
            'bits (compared with a checkpoint pipetrain wrote before its first update) and draw '
            'the same windows; the corpus digests agree.\n'
            % (MODEL, steps, BATCH, first['pt']['context'],
               '{:,}'.format(first['pt']['train_tokens']), '{:,}'.format(first['pt']['val_tokens']),
-              first['pt']['val_samples'], LR, warmup, CLIP, THREADS, first['peer']['torch']))
+              first['pt']['val_samples'], LR, warmup, CLIP,
+              '%d thread%s' % (first['pt']['threads'], 's' if first['pt']['threads'] > 1 else ''),
+              first['peer']['torch']))
     return md
 
 

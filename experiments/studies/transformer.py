@@ -31,6 +31,11 @@ def models(quick):
     return 'models/gpt-mini.cfg', 'models/gpt2-small.cfg'
 
 
+def spec_of(model):
+    """The layers of a model file named relative to the repository (where the runs start)."""
+    return gpt_torch.model_spec(os.path.join(common.ROOT, model))
+
+
 def short(path):
     return os.path.basename(path)[:-len('.cfg')]
 
@@ -101,7 +106,7 @@ def megatron_bytes(T, C, heads):
 def partition(ctx, small, big):
     rows, bars = [], {}
     for model, batch, micro in ((small, BATCH, 4), (big, BIG_BATCH, BIG_BATCH)):
-        spec = gpt_torch.model_spec(model)
+        spec = spec_of(model)
         for k in (2, 4):
             for m in METHODS:
                 p = ctx.plan('%s K=%d %s' % (short(model), k, m),
@@ -122,7 +127,7 @@ def partition(ctx, small, big):
                       ['--model', small, *TEXT, '--stages', 2, '--partition', m, '--batch', BATCH,
                        '--microbatches', 4, '--threads', 1, '--steps', ts + tu, '--untimed-steps',
                        tu, *OPT], 2)
-        spec = gpt_torch.model_spec(small)
+        spec = spec_of(small)
         first = [0]
         for n in r['stage_layers']:
             first.append(first[-1] + n)
@@ -184,7 +189,7 @@ def draw_partition(ctx, bars):
 # ---- (b) schedules ----------------------------------------------------------------------
 
 def schedules(ctx, small):
-    spec = gpt_torch.model_spec(small)
+    spec = spec_of(small)
     ts, tu = steps(ctx.quick)
     micro = [2, 4] if ctx.quick else [2, 4, 8]
     rows, lines = [], {}
@@ -290,7 +295,7 @@ BIG_LAYOUTS = [  # 8 ranks of the topology, every micro-batch one sequence
 
 
 def layouts(ctx, small, big):
-    spec = gpt_torch.model_spec(small)
+    spec = spec_of(small)
     T = spec[0][1]['context']
     ts, tu = steps(ctx.quick)
     rows, measured, whole = [], [], None
@@ -313,7 +318,7 @@ def layouts(ctx, small, big):
     md += ('\nMeasured here (%d timed steps after %d), AdamW; a token is one position of a '
            'sequence of %d.\n\n' % (ts, tu, T))
     big_rows, predicted, skipped = [], [], []
-    big_spec = gpt_torch.model_spec(big)
+    big_spec = spec_of(big)
     Tb = big_spec[0][1]['context']
     for label, extra in BIG_LAYOUTS:
         why = tensor_refusal(big_spec, int(extra[extra.index('--tensor') + 1])
@@ -386,7 +391,7 @@ def tensor_refusal(spec, T):
 def variant(ctx, model, blocks):
     """A copy of the model file with its first `blocks` blocks only, in the results."""
     out, seen = [], 0
-    sections = gpt_torch.read_cfg(model)
+    sections = gpt_torch.read_cfg(os.path.join(common.ROOT, model))
     for kind, kv, _ in sections:
         if kind == 'block':
             seen += 1
@@ -403,7 +408,7 @@ def variant(ctx, model, blocks):
 def block_memory(ctx, names, whole):
     rows, bars = [], []
     for model in names:
-        spec = gpt_torch.model_spec(model)
+        spec = spec_of(model)
         E = spec[0][1]
         blk = next(kv for k, kv in spec if k == 'block')
         T, C, a, H = E['context'], E['width'], blk['heads'], blk['hidden']
