@@ -25,7 +25,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 abort();
             params += L->weight_count + L->bias_count;
         }
-        if (params != net.param_count) abort();
+        /* the stages hold every layer's parameters; a tied head's copy is counted once */
+        if (params != net.stored_count) abort();
+        size_t copy = net.tied_head >= 0 ? net.layers[net.tied_head].weight_count : 0;
+        if (net.param_count != params - copy) abort();
+        if (net.tied_head >= 0 && (net.layers[net.tied_head].type != LAYER_LM_HEAD ||
+                                   !net.layers[net.tied_head].u.lm_head.tied))
+            abort();
         /* a language model's classes are per position: V at each of its T positions */
         const layer_desc *last = &net.layers[net.n_layers - 1];
         size_t positions = net.sequence ? (size_t)last->out.c : 1;
