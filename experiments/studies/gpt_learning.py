@@ -110,7 +110,10 @@ def sample(ctx, ck, tokens):
 
 
 def run(ctx):
-    python = interpreter_with_torch()
+    python = interpreter_with_torch(ctx.quick)
+    if python is None:  # --quick on a machine without PyTorch (./test.sh on a fresh one)
+        return ('\nSkipped: no Python interpreter with torch and numpy here (Debian: '
+                'apt-get install python3-torch python3-numpy).\n')
     seeds, steps, warmup, windows, n_sample, threads = hyper(ctx.quick)
     per_seed = {}
     for seed in seeds:
@@ -144,10 +147,17 @@ def run(ctx):
     return md
 
 
-def interpreter_with_torch():
-    """An interpreter with torch and numpy for the peer (this one, else /usr/bin/python3)."""
+def interpreter_with_torch(quick):
+    """An interpreter with torch and numpy for the peer (this one, else /usr/bin/python3).
+    Without one, the study stops with an install hint; --quick (a smoke test of the
+    scripts) returns None instead, so a machine without PyTorch can run every study."""
     sys.path.insert(0, common.EXPERIMENTS)
     import interpreter
+    if quick:
+        for p in (sys.executable, interpreter.DEBIAN_PYTHON):
+            if interpreter.has_modules(p, ['torch', 'numpy']):
+                return p
+        return None
     return interpreter.find_python(['torch', 'numpy'])
 
 
