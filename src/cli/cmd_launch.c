@@ -221,6 +221,45 @@ static void exec_job(const launch_job *j, const launch_options *o, pid_t parent,
     _exit(127);
 }
 
+/* Kills what is left of an ended job. launch is its subreaper (PR_SET_CHILD_SUBREAPER), so
+ * a process the job started that outlived its parent (an MPI rank still starting when a
+ * signal ended mpiexec, a proxy in a group of its own) is launch's child now: each such
+ * child is killed and reaped, round after round as their own children come back to launch,
+ * for at most 5 s. */
+static void reap_orphans(void)
+{
+    long me = (long)getpid();
+    for (int round = 0; round < 100; round++) {
+        int found = 0;
+        DIR *d = opendir("/proc");
+        if (!d) return;
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            char *end;
+            long pid = strtol(e->d_name, &end, 10);
+            if (*end || pid <= 0) continue;
+            char path[64], buf[512];
+            snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+            FILE *f = fopen(path, "r");
+            if (!f) continue;
+            size_t n = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[n] = '\0';
+            /* "pid (comm) state ppid ...": comm may hold spaces and ')' */
+            char *rp = strrchr(buf, ')');
+            long ppid;
+            if (rp && sscanf(rp + 1, " %*c %ld", &ppid) == 1 && ppid == me) {
+                kill((pid_t)pid, SIGKILL);
+                found = 1;
+            }
+        }
+        closedir(d);
+        while (waitpid(-1, NULL, WNOHANG) > 0) continue;
+        if (!found) return;
+        sleep_s(0.05);
+    }
+}
+
 /* Runs the job; its wait status in *status. The signals are held while it starts, so that
  * one that comes then reaches it as soon as its group exists. */
 static int run_attempt(const launch_job *j, const launch_options *o, int *status)
@@ -249,6 +288,7 @@ static int run_attempt(const launch_job *j, const launch_options *o, int *status
     child_group = 0;
     if (got < 0) return pt_error_set("waiting for the job: %s", strerror(errno));
     if (stop_signal) kill(-pid, SIGKILL); /* nothing of an interrupted job goes on */
+    reap_orphans(); /* nor of one that ended: not in its group, not before a restart */
     return 0;
 }
 
@@ -515,6 +555,8 @@ int cmd_launch(int argc, char **argv)
         sigemptyset(&sa.sa_mask);
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
+        /* the job's orphans become launch's children, for reap_orphans */
+        prctl(PR_SET_CHILD_SUBREAPER, 1);
         rc = launch_loop(&o, &j, ckpt_arg);
     }
     free(ckpt_arg);
