@@ -3,6 +3,8 @@
 # was interrupted, unless the job really completed (its last checkpoint and --save written),
 # and nothing of the job is left running. SIGKILL to launch ends the job as well (the kernel
 # signals it when launch dies) and leaves no temporary file behind.
+# A signal in the first milliseconds, before launch's main has set its handlers, ends it by the
+# default action before it has written or started anything; such a try is counted apart.
 source "$(dirname "$0")/lib/common.bash"
 export OPENBLAS_NUM_THREADS=1
 # long enough that signals within 2.5 s come mid-run on a fast idle machine too (400 steps
@@ -34,6 +36,10 @@ signal_try() { # SIG N
             failed "SIG$1 after $delay s: exit 0 but the job did not complete: $(tail -2 "$d.err")"
             return
         fi
+    elif [ $rc = "$3" ] && [ ! -s "$d.err" ] && [ ! -e "$d.jsonl" ]; then
+        # the signal came before launch's main set its handlers (exec, the dynamic loader):
+        # the default action ended it before it had opened its log or started anything
+        EARLY=$((EARLY + 1))
     elif [ $rc = "$3" ] && grep -q "interrupted by signal" "$d.err" \
         && grep -q '"event":"interrupted"' "$d.jsonl" && ! grep -q '"event":"done"' "$d.jsonl"; then
         INTERRUPTED=$((INTERRUPTED + 1))
@@ -45,11 +51,11 @@ signal_try() { # SIG N
 }
 
 for sig in TERM:143 INT:130; do
-    COMPLETED=0 INTERRUPTED=0
+    COMPLETED=0 INTERRUPTED=0 EARLY=0
     before=$FAILURES
     for i in $(seq 10); do signal_try "${sig%:*}" "$i" "${sig#*:}"; done
     [ $FAILURES = "$before" ] \
-        && pass "SIG${sig%:*} at random moments: $INTERRUPTED interrupted (exit ${sig#*:}, said so, nothing left running), $COMPLETED completed before it (exit 0)" \
+        && pass "SIG${sig%:*} at random moments: $INTERRUPTED interrupted (exit ${sig#*:}, said so, nothing left running), $COMPLETED completed before it (exit 0), $EARLY before launch had begun" \
         || failed "SIG${sig%:*}: see above"
     [ $INTERRUPTED -gt 0 ] || failed "SIG${sig%:*}: no try interrupted the job mid-run"
 done

@@ -521,6 +521,12 @@ static int open_log(launch_options *o)
 
 int cmd_launch(int argc, char **argv)
 {
+    /* first of all, so that a signal while the job's options are read stops launch with
+     * its message and record rather than by the default action */
+    struct sigaction sa = {.sa_handler = forward_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     int dd = 0;
     while (dd < argc && strcmp(argv[dd], "--")) dd++;
     opt_parser p;
@@ -551,10 +557,6 @@ int cmd_launch(int argc, char **argv)
     } else if (o.log && open_log(&o)) {
         fprintf(stderr, "pipetrain launch: %s\n", pt_error_get());
     } else {
-        struct sigaction sa = {.sa_handler = forward_signal};
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGINT, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
         /* the job's orphans become launch's children, for reap_orphans */
         prctl(PR_SET_CHILD_SUBREAPER, 1);
         rc = launch_loop(&o, &j, ckpt_arg);
