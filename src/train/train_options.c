@@ -400,10 +400,14 @@ static int check_text_options(train_options *o, const opt_parser *p)
         if (opt_given(p, image_only[k]))
             return opt_error(p, "%s is for image data sets, not with %s%s", image_names[k],
                              what, why[k]);
-    if (!o->text && (opt_given(p, O_VAL_FRACTION) || opt_given(p, O_EVAL_WINDOWS)))
-        return opt_error(p, "--%s is for a text corpus (--data " TEXT_DATA_NAME ", --text, "
-                         "--tokens)", opt_given(p, O_VAL_FRACTION) ? "val-fraction"
-                                                                 : "eval-windows");
+    if (o->text || !(opt_given(p, O_VAL_FRACTION) || opt_given(p, O_EVAL_WINDOWS))) return 0;
+    o->text_option = opt_given(p, O_VAL_FRACTION) ? "val-fraction" : "eval-windows";
+    /* with no data option at all, a language model reads the built-in corpus: known only
+     * once the model is read (train_setup) */
+    for (int k = 0; k < (int)(sizeof image_only / sizeof *image_only); k++)
+        if (opt_given(p, image_only[k]) || opt_given(p, O_DATA))
+            return opt_error(p, "--%s is for a text corpus (--data " TEXT_DATA_NAME ", --text, "
+                             "--tokens)", o->text_option);
     return 0;
 }
 

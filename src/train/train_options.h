@@ -30,6 +30,8 @@ typedef struct {
     const char *text_file;
     double val_fraction;  /* the corpus's tail held out for validation (0: none) */
     int eval_windows;     /* evaluation windows spaced evenly over that tail */
+    const char *text_option; /* --val-fraction or --eval-windows given with no corpus named:
+                                a language model's default corpus takes it (train_setup) */
     engine_device device;
     int epochs, batch, stages, microbatches, threads, val, json, verbose, shuffle;
     int epochs_given;    /* --epochs was on the command line (else --steps alone decides) */
