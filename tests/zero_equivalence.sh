@@ -134,6 +134,30 @@ same "tied GPT, adamw + clip, R=2 zero 1 vs one process" "$WORK/gz2.st" "$WORK/g
     --zero 1 --save "$WORK/gz4.st" >/dev/null
 same "tied GPT, adamw + clip, K=2 × R=2 zero 1 vs one process" "$WORK/gz4.st" "$WORK/gref.st" 0
 
+# memory per rank, measured (--json's rank_*_bytes): fp32 Adam holds 4Ψ parameters + 4Ψ
+# gradients + 8Ψ moments unsharded; --zero 1 divides the moments by R (within 5%, the
+# shards' rounding to 64 bytes and an uneven split)
+for r in 2 4; do
+    for z in 0 1; do
+        "$MPIEXEC" -n $r "$PIPETRAIN" train "${COMMON[@]}" --steps 1 --replicas $r \
+            --microbatches 1 --optimizer adam --reduce ordered --zero $z >"$WORK/mem$r$z.json"
+    done
+    if msg=$(tail -n 1 "$WORK/mem${r}1.json" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read()); R = int(sys.argv[1]); psi = d["stage_params"][0]
+want = {"params": 4 * psi, "grads": 4 * psi, "optimizer": 8 * psi / R}
+bad = [f"{k} {b} vs {want[k]:.0f}" for k in want for b in d["rank_" + k + "_bytes"]
+       if abs(b - want[k]) > 0.05 * want[k]]
+print("; ".join(bad) or "every rank within 5%% of 4Ψ + 4Ψ + 8Ψ/%d (Ψ = %d)" % (R, psi))
+sys.exit(1 if bad else 0)' $r) &&
+       [ "$(json_field rank_optimizer_bytes <"$WORK/mem${r}0.json")" != \
+         "$(json_field rank_optimizer_bytes <"$WORK/mem${r}1.json")" ]; then
+        pass "memory, R=$r zero 1: $msg"
+    else
+        failed "memory, R=$r zero 1: $msg"
+    fi
+done
+
 # bad input: exit 2, a message (option errors are printed once, every rank exits 2)
 T=(--model "$MLP" --train-samples 64 --test-samples 0 --steps 1 --batch 32 --threads 1)
 P=("$MPIEXEC" -n 2 "$PIPETRAIN" train "${T[@]}")

@@ -177,6 +177,16 @@ static int cpu_optim_shard(engine *e, const engine_run *runs, int n)
     return 0;
 }
 
+static void cpu_state_bytes(const engine *e, size_t *params, size_t *grads, size_t *optim)
+{
+    const cpu_engine *c = e->impl;
+    size_t block = stage_round_up(e->param_count * sizeof(float));
+    *params = block;
+    *grads = block * (size_t)c->pieces; /* piece 0 is the stage's gradients */
+    if (c->zruns) *optim = 2 * stage_round_up(engine_runs_count(c->zruns, c->n_zruns) * sizeof(float));
+    else *optim = c->st.opt_memory ? 2 * block : 0;
+}
+
 static int cpu_params_host(engine *e, float **host)
 {
     *host = impl(e)->st.params;
@@ -466,6 +476,7 @@ static const engine_ops cpu_ops = {
     .finish = cpu_finish,
     .optim_shard = cpu_optim_shard,
     .params_host = cpu_params_host,
+    .state_bytes = cpu_state_bytes,
 };
 
 int engine_cpu_create(engine **out, const engine_config *cfg)

@@ -165,6 +165,10 @@ typedef struct {
     /* ZeRO: the stage's parameters in host memory that MPI may write (the all-gather that
      * follows each replica's step of its shard). NULL: no ZeRO. */
     int (*params_host)(engine *, float **host);
+    /* Bytes allocated now for the parameters, the gradients (with the pieces kept apart)
+     * and the optimizer's state (m and v; none before the first update or write_state
+     * unless sharded): the memory figures of --json. NULL: not known. */
+    void (*state_bytes)(const engine *, size_t *params, size_t *grads, size_t *optim);
 } engine_ops;
 
 struct engine {
