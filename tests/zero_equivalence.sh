@@ -158,9 +158,6 @@ sys.exit(1 if bad else 0)' $r) &&
     fi
 done
 
-# bad input: exit 2, a message (option errors are printed once, every rank exits 2)
-T=(--model "$MLP" --train-samples 64 --test-samples 0 --steps 1 --batch 32 --threads 1)
-P=("$MPIEXEC" -n 2 "$PIPETRAIN" train "${T[@]}")
 bad() { # bad LABEL PATTERN ARGS...
     local label=$1 pattern=$2 rc=0
     shift 2
@@ -171,6 +168,25 @@ bad() { # bad LABEL PATTERN ARGS...
         failed "$label: exit $rc: $(cat "$WORK/err")"
     fi
 }
+
+# plan prices ZeRO-1: the memory per rank drops by the moments' (R−1)/R, 8Ψ·(R−1)/R bytes
+mem_of() { "$PIPETRAIN" plan --model "$MLP" --stages 1 --replicas 2 --json "$@" | tail -n 1 |
+    python3 -c 'import json, sys; print(json.loads(sys.stdin.read())["predicted"]["stage_memory_bytes"][0])'; }
+if m0=$(mem_of --zero 0) && m1=$(mem_of --zero 1) &&
+   python3 -c 'import sys; d = float(sys.argv[1]) - float(sys.argv[2]); w = 8 * 235146 / 2
+sys.exit(0 if abs(d - w) < 0.01 * w else 1)' "$m0" "$m1"; then
+    pass "plan --zero 1: memory per rank $m0 -> $m1 bytes (8Ψ/2 less)"
+else
+    failed "plan --zero 1: memory per rank ${m0:-?} -> ${m1:-?} bytes"
+fi
+bad "plan --zero without replicas" "needs --replicas 2 or more" "$PIPETRAIN" plan \
+    --model "$MLP" --stages 2 --zero 1
+bad "plan --zero with gather-bcast" "--reduce gather-bcast" "$PIPETRAIN" plan --model "$MLP" \
+    --stages 1 --replicas 2 --zero 1 --reduce gather-bcast
+
+# bad input: exit 2, a message (option errors are printed once, every rank exits 2)
+T=(--model "$MLP" --train-samples 64 --test-samples 0 --steps 1 --batch 32 --threads 1)
+P=("$MPIEXEC" -n 2 "$PIPETRAIN" train "${T[@]}")
 bad "--zero without replicas" "needs --replicas 2 or more" "${P[@]}" --stages 2 --zero 1
 bad "--zero 4" "--zero 4: must be between 0 and 3" "${P[@]}" --replicas 2 --zero 4
 bad "--zero -1" "--zero -1: must be between 0 and 3" "${P[@]}" --replicas 2 --zero -1
