@@ -54,9 +54,11 @@ static const opt_spec plan_opts[] = {
     {.id = O_BUCKET_MB, .name = "bucket-mb", .shared = 1},
     {.id = O_OVERLAP, .name = "overlap", .shared = 1},
     {.id = O_ZERO, .name = "zero", .kind = OPT_INT, .arg = "S", .min = 0, .max = 1, .def = "0",
-     .help = "price train --zero S: 1 shards the optimizer's moments over the replicas "
-             "(memory per rank; the same bytes on the wire); with --ranks the search "
-             "chooses: 1 where a layout does not fit --memory-mb unsharded"},
+     .help = "ZeRO stage inside each stage's replica group (--replicas 2 or more, --reduce ordered "
+             "or allreduce, the CPU engine): 1 keeps each replica's shard of the optimizer "
+             "state only, steps it and all-gathers the parameters; 2 and 3 are not "
+             "implemented; plan prices 1 (memory per rank) and, with --ranks, tries it where "
+             "a layout does not fit --memory-mb"},
     {.id = O_DEVICE, .name = "device", .shared = 1},
     {.id = O_GPUS, .name = "gpus-per-stage", .letter = 'g', .kind = OPT_INT, .arg = "G",
      .min = 1, .max = 65536, .help = "GPUs per stage: --device cuda with G replicas"},

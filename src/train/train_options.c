@@ -149,10 +149,11 @@ static const opt_spec train_opts[] = {
     {.id = O_BUCKET_MB, .name = "bucket-mb", .shared = 1},
     {.id = O_OVERLAP, .name = "overlap", .shared = 1},
     {.id = O_ZERO, .name = "zero", .kind = OPT_INT, .arg = "S", .min = 0, .max = 3, .def = "0",
-     .help = "ZeRO stage inside each stage's replica group (--replicas > 1, --reduce ordered "
-             "or allreduce, the CPU engine): 1 each replica keeps the optimizer state of its "
-             "shard of the parameters only, steps it, then the parameters are all-gathered; "
-             "2 and 3 are not implemented yet; 0: none"},
+     .help = "ZeRO stage inside each stage's replica group (--replicas 2 or more, --reduce ordered "
+             "or allreduce, the CPU engine): 1 keeps each replica's shard of the optimizer "
+             "state only, steps it and all-gathers the parameters; 2 and 3 are not "
+             "implemented; plan prices 1 (memory per rank) and, with --ranks, tries it where "
+             "a layout does not fit --memory-mb"},
     {.id = O_THREADS, .name = "threads", .kind = OPT_INT, .arg = "N", .min = 1, .max = 1024,
      .help = "worker threads per rank (default: the node's cores / its ranks)"},
     {.id = O_BIND, .name = "bind", .kind = OPT_CHOICE, .choices = "auto|core|none",
