@@ -23,7 +23,7 @@
 enum { O_TOPOLOGY = 1, O_JSON, O_HELP, O_MODEL, O_STAGES, O_REPLICAS, O_NODES, O_PARTITION,
        O_BATCH, O_MICRO, O_DEVICE, O_GPUS, O_EXCLUSIVE, O_BANDWIDTH, O_LATENCY, O_SCHED,
        O_REDUCE, O_BUCKET_MB, O_OVERLAP, O_EMIT, O_RANKS, O_MEMORY, O_TOP, O_VIRTUAL,
-       O_RECOMPUTE, O_WGRAD, O_TENSOR, O_TENSOR_MODE };
+       O_RECOMPUTE, O_WGRAD, O_TENSOR, O_TENSOR_MODE, O_ZERO };
 
 static const opt_spec plan_opts[] = {
     {.id = O_MODEL, .name = "model", .shared = 1},
@@ -53,6 +53,12 @@ static const opt_spec plan_opts[] = {
     {.id = O_REDUCE, .name = "reduce", .shared = 1},
     {.id = O_BUCKET_MB, .name = "bucket-mb", .shared = 1},
     {.id = O_OVERLAP, .name = "overlap", .shared = 1},
+    {.id = O_ZERO, .name = "zero", .kind = OPT_INT, .arg = "S", .min = 0, .max = 1, .def = "0",
+     .help = "ZeRO stage inside each stage's replica group (--replicas 2 or more, --reduce ordered "
+             "or allreduce, the CPU engine): 1 keeps each replica's shard of the optimizer "
+             "state only, steps it and all-gathers the parameters; 2 and 3 are not "
+             "implemented; plan prices 1 (memory per rank) and, with --ranks, tries it where "
+             "a layout does not fit --memory-mb"},
     {.id = O_DEVICE, .name = "device", .shared = 1},
     {.id = O_GPUS, .name = "gpus-per-stage", .letter = 'g', .kind = OPT_INT, .arg = "G",
      .min = 1, .max = 65536, .help = "GPUs per stage: --device cuda with G replicas"},
@@ -124,6 +130,7 @@ static int read_options(plan_args *a, opt_parser *p)
         case O_REDUCE: a->reduce = methods[p->choice]; break;
         case O_BUCKET_MB: a->bucket_mb = p->real; break;
         case O_OVERLAP: a->overlap = p->choice == 0; break;
+        case O_ZERO: a->zero = (int)p->num; break;
         case O_EMIT: a->emit = p->choice == 0 ? PLAN_EMIT_MPIEXEC : PLAN_EMIT_SLURM; break;
         case O_TENSOR: a->tensor = (int)p->num; break;
         case O_TENSOR_MODE: a->tensor_mode = p->choice ? TENSOR_GATHER : TENSOR_MEGATRON; break;
@@ -164,6 +171,20 @@ static int apply_gpus_per_stage(plan_args *a, const opt_parser *p)
         return opt_error(p, "--gpus-per-stage G means G replicas; it contradicts --replicas");
     a->device = TOPO_DEVICE_CUDA;
     a->replicas = a->gpus_per_stage;
+    return 0;
+}
+
+/* --zero 1 as train takes it: replicas, a method whose every replica steps its shard. */
+static int check_zero(const plan_args *a, const opt_parser *p)
+{
+    if (!a->zero) return 0;
+    if (!a->ranks && a->replicas < 2)
+        return opt_error(p, "--zero %d shards the state across a stage's replicas: it needs "
+                         "--replicas 2 or more (or --ranks)", a->zero);
+    if (reduce_method_root_steps(a->reduce))
+        return opt_error(p, "--zero %d with --reduce %s: that method sums on the group's "
+                         "first rank, which steps alone (use ordered or allreduce)", a->zero,
+                         reduce_method_name(a->reduce));
     return 0;
 }
 
@@ -235,7 +256,7 @@ static int plan_parse(plan_args *a, int argc, char **argv)
     if (a->virtual_stages < 1) a->virtual_stages = 1;
     if (!a->recompute) a->recompute = "none";
     if (!a->schedule) a->schedule = "1f1b";
-    if (!a->ranks && check_schedule(a, &p)) return -1;
+    if (check_zero(a, &p) || (!a->ranks && check_schedule(a, &p))) return -1;
     if (a->exclusive && a->device == TOPO_DEVICE_CUDA)
         a->exclusive = 0; /* GPUs are never shared anyway */
     return split_batch(a, &p);

@@ -294,6 +294,10 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                     bytes += (double)stage_wgrad_row_bytes(net, first, last) * mb * M;
                 if (cfg->grad_pieces > 1)
                     bytes += (cfg->grad_pieces - 1.0) * (double)b.state / 4.0;
+                /* ZeRO-1: m | v (half the state) sharded over the replicas; the bytes on
+                 * the wire are the unsharded ones (reduce-scatter + all-gather) */
+                if (cfg->zero > 0 && cfg->replicas > 1)
+                    bytes -= (double)b.state / 2.0 * (1.0 - 1.0 / cfg->replicas);
                 rank += bytes;
             }
             if (rank > out[s]) out[s] = rank;

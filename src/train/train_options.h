@@ -53,6 +53,7 @@ typedef struct {
     reduce_method reduce; /* how a stage's replicas sum their gradients */
     double bucket_mb;     /* bucket size in MiB */
     int overlap;          /* reductions start during the backward pass */
+    int zero;             /* --zero: ZeRO stage inside each replica group (0: none) */
     int skip_bucket;      /* testing: a bucket left unreduced (−1: none) */
     mpi_wait_mode wait;    /* how MPI waits pass the time (--wait) */
     const char *metrics;  /* --metrics FILE.jsonl (NULL: none) */

@@ -320,7 +320,7 @@ static replicas_config replicas_of(const train_options *o)
         .replicas = o->replicas, .method = o->reduce,
         .bucket_bytes = bytes < 1 ? 1 : bytes > 1e18 ? (size_t)1e18 : (size_t)bytes,
         .overlap = o->overlap, .microbatches = o->microbatches,
-        .skip_bucket = o->skip_bucket, .timeout_s = o->timeout,
+        .skip_bucket = o->skip_bucket, .timeout_s = o->timeout, .zero = o->zero,
     };
 }
 
