@@ -243,6 +243,13 @@ int schedule_parse_recompute(const char *spec, int stages, int *flags);
 
 const char *schedule_op_name(schedule_op_kind kind); /* "F", "B", "send_act", ... */
 
+/* Schedules as text (schedule/file.c): a header "schedule NAME stages K microbatches M
+ * virtual V placement interleaved|v", "list S buckets B recompute 0|1" where not 0, then one
+ * line "STAGE OP MICROBATCH CHUNK PEER BUCKET" per instruction ('#' comments). Reading
+ * verifies; every error names the file's line (for the verifier's, the instruction's). */
+int schedule_write(const schedule *s, FILE *out);
+int schedule_read(schedule *s, const char *path);
+
 /* What the verifier found. Arrays owned, freed by schedule_report_free. */
 typedef struct {
     int stages;
