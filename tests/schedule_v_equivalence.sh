@@ -88,12 +88,12 @@ bad "zb-v with 3 chunks per rank" "even number of chunks" --stages 2 --schedule 
 bad "dualpipev with M < 2K" "at least 2 micro-batches per stage" --stages 2 --schedule dualpipev --microbatches 2 --batch 16
 
 # schedules as text: saved, loaded back identical; a broken line is named
-"$PIPETRAIN" schedule --schedule zb-v --stages 2 --microbatches 4 --save "$WORK/zbv.txt" >"$WORK/a.out"
-"$PIPETRAIN" schedule --load "$WORK/zbv.txt" --save "$WORK/zbv2.txt" >"$WORK/b.out"
+"$PIPETRAIN" schedule --schedule zb-v --stages 2 --microbatches 4 --save-schedule "$WORK/zbv.txt" >"$WORK/a.out"
+"$PIPETRAIN" schedule --schedule-file "$WORK/zbv.txt" --save-schedule "$WORK/zbv2.txt" >"$WORK/b.out"
 cmp -s "$WORK/zbv.txt" "$WORK/zbv2.txt" && cmp -s "$WORK/a.out" "$WORK/b.out" \
-    && pass "schedule --save / --load: the same lists and timeline" || failed "schedule --save/--load"
+    && pass "schedule --save-schedule / --schedule-file: the same lists and timeline" || failed "schedule --save/--load"
 sed '5s/.*/0 F 9 0 -1 -1/' "$WORK/zbv.txt" >"$WORK/bad.txt"
-rc=0; "$PIPETRAIN" schedule --load "$WORK/bad.txt" >/dev/null 2>"$WORK/bad.err" || rc=$?
+rc=0; "$PIPETRAIN" schedule --schedule-file "$WORK/bad.txt" >/dev/null 2>"$WORK/bad.err" || rc=$?
 [ $rc -eq 2 ] && grep -q "bad.txt line 5: the verifier rejects" "$WORK/bad.err" \
     && pass "a schedule file the verifier rejects: exit 2, its line named" \
     || { failed "bad schedule file: exit $rc"; cat "$WORK/bad.err"; }

@@ -19,11 +19,11 @@ static const opt_spec schedule_opts[] = {
     {.id = O_OVERLAP, .name = "overlap", .shared = 1},
     {.id = O_VIRTUAL, .name = "virtual", .shared = 1},
     {.id = O_RECOMPUTE, .name = "recompute", .shared = 1},
-    {.id = O_SAVE, .name = "save", .kind = OPT_TEXT, .arg = "FILE",
+    {.id = O_SAVE, .name = "save-schedule", .kind = OPT_TEXT, .arg = "FILE",
      .help = "also write the schedule as text (one line per instruction) to FILE"},
-    {.id = O_LOAD, .name = "load", .kind = OPT_TEXT, .arg = "FILE",
-     .help = "read the schedule from FILE (as --save writes it) instead of generating one; "
-             "it is verified, errors name the line"},
+    {.id = O_LOAD, .name = "schedule-file", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "read the schedule from FILE (as --save-schedule writes it) instead of "
+             "generating one; it is verified, errors name the line"},
     {.id = O_HELP, .name = "help", .shared = 1},
     {0},
 };
@@ -33,8 +33,8 @@ static const opt_command schedule_command = {
              "pipetrain schedule --stages K ... --schedule interleaved --virtual V\n"
              "pipetrain schedule --stages K ... --buckets B [--overlap on|off]\n"
              "pipetrain schedule --stages K ... --recompute none|all|0,2\n"
-             "pipetrain schedule --stages K ... --save FILE\n"
-             "pipetrain schedule --load FILE",
+             "pipetrain schedule --stages K ... --save-schedule FILE\n"
+             "pipetrain schedule --schedule-file FILE",
     .about = "Prints each stage's instruction list and a unit-time timeline of the schedule, "
              "verifies it (no deadlock) and reports the bubble and the peak micro-batches each "
              "stage holds (per chunk with --virtual, and the inputs kept with --recompute).",
@@ -80,7 +80,7 @@ int cmd_schedule(int argc, char **argv)
     }
     if (id == OPT_ERROR) return cli_usage_fail();
     if (!load && stages < 1) {
-        opt_error(&p, "--stages K is required (or --load FILE)");
+        opt_error(&p, "--stages K is required (or --schedule-file FILE)");
         return cli_usage_fail();
     }
     if (stages > SCHEDULE_MAX_STAGES || micro > SCHEDULE_MAX_MICRO) {
