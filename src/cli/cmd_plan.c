@@ -192,10 +192,17 @@ static int check_zero(const plan_args *a, const opt_parser *p)
 static int check_schedule(const plan_args *a, const opt_parser *p)
 {
     int V = a->virtual_stages;
-    if (V > 1 && strcmp(a->schedule, "interleaved"))
-        return opt_error(p, "--virtual %d needs --schedule interleaved", V);
-    if (V > 1 && a->stages < 2)
-        return opt_error(p, "interleaved schedules (--virtual %d) need at least 2 stages", V);
+    schedule s;
+    char why[512];
+    if (V > 1 && !strcmp(a->schedule, "interleaved") && a->stages > 1 &&
+        a->microbatches % a->stages)
+        return opt_error(p, "--microbatches %d: interleaved schedules need a multiple of "
+                            "--stages %d", a->microbatches, a->stages);
+    if (schedule_init_named(&s, a->schedule, a->stages, V, a->microbatches)) {
+        snprintf(why, sizeof why, "%s", pt_error_get());
+        return opt_error(p, "%s", why);
+    }
+    schedule_free(&s);
     if (V > 1 && a->replicas > 1)
         return opt_error(p, "--replicas with interleaved schedules (--virtual %d) is not "
                             "supported yet: use --replicas 1 or --virtual 1", V);
@@ -204,7 +211,6 @@ static int check_schedule(const plan_args *a, const opt_parser *p)
                             "--stages %d", a->microbatches, a->stages);
     int flags[a->stages];
     if (schedule_parse_recompute(a->recompute, a->stages, flags)) {
-        char why[256];
         snprintf(why, sizeof why, "%s", pt_error_get());
         return opt_error(p, "%s", why);
     }
@@ -256,6 +262,8 @@ static int plan_parse(plan_args *a, int argc, char **argv)
     if (a->virtual_stages < 1) a->virtual_stages = 1;
     if (!a->recompute) a->recompute = "none";
     if (!a->schedule) a->schedule = "1f1b";
+    /* the V schedules' default: two model chunks per rank */
+    if (schedule_is_v(a->schedule) && a->virtual_stages == 1) a->virtual_stages = 2;
     if (check_zero(a, &p) || (!a->ranks && check_schedule(a, &p))) return -1;
     if (a->exclusive && a->device == TOPO_DEVICE_CUDA)
         a->exclusive = 0; /* GPUs are never shared anyway */

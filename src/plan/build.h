@@ -43,6 +43,16 @@ typedef struct {
 } plan_args;
 
 /* The rank of tensor shard t of stage s in replica r. */
+/* The model chunk that chunk v of stage s runs: interleaved, or in a V for the V
+ * schedules (schedule/schedule.h). */
+static inline int plan_model_chunk(const plan_args *a, int s, int v)
+{
+    return schedule_model_chunk_of(a->stages, a->virtual_stages,
+                                   schedule_is_v(a->schedule) ? SCHED_PLACE_V
+                                                              : SCHED_PLACE_INTERLEAVED,
+                                   s, v);
+}
+
 static inline int plan_rank(const plan_args *a, int t, int s, int r)
 {
     return t + a->tensor * topo_grid_rank(a->replicas, s, r);

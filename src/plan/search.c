@@ -403,7 +403,7 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
                 if (b->pred.tensor_s[s] > x->tensor_s) x->tensor_s = b->pred.tensor_s[s];
                 double whole = 0, most = 0;
                 for (int v = 0; v < V; v++) {
-                    int ch = v * K + s, lo = b->part.first[ch], hi = b->part.first[ch + 1];
+                    int ch = plan_model_chunk(a, s, v), lo = b->part.first[ch], hi = b->part.first[ch + 1];
                     for (int l = lo; l < hi; l++)
                         whole += (double)(net->layers[l].weight_count +
                                           net->layers[l].bias_count);
@@ -411,7 +411,7 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
                 for (int t = 0; t < a->tensor; t++) {
                     double mine = 0;
                     for (int v = 0; v < V; v++) {
-                        int ch = v * K + s;
+                        int ch = plan_model_chunk(a, s, v);
                         mine += (double)shard_param_count(&b->shard, net, b->part.first[ch],
                                                           b->part.first[ch + 1], t);
                     }

@@ -50,8 +50,8 @@ int replicas_schedule(schedule *s, const net_desc *net, const partition *part,
                       const replicas_config *cfg)
 {
     if (cfg->replicas <= 1) return 0;
-    /* interleaved schedules: the partition holds K·V model chunks, chunk v of stage k being
-     * model chunk v·K + k */
+    /* interleaved and V schedules: the partition holds K·V model chunks, chunk v of stage k
+     * being model chunk schedule_model_chunk(s, k, v) */
     int K = s->stages, V = s->virtual_stages > 1 ? s->virtual_stages : 1;
     if (part->stages != K * V)
         return pt_error_set("replicas_schedule: %d stages × %d chunks in the schedule, %d in "
@@ -61,7 +61,7 @@ int replicas_schedule(schedule *s, const net_desc *net, const partition *part,
     int rc = buckets && per_replica ? 0 : pt_error_set("out of memory");
     for (int k = 0; k < K && !rc; k++)
         for (int v = 0; v < V && !rc; v++) {
-            int c = v * K + k;
+            int c = schedule_model_chunk(s, k, v);
             reduce_plan plan;
             rc = replicas_plan(&plan, net, part->first[c], part->first[c + 1], cfg);
             buckets[k * V + v] = plan.n_buckets;

@@ -138,7 +138,7 @@ static int gather_figures(const train_run *run, stage_figures *f)
     }
     for (int r = 0; r < K; r++) f->bubble += f->wall[r] > 0 ? 1 - f->compute[r] / f->wall[r] : 0;
     f->bubble /= K;
-    /* per model chunk c = v·K + stage, each kind of op */
+    /* per model chunk c (schedule_model_chunk), each kind of op */
     int C = K * st.chunks;
     f->chunks = C;
     f->chunk = calloc((size_t)C * EXEC_TIMES, sizeof *f->chunk);
@@ -148,7 +148,8 @@ static int gather_figures(const train_run *run, stage_figures *f)
     }
     for (int v = 0; v < st.chunks; v++)
         for (int t = 0; t < EXEC_TIMES; t++)
-            f->chunk[(size_t)t * C + v * K + me] = st.chunk_s[v * EXEC_TIMES + t];
+            f->chunk[(size_t)t * C + schedule_model_chunk(&run->sched, me, v)] =
+                st.chunk_s[v * EXEC_TIMES + t];
     if (mpi_wait_allreduce(f->chunk, C * EXEC_TIMES, MPI_DOUBLE, MPI_SUM, run->comm,
                        run->o.timeout)) {
         figures_free(f);

@@ -475,6 +475,8 @@ static int check_options(train_options *o, const opt_parser *p)
         snprintf(why, sizeof why, "%s", pt_error_get());
         return opt_error(p, "%s", why);
     }
+    /* a V schedule's chunks per rank (2 unless --virtual says) cut the partition */
+    o->virtual_stages = s.virtual_stages;
     schedule_free(&s);
     return 0;
 }

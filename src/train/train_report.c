@@ -361,7 +361,7 @@ static void tensor_predicted(const train_run *run, const stage_figures *f, doubl
         if (T < 2) continue;
         double fwd = 0, bwd = 0;
         for (int v = 0; v < V; v++) {
-            int c = v * K + s;
+            int c = schedule_model_chunk(&run->sched, s, v);
             shard_traffic tr = shard_stage_traffic(&run->shard, &run->net, run->part.first[c],
                                                    run->part.first[c + 1], c == 0);
             double cf, cb;

@@ -226,7 +226,7 @@ static int init_parameters(train_run *run)
 {
     const train_options *o = &run->o;
     for (int v = 0; v < exec_chunks(run->ex); v++) {
-        int c = v * o->stages + run->stage;
+        int c = schedule_model_chunk(&run->sched, run->stage, v);
         if (init_chunk(exec_chunk_engine(run->ex, v), o, &run->net, run->part.first[c],
                        run->part.first[c + 1], &run->shard, run->tensor_rank))
             return -1;
