@@ -86,14 +86,18 @@ lim, full, mb = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), floa
 c = lim['choices']
 assert c and all(x['fits'] and x['peak_bytes'] <= mb * 2**20 for x in c)
 fit = [x for x in full['choices'] if x['peak_bytes'] <= mb * 2**20]
-assert len(c) == len(fit), (len(c), len(fit))
+# a layout of replicas that does not fit whole is priced again with --zero 1 (its moments
+# sharded): those come on top of the ones that fit unsharded, each smaller than it was
+zero = [x for x in c if x.get('zero')]
+assert all(x['replicas'] > 1 for x in zero), zero
+assert len(c) == len(fit) + len(zero), (len(c), len(fit), len(zero))
 steps = [x['step_s'] for x in c]
 assert steps == sorted(steps), steps
 PYEOF
 "$PIPETRAIN" plan "${P[@]}" --ranks 8 --top 1000 --memory-mb "$limit" >"$WORK/lim.txt"
 # (which layout is fastest depends on the profile of the moment: the line about the
 # excluded one appears when the limit excluded a faster layout)
-grep -q "^Choice: --stages .* --recompute \(none\|all\)$" "$WORK/lim.txt" \
+grep -q "^Choice: --stages .* --recompute \(none\|all\)\( --zero 1\)\?$" "$WORK/lim.txt" \
     && grep -q "^Runner-up lost: predicted step" "$WORK/lim.txt" \
     && { ! grep -q "^Excluded" "$WORK/lim.txt" || grep -q "^Excluded by the memory limit: --stages .* MiB per rank, more than" "$WORK/lim.txt"; } \
     && pass "text: the choice, why the runner-up lost (and what the limit excluded)" \
@@ -178,13 +182,18 @@ if "$PIPETRAIN" plan "${D[@]}" --memory-mb "${rlimit:-0}" >"$WORK/deep_text.txt"
 then pass "text: the choice recomputes"
 else failed "text: the choice recomputes: $(grep -m1 '^Choice' "$WORK/deep_text.txt")"; fi
 
-# nothing fits: the error names the smallest layout, with its memory
+# nothing fits: the error names the smallest layout, with its memory: at most the smallest
+# unsharded one (ZeRO-1 may shrink a replicated layout below it)
 smallest=$(python3 -c "
 import json, sys
 print('%.2f' % (json.load(open(sys.argv[1]))['smallest_peak_bytes'] / 2**20))" "$WORK/all.json")
 expect_fail "--memory-mb smaller than any layout" \
-    "--memory-mb 1: no layout of 8 ranks fits; the smallest needs $smallest MiB per rank (--stages .* --recompute" \
+    "--memory-mb 1: no layout of 8 ranks fits; the smallest needs [0-9.]* MiB per rank (--stages .* --recompute" \
     "$PIPETRAIN" plan "${P[@]}" --ranks 8 --memory-mb 1
+named=$(sed -n 's/.*the smallest needs \([0-9.]*\) MiB.*/\1/p' "$WORK/err" | head -1)
+python3 -c "import sys; assert 0 < float(sys.argv[1]) <= float(sys.argv[2])" "${named:-0}" "$smallest" \
+    && pass "the smallest named ($named MiB) is at most the smallest unsharded layout ($smallest)" \
+    || failed "the smallest named: ${named:-none}, the smallest unsharded $smallest"
 expect_fail "--ranks with --replicas" "chosen by the search" \
     "$PIPETRAIN" plan "${P[@]}" --ranks 8 --replicas 2
 expect_fail "--ranks with --schedule" "chosen by the search" \
