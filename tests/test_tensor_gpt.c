@@ -207,7 +207,7 @@ static void shards_init(shards *h, const net_desc *net, int first, int last, int
     pthread_barrier_init(&h->g.bar, NULL, (unsigned)T);
     for (int t = 0; t < T; t++) {
         h->m[t] = (member){&h->g, t};
-        stage_tensor_comm comm = {&h->m[t], fake_allreduce, fake_allgather};
+        stage_tensor_comm comm = {&h->m[t], fake_allreduce, fake_allgather, NULL};
         cr_assert_eq(stage_init_shard(&h->s[t], net, first, last, n, 2, threads, &h->sp, t,
                                       &comm),
                      0, "%s", pt_error_get());
