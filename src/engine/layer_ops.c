@@ -155,7 +155,8 @@ int layer_phases(const layer_desc *L)
 size_t layer_phase_floats(const layer_desc *L, int ph)
 {
     size_t in = layer_shape_count(L->in);
-    return layer_block_seq(L) > 1 && ph % 2 ? in * (size_t)layer_block_seq(L) : in;
+    if (layer_block_seq(L) == 1) return in;
+    return ph % 2 ? in * (size_t)layer_block_seq(L) : 2 * in;
 }
 
 /* A block's parameters, activations and gradients as pointers: C its width, A its
@@ -196,11 +197,11 @@ static block_view block_of(const layer_call *c)
     v.bmproj = v.bfc + H;
     float *s = c->io->saved;
     v.ln1 = s;
-    v.qkv = v.ln1 + N * C;
+    v.qkv = v.ln1 + M * C;
     v.y = v.qkv + N * 3 * A;
     v.x1 = v.y + N * A;
     v.ln2 = v.x1 + M * C;
-    v.fc = v.ln2 + N * C;
+    v.fc = v.ln2 + M * C;
     v.gel = v.fc + N * H;
     v.mean1 = v.gel + N * H;
     v.rstd1 = v.mean1 + M;
@@ -219,6 +220,8 @@ typedef struct {
     float *dmp, *dfc, *dln2, *dx1, *dqkv, *dln1;
     float *dmpl, *dx1l; /* sequence parallelism: dmp's and dx1's rows of the rank's
                            positions (dmp and dx1 themselves otherwise) */
+    const float *ln1w, *ln2w; /* ln_1's and ln_2's outputs of the whole sequence for W:
+                                 gathered again (sequence parallelism), else the saved */
 } block_grads;
 
 static block_grads block_grads_at(float *set, const block_view *v)
@@ -234,6 +237,8 @@ static block_grads block_grads_at(float *set, const block_view *v)
     g.dln1 = g.dqkv + N * 3 * A;
     g.dmpl = M < N ? g.dln1 + M * C : g.dmp;
     g.dx1l = M < N ? g.dmpl + M * C : g.dx1;
+    g.ln1w = M < N ? g.dx1l + M * C : v->ln1;
+    g.ln2w = M < N ? g.ln1w + N * C : v->ln2;
     return g;
 }
 
@@ -295,25 +300,25 @@ static int block_forward_seq(const layer_call *c)
     block_view v = block_of(c);
     const float *x = c->io->x;
     float *out = c->io->y, *seq = c->io->seq;
-    size_t NC = (size_t)v.N * v.C, MC = (size_t)v.M * v.C;
+    size_t MC = (size_t)v.M * v.C;
     if (!seq && c->ph1 > c->ph0 + 1)
         return pt_error_set("layer %d [block]: sequence-parallel phases need the group", c->l);
     for (int ph = c->ph0; ph < c->ph1; ph++) {
         int rc;
         if (ph == 0)
-            rc = k->layernorm_forward(kc, out, v.mean1, v.rstd1, x, v.g1, v.b1, v.M, v.C);
+            rc = k->layernorm_forward(kc, v.ln1, v.mean1, v.rstd1, x, v.g1, v.b1, v.M, v.C) ||
+                 k->copy(kc, out, v.ln1, MC);
         else if (ph == 1)
-            rc = k->copy(kc, v.ln1, seq, NC) ||
-                 k->dense_forward(kc, v.qkv, v.ln1, v.Wattn, v.battn, v.N, v.C, 3 * v.A) ||
+            rc = k->dense_forward(kc, v.qkv, seq, v.Wattn, v.battn, v.N, v.C, 3 * v.A) ||
                  k->attention_forward(kc, v.y, v.probs, v.qkv, &v.d) ||
                  k->dense_forward(kc, seq, v.y, v.Waproj, NULL, v.N, v.A, v.C);
         else if (ph == 2)
             rc = k->copy(kc, v.x1, out, MC) || add_rows(c, v.x1, v.baproj, v.M, v.C) ||
                  k->add(kc, v.x1, x, MC) ||
-                 k->layernorm_forward(kc, out, v.mean2, v.rstd2, v.x1, v.g2, v.b2, v.M, v.C);
+                 k->layernorm_forward(kc, v.ln2, v.mean2, v.rstd2, v.x1, v.g2, v.b2, v.M, v.C) ||
+                 k->copy(kc, out, v.ln2, MC);
         else if (ph == 3)
-            rc = k->copy(kc, v.ln2, seq, NC) ||
-                 k->dense_forward(kc, v.fc, v.ln2, v.Wfc, v.bfc, v.N, v.C, v.H) ||
+            rc = k->dense_forward(kc, v.fc, seq, v.Wfc, v.bfc, v.N, v.C, v.H) ||
                  k->gelu_forward(kc, v.gel, v.fc, (size_t)v.N * v.H) ||
                  k->dense_forward(kc, seq, v.gel, v.Wmproj, NULL, v.N, v.H, v.C);
         else
@@ -359,11 +364,11 @@ static int block_weight_from(const layer_call *c, const block_view *v, const blo
           *dbattn = db1 + C, *dbaproj = dbattn + 3 * A, *dg2 = dbaproj + C, *db2 = dg2 + C,
           *dbfc = db2 + C, *dbmproj = dbfc + H;
     return k->dense_backward_weight(kc, dWmproj, dbmproj, g->dmp, v->gel, v->N, v->H, v->C) ||
-           k->dense_backward_weight(kc, dWfc, dbfc, g->dfc, v->ln2, v->N, v->C, v->H) ||
+           k->dense_backward_weight(kc, dWfc, dbfc, g->dfc, g->ln2w, v->N, v->C, v->H) ||
            k->layernorm_backward(kc, NULL, dg2, db2, g->dln2, v->x1, v->mean2, v->rstd2, v->g2,
                                  v->M, v->C) ||
            k->dense_backward_weight(kc, dWaproj, dbaproj, g->dx1, v->y, v->N, v->A, v->C) ||
-           k->dense_backward_weight(kc, dWattn, dbattn, g->dqkv, v->ln1, v->N, v->C, 3 * v->A) ||
+           k->dense_backward_weight(kc, dWattn, dbattn, g->dqkv, g->ln1w, v->N, v->C, 3 * v->A) ||
            k->layernorm_backward(kc, NULL, dg1, db1, g->dln1, c->io->x, v->mean1, v->rstd1,
                                  v->g1, v->M, v->C);
 }
@@ -414,11 +419,34 @@ static int block_backward_shard(const layer_call *c, const float *g, float *dx, 
     return weight_now && c->ph1 == LAYER_BLOCK_PHASES ? block_weight_from(c, &v, &G) : 0;
 }
 
+/* Rows of 2C: each of `rows` rows of a, then the same row of b (the gradient and a layer
+ * norm's output, all-gathered together); and back. */
+static int pair_rows(const layer_call *c, float *to, const float *a, const float *b, int rows,
+                     int C)
+{
+    for (int r = 0; r < rows; r++)
+        if (c->k->copy(c->kc, to + (size_t)r * 2 * C, a + (size_t)r * C, (size_t)C) ||
+            c->k->copy(c->kc, to + (size_t)r * 2 * C + C, b + (size_t)r * C, (size_t)C))
+            return -1;
+    return 0;
+}
+static int unpair_rows(const layer_call *c, float *a, float *b, const float *from, int rows,
+                       int C)
+{
+    for (int r = 0; r < rows; r++)
+        if (c->k->copy(c->kc, a + (size_t)r * C, from + (size_t)r * 2 * C, (size_t)C) ||
+            c->k->copy(c->kc, b + (size_t)r * C, from + (size_t)r * 2 * C + C, (size_t)C))
+            return -1;
+    return 0;
+}
+
 /* The backward phases [ph0, ph1) of a block with sequence parallelism from the running
- * gradient g to dx: M rows of the rank's positions into phases 0, 2 and 4 and out of 0 and
- * 2 (the engine all-gathers them), N rows of the whole sequence into 1 and 3 and partial
- * sums out of them (reduce-scattered). The inner gradients stay in io->gout between the
- * calls; the weight half, with the last phase, is the whole block's. */
+ * gradient g to dx: M rows of the rank's positions into phases 0, 2 and 4; out of 0 and 2
+ * M rows of 2C, the gradient paired with ln_2's (ln_1's) output, which the engine
+ * all-gathers (W needs those outputs of the whole sequence: the forward kept only its
+ * positions'); N rows of the whole sequence into 1 and 3 and partial sums out of them
+ * (reduce-scattered). The inner gradients stay in io->gout between the calls; the weight
+ * half, with the last phase, is the whole block's. */
 static int block_backward_seq(const layer_call *c, const float *g, float *dx, int weight_now)
 {
     const layer_kernels *k = c->k;
@@ -426,7 +454,7 @@ static int block_backward_seq(const layer_call *c, const float *g, float *dx, in
     block_view v = block_of(c);
     float *set = c->io->gout ? c->io->gout : c->work;
     block_grads G = block_grads_at(set, &v);
-    size_t NC = (size_t)v.N * v.C, MC = (size_t)v.M * v.C, NH = (size_t)v.N * v.H;
+    size_t MC = (size_t)v.M * v.C, NH = (size_t)v.N * v.H;
     float *dy = c->work + (size_t)c->n * layer_gout_floats(c->L);
     float *attn_work = dy + (size_t)v.N * v.A;
     const float *in = g;
@@ -437,9 +465,9 @@ static int block_backward_seq(const layer_call *c, const float *g, float *dx, in
             return pt_error_set("layer %d [block]: sequence-parallel backward phase %d needs "
                                 "the group after it", c->l, ph);
         if (ph == 0)
-            rc = copy_unless_same(c, G.dmpl, in, MC) || k->copy(kc, to, in, MC);
+            rc = copy_unless_same(c, G.dmpl, in, MC) || pair_rows(c, to, in, v.ln2, v.M, v.C);
         else if (ph == 1)
-            rc = copy_unless_same(c, G.dmp, in, NC) ||
+            rc = unpair_rows(c, G.dmp, (float *)G.ln2w, in, v.N, v.C) ||
                  k->dense_backward_input(kc, G.dfc, G.dmp, v.Wmproj, v.N, v.H, v.C) ||
                  k->gelu_backward(kc, G.dfc, G.dfc, v.fc, NH) ||
                  k->dense_backward_input(kc, to, G.dfc, v.Wfc, v.N, v.C, v.H);
@@ -447,9 +475,9 @@ static int block_backward_seq(const layer_call *c, const float *g, float *dx, in
             rc = copy_unless_same(c, G.dln2, in, MC) ||
                  k->layernorm_backward(kc, G.dx1l, NULL, NULL, G.dln2, v.x1, v.mean2, v.rstd2,
                                        v.g2, v.M, v.C) ||
-                 k->add(kc, G.dx1l, G.dmpl, MC) || k->copy(kc, to, G.dx1l, MC);
+                 k->add(kc, G.dx1l, G.dmpl, MC) || pair_rows(c, to, G.dx1l, v.ln1, v.M, v.C);
         else if (ph == 3)
-            rc = copy_unless_same(c, G.dx1, in, NC) ||
+            rc = unpair_rows(c, G.dx1, (float *)G.ln1w, in, v.N, v.C) ||
                  k->dense_backward_input(kc, dy, G.dx1, v.Waproj, v.N, v.A, v.C) ||
                  k->attention_backward(kc, G.dqkv, attn_work, dy, v.qkv, v.probs, &v.d) ||
                  k->dense_backward_input(kc, to, G.dqkv, v.Wattn, v.N, v.C, 3 * v.A);

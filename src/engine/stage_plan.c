@@ -76,6 +76,8 @@ static stage_sizes walk(const stage_shape *sh, layer_desc *loc, size_t *param_of
         size_t in = layer_shape_count(W->in), out = layer_shape_count(W->out);
         if (in > z.widest) z.widest = in;
         if (out > z.widest) z.widest = out;
+        /* a sequence-parallel block's gradient gathered with a layer norm's output */
+        if (layer_block_seq(&L) > 1 && 2 * in > z.widest) z.widest = 2 * in;
         slot_part s = slot_part_of(sh, &L, l);
         z.slot_bytes += s.out + s.argmax + s.mask + s.saved + s.xin;
     }
@@ -485,10 +487,14 @@ int stage_tensor_backward(const stage_tensor_run *r, int lo, int hi, const float
             return -1;
         if (to && layer_block_seq(&p->loc[b]) > 1) { /* gathered, or reduce-scattered */
             shard_state st = seq_state(p, p->first + b);
+            size_t whole = layer_shape_count(p->net->layers[p->first + b].in);
+            int gather = (to - 1) % 2 == 0;
+            if (gather) { /* each position's gradient and layer-norm output */
+                st.unit *= 2;
+                whole *= 2;
+            }
             if (!o->seq_carry) return no_sequence(p);
-            if (o->seq_carry(r->self, &st, layer_shape_count(p->net->layers[p->first + b].in),
-                             r->n, (to - 1) % 2 == 0))
-                return -1;
+            if (o->seq_carry(r->self, &st, whole, r->n, gather)) return -1;
             h = b + 1;
             from = to;
             continue;

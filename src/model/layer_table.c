@@ -361,11 +361,12 @@ size_t layer_saved_floats(const layer_desc *L)
     size_t T = (size_t)L->in.c, C = (size_t)L->in.w;
     switch (L->type) {
     case LAYER_BLOCK: { /* ln1, qkv, y, x1, ln2, fc, gel, 4 statistics; probabilities. With
-                         * sequence parallelism x1 and the statistics are of the rank's
-                         * positions, the rest of the whole sequence Tw */
+                         * sequence parallelism ln1, x1, ln2 and the statistics are of the
+                         * rank's positions (the backward gathers ln1 and ln2 again), the
+                         * rest of the whole sequence Tw */
         size_t Tw = T * (size_t)layer_block_seq(L);
-        return Tw * (2 * C + 4 * layer_block_attn_width(L) + 2 * (size_t)L->u.block.hidden) +
-               T * (C + 4) + (size_t)L->u.block.heads * Tw * Tw;
+        return Tw * (4 * layer_block_attn_width(L) + 2 * (size_t)L->u.block.hidden) +
+               T * (3 * C + 4) + (size_t)L->u.block.heads * Tw * Tw;
     }
     case LAYER_LAYERNORM:
         return 2 * T; /* mean and rstd per token */
@@ -377,15 +378,16 @@ size_t layer_saved_floats(const layer_desc *L)
 /* A block's gradients per token that W needs (src/engine/layer_ops.c): its output's C
  * (MLP c_proj), c_fc's H, ln_2's output C, the residual after attention C (attention
  * c_proj), c_attn's 3A, ln_1's output C (A = C, or a shard's attention width). With
- * sequence parallelism ln_2's and ln_1's are of the rank's positions, and the output's and
- * the residual's local rows are kept besides their whole ones. */
+ * sequence parallelism ln_2's and ln_1's are of the rank's positions, the output's and the
+ * residual's local rows are kept besides their whole ones, and so are ln_1's and ln_2's
+ * outputs of the whole sequence, gathered again for W. */
 size_t layer_gout_floats(const layer_desc *L)
 {
     if (!L->weight_count) return 0;
     if (L->type == LAYER_BLOCK) {
         size_t T = (size_t)L->in.c, S = (size_t)layer_block_seq(L), C = (size_t)L->in.w;
         size_t whole = T * S * (2 * C + 3 * layer_block_attn_width(L) + (size_t)L->u.block.hidden);
-        return whole + T * 2 * C + (S > 1 ? T * 2 * C : 0);
+        return whole + T * 2 * C + (S > 1 ? T * 2 * C + T * S * 2 * C : 0);
     }
     return layer_shape_count(L->out);
 }
