@@ -531,16 +531,6 @@ static void backward_span_local(stage *s, int slot, int lo, int hi, int from, in
 
 /* ---- tensor shards: the CPU's side of the shared runs (src/engine/stage_plan.h) ---- */
 
-/* One forward or backward of a slot's micro-batch as the tensor runs see it. */
-typedef struct {
-    stage *s;
-    int slot;
-    const int64_t *ids;      /* forward */
-    uint64_t seed, step;
-    float *grads;            /* backward */
-    int parts;
-} stage_pass;
-
 static int tp_forward_phases(void *self, int lo, int hi, int from, int to)
 {
     stage_pass *ps = self;
@@ -581,8 +571,8 @@ static int tp_allreduce(void *self, float *buf, size_t n)
     return rc;
 }
 
-static int tp_gather(void *self, const shard_state *st, size_t whole, const float *local,
-                     float *out, int n)
+int stage_tp_gather(void *self, const shard_state *st, size_t whole, const float *local,
+                    float *out, int n)
 {
     stage *s = ((stage_pass *)self)->s;
     int T = s->plan.tp->T;
@@ -668,70 +658,13 @@ static int tp_reduce_carry(void *self, int b, size_t count, size_t from, size_t 
     return 0;
 }
 
-/* ---- sequence parallelism: reduce-scatters, and the carry's rows gathered or scattered */
-
-/* n rows of `whole` partial sums at in, packed rank block by rank block into tp_buf (rank
- * r's values of every row, rows in order), reduce-scattered: this rank's summed block, n
- * rows of its slice, at out (which may be in, packed already). */
-static int tp_reduce_scatter(void *self, const shard_state *st, size_t whole, const float *in,
-                             float *out, int n)
-{
-    stage *s = ((stage_pass *)self)->s;
-    int T = s->plan.tp->T;
-    size_t count[T], off[T], len[T];
-    stage_tensor_counts(&s->plan, st, whole, n, count, off, len);
-    float *blk = s->tp_buf;
-    for (int r = 0; r < T; blk += count[r], r++)
-        for (int j = 0; j < n; j++)
-            memcpy(blk + (size_t)j * len[r], in + (size_t)j * whole + off[r],
-                   len[r] * sizeof(float));
-    double t0 = pt_now();
-    int rc = s->tp_comm.reduce_scatter
-                 ? s->tp_comm.reduce_scatter(s->tp_comm.ctx, s->tp_buf, out, count)
-                 : pt_error_set("stage: no reduce-scatter for sequence parallelism");
-    s->tp_s += pt_now() - t0;
-    if (rc) s->tp_failed = 1;
-    return rc;
-}
-
-/* Row j of `width` values of the carry: chunks of the micro-batch keep their rows at
- * off · widest. */
-static float *carry_row(const stage *s, int chunk, int j, size_t width)
-{
-    int off = j / chunk * chunk;
-    return s->carry + (size_t)off * s->plan.widest + (size_t)(j - off) * width;
-}
-
-static int tp_seq_carry(void *self, const shard_state *st, size_t whole, int n, int gather)
-{
-    stage *s = ((stage_pass *)self)->s;
-    int chunk = stage_chunk(s, n);
-    size_t off, mine;
-    shard_values(st, whole, s->plan.tp->T, s->plan.tp_rank, &off, &mine);
-    if (gather) { /* slices packed, all-gathered, whole rows back */
-        for (int j = 0; j < n; j++)
-            memcpy(s->tp_seq + (size_t)j * mine, carry_row(s, chunk, j, mine), mine * sizeof(float));
-        if (tp_gather(self, st, whole, s->tp_seq, s->tp_din, n)) return -1;
-        for (int j = 0; j < n; j++)
-            memcpy(carry_row(s, chunk, j, whole), s->tp_din + (size_t)j * whole,
-                   whole * sizeof(float));
-        return 0;
-    }
-    for (int j = 0; j < n; j++)
-        memcpy(s->tp_seq + (size_t)j * whole, carry_row(s, chunk, j, whole), whole * sizeof(float));
-    if (tp_reduce_scatter(self, st, whole, s->tp_seq, s->tp_seq, n)) return -1;
-    for (int j = 0; j < n; j++)
-        memcpy(carry_row(s, chunk, j, mine), s->tp_seq + (size_t)j * mine, mine * sizeof(float));
-    return 0;
-}
-
 static const stage_tensor_ops tensor_ops_cpu = {
-    .reduce_scatter = tp_reduce_scatter,
-    .seq_carry = tp_seq_carry,
+    .reduce_scatter = stage_tp_reduce_scatter, /* stage_seq.c */
+    .seq_carry = stage_tp_seq_carry,
     .forward = tp_forward_run,
     .backward = tp_backward_run,
     .allreduce = tp_allreduce,
-    .gather = tp_gather,
+    .gather = stage_tp_gather,
     .slice = tp_slice,
     .finish = tp_finish,
     .reduce_carry = tp_reduce_carry,

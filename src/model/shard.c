@@ -447,9 +447,10 @@ shard_traffic shard_stage_traffic(const shard_plan *p, const net_desc *net, int 
         size_t in = layer_shape_count(L->in), out = layer_shape_count(L->out);
         if (sl->split == SHARD_HEADS && shard_sequence(p)) {
             /* two all-gathers and two reduce-scatters each way, each moving what an
-             * all-gather of the whole vector moves (counted with the gathers) */
+             * all-gather of the whole vector moves (counted with the gathers); the
+             * backward's gathers carry a layer norm's output too */
             tr.fwd_gather += 4 * out, tr.fwd_gathers += 4;
-            tr.bwd_gather += 4 * in, tr.bwd_gathers += 4;
+            tr.bwd_gather += 6 * in, tr.bwd_gathers += 4;
             continue;
         }
         if (sl->split == SHARD_HEADS) { /* attention's and the MLP's, each way */
