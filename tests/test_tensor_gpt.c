@@ -207,7 +207,7 @@ static void shards_init(shards *h, const net_desc *net, int first, int last, int
     pthread_barrier_init(&h->g.bar, NULL, (unsigned)T);
     for (int t = 0; t < T; t++) {
         h->m[t] = (member){&h->g, t};
-        stage_tensor_comm comm = {&h->m[t], fake_allreduce, fake_allgather};
+        stage_tensor_comm comm = {&h->m[t], fake_allreduce, fake_allgather, NULL};
         cr_assert_eq(stage_init_shard(&h->s[t], net, first, last, n, 2, threads, &h->sp, t,
                                       &comm),
                      0, "%s", pt_error_get());
@@ -700,5 +700,77 @@ Test(tensor_gpt, heads_hidden_or_vocabulary_that_do_not_cut_are_refused)
     cr_assert(strstr(pt_error_get(), "layer 1 (embedding, line 2) has 3 tokens: it cannot be "
                                      "cut into 4 tensor shards"),
               "%s", pt_error_get());
+    net_desc_free(&net);
+}
+
+static void add_run(void *ctx, size_t local, size_t count)
+{
+    size_t *c = ctx;
+    c[0] += count;
+    if (!c[1]) c[1] = local + 1; /* the first run's start + 1 */
+}
+
+/* Sequence parallelism's plan: the vectors between layers cut by positions (not the token
+ * ids nor the logits), the embedding reduce-scatters, the lm_head gathers its input, the
+ * blocks run in five phases on their positions, a stage sends its slice, and the layer
+ * norms' parameters are the runs the group sums. */
+Test(tensor_gpt, sequence_parallel_plan)
+{
+    net_desc net;
+    parse(&net, 0); /* context 6: embedding, block, dropout, block, layernorm, lm_head */
+    shard_plan sp;
+    cr_assert_eq(shard_plan_init(&sp, &net, 2, TENSOR_SEQUENCE), 0, "%s", pt_error_get());
+    cr_assert(shard_sequence(&sp));
+    size_t C = 16, T = 6;
+    cr_assert(!sp.layers[0].in.sharded && sp.layers[0].out.sharded);
+    cr_assert(shard_reduce_scatters(&sp, 0));
+    cr_assert(!shard_reduce_scatters(&sp, 1));
+    for (int l = 1; l < 5; l++) cr_assert(sp.layers[l].in.sharded && sp.layers[l].out.sharded);
+    cr_assert(sp.layers[5].gather_in && !sp.layers[5].in.sharded && sp.loss_sharded);
+    for (int t = 0; t < 2; t++) {
+        layer_desc E = shard_local_layer(&sp, &net, 0, t), B = shard_local_layer(&sp, &net, 1, t);
+        cr_assert_eq(layer_shape_count(E.out), T * C); /* its partial sums are whole rows */
+        cr_assert_eq(B.in.c, 3);
+        cr_assert_eq(layer_block_seq(&B), 2);
+        cr_assert_eq(layer_phases(&B), LAYER_BLOCK_SEQ_PHASES);
+        cr_assert_eq(shard_stage_in_count(&sp, &net, 0, t), T); /* the token ids */
+        cr_assert_eq(shard_stage_in_count(&sp, &net, 1, t), T / 2 * C);
+        cr_assert_eq(shard_stage_out_count(&sp, &net, 5, t), T / 2 * C);
+        cr_assert_eq(shard_stage_out_count(&sp, &net, 6, t), T * 13); /* the logits */
+        cr_assert_eq(shard_slot_input(&sp, &net, 5, 5, t), T * C); /* gathered, first too */
+        cr_assert_eq(shard_slot_input(&sp, &net, 1, 1, t), 0);     /* its slice, as is */
+        /* ln_1 and ln_2 of a block (2C each, ln_1 first after the matrices), all of ln_f */
+        size_t c[2] = {0, 0};
+        shard_seq_partial_runs(&sp, &net, 1, t, add_run, c);
+        cr_assert_eq(c[0], 4 * C);
+        cr_assert_eq(c[1] - 1, B.weight_count);
+        size_t f[2] = {0, 0};
+        shard_seq_partial_runs(&sp, &net, 4, t, add_run, f);
+        cr_assert_eq(f[0], 2 * C);
+        size_t none[2] = {0, 0};
+        shard_seq_partial_runs(&sp, &net, 0, t, add_run, none);
+        shard_seq_partial_runs(&sp, &net, 5, t, add_run, none);
+        cr_assert_eq(none[0], 0);
+    }
+    cr_assert(!shard_output_gathered(&sp, 2)); /* a stage sends its slice */
+    shard_plan_free(&sp);
+    /* without sequence parallelism: whole vectors, no runs */
+    cr_assert_eq(shard_plan_init(&sp, &net, 2, TENSOR_MEGATRON), 0);
+    cr_assert_eq(shard_stage_in_count(&sp, &net, 1, 0), T * C);
+    size_t c[2] = {0, 0};
+    shard_seq_partial_runs(&sp, &net, 1, 0, add_run, c);
+    cr_assert_eq(c[0], 0);
+    shard_plan_free(&sp);
+    /* refusals: T = 1, a context of 6 over 4 ranks, a net without a sequence */
+    cr_assert_eq(shard_plan_init(&sp, &net, 1, TENSOR_SEQUENCE), -1);
+    cr_assert(strstr(pt_error_get(), "needs --tensor 2 or more"), "%s", pt_error_get());
+    cr_assert_eq(shard_plan_init(&sp, &net, 4, TENSOR_SEQUENCE), -1);
+    cr_assert(strstr(pt_error_get(), "the context of 6 positions is not a multiple of --tensor 4"),
+              "%s", pt_error_get());
+    net_desc_free(&net);
+    cr_assert_eq(net_desc_parse_string(&net, "[net]\ninput=8,1,1\n[dense]\nunits=4\n", "mlp.cfg"), 0,
+                 "%s", pt_error_get());
+    cr_assert_eq(shard_plan_init(&sp, &net, 2, TENSOR_SEQUENCE), -1);
+    cr_assert(strstr(pt_error_get(), "is for language models"), "%s", pt_error_get());
     net_desc_free(&net);
 }

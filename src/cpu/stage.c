@@ -82,7 +82,8 @@ static stage_bytes bytes_of(const stage_sizes *z, int threads, int groups, int c
         .workers = (size_t)threads *
                    (stage_round_up(z->work_floats * sizeof(float)) +
                     2 * stage_round_up(z->widest * chunk * sizeof(float))) +
-                   (tp ? 4 * wide + /* tp_buf, tp_din, tp_dout, carry; tp_inner */
+                   (tp ? (4 + (tp > 1)) * wide + /* tp_buf, tp_din, tp_dout, carry,
+                                                        tp_seq; tp_inner */
                              stage_round_up((size_t)max_batch * z->phase_floats * sizeof(float))
                        : 0),
         .slot = z->slot_bytes,
@@ -103,7 +104,8 @@ stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int m
     int chunk = chunk_of(chunk_max, chunk_min, groups, max_batch);
     stage_shape sh = cpu_shape(net, first, last, max_batch, chunk, tp, t);
     stage_sizes z = stage_plan_sizes(&sh);
-    stage_bytes b = bytes_of(&z, threads, groups, chunk, max_batch, tp && tp->T > 1);
+    stage_bytes b = bytes_of(&z, threads, groups, chunk, max_batch,
+                             tp && tp->T > 1 ? 1 + shard_sequence(tp) : 0);
     b.workers += stage_round_up(stage_loss_floats(net, last, max_batch, tp) * sizeof(float));
     return b;
 }
@@ -151,6 +153,7 @@ static int alloc_workers(stage *s, int chunk)
     s->tp_din = stage_alloc_zeroed(bytes);
     s->tp_dout = stage_alloc_zeroed(bytes);
     s->carry = stage_alloc_zeroed(bytes);
+    if (shard_sequence(p->tp) && !(s->tp_seq = stage_alloc_zeroed(bytes))) return -1;
     if (p->phase_floats &&
         !(s->tp_inner = stage_alloc_zeroed((size_t)p->max_batch * p->phase_floats * sizeof(float))))
         return -1;
@@ -259,6 +262,7 @@ void stage_free(stage *s)
     free(s->tp_din);
     free(s->tp_dout);
     free(s->tp_inner);
+    free(s->tp_seq);
     free(s->tp_loss);
     pool_free(s->pool);
     stage_plan_free(&s->plan);
@@ -296,12 +300,16 @@ const float *stage_output(const stage *s, int slot)
 
 size_t stage_in_count(const stage *s)
 {
-    return layer_shape_count(s->plan.net->layers[s->plan.first].in);
+    const stage_plan *p = &s->plan;
+    return p->tp ? shard_stage_in_count(p->tp, p->net, p->first, p->tp_rank)
+                 : layer_shape_count(p->net->layers[p->first].in);
 }
 
 size_t stage_out_count(const stage *s)
 {
-    return layer_shape_count(s->plan.net->layers[s->plan.last - 1].out);
+    const stage_plan *p = &s->plan;
+    return p->tp ? shard_stage_out_count(p->tp, p->net, p->last, p->tp_rank)
+                 : layer_shape_count(p->net->layers[p->last - 1].out);
 }
 
 int stage_slot_acquire(stage *s)
@@ -351,6 +359,8 @@ static int chunk_io(void *self, int i, int phase, layer_io *io)
     stage_plan_layer_io(&s->plan, sl->layers, sl->input, s->params, c->grads, i, phase, c->off,
                         io);
     io->ids = c->ids ? c->ids + c->off : NULL;
+    if (s->tp_seq && layer_block_seq(&s->plan.loc[i]) > 1) /* the whole sequence's rows */
+        io->seq = s->tp_seq + c->off * layer_shape_count(s->plan.net->layers[s->plan.first + i].in);
     if (io->batched && phase == LAYER_PHASE_BACKWARD) {
         const layer_desc *L = &s->plan.loc[i];
         size_t row = (size_t)sl->row + c->off;
@@ -425,7 +435,8 @@ static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const
     if (lo > 0 || j->to) {
         /* g is the carry itself only when every layer of the range passed it through */
         float *carry = s->carry + (size_t)off * s->plan.widest;
-        size_t count = layer_shape_count(s->plan.loc[lo].in);
+        size_t count = j->to ? layer_phase_floats(&s->plan.loc[lo], j->to - 1)
+                             : layer_shape_count(s->plan.loc[lo].in);
         if (g != carry) memcpy(carry, g, (size_t)n * count * sizeof(float));
     }
 }
@@ -533,16 +544,6 @@ static void backward_span_local(stage *s, int slot, int lo, int hi, int from, in
 
 /* ---- tensor shards: the CPU's side of the shared runs (src/engine/stage_plan.h) ---- */
 
-/* One forward or backward of a slot's micro-batch as the tensor runs see it. */
-typedef struct {
-    stage *s;
-    int slot;
-    const int64_t *ids;      /* forward */
-    uint64_t seed, step;
-    float *grads;            /* backward */
-    int parts;
-} stage_pass;
-
 static int tp_forward_phases(void *self, int lo, int hi, int from, int to)
 {
     stage_pass *ps = self;
@@ -583,8 +584,8 @@ static int tp_allreduce(void *self, float *buf, size_t n)
     return rc;
 }
 
-static int tp_gather(void *self, const shard_state *st, size_t whole, const float *local,
-                     float *out, int n)
+int stage_tp_gather(void *self, const shard_state *st, size_t whole, const float *local,
+                    float *out, int n)
 {
     stage *s = ((stage_pass *)self)->s;
     int T = s->plan.tp->T;
@@ -671,10 +672,12 @@ static int tp_reduce_carry(void *self, int b, size_t count, size_t from, size_t 
 }
 
 static const stage_tensor_ops tensor_ops_cpu = {
+    .reduce_scatter = stage_tp_reduce_scatter, /* stage_seq.c */
+    .seq_carry = stage_tp_seq_carry,
     .forward = tp_forward_run,
     .backward = tp_backward_run,
     .allreduce = tp_allreduce,
-    .gather = tp_gather,
+    .gather = stage_tp_gather,
     .slice = tp_slice,
     .finish = tp_finish,
     .reduce_carry = tp_reduce_carry,
@@ -687,7 +690,7 @@ static stage_tensor_run tensor_run(stage *s, stage_pass *ps)
     stage_slot *sl = &s->slots[ps->slot];
     stage_tensor_run r = {.plan = &s->plan, .ops = &tensor_ops_cpu, .self = ps, .n = sl->n,
                           .layers = sl->layers, .input = sl->input, .whole_out = sl->whole_out,
-                          .tp_dout = s->tp_dout, .tp_din = s->tp_din};
+                          .tp_dout = s->tp_dout, .tp_din = s->tp_din, .seq = s->tp_seq};
     return r;
 }
 

@@ -84,6 +84,9 @@ typedef struct {
     float *tp_dout;         /* owned: the slice of a gathered output's gradient */
     float *tp_loss;         /* owned: the loss on logits sharded by vocabulary
                                (stage_loss_floats) */
+    float *tp_seq;          /* owned, sequence parallelism: max_batch · widest floats, a
+                               block's whole rows between forward phases, and the packed
+                               rows of a gathered or reduce-scattered gradient */
     float *tp_inner;        /* owned: the inner gradients of a layer in phases (a block cut
                                by heads) between its backward phases, max_batch ·
                                plan.phase_floats (every slot's gout unless split) */
@@ -130,7 +133,8 @@ void stage_init_params(stage *s, uint64_t seed);
 /* The output of the slot's last forward (whole: gathered with tensor shards). */
 const float *stage_output(const stage *s, int slot);
 
-/* Input/output values per sample (whole vectors, as the stage receives and sends them). */
+/* Input/output values per sample as the stage receives and sends them: whole vectors, or
+ * under sequence parallelism the rank's slice (shard_stage_in_count). */
 size_t stage_in_count(const stage *s);
 size_t stage_out_count(const stage *s);
 

@@ -1,11 +1,32 @@
-/* What the CPU stage's files (stage.c, stage_wgrad.c) share; not for other modules. */
+/* What the CPU stage's files (stage.c, stage_wgrad.c, stage_seq.c) share; not for other modules. */
 #ifndef PT_STAGE_IMPL_H
 #define PT_STAGE_IMPL_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+#include "src/cpu/stage.h"
 
 /* bytes zeroed, aligned to STAGE_ALIGN and rounded up to it (at least one block); NULL when
  * out of memory */
 void *stage_alloc_zeroed(size_t bytes);
+
+/* One forward or backward of a slot's micro-batch as the tensor runs see it (the `self`
+ * of the CPU's stage_tensor_ops). */
+typedef struct {
+    stage *s;
+    int slot;
+    const int64_t *ids;      /* forward */
+    uint64_t seed, step;
+    float *grads;            /* backward */
+    int parts;
+} stage_pass;
+
+/* stage_tensor_ops' gather (stage.c), reduce_scatter and seq_carry (stage_seq.c). */
+int stage_tp_gather(void *self, const shard_state *st, size_t whole, const float *local,
+                    float *out, int n);
+int stage_tp_reduce_scatter(void *self, const shard_state *st, size_t whole, const float *in,
+                            float *out, int n);
+int stage_tp_seq_carry(void *self, const shard_state *st, size_t whole, int n, int gather);
 
 #endif

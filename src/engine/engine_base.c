@@ -58,6 +58,10 @@ int engine_base_init(engine *e, const engine_ops *ops, const engine_config *cfg)
     e->cfg = *cfg;
     engine_stage_sizes(net, cfg->first, cfg->last, &e->in_count, &e->out_count,
                        &e->param_count);
+    if (shard_sequence(cfg->shard)) { /* a stage sends and receives its slice */
+        e->in_count = shard_stage_in_count(cfg->shard, net, cfg->first, cfg->shard_rank);
+        e->out_count = shard_stage_out_count(cfg->shard, net, cfg->last, cfg->shard_rank);
+    }
     size_t ticks = cfg->max_ticks > 0 ? (size_t)cfg->max_ticks : 1;
     e->tick_t0 = malloc(ticks * sizeof *e->tick_t0);
     e->tick_t1 = malloc(ticks * sizeof *e->tick_t1);

@@ -148,13 +148,22 @@ static int need_transformer(const layer_call *c)
 
 int layer_phases(const layer_desc *L)
 {
+    if (L->type == LAYER_BLOCK && layer_block_seq(L) > 1) return LAYER_BLOCK_SEQ_PHASES;
     return L->type == LAYER_BLOCK && layer_block_shards(L) > 1 ? LAYER_BLOCK_PHASES : 1;
+}
+
+size_t layer_phase_floats(const layer_desc *L, int ph)
+{
+    size_t in = layer_shape_count(L->in);
+    if (layer_block_seq(L) == 1) return in;
+    return ph % 2 ? in * (size_t)layer_block_seq(L) : 2 * in;
 }
 
 /* A block's parameters, activations and gradients as pointers: C its width, A its
  * attention width (C, or a shard's heads' columns) and H its hidden units (a shard's). */
 typedef struct {
     int N, C, A, H;
+    int M; /* rows of the rank's positions: N, or N / seq with sequence parallelism */
     const float *Wattn, *Waproj, *Wfc, *Wmproj, *g1, *b1, *battn, *baproj, *g2, *b2, *bfc,
         *bmproj;
     float *ln1, *qkv, *y, *x1, *ln2, *fc, *gel, *mean1, *rstd1, *mean2, *rstd2, *probs;
@@ -165,9 +174,11 @@ static block_view block_of(const layer_call *c)
 {
     const layer_desc *L = c->L;
     block_view v;
-    size_t C = (size_t)L->in.w, H = (size_t)L->u.block.hidden, T = (size_t)L->in.c;
+    size_t C = (size_t)L->in.w, H = (size_t)L->u.block.hidden;
+    size_t M = (size_t)c->n * (size_t)L->in.c, T = (size_t)L->in.c * (size_t)layer_block_seq(L);
     size_t A = layer_block_attn_width(L), N = (size_t)c->n * T;
     v.N = (int)N;
+    v.M = (int)M;
     v.C = (int)C;
     v.A = (int)A;
     v.H = (int)H;
@@ -186,17 +197,17 @@ static block_view block_of(const layer_call *c)
     v.bmproj = v.bfc + H;
     float *s = c->io->saved;
     v.ln1 = s;
-    v.qkv = v.ln1 + N * C;
+    v.qkv = v.ln1 + M * C;
     v.y = v.qkv + N * 3 * A;
     v.x1 = v.y + N * A;
-    v.ln2 = v.x1 + N * C;
-    v.fc = v.ln2 + N * C;
+    v.ln2 = v.x1 + M * C;
+    v.fc = v.ln2 + M * C;
     v.gel = v.fc + N * H;
     v.mean1 = v.gel + N * H;
-    v.rstd1 = v.mean1 + N;
-    v.mean2 = v.rstd1 + N;
-    v.rstd2 = v.mean2 + N;
-    v.probs = v.rstd2 + N;
+    v.rstd1 = v.mean1 + M;
+    v.mean2 = v.rstd1 + M;
+    v.rstd2 = v.mean2 + M;
+    v.probs = v.rstd2 + M;
     v.d = (kernel_attention_dims){.batch = c->n, .seq = (int)T, .heads = L->u.block.heads,
                                   .head_dim = (int)A / L->u.block.heads, .qkv_stride = 3 * (int)A};
     return v;
@@ -207,18 +218,27 @@ static block_view block_of(const layer_call *c)
  * after attention, c_attn's, ln_1's output's. */
 typedef struct {
     float *dmp, *dfc, *dln2, *dx1, *dqkv, *dln1;
+    float *dmpl, *dx1l; /* sequence parallelism: dmp's and dx1's rows of the rank's
+                           positions (dmp and dx1 themselves otherwise) */
+    const float *ln1w, *ln2w; /* ln_1's and ln_2's outputs of the whole sequence for W:
+                                 gathered again (sequence parallelism), else the saved */
 } block_grads;
 
 static block_grads block_grads_at(float *set, const block_view *v)
 {
-    size_t N = (size_t)v->N, C = (size_t)v->C, A = (size_t)v->A, H = (size_t)v->H;
+    size_t N = (size_t)v->N, M = (size_t)v->M, C = (size_t)v->C, A = (size_t)v->A,
+           H = (size_t)v->H;
     block_grads g;
     g.dmp = set;
     g.dfc = g.dmp + N * C;
     g.dln2 = g.dfc + N * H;
-    g.dx1 = g.dln2 + N * C;
+    g.dx1 = g.dln2 + M * C;
     g.dqkv = g.dx1 + N * C;
     g.dln1 = g.dqkv + N * 3 * A;
+    g.dmpl = M < N ? g.dln1 + M * C : g.dmp;
+    g.dx1l = M < N ? g.dmpl + M * C : g.dx1;
+    g.ln1w = M < N ? g.dx1l + M * C : v->ln1;
+    g.ln2w = M < N ? g.ln1w + N * C : v->ln2;
     return g;
 }
 
@@ -269,9 +289,49 @@ static int block_forward_shard(const layer_call *c)
     return 0;
 }
 
+/* The forward phases [ph0, ph1) of a block with sequence parallelism (LAYER_BLOCK_SEQ_PHASES):
+ * x, the output and x1 are M rows of the rank's positions; io->seq holds the N rows of the
+ * whole sequence the engine gathered (after phases 0 and 2) or will reduce-scatter (after
+ * 1 and 3). */
+static int block_forward_seq(const layer_call *c)
+{
+    const layer_kernels *k = c->k;
+    void *kc = c->kc;
+    block_view v = block_of(c);
+    const float *x = c->io->x;
+    float *out = c->io->y, *seq = c->io->seq;
+    size_t MC = (size_t)v.M * v.C;
+    if (!seq && c->ph1 > c->ph0 + 1)
+        return pt_error_set("layer %d [block]: sequence-parallel phases need the group", c->l);
+    for (int ph = c->ph0; ph < c->ph1; ph++) {
+        int rc;
+        if (ph == 0)
+            rc = k->layernorm_forward(kc, v.ln1, v.mean1, v.rstd1, x, v.g1, v.b1, v.M, v.C) ||
+                 k->copy(kc, out, v.ln1, MC);
+        else if (ph == 1)
+            rc = k->dense_forward(kc, v.qkv, seq, v.Wattn, v.battn, v.N, v.C, 3 * v.A) ||
+                 k->attention_forward(kc, v.y, v.probs, v.qkv, &v.d) ||
+                 k->dense_forward(kc, seq, v.y, v.Waproj, NULL, v.N, v.A, v.C);
+        else if (ph == 2)
+            rc = k->copy(kc, v.x1, out, MC) || add_rows(c, v.x1, v.baproj, v.M, v.C) ||
+                 k->add(kc, v.x1, x, MC) ||
+                 k->layernorm_forward(kc, v.ln2, v.mean2, v.rstd2, v.x1, v.g2, v.b2, v.M, v.C) ||
+                 k->copy(kc, out, v.ln2, MC);
+        else if (ph == 3)
+            rc = k->dense_forward(kc, v.fc, seq, v.Wfc, v.bfc, v.N, v.C, v.H) ||
+                 k->gelu_forward(kc, v.gel, v.fc, (size_t)v.N * v.H) ||
+                 k->dense_forward(kc, seq, v.gel, v.Wmproj, NULL, v.N, v.H, v.C);
+        else
+            rc = add_rows(c, out, v.bmproj, v.M, v.C) || k->add(kc, out, v.x1, MC);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
 static int block_forward(const layer_call *c, uint64_t seed, uint64_t step)
 {
     if (need_transformer(c)) return -1;
+    if (layer_block_seq(c->L) > 1) return block_forward_seq(c);
     if (layer_block_shards(c->L) > 1) return block_forward_shard(c);
     const layer_kernels *k = c->k;
     void *kc = c->kc;
@@ -304,13 +364,13 @@ static int block_weight_from(const layer_call *c, const block_view *v, const blo
           *dbattn = db1 + C, *dbaproj = dbattn + 3 * A, *dg2 = dbaproj + C, *db2 = dg2 + C,
           *dbfc = db2 + C, *dbmproj = dbfc + H;
     return k->dense_backward_weight(kc, dWmproj, dbmproj, g->dmp, v->gel, v->N, v->H, v->C) ||
-           k->dense_backward_weight(kc, dWfc, dbfc, g->dfc, v->ln2, v->N, v->C, v->H) ||
+           k->dense_backward_weight(kc, dWfc, dbfc, g->dfc, g->ln2w, v->N, v->C, v->H) ||
            k->layernorm_backward(kc, NULL, dg2, db2, g->dln2, v->x1, v->mean2, v->rstd2, v->g2,
-                                 v->N, v->C) ||
+                                 v->M, v->C) ||
            k->dense_backward_weight(kc, dWaproj, dbaproj, g->dx1, v->y, v->N, v->A, v->C) ||
-           k->dense_backward_weight(kc, dWattn, dbattn, g->dqkv, v->ln1, v->N, v->C, 3 * v->A) ||
+           k->dense_backward_weight(kc, dWattn, dbattn, g->dqkv, g->ln1w, v->N, v->C, 3 * v->A) ||
            k->layernorm_backward(kc, NULL, dg1, db1, g->dln1, c->io->x, v->mean1, v->rstd1,
-                                 v->g1, v->N, v->C);
+                                 v->g1, v->M, v->C);
 }
 
 /* The backward phases [ph0, ph1) of a block cut by heads from the running gradient g (the
@@ -359,9 +419,82 @@ static int block_backward_shard(const layer_call *c, const float *g, float *dx, 
     return weight_now && c->ph1 == LAYER_BLOCK_PHASES ? block_weight_from(c, &v, &G) : 0;
 }
 
+/* Rows of 2C: each of `rows` rows of a, then the same row of b (the gradient and a layer
+ * norm's output, all-gathered together); and back. */
+static int pair_rows(const layer_call *c, float *to, const float *a, const float *b, int rows,
+                     int C)
+{
+    for (int r = 0; r < rows; r++)
+        if (c->k->copy(c->kc, to + (size_t)r * 2 * C, a + (size_t)r * C, (size_t)C) ||
+            c->k->copy(c->kc, to + (size_t)r * 2 * C + C, b + (size_t)r * C, (size_t)C))
+            return -1;
+    return 0;
+}
+static int unpair_rows(const layer_call *c, float *a, float *b, const float *from, int rows,
+                       int C)
+{
+    for (int r = 0; r < rows; r++)
+        if (c->k->copy(c->kc, a + (size_t)r * C, from + (size_t)r * 2 * C, (size_t)C) ||
+            c->k->copy(c->kc, b + (size_t)r * C, from + (size_t)r * 2 * C + C, (size_t)C))
+            return -1;
+    return 0;
+}
+
+/* The backward phases [ph0, ph1) of a block with sequence parallelism from the running
+ * gradient g to dx: M rows of the rank's positions into phases 0, 2 and 4; out of 0 and 2
+ * M rows of 2C, the gradient paired with ln_2's (ln_1's) output, which the engine
+ * all-gathers (W needs those outputs of the whole sequence: the forward kept only its
+ * positions'); N rows of the whole sequence into 1 and 3 and partial sums out of them
+ * (reduce-scattered). The inner gradients stay in io->gout between the calls; the weight
+ * half, with the last phase, is the whole block's. */
+static int block_backward_seq(const layer_call *c, const float *g, float *dx, int weight_now)
+{
+    const layer_kernels *k = c->k;
+    void *kc = c->kc;
+    block_view v = block_of(c);
+    float *set = c->io->gout ? c->io->gout : c->work;
+    block_grads G = block_grads_at(set, &v);
+    size_t MC = (size_t)v.M * v.C, NH = (size_t)v.N * v.H;
+    float *dy = c->work + (size_t)c->n * layer_gout_floats(c->L);
+    float *attn_work = dy + (size_t)v.N * v.A;
+    const float *in = g;
+    for (int ph = c->ph0; ph < c->ph1; ph++) {
+        float *to = dx;
+        int rc;
+        if (ph + 1 < c->ph1 || (!to && ph < LAYER_BLOCK_SEQ_PHASES - 1))
+            return pt_error_set("layer %d [block]: sequence-parallel backward phase %d needs "
+                                "the group after it", c->l, ph);
+        if (ph == 0)
+            rc = copy_unless_same(c, G.dmpl, in, MC) || pair_rows(c, to, in, v.ln2, v.M, v.C);
+        else if (ph == 1)
+            rc = unpair_rows(c, G.dmp, (float *)G.ln2w, in, v.N, v.C) ||
+                 k->dense_backward_input(kc, G.dfc, G.dmp, v.Wmproj, v.N, v.H, v.C) ||
+                 k->gelu_backward(kc, G.dfc, G.dfc, v.fc, NH) ||
+                 k->dense_backward_input(kc, to, G.dfc, v.Wfc, v.N, v.C, v.H);
+        else if (ph == 2)
+            rc = copy_unless_same(c, G.dln2, in, MC) ||
+                 k->layernorm_backward(kc, G.dx1l, NULL, NULL, G.dln2, v.x1, v.mean2, v.rstd2,
+                                       v.g2, v.M, v.C) ||
+                 k->add(kc, G.dx1l, G.dmpl, MC) || pair_rows(c, to, G.dx1l, v.ln1, v.M, v.C);
+        else if (ph == 3)
+            rc = unpair_rows(c, G.dx1, (float *)G.ln1w, in, v.N, v.C) ||
+                 k->dense_backward_input(kc, dy, G.dx1, v.Waproj, v.N, v.A, v.C) ||
+                 k->attention_backward(kc, G.dqkv, attn_work, dy, v.qkv, v.probs, &v.d) ||
+                 k->dense_backward_input(kc, to, G.dqkv, v.Wattn, v.N, v.C, 3 * v.A);
+        else
+            rc = copy_unless_same(c, G.dln1, in, MC) ||
+                 (to && (k->layernorm_backward(kc, to, NULL, NULL, G.dln1, c->io->x, v.mean1,
+                                               v.rstd1, v.g1, v.M, v.C) ||
+                         k->add(kc, to, G.dx1l, MC)));
+        if (rc) return -1;
+    }
+    return weight_now && c->ph1 == LAYER_BLOCK_SEQ_PHASES ? block_weight_from(c, &v, &G) : 0;
+}
+
 static int block_backward(const layer_call *c, const float *g, float *dx, int weight_now)
 {
     if (need_transformer(c)) return -1;
+    if (layer_block_seq(c->L) > 1) return block_backward_seq(c, g, dx, weight_now);
     if (layer_block_shards(c->L) > 1) return block_backward_shard(c, g, dx, weight_now);
     const layer_kernels *k = c->k;
     void *kc = c->kc;

@@ -114,6 +114,9 @@ typedef struct {
     int partial;             /* split by inputs: no bias and no activation in its forward */
     size_t elem_off;         /* dropout: the chunk's elements' offset in the whole vector */
     const int64_t *ids;      /* the chunk's sample ids (dropout) */
+    float *seq;              /* a block with sequence parallelism, forward: the chunk's rows
+                                of the whole sequence [n·T, C] the engine exchanges with the
+                                group between phases (gathered in, reduce-scattered out) */
 } layer_io;
 
 enum { LAYER_PHASE_FORWARD = 0, LAYER_PHASE_BACKWARD, LAYER_PHASE_WEIGHT };
@@ -133,7 +136,24 @@ enum { LAYER_PHASE_FORWARD = 0, LAYER_PHASE_BACKWARD, LAYER_PHASE_WEIGHT };
  * profile runs it without a group, the chunk's workspace does). Every other layer runs
  * in one phase. */
 enum { LAYER_BLOCK_PHASES = 3 };
+/* With sequence parallelism (layer_block_seq > 1) a block runs in five phases each way,
+ * its output and input of the rank's positions: forward 0: ln_1 into its output storage
+ * (which the engine all-gathers into io.seq); 1: c_attn, attention and attention c_proj's
+ * partial sums into io.seq (reduce-scattered into the output storage); 2: bias and
+ * residual, ln_2 (all-gathered); 3: c_fc, GELU, MLP c_proj's partial sums
+ * (reduce-scattered); 4: bias and residual. Backward 0: the output gradient passed on
+ * with ln_2's output of the positions (all-gathered: the forward keeps only the rank's
+ * positions of ln_1's and ln_2's outputs); 1: MLP c_proj, GELU, c_fc (ln_2's output's
+ * partial gradient, reduce-scattered); 2: ln_2 and the residual, with ln_1's output
+ * (all-gathered); 3: attention c_proj,
+ * attention, c_attn (reduce-scattered); 4: ln_1 and the residual. */
+enum { LAYER_BLOCK_SEQ_PHASES = 5 };
 int layer_phases(const layer_desc *L);
+/* Floats per sample of the running gradient a backward leaves after phase `ph` of a layer
+ * in phases (stopping before phase ph + 1): under sequence parallelism a block's whole
+ * sequence's rows after its odd phases, after its even ones its positions' rows paired
+ * with a layer norm's output (2C a position); else as many as its input. */
+size_t layer_phase_floats(const layer_desc *L, int ph);
 /* What a backward computes: the input gradient (B), the parameter gradients (W), or both. */
 enum { LAYER_BW_INPUT = 1, LAYER_BW_WEIGHT = 2, LAYER_BW_BOTH = 3 };
 

@@ -76,6 +76,8 @@ static stage_sizes walk(const stage_shape *sh, layer_desc *loc, size_t *param_of
         size_t in = layer_shape_count(W->in), out = layer_shape_count(W->out);
         if (in > z.widest) z.widest = in;
         if (out > z.widest) z.widest = out;
+        /* a sequence-parallel block's gradient gathered with a layer norm's output */
+        if (layer_block_seq(&L) > 1 && 2 * in > z.widest) z.widest = 2 * in;
         slot_part s = slot_part_of(sh, &L, l);
         z.slot_bytes += s.out + s.argmax + s.mask + s.saved + s.xin;
     }
@@ -313,6 +315,40 @@ static int run_forward(const stage_tensor_run *r, int lo, int hi, int from, int 
     return o->forward_phases ? o->forward_phases(r->self, lo, hi, from, to) : no_phases(r->plan);
 }
 
+/* A device without the sequence-parallel collectives meets them (it refuses before). */
+static int no_sequence(const stage_plan *p)
+{
+    return pt_error_set("%s %d..%d: this device has no sequence-parallel collectives",
+                        p->name, p->first, p->last - 1);
+}
+
+/* Layer l's input cut by positions (the state sequence parallelism sends it in; a gathered
+ * input is whole as the layer uses it). */
+static shard_state seq_state(const stage_plan *p, int l)
+{
+    shard_state st = p->tp->layers[l].in;
+    st.sharded = 1;
+    return st;
+}
+
+/* Between forward phases k and k + 1 of local layer i: the all-reduce of its output's
+ * partial sums, or under sequence parallelism the all-gather of its output rows into the
+ * exchange (k even) and the reduce-scatter of the exchange into them (k odd). */
+static int forward_between(const stage_tensor_run *r, int i, int k)
+{
+    const stage_plan *p = r->plan;
+    const stage_tensor_ops *o = r->ops;
+    int l = p->first + i;
+    float *buf = r->layers[i].buf;
+    if (layer_block_seq(&p->loc[i]) == 1)
+        return o->allreduce(r->self, buf, (size_t)r->n * layer_shape_count(p->loc[i].out));
+    if (!o->reduce_scatter) return no_sequence(p);
+    shard_state st = seq_state(p, l);
+    size_t whole = layer_shape_count(p->net->layers[l].in);
+    return k % 2 ? o->reduce_scatter(r->self, &st, whole, r->seq, buf, r->n)
+                 : o->gather(r->self, &st, whole, buf, r->seq, r->n);
+}
+
 int stage_tensor_forward(const stage_tensor_run *r)
 {
     const stage_plan *p = r->plan;
@@ -321,17 +357,18 @@ int stage_tensor_forward(const stage_tensor_run *r)
     const net_desc *net = p->net;
     const stage_slot_layer *ly = r->layers;
     int nl = p->nl, n = r->n, lo = 0, from = 0;
-    if (ly[0].xin && /* the stage's first layer works on a slice of the whole input */
-        slice_mine(r, &p->tp->layers[p->first].in, layer_shape_count(net->layers[p->first].in),
-                   r->input, ly[0].xin))
+    size_t in0 = layer_shape_count(net->layers[p->first].in);
+    if (ly[0].xin && shard_sequence(p->tp)) { /* the slice received, gathered */
+        shard_state st = seq_state(p, p->first);
+        if (o->gather(r->self, &st, in0, r->input, ly[0].xin, n)) return -1;
+    } else if (ly[0].xin && /* the stage's first layer works on a slice of the whole input */
+               slice_mine(r, &p->tp->layers[p->first].in, in0, r->input, ly[0].xin))
         return -1;
     for (int i = 0; i < nl; i++) {
         int l = p->first + i, np = stage_plan_phases(p, i);
         /* a layer in phases: its output's partial sums all-reduced after each but the last */
         for (int k = 0; k < np - 1; k++) {
-            if (run_forward(r, lo, i + 1, from, k + 1) ||
-                o->allreduce(r->self, ly[i].buf, (size_t)n * layer_shape_count(p->loc[i].out)))
-                return -1;
+            if (run_forward(r, lo, i + 1, from, k + 1) || forward_between(r, i, k)) return -1;
             lo = i;
             from = k + 1;
         }
@@ -342,7 +379,12 @@ int stage_tensor_forward(const stage_tensor_run *r)
         from = 0;
         /* an input-split layer's bias and activation follow (an embedding cut by vocabulary
          * has neither) */
-        if ((then & SHARD_THEN_REDUCE) &&
+        if ((then & SHARD_THEN_REDUCE) && shard_reduce_scatters(p->tp, l)) {
+            if (!o->reduce_scatter) return no_sequence(p);
+            if (o->reduce_scatter(r->self, &p->tp->layers[l].out,
+                                  layer_shape_count(net->layers[l].out), ly[i].buf, ly[i].buf, n))
+                return -1;
+        } else if ((then & SHARD_THEN_REDUCE) &&
             (o->allreduce(r->self, ly[i].buf, (size_t)n * layer_shape_count(p->loc[i].out)) ||
              (stage_plan_split_in(p, i) && o->finish(r->self, i, ly[i].buf, n))))
             return -1;
@@ -362,6 +404,17 @@ static int backward_collective(const stage_tensor_run *r, int b, float *din)
     const stage_tensor_ops *o = r->ops;
     int l = p->first + b, n = r->n;
     size_t whole = layer_shape_count(p->net->layers[l].in);
+    if (shard_sequence(tp) && !o->seq_carry) return no_sequence(p);
+    /* sequence parallelism: a gathered input's partial gradient reduce-scattered back to
+     * the previous layer's slice, a reduce-scattered output's gradient all-gathered */
+    if (shard_sequence(tp) && b > 0 && tp->layers[l].split == SHARD_OUT)
+        return o->seq_carry(r->self, &tp->layers[l - 1].out, whole, n, 0);
+    if (b > 0 && shard_reduce_scatters(tp, l - 1))
+        return o->seq_carry(r->self, &tp->layers[l - 1].out, whole, n, 1);
+    if (shard_sequence(tp) && b == 0 && din && tp->layers[l].split == SHARD_OUT) {
+        shard_state st = seq_state(p, l);
+        return o->reduce_scatter(r->self, &st, whole, r->tp_din, din, n);
+    }
     if (b > 0 && tp->layers[l].split == SHARD_OUT) {
         size_t from = 0, keep = whole;
         if (r->layers[b].xin) /* gathered input: back to the previous layer's slice */
@@ -418,6 +471,13 @@ int stage_tensor_backward(const stage_tensor_run *r, int lo, int hi, const float
             return -1;
         dout = r->tp_dout;
     }
+    if (hi == nl && shard_reduce_scatters(p->tp, p->last - 1)) { /* the slice received */
+        int L = p->last - 1;
+        if (o->gather(r->self, &p->tp->layers[L].out, layer_shape_count(p->net->layers[L].out),
+                      dout, r->tp_dout, r->n))
+            return -1;
+        dout = r->tp_dout;
+    }
     for (int h = hi, from = 0; h > lo;) {
         int b, to;
         backward_stop(p, lo, h, from, &b, &to);
@@ -425,6 +485,20 @@ int stage_tensor_backward(const stage_tensor_run *r, int lo, int hi, const float
         if (run_backward(r, b, h, from, to, h == nl && !from ? dout : NULL,
                          b == 0 && !to ? (slice_in && din ? r->tp_din : din) : NULL))
             return -1;
+        if (to && layer_block_seq(&p->loc[b]) > 1) { /* gathered, or reduce-scattered */
+            shard_state st = seq_state(p, p->first + b);
+            size_t whole = layer_shape_count(p->net->layers[p->first + b].in);
+            int gather = (to - 1) % 2 == 0;
+            if (gather) { /* each position's gradient and layer-norm output */
+                st.unit *= 2;
+                whole *= 2;
+            }
+            if (!o->seq_carry) return no_sequence(p);
+            if (o->seq_carry(r->self, &st, whole, r->n, gather)) return -1;
+            h = b + 1;
+            from = to;
+            continue;
+        }
         if (to) { /* inside layer b: the partial gradient its phase left, all-reduced */
             size_t whole = layer_shape_count(p->loc[b].in);
             if (o->reduce_carry(r->self, b, whole, 0, whole, r->n)) return -1;

@@ -54,6 +54,10 @@ typedef struct {
     void *ctx;
     int (*allreduce)(void *ctx, float *buf, size_t n);
     int (*allgather)(void *ctx, const float *send, float *recv, const size_t *count);
+    /* sequence parallelism (NULL: none): `send` holds count[0] + count[1] + ... floats,
+     * rank by rank; this rank receives the group's sum of block `rank` (count[rank]
+     * floats) at recv */
+    int (*reduce_scatter)(void *ctx, const float *send, float *recv, const size_t *count);
 } stage_tensor_comm;
 
 /* STAGE_ALIGN: every block of a stage's memory starts at a multiple of it (bytes).
@@ -249,6 +253,15 @@ typedef struct {
     int (*forward_phases)(void *self, int lo, int hi, int from, int to);
     int (*backward_phases)(void *self, int lo, int hi, int from, int to, const float *dout,
                            float *din);
+    /* sequence parallelism (src/model/shard.h; NULL on a device without it): n rows of
+     * partial sums of a vector of `whole` values in state st (at in), summed over the group
+     * into this rank's slice of each (n contiguous rows at out; out may be in) */
+    int (*reduce_scatter)(void *self, const shard_state *st, size_t whole, const float *in,
+                          float *out, int n);
+    /* the running gradient the backward left (n rows, as reduce_carry's) of a vector in
+     * state st: gather = 1, this rank's slice of each row all-gathered into whole rows;
+     * 0, whole rows of partial sums reduce-scattered into this rank's slice */
+    int (*seq_carry)(void *self, const shard_state *st, size_t whole, int n, int gather);
 } stage_tensor_ops;
 
 typedef struct {
@@ -260,7 +273,10 @@ typedef struct {
     const float *input;     /* forward: the stage's input (whole rows) */
     float *whole_out;       /* the stage's output gathered whole (NULL: not sharded) */
     float *tp_dout;         /* backward, whole_out: the output gradient's slice */
-    float *tp_din;          /* backward, a sliced input: the input gradient's slice */
+    float *tp_din;          /* backward, a sliced input: the input gradient's slice (a
+                               gathered one under sequence parallelism: its whole) */
+    float *seq;             /* sequence parallelism: n whole rows of the widest vector, a
+                               block's exchange between forward phases (layer_io.seq) */
 } stage_tensor_run;
 
 /* Local layer i's phases (layer_phases: 3 for a block cut by heads, else 1). */

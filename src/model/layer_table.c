@@ -360,9 +360,14 @@ size_t layer_saved_floats(const layer_desc *L)
 {
     size_t T = (size_t)L->in.c, C = (size_t)L->in.w;
     switch (L->type) {
-    case LAYER_BLOCK: /* ln1, qkv, y, x1, ln2, fc, gel, 4 statistics; probabilities */
-        return T * (3 * C + 4 * layer_block_attn_width(L) + 2 * (size_t)L->u.block.hidden + 4) +
-               (size_t)L->u.block.heads * T * T;
+    case LAYER_BLOCK: { /* ln1, qkv, y, x1, ln2, fc, gel, 4 statistics; probabilities. With
+                         * sequence parallelism ln1, x1, ln2 and the statistics are of the
+                         * rank's positions (the backward gathers ln1 and ln2 again), the
+                         * rest of the whole sequence Tw */
+        size_t Tw = T * (size_t)layer_block_seq(L);
+        return Tw * (4 * layer_block_attn_width(L) + 2 * (size_t)L->u.block.hidden) +
+               T * (3 * C + 4) + (size_t)L->u.block.heads * Tw * Tw;
+    }
     case LAYER_LAYERNORM:
         return 2 * T; /* mean and rstd per token */
     default:
@@ -372,27 +377,32 @@ size_t layer_saved_floats(const layer_desc *L)
 
 /* A block's gradients per token that W needs (src/engine/layer_ops.c): its output's C
  * (MLP c_proj), c_fc's H, ln_2's output C, the residual after attention C (attention
- * c_proj), c_attn's 3A, ln_1's output C (A = C, or a shard's attention width). */
+ * c_proj), c_attn's 3A, ln_1's output C (A = C, or a shard's attention width). With
+ * sequence parallelism ln_2's and ln_1's are of the rank's positions, the output's and the
+ * residual's local rows are kept besides their whole ones, and so are ln_1's and ln_2's
+ * outputs of the whole sequence, gathered again for W. */
 size_t layer_gout_floats(const layer_desc *L)
 {
     if (!L->weight_count) return 0;
-    if (L->type == LAYER_BLOCK)
-        return (size_t)L->in.c * (4 * (size_t)L->in.w + 3 * layer_block_attn_width(L) +
-                                  (size_t)L->u.block.hidden);
+    if (L->type == LAYER_BLOCK) {
+        size_t T = (size_t)L->in.c, S = (size_t)layer_block_seq(L), C = (size_t)L->in.w;
+        size_t whole = T * S * (2 * C + 3 * layer_block_attn_width(L) + (size_t)L->u.block.hidden);
+        return whole + T * 2 * C + (S > 1 ? T * 2 * C + T * S * 2 * C : 0);
+    }
     return layer_shape_count(L->out);
 }
 
 size_t layer_work_floats(const layer_desc *L, int n)
 {
-    size_t T = (size_t)L->in.c, C = (size_t)L->in.w, N = (size_t)n * T;
+    size_t T = (size_t)L->in.c, N = (size_t)n * T;
     switch (L->type) {
     case LAYER_BLOCK: {
         /* the gradients of layer_gout_floats (when W runs with B), attention's output
-         * gradient, and the attention backward's scratch */
-        size_t A = layer_block_attn_width(L);
-        kernel_attention_dims d = {n, (int)T, L->u.block.heads, (int)A / L->u.block.heads,
+         * gradient, and the attention backward's scratch (of the whole sequence) */
+        size_t A = layer_block_attn_width(L), Tw = T * (size_t)layer_block_seq(L);
+        kernel_attention_dims d = {n, (int)Tw, L->u.block.heads, (int)A / L->u.block.heads,
                                    3 * (int)A};
-        return N * (4 * C + 4 * A + (size_t)L->u.block.hidden) +
+        return (size_t)n * layer_gout_floats(L) + (size_t)n * Tw * A +
                kernel_attention_workspace_floats(&d);
     }
     case LAYER_EMBEDDING:

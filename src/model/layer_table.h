@@ -112,6 +112,12 @@ static inline int layer_block_shards(const layer_desc *L)
 {
     return L->u.block.shards > 1 ? L->u.block.shards : 1;
 }
+/* A block with sequence parallelism (src/model/shard.h) holds 1/seq of the positions of its
+ * input and output; 1 otherwise. Its whole sequence is in.c · seq. */
+static inline int layer_block_seq(const layer_desc *L)
+{
+    return L->type == LAYER_BLOCK && L->u.block.seq > 1 ? L->u.block.seq : 1;
+}
 static inline size_t layer_block_attn_width(const layer_desc *L)
 {
     return (size_t)L->in.w / (size_t)layer_block_shards(L);

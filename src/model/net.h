@@ -44,8 +44,10 @@ typedef struct {
          * shards 0 or 1: whole */
         struct { int vocab, context, width, first, shards; } embedding;
         /* heads and hidden: the whole layer's, or those one tensor rank runs of a block
-         * cut `shards` ways by heads (src/model/shard.h); shards 0 or 1: whole */
-        struct { int heads, hidden; float p; int shards; } block;
+         * cut `shards` ways by heads (src/model/shard.h); shards 0 or 1: whole. seq > 1:
+         * sequence parallelism, its input and output hold 1/seq of the positions (in.c =
+         * T / seq) and it runs in phases around the group's gathers and reduce-scatters */
+        struct { int heads, hidden; float p; int shards, seq; } block;
         struct { int vocab, tied; } lm_head;
     } u;
     size_t weight_count, bias_count; /* 0 for parameterless layers */

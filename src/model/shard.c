@@ -5,7 +5,10 @@
 
 #include "src/base/error.h"
 
-const char *tensor_mode_name(tensor_mode m) { return m == TENSOR_GATHER ? "gather" : "megatron"; }
+const char *tensor_mode_name(tensor_mode m)
+{
+    return m == TENSOR_GATHER ? "gather" : m == TENSOR_SEQUENCE ? "megatron+sequence" : "megatron";
+}
 
 const char *shard_split_name(shard_split s)
 {
@@ -50,13 +53,22 @@ static int out_units(const layer_desc *L)
  * by vocabulary, the logits sharded for the loss; every other vector whole. */
 static int plan_sequence(shard_plan *p, const net_desc *net)
 {
-    int T = p->T;
+    int T = p->T, seq = shard_sequence(p), ctx = net->input.c;
+    if (seq && ctx % T)
+        return pt_error_set("--sequence-parallel: the context of %d positions is not a "
+                            "multiple of --tensor %d (each rank holds T/%d positions)", ctx,
+                            T, T);
     for (int l = 0; l < net->n_layers; l++) {
         const layer_desc *L = &net->layers[l];
         shard_layer *sl = &p->layers[l];
         sl->in = (shard_state){0, L->in.c, L->in.h * L->in.w};
         sl->out = (shard_state){0, L->out.c, L->out.h * L->out.w};
         if (T == 1) continue;
+        /* sequence parallelism: every vector between layers is cut by positions, but the
+         * token ids and the logits; the lm_head all-gathers its input */
+        if (seq && L->type != LAYER_EMBEDDING && L->type != LAYER_LM_HEAD) sl->in.sharded = 1;
+        if (seq && L->type != LAYER_LM_HEAD) sl->out.sharded = 1;
+        if (seq && L->type == LAYER_LM_HEAD) sl->gather_in = 1;
         if (L->type == LAYER_BLOCK) {
             int heads = L->u.block.heads, hidden = L->u.block.hidden;
             if (heads % T || hidden % T)
@@ -88,6 +100,12 @@ int shard_plan_init(shard_plan *p, const net_desc *net, int T, tensor_mode mode)
 {
     memset(p, 0, sizeof *p);
     if (T < 1) return pt_error_set("--tensor %d: the tensor size must be at least 1", T);
+    if (mode == TENSOR_SEQUENCE && T < 2)
+        return pt_error_set("--sequence-parallel cuts the sequence across a tensor group: "
+                            "it needs --tensor 2 or more (not %d)", T);
+    if (mode == TENSOR_SEQUENCE && !net->sequence)
+        return pt_error_set("--sequence-parallel is for language models (an [embedding] "
+                            "first): this net has no sequence to cut");
     p->layers = calloc((size_t)net->n_layers ? (size_t)net->n_layers : 1, sizeof *p->layers);
     if (!p->layers) return pt_error_set("out of memory");
     p->T = T;
@@ -160,6 +178,9 @@ layer_desc shard_local_layer(const shard_plan *p, const net_desc *net, int l, in
     D.in = local_shape(D.in, &sl->in, p->T, t);
     D.out = local_shape(D.out, &sl->out, p->T, t);
     size_t in_count = layer_shape_count(D.in);
+    if (shard_reduce_scatters(p, l)) /* its whole rows of partial sums, then its slice */
+        D.out = net->layers[l].out;
+    if (sl->split == SHARD_HEADS && sl->in.sharded) D.u.block.seq = p->T;
     if (sl->split == SHARD_VOCAB) { /* an embedding: its tokens' rows, the positions whole */
         int off, len;
         shard_cut(D.u.embedding.vocab, p->T, t, &off, &len);
@@ -335,7 +356,10 @@ int shard_local_net(net_desc *out, const shard_plan *p, const net_desc *net, int
 size_t shard_slot_input(const shard_plan *p, const net_desc *net, int l, int first, int t)
 {
     const shard_layer *sl = &p->layers[l];
-    if (sl->gather_in && l > first) return layer_shape_count(net->layers[l].in);
+    /* under sequence parallelism a stage receives its slice: only a gathered input needs
+     * storage of its own, at the stage's first layer too */
+    if (sl->gather_in && (l > first || shard_sequence(p))) return layer_shape_count(net->layers[l].in);
+    if (shard_sequence(p)) return 0;
     if (l == first && sl->in.sharded) {
         size_t off, len;
         shard_values(&sl->in, layer_shape_count(net->layers[l].in), p->T, t, &off, &len);
@@ -346,7 +370,50 @@ size_t shard_slot_input(const shard_plan *p, const net_desc *net, int l, int fir
 
 int shard_output_gathered(const shard_plan *p, int last)
 {
-    return p->layers[last - 1].out.sharded && !(p->loss_sharded && last == p->n_layers);
+    return p->layers[last - 1].out.sharded && !(p->loss_sharded && last == p->n_layers) &&
+           !shard_sequence(p); /* which sends its slice */
+}
+
+int shard_reduce_scatters(const shard_plan *p, int l)
+{
+    return shard_sequence(p) && p->layers[l].split == SHARD_VOCAB && p->layers[l].out.sharded;
+}
+
+/* The values of the vector between layers l − 1 and l that rank t sends or receives. */
+static size_t boundary_count(const shard_plan *p, const net_desc *net, int l, int t)
+{
+    size_t whole = layer_shape_count(net->layers[l - 1].out), off, len;
+    if (!shard_sequence(p) || l <= 0 || l >= net->n_layers) return whole;
+    shard_values(&p->layers[l - 1].out, whole, p->T, t, &off, &len);
+    return len;
+}
+
+size_t shard_stage_in_count(const shard_plan *p, const net_desc *net, int first, int t)
+{
+    return first == 0 ? layer_shape_count(net->layers[0].in) : boundary_count(p, net, first, t);
+}
+
+size_t shard_stage_out_count(const shard_plan *p, const net_desc *net, int last, int t)
+{
+    return boundary_count(p, net, last, t);
+}
+
+void shard_seq_partial_runs(const shard_plan *p, const net_desc *net, int l, int t,
+                            void (*fn)(void *ctx, size_t local, size_t count), void *ctx)
+{
+    if (!shard_sequence(p)) return;
+    const layer_desc *L = &net->layers[l];
+    if (L->type == LAYER_LAYERNORM) {
+        fn(ctx, 0, L->weight_count + L->bias_count);
+        return;
+    }
+    if (L->type != LAYER_BLOCK || !p->layers[l].in.sharded) return;
+    /* the local block: matrices Wl, then ln_1 (2C), c_attn's bias (3A), attention c_proj's
+     * bias (C), ln_2 (2C), ... (shard_layer_runs' local order) */
+    layer_desc D = shard_local_layer(p, net, l, t);
+    size_t C = (size_t)L->in.w, A = C / (size_t)p->T;
+    fn(ctx, D.weight_count, 2 * C);
+    fn(ctx, D.weight_count + 2 * C + 3 * A + C, 2 * C);
 }
 
 int shard_forward_after(const shard_plan *p, int first, int last, int i)
@@ -362,7 +429,9 @@ int shard_forward_after(const shard_plan *p, int first, int last, int i)
 int shard_backward_stop(const shard_plan *p, int first, int lo, int h)
 {
     int b = h - 1;
-    while (b > lo && p->layers[first + b].split != SHARD_OUT && !p->layers[first + b].gather_in)
+    /* ... or under a layer whose output was reduce-scattered: its gradient all-gathered */
+    while (b > lo && p->layers[first + b].split != SHARD_OUT && !p->layers[first + b].gather_in &&
+           !shard_reduce_scatters(p, first + b - 1))
         b--;
     return b;
 }
@@ -376,9 +445,27 @@ shard_traffic shard_stage_traffic(const shard_plan *p, const net_desc *net, int 
         const layer_desc *L = &net->layers[l];
         const shard_layer *sl = &p->layers[l];
         size_t in = layer_shape_count(L->in), out = layer_shape_count(L->out);
+        if (sl->split == SHARD_HEADS && shard_sequence(p)) {
+            /* two all-gathers and two reduce-scatters each way, each moving what an
+             * all-gather of the whole vector moves (counted with the gathers); the
+             * backward's gathers carry a layer norm's output too */
+            tr.fwd_gather += 4 * out, tr.fwd_gathers += 4;
+            tr.bwd_gather += 6 * in, tr.bwd_gathers += 4;
+            continue;
+        }
         if (sl->split == SHARD_HEADS) { /* attention's and the MLP's, each way */
             tr.fwd_reduce += 2 * out, tr.fwd_reduces += 2;
             tr.bwd_reduce += 2 * in, tr.bwd_reduces += 2;
+            continue;
+        }
+        if (shard_sequence(p)) { /* the embedding's and the lm_head's, both ways */
+            if (shard_reduce_scatters(p, l) || sl->gather_in) {
+                size_t v = sl->gather_in ? in : out;
+                tr.fwd_gather += v, tr.fwd_gathers++;
+                tr.bwd_gather += v, tr.bwd_gathers++;
+            }
+            if (p->loss_sharded && l == p->n_layers - 1)
+                tr.fwd_gather += 5 * (size_t)L->out.c * (size_t)p->T, tr.fwd_gathers += 2;
             continue;
         }
         if (sl->gather_in && l > first) tr.fwd_gather += in, tr.fwd_gathers++;
@@ -413,7 +500,10 @@ void shard_plan_print(const shard_plan *p, const net_desc *net, FILE *out)
                 layer_type_name(net->layers[l].type), shard_split_name(sl->split),
                 sl->gather_in ? "gathered" : sl->in.sharded ? "sharded" : "whole",
                 sl->out.sharded ? "sharded" : "whole",
-                sl->split == SHARD_IN || sl->split == SHARD_VOCAB ? " (all-reduced)"
+                shard_reduce_scatters(p, l) ? " (reduce-scattered)"
+                : sl->split == SHARD_IN || sl->split == SHARD_VOCAB ? " (all-reduced)"
+                : sl->split == SHARD_HEADS && sl->in.sharded
+                    ? " (two all-gathers and two reduce-scatters each way)"
                 : sl->split == SHARD_HEADS ? " (two all-reduces each way)"
                 : p->loss_sharded && l == net->n_layers - 1 ? " (the loss takes the shards)"
                                                             : "");

@@ -40,7 +40,23 @@
  * tokens, which stay sharded: the loss takes them so (loss_sharded; src/cpu/stage.h,
  * stage_loss, Megatron's vocabulary-parallel cross-entropy), and its input gradient is a
  * partial sum, all-reduced. The final layer norm is whole on every rank (SHARD_NONE),
- * computing the same values and the same whole gradients. */
+ * computing the same values and the same whole gradients.
+ *
+ * Sequence parallelism (mode TENSOR_SEQUENCE, `train --sequence-parallel`; Korthikanti et
+ * al. 2022, as Megatron-LM): a language model's vectors between layers are cut along the
+ * sequence instead, rank t holding positions [t·T/Tp, (t+1)·T/Tp) of each sample (T a
+ * multiple of Tp), a shard_state of T units of C values. The blocks are cut by heads as
+ * above, but ln_1, ln_2, the residual adds and the c_proj biases run on the rank's
+ * positions: a block all-gathers ln_1's (and ln_2's) output along the sequence before
+ * c_attn (c_fc) and reduce-scatters attention c_proj's (MLP c_proj's) partial sums in
+ * place of the all-reduce, so it runs in five phases (layer_block_seq); backward the
+ * conjugates (the gradient of the block's output all-gathered, of ln_2's output
+ * reduce-scattered, ...). The embedding reduce-scatters its partial output
+ * (shard_reduce_scatters), the final layer norm works on the rank's positions, and the
+ * lm_head all-gathers its input (gather_in) and reduce-scatters its input gradient. A
+ * pipeline stage sends and receives only its slice (shard_stage_in_count). The layer norms'
+ * parameter gradients are then sums over the rank's positions: the group sums them before
+ * the update (shard_seq_partial_runs). */
 #ifndef PT_SHARD_H
 #define PT_SHARD_H
 
@@ -48,7 +64,8 @@
 
 #include "src/model/net.h"
 
-typedef enum { TENSOR_MEGATRON = 0, TENSOR_GATHER } tensor_mode;
+/* TENSOR_SEQUENCE: megatron with sequence parallelism (a language model only; see below). */
+typedef enum { TENSOR_MEGATRON = 0, TENSOR_GATHER, TENSOR_SEQUENCE } tensor_mode;
 typedef enum { SHARD_NONE = 0, SHARD_OUT, SHARD_IN, SHARD_HEADS, SHARD_VOCAB } shard_split;
 
 /* A per-sample vector: whole, or cut into `units` (channels or features) of `unit` values
@@ -149,6 +166,27 @@ typedef struct {
 } shard_traffic;
 shard_traffic shard_stage_traffic(const shard_plan *p, const net_desc *net, int first, int last,
                                   int first_stage);
+
+/* Sequence parallelism (mode TENSOR_SEQUENCE with T > 1). */
+static inline int shard_sequence(const shard_plan *p)
+{
+    return p && p->T > 1 && p->mode == TENSOR_SEQUENCE;
+}
+/* Layer l leaves partial sums of its whole output that the group reduce-scatters along the
+ * sequence (an embedding under sequence parallelism): its output storage holds the whole
+ * rows, the rank's slice is then packed at its start. */
+int shard_reduce_scatters(const shard_plan *p, int l);
+/* Values per sample a stage of layers [first, last) receives and sends on tensor rank t:
+ * the whole vectors, or under sequence parallelism the rank's slice of them (not of the
+ * token ids a first stage reads, nor of the logits a last stage keeps). */
+size_t shard_stage_in_count(const shard_plan *p, const net_desc *net, int first, int t);
+size_t shard_stage_out_count(const shard_plan *p, const net_desc *net, int last, int t);
+/* Calls fn(ctx, local_index, count) for each run of layer l's local parameters (rank t's,
+ * indices from the layer's first) whose gradients are sums over the rank's positions
+ * only under sequence parallelism (the layer norms' weights and biases: ln_1 and ln_2 of
+ * a block, a [layernorm]); the group sums them before the update. None otherwise. */
+void shard_seq_partial_runs(const shard_plan *p, const net_desc *net, int l, int t,
+                            void (*fn)(void *ctx, size_t local, size_t count), void *ctx);
 
 /* One line per layer with its cut (the README's and `plan`'s table). */
 void shard_plan_print(const shard_plan *p, const net_desc *net, FILE *out);

@@ -279,8 +279,11 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
             for (int v = 0; v < V; v++) {
                 int c = schedule_model_chunk(sched, s, v), first = part->first[c], last = part->first[c + 1];
                 stage_bytes b = stage_estimate_shard(net, first, last, cfg->microbatch, 1, sp, t);
-                double in = (double)layer_shape_count(net->layers[first].in);
-                double outc = (double)layer_shape_count(net->layers[last - 1].out);
+                /* what the stage receives and sends (a slice under sequence parallelism) */
+                double in = sp ? (double)shard_stage_in_count(sp, net, first, t)
+                               : (double)layer_shape_count(net->layers[first].in);
+                double outc = sp ? (double)shard_stage_out_count(sp, net, last, t)
+                                 : (double)layer_shape_count(net->layers[last - 1].out);
                 int slots = rep.peak_inflight_chunk[s * V + v];
                 if (slots < 1) slots = 1;
                 double bytes = (double)(b.state + b.groups + b.workers) + slots * (double)b.slot;

@@ -75,6 +75,29 @@ static int tensor_allgather(void *ctx, const float *send, float *recv, const siz
     return 0;
 }
 
+/* Sequence parallelism's reduce-scatter: rank r receives the sum of block r. */
+static int tensor_reduce_scatter(void *ctx, const float *send, float *recv, const size_t *count)
+{
+    exec_t *e = ctx;
+    int T = e->cfg.shard->T, counts[T];
+    size_t total = 0;
+    for (int r = 0; r < T; r++) {
+        if (total + count[r] > INT_MAX)
+            return pt_error_set("a tensor reduce-scatter of %zu floats is too large for MPI",
+                                total + count[r]);
+        counts[r] = (int)count[r];
+        total += count[r];
+    }
+    MPI_Request req;
+    double t0 = pt_now();
+    if (PT_MPI_CALL(MPI_Ireduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, e->cfg.tensor,
+                                        &req)) ||
+        mpi_wait_collective(&req, e->cfg.tensor, e->cfg.timeout_s))
+        return -1;
+    exec_record_tensor(e, t0, (total - count[e->cfg.tensor_rank]) * sizeof(float));
+    return 0;
+}
+
 /* The layout's checks: the pipeline's ranks, the schedule, the partition, the net and the
  * batch agree. */
 static int check_layout(int size, int V, const net_desc *net, const partition *part,
@@ -186,7 +209,8 @@ static int create_engines(exec_t *e, const partition *part, const int *slots, co
             .kept_outputs = kept[v],
             .shard = cfg->shard, .shard_rank = cfg->tensor_rank,
             .tensor_comm = {.ctx = e, .allreduce = tensor_allreduce,
-                            .allgather = tensor_allgather},
+                            .allgather = tensor_allgather,
+                            .reduce_scatter = tensor_reduce_scatter},
         };
         if (engine_create(&e->engs[v], cfg->device, &ec)) return -1;
     }

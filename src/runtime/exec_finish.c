@@ -9,6 +9,10 @@
  *    pipeline the two ranks holding them all-reduce on a communicator of their own (one
  *    per replica and tensor index), made at exec_start. a + b = b + a in floats, so both
  *    ways give the same bits.
+ * 0. Sequence parallelism (src/model/shard.h): the layer norms' parameter gradients are
+ *    sums over each tensor rank's positions; the tensor group all-gathers them and every
+ *    rank adds the ranks' parts in rank order, so the group holds the same bits, the same
+ *    in every pipeline and replica layout (after the replicas' reduction, which is linear).
  * 2. --clip-grad-norm X (torch.nn.utils.clip_grad_norm_): the whole model's gradient norm,
  *    from per-layer sums of squares in double (kernel_sum_squares_cpu), all-gathered over
  *    the job and added in the net's layer order, so it has the same bits in every pipeline
@@ -66,6 +70,10 @@ struct exec_finish {
     double *sums, *all;       /* [layers], [world size · layers] (NULL: not yet needed) */
     float **host;             /* [V]: each engine's host view during the clip */
     double last_norm;         /* the last step's norm before clipping (NAN: not computed) */
+    norm_run *seq;            /* [n_seq]: the runs step 0 sums over the tensor group */
+    int n_seq, seq_ready;
+    size_t seq_count;         /* their floats */
+    float *seq_mine, *seq_all; /* [seq_count], [T · seq_count] */
 };
 
 /* The net as this rank runs it (its tensor shard's layers). */
@@ -228,6 +236,100 @@ static int tie_step(exec_t *e, struct exec_finish *f)
     return 0;
 }
 
+/* ------------------------------------------- step 0: sequence-parallel sums ---- */
+
+typedef struct {
+    struct exec_finish *f;
+    int v, layer, cap, failed;
+    size_t off;
+} seq_collect;
+
+static void seq_run(void *ctx, size_t local, size_t count)
+{
+    seq_collect *c = ctx;
+    struct exec_finish *f = c->f;
+    if (c->failed || !count) return;
+    if (f->n_seq == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 16;
+        norm_run *r = realloc(f->seq, (size_t)cap * sizeof *r);
+        if (!r) {
+            c->failed = 1;
+            return;
+        }
+        f->seq = r;
+        c->cap = cap;
+    }
+    f->seq[f->n_seq++] = (norm_run){c->v, c->layer, c->off + local, count};
+    f->seq_count += count;
+}
+
+static int seq_start(exec_t *e, struct exec_finish *f)
+{
+    f->seq_ready = 1;
+    const shard_plan *sp = e->cfg.shard;
+    if (!shard_sequence(sp)) return 0;
+    seq_collect c = {.f = f};
+    for (int v = 0; v < e->V; v++) {
+        engine *g = e->engs[v];
+        c.off = 0;
+        c.v = v;
+        for (int l = g->cfg.first; l < g->cfg.last; l++) {
+            c.layer = l;
+            shard_seq_partial_runs(sp, e->net, l, e->cfg.tensor_rank, seq_run, &c);
+            c.off += local_count(e, l);
+        }
+    }
+    if (c.failed) return pt_error_set("out of memory");
+    if (!f->seq_count) return 0;
+    if (f->seq_count * (size_t)sp->T > INT_MAX)
+        return pt_error_set("the layer norms' %zu gradients are too many for one MPI message",
+                            f->seq_count);
+    f->seq_mine = malloc(f->seq_count * sizeof *f->seq_mine);
+    f->seq_all = malloc(f->seq_count * (size_t)sp->T * sizeof *f->seq_all);
+    if (!f->seq_mine || !f->seq_all) return pt_error_set("out of memory");
+    return 0;
+}
+
+/* Step 0: the layer norms' gradients summed over the tensor group in rank order. */
+static int seq_step(exec_t *e, struct exec_finish *f)
+{
+    if (!f->seq_ready && seq_start(e, f)) return -1;
+    if (!f->seq_count) return 0;
+    int T = e->cfg.shard->T;
+    float *host[e->V];
+    for (int v = 0; v < e->V; v++) {
+        engine *g = e->engs[v];
+        host[v] = NULL;
+        if (g->param_count && engine_grads_host(g, 0, 0, g->param_count, &host[v])) return -1;
+    }
+    size_t at = 0;
+    for (int k = 0; k < f->n_seq; k++) {
+        const norm_run *r = &f->seq[k];
+        memcpy(f->seq_mine + at, host[r->v] + r->off, r->count * sizeof(float));
+        at += r->count;
+    }
+    MPI_Request req;
+    int n = (int)f->seq_count;
+    if (PT_MPI_CALL(MPI_Iallgather(f->seq_mine, n, MPI_FLOAT, f->seq_all, n, MPI_FLOAT,
+                                   e->cfg.tensor, &req)) ||
+        mpi_wait_collective(&req, e->cfg.tensor, e->cfg.timeout_s))
+        return -1;
+    for (size_t i = 0; i < f->seq_count; i++) {
+        float sum = f->seq_all[i];
+        for (int t = 1; t < T; t++) sum += f->seq_all[(size_t)t * f->seq_count + i];
+        f->seq_mine[i] = sum;
+    }
+    at = 0;
+    for (int k = 0; k < f->n_seq; k++) {
+        const norm_run *r = &f->seq[k];
+        memcpy(host[r->v] + r->off, f->seq_mine + at, r->count * sizeof(float));
+        at += r->count;
+    }
+    for (int v = 0; v < e->V; v++)
+        if (host[v] && engine_grads_commit(e->engs[v], 0, e->engs[v]->param_count)) return -1;
+    return 0;
+}
+
 /* ----------------------------------------------------------------- the norm ---- */
 
 static int add_norm_run(struct exec_finish *f, int *cap, norm_run r)
@@ -378,6 +480,9 @@ void exec_finish_free(exec_t *e)
     free(f->sums);
     free(f->all);
     free(f->host);
+    free(f->seq);
+    free(f->seq_mine);
+    free(f->seq_all);
     free(f);
     e->fin = NULL;
 }
@@ -388,7 +493,7 @@ int exec_finish_grads(exec_t *e, const optimizer_config *opt)
     if (!f) return pt_error_set("rank %d: the step's finish was not set up (exec_start)",
                                 e->world_rank);
     f->last_norm = NAN;
-    if (tie_step(e, f)) return -1;
+    if (seq_step(e, f) || tie_step(e, f)) return -1;
     return opt->clip_norm > 0 ? clip_step(e, f, opt->clip_norm) : 0;
 }
 

@@ -17,7 +17,7 @@ enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS
        O_UNTIMED, O_BATCH, O_OPT, O_LR, O_MOM, O_WD, O_SEED, O_SHUFFLE, O_STAGES, O_MICRO,
        O_SCHED, O_PART, O_THREADS, O_BIND, O_DEVICE, O_TIMEOUT, O_TRACE, O_JSON, O_VERBOSE,
        O_HELP, O_STALL, O_KILL, O_DELAY, O_PROGRESS, O_MPI_ERROR, O_REPLICAS, O_REDUCE,
-       O_TENSOR, O_TENSOR_MODE, O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT, O_METRICS,
+       O_TENSOR, O_TENSOR_MODE, O_SEQPAR, O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT, O_METRICS,
        O_LOG_EVERY, O_CKPT_DIR, O_CKPT_EVERY, O_KEEP, O_RESUME, O_CKPT_MIN, O_CKPT_WRITE,
        O_VIRTUAL, O_RECOMPUTE, O_WGRAD, O_WARMUP, O_TRAIN_IMG, O_TRAIN_LAB, O_TEST_IMG,
        O_TEST_LAB, O_BETA1, O_BETA2, O_EPS, O_LR_SCHED, O_LR_WARMUP, O_LR_MIN, O_CLIP,
@@ -146,6 +146,11 @@ static const opt_spec train_opts[] = {
     {.id = O_REDUCE, .name = "reduce", .shared = 1},
     {.id = O_TENSOR, .name = "tensor", .shared = 1},
     {.id = O_TENSOR_MODE, .name = "tensor-mode", .shared = 1},
+    {.id = O_SEQPAR, .name = "sequence-parallel", .kind = OPT_FLAG,
+     .help = "a language model under --tensor T >= 2 (megatron): the activations between "
+             "layers cut along the sequence over the tensor group (each rank T/Tp "
+             "positions; the layer norms, residuals and biases on them, all-gathers and "
+             "reduce-scatters in place of the all-reduces; stages send slices)"},
     {.id = O_BUCKET_MB, .name = "bucket-mb", .shared = 1},
     {.id = O_OVERLAP, .name = "overlap", .shared = 1},
     {.id = O_ZERO, .name = "zero", .kind = OPT_INT, .arg = "S", .min = 0, .max = 3, .def = "0",
@@ -311,6 +316,7 @@ static int read_option(train_options *o, const opt_parser *p, int id)
     case O_REDUCE: o->reduce = methods[p->choice]; break;
     case O_TENSOR: o->tensor = (int)p->num; break;
     case O_TENSOR_MODE: o->tensor_mode = p->choice == 1 ? TENSOR_GATHER : TENSOR_MEGATRON; break;
+    case O_SEQPAR: o->sequence_parallel = 1; break;
     case O_BUCKET_MB: o->bucket_mb = p->real; break;
     case O_OVERLAP: o->overlap = p->choice == 0; break;
     case O_ZERO: o->zero = (int)p->num; break;
@@ -450,6 +456,13 @@ static int check_options(train_options *o, const opt_parser *p)
         return -1;
     if (!(o->bucket_mb > 0))
         return opt_error(p, "--bucket-mb %g: must be positive", o->bucket_mb);
+    if (o->sequence_parallel && o->tensor < 2)
+        return opt_error(p, "--sequence-parallel cuts the sequence across a tensor group: "
+                         "it needs --tensor 2 or more");
+    if (o->sequence_parallel && o->tensor_mode == TENSOR_GATHER)
+        return opt_error(p, "--sequence-parallel is Megatron's cut (blocks by heads): not "
+                         "with --tensor-mode gather");
+    if (o->sequence_parallel) o->tensor_mode = TENSOR_SEQUENCE;
     if (o->ckpt_every > 0 && !o->ckpt_dir)
         return opt_error(p, "--checkpoint-every needs --checkpoint-dir DIR");
     if (opt_given(p, O_CKPT_MIN) && !o->ckpt_dir)

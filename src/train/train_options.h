@@ -49,7 +49,8 @@ typedef struct {
     /* hybrid mode */
     int replicas;         /* data-parallel replicas of the pipeline (1: none) */
     int tensor;           /* tensor shards per stage (1: none) */
-    tensor_mode tensor_mode;
+    tensor_mode tensor_mode;   /* TENSOR_SEQUENCE with --sequence-parallel */
+    int sequence_parallel;
     reduce_method reduce; /* how a stage's replicas sum their gradients */
     double bucket_mb;     /* bucket size in MiB */
     int overlap;          /* reductions start during the backward pass */
