@@ -35,7 +35,7 @@ static slot_part slot_part_of(const stage_shape *sh, const layer_desc *L, int l)
     slot_part s = {
         .out = k->own_output ? stage_round_up(count * sizeof(float)) : 0,
         .argmax = k->argmax ? stage_round_up(count * sizeof(int32_t)) : 0,
-        .mask = k->mask ? stage_round_up(count) : 0,
+        .mask = stage_round_up(mb * layer_mask_bytes(L)),
         .saved = stage_round_up(mb * layer_saved_floats(L) * sizeof(float)),
         .xin = tp ? stage_round_up(mb * shard_slot_input(tp, sh->net, l, sh->first, sh->tp_rank) *
                                    sizeof(float))
@@ -163,6 +163,7 @@ const float *stage_plan_set_outputs(const stage_plan *p, stage_slot_layer *layer
     for (int i = 0; i < p->nl; i++) {
         if (layers[i].xin) x = layers[i].xin; /* gathered or sliced for tensor shards */
         layers[i].out = layer_is_identity(&p->loc[i], training) ? x : layers[i].buf;
+        layers[i].trained = training;
         x = layers[i].out;
     }
     return whole_out ? whole_out : x;
@@ -180,7 +181,8 @@ void stage_plan_layer_io(const stage_plan *p, const stage_slot_layer *layers,
     io->y = ly->buf ? ly->buf + off * out_count : NULL;
     io->out = ly->out ? ly->out + off * out_count : NULL;
     io->argmax = ly->argmax ? ly->argmax + off * out_count : NULL;
-    io->mask = ly->mask ? ly->mask + off * out_count : NULL;
+    io->mask = ly->mask ? ly->mask + off * layer_mask_bytes(L) : NULL;
+    if (L->type == LAYER_BLOCK && !ly->trained) io->mask = NULL; /* no dropout (eval) */
     io->gout = ly->gout ? ly->gout + off * layer_gout_floats(L) : NULL;
     io->saved = ly->saved ? ly->saved + off * layer_saved_floats(L) : NULL;
     io->batched = stage_plan_batched(p, i);
@@ -192,6 +194,13 @@ void stage_plan_layer_io(const stage_plan *p, const stage_slot_layer *layers,
     }
     if (phase != LAYER_PHASE_FORWARD) return;
     io->partial = stage_plan_split_in(p, i);
+    /* a block cut by heads: its heads' probabilities keep their places among the whole
+     * layer's (heads cut evenly, src/model/shard.c) */
+    if (p->tp && io->mask && L->type == LAYER_BLOCK) {
+        size_t T = (size_t)L->in.c;
+        io->elem_off = (size_t)p->tp_rank * (size_t)L->u.block.heads * T * T;
+        return;
+    }
     /* a slice's elements keep their places in the whole vector's dropout mask */
     if (p->tp && io->mask) {
         int l = p->first + i;

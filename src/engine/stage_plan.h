@@ -137,13 +137,14 @@ static inline int stage_plan_batched(const stage_plan *p, int i)
 typedef struct {
     float *buf;          /* its output storage (NULL: none of its own, flatten) */
     int32_t *argmax;     /* maxpool positions, else NULL */
-    uint8_t *mask;       /* dropout mask, else NULL */
+    uint8_t *mask;       /* dropout masks (layer_mask_bytes), else NULL */
     float *saved;        /* what else its backward needs (layer_saved_floats), else NULL */
     float *xin;          /* tensor shards: its input when that is not the previous output
                             (gathered whole, or the stage input's slice), else NULL */
     const float *out;    /* its output of the last forward: buf, or its input when the
                             layer was the identity (flatten; dropout when not training) */
     float *gout;         /* split backward: the output gradient B keeps for W (engine's) */
+    int trained;         /* the last forward trained: a block's dropout masks are valid */
 } stage_slot_layer;
 
 /* Carves one slot's slot_bytes at `base` (NULL: every pointer NULL) into layers[0, nl)

@@ -370,30 +370,41 @@ size_t layer_saved_floats(const layer_desc *L)
     }
 }
 
+size_t layer_mask_bytes(const layer_desc *L)
+{
+    size_t T = (size_t)L->in.c, C = (size_t)L->in.w;
+    if (L->type == LAYER_DROPOUT) return layer_shape_count(L->out);
+    if (layer_block_drops(L)) return (size_t)L->u.block.heads * T * T + 2 * T * C;
+    return 0;
+}
+
 /* A block's gradients per token that W needs (src/engine/layer_ops.c): its output's C
  * (MLP c_proj), c_fc's H, ln_2's output C, the residual after attention C (attention
- * c_proj), c_attn's 3A, ln_1's output C (A = C, or a shard's attention width). */
+ * c_proj), c_attn's 3A, ln_1's output C (A = C, or a shard's attention width); with
+ * dropout, attention c_proj's output's C after its dropout. */
 size_t layer_gout_floats(const layer_desc *L)
 {
     if (!L->weight_count) return 0;
     if (L->type == LAYER_BLOCK)
         return (size_t)L->in.c * (4 * (size_t)L->in.w + 3 * layer_block_attn_width(L) +
-                                  (size_t)L->u.block.hidden);
+                                  (size_t)L->u.block.hidden +
+                                  (layer_block_drops(L) ? (size_t)L->in.w : 0));
     return layer_shape_count(L->out);
 }
 
 size_t layer_work_floats(const layer_desc *L, int n)
 {
-    size_t T = (size_t)L->in.c, C = (size_t)L->in.w, N = (size_t)n * T;
+    size_t T = (size_t)L->in.c, N = (size_t)n * T;
     switch (L->type) {
     case LAYER_BLOCK: {
         /* the gradients of layer_gout_floats (when W runs with B), attention's output
-         * gradient, and the attention backward's scratch */
+         * gradient, and the attention backward's scratch (with dropout, one more block of
+         * it, which the forward uses as well) */
         size_t A = layer_block_attn_width(L);
         kernel_attention_dims d = {n, (int)T, L->u.block.heads, (int)A / L->u.block.heads,
                                    3 * (int)A};
-        return N * (4 * C + 4 * A + (size_t)L->u.block.hidden) +
-               kernel_attention_workspace_floats(&d);
+        return n * layer_gout_floats(L) + N * A + kernel_attention_workspace_floats(&d) +
+               (layer_block_drops(L) ? kernel_attention_dropout_floats(&d) : 0);
     }
     case LAYER_EMBEDDING:
         return N; /* the token ids as int32 */
