@@ -353,6 +353,36 @@ static int block_forward(const layer_call *c, uint64_t seed, uint64_t step)
            block_drop(c, &v, out, 2, seed, step) || k->add(kc, out, v.x1, NC);
 }
 
+/* A batched block (the step's weight gradients, src/engine/stage_plan.h): its four
+ * products' input rows X and output-gradient rows G of the chunk into the step's stash,
+ * product by product (stage_wgrad_products' order and places), and its layer norms'
+ * gradients now, as every micro-batch forms them. */
+static int block_stash(const layer_call *c, const block_view *v, const block_grads *g,
+                       float *dg1, float *db1, float *dg2, float *db2)
+{
+    const layer_kernels *k = c->k;
+    const layer_io *io = c->io;
+    size_t N = (size_t)v->N, T = (size_t)v->d.seq, rows = (size_t)io->stash_rows;
+    size_t r0 = io->stash_row * T; /* the chunk's first token row of the step */
+    const float *xs[4] = {v->ln1, v->y, v->ln2, v->gel};
+    const float *gs[4] = {g->dqkv, g->dap, g->dfc, g->dmp};
+    const int in[4] = {v->C, v->A, v->C, v->H}, out[4] = {3 * v->A, v->C, v->H, v->C};
+    size_t xo = 0, go = 0; /* floats per sample row of the products before */
+    for (int q = 0; q < 4; q++) {
+        if (k->copy(c->kc, io->stash_x + rows * xo + r0 * (size_t)in[q], xs[q],
+                    N * (size_t)in[q]) ||
+            k->copy(c->kc, io->stash_g + rows * go + r0 * (size_t)out[q], gs[q],
+                    N * (size_t)out[q]))
+            return -1;
+        xo += T * (size_t)in[q];
+        go += T * (size_t)out[q];
+    }
+    return k->layernorm_backward(c->kc, NULL, dg2, db2, g->dln2, v->x1, v->mean2, v->rstd2,
+                                 v->g2, v->N, v->C) ||
+           k->layernorm_backward(c->kc, NULL, dg1, db1, g->dln1, io->x, v->mean1, v->rstd1,
+                                 v->g1, v->N, v->C);
+}
+
 /* W: every parameter gradient of the block from its inner gradients. */
 static int block_weight_from(const layer_call *c, const block_view *v, const block_grads *g)
 {
@@ -364,6 +394,7 @@ static int block_weight_from(const layer_call *c, const block_view *v, const blo
           *dWmproj = dWfc + H * C, *dg1 = dWmproj + C * H, *db1 = dg1 + C,
           *dbattn = db1 + C, *dbaproj = dbattn + 3 * A, *dg2 = dbaproj + C, *db2 = dg2 + C,
           *dbfc = db2 + C, *dbmproj = dbfc + H;
+    if (c->io->batched) return block_stash(c, v, g, dg1, db1, dg2, db2);
     return k->dense_backward_weight(kc, dWmproj, dbmproj, g->dmp, v->gel, v->N, v->H, v->C) ||
            k->dense_backward_weight(kc, dWfc, dbfc, g->dfc, v->ln2, v->N, v->C, v->H) ||
            k->layernorm_backward(kc, NULL, dg2, db2, g->dln2, v->x1, v->mean2, v->rstd2, v->g2,
@@ -654,9 +685,11 @@ int layer_run_backward(layer_run *r, int lo, int hi, const float **gp, int *gip,
         int ti = gi < 0 ? 0 : 1 - gi;
         float *dx = i == 0 && ends ? din : scratch[ti];
         /* the weight half happens now (both parts, not batched), in W (split), or in the
-         * step's flush (batched: the rows go to the stash) */
-        int weight_now = (parts & LAYER_BW_WEIGHT) && !io.batched;
-        if (L->weight_count && io.batched) {
+         * step's flush (batched: the rows go to the stash; a block's weight half stashes
+         * its products' rows itself, and forms its layer norms' gradients) */
+        int self_stash = io.batched && L->type == LAYER_BLOCK;
+        int weight_now = (parts & LAYER_BW_WEIGHT) && (!io.batched || self_stash);
+        if (L->weight_count && io.batched && !self_stash) {
             if (r->k->copy(r->kctx, io.stash_x, io.x, (size_t)r->n * c.in_count) ||
                 r->k->copy(r->kctx, io.stash_g, g, (size_t)r->n * c.out_count)) {
                 rc = -1;
@@ -692,7 +725,7 @@ int layer_run_weight(layer_run *r, int lo, int hi)
         layer_io io;
         memset(&io, 0, sizeof io);
         if (r->io(r->self, i, LAYER_PHASE_WEIGHT, &io)) return -1;
-        if (io.batched) continue;
+        if (io.batched && L->type != LAYER_BLOCK) continue; /* a block stashes in W */
         layer_call c = call_of(r, i, &io, hi - 1, lo);
         if (weight(&c, io.gout)) return fail(r, "weight gradient", i);
     }

@@ -115,7 +115,10 @@ typedef struct {
     float *gout;             /* split backward: the output gradient B keeps for W (a block:
                                 every inner gradient W needs, layer_gout_floats) */
     int batched;             /* its weight half is the step's (rows go to the stash) */
-    float *stash_x, *stash_g; /* batched, backward: where this chunk's rows go */
+    float *stash_x, *stash_g; /* batched, backward: where this chunk's rows go (a block:
+                                 its stash's bases, stage_plan_stash_io) */
+    size_t stash_row;        /* a batched block: the chunk's first row of the step */
+    int stash_rows;          /* a batched block: the step's rows (wgrad_rows) */
     int partial;             /* split by inputs: no bias and no activation in its forward */
     size_t elem_off;         /* dropout: the chunk's elements' offset in the whole vector;
                                 a block cut by heads: its attention probabilities' in a
