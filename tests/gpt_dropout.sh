@@ -3,7 +3,8 @@
 # two blocks (a temporary copy of the model file) trained for 6 steps on the built-in text.
 # A mask depends only on (seed, step, sample id, layer, site, element), so every layout
 # ends with parameters bit-identical to one process's: 2 stages under gpipe, 1f1b, zb-h1
-# and interleaved (2 chunks per rank), 2 replicas with --reduce ordered; 2 tensor shards
+# and interleaved (2 chunks per rank), 1f1b recomputing every stage's forward (the same
+# masks again), 2 replicas with --reduce ordered; 2 tensor shards
 # (blocks cut by heads: each rank draws its heads' attention masks at their places among
 # all heads, the residual masks whole) within 1e-5, as tests/gpt_tensor.sh compares
 # shards without dropout. dropout=0 is bit-identical to no key; dropout=0.1 differs from
@@ -46,6 +47,7 @@ for layout in "gpipe:2:one:--stages 2 --schedule gpipe --microbatches 2" \
               "1f1b:2:one4:--stages 2 --schedule 1f1b --microbatches 4" \
               "zbh1:2:one4:--stages 2 --schedule zb-h1 --microbatches 4" \
               "inter:2:one4:--stages 2 --schedule interleaved --virtual 2 --microbatches 4" \
+              "recomp:2:one4:--stages 2 --schedule 1f1b --recompute all --microbatches 4" \
               "r2:2:one:--replicas 2 --reduce ordered --microbatches 1"; do
     IFS=: read -r name ranks ref args <<<"$layout"
     read -r -a words <<<"$args"
