@@ -22,13 +22,13 @@ static int push(schedule *s, int st, schedule_op_kind kind, int v, int m, int pe
 /* Forward of m on (st, v) with the receive before it and the send after it. */
 static int add_forward(schedule *s, int st, int v, int m)
 {
-    int K = s->stages, V = s->virtual_stages, ps, pv, ns, nv;
-    if (schedule_prev_chunk(K, V, st, v, &ps, &pv) &&
+    int ps, pv, ns, nv;
+    if (schedule_route_prev(s, st, v, &ps, &pv) &&
         push(s, st, SCHED_OP_RECV_ACT, v, m, ps))
         return -1;
     if (push(s, st, SCHED_OP_FORWARD, v, m, -1))
         return -1;
-    if (schedule_next_chunk(K, V, st, v, &ns, &nv) && push(s, st, SCHED_OP_SEND_ACT, v, m, ns))
+    if (schedule_route_next(s, st, v, &ns, &nv) && push(s, st, SCHED_OP_SEND_ACT, v, m, ns))
         return -1;
     return 0;
 }
@@ -36,13 +36,13 @@ static int add_forward(schedule *s, int st, int v, int m)
 /* BACKWARD or BACKWARD_INPUT of m on (st, v) with the gradient's receive and send. */
 static int add_backward(schedule *s, int st, int v, int m, schedule_op_kind kind)
 {
-    int K = s->stages, V = s->virtual_stages, ps, pv, ns, nv;
-    if (schedule_next_chunk(K, V, st, v, &ns, &nv) &&
+    int ps, pv, ns, nv;
+    if (schedule_route_next(s, st, v, &ns, &nv) &&
         push(s, st, SCHED_OP_RECV_GRAD, v, m, ns))
         return -1;
     if (push(s, st, kind, v, m, -1))
         return -1;
-    if (schedule_prev_chunk(K, V, st, v, &ps, &pv) && push(s, st, SCHED_OP_SEND_GRAD, v, m, ps))
+    if (schedule_route_prev(s, st, v, &ps, &pv) && push(s, st, SCHED_OP_SEND_GRAD, v, m, ps))
         return -1;
     return 0;
 }
@@ -250,14 +250,43 @@ int schedule_init_by_name(schedule *s, const char *name, int stages, int microba
     return pt_error_set("unknown schedule '%s' (known: gpipe, 1f1b)", name);
 }
 
+int schedule_is_v(const char *name)
+{
+    return name && (!strcmp(name, "zb-v") || !strcmp(name, "v-half") ||
+                    !strcmp(name, "v-min") || !strcmp(name, "dualpipev"));
+}
+
 int schedule_init_named(schedule *s, const char *name, int stages, int virtual_stages,
                         int microbatches)
 {
     if (s)
         memset(s, 0, sizeof *s);
-    static const char known[] = "known: gpipe, 1f1b, interleaved, zb-h1";
+    static const char known[] = "known: gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, v-half, "
+                                "v-min, dualpipev";
     if (!name)
         return pt_error_set("no schedule name given (%s)", known);
+    if (schedule_is_v(name)) {
+        if (virtual_stages < 1)
+            return pt_error_set("--virtual %d: need at least 1 chunk per rank", virtual_stages);
+        int V = virtual_stages == 1 ? 2 : virtual_stages;
+        if (V % 2)
+            return pt_error_set("schedule %s places model chunks in a V (down the ranks and "
+                                "back): it needs an even number of chunks per rank, not "
+                                "--virtual %d", name, V);
+        if (!strcmp(name, "dualpipev")) {
+            if (V != 2)
+                return pt_error_set("schedule dualpipev runs 2 chunks per rank, not --virtual "
+                                    "%d", V);
+            return schedule_init_dualpipev(s, stages, microbatches);
+        }
+        return schedule_init_zb_v_family(s, name, stages, V, microbatches);
+    }
+    if (strcmp(name, "zb-h2") == 0) {
+        if (virtual_stages != 1)
+            return pt_error_set("--virtual %d needs --schedule interleaved or a V schedule "
+                                "(schedule 'zb-h2' runs one chunk per rank)", virtual_stages);
+        return schedule_init_zb_v_family(s, name, stages, 1, microbatches);
+    }
     int interleaved = strcmp(name, "interleaved") == 0;
     int other = strcmp(name, "gpipe") == 0 || strcmp(name, "1f1b") == 0 ||
                 strcmp(name, "zb-h1") == 0;
@@ -266,7 +295,7 @@ int schedule_init_named(schedule *s, const char *name, int stages, int virtual_s
     if (virtual_stages < 1)
         return pt_error_set("--virtual %d: need at least 1 chunk per rank", virtual_stages);
     if (virtual_stages > 1 && !interleaved)
-        return pt_error_set("--virtual %d needs --schedule interleaved (schedule '%s' runs one "
+        return pt_error_set("--virtual %d needs --schedule interleaved or a V schedule (schedule '%s' runs one "
                             "chunk per rank)", virtual_stages, name);
     if (interleaved)
         return schedule_init_interleaved(s, stages, virtual_stages, microbatches);

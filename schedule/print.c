@@ -83,7 +83,11 @@ static void print_lists(const schedule *s, FILE *out)
     int w = digits(s->stages > 0 ? s->stages - 1 : 0);
     fprintf(out, "schedule '%s': %d stages, %d micro-batches", s->name, s->stages,
             s->microbatches);
-    if (s->virtual_stages > 1)
+    if (s->virtual_stages > 1 && s->placement == SCHED_PLACE_V)
+        fprintf(out, ", %d chunks per stage in a V (model chunk of stage s, chunk v: v*%d + s "
+                "for even v, v*%d + %d - s for odd v)", s->virtual_stages, s->stages,
+                s->stages, s->stages - 1);
+    else if (s->virtual_stages > 1)
         fprintf(out, ", %d chunks per stage (model chunk of stage s, chunk v: v*%d + s)",
                 s->virtual_stages, s->stages);
     fputc('\n', out);
@@ -263,6 +267,17 @@ static int simulate_units(const schedule *s, schedule_sim *sim)
     }
     for (size_t k = 0; k < n; k++)
         ones[k] = 1.0;
+    /* a list with whole and split backwards (dualpipev): a whole B costs b + w */
+    double *twos = NULL;
+    if (has_kind(s, SCHED_OP_BACKWARD) && has_kind(s, SCHED_OP_BACKWARD_INPUT)) {
+        twos = malloc(n * sizeof *twos);
+        if (!twos) {
+            free(rows);
+            free(ones);
+            return pt_error_set("out of memory");
+        }
+        for (size_t k = 0; k < n; k++) twos[k] = 2.0;
+    }
     for (int st = 0; st < s->stages; st++) {
         int B = s->lists[st].buckets;
         if (B <= 0)
@@ -276,7 +291,8 @@ static int simulate_units(const schedule *s, schedule_sim *sim)
             rows[st][b] = 1.0 / B;
     }
     /* ring all-reduce among 2 replicas with alpha 0: time = bytes / beta */
-    schedule_costs c = {.fwd = ones, .bwd = ones, .bwd_input = ones, .bwd_weight = ones,
+    schedule_costs c = {.fwd = ones, .bwd = twos ? twos : ones, .bwd_input = ones,
+                        .bwd_weight = ones,
                         .replicas = 2, .alpha = 0.0, .beta = 1.0,
                         .bucket_bytes = (const double *const *)rows};
     rc = schedule_simulate_costs(s, &c, sim);
@@ -285,6 +301,7 @@ done:
         free(rows[st]);
     free(rows);
     free(ones);
+    free(twos);
     return rc;
 }
 
@@ -319,6 +336,9 @@ void schedule_print(const schedule *s, FILE *out)
                  "%s with K=%d V=%d M=%d%s; makespan %s slots\n",
             sim.bubble, want, formula, s->stages, s->virtual_stages, s->microbatches,
             extra ? " (for the lists without R and reductions)" : "", span);
+    if (s->placement == SCHED_PLACE_V || !strcmp(s->name, "zb-h2"))
+        fprintf(out, "most idle inside one stage's span (first op to step): %.2f slots (the "
+                     "Zero Bubble and DualPipe papers' bubble)\n", sim.interior_idle);
     if (has_reductions(s)) {
         fprintf(out, "reductions (unit costs), exposed / total per stage:");
         for (int st = 0; st < s->stages; st++)

@@ -97,6 +97,55 @@ int schedule_prev_chunk(int stages, int virtual_stages, int stage, int chunk,
     return 1;
 }
 
+int schedule_model_chunk_of(int stages, int virtual_stages, int placement, int stage,
+                            int chunk)
+{
+    (void)virtual_stages;
+    if (placement == SCHED_PLACE_V && chunk % 2)
+        return chunk * stages + stages - 1 - stage;
+    return chunk * stages + stage;
+}
+
+void schedule_chunk_place(int stages, int virtual_stages, int placement, int model_chunk,
+                          int *stage, int *chunk)
+{
+    (void)virtual_stages;
+    int v = model_chunk / stages, p = model_chunk % stages;
+    if (chunk) *chunk = v;
+    if (stage) *stage = placement == SCHED_PLACE_V && v % 2 ? stages - 1 - p : p;
+}
+
+int schedule_model_chunk(const schedule *s, int stage, int chunk)
+{
+    return schedule_model_chunk_of(s->stages, s->virtual_stages, s->placement, stage, chunk);
+}
+
+/* Model chunk c's neighbour c + dir, placed; 0 past either end. */
+static int route(const schedule *s, int stage, int chunk, int dir, int *ns, int *nc)
+{
+    int K = s->stages, V = s->virtual_stages;
+    int c = schedule_model_chunk(s, stage, chunk) + dir;
+    if (c < 0 || c >= K * V)
+        return 0;
+    int a, b;
+    schedule_chunk_place(K, V, s->placement, c, &a, &b);
+    if (ns) *ns = a;
+    if (nc) *nc = b;
+    return 1;
+}
+
+int schedule_route_next(const schedule *s, int stage, int chunk, int *next_stage,
+                        int *next_chunk)
+{
+    return route(s, stage, chunk, 1, next_stage, next_chunk);
+}
+
+int schedule_route_prev(const schedule *s, int stage, int chunk, int *prev_stage,
+                        int *prev_chunk)
+{
+    return route(s, stage, chunk, -1, prev_stage, prev_chunk);
+}
+
 /* Grows a list by one op. */
 static int list_push(schedule_list *l, int stage, schedule_op op)
 {

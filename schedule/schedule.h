@@ -68,7 +68,8 @@ typedef struct {
     int bucket;     /* ALLREDUCE, REDUCE_WAIT: bucket b in [0, buckets); BACKWARD and
                      * BACKWARD_WEIGHT: −1 for the whole stage, b for part b only; −1 for
                      * every other op */
-    int chunk;      /* virtual chunk v in [0, V) of this rank (model chunk v·K + s); 0 for
+    int chunk;      /* virtual chunk v in [0, V) of this rank (model chunk v·K + s, or as the
+                     * schedule's placement says: schedule_model_chunk); 0 for
                      * reductions, the step and every schedule with V = 1 */
 } schedule_op;
 
@@ -81,12 +82,38 @@ typedef struct {
                        * once per micro-batch and chunk before m's backward; 0 by default */
 } schedule_list;
 
+/* Where model chunk c of the K·V runs (see the top of this file).
+ * INTERLEAVED: rank s, chunk v runs model chunk v·K + s (Megatron-LM's interleaving).
+ * V (a zig-zag; V even): chunk v runs model chunk v·K + s for even v and v·K + K−1−s for odd
+ * v, so that with V = 2 rank k holds model chunks k and 2K−1−k (Zero Bubble's ZB-V,
+ * DualPipeV). Activations go down the ranks on even chunks and back up on odd ones; the
+ * hand-over from chunk v to v+1 stays on one rank (rank K−1 after an even chunk, rank 0
+ * after an odd one): a message to itself, which the verifier, the simulator (free) and the
+ * executor (an MPI message to its own rank, a copy) treat like any other. Rank 0 reads the
+ * data and computes the loss. */
+typedef enum { SCHED_PLACE_INTERLEAVED = 0, SCHED_PLACE_V = 1 } schedule_placement;
+
 typedef struct {
     char name[32];
     int stages, microbatches;
     int virtual_stages;   /* V >= 1 chunks per rank */
+    int placement;        /* schedule_placement; INTERLEAVED (0) unless a V generator set it */
     schedule_list *lists; /* owned, one per stage */
 } schedule;
+
+/* The model chunk that (stage, chunk) runs under `placement`, and the inverse. */
+int schedule_model_chunk_of(int stages, int virtual_stages, int placement, int stage,
+                            int chunk);
+void schedule_chunk_place(int stages, int virtual_stages, int placement, int model_chunk,
+                          int *stage, int *chunk);
+/* The same for a schedule's own K, V and placement. */
+int schedule_model_chunk(const schedule *s, int stage, int chunk);
+/* Chunk routing under the schedule's placement: as schedule_next_chunk / _prev_chunk
+ * below (which are the interleaved placement's); the peer may be the stage itself. */
+int schedule_route_next(const schedule *s, int stage, int chunk, int *next_stage,
+                        int *next_chunk);
+int schedule_route_prev(const schedule *s, int stage, int chunk, int *prev_stage,
+                        int *prev_chunk);
 
 /* Generators. Every stage's list ends with OPTIMIZER_STEP. Backwards run in micro-batch
  * order 0..M−1 on every stage, so gradients accumulate in the same order as sequential
@@ -118,10 +145,54 @@ int schedule_init_zb_h1(schedule *s, int stages, int microbatches);
  * is then 2(K−1)/(3M) of the ideal, 2(K−1)/(3M+2K−2) of the step, for M >= K (only the b on the critical path is shorter than 1F1B's
  * backward). Named "zb". */
 int schedule_init_zb(schedule *s, int stages, int microbatches, const int *max_inflight);
+/* Greedy list scheduling of split backwards (generate_v.c): the rank with the earliest
+ * clock runs, of what it can run now, a b of the chunk nearest the loss, else a forward of
+ * the chunk nearest the loss that its cap allows, else its oldest pending w; with nothing
+ * to run it waits for its first message. Costs per model chunk (NULL: 1 each); cap[s]:
+ * most chunk activations (FORWARD to its w) rank s holds, >= V (NULL: no limit). */
+enum {
+    SCHED_GREEDY_F_LOW = 1,  /* policy: forwards of the chunk nearest the input first */
+    SCHED_GREEDY_B_LOW = 2,  /* b's of the chunk nearest the input first */
+    SCHED_GREEDY_LAZY_F = 4, /* a pending w before a micro-batch new to the rank */
+    SCHED_GREEDY_POLICIES = 8
+};
+typedef struct {
+    const double *fwd, *bwd_input, *bwd_weight;
+    double comm;    /* per message between two ranks (a rank's own hand-over is free) */
+    const int *cap;
+    int policy;     /* SCHED_GREEDY_* flags; 0: the rules above */
+} schedule_greedy_config;
+int schedule_init_greedy(schedule *s, const char *name, int stages, int virtual_stages,
+                         int placement, int microbatches, const schedule_greedy_config *cfg);
+/* The greedy order under every policy; keeps the one whose simulated step (at cfg's costs)
+ * is shortest, then whose stages idle least within their spans. */
+int schedule_init_greedy_best(schedule *s, const char *name, int stages, int virtual_stages,
+                              int placement, int microbatches,
+                              const schedule_greedy_config *cfg);
+/* The named greedy schedules at unit costs. "zb-h2" (Zero Bubble H2): one chunk per rank,
+ * each rank holding up to 2K − 1 micro-batches; with F = b = w no rank idles between its
+ * first op and its step once M >= 2K − 1 (interior_idle 0: Qi et al.'s bubble of 0; the
+ * step still spans 3M + K − 1 because the ranks start one after another, which
+ * post-validation would overlap with the next step). "zb-v": V placement, V (even) chunks
+ * per rank, each rank capped at 1F1B's peak (2K chunk activations at V = 2, K whole
+ * micro-batches). "v-half" and "v-min": the same under about ½ and ⅓ of that (K + 1 and
+ * ⌈2K/3⌉ + 1 chunk activations). Any M >= 1. */
+int schedule_init_zb_v_family(schedule *s, const char *name, int stages, int virtual_stages,
+                              int microbatches);
+/* DualPipeV (DeepSeek): V placement, 2 chunks per rank, M >= 2K; its eight phases, with
+ * whole backwards where DualPipe runs them whole and b/w where it defers W. DualPipe's
+ * overlapped "F&B" is a forward and a whole backward of two micro-batches run back to back,
+ * the forward's activation sent before the backward computes (so it travels meanwhile);
+ * the two computations are not overlapped. Named "dualpipev". */
+int schedule_init_dualpipev(schedule *s, int stages, int microbatches);
+/* 1 for the names of schedules in a V (zb-v, v-half, v-min, dualpipev). */
+int schedule_is_v(const char *name);
+
 /* name: "gpipe" or "1f1b"; an unknown name is an error listing the known ones. V = 1. */
 int schedule_init_by_name(schedule *s, const char *name, int stages, int microbatches);
-/* name: "gpipe", "1f1b", "interleaved" or "zb-h1"; virtual_stages > 1 only with
- * "interleaved". Errors name the known schedules. */
+/* name: "gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min" or
+ * "dualpipev"; virtual_stages > 1 only with "interleaved" and the V schedules (even there;
+ * 1 means their default, 2). Errors name the known schedules. */
 int schedule_init_named(schedule *s, const char *name, int stages, int virtual_stages,
                         int microbatches);
 /* Empty schedule (V = 1), for building lists by hand (tests, future generators). */
@@ -171,6 +242,13 @@ int schedule_add_recompute(schedule *s, const int *stages);
 int schedule_parse_recompute(const char *spec, int stages, int *flags);
 
 const char *schedule_op_name(schedule_op_kind kind); /* "F", "B", "send_act", ... */
+
+/* Schedules as text (schedule/file.c): a header "schedule NAME stages K microbatches M
+ * virtual V placement interleaved|v", "list S buckets B recompute 0|1" where not 0, then one
+ * line "STAGE OP MICROBATCH CHUNK PEER BUCKET" per instruction ('#' comments). Reading
+ * verifies; every error names the file's line (for the verifier's, the instruction's). */
+int schedule_write(const schedule *s, FILE *out);
+int schedule_read(schedule *s, const char *path);
 
 /* What the verifier found. Arrays owned, freed by schedule_report_free. */
 typedef struct {
@@ -236,7 +314,8 @@ void schedule_report_free(schedule_report *r);
  * holds compute until it has finished. With reduce_in_waits, the reductions a stage has
  * started run, in order, only from the REDUCE_WAIT that needs them. A reduction of n bytes among R replicas costs a
  * ring all-reduce in the α–β model: 2(R−1)·α + 2(R−1)/R · n/β. */
-/* Costs are per stage when V = 1 and per model chunk c = v·K + s (K·V entries) when V > 1.
+/* Costs are per stage when V = 1 and per model chunk c (K·V entries, in model order; c =
+ * schedule_model_chunk(s, stage, v)) when V > 1.
  * NULL arrays mean unit costs: 1 per op for V = 1, and 1/V per chunk op for V > 1, so that a
  * rank's work is the same whatever V (F = B = 1 per rank and micro-batch). */
 typedef struct {
@@ -272,6 +351,12 @@ typedef struct {
     int *offset;          /* offset[s]: index of stage s's first op in start/end */
     double *reduce;       /* per stage: time its reductions occupy its network, owned */
     double *exposed;      /* per stage: time compute waited in REDUCE_WAIT, owned */
+    double *span;         /* per stage: from the start of its first compute op to the end
+                           * of its last op, owned */
+    double interior_idle; /* the most any stage idles within its span: the bubble as the
+                           * Zero Bubble and DualPipe papers count it (a stage's ramp up
+                           * before its first op and after its last is not counted: with
+                           * post-validation the next step's fills it) */
     double *net_start, *net_end; /* per op like start/end: for an ALLREDUCE, when its
                                   * reduction ran on the network; −1 for other ops */
 } schedule_sim;
@@ -288,7 +373,12 @@ double schedule_allreduce_time(double bytes, int replicas, double alpha, double 
 /* Bubble fraction of the unit-cost simulation (F = B = 1, messages free) and the GPipe
  * formula (K−1)/(M+K−1). */
 double schedule_bubble_theory(int stages, int microbatches);
-/* The unit-cost bubble of a generated schedule for balanced stages, as a share of the step
+/* zb-h2 (M >= 2K − 1): (K−1)/(3M+K−1), as zb-h1, but no stage idles inside its span (the
+ * papers' bubble of 0; schedule_sim.interior_idle). dualpipev (M >= 2K) and zb-v (K = 4,
+ * where its greedy order reaches it): (K−1)/(6M+K−1) with F = b = w = 1 per chunk op, the
+ * least any V reaches (the last rank waits K − 1 forwards); elsewhere zb-v, v-half and v-min
+ * have none (tests/test_schedule_v.c gives their figures).
+ * The unit-cost bubble of a generated schedule for balanced stages, as a share of the step
  * (what schedule_sim.bubble gives): (K−1)/(M+K−1) for gpipe and 1f1b, (K−1)/(V·M+K−1) for
  * interleaved (K dividing M), (K−1)/(3M+K−1) for zb-h1 (F = B = W = 1; M >= K, else
  * (2K−M−1)/(2M+2K−1)). The published figures (K−1)/M, (K−1)/(V·M), (K−1)/(3M) are the

@@ -30,10 +30,11 @@ static double stage_beta(const schedule_costs *c, int st)
     return c->beta_stage ? c->beta_stage[st] : c->beta;
 }
 
-/* Cost arrays are per stage (V = 1) or per model chunk v·K + s (V > 1). */
+/* Cost arrays are per stage (V = 1) or per model chunk (V > 1: v·K + s when interleaved,
+ * the V placement's own numbering otherwise; schedule_model_chunk). */
 static size_t cost_index(const schedule *s, int st, int chunk)
 {
-    return s->virtual_stages > 1 ? (size_t)chunk * (size_t)s->stages + (size_t)st : (size_t)st;
+    return s->virtual_stages > 1 ? (size_t)schedule_model_chunk(s, st, chunk) : (size_t)st;
 }
 
 static int check_cost_array(const schedule *s, const double *a, const char *what)
@@ -41,10 +42,13 @@ static int check_cost_array(const schedule *s, const double *a, const char *what
     int n = s->stages * s->virtual_stages;
     for (int k = 0; a && k < n; k++)
         if (!cost_ok(a[k])) {
-            if (s->virtual_stages > 1)
+            if (s->virtual_stages > 1) {
+                int st, v;
+                schedule_chunk_place(s->stages, s->virtual_stages, s->placement, k, &st, &v);
                 return pt_error_set("schedule_simulate: %s cost of model chunk %d (stage %d "
                                     "chunk %d) is %g; costs must be finite and >= 0", what, k,
-                                    k % s->stages, k / s->stages, a[k]);
+                                    st, v, a[k]);
+            }
             return pt_error_set("schedule_simulate: %s cost of stage %d is %g; costs must be "
                                 "finite and >= 0", what, k, a[k]);
         }
@@ -132,7 +136,8 @@ static double op_cost(const schedule *s, const schedule_op *op, int st, int buck
         return part_cost(c->bwd_weight ? c->bwd_weight[k] : bwd / 2, op, st, buckets, c);
     case SCHED_OP_SEND_ACT:
     case SCHED_OP_SEND_GRAD:
-        return c->comm_cost;
+        /* a V placement's hand-over between two chunks of one rank is a local copy */
+        return op->peer == st ? 0.0 : c->comm_cost;
     case SCHED_OP_OPTIMIZER_STEP:
         return c->step_cost;
     default: /* ALLREDUCE only starts the reduction */
@@ -174,13 +179,14 @@ static int sim_alloc_out(schedule_sim *out, int K, size_t n)
 {
     out->offset = malloc((size_t)K * sizeof *out->offset);
     out->busy = calloc((size_t)K, sizeof *out->busy);
+    out->span = calloc((size_t)K, sizeof *out->span);
     out->reduce = calloc((size_t)K, sizeof *out->reduce);
     out->exposed = calloc((size_t)K, sizeof *out->exposed);
     out->start = malloc(n * sizeof *out->start);
     out->end = malloc(n * sizeof *out->end);
     out->net_start = malloc(n * sizeof *out->net_start);
     out->net_end = malloc(n * sizeof *out->net_end);
-    return out->offset && out->busy && out->reduce && out->exposed && out->start && out->end &&
+    return out->offset && out->busy && out->span && out->reduce && out->exposed && out->start && out->end &&
            out->net_start && out->net_end ? 0 : -1;
 }
 
@@ -328,9 +334,9 @@ static int sim_step(sim_state *w, int st)
     if (op->kind == SCHED_OP_SEND_ACT || op->kind == SCHED_OP_SEND_GRAD) {
         int g = op->kind == SCHED_OP_SEND_GRAD, ps = 0, pv = 0;
         if (g)
-            schedule_prev_chunk(s->stages, s->virtual_stages, st, op->chunk, &ps, &pv);
+            schedule_route_prev(s, st, op->chunk, &ps, &pv);
         else
-            schedule_next_chunk(s->stages, s->virtual_stages, st, op->chunk, &ps, &pv);
+            schedule_route_next(s, st, op->chunk, &ps, &pv);
         /* ps == op->peer: verified */
         *ready_at(w, op->peer, pv, g, op->microbatch) = begin + len;
     }
@@ -356,8 +362,25 @@ static size_t sim_run(sim_state *w)
     return done_ops;
 }
 
-static void sim_bubbles(schedule_sim *out, int K)
+static void sim_bubbles(const schedule *s, schedule_sim *out, int K)
 {
+    /* each stage's span: from its first compute op to its last op */
+    for (int st = 0; st < K; st++) {
+        const schedule_list *l = &s->lists[st];
+        double first = -1, last = 0;
+        for (int i = 0; i < l->n_ops; i++) {
+            size_t idx = (size_t)out->offset[st] + (size_t)i;
+            schedule_op_kind k = l->ops[i].kind;
+            int compute = k == SCHED_OP_FORWARD || k == SCHED_OP_BACKWARD ||
+                          k == SCHED_OP_BACKWARD_INPUT || k == SCHED_OP_BACKWARD_WEIGHT ||
+                          k == SCHED_OP_RECOMPUTE;
+            if (compute && first < 0) first = out->start[idx];
+            if (out->end[idx] > last) last = out->end[idx];
+        }
+        out->span[st] = first >= 0 ? last - first : 0;
+        double gap = out->span[st] - out->busy[st];
+        if (gap > out->interior_idle) out->interior_idle = gap;
+    }
     double idle = 0.0;
     if (out->makespan > 0) {
         for (int st = 0; st < K; st++)
@@ -393,7 +416,7 @@ int schedule_simulate_costs(const schedule *s, const schedule_costs *costs,
             rc = pt_error_set("schedule_simulate: schedule '%s' stalled after %zu of %zu ops",
                               s->name, done_ops, w.total);
         else
-            sim_bubbles(out, s->stages);
+            sim_bubbles(s, out, s->stages);
     }
     sim_free_scratch(&w);
     if (rc)
@@ -414,6 +437,7 @@ void schedule_sim_free(schedule_sim *sim)
     if (!sim)
         return;
     free(sim->busy);
+    free(sim->span);
     free(sim->start);
     free(sim->end);
     free(sim->offset);
@@ -450,6 +474,16 @@ double schedule_bubble_share(const char *name, int stages, int virtual_stages,
         } else if (!strcmp(name, "zb-h1") && M >= K) {
             text = "(K-1)/(3M+K-1)";
             v = (K - 1) / (3 * M + K - 1);
+        } else if (!strcmp(name, "zb-h2") && M >= 2 * K - 1) {
+            /* no stage idles inside its span; the ranks still start one after another */
+            text = "(K-1)/(3M+K-1), no idle inside a stage's span";
+            v = (K - 1) / (3 * M + K - 1);
+        } else if ((!strcmp(name, "dualpipev") && M >= 2 * K) ||
+                   (!strcmp(name, "zb-v") && K == 4)) {
+            /* F = b = w per chunk: 6M chunk ops per rank after the K − 1 forwards that
+             * reach the last rank, the least a V can take */
+            text = "(K-1)/(6M+K-1)";
+            v = (K - 1) / (6 * M + K - 1);
         } else if (!strcmp(name, "zb-h1")) {
             /* fewer micro-batches than stages: a makespan of 2M + 2K − 1 for 3M of work */
             text = "(2K-M-1)/(2M+2K-1)";

@@ -112,8 +112,8 @@ static int towards_prev(schedule_op_kind kind)
 int verify_peer_chunk(const verify_ctx *c, schedule_op_kind kind, int stage, int chunk)
 {
     int ps, pv;
-    int ok = towards_prev(kind) ? schedule_prev_chunk(c->K, c->V, stage, chunk, &ps, &pv)
-                                : schedule_next_chunk(c->K, c->V, stage, chunk, &ps, &pv);
+    int ok = towards_prev(kind) ? schedule_route_prev(c->s, stage, chunk, &ps, &pv)
+                                : schedule_route_next(c->s, stage, chunk, &ps, &pv);
     return ok ? pv : -1;
 }
 
@@ -124,8 +124,8 @@ static int expected_peer(const verify_ctx *c, schedule_op_kind kind, int stage, 
     if (verify_matching_kind(kind) == SCHED_OP_COUNT)
         return -1;
     int ps, pv;
-    int ok = towards_prev(kind) ? schedule_prev_chunk(c->K, c->V, stage, chunk, &ps, &pv)
-                                : schedule_next_chunk(c->K, c->V, stage, chunk, &ps, &pv);
+    int ok = towards_prev(kind) ? schedule_route_prev(c->s, stage, chunk, &ps, &pv)
+                                : schedule_route_next(c->s, stage, chunk, &ps, &pv);
     return ok ? ps : -2;
 }
 
@@ -505,8 +505,8 @@ static int check_microbatch(const verify_ctx *c, int st, int v, int m)
     char ch[32] = "";
     if (c->V > 1)
         snprintf(ch, sizeof ch, " chunk %d", v);
-    int has_prev = schedule_prev_chunk(c->K, c->V, st, v, NULL, NULL);
-    int has_next = schedule_next_chunk(c->K, c->V, st, v, NULL, NULL);
+    int has_prev = schedule_route_prev(c->s, st, v, NULL, NULL);
+    int has_next = schedule_route_next(c->s, st, v, NULL, NULL);
     int f = *verify_pos(c, st, v, SCHED_OP_FORWARD, m);
     int ra = *verify_pos(c, st, v, SCHED_OP_RECV_ACT, m);
     int sa = *verify_pos(c, st, v, SCHED_OP_SEND_ACT, m);

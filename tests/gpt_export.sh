@@ -78,10 +78,12 @@ else
     failed "image model: exit $rc: $(head -c 300 "$WORK/out")"
 fi
 
-# GPT2LMHeadModel itself, where it is installed.
-if /usr/bin/python3 -c "import transformers, torch" 2>/dev/null; then
+# GPT2LMHeadModel itself, where it is installed (PT_HF_PYTHON: a Python that has transformers
+# and torch, e.g. a virtual environment made with --system-site-packages)
+HF_PY=${PT_HF_PYTHON:-/usr/bin/python3}
+if "$HF_PY" -c "import transformers, torch" 2>/dev/null; then
     rc=0
-    /usr/bin/python3 - "$PT_SOURCE_DIR" "$WORK" >"$WORK/hf.out" 2>&1 <<'EOF' || rc=$?
+    "$HF_PY" - "$PT_SOURCE_DIR" "$WORK" >"$WORK/hf.out" 2>&1 <<'EOF' || rc=$?
 import json, os, struct, sys
 import torch
 sys.path.insert(0, os.path.join(sys.argv[1], 'experiments'))
@@ -117,6 +119,6 @@ EOF
         failed "GPT2LMHeadModel: $(tail -c 500 "$WORK/hf.out")"
     fi
 else
-    echo "skip: transformers is not installed for /usr/bin/python3 (GPT2LMHeadModel not loaded)"
+    echo "skip: transformers is not installed for $HF_PY (GPT2LMHeadModel not loaded; set PT_HF_PYTHON)"
 fi
 finish

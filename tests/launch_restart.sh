@@ -1,7 +1,8 @@
 # pipetrain launch: a job that fails is run again from its newest complete checkpoint and
 # ends bit-identical to the run that never failed: a rank killed (SIGKILL from outside), a
 # rank stopped (SIGSTOP) until the watchdog ends the job, a rank killed while a checkpoint is
-# being written, a node lost (fewer ranks: re-planned); a full disk ends with the message
+# being written, a node lost (fewer ranks: re-planned), a language model killed and resumed
+# (tied head across stages, AdamW, schedule); a full disk ends with the message
 # and the previous checkpoint intact; a job whose input is at fault is not restarted; bad
 # launch commands are refused.
 source "$(dirname "$0")/lib/common.bash"
@@ -118,6 +119,26 @@ fi
     && grep -q "not restarted: the job's input is at fault: .*missing.cfg" "$WORK/bad.err" \
     && pass "a missing model file: exit 2, not restarted, launch repeats the job's message" \
     || { failed "missing model under launch: exit $rc, $(events "$WORK/bad.jsonl")"; cat "$WORK/bad.err"; }
+
+# 8. a language model: gpt-nano with its head tied to the embedding across 2 stages, on
+# the built-in corpus, AdamW with a cosine schedule and clipping; a rank killed after the
+# first checkpoint. The resumed run (parameters, AdamW's moments, the data position and the
+# schedule's step from the checkpoint) ends bit-identical to one process
+sed 's/^\[lm_head\].*/[lm_head]\ntied=1/' "$MODELS/gpt-nano.cfg" >"$WORK/nano-tied.cfg"
+GPT=(--model "$WORK/nano-tied.cfg" --batch 8 --threads 1 --seed 3 --optimizer adamw --lr 1e-3
+     --lr-schedule cosine --lr-warmup 100 --clip-grad-norm 1 --microbatches 2 --steps 3000
+     --eval-windows 4)
+"$PIPETRAIN" train "${GPT[@]}" --save "$WORK/gpt-full.st" >/dev/null
+"$PIPETRAIN" launch --log "$WORK/gpt.jsonl" -- "$MPIEXEC" -n 2 "$PIPETRAIN" train "${GPT[@]}" \
+    --stages 2 --checkpoint-dir "$WORK/gpt" --checkpoint-every 500 --save "$WORK/gpt.st" \
+    >"$WORK/gpt.out" 2>"$WORK/gpt.err" &
+JOB_PID=$!
+wait_for_checkpoint "$WORK/gpt" && kill -KILL "$(rank_pid "$WORK/gpt")"
+wait $JOB_PID && rc=0 || rc=$?
+[ $rc = 0 ] && [ "$(events "$WORK/gpt.jsonl")" = "start failed restart start done" ] \
+    && pass "gpt-nano (tied head, 2 stages, AdamW, cosine): killed, restarted, done" \
+    || { failed "gpt-nano under launch: exit $rc, events $(events "$WORK/gpt.jsonl")"; cat "$WORK/gpt.err"; }
+same "$WORK/gpt.st" "$WORK/gpt-full.st" "gpt-nano killed and restarted: bit-identical to one process"
 
 # 7. bad launch commands
 expect_fail "no command" "no job to run" "$PIPETRAIN" launch --max-restarts 3

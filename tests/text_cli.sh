@@ -50,10 +50,12 @@ expect2 "image model + --text" "give this model images" \
 expect2 "language model + images" "gpt-nano.cfg is a language model: give it text" \
     "$PIPETRAIN" train --model "$NANO" --train-samples 64 --test-samples 0 "${Q[@]}"
 # a language model given no data reads the built-in corpus, as --data text
+# (and takes the corpus's own options: --eval-windows, --val-fraction)
 rc=0
-"$PIPETRAIN" train --model "$NANO" "${Q[@]}" >"$WORK/out" 2>&1 || rc=$?
+"$PIPETRAIN" train --model "$NANO" --eval-windows 3 --val-fraction 0.2 "${Q[@]}" \
+    >"$WORK/out" 2>&1 || rc=$?
 if [ "$rc" -eq 0 ] && grep -q "^data: fortunes" "$WORK/out"; then
-    pass "language model without data options: the built-in corpus"
+    pass "language model without data options: the built-in corpus, with --eval-windows"
 else
     failed "language model without data options: exit $rc: $(head -c 300 "$WORK/out")"
 fi
@@ -66,6 +68,8 @@ expect2 "--val with text" "\-\-val is for image data sets" \
     "$PIPETRAIN" train --model "$NANO" --data text --val 10 "${Q[@]}"
 expect2 "--val-fraction with images" "\-\-val-fraction is for a text corpus" \
     "$PIPETRAIN" train --model "$MLP" --val-fraction 0.2 "${Q[@]}"
+expect2 "--eval-windows with image data options" "\-\-eval-windows is for a text corpus" \
+    "$PIPETRAIN" train --model "$MLP" --eval-windows 2 --train-samples 64 "${Q[@]}"
 # token files
 expect2 "token file: LLaMA-3 magic" "magic.bin: bad magic 20240801.*LLaMA-3" \
     "$PIPETRAIN" train --model "$NANO" --tokens "$WORK/magic.bin" "${Q[@]}"

@@ -64,11 +64,14 @@ static const opt_spec opt_shared[] = {
     {.name = "batch", .letter = 'b', .kind = OPT_INT, .arg = "N", .min = 1, .max = 1 << 20,
      .def = "128", .help = "samples per optimizer step (all replicas together)"},
     {.name = "schedule", .letter = 's', .kind = OPT_TEXT, .arg = "NAME", .def = "1f1b",
-     .help = "pipeline schedule: gpipe | 1f1b | interleaved (with --virtual V) | zb-h1 "
-             "(zero bubble: backward split into input and weight gradients)"},
+     .help = "pipeline schedule: gpipe | 1f1b | interleaved (with --virtual V) | zb-h1 | "
+             "zb-h2 (zero bubble: backward split into input and weight gradients) | zb-v | "
+             "v-half | v-min | dualpipev (two model chunks per rank in a V: rank k holds "
+             "chunks k and 2K-1-k)"},
     {.name = "virtual", .letter = 'v', .kind = OPT_INT, .arg = "V", .min = 1, .max = 64,
      .def = "1", .help = "model chunks per rank (schedule interleaved): the layers are cut "
-                         "into stages × V chunks and rank k holds chunks k, k+K, ..."},
+                         "into stages × V chunks and rank k holds chunks k, k+K, ...; "
+                         "the V schedules take an even V (default 2) and zig-zag"},
     {.name = "recompute", .kind = OPT_TEXT, .arg = "WHICH", .def = "none",
      .help = "activation recomputation: none | all | stage list like 0,2: those stages keep "
              "only their input per micro-batch and re-run the forward before the backward"},

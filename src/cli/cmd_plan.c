@@ -23,7 +23,7 @@
 enum { O_TOPOLOGY = 1, O_JSON, O_HELP, O_MODEL, O_STAGES, O_REPLICAS, O_NODES, O_PARTITION,
        O_BATCH, O_MICRO, O_DEVICE, O_GPUS, O_EXCLUSIVE, O_BANDWIDTH, O_LATENCY, O_SCHED,
        O_REDUCE, O_BUCKET_MB, O_OVERLAP, O_EMIT, O_RANKS, O_MEMORY, O_TOP, O_VIRTUAL,
-       O_RECOMPUTE, O_WGRAD, O_TENSOR, O_TENSOR_MODE };
+       O_RECOMPUTE, O_WGRAD, O_TENSOR, O_TENSOR_MODE, O_ZERO };
 
 static const opt_spec plan_opts[] = {
     {.id = O_MODEL, .name = "model", .shared = 1},
@@ -53,6 +53,12 @@ static const opt_spec plan_opts[] = {
     {.id = O_REDUCE, .name = "reduce", .shared = 1},
     {.id = O_BUCKET_MB, .name = "bucket-mb", .shared = 1},
     {.id = O_OVERLAP, .name = "overlap", .shared = 1},
+    {.id = O_ZERO, .name = "zero", .kind = OPT_INT, .arg = "S", .min = 0, .max = 1, .def = "0",
+     .help = "ZeRO stage inside each stage's replica group (--replicas 2 or more, --reduce ordered "
+             "or allreduce, the CPU engine): 1 keeps each replica's shard of the optimizer "
+             "state only, steps it and all-gathers the parameters; 2 and 3 are not "
+             "implemented; plan prices 1 (memory per rank) and, with --ranks, tries it where "
+             "a layout does not fit --memory-mb"},
     {.id = O_DEVICE, .name = "device", .shared = 1},
     {.id = O_GPUS, .name = "gpus-per-stage", .letter = 'g', .kind = OPT_INT, .arg = "G",
      .min = 1, .max = 65536, .help = "GPUs per stage: --device cuda with G replicas"},
@@ -124,6 +130,7 @@ static int read_options(plan_args *a, opt_parser *p)
         case O_REDUCE: a->reduce = methods[p->choice]; break;
         case O_BUCKET_MB: a->bucket_mb = p->real; break;
         case O_OVERLAP: a->overlap = p->choice == 0; break;
+        case O_ZERO: a->zero = (int)p->num; break;
         case O_EMIT: a->emit = p->choice == 0 ? PLAN_EMIT_MPIEXEC : PLAN_EMIT_SLURM; break;
         case O_TENSOR: a->tensor = (int)p->num; break;
         case O_TENSOR_MODE: a->tensor_mode = p->choice ? TENSOR_GATHER : TENSOR_MEGATRON; break;
@@ -167,14 +174,35 @@ static int apply_gpus_per_stage(plan_args *a, const opt_parser *p)
     return 0;
 }
 
+/* --zero 1 as train takes it: replicas, a method whose every replica steps its shard. */
+static int check_zero(const plan_args *a, const opt_parser *p)
+{
+    if (!a->zero) return 0;
+    if (!a->ranks && a->replicas < 2)
+        return opt_error(p, "--zero %d shards the state across a stage's replicas: it needs "
+                         "--replicas 2 or more (or --ranks)", a->zero);
+    if (reduce_method_root_steps(a->reduce))
+        return opt_error(p, "--zero %d with --reduce %s: that method sums on the group's "
+                         "first rank, which steps alone (use ordered or allreduce)", a->zero,
+                         reduce_method_name(a->reduce));
+    return 0;
+}
+
 /* One layout's schedule, as train checks it, before any profiling. */
 static int check_schedule(const plan_args *a, const opt_parser *p)
 {
     int V = a->virtual_stages;
-    if (V > 1 && strcmp(a->schedule, "interleaved"))
-        return opt_error(p, "--virtual %d needs --schedule interleaved", V);
-    if (V > 1 && a->stages < 2)
-        return opt_error(p, "interleaved schedules (--virtual %d) need at least 2 stages", V);
+    schedule s;
+    char why[512];
+    if (V > 1 && !strcmp(a->schedule, "interleaved") && a->stages > 1 &&
+        a->microbatches % a->stages)
+        return opt_error(p, "--microbatches %d: interleaved schedules need a multiple of "
+                            "--stages %d", a->microbatches, a->stages);
+    if (schedule_init_named(&s, a->schedule, a->stages, V, a->microbatches)) {
+        snprintf(why, sizeof why, "%s", pt_error_get());
+        return opt_error(p, "%s", why);
+    }
+    schedule_free(&s);
     if (V > 1 && a->replicas > 1)
         return opt_error(p, "--replicas with interleaved schedules (--virtual %d) is not "
                             "supported yet: use --replicas 1 or --virtual 1", V);
@@ -183,7 +211,6 @@ static int check_schedule(const plan_args *a, const opt_parser *p)
                             "--stages %d", a->microbatches, a->stages);
     int flags[a->stages];
     if (schedule_parse_recompute(a->recompute, a->stages, flags)) {
-        char why[256];
         snprintf(why, sizeof why, "%s", pt_error_get());
         return opt_error(p, "%s", why);
     }
@@ -235,7 +262,9 @@ static int plan_parse(plan_args *a, int argc, char **argv)
     if (a->virtual_stages < 1) a->virtual_stages = 1;
     if (!a->recompute) a->recompute = "none";
     if (!a->schedule) a->schedule = "1f1b";
-    if (!a->ranks && check_schedule(a, &p)) return -1;
+    /* the V schedules' default: two model chunks per rank */
+    if (schedule_is_v(a->schedule) && a->virtual_stages == 1) a->virtual_stages = 2;
+    if (check_zero(a, &p) || (!a->ranks && check_schedule(a, &p))) return -1;
     if (a->exclusive && a->device == TOPO_DEVICE_CUDA)
         a->exclusive = 0; /* GPUs are never shared anyway */
     return split_batch(a, &p);

@@ -6,11 +6,12 @@
 #include "src/base/options.h"
 #include "src/cli/commands.h"
 
-enum { O_STAGES = 1, O_MICRO, O_SCHED, O_BUCKETS, O_OVERLAP, O_VIRTUAL, O_RECOMPUTE, O_HELP };
+enum { O_STAGES = 1, O_MICRO, O_SCHED, O_BUCKETS, O_OVERLAP, O_VIRTUAL, O_RECOMPUTE, O_SAVE,
+       O_LOAD, O_HELP };
 
 static const opt_spec schedule_opts[] = {
     {.id = O_SCHED, .name = "schedule", .shared = 1},
-    {.id = O_STAGES, .name = "stages", .shared = 1, .required = 1},
+    {.id = O_STAGES, .name = "stages", .shared = 1},
     {.id = O_MICRO, .name = "microbatches", .shared = 1},
     {.id = O_BUCKETS, .name = "buckets", .kind = OPT_INT, .arg = "B", .min = 0, .max = 64,
      .def = "0", .help = "gradient buckets each stage reduces among its data-parallel "
@@ -18,6 +19,11 @@ static const opt_spec schedule_opts[] = {
     {.id = O_OVERLAP, .name = "overlap", .shared = 1},
     {.id = O_VIRTUAL, .name = "virtual", .shared = 1},
     {.id = O_RECOMPUTE, .name = "recompute", .shared = 1},
+    {.id = O_SAVE, .name = "save-schedule", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "also write the schedule as text (one line per instruction) to FILE"},
+    {.id = O_LOAD, .name = "schedule-file", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "read the schedule from FILE (as --save-schedule writes it) instead of "
+             "generating one; it is verified, errors name the line"},
     {.id = O_HELP, .name = "help", .shared = 1},
     {0},
 };
@@ -26,7 +32,9 @@ static const opt_command schedule_command = {
     .usage = "pipetrain schedule --stages K [--microbatches M] [--schedule NAME]\n"
              "pipetrain schedule --stages K ... --schedule interleaved --virtual V\n"
              "pipetrain schedule --stages K ... --buckets B [--overlap on|off]\n"
-             "pipetrain schedule --stages K ... --recompute none|all|0,2",
+             "pipetrain schedule --stages K ... --recompute none|all|0,2\n"
+             "pipetrain schedule --stages K ... --save-schedule FILE\n"
+             "pipetrain schedule --schedule-file FILE",
     .about = "Prints each stage's instruction list and a unit-time timeline of the schedule, "
              "verifies it (no deadlock) and reports the bubble and the peak micro-batches each "
              "stage holds (per chunk with --virtual, and the inputs kept with --recompute).",
@@ -51,7 +59,7 @@ enum { SCHEDULE_MAX_STAGES = 256, SCHEDULE_MAX_MICRO = 4096 };
 
 int cmd_schedule(int argc, char **argv)
 {
-    const char *name = NULL, *recompute = "none";
+    const char *name = NULL, *recompute = "none", *save = NULL, *load = NULL;
     int stages = 0, micro = 0, buckets = 0, overlap = 1, virt = 1;
     opt_parser p;
     if (opt_parser_init(&p, &schedule_command, argc, argv)) return cli_usage_fail();
@@ -65,10 +73,16 @@ int cmd_schedule(int argc, char **argv)
         case O_OVERLAP: overlap = p.choice == 0; break;
         case O_VIRTUAL: virt = (int)p.num; break;
         case O_RECOMPUTE: recompute = p.arg; break;
+        case O_SAVE: save = p.arg; break;
+        case O_LOAD: load = p.arg; break;
         case O_HELP: opt_print_help(&schedule_command, stdout); return PT_EXIT_OK;
         }
     }
     if (id == OPT_ERROR) return cli_usage_fail();
+    if (!load && stages < 1) {
+        opt_error(&p, "--stages K is required (or --schedule-file FILE)");
+        return cli_usage_fail();
+    }
     if (stages > SCHEDULE_MAX_STAGES || micro > SCHEDULE_MAX_MICRO) {
         opt_error(&p, "schedule prints at most %d stages and %d micro-batches",
                   SCHEDULE_MAX_STAGES, SCHEDULE_MAX_MICRO);
@@ -84,14 +98,29 @@ int cmd_schedule(int argc, char **argv)
     int any_recompute = 0;
     for (int k = 0; k < stages; k++) any_recompute |= flags[k];
     schedule s;
-    if (schedule_init_named(&s, name, stages, virt, micro)) return cli_input_fail();
-    /* --buckets B: B buckets on every stage, or on every chunk of an interleaved one */
-    int per_chunk[stages * virt];
-    for (int k = 0; k < stages * virt; k++) per_chunk[k] = buckets;
-    if ((buckets && schedule_add_reductions_chunks(&s, per_chunk, overlap)) ||
-        (any_recompute && schedule_add_recompute(&s, flags))) {
-        schedule_free(&s);
-        return cli_input_fail();
+    if (load) {
+        if (schedule_read(&s, load)) return cli_input_fail();
+    } else {
+        if (schedule_init_named(&s, name, stages, virt, micro)) return cli_input_fail();
+        /* --buckets B: B buckets on every stage, or on every chunk of a multi-chunk one */
+        int C = stages * s.virtual_stages;
+        int per_chunk[C];
+        for (int k = 0; k < C; k++) per_chunk[k] = buckets;
+        if ((buckets && schedule_add_reductions_chunks(&s, per_chunk, overlap)) ||
+            (any_recompute && schedule_add_recompute(&s, flags))) {
+            schedule_free(&s);
+            return cli_input_fail();
+        }
+    }
+    if (save) {
+        FILE *f = fopen(save, "w");
+        int bad = !f || schedule_write(&s, f);
+        if (f && fclose(f)) bad = 1;
+        if (bad) {
+            schedule_free(&s);
+            pt_error_set("cannot write the schedule to %s", save);
+            return cli_input_fail();
+        }
     }
     schedule_report rep;
     if (schedule_verify(&s, &rep)) {

@@ -30,6 +30,11 @@ typedef struct {
     int pieces;        /* grad_pieces, at least 1 */
     float **piece;     /* [pieces]: [0] the stage's gradients, the others owned */
     engine_result sums;
+    /* ZeRO (optim_shard): the runs this replica steps and their compact moments (the
+     * stage's whole m and v are then never allocated) */
+    engine_run *zruns;
+    int n_zruns;
+    float *zm, *zv;
 } cpu_engine;
 
 static cpu_engine *impl(engine *e) { return e->impl; }
@@ -81,6 +86,9 @@ static void cpu_destroy(engine *e)
         if (c->piece)
             for (int p = 1; p < c->pieces; p++) free(c->piece[p]);
         free(c->piece);
+        free(c->zruns);
+        free(c->zm);
+        free(c->zv);
         free(c);
     }
     engine_base_free(e);
@@ -105,21 +113,83 @@ static int cpu_write_params(engine *e, const float *host)
     return 0;
 }
 
+/* ZeRO: the runs' moments between the whole arrays' positions and the compact ones. */
+static void copy_runs(const cpu_engine *c, float *whole, float *compact, int to_whole)
+{
+    size_t k = 0;
+    for (int i = 0; i < c->n_zruns; i++) {
+        const engine_run *r = &c->zruns[i];
+        if (to_whole) memcpy(whole + r->off, compact + k, r->count * sizeof(float));
+        else memcpy(compact + k, whole + r->off, r->count * sizeof(float));
+        k += r->count;
+    }
+}
+
 static int cpu_read_state(engine *e, float *m, float *v, long *updates)
 {
-    const stage *st = &impl(e)->st;
-    memcpy(m, st->opt_m, e->param_count * sizeof(float));
-    memcpy(v, st->opt_v, e->param_count * sizeof(float));
+    cpu_engine *c = impl(e);
+    const stage *st = &c->st;
     *updates = st->step;
+    if (c->zruns) {
+        copy_runs(c, m, c->zm, 1);
+        copy_runs(c, v, c->zv, 1);
+    } else if (st->opt_m) {
+        memcpy(m, st->opt_m, e->param_count * sizeof(float));
+        memcpy(v, st->opt_v, e->param_count * sizeof(float));
+    } else { /* no update yet: the moments are zero */
+        memset(m, 0, e->param_count * sizeof(float));
+        memset(v, 0, e->param_count * sizeof(float));
+    }
     return 0;
 }
 
 static int cpu_write_state(engine *e, const float *m, const float *v, long updates)
 {
-    stage *st = &impl(e)->st;
+    cpu_engine *c = impl(e);
+    stage *st = &c->st;
+    st->step = updates;
+    if (c->zruns) {
+        copy_runs(c, (float *)m, c->zm, 0);
+        copy_runs(c, (float *)v, c->zv, 0);
+        return 0;
+    }
+    if (stage_alloc_optim(st)) return -1;
     memcpy(st->opt_m, m, e->param_count * sizeof(float));
     memcpy(st->opt_v, v, e->param_count * sizeof(float));
-    st->step = updates;
+    return 0;
+}
+
+static int cpu_optim_shard(engine *e, const engine_run *runs, int n)
+{
+    cpu_engine *c = impl(e);
+    if (c->zruns || c->st.opt_m)
+        return pt_error_set("CPU engine: the optimizer's state is already allocated");
+    size_t total = engine_runs_count(runs, n);
+    c->zruns = malloc((size_t)(n > 0 ? n : 1) * sizeof *c->zruns);
+    c->zm = alloc_array(total * sizeof(float));
+    c->zv = alloc_array(total * sizeof(float));
+    if (!c->zruns || !c->zm || !c->zv)
+        return pt_error_set("out of memory for the optimizer's shard (%zu parameters)", total);
+    memcpy(c->zruns, runs, (size_t)n * sizeof *runs);
+    c->n_zruns = n;
+    memset(c->zm, 0, total * sizeof(float));
+    memset(c->zv, 0, total * sizeof(float));
+    return 0;
+}
+
+static void cpu_state_bytes(const engine *e, size_t *params, size_t *grads, size_t *optim)
+{
+    const cpu_engine *c = e->impl;
+    size_t block = stage_round_up(e->param_count * sizeof(float));
+    *params = block;
+    *grads = block * (size_t)c->pieces; /* piece 0 is the stage's gradients */
+    if (c->zruns) *optim = 2 * stage_round_up(engine_runs_count(c->zruns, c->n_zruns) * sizeof(float));
+    else *optim = c->st.opt_memory ? 2 * block : 0;
+}
+
+static int cpu_params_host(engine *e, float **host)
+{
+    *host = impl(e)->st.params;
     return 0;
 }
 
@@ -319,8 +389,19 @@ static int cpu_release(engine *e, int m)
 static int cpu_step(engine *e, const optimizer_config *o, int t)
 {
     double t0 = pt_now();
-    stage *st = &impl(e)->st;
-    if (stage_plan_range_idle(&st->plan, "step") || stage_step(st, o)) return -1;
+    cpu_engine *c = impl(e);
+    stage *st = &c->st;
+    if (stage_plan_range_idle(&st->plan, "step")) return -1;
+    if (c->zruns) { /* ZeRO: this replica's shard */
+        stage_optim_state whole = {.params = st->params, .grads = st->grads,
+                                   .count = st->plan.param_count, .step = &st->step,
+                                   .plan = &st->plan};
+        if (engine_optim_step_runs(&optim_kernels_cpu, NULL, &whole, c->zm, c->zv, c->zruns,
+                                   c->n_zruns, o))
+            return -1;
+    } else if (stage_step(st, o)) {
+        return -1;
+    }
     stage_zero_grad(st);
     tick(e, t, t0);
     return 0;
@@ -393,6 +474,9 @@ static const engine_ops cpu_ops = {
     .msg_prepare = cpu_msg_prepare,
     .msg_ready = cpu_msg_ready,
     .finish = cpu_finish,
+    .optim_shard = cpu_optim_shard,
+    .params_host = cpu_params_host,
+    .state_bytes = cpu_state_bytes,
 };
 
 int engine_cpu_create(engine **out, const engine_config *cfg)

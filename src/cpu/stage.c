@@ -108,16 +108,28 @@ stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int m
     return b;
 }
 
-/* params | grads | m | v; each block rounded so every block stays aligned */
+/* params | grads; each block rounded so every block stays aligned. The optimizer's m | v
+ * come at the first use (stage_alloc_optim): a ZeRO engine keeps only its shard's. */
 static int alloc_state(stage *s)
 {
     size_t block = stage_round_up(s->plan.param_count * sizeof(float)) / sizeof(float);
-    s->memory = stage_alloc_zeroed(4 * block * sizeof(float));
+    s->memory = stage_alloc_zeroed(2 * block * sizeof(float));
     if (!s->memory) return -1;
     s->params = s->memory;
     s->grads = s->memory + block;
-    s->opt_m = s->memory + 2 * block;
-    s->opt_v = s->memory + 3 * block;
+    return 0;
+}
+
+int stage_alloc_optim(stage *s)
+{
+    if (s->opt_memory) return 0;
+    size_t block = stage_round_up(s->plan.param_count * sizeof(float)) / sizeof(float);
+    s->opt_memory = stage_alloc_zeroed(2 * block * sizeof(float));
+    if (!s->opt_memory)
+        return pt_error_set("out of memory for the optimizer's state (%zu parameters)",
+                            s->plan.param_count);
+    s->opt_m = s->opt_memory;
+    s->opt_v = s->opt_memory + block;
     return 0;
 }
 
@@ -229,6 +241,7 @@ void stage_free(stage *s)
     free(s->stash_g);
     free(s->stash_memory);
     free(s->memory);
+    free(s->opt_memory);
     if (s->workers) {
         for (int t = 0; t < s->threads; t++) {
             free(s->workers[t].work);
@@ -757,6 +770,7 @@ void stage_zero_grad(stage *s)
 
 int stage_step(stage *s, const optimizer_config *o)
 {
+    if (stage_alloc_optim(s)) return -1;
     stage_optim_state st = {.params = s->params, .grads = s->grads, .m = s->opt_m,
                             .v = s->opt_v, .count = s->plan.param_count, .step = &s->step,
                             .plan = &s->plan};

@@ -50,7 +50,8 @@ typedef struct {
                                local layers, parameter offsets, sizes, gradient targets and
                                the backward by ranges under way */
     int n_slots;
-    float *memory;          /* owned: params | grads | optimizer state */
+    float *memory;          /* owned: params | grads */
+    float *opt_memory;      /* owned: m | v, from the first stage_alloc_optim (NULL before) */
     float *params, *grads, *opt_m, *opt_v;
     stage_slot *slots;      /* owned */
     stage_slot_layer *slot_layers; /* owned: [n_slots · nl], each slot's layers */
@@ -218,5 +219,8 @@ void stage_zero_grad(stage *s);
 /* One optimizer update of every parameter from the accumulated gradients (−1 with a
  * message for an unknown optimizer). */
 int stage_step(stage *s, const optimizer_config *opt);
+/* The optimizer's moment buffers m and v (zeroed), if not yet there: stage_step makes them
+ * at the first update; the state's readers and writers before it. */
+int stage_alloc_optim(stage *s);
 
 #endif

@@ -74,6 +74,12 @@ typedef struct {
 
 typedef struct engine engine;
 
+/* ZeRO (--zero ≥ 1, src/runtime/replicas.h): a run of the stage's flat parameter array,
+ * elements [off, off + count), whose optimizer state this replica keeps. */
+typedef struct {
+    size_t off, count;
+} engine_run;
+
 typedef struct {
     double loss_sum; /* last stage: summed loss over the labels (a sample's one, or a
                         language model's T) forwarded since the last finish; 0 elsewhere */
@@ -150,6 +156,19 @@ typedef struct {
     int (*msg_ready)(engine *, engine_msg, int m, int *ready);
     /* Waits for all queued work; returns and resets the loss sums; fills tick_t0/tick_t1. */
     int (*finish)(engine *, engine_result *);
+    /* ZeRO: from now on the optimizer keeps m and v of these runs only (ascending, disjoint;
+     * Σ count floats each, allocated here: the whole arrays are never made) and step
+     * updates only their parameters (every gradient is still zeroed). read_state and
+     * write_state keep whole arrays: they read and write the runs' positions, read_state
+     * leaving the others as they were. Once, before the first step. NULL: no ZeRO. */
+    int (*optim_shard)(engine *, const engine_run *runs, int n);
+    /* ZeRO: the stage's parameters in host memory that MPI may write (the all-gather that
+     * follows each replica's step of its shard). NULL: no ZeRO. */
+    int (*params_host)(engine *, float **host);
+    /* Bytes allocated now for the parameters, the gradients (with the pieces kept apart)
+     * and the optimizer's state (m and v; none before the first update or write_state
+     * unless sharded): the memory figures of --json. NULL: not known. */
+    void (*state_bytes)(const engine *, size_t *params, size_t *grads, size_t *optim);
 } engine_ops;
 
 struct engine {
@@ -207,6 +226,15 @@ static inline int engine_drops_activations(const engine_config *cfg, int trainin
  * stage's parameters and piece is one of the engine's. what: "host view", "commit". */
 int engine_grads_range_check(const engine *e, int piece, size_t off, size_t count,
                              const char *what);
+/* ZeRO: one update of the runs' parameters (flat offsets into whole->params and grads)
+ * whose moments m and v are compact (run after run), with the element-wise kernels of k:
+ * bit for bit the update stage_optim_step makes of those elements (AdamW's decay chosen
+ * per layer from whole->plan as there). Counts one update (whole->step). */
+int engine_optim_step_runs(const optim_kernels *k, void *ctx, const stage_optim_state *whole,
+                           float *m, float *v, const engine_run *runs, int n,
+                           const optimizer_config *o);
+/* Bytes of the runs: Σ count. */
+size_t engine_runs_count(const engine_run *runs, int n);
 /* Buffer m holds its step's last micro-batch (batched weight gradients are formed at its
  * backward: schedules run backwards in micro-batch order). */
 static inline int engine_last_microbatch(const engine *e, int m)

@@ -83,3 +83,76 @@ void engine_destroy(engine *e)
 {
     if (e) e->ops->destroy(e);
 }
+
+size_t engine_runs_count(const engine_run *runs, int n)
+{
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += runs[i].count;
+    return total;
+}
+
+/* Elements [a, a + len) of the stage with weight decay wd; m and v at their compact place. */
+static int step_piece(const optim_kernels *k, void *ctx, const stage_optim_state *s, float *m,
+                      float *v, const optimizer_config *o, long step, size_t a, size_t len,
+                      float wd)
+{
+    if (!len) return 0;
+    float *p = s->params + a;
+    const float *g = s->grads + a;
+    switch (o->kind) {
+    case OPTIM_SGD: return k->sgd(ctx, p, g, len, o->lr, wd);
+    case OPTIM_MOMENTUM: return k->momentum(ctx, p, m, g, len, o->lr, o->momentum, wd);
+    case OPTIM_ADAM:
+        return k->adam(ctx, p, m, v, g, len, o->lr, o->beta1, o->beta2, o->eps, wd, step);
+    case OPTIM_ADAMW:
+        if (!k->adamw) return pt_error_set("AdamW is not available on this device");
+        return k->adamw(ctx, p, m, v, g, len, o->lr, o->beta1, o->beta2, o->eps, wd, step);
+    }
+    return pt_error_set("unknown optimizer %d", (int)o->kind);
+}
+
+/* Run [a, b) whose moments start at m, v: AdamW by layer (each layer's leading
+ * layer_decayed_count parameters decay, the rest not, as adamw_by_layer), else at once. */
+static int step_run(const optim_kernels *k, void *ctx, const stage_optim_state *s, float *m,
+                    float *v, const optimizer_config *o, long step, size_t a, size_t b)
+{
+    if (o->kind != OPTIM_ADAMW)
+        return step_piece(k, ctx, s, m, v, o, step, a, b - a, o->weight_decay);
+    const stage_plan *p = s->plan;
+    if (!p || p->param_count != s->count)
+        return pt_error_set("AdamW needs the stage's layers (its plan) to choose what decays");
+    for (int i = 0; i < p->nl; i++) {
+        size_t off = p->param_off[i], end = stage_plan_param_end(p, i + 1);
+        size_t dec = layer_decayed_count(&p->loc[i]);
+        size_t mid = off + (dec < end - off ? dec : end - off);
+        /* [off, mid) decays, [mid, end) does not; each cut to [a, b) */
+        size_t cut[3] = {off, mid, end};
+        for (int h = 0; h < 2; h++) {
+            size_t lo = cut[h] > a ? cut[h] : a, hi = cut[h + 1] < b ? cut[h + 1] : b;
+            if (hi <= lo) continue;
+            if (step_piece(k, ctx, s, m + (lo - a), v ? v + (lo - a) : NULL, o, step, lo,
+                           hi - lo, h == 0 ? o->weight_decay : 0.0f))
+                return -1;
+        }
+    }
+    return 0;
+}
+
+int engine_optim_step_runs(const optim_kernels *k, void *ctx, const stage_optim_state *whole,
+                           float *m, float *v, const engine_run *runs, int n,
+                           const optimizer_config *o)
+{
+    long step = ++*whole->step;
+    size_t c = 0;
+    for (int i = 0; i < n; i++) {
+        const engine_run *r = &runs[i];
+        if (r->off > whole->count || r->count > whole->count - r->off)
+            return pt_error_set("ZeRO: run [%zu, %zu) outside the stage's %zu parameters",
+                                r->off, r->off + r->count, whole->count);
+        if (step_run(k, ctx, whole, m ? m + c : NULL, v ? v + c : NULL, o, step, r->off,
+                     r->off + r->count))
+            return -1;
+        c += r->count;
+    }
+    return 0;
+}

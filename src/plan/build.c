@@ -314,6 +314,7 @@ int plan_price(plan_built *b, const plan_args *a, const net_desc *net,
     plan_memory_config mc = {.microbatch = a->replica_batch / a->microbatches,
                              .wgrad_batched = a->wgrad_batched,
                              .grad_pieces = replicas_grad_pieces(&rep),
+                             .zero = a->replicas > 1 ? a->zero : 0, .replicas = a->replicas,
                              .shard = a->tensor > 1 ? &b->shard : NULL};
     if (plan_memory(b->stage_bytes, net, &b->part, &sched, &mc) < 0) goto out;
     for (int s = 0; s < K; s++)

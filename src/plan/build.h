@@ -23,6 +23,8 @@ typedef struct {
     reduce_method reduce;
     double bucket_mb;
     int overlap;
+    int zero; /* --zero: ZeRO stage priced (1: the moments sharded over the replicas);
+               * with --ranks and --memory-mb the search tries 1 where 0 does not fit */
     int emit; /* 0, or plan_emit_kind */
     int replica_batch; /* batch / replicas: the samples each replica sees per step */
     topo_device device;
@@ -41,6 +43,16 @@ typedef struct {
 } plan_args;
 
 /* The rank of tensor shard t of stage s in replica r. */
+/* The model chunk that chunk v of stage s runs: interleaved, or in a V for the V
+ * schedules (schedule/schedule.h). */
+static inline int plan_model_chunk(const plan_args *a, int s, int v)
+{
+    return schedule_model_chunk_of(a->stages, a->virtual_stages,
+                                   schedule_is_v(a->schedule) ? SCHED_PLACE_V
+                                                              : SCHED_PLACE_INTERLEAVED,
+                                   s, v);
+}
+
 static inline int plan_rank(const plan_args *a, int t, int s, int r)
 {
     return t + a->tensor * topo_grid_rank(a->replicas, s, r);

@@ -138,7 +138,8 @@ static int chunk_costs_init(chunk_costs *c, const net_desc *net, const partition
          * belong to B where the backward splits */
         shard_traffic tr = shard_stage_traffic(sp, net, part->first[k], part->first[k + 1],
                                                k == 0);
-        int s = k % K;
+        int s;
+        schedule_chunk_place(K, sched->virtual_stages, sched->placement, k, &s, NULL);
         plan_tensor_cost(&tr, sp->T, mb, cfg->tensor_alpha ? cfg->tensor_alpha[s] : 0,
                          cfg->tensor_beta ? cfg->tensor_beta[s] : 1e300, &c->tfwd[k],
                          &c->tbwd[k]);
@@ -238,7 +239,9 @@ int plan_predict(plan_prediction *out, const net_desc *net, const partition *par
             }
             /* every micro-batch's collectives, the forward's twice where it recomputes */
             for (int k = 0; k < C; k++) {
-                int s = k % K, again = cfg->recompute && cfg->recompute[s];
+                int s;
+                schedule_chunk_place(K, sched.virtual_stages, sched.placement, k, &s, NULL);
+                int again = cfg->recompute && cfg->recompute[s];
                 out->tensor_s[s] += cfg->rep.microbatches *
                                     (c.tfwd[k] * (1 + again) + c.tbwd[k]);
             }
@@ -274,7 +277,7 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
         for (int t = 0; t < T; t++) {
             double rank = 0;
             for (int v = 0; v < V; v++) {
-                int c = v * K + s, first = part->first[c], last = part->first[c + 1];
+                int c = schedule_model_chunk(sched, s, v), first = part->first[c], last = part->first[c + 1];
                 stage_bytes b = stage_estimate_shard(net, first, last, cfg->microbatch, 1, sp, t);
                 double in = (double)layer_shape_count(net->layers[first].in);
                 double outc = (double)layer_shape_count(net->layers[last - 1].out);
@@ -294,6 +297,10 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                     bytes += (double)stage_wgrad_row_bytes(net, first, last) * mb * M;
                 if (cfg->grad_pieces > 1)
                     bytes += (cfg->grad_pieces - 1.0) * (double)b.state / 4.0;
+                /* ZeRO-1: m | v (half the state) sharded over the replicas; the bytes on
+                 * the wire are the unsharded ones (reduce-scatter + all-gather) */
+                if (cfg->zero > 0 && cfg->replicas > 1)
+                    bytes -= (double)b.state / 2.0 * (1.0 - 1.0 / cfg->replicas);
                 rank += bytes;
             }
             if (rank > out[s]) out[s] = rank;

@@ -92,6 +92,8 @@ typedef struct {
     int microbatch;    /* samples per micro-batch */
     int wgrad_batched; /* train --wgrad batched */
     int grad_pieces;   /* the engine's gradient pieces (replicas_grad_pieces), 0 or 1: none */
+    int zero, replicas; /* train --zero: with 1, each replica holds 1/replicas of the
+                           optimizer's moments (the rest of the state whole) */
     const shard_plan *shard; /* tensor shards: the largest over the T ranks of a stage
                               * (NULL or T = 1: none) */
 } plan_memory_config;

@@ -40,10 +40,10 @@ static int rank_sends(const plan_result *r, int s)
 /* The largest activation message rank s sends (per micro-batch), over its chunks. */
 static double message_bytes(const plan_result *r, int s)
 {
-    int K = r->a->stages, V = r->a->virtual_stages;
+    int V = r->a->virtual_stages;
     double most = 0;
     for (int v = 0; v < V; v++) {
-        double b = plan_chunk_message_bytes(r->a, r->net, r->part, v * K + s);
+        double b = plan_chunk_message_bytes(r->a, r->net, r->part, plan_model_chunk(r->a, s, v));
         if (b > most) most = b;
     }
     return most;
@@ -59,10 +59,11 @@ static const topo_place *next_stage_place(const plan_result *r, int t, int s, in
 /* Rank s's layers: "3", "3-5", or its chunks' ranges "0-1,6-7" (V > 1). */
 static void format_layers(char *buf, size_t size, const plan_result *r, int s)
 {
-    int K = r->a->stages, V = r->a->virtual_stages, len = 0;
+    int V = r->a->virtual_stages, len = 0;
     buf[0] = '\0';
     for (int v = 0; v < V && len < (int)size; v++) {
-        int lo = r->part->first[v * K + s], hi = r->part->first[v * K + s + 1] - 1;
+        int c = plan_model_chunk(r->a, s, v);
+        int lo = r->part->first[c], hi = r->part->first[c + 1] - 1;
         len += lo == hi ? snprintf(buf + len, size - (size_t)len, "%s%d", v ? "," : "", lo)
                         : snprintf(buf + len, size - (size_t)len, "%s%d-%d", v ? "," : "", lo,
                                    hi);
@@ -72,10 +73,10 @@ static void format_layers(char *buf, size_t size, const plan_result *r, int s)
 /* Parameters of stage s's model chunks: whole (t < 0), or as tensor rank t holds them. */
 static double stage_params(const plan_result *r, int s, int t)
 {
-    int K = r->a->stages, V = r->a->virtual_stages;
+    int V = r->a->virtual_stages;
     double n = 0;
     for (int v = 0; v < V; v++) {
-        int c = v * K + s, first = r->part->first[c], last = r->part->first[c + 1];
+        int c = plan_model_chunk(r->a, s, v), first = r->part->first[c], last = r->part->first[c + 1];
         if (t >= 0) {
             n += (double)shard_param_count(r->shard, r->net, first, last, t);
             continue;
@@ -100,10 +101,10 @@ static double stage_rank_params(const plan_result *r, int s)
 /* Stage s's tensor traffic per sample, summed over its model chunks. */
 static shard_traffic stage_traffic(const plan_result *r, int s)
 {
-    int K = r->a->stages, V = r->a->virtual_stages;
+    int V = r->a->virtual_stages;
     shard_traffic sum = {0};
     for (int v = 0; v < V; v++) {
-        int c = v * K + s;
+        int c = plan_model_chunk(r->a, s, v);
         shard_traffic t = shard_stage_traffic(r->shard, r->net, r->part->first[c],
                                               r->part->first[c + 1], c == 0);
         sum.fwd_gather += t.fwd_gather, sum.fwd_reduce += t.fwd_reduce;

@@ -57,6 +57,7 @@ enum { N_KINDS = sizeof kinds / sizeof kinds[0] };
 
 typedef struct {
     int stages, replicas, microbatches, virtual_stages, recompute;
+    int zero;                   /* --zero priced (1: where unsharded did not fit) */
     int tensor;                 /* shards per stage, 1: none */
     tensor_mode mode;
     double tensor_s;            /* the largest stage's tensor collectives per step */
@@ -144,8 +145,8 @@ static void describe(char *buf, size_t size, const candidate *c)
         snprintf(ten, sizeof ten, " --tensor %d --tensor-mode %s", c->tensor,
                  tensor_mode_name(c->mode));
     snprintf(buf, size, "--stages %d --replicas %d%s --microbatches %d --schedule %s%s "
-             "--recompute %s", c->stages, c->replicas, ten, c->microbatches, c->schedule, virt,
-             c->recompute ? "all" : "none");
+             "--recompute %s%s", c->stages, c->replicas, ten, c->microbatches, c->schedule, virt,
+             c->recompute ? "all" : "none", c->zero ? " --zero 1" : "");
 }
 
 /* Why `b` ranks below `a` (both fit), in words. */
@@ -233,7 +234,9 @@ static int print_json(const plan_args *a, const candidate *c, int n, int shown,
         ok = j && tj && !json_object_update(j, tj);
         json_decref(tj);
         ok = ok && !json_object_set_new(j, "partition_first", first) &&
-             !json_object_set_new(j, "stage_memory_bytes", mem) && !json_array_append_new(arr, j);
+             !json_object_set_new(j, "stage_memory_bytes", mem) &&
+             !json_object_set_new(j, "zero", json_integer(c[i].zero)) &&
+             !json_array_append_new(arr, j);
     }
     if (ok) {
         json_object_set_new(o, "model", json_string(a->model));
@@ -329,11 +332,11 @@ static void print_text(const plan_args *base, const topo_machine *m, const candi
             snprintf(ten, sizeof ten, "%d:%s", c[i].tensor, tensor_mode_name(c[i].mode));
         else
             snprintf(ten, sizeof ten, "1");
-        printf("%3d %6d %8d %-10s %4d %-11s %2d %-9s %11s %7.3f %10.2f  %s\n", i + 1,
+        printf("%3d %6d %8d %-10s %4d %-11s %2d %-9s %11s %7.3f %10.2f  %s%s\n", i + 1,
                c[i].stages, c[i].replicas, ten, c[i].microbatches, c[i].schedule,
                c[i].virtual_stages,
                c[i].recompute ? "all" : "none", st, c[i].bubble, c[i].peak_bytes / 1048576.0,
-               cut);
+               cut, c[i].zero ? "  (--zero 1)" : "");
     }
     char lay[192], why[512];
     describe(lay, sizeof lay, &c[0]);
@@ -372,7 +375,15 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
         for (int rc = 0; rc < 2; rc++) {
             a->schedule = kinds[k].name;
             a->recompute = rc ? "all" : "none";
+            a->zero = 0;
             if (plan_price(b, a, net, prof, m, cm) < 0) return -1;
+            /* ZeRO-1 where the replicas' moments do not fit whole (same step: the same
+             * bytes cross the wire) */
+            if (a->memory_mb > 0 && b->peak_bytes > a->memory_mb * 1048576.0 &&
+                a->replicas > 1 && !reduce_method_root_steps(a->reduce)) {
+                a->zero = 1;
+                if (plan_price(b, a, net, prof, m, cm) < 0) return -1;
+            }
             int chunks = K * V;
             int *first = malloc(((size_t)chunks + 1) * sizeof *first);
             if (!first) return pt_error_set("out of memory");
@@ -380,7 +391,7 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
             candidate *x = &c[(*n)++];
             *x = (candidate){.stages = K, .replicas = a->replicas,
                              .microbatches = a->microbatches, .virtual_stages = V,
-                             .recompute = rc, .schedule = kinds[k].name,
+                             .recompute = rc, .schedule = kinds[k].name, .zero = a->zero,
                              .step_s = b->pred.step_s, .bubble = b->pred.bubble,
                              .peak_bytes = b->peak_bytes, .stage_bytes = b->stage_bytes,
                              .first = first};
@@ -392,7 +403,7 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
                 if (b->pred.tensor_s[s] > x->tensor_s) x->tensor_s = b->pred.tensor_s[s];
                 double whole = 0, most = 0;
                 for (int v = 0; v < V; v++) {
-                    int ch = v * K + s, lo = b->part.first[ch], hi = b->part.first[ch + 1];
+                    int ch = plan_model_chunk(a, s, v), lo = b->part.first[ch], hi = b->part.first[ch + 1];
                     for (int l = lo; l < hi; l++)
                         whole += (double)(net->layers[l].weight_count +
                                           net->layers[l].bias_count);
@@ -400,7 +411,7 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
                 for (int t = 0; t < a->tensor; t++) {
                     double mine = 0;
                     for (int v = 0; v < V; v++) {
-                        int ch = v * K + s;
+                        int ch = plan_model_chunk(a, s, v);
                         mine += (double)shard_param_count(&b->shard, net, b->part.first[ch],
                                                           b->part.first[ch + 1], t);
                     }

@@ -54,6 +54,7 @@ struct reduce {
     MPI_Request *reqs; /* owned: every bucket's requests */
     float *scratch;  /* owned: every bucket's scratch */
     MPI_Request *bcast_req;
+    unsigned char *whole; /* zero: [buckets] 1 where the sum is kept whole (all-gathered) */
     reduce_stats st;
 };
 
@@ -99,7 +100,7 @@ static int alloc_scratch(reduce_t *r)
     size_t floats = 0;
     r->reqs = malloc((size_t)nb * (size_t)P * sizeof *r->reqs + 1);
     if (!r->reqs) return pt_error_set("out of memory for %d buckets' requests", nb);
-    if (r->cfg.method == REDUCE_ORDERED) {
+    if (r->cfg.method == REDUCE_ORDERED || r->cfg.zero) {
         r->ints = malloc((size_t)nb * (3 + (size_t)P) * (size_t)R * sizeof *r->ints + 1);
         if (!r->ints) return pt_error_set("out of memory for %d buckets' shards", nb);
         for (int b = 0; b < nb; b++) {
@@ -109,7 +110,7 @@ static int alloc_scratch(reduce_t *r)
                 return pt_error_set("bucket %d: %d ranks × %d pieces × %zu floats are more "
                                     "than one MPI message holds: lower --bucket-mb", b, R, P,
                                     mine);
-            floats += (size_t)R * P * mine;
+            if (r->cfg.method == REDUCE_ORDERED) floats += (size_t)R * P * mine;
         }
     } else if (r->cfg.method == REDUCE_GATHER_BCAST && r->rank == 0) {
         floats = (size_t)R * r->plan.total_count;
@@ -126,7 +127,7 @@ static int alloc_scratch(reduce_t *r)
         for (int p = 0; p < P; p++) br->req[p] = MPI_REQUEST_NULL;
         br->scratch = r->scratch + at;
         if (r->cfg.method == REDUCE_GATHER_BCAST && r->rank == 0) at += (size_t)R * n;
-        if (r->cfg.method != REDUCE_ORDERED) continue;
+        if (r->cfg.method != REDUCE_ORDERED && !r->cfg.zero) continue;
         int *ip = r->ints + (size_t)b * (3 + (size_t)P) * R;
         br->shard_cnt = ip;
         br->shard_off = ip + R;
@@ -140,7 +141,7 @@ static int alloc_scratch(reduce_t *r)
             /* rank j's piece p is summand j·P + p (checked above to fit an int) */
             for (int p = 0; p < P; p++) br->recv_off[p * R + j] = (j * P + p) * mine;
         }
-        at += (size_t)R * P * (size_t)mine;
+        if (r->cfg.method == REDUCE_ORDERED) at += (size_t)R * P * (size_t)mine;
     }
     return 0;
 }
@@ -157,6 +158,9 @@ int reduce_init(reduce_t **out, MPI_Comm group, const reduce_plan *plan,
     if (cfg->pieces < 0 || (cfg->pieces > 1 && cfg->method != REDUCE_ORDERED))
         return pt_error_set("reduce_init: %d gradient pieces per rank (only the ordered "
                             "method sums more than one)", cfg->pieces);
+    if (cfg->zero && reduce_method_root_steps(cfg->method))
+        return pt_error_set("reduce_init: --reduce %s steps on one rank: it has no shards "
+                            "for ZeRO", reduce_method_name(cfg->method));
     reduce_t *r = calloc(1, sizeof *r);
     if (!r) return pt_error_set("out of memory");
     r->comm = r->comm2 = MPI_COMM_NULL;
@@ -172,7 +176,8 @@ int reduce_init(reduce_t **out, MPI_Comm group, const reduce_plan *plan,
     r->runs = calloc((size_t)nb + 1, sizeof *r->runs);
     r->queue = malloc((size_t)nb * sizeof *r->queue + 1);
     r->bcast_req = malloc((size_t)nb * sizeof *r->bcast_req + 1);
-    if (!r->plan.buckets || !r->runs || !r->queue || !r->bcast_req) {
+    r->whole = calloc((size_t)nb + 1, 1);
+    if (!r->plan.buckets || !r->runs || !r->queue || !r->bcast_req || !r->whole) {
         reduce_free(r);
         return pt_error_set("out of memory for %d buckets", nb);
     }
@@ -199,6 +204,7 @@ void reduce_free(reduce_t *r)
     free(r->runs);
     free(r->queue);
     free(r->bcast_req);
+    free(r->whole);
     free(r->ints);
     free(r->reqs);
     free(r->scratch);
@@ -240,7 +246,11 @@ int reduce_start_pieces(reduce_t *r, int b, float *const *pieces)
     br->t_start = pt_now();
     switch (r->cfg.method) {
     case REDUCE_ALLREDUCE:
-        PT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, g, n, MPI_FLOAT, MPI_SUM, r->comm,
+        if (r->cfg.zero && !r->whole[b]) /* the shard at the bucket's start (finish moves it) */
+            PT_MPI_CHECK(MPI_Ireduce_scatter(MPI_IN_PLACE, g, br->shard_cnt, MPI_FLOAT,
+                                             MPI_SUM, r->comm, &br->req[0]));
+        else
+            PT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, g, n, MPI_FLOAT, MPI_SUM, r->comm,
                                         &br->req[0]));
         break;
     case REDUCE_REDUCE_BCAST:
@@ -257,7 +267,9 @@ int reduce_start_pieces(reduce_t *r, int b, float *const *pieces)
             PT_MPI_CHECK(MPI_Ialltoallv(pieces[p], br->shard_cnt, br->shard_off, MPI_FLOAT,
                                         br->scratch, br->recv_cnt, br->recv_off + p * r->size,
                                         MPI_FLOAT, r->comm, &br->req[p]));
-        r->queue[(r->q_head + r->q_len++) % r->plan.n_buckets] = b;
+        /* zero: only the buckets kept whole are all-gathered */
+        if (!r->cfg.zero || r->whole[b])
+            r->queue[(r->q_head + r->q_len++) % r->plan.n_buckets] = b;
         break;
     case REDUCE_METHOD_COUNT: break;
     }
@@ -329,8 +341,12 @@ static int advance(reduce_t *r)
             sum_rank_order(br->dst + br->shard_off[r->rank], br->scratch, mine,
                            r->size * r->pieces);
             br->state = BUCKET_SUMMED;
+            if (r->cfg.zero && !r->whole[b]) finish(r, b); /* the shard is all it keeps */
             continue;
         }
+        if (r->cfg.method == REDUCE_ALLREDUCE && r->cfg.zero && !r->whole[b] && r->rank > 0)
+            memmove(br->dst + br->shard_off[r->rank], br->dst,
+                    (size_t)br->shard_cnt[r->rank] * sizeof(float));
         if (r->cfg.method == REDUCE_GATHER_BCAST && r->rank == 0)
             sum_rank_order(br->dst, br->scratch, bk->count, r->size);
         finish(r, b);
@@ -514,4 +530,101 @@ double reduce_bus_bandwidth(size_t bytes, double seconds, int ranks)
 {
     if (ranks <= 1 || !(seconds > 0)) return 0;
     return 2.0 * (ranks - 1) / ranks * (double)bytes / seconds;
+}
+
+/* ---- ZeRO ------------------------------------------------------------------------------ */
+
+int reduce_keep_whole(reduce_t *r, int b)
+{
+    if (check_bucket(r, b, "reduce_keep_whole")) return -1;
+    r->whole[b] = 1;
+    return 0;
+}
+
+int reduce_shard(const reduce_t *r, int b, int rank, size_t *off, size_t *count)
+{
+    if (check_bucket(r, b, "reduce_shard")) return -1;
+    if (rank < 0 || rank >= r->size)
+        return pt_error_set("reduce_shard: rank %d of a group of %d", rank, r->size);
+    size_t n = r->plan.buckets[b].count, a = shard_start(n, rank, r->size);
+    *off = r->plan.buckets[b].offset + a;
+    *count = shard_start(n, rank + 1, r->size) - a;
+    return 0;
+}
+
+/* Waits for every request of reqs[0..n) (all of them, even after a failure: MPI writes the
+ * buffers); what = the collective, for the message. */
+static int wait_each(reduce_t *r, MPI_Request *reqs, int n, const char *what)
+{
+    int rc = 0;
+    for (int b = 0; b < n; b++) {
+        if (reqs[b] == MPI_REQUEST_NULL) continue;
+        double tb = pt_now();
+        if (mpi_wait_collective(&reqs[b], r->comm, r->cfg.timeout_s)) {
+            rc = wait_failed(r, what, b, tb);
+            r->broken = 1;
+            break;
+        }
+    }
+    return rc;
+}
+
+int reduce_allgather_params(reduce_t *r, float *params)
+{
+    if (!r->cfg.zero) return pt_error_set("reduce_allgather_params: not a ZeRO reduction");
+    if (r->active)
+        return pt_error_set("reduce_allgather_params: %d bucket reductions are still in "
+                            "flight: wait for them first", r->active);
+    double t0 = pt_now();
+    int nb = r->plan.n_buckets, rc = 0;
+    for (int b = 0; b < nb; b++) r->bcast_req[b] = MPI_REQUEST_NULL;
+    for (int b = 0; b < nb && !rc; b++)
+        rc = PT_MPI_CALL(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL,
+                                         params + r->plan.buckets[b].offset,
+                                         r->runs[b].shard_cnt, r->runs[b].shard_off, MPI_FLOAT,
+                                         r->comm, &r->bcast_req[b]));
+    if (wait_each(r, r->bcast_req, nb, "the all-gather of the parameters' shards (ZeRO)"))
+        rc = -1;
+    double t = pt_now();
+    r->st.exposed_s += t - t0;
+    if (rc) return -1;
+    r->st.gathers++;
+    r->st.gather_bytes += r->plan.total_count * sizeof(float);
+    r->st.gather_s += t - t0;
+    return 0;
+}
+
+int reduce_gather_shards(reduce_t *r, const float *compact, float *whole)
+{
+    int R = r->size, nb = r->plan.n_buckets, root = r->rank == 0;
+    int *counts = calloc((size_t)R, sizeof *counts), *displs = calloc((size_t)R, sizeof *displs);
+    float *all = root ? malloc(r->plan.total_count * sizeof *all + 1) : NULL;
+    int rc = counts && displs && (!root || all) ? 0 : pt_error_set("out of memory");
+    long at = 0;
+    for (int j = 0; j < R && !rc; j++) { /* rank j's shards, bucket after bucket */
+        long n = 0;
+        for (int b = 0; b < nb; b++) n += r->runs[b].shard_cnt[j];
+        if (at + n > INT_MAX) rc = pt_error_set("a stage's state is too large for MPI");
+        counts[j] = (int)n;
+        displs[j] = (int)at;
+        at += n;
+    }
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (!rc)
+        rc = PT_MPI_CALL(MPI_Igatherv(compact, counts[r->rank], MPI_FLOAT, all, counts, displs,
+                                      MPI_FLOAT, 0, r->comm, &req));
+    if (!rc && wait_each(r, &req, 1, "the gather of the optimizer's shards (ZeRO)")) rc = -1;
+    for (int j = 0; !rc && root && j < R; j++) {
+        const float *src = all + displs[j];
+        for (int b = 0; b < nb; b++) {
+            const bucket_run *br = &r->runs[b];
+            memcpy(whole + r->plan.buckets[b].offset + br->shard_off[j], src,
+                   (size_t)br->shard_cnt[j] * sizeof *src);
+            src += br->shard_cnt[j];
+        }
+    }
+    free(counts);
+    free(displs);
+    free(all);
+    return rc;
 }

@@ -36,6 +36,11 @@ typedef struct {
     const char *name; /* names the group in messages, e.g. "stage 1" (copied; may be NULL) */
     int pieces;       /* REDUCE_ORDERED only: gradient arrays per rank that the reduction sums
                          (0 or 1: one, the caller's flat array; P > 1: reduce_start_pieces) */
+    int zero;         /* ZeRO (allreduce, ordered): each rank keeps only its shard of each
+                         bucket's sum (shard j = [n·j/R, n·(j+1)/R) of the bucket, as the
+                         ordered reduce-scatter's): ordered skips the gradients' all-gather,
+                         allreduce runs MPI_Ireduce_scatter; the rest of the bucket is left
+                         unspecified. Buckets marked by reduce_keep_whole are summed whole. */
 } reduce_config;
 
 /* Collective over `group` (the replicas of one stage, the first rank being the root of the
@@ -75,6 +80,20 @@ int reduce_run(reduce_t *r, float *grads);
  * rank, bucket by bucket, and waits politely. Collective; no reduction may be in flight. */
 int reduce_broadcast(reduce_t *r, float *params);
 
+/* ---- ZeRO (reduce_config.zero) ----------------------------------------------------------- */
+
+/* Bucket b's sum stays whole on every rank (a tied head's gradients, summed across stages
+ * after the reduction). Before its first start; every rank of the group alike. */
+int reduce_keep_whole(reduce_t *r, int bucket);
+/* Group rank `rank`'s shard of bucket b, as [off, off + count) of the flat array. */
+int reduce_shard(const reduce_t *r, int bucket, int rank, size_t *off, size_t *count);
+/* Collective, no reduction in flight: every rank's shard of params (the flat array) to
+ * every rank (MPI_Iallgatherv per bucket, in place), waited for politely. */
+int reduce_allgather_params(reduce_t *r, float *params);
+/* Collective: each rank's `compact` values of its shards (bucket after bucket) gathered on
+ * the group's first rank into `whole` (total_count floats; NULL elsewhere) at their places. */
+int reduce_gather_shards(reduce_t *r, const float *compact, float *whole);
+
 int reduce_group_size(const reduce_t *r);
 int reduce_group_rank(const reduce_t *r);
 const reduce_plan *reduce_get_plan(const reduce_t *r);
@@ -91,6 +110,9 @@ typedef struct {
     long broadcasts;
     size_t broadcast_bytes;
     double broadcast_s;
+    long gathers;         /* ZeRO: the parameters' all-gathers */
+    size_t gather_bytes;  /* the parameter bytes they gathered (the whole stage each) */
+    double gather_s;
 } reduce_stats;
 
 typedef struct {

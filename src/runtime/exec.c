@@ -85,7 +85,7 @@ static int check_layout(int size, int V, const net_desc *net, const partition *p
         return pt_error_set("the pipeline has %d rank%s but the layout has %d stage%s: run "
                             "with mpiexec -n %d", size, size == 1 ? "" : "s", sched->stages,
                             sched->stages == 1 ? "" : "s", sched->stages * R);
-    if (V > 1 && size < 2)
+    if (V > 1 && size < 2 && sched->placement != SCHED_PLACE_V)
         return pt_error_set("interleaved schedules (--virtual %d) need at least 2 stages", V);
     if (sched->microbatches != cfg->microbatches || part->n_layers != net->n_layers)
         return pt_error_set("the schedule has %d micro-batches and the partition %d layers; "
@@ -171,7 +171,7 @@ static int create_engines(exec_t *e, const partition *part, const int *slots, co
     int M = cfg->microbatches, split = 0;
     for (int i = 0; i < list->n_ops; i++) split |= list->ops[i].kind == SCHED_OP_BACKWARD_INPUT;
     for (int v = 0; v < e->V; v++) {
-        int c = v * e->size + e->rank;
+        int c = schedule_model_chunk(e->sched, e->rank, v);
         engine_config ec = {
             .net = e->net, .first = part->first[c], .last = part->first[c + 1],
             /* two halves, see exec.half; evaluation cycles through 0, 1 and 2 */

@@ -150,6 +150,10 @@ int exec_gather_params(exec_t *e, float *all);
  * updates taken. Every wait is polite and under --timeout. */
 int exec_gather_state(exec_t *e, float *params, float *m, float *v, int with_m, int with_v,
                       long *updates);
+/* ZeRO (--zero): the optimizer's shards are gathered inside each stage's replica group;
+ * the replicas other than 0 take part in exec_gather_state's gathers (with_m or with_v)
+ * through this, collective over each group. */
+int exec_zero_state_send(exec_t *e);
 
 void exec_get_stats(const exec_t *e, exec_stats *st);
 void exec_reset_stats(exec_t *e);

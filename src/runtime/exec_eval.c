@@ -11,36 +11,40 @@
 /* Evaluation through V > 1 model chunks per rank: each data chunk goes through the rank's
  * chunks in order, receiving from the previous model chunk and sending to the next. Each
  * rank works through (data chunk, chunk) in that order and waits for a send only where
- * that needs nothing later in the order, so it cannot deadlock. */
+ * that needs nothing later in the order, so it cannot deadlock. A send to this rank itself
+ * (a V placement's hand-over between its chunks) is waited for once its receive has been
+ * posted, by the next chunk: MPI need not finish a send to oneself before that. */
 static int evaluate_chunked(exec_t *e, const dataset *data, int64_t lo, int count,
                             engine_result *r)
 {
-    int mb = e->mb, K = e->size, V = e->V, chunks = (count + mb - 1) / mb;
+    int mb = e->mb, V = e->V, chunks = (count + mb - 1) / mb;
     int64_t ids[mb];
     for (int c = 0; c < chunks; c++) {
         int n = c == chunks - 1 ? count - c * mb : mb, b = c % EVAL_BUFFERS;
         for (int j = 0; j < n; j++) ids[j] = lo + (int64_t)c * mb + j;
         for (int v = 0; v < V; v++) {
             engine *g = e->engs[v];
-            int model = v * K + e->rank;
+            int prev, next;
             if (engine_load(g, b, data, ids, n)) return -1;
-            if (model > 0) {
-                int prev = e->rank > 0 ? e->rank - 1 : K - 1;
+            if (schedule_route_prev(e->sched, e->rank, v, &prev, NULL)) {
                 if (exec_post_recv(e, g, ENGINE_MSG_ACT_IN, b, (int)(n * g->in_count), prev,
                                    chunk_tag(TAG_EVAL, c, v, V), &e->eval_recv[0]) ||
+                    (prev == e->rank &&
+                     exec_wait_send(e, &e->eval_send, "send of the evaluation activation", c,
+                                    prev)) ||
                     exec_wait_request(e, &e->eval_recv[0], "the evaluation activation", c,
                                       prev) ||
                     engine_msg_received(g, ENGINE_MSG_ACT_IN, b))
                     return -1;
             }
             if (engine_forward(g, b, n, 0, 0, 0, -1)) return -1;
-            if (model < K * V - 1) {
-                int next = e->rank < K - 1 ? e->rank + 1 : 0;
+            if (schedule_route_next(e->sched, e->rank, v, &next, NULL)) {
                 if (exec_start_send(e, g, ENGINE_MSG_ACT_OUT, b, (int)(n * g->out_count), next,
                                     chunk_tag(TAG_EVAL, c, act_receiver_chunk(e, v), V),
                                     &e->eval_send) ||
-                    exec_wait_send(e, &e->eval_send, "send of the evaluation activation", c,
-                                   next))
+                    (next != e->rank &&
+                     exec_wait_send(e, &e->eval_send, "send of the evaluation activation", c,
+                                    next)))
                     return -1;
             }
             if (engine_release(g, b)) return -1;

@@ -17,7 +17,10 @@
  *    tensor-split layer's shards added in tensor rank order, a value that several tensor
  *    ranks hold (a whole bias of an input-split layer) by the lowest of them, and a tied
  *    head not at all (after step 1 it equals wte's gradient). Every rank then scales its
- *    gradients by kernel_clip_scale (kernel_scale_cpu). */
+ *    gradients by kernel_clip_scale (kernel_scale_cpu).
+ *    With ZeRO (--zero) a replica holds the sum of its shards only: each replica counts
+ *    the parts of the runs in its shards, and a layer's parts add up in world rank order
+ *    (deterministic; the norm is then within a double's rounding of the unsharded one). */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -310,11 +313,24 @@ static int clip_step(exec_t *e, struct exec_finish *f, float max_norm)
         if (g->param_count && engine_grads_host(g, 0, 0, g->param_count, &f->host[v]))
             return -1;
     }
-    if (e->replica == 0)
-        for (int k = 0; k < f->n_norm; k++) {
-            const norm_run *r = &f->norm[k];
-            f->sums[r->layer] += kernel_sum_squares_cpu(f->host[r->v] + r->off, r->count);
+    for (int k = 0; k < f->n_norm; k++) {
+        const norm_run *r = &f->norm[k];
+        int nz;
+        const engine_run *z = replicas_shard_runs(e->reps ? e->reps[r->v] : NULL, &nz);
+        if (!nz) { /* replica 0 counts the whole run */
+            if (e->replica == 0)
+                f->sums[r->layer] += kernel_sum_squares_cpu(f->host[r->v] + r->off, r->count);
+            continue;
         }
+        /* ZeRO: each replica holds the sum of its shards only and counts their part of the
+         * run, in bucket order; the group's parts add up in world rank order below */
+        for (int b = 0; b < nz; b++) {
+            size_t lo = z[b].off > r->off ? z[b].off : r->off;
+            size_t hi = z[b].off + z[b].count < r->off + r->count ? z[b].off + z[b].count
+                                                                   : r->off + r->count;
+            if (hi > lo) f->sums[r->layer] += kernel_sum_squares_cpu(f->host[r->v] + lo, hi - lo);
+        }
+    }
     MPI_Request req;
     if (PT_MPI_CALL(MPI_Iallgather(f->sums, L, MPI_DOUBLE, f->all, L, MPI_DOUBLE, e->world,
                                    &req)) ||
@@ -377,3 +393,12 @@ int exec_finish_grads(exec_t *e, const optimizer_config *opt)
 }
 
 double exec_finish_norm(const exec_t *e) { return e->fin ? e->fin->last_norm : NAN; }
+
+int exec_zero_state_send(exec_t *e)
+{
+    long upd;
+    int rc = 0;
+    for (int v = 0; e->reps && v < e->V; v++)
+        if (e->reps[v] && replicas_read_state(e->reps[v], NULL, NULL, &upd)) rc = -1;
+    return rc;
+}

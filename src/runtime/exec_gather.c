@@ -46,7 +46,7 @@ static int gather_array(exec_t *e, const float *local, int mine, float *all, con
 }
 
 /* Rank 0 (V > 1): the gathered blocks come rank by rank, each its chunks v = 0..V−1 in
- * turn; the model's order is model chunk c = v·K + rank. */
+ * turn; the model's order is the schedule's placement's (schedule_chunk_place). */
 static int reorder_chunks(const exec_t *e, float *all)
 {
     int K = e->size, V = e->V;
@@ -56,10 +56,14 @@ static int reorder_chunks(const exec_t *e, float *all)
     memcpy(tmp, all, total * sizeof *tmp);
     size_t dst = 0;
     for (int c = 0; c < K * V; c++) {
-        int rank = c % K, v = c / K;
+        int rank, v, pl = e->sched->placement;
+        schedule_chunk_place(K, V, pl, c, &rank, &v);
         size_t src = 0;
-        for (int q = 0; q < K * V; q++)
-            if (q % K < rank || (q % K == rank && q / K < v)) src += e->chunk_params[q];
+        for (int q = 0; q < K * V; q++) {
+            int rq, vq;
+            schedule_chunk_place(K, V, pl, q, &rq, &vq);
+            if (rq < rank || (rq == rank && vq < v)) src += e->chunk_params[q];
+        }
         memcpy(all + dst, tmp + src, e->chunk_params[c] * sizeof *all);
         dst += e->chunk_params[c];
     }
@@ -74,7 +78,10 @@ static int read_local(exec_t *e, float *local, size_t P, int state, long *upd)
     for (int q = 0; q < e->V; q++) {
         engine *g = e->engs[q];
         if (engine_read_params(g, local + off)) return -1;
-        if (state && engine_read_state(g, local + P + off, local + 2 * P + off, upd)) return -1;
+        replicas_t *rp = e->reps ? e->reps[q] : NULL; /* ZeRO: the group's shards */
+        if (state && (rp ? replicas_read_state(rp, local + P + off, local + 2 * P + off, upd)
+                         : engine_read_state(g, local + P + off, local + 2 * P + off, upd)))
+            return -1;
         off += g->param_count;
     }
     return 0;

@@ -76,13 +76,21 @@ struct exec {
     struct exec_finish *fin; /* the step's gradient finish (exec_finish.c) */
 };
 
-/* Chunk routing of interleaved schedules (schedule/schedule.h): the chunk of the peer
- * rank that receives what chunk v sends forward or backward. */
+/* Chunk routing of schedules with several chunks per rank, under the schedule's placement
+ * (schedule/schedule.h): the chunk of the peer rank that receives what chunk v sends
+ * forward or backward (in a V, the peer may be this rank: an MPI message to itself). */
 static inline int act_receiver_chunk(const exec_t *e, int v)
 {
-    return e->rank < e->size - 1 ? v : v + 1;
+    int nc = v;
+    schedule_route_next(e->sched, e->rank, v, NULL, &nc);
+    return nc;
 }
-static inline int grad_receiver_chunk(const exec_t *e, int v) { return e->rank > 0 ? v : v - 1; }
+static inline int grad_receiver_chunk(const exec_t *e, int v)
+{
+    int pc = v;
+    schedule_route_prev(e->sched, e->rank, v, NULL, &pc);
+    return pc;
+}
 
 /* Every rank of a tensor group computes the same loss: tensor rank 0 counts it. */
 static inline void exec_counted_once(const exec_t *e, engine_result *r)

@@ -50,8 +50,8 @@ int replicas_schedule(schedule *s, const net_desc *net, const partition *part,
                       const replicas_config *cfg)
 {
     if (cfg->replicas <= 1) return 0;
-    /* interleaved schedules: the partition holds K·V model chunks, chunk v of stage k being
-     * model chunk v·K + k */
+    /* interleaved and V schedules: the partition holds K·V model chunks, chunk v of stage k
+     * being model chunk schedule_model_chunk(s, k, v) */
     int K = s->stages, V = s->virtual_stages > 1 ? s->virtual_stages : 1;
     if (part->stages != K * V)
         return pt_error_set("replicas_schedule: %d stages × %d chunks in the schedule, %d in "
@@ -61,7 +61,7 @@ int replicas_schedule(schedule *s, const net_desc *net, const partition *part,
     int rc = buckets && per_replica ? 0 : pt_error_set("out of memory");
     for (int k = 0; k < K && !rc; k++)
         for (int v = 0; v < V && !rc; v++) {
-            int c = v * K + k;
+            int c = schedule_model_chunk(s, k, v);
             reduce_plan plan;
             rc = replicas_plan(&plan, net, part->first[c], part->first[c + 1], cfg);
             buckets[k * V + v] = plan.n_buckets;
@@ -90,9 +90,37 @@ struct replicas {
     float *params;        /* -bcast methods: the broadcast parameters (param_count) */
     long *seen;           /* [buckets] reductions of each bucket counted so far */
     double *ev_t0, *ev_t1; /* [buckets] this step's interval, t1 < t0 when none */
-    double step_bcast_s;  /* the broadcast of this step */
+    double step_bcast_s;  /* the broadcast (ZeRO: all-gather) of this step */
+    engine_run *zruns;    /* ZeRO: [buckets] this replica's shard of each bucket */
     replicas_stats st;
 };
+
+/* ZeRO: the buckets holding a tied pair's layers (the embedding's token matrix, the tied
+ * head) keep their sum whole: exec_finish adds the two gradients across stages after the
+ * reduction, position by position, and the two layers' shards fall on other replicas. */
+static int keep_tied_whole(replicas_t *r, const net_desc *net, int first)
+{
+    if (net->tied_head < 0) return 0;
+    for (int b = 0; b < r->plan.n_buckets; b++) {
+        const reduce_bucket *bk = &r->plan.buckets[b];
+        int lo = first + bk->first_layer, hi = first + bk->last_layer;
+        if ((lo <= 0 && 0 <= hi) || (lo <= net->tied_head && net->tied_head <= hi))
+            if (reduce_keep_whole(r->red, b)) return -1;
+    }
+    return 0;
+}
+
+/* ZeRO: this replica's runs, handed to the engine (which then allocates its shard's
+ * optimizer state only). */
+static int shard_engine(replicas_t *r)
+{
+    int nb = r->plan.n_buckets, me = reduce_group_rank(r->red);
+    r->zruns = malloc((size_t)nb * sizeof *r->zruns + 1);
+    if (!r->zruns) return pt_error_set("out of memory");
+    for (int b = 0; b < nb; b++)
+        if (reduce_shard(r->red, b, me, &r->zruns[b].off, &r->zruns[b].count)) return -1;
+    return r->eng->ops->optim_shard(r->eng, r->zruns, nb);
+}
 
 int replicas_init(replicas_t **out, MPI_Comm group, engine *eng, const net_desc *net,
                   int first, int last, int stage_index, const replicas_config *cfg)
@@ -129,6 +157,14 @@ int replicas_init(replicas_t **out, MPI_Comm group, engine *eng, const net_desc 
         return pt_error_set("the %s engine cannot run data-parallel replicas (it lacks the "
                             "gradient operations of src/engine/engine.h)", ops->name);
     }
+    if (cfg->zero && (!ops->optim_shard || !ops->params_host || r->root_steps)) {
+        replicas_free(r);
+        return r->root_steps
+                   ? pt_error_set("--zero %d: --reduce %s steps on one rank; use ordered or "
+                                  "allreduce", cfg->zero, reduce_method_name(cfg->method))
+                   : pt_error_set("--zero %d: the %s engine keeps no sharded optimizer state "
+                                  "(ZeRO runs on the CPU engine)", cfg->zero, ops->name);
+    }
     int nb = r->plan.n_buckets;
     r->ptrs = calloc((size_t)r->pieces, sizeof *r->ptrs);
     r->seen = calloc((size_t)nb, sizeof *r->seen);
@@ -143,8 +179,9 @@ int replicas_init(replicas_t **out, MPI_Comm group, engine *eng, const net_desc 
     char name[32];
     snprintf(name, sizeof name, "stage %d", stage_index);
     reduce_config rc = {.method = cfg->method, .timeout_s = cfg->timeout_s, .name = name,
-                        .pieces = r->pieces};
-    if (reduce_init(&r->red, group, &r->plan, &rc)) {
+                        .pieces = r->pieces, .zero = cfg->zero > 0};
+    if (reduce_init(&r->red, group, &r->plan, &rc) ||
+        (cfg->zero && (keep_tied_whole(r, net, first) || shard_engine(r)))) {
         replicas_free(r);
         return -1;
     }
@@ -163,6 +200,7 @@ void replicas_free(replicas_t *r)
     free(r->seen);
     free(r->ev_t0);
     free(r->ev_t1);
+    free(r->zruns);
     free(r);
 }
 
@@ -209,6 +247,48 @@ int replicas_wait(replicas_t *r, int b)
     return engine_grads_commit(r->eng, bk->offset, bk->count);
 }
 
+const engine_run *replicas_shard_runs(const replicas_t *r, int *n)
+{
+    *n = r && r->zruns ? r->plan.n_buckets : 0;
+    return r ? r->zruns : NULL;
+}
+
+/* ZeRO: the parameters' shards, stepped by their owners, to every replica. */
+static int gather_params(replicas_t *r, double *spent)
+{
+    float *params;
+    reduce_stats before, after;
+    reduce_get_stats(r->red, &before);
+    if (r->eng->ops->params_host(r->eng, &params) || reduce_allgather_params(r->red, params))
+        return -1;
+    reduce_get_stats(r->red, &after);
+    *spent = after.gather_s - before.gather_s;
+    return 0;
+}
+
+int replicas_read_state(replicas_t *r, float *m, float *v, long *updates)
+{
+    if (!r->zruns) return engine_read_state(r->eng, m, v, updates);
+    /* the engine reads into whole arrays: this rank's runs, then packed for the gather */
+    size_t P = r->eng->param_count, mine = engine_runs_count(r->zruns, r->plan.n_buckets);
+    float *tmp = malloc((2 * P + 2 * mine + 1) * sizeof *tmp);
+    int rc = tmp ? engine_read_state(r->eng, tmp, tmp + P, updates)
+                 : pt_error_set("out of memory for the optimizer's state");
+    float *cm = tmp ? tmp + 2 * P : NULL, *cv = cm ? cm + mine : NULL;
+    size_t k = 0;
+    for (int b = 0; !rc && b < r->plan.n_buckets; b++) {
+        const engine_run *z = &r->zruns[b];
+        memcpy(cm + k, tmp + z->off, z->count * sizeof *cm);
+        memcpy(cv + k, tmp + P + z->off, z->count * sizeof *cv);
+        k += z->count;
+    }
+    /* every rank takes part in both gathers, even after a failure here */
+    int g1 = reduce_gather_shards(r->red, rc ? NULL : cm, r->root ? m : NULL);
+    int g2 = reduce_gather_shards(r->red, rc ? NULL : cv, r->root ? v : NULL);
+    free(tmp);
+    return rc || g1 || g2 ? -1 : 0;
+}
+
 int replicas_progress(replicas_t *r)
 {
     return reduce_test(r->red) < 0 ? -1 : 0;
@@ -216,6 +296,12 @@ int replicas_progress(replicas_t *r)
 
 int replicas_step(replicas_t *r, const optimizer_config *opt, int tick)
 {
+    if (r->zruns) { /* ZeRO: each replica steps its shard, then all get every shard */
+        double spent = 0;
+        if (engine_step(r->eng, opt, tick) || gather_params(r, &spent)) return -1;
+        r->step_bcast_s += spent;
+        return 0;
+    }
     if (!r->root_steps) return engine_step(r->eng, opt, tick);
     if (r->root) {
         if (engine_step(r->eng, opt, tick) || engine_read_params(r->eng, r->params)) return -1;
@@ -255,6 +341,9 @@ static int calibrate_round(replicas_t *r, MPI_Comm group, double t[3])
     if (r->root_steps) {
         if (r->root && engine_read_params(r->eng, r->params)) return -1;
         if (reduce_broadcast(r->red, r->params)) return -1; /* the values every rank has */
+    } else if (r->zruns) { /* ZeRO's all-gather (of what every rank has) */
+        double spent;
+        if (gather_params(r, &spent)) return -1;
     }
     double t2 = pt_now();
     if (mpi_wait_allreduce(&(int){0}, 1, MPI_INT, MPI_SUM, group, timeout)) return -1;
@@ -304,7 +393,7 @@ int replicas_calibrate(replicas_t *r, MPI_Comm group, int reps, replicas_calibra
     int R = reduce_group_size(r->red), B = r->plan.n_buckets;
     double steps = 2.0 * (R - 1), bytes = (double)r->plan.total_count * sizeof(float);
     out->reduce_s = med[0];
-    out->bcast_s = r->root_steps ? med[1] : 0;
+    out->bcast_s = r->root_steps || r->zruns ? med[1] : 0;
     out->latency_s = med[2];
     /* 2(R−1)α from the single value; β from what the buckets took beyond their latency */
     out->alpha = med[2] / steps;

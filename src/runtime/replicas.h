@@ -31,6 +31,9 @@ typedef struct {
     int microbatches;     /* M, per replica */
     int skip_bucket;      /* testing: bucket never reduced on any stage that has it; −1 */
     double timeout_s;
+    int zero;             /* ZeRO stage (--zero): 0 none; 1 each replica keeps the optimizer
+                             state of its shard only (the ordered reduce-scatter's pieces of
+                             each bucket), steps it, then the parameters are all-gathered */
 } replicas_config;
 
 /* The -bcast methods reduce a stage's gradients at once after the backward pass, as the
@@ -82,6 +85,13 @@ int replicas_progress(replicas_t *r);
 /* OPTIMIZER_STEP: the engine's step; with a -bcast method the group's first rank steps and
  * broadcasts the parameters, and the others zero their gradients and take them. */
 int replicas_step(replicas_t *r, const optimizer_config *opt, int tick);
+/* ZeRO: this replica's shard runs (one per bucket, in bucket order; NULL and 0 without
+ * ZeRO), the runs whose optimizer state the engine keeps. */
+const engine_run *replicas_shard_runs(const replicas_t *r, int *n);
+/* The optimizer's whole state for a checkpoint: the engine's read_state, and with ZeRO the
+ * group's shards gathered on the group's first rank (collective over the group: every
+ * replica calls it, m and v whole arrays there, ignored elsewhere). */
+int replicas_read_state(replicas_t *r, float *m, float *v, long *updates);
 /* After the step: adds this step's reductions to the figures. */
 void replicas_end_step(replicas_t *r);
 
@@ -98,7 +108,8 @@ typedef struct {
     double alpha, beta;  /* seconds per ring step; bytes per second (may be INFINITY) */
     double reduce_s;     /* the stage's whole reduction, every bucket back to back */
     double latency_s;    /* one reduction of a single value */
-    double bcast_s;      /* -bcast methods: the parameters' broadcast; else 0 */
+    double bcast_s;      /* -bcast methods: the parameters' broadcast; ZeRO: the
+                            parameters' all-gather after the step; else 0 */
 } replicas_calibration;
 
 /* Collective over the group, before the first step: times up to `reps` reductions (at

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "kernels/rng.h"
@@ -51,8 +52,36 @@ static void shuffle_indices(int64_t *idx, int n, uint64_t seed, long epoch, int 
 static void figures_free(stage_figures *f)
 {
     free(f->chunk);
+    free(f->rank_mem);
     free(f->compute);
     memset(f, 0, sizeof *f);
+}
+
+/* Every rank's memory: its engines' parameter, gradient and optimizer bytes (the ZeRO
+ * formulas' terms) and its peak resident set, on every rank. */
+static int gather_memory(const train_run *run, stage_figures *f)
+{
+    int n = 0, me = run->rank;
+    MPI_Comm_size(run->comm, &n);
+    f->ranks = n;
+    f->rank_mem = calloc((size_t)n * RANK_MEM_KINDS, sizeof *f->rank_mem);
+    if (!f->rank_mem) return pt_error_set("out of memory");
+    double mine[RANK_MEM_KINDS] = {0};
+    for (int v = 0; v < exec_chunks(run->ex); v++) {
+        engine *g = exec_chunk_engine(run->ex, v);
+        size_t b[3] = {0};
+        if (!g->ops->state_bytes) {
+            mine[0] = mine[1] = mine[2] = NAN;
+            break;
+        }
+        g->ops->state_bytes(g, &b[0], &b[1], &b[2]);
+        for (int k = 0; k < 3; k++) mine[k] += (double)b[k];
+    }
+    struct rusage ru;
+    mine[RANK_MEM_PEAK] = getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss * 1024.0 : NAN;
+    for (int k = 0; k < RANK_MEM_KINDS; k++) f->rank_mem[(size_t)k * n + me] = mine[k];
+    return mpi_wait_allreduce(f->rank_mem, RANK_MEM_KINDS * n, MPI_DOUBLE, MPI_SUM, run->comm,
+                              run->o.timeout);
 }
 
 /* Per stage, the mean over its replicas (every replica of a stage does the same work). */
@@ -103,9 +132,13 @@ static int gather_figures(const train_run *run, stage_figures *f)
         figures_free(f);
         return -1;
     }
+    if (gather_memory(run, f)) {
+        figures_free(f);
+        return -1;
+    }
     for (int r = 0; r < K; r++) f->bubble += f->wall[r] > 0 ? 1 - f->compute[r] / f->wall[r] : 0;
     f->bubble /= K;
-    /* per model chunk c = v·K + stage, each kind of op */
+    /* per model chunk c (schedule_model_chunk), each kind of op */
     int C = K * st.chunks;
     f->chunks = C;
     f->chunk = calloc((size_t)C * EXEC_TIMES, sizeof *f->chunk);
@@ -115,7 +148,8 @@ static int gather_figures(const train_run *run, stage_figures *f)
     }
     for (int v = 0; v < st.chunks; v++)
         for (int t = 0; t < EXEC_TIMES; t++)
-            f->chunk[(size_t)t * C + v * K + me] = st.chunk_s[v * EXEC_TIMES + t];
+            f->chunk[(size_t)t * C + schedule_model_chunk(&run->sched, me, v)] =
+                st.chunk_s[v * EXEC_TIMES + t];
     if (mpi_wait_allreduce(f->chunk, C * EXEC_TIMES, MPI_DOUBLE, MPI_SUM, run->comm,
                        run->o.timeout)) {
         figures_free(f);

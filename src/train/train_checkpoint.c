@@ -444,6 +444,8 @@ int train_checkpoint_save(train_run *run, long step)
     if (run->replica == 0)
         rc = exec_gather_state(run->ex, all, all ? all + P : NULL, all ? all + 2 * P : NULL,
                                use_m, use_v, &updates);
+    else if (o->zero && (use_m || use_v)) /* ZeRO: the moments are sharded over the group */
+        rc = exec_zero_state_send(run->ex);
     if (all_ok(run, rc)) {
         writer_free(w);
         return -1;

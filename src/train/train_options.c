@@ -22,7 +22,7 @@ enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS
        O_VIRTUAL, O_RECOMPUTE, O_WGRAD, O_WARMUP, O_TRAIN_IMG, O_TRAIN_LAB, O_TEST_IMG,
        O_TEST_LAB, O_BETA1, O_BETA2, O_EPS, O_LR_SCHED, O_LR_WARMUP, O_LR_MIN, O_CLIP,
        /* a language model's text */
-       O_TEXT, O_TOKENS, O_TOKENS_RAW, O_VAL_FRACTION, O_EVAL_WINDOWS };
+       O_TEXT, O_TOKENS, O_TOKENS_RAW, O_VAL_FRACTION, O_EVAL_WINDOWS, O_ZERO };
 
 /* The largest step count, sample count or seed we take: far beyond any run, exact in a
  * double (the table's ranges are doubles). */
@@ -148,6 +148,12 @@ static const opt_spec train_opts[] = {
     {.id = O_TENSOR_MODE, .name = "tensor-mode", .shared = 1},
     {.id = O_BUCKET_MB, .name = "bucket-mb", .shared = 1},
     {.id = O_OVERLAP, .name = "overlap", .shared = 1},
+    {.id = O_ZERO, .name = "zero", .kind = OPT_INT, .arg = "S", .min = 0, .max = 3, .def = "0",
+     .help = "ZeRO stage inside each stage's replica group (--replicas 2 or more, --reduce ordered "
+             "or allreduce, the CPU engine): 1 keeps each replica's shard of the optimizer "
+             "state only, steps it and all-gathers the parameters; 2 and 3 are not "
+             "implemented; plan prices 1 (memory per rank) and, with --ranks, tries it where "
+             "a layout does not fit --memory-mb"},
     {.id = O_THREADS, .name = "threads", .kind = OPT_INT, .arg = "N", .min = 1, .max = 1024,
      .help = "worker threads per rank (default: the node's cores / its ranks)"},
     {.id = O_BIND, .name = "bind", .kind = OPT_CHOICE, .choices = "auto|core|none",
@@ -307,6 +313,7 @@ static int read_option(train_options *o, const opt_parser *p, int id)
     case O_TENSOR_MODE: o->tensor_mode = p->choice == 1 ? TENSOR_GATHER : TENSOR_MEGATRON; break;
     case O_BUCKET_MB: o->bucket_mb = p->real; break;
     case O_OVERLAP: o->overlap = p->choice == 0; break;
+    case O_ZERO: o->zero = (int)p->num; break;
     case O_THREADS: o->threads = (int)p->num; break;
     case O_BIND: o->bind = binds[p->choice]; break;
     case O_WAIT: o->wait = (mpi_wait_mode)p->choice; break;
@@ -400,10 +407,37 @@ static int check_text_options(train_options *o, const opt_parser *p)
         if (opt_given(p, image_only[k]))
             return opt_error(p, "%s is for image data sets, not with %s%s", image_names[k],
                              what, why[k]);
-    if (!o->text && (opt_given(p, O_VAL_FRACTION) || opt_given(p, O_EVAL_WINDOWS)))
-        return opt_error(p, "--%s is for a text corpus (--data " TEXT_DATA_NAME ", --text, "
-                         "--tokens)", opt_given(p, O_VAL_FRACTION) ? "val-fraction"
-                                                                 : "eval-windows");
+    if (o->text || !(opt_given(p, O_VAL_FRACTION) || opt_given(p, O_EVAL_WINDOWS))) return 0;
+    o->text_option = opt_given(p, O_VAL_FRACTION) ? "val-fraction" : "eval-windows";
+    /* with no data option at all, a language model reads the built-in corpus: known only
+     * once the model is read (train_setup) */
+    for (int k = 0; k < (int)(sizeof image_only / sizeof *image_only); k++)
+        if (opt_given(p, image_only[k]) || opt_given(p, O_DATA))
+            return opt_error(p, "--%s is for a text corpus (--data " TEXT_DATA_NAME ", --text, "
+                             "--tokens)", o->text_option);
+    return 0;
+}
+
+/* --zero S: shards inside a stage's replica group, of the methods whose every replica holds
+ * the sum of its shard (reduce-bcast and gather-bcast give the sum to one rank, which
+ * steps alone: nothing to shard), on the CPU engine. */
+static int check_zero(const train_options *o, const opt_parser *p)
+{
+    if (!o->zero) return 0;
+    if (o->replicas < 2)
+        return opt_error(p, "--zero %d shards the state across a stage's replicas: it needs "
+                         "--replicas 2 or more", o->zero);
+    if (o->reduce == REDUCE_REDUCE_BCAST || o->reduce == REDUCE_GATHER_BCAST)
+        return opt_error(p, "--zero %d with --reduce %s: that method sums on the group's "
+                         "first rank, which steps alone; ZeRO needs every replica to hold its "
+                         "shard's sum (--reduce ordered or allreduce)", o->zero,
+                         reduce_method_name(o->reduce));
+    if (o->device == ENGINE_CUDA)
+        return opt_error(p, "--zero %d runs on the CPU engine only: the CUDA engine keeps no "
+                         "sharded optimizer state yet (use --device cpu)", o->zero);
+    if (o->zero > 1)
+        return opt_error(p, "--zero %d is not implemented yet (gradient%s sharding): use "
+                         "--zero 1", o->zero, o->zero == 3 ? " and parameter" : "");
     return 0;
 }
 
@@ -424,6 +458,7 @@ static int check_options(train_options *o, const opt_parser *p)
         o->ckpt_minutes = 10;
     if (o->resume && o->load)
         return opt_error(p, "--resume and --load both set the parameters: give one");
+    if (check_zero(o, p)) return -1;
     if (o->replicas > 1 && o->batch % ((long)o->replicas * o->microbatches))
         return opt_error(p, "--batch %d is not divisible by --replicas %d × --microbatches %d "
                          "= %ld: each replica takes batch/replicas samples in micro-batches of "
@@ -440,6 +475,8 @@ static int check_options(train_options *o, const opt_parser *p)
         snprintf(why, sizeof why, "%s", pt_error_get());
         return opt_error(p, "%s", why);
     }
+    /* a V schedule's chunks per rank (2 unless --virtual says) cut the partition */
+    o->virtual_stages = s.virtual_stages;
     schedule_free(&s);
     return 0;
 }

@@ -30,6 +30,8 @@ typedef struct {
     const char *text_file;
     double val_fraction;  /* the corpus's tail held out for validation (0: none) */
     int eval_windows;     /* evaluation windows spaced evenly over that tail */
+    const char *text_option; /* --val-fraction or --eval-windows given with no corpus named:
+                                a language model's default corpus takes it (train_setup) */
     engine_device device;
     int epochs, batch, stages, microbatches, threads, val, json, verbose, shuffle;
     int epochs_given;    /* --epochs was on the command line (else --steps alone decides) */
@@ -51,6 +53,7 @@ typedef struct {
     reduce_method reduce; /* how a stage's replicas sum their gradients */
     double bucket_mb;     /* bucket size in MiB */
     int overlap;          /* reductions start during the backward pass */
+    int zero;             /* --zero: ZeRO stage inside each replica group (0: none) */
     int skip_bucket;      /* testing: a bucket left unreduced (−1: none) */
     mpi_wait_mode wait;    /* how MPI waits pass the time (--wait) */
     const char *metrics;  /* --metrics FILE.jsonl (NULL: none) */

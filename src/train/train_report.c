@@ -361,7 +361,7 @@ static void tensor_predicted(const train_run *run, const stage_figures *f, doubl
         if (T < 2) continue;
         double fwd = 0, bwd = 0;
         for (int v = 0; v < V; v++) {
-            int c = v * K + s;
+            int c = schedule_model_chunk(&run->sched, s, v);
             shard_traffic tr = shard_stage_traffic(&run->shard, &run->net, run->part.first[c],
                                                    run->part.first[c + 1], c == 0);
             double cf, cb;
@@ -466,6 +466,19 @@ static json_t *json_counts(const double *v, int n)
     json_t *a = json_array();
     for (int i = 0; a && i < n; i++)
         if (json_array_append_new(a, json_integer((json_int_t)llround(v[i])))) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
+/* Byte counts, null where not known (NAN). */
+static json_t *json_bytes(const double *v, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        if (json_array_append_new(a, isfinite(v[i]) ? json_integer((json_int_t)llround(v[i]))
+                                                    : json_null())) {
             json_decref(a);
             return NULL;
         }
@@ -653,6 +666,12 @@ static json_t *results_json(const train_run *run, const train_results *res,
         {"stage_tensor_predicted_s", json_reals(tensor_pred, K)},
         {"tensor_alpha_s", json_number(run->o.tensor > 1 ? run->tensor_alpha : NAN)},
         {"tensor_beta_Bps", json_number(run->o.tensor > 1 ? run->tensor_beta : NAN)},
+        /* memory per world rank (ZeRO's terms, measured): allocated bytes and peak RSS */
+        {"zero", json_integer(run->o.zero)},
+        {"rank_params_bytes", json_bytes(fig->rank_mem + RANK_MEM_PARAMS * fig->ranks, fig->ranks)},
+        {"rank_grads_bytes", json_bytes(fig->rank_mem + RANK_MEM_GRADS * fig->ranks, fig->ranks)},
+        {"rank_optimizer_bytes", json_bytes(fig->rank_mem + RANK_MEM_OPTIM * fig->ranks, fig->ranks)},
+        {"rank_peak_rss_bytes", json_bytes(fig->rank_mem + RANK_MEM_PEAK * fig->ranks, fig->ranks)},
         /* outputs written */
         {"checkpoint", json_text(res->saved)},
         {"last_checkpoint_step",

@@ -38,7 +38,13 @@ typedef struct {
     int chunks;    /* model chunks: K·V (interleaved), else K */
     double *chunk; /* [t · chunks + c]: seconds in ops of kind t (exec_time) of model chunk
                     * c, the mean over replicas; owned */
+    int ranks;     /* the job's */
+    double *rank_mem; /* [RANK_MEM_KINDS · ranks]: per world rank, bytes allocated for the
+                       * parameters, gradients and optimizer state (NAN: the engine does
+                       * not say) and its peak resident set (getrusage); owned */
 } stage_figures;
+
+enum { RANK_MEM_PARAMS = 0, RANK_MEM_GRADS, RANK_MEM_OPTIM, RANK_MEM_PEAK, RANK_MEM_KINDS };
 
 /* Rank 0, unless --json: model, data, layout and (for a pipeline) the schedule's timeline. */
 void train_report_banner(const train_run *run);

@@ -226,7 +226,7 @@ static int init_parameters(train_run *run)
 {
     const train_options *o = &run->o;
     for (int v = 0; v < exec_chunks(run->ex); v++) {
-        int c = v * o->stages + run->stage;
+        int c = schedule_model_chunk(&run->sched, run->stage, v);
         if (init_chunk(exec_chunk_engine(run->ex, v), o, &run->net, run->part.first[c],
                        run->part.first[c + 1], &run->shard, run->tensor_rank))
             return -1;
@@ -320,7 +320,7 @@ static replicas_config replicas_of(const train_options *o)
         .replicas = o->replicas, .method = o->reduce,
         .bucket_bytes = bytes < 1 ? 1 : bytes > 1e18 ? (size_t)1e18 : (size_t)bytes,
         .overlap = o->overlap, .microbatches = o->microbatches,
-        .skip_bucket = o->skip_bucket, .timeout_s = o->timeout,
+        .skip_bucket = o->skip_bucket, .timeout_s = o->timeout, .zero = o->zero,
     };
 }
 
@@ -564,6 +564,14 @@ static void default_text(train_run *run)
         o->text = TEXT_FORTUNES;
 }
 
+static int check_text_option(const train_options *o)
+{
+    if (o->text || !o->text_option) return 0;
+    return pt_error_set("--%s is for a text corpus: %s is not a language model, and no corpus "
+                        "was named (--data " TEXT_DATA_NAME ", --text, --tokens)",
+                        o->text_option, o->model);
+}
+
 /* Model, partition, schedule, data, executor and parameters, agreed on by every rank. */
 int train_setup_run(train_run *run)
 {
@@ -578,6 +586,7 @@ int train_setup_run(train_run *run)
         train_agree(setup_shards(run), comm, timeout))
         return -1;
     default_text(run);
+    if (train_agree(check_text_option(o), comm, timeout)) return -1;
     /* the data before any profiling: a batch the data set cannot fill is refused now, not
      * after the layers were profiled (and memory allocated) at that batch */
     double t_read = pt_now();
