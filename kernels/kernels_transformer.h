@@ -81,6 +81,45 @@ void kernel_attention_backward_cpu(float *dq, float *dk, float *dv, float *work,
                                    const float *v, const float *probs,
                                    const kernel_attention_dims *d);
 
+/* ---- attention dropout (GPT-2's attn_dropout, inverted) ----
+ * On the probabilities after the softmax, before the product with v: y = (P ∘ M / (1 − p)) v,
+ * M drawn as kernel_dropout_forward_range_cpu draws it: element e of sample b is kept when
+ * uniform(seed, stream, (sample_ids[b] << 32) | e) < 1 − p, e = elem_off + ((h·seq) + i)·seq
+ * + j for the call's head h. elem_off places the call's heads among the layer's (a tensor
+ * shard holding heads [h0, h1) passes h0·seq²), so a mask depends on the sample, not on the
+ * layout; heads·seq² of the whole layer must stay below 2^32 (the caller checks). probs
+ * keeps P itself (the backward needs it where M drops), mask M for j ≤ i (the rest is
+ * never written or read), laid out as probs. p = 0 or NULL: exactly the calls above. */
+typedef struct {
+    float p;
+    uint64_t seed, stream;
+    const int64_t *sample_ids; /* forward: [batch] */
+    size_t elem_off;
+    uint8_t *mask;             /* [batch·heads·seq²]: written forward, read backward */
+} kernel_attention_dropout;
+/* Floats of scratch both directions need with dropout, beyond the backward's workspace:
+ * one block of dropped probabilities. The forward's work is this; the backward's is
+ * kernel_attention_workspace_floats + this. */
+size_t kernel_attention_dropout_floats(const kernel_attention_dims *d);
+void kernel_attention_forward_dropout_cpu(float *y, float *probs, float *work, const float *q,
+                                          const float *k, const float *v,
+                                          const kernel_attention_dims *d,
+                                          const kernel_attention_dropout *drop);
+void kernel_attention_backward_dropout_cpu(float *dq, float *dk, float *dv, float *work,
+                                           const float *dy, const float *q, const float *k,
+                                           const float *v, const float *probs,
+                                           const kernel_attention_dims *d,
+                                           const kernel_attention_dropout *drop);
+/* The stream of a [block]'s dropout at `site` (0: attention probabilities, 1: attention
+ * c_proj's output, 2: MLP c_proj's output) in layer `layer` at `step`: rng_stream_dropout's
+ * (kernels/rng.h) with the site in bits 60–61, which that stream leaves 0 below step 2^44,
+ * so no two sites, layers or steps share numbers. */
+static inline uint64_t kernel_block_dropout_stream(int layer, int site, uint64_t step)
+{
+    return ((uint64_t)2 << 62) | ((uint64_t)(site + 1) << 60) |
+           ((step & (((uint64_t)1 << 44) - 1)) << 16) | (uint64_t)layer;
+}
+
 /* ---- global gradient-norm clipping (torch.nn.utils.clip_grad_norm_, one rank's part) ----
  * Σ x² in double, in a fixed blocking order: the same bits for the same buffer, whatever
  * its alignment. Ranks add their sums (in a fixed order) before the square root. */

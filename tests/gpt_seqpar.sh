@@ -135,4 +135,7 @@ sed 's/^context=32/context=33/' "$NANO" >"$WORK/c33.cfg"
 refuse "a context of 33 positions over 2 ranks" \
     "the context of 33 positions is not a multiple of --tensor 2" \
     --model "$WORK/c33.cfg" --data text --tensor 2 --sequence-parallel
+sed 's/^heads=2/heads=2\ndropout=0.1/' "$NANO" >"$WORK/drop.cfg"
+refuse "dropout inside blocks" "dropout inside blocks does not go with --sequence-parallel" \
+    --model "$WORK/drop.cfg" --data text --tensor 2 --sequence-parallel
 finish

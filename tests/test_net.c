@@ -453,14 +453,21 @@ Test(net, gpt_summary_and_refusal)
     free(buf);
     cr_assert_eq(net_desc_check_trainable(&net, "gpt-mini.cfg"), 0, "%s", pt_error_get());
     net_desc_free(&net);
-    /* dropout inside blocks is not trained yet: refused with the layer and the key */
+    /* dropout inside blocks is trained; refused only where heads·T² outgrows the 2^32
+     * elements a mask numbers, with the layer and the key */
     cr_assert_eq(net_desc_parse_string(&net, "[net]\n[embedding]\nvocab=8\ncontext=4\n"
                                              "width=4\n[block]\nheads=2\ndropout=0.1\n"
                                              "[lm_head]\n", "drop.cfg"), 0, "%s",
                  pt_error_get());
+    cr_assert_eq(net_desc_check_trainable(&net, "drop.cfg"), 0, "%s", pt_error_get());
+    net_desc_free(&net);
+    cr_assert_eq(net_desc_parse_string(&net, "[net]\n[embedding]\nvocab=8\ncontext=65536\n"
+                                             "width=4\n[block]\nheads=2\ndropout=0.1\n"
+                                             "[lm_head]\n", "drop.cfg"), 0, "%s",
+                 pt_error_get());
     cr_assert_eq(net_desc_check_trainable(&net, "drop.cfg"), -1);
-    cr_assert(strstr(pt_error_get(), "drop.cfg: layer 1 [block] dropout=0.1"), "%s",
-              pt_error_get());
+    cr_assert(strstr(pt_error_get(), "drop.cfg: layer 1 [block] dropout=0.1: its 2 heads"),
+              "%s", pt_error_get());
     net_desc_free(&net);
     load_model(&net, "seed-cnn.cfg");
     cr_assert_eq(net_desc_check_trainable(&net, "seed-cnn.cfg"), 0);

@@ -77,8 +77,9 @@ static const opt_spec opt_shared[] = {
              "only their input per micro-batch and re-run the forward before the backward"},
     {.name = "wgrad", .kind = OPT_CHOICE, .choices = "per-microbatch|batched",
      .def = "per-microbatch",
-     .help = "dense layers' weight gradients: per micro-batch, or one product over every "
-             "micro-batch of the step (keeps their inputs and output gradients until then)"},
+     .help = "the weight gradients of dense layers and of transformer blocks' and heads' "
+             "products: per micro-batch, or one product over every micro-batch of the step "
+             "(keeps their inputs and output gradients until then)"},
     {.name = "reduce", .kind = OPT_CHOICE,
      .choices = "allreduce|reduce-bcast|gather-bcast|ordered", .def = "allreduce",
      .help = "how a stage's replicas sum their gradients: bucketed MPI_Iallreduce; "

@@ -361,12 +361,9 @@ static int chunk_io(void *self, int i, int phase, layer_io *io)
     io->ids = c->ids ? c->ids + c->off : NULL;
     if (s->tp_seq && layer_block_seq(&s->plan.loc[i]) > 1) /* the whole sequence's rows */
         io->seq = s->tp_seq + c->off * layer_shape_count(s->plan.net->layers[s->plan.first + i].in);
-    if (io->batched && phase == LAYER_PHASE_BACKWARD) {
-        const layer_desc *L = &s->plan.loc[i];
-        size_t row = (size_t)sl->row + c->off;
-        io->stash_x = s->stash_x[i] + row * layer_shape_count(L->in);
-        io->stash_g = s->stash_g[i] + row * layer_shape_count(L->out);
-    }
+    if (io->batched && phase != LAYER_PHASE_FORWARD) /* a block stashes in W as well */
+        stage_plan_stash_io(&s->plan, i, s->stash_x[i], s->stash_g[i],
+                            (size_t)sl->row + c->off, io);
     return 0;
 }
 

@@ -44,18 +44,23 @@ size_t stage_wgrad_row_bytes(const net_desc *net, int first, int last)
     size_t bytes = 0;
     for (int l = first; l < last; l++) {
         const layer_desc *L = &net->layers[l];
-        if (L->type == LAYER_DENSE)
-            bytes += (layer_shape_count(L->in) + layer_shape_count(L->out)) * sizeof(float);
+        stage_wgrad_product pr[STAGE_WGRAD_MAX_PRODUCTS];
+        size_t xs, gs;
+        if (stage_wgrad_batches(L) && stage_wgrad_products(L, pr, &xs, &gs))
+            bytes += (xs + gs) * sizeof(float);
     }
     return bytes;
 }
 
-/* Stash bytes of local layer i at `rows` rows: its inputs, then its output gradients. */
+/* Stash bytes of local layer i at `rows` rows (samples): every product's inputs, then
+ * every product's output gradients (a block: its four products' token rows). */
 static size_t stash_bytes(const layer_desc *L, int rows, size_t *x_bytes)
 {
-    if (L->type != LAYER_DENSE) return *x_bytes = 0;
-    *x_bytes = stage_round_up((size_t)rows * layer_shape_count(L->in) * sizeof(float));
-    return *x_bytes + stage_round_up((size_t)rows * layer_shape_count(L->out) * sizeof(float));
+    stage_wgrad_product pr[STAGE_WGRAD_MAX_PRODUCTS];
+    size_t xs, gs;
+    if (!stage_wgrad_batches(L) || !stage_wgrad_products(L, pr, &xs, &gs)) return *x_bytes = 0;
+    *x_bytes = stage_round_up((size_t)rows * xs * sizeof(float));
+    return *x_bytes + stage_round_up((size_t)rows * gs * sizeof(float));
 }
 
 int stage_enable_batched_wgrad(stage *s, int rows)

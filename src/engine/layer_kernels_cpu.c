@@ -192,20 +192,22 @@ static int cpu_embedding_shard_backward(void *ctx, float *dwte, float *dwpe, int
     kernel_embedding_backward_cpu(dwte, dwpe, dout, tok, n, seq, width, vocab);
     return 0;
 }
-static int cpu_attention_forward(void *ctx, float *y, float *probs, const float *qkv,
-                                 const kernel_attention_dims *d)
+static int cpu_attention_forward(void *ctx, float *y, float *probs, float *work,
+                                 const float *qkv, const kernel_attention_dims *d,
+                                 const kernel_attention_dropout *drop)
 {
     size_t C = (size_t)d->heads * d->head_dim;
-    kernel_attention_forward_cpu(y, probs, qkv, qkv + C, qkv + 2 * C, d);
+    kernel_attention_forward_dropout_cpu(y, probs, work, qkv, qkv + C, qkv + 2 * C, d, drop);
     return 0;
 }
 static int cpu_attention_backward(void *ctx, float *dqkv, float *work, const float *dy,
                                   const float *qkv, const float *probs,
-                                  const kernel_attention_dims *d)
+                                  const kernel_attention_dims *d,
+                                  const kernel_attention_dropout *drop)
 {
     size_t C = (size_t)d->heads * d->head_dim;
-    kernel_attention_backward_cpu(dqkv, dqkv + C, dqkv + 2 * C, work, dy, qkv, qkv + C,
-                                  qkv + 2 * C, probs, d);
+    kernel_attention_backward_dropout_cpu(dqkv, dqkv + C, dqkv + 2 * C, work, dy, qkv,
+                                          qkv + C, qkv + 2 * C, probs, d, drop);
     return 0;
 }
 

@@ -86,11 +86,15 @@ typedef struct {
     int (*embedding_shard_backward)(void *ctx, float *dwte, float *dwpe, int32_t *tok,
                                     const float *dout, const float *ids, int n, int seq,
                                     int width, int first, int vocab);
-    int (*attention_forward)(void *ctx, float *y, float *probs, const float *qkv,
-                             const kernel_attention_dims *d);
+    /* drop: the attention dropout (NULL: none); work: kernel_attention_dropout_floats
+     * forward, kernel_attention_workspace_floats (+ the dropout's) backward */
+    int (*attention_forward)(void *ctx, float *y, float *probs, float *work, const float *qkv,
+                             const kernel_attention_dims *d,
+                             const kernel_attention_dropout *drop);
     int (*attention_backward)(void *ctx, float *dqkv, float *work, const float *dy,
                               const float *qkv, const float *probs,
-                              const kernel_attention_dims *d);
+                              const kernel_attention_dims *d,
+                              const kernel_attention_dropout *drop);
 } layer_kernels;
 
 extern const layer_kernels layer_kernels_cpu; /* src/engine/layer_kernels_cpu.c */
@@ -103,16 +107,22 @@ typedef struct {
     const float *out;        /* backward: its output of the forward */
     int identity;            /* the forward passed x through (y unused, out = x) */
     int32_t *argmax;         /* maxpool */
-    uint8_t *mask;           /* dropout */
+    uint8_t *mask;           /* dropout; a [block]'s masks (layer_mask_bytes) when its
+                                forward drops (training), else NULL */
     float *saved;            /* transformer layers: what the forward keeps for the backward */
     const float *w, *b;      /* parameters */
     float *dw, *db;          /* backward, weight: where its parameter gradients are added */
     float *gout;             /* split backward: the output gradient B keeps for W (a block:
                                 every inner gradient W needs, layer_gout_floats) */
     int batched;             /* its weight half is the step's (rows go to the stash) */
-    float *stash_x, *stash_g; /* batched, backward: where this chunk's rows go */
+    float *stash_x, *stash_g; /* batched, backward: where this chunk's rows go (a block:
+                                 its stash's bases, stage_plan_stash_io) */
+    size_t stash_row;        /* a batched block: the chunk's first row of the step */
+    int stash_rows;          /* a batched block: the step's rows (wgrad_rows) */
     int partial;             /* split by inputs: no bias and no activation in its forward */
-    size_t elem_off;         /* dropout: the chunk's elements' offset in the whole vector */
+    size_t elem_off;         /* dropout: the chunk's elements' offset in the whole vector;
+                                a block cut by heads: its attention probabilities' in a
+                                sample's whole (first head · T²) */
     const int64_t *ids;      /* the chunk's sample ids (dropout) */
     float *seq;              /* a block with sequence parallelism, forward: the chunk's rows
                                 of the whole sequence [n·T, C] the engine exchanges with the

@@ -35,7 +35,7 @@ static slot_part slot_part_of(const stage_shape *sh, const layer_desc *L, int l)
     slot_part s = {
         .out = k->own_output ? stage_round_up(count * sizeof(float)) : 0,
         .argmax = k->argmax ? stage_round_up(count * sizeof(int32_t)) : 0,
-        .mask = k->mask ? stage_round_up(count) : 0,
+        .mask = stage_round_up(mb * layer_mask_bytes(L)),
         .saved = stage_round_up(mb * layer_saved_floats(L) * sizeof(float)),
         .xin = tp ? stage_round_up(mb * shard_slot_input(tp, sh->net, l, sh->first, sh->tp_rank) *
                                    sizeof(float))
@@ -165,6 +165,7 @@ const float *stage_plan_set_outputs(const stage_plan *p, stage_slot_layer *layer
     for (int i = 0; i < p->nl; i++) {
         if (layers[i].xin) x = layers[i].xin; /* gathered or sliced for tensor shards */
         layers[i].out = layer_is_identity(&p->loc[i], training) ? x : layers[i].buf;
+        layers[i].trained = training;
         x = layers[i].out;
     }
     return whole_out ? whole_out : x;
@@ -182,7 +183,8 @@ void stage_plan_layer_io(const stage_plan *p, const stage_slot_layer *layers,
     io->y = ly->buf ? ly->buf + off * out_count : NULL;
     io->out = ly->out ? ly->out + off * out_count : NULL;
     io->argmax = ly->argmax ? ly->argmax + off * out_count : NULL;
-    io->mask = ly->mask ? ly->mask + off * out_count : NULL;
+    io->mask = ly->mask ? ly->mask + off * layer_mask_bytes(L) : NULL;
+    if (L->type == LAYER_BLOCK && !ly->trained) io->mask = NULL; /* no dropout (eval) */
     io->gout = ly->gout ? ly->gout + off * layer_gout_floats(L) : NULL;
     io->saved = ly->saved ? ly->saved + off * layer_saved_floats(L) : NULL;
     io->batched = stage_plan_batched(p, i);
@@ -194,6 +196,13 @@ void stage_plan_layer_io(const stage_plan *p, const stage_slot_layer *layers,
     }
     if (phase != LAYER_PHASE_FORWARD) return;
     io->partial = stage_plan_split_in(p, i);
+    /* a block cut by heads: its heads' probabilities keep their places among the whole
+     * layer's (heads cut evenly, src/model/shard.c) */
+    if (p->tp && io->mask && L->type == LAYER_BLOCK) {
+        size_t T = (size_t)L->in.c;
+        io->elem_off = (size_t)p->tp_rank * (size_t)L->u.block.heads * T * T;
+        return;
+    }
     /* a slice's elements keep their places in the whole vector's dropout mask */
     if (p->tp && io->mask) {
         int l = p->first + i;
@@ -231,14 +240,83 @@ void stage_plan_grads_zeroed(stage_plan *p)
     p->range_hi = 0;
 }
 
+int stage_wgrad_products(const layer_desc *L, stage_wgrad_product *pr, size_t *x_floats,
+                         size_t *g_floats)
+{
+    int n = 0;
+    if (L->type == LAYER_DENSE) {
+        pr[n++] = (stage_wgrad_product){0, L->weight_count, (int)layer_shape_count(L->in),
+                                        L->u.dense.units, 1, 0, 0};
+    } else if (L->type == LAYER_LM_HEAD) {
+        pr[n++] = (stage_wgrad_product){0, STAGE_WGRAD_NO_BIAS, L->in.w, L->u.lm_head.vocab,
+                                        L->in.c, 0, 0};
+    } else if (L->type == LAYER_BLOCK) {
+        /* c_attn C→3A, attention c_proj A→C, c_fc C→H, MLP c_proj H→C (layer_ops.c's
+         * block_view: the matrices, then ln_1, c_attn's bias, c_proj's, ln_2, c_fc's,
+         * c_proj's) */
+        int C = L->in.w, A = (int)layer_block_attn_width(L), H = L->u.block.hidden, T = L->in.c;
+        size_t c = (size_t)C, a = (size_t)A, h = (size_t)H, wc = L->weight_count;
+        pr[n++] = (stage_wgrad_product){0, wc + 2 * c, C, 3 * A, T, 0, 0};
+        pr[n++] = (stage_wgrad_product){3 * a * c, wc + 2 * c + 3 * a, A, C, T, 0, 0};
+        pr[n++] = (stage_wgrad_product){4 * a * c, wc + 5 * c + 3 * a, C, H, T, 0, 0};
+        pr[n++] = (stage_wgrad_product){4 * a * c + h * c, wc + 5 * c + 3 * a + h, H, C, T, 0,
+                                        0};
+    }
+    size_t xs = 0, gs = 0;
+    for (int k = 0; k < n; k++) {
+        pr[k].x_off = xs;
+        pr[k].g_off = gs;
+        xs += (size_t)pr[k].tokens * (size_t)pr[k].in;
+        gs += (size_t)pr[k].tokens * (size_t)pr[k].out;
+    }
+    if (x_floats) *x_floats = xs;
+    if (g_floats) *g_floats = gs;
+    return n;
+}
+
+int stage_plan_mb_ranges(const stage_plan *p, int i, size_t (*r)[2])
+{
+    const layer_desc *L = &p->loc[i];
+    size_t b = p->param_off[i], e = stage_plan_param_end(p, i + 1);
+    if (b == e) return 0;
+    if (!stage_plan_batched(p, i)) {
+        r[0][0] = b, r[0][1] = e;
+        return 1;
+    }
+    if (L->type != LAYER_BLOCK) return 0;
+    /* ln_1's gain and bias, ln_2's: around c_attn's and c_proj's biases */
+    size_t c = (size_t)L->in.w, a = layer_block_attn_width(L), w = b + L->weight_count;
+    r[0][0] = w, r[0][1] = w + 2 * c;
+    r[1][0] = w + 3 * c + 3 * a, r[1][1] = w + 5 * c + 3 * a;
+    return 2;
+}
+
+void stage_plan_stash_io(const stage_plan *p, int i, float *x_base, float *g_base, size_t row,
+                         layer_io *io)
+{
+    const layer_desc *L = &p->loc[i];
+    if (L->type == LAYER_BLOCK) {
+        io->stash_x = x_base;
+        io->stash_g = g_base;
+        io->stash_row = row;
+        io->stash_rows = p->wgrad_rows;
+        return;
+    }
+    io->stash_x = x_base + row * layer_shape_count(L->in);
+    io->stash_g = g_base + row * layer_shape_count(L->out);
+}
+
 int stage_plan_grad_runs(const stage_plan *p, int lo, int hi, size_t (*runs)[2], int cap)
 {
     int n = 0;
     for (int i = lo; i < hi; i++) {
-        size_t b = p->param_off[i], e = stage_plan_param_end(p, i + 1);
-        if (b == e || stage_plan_batched(p, i)) continue;
-        if (n && (runs[n - 1][1] == b || n == cap)) runs[n - 1][1] = e;
-        else runs[n][0] = b, runs[n++][1] = e;
+        size_t r[2][2];
+        int nr = stage_plan_mb_ranges(p, i, r);
+        for (int k = 0; k < nr; k++) {
+            size_t b = r[k][0], e = r[k][1];
+            if (n && (runs[n - 1][1] == b || n == cap)) runs[n - 1][1] = e;
+            else runs[n][0] = b, runs[n++][1] = e;
+        }
     }
     return n;
 }
@@ -736,15 +814,21 @@ int stage_plan_wgrad_flush(const stage_plan *p, float *grads, float *const *stas
     int k = 0;
     for (int i = lo; i < hi; i++) {
         if (!stage_plan_batched(p, i)) continue;
-        const layer_desc *L = &p->loc[i];
-        int in = (int)layer_shape_count(L->in), out = L->u.dense.units;
-        float *dw = grads + p->param_off[i], *db = dw + L->weight_count;
-        for (int a = 0; a < out; a += STAGE_WGRAD_TILE, k++) {
-            if (k % threads != t) continue;
-            int w = out - a < STAGE_WGRAD_TILE ? out - a : STAGE_WGRAD_TILE;
-            if (units(ctx, dw, db, stash_g[i], stash_x[i], p->wgrad_rows, in, out, a, w)) {
-                *failed = i;
-                return -1;
+        stage_wgrad_product pr[STAGE_WGRAD_MAX_PRODUCTS];
+        int np = stage_wgrad_products(&p->loc[i], pr, NULL, NULL);
+        for (int q = 0; q < np; q++) {
+            const stage_wgrad_product *P = &pr[q];
+            size_t rows = (size_t)p->wgrad_rows;
+            float *dw = grads + p->param_off[i] + P->w;
+            float *db = P->b == STAGE_WGRAD_NO_BIAS ? NULL : grads + p->param_off[i] + P->b;
+            const float *x = stash_x[i] + rows * P->x_off, *g = stash_g[i] + rows * P->g_off;
+            for (int a = 0; a < P->out; a += STAGE_WGRAD_TILE, k++) {
+                if (k % threads != t) continue;
+                int w = P->out - a < STAGE_WGRAD_TILE ? P->out - a : STAGE_WGRAD_TILE;
+                if (units(ctx, dw, db, g, x, (int)rows * P->tokens, P->in, P->out, a, w)) {
+                    *failed = i;
+                    return -1;
+                }
             }
         }
     }

@@ -130,24 +130,59 @@ static inline size_t stage_plan_param_end(const stage_plan *p, int i)
 /* The local layers whose parameters overlap [off, off + count) (count > 0): [*lo, *hi). */
 void stage_plan_layers_of(const stage_plan *p, size_t off, size_t count, int *lo, int *hi);
 
-/* Local layer i's weight gradient is formed over the whole step (batched weight gradients:
- * dense layers); its micro-batches' rows go to a stash instead. */
+/* A layer type whose products batch their weight gradients: dense, the four products of a
+ * [block] (c_attn, attention c_proj, c_fc, MLP c_proj) and [lm_head] (tied or not). */
+static inline int stage_wgrad_batches(const layer_desc *L)
+{
+    return L->type == LAYER_DENSE || L->type == LAYER_BLOCK || L->type == LAYER_LM_HEAD;
+}
+
+/* Local layer i's products form their weight gradients over the whole step (batched weight
+ * gradients); its micro-batches' rows go to a stash instead. */
 static inline int stage_plan_batched(const stage_plan *p, int i)
 {
-    return p->wgrad_rows > 0 && p->loc[i].type == LAYER_DENSE;
+    return p->wgrad_rows > 0 && stage_wgrad_batches(&p->loc[i]);
 }
+
+/* One product y = x·W^T (+ b) of a layer whose weight gradient batches: dW = G^T X (and
+ * db = Σ G) over `tokens` rows per sample of `in` inputs and `out` outputs. w, b: where dW
+ * and db start in the layer's parameters (b = (size_t)−1: no bias). x_off, g_off: where its
+ * X and G start in the layer's stash, in floats per row of the step (times wgrad_rows). */
+enum { STAGE_WGRAD_MAX_PRODUCTS = 4 };
+typedef struct {
+    size_t w, b;
+    int in, out, tokens;
+    size_t x_off, g_off;
+} stage_wgrad_product;
+#define STAGE_WGRAD_NO_BIAS ((size_t)-1)
+/* L's products (as a rank runs it: a cut block's are its slices) into
+ * pr[STAGE_WGRAD_MAX_PRODUCTS]; returns how many (0: none batch). *x_floats, *g_floats: the
+ * stash's floats per sample (either may be NULL). */
+int stage_wgrad_products(const layer_desc *L, stage_wgrad_product *pr, size_t *x_floats,
+                         size_t *g_floats);
+/* The parameters of local layer i whose gradients a backward forms per micro-batch, as
+ * ranges [a, b) of offsets in the stage's: the whole layer, or with batched weight
+ * gradients its parameters outside every product (a block's layer norms); returns how many
+ * (≤ 2). */
+int stage_plan_mb_ranges(const stage_plan *p, int i, size_t (*r)[2]);
+/* A batched layer's stash for a chunk whose first sample is row `row` of the step: a
+ * dense layer or head gets its rows' place (x_base + row·in, g_base + row·out), a block
+ * the bases, the row and the step's rows (io->stash_row, stash_rows). */
+void stage_plan_stash_io(const stage_plan *p, int i, float *x_base, float *g_base, size_t row,
+                         layer_io *io);
 
 /* Local layer i's storage in one slot, and where its data is for the last forward. */
 typedef struct {
     float *buf;          /* its output storage (NULL: none of its own, flatten) */
     int32_t *argmax;     /* maxpool positions, else NULL */
-    uint8_t *mask;       /* dropout mask, else NULL */
+    uint8_t *mask;       /* dropout masks (layer_mask_bytes), else NULL */
     float *saved;        /* what else its backward needs (layer_saved_floats), else NULL */
     float *xin;          /* tensor shards: its input when that is not the previous output
                             (gathered whole, or the stage input's slice), else NULL */
     const float *out;    /* its output of the last forward: buf, or its input when the
                             layer was the identity (flatten; dropout when not training) */
     float *gout;         /* split backward: the output gradient B keeps for W (engine's) */
+    int trained;         /* the last forward trained: a block's dropout masks are valid */
 } stage_slot_layer;
 
 /* Carves one slot's slot_bytes at `base` (NULL: every pointer NULL) into layers[0, nl)

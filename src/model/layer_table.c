@@ -375,19 +375,29 @@ size_t layer_saved_floats(const layer_desc *L)
     }
 }
 
+size_t layer_mask_bytes(const layer_desc *L)
+{
+    size_t T = (size_t)L->in.c, C = (size_t)L->in.w;
+    if (L->type == LAYER_DROPOUT) return layer_shape_count(L->out);
+    if (layer_block_drops(L)) return (size_t)L->u.block.heads * T * T + 2 * T * C;
+    return 0;
+}
+
 /* A block's gradients per token that W needs (src/engine/layer_ops.c): its output's C
  * (MLP c_proj), c_fc's H, ln_2's output C, the residual after attention C (attention
  * c_proj), c_attn's 3A, ln_1's output C (A = C, or a shard's attention width). With
  * sequence parallelism ln_2's and ln_1's are of the rank's positions, the output's and the
  * residual's local rows are kept besides their whole ones, and so are ln_1's and ln_2's
- * outputs of the whole sequence, gathered again for W. */
+ * outputs of the whole sequence, gathered again for W; with dropout (never with sequence
+ * parallelism), attention c_proj's output's C after its dropout. */
 size_t layer_gout_floats(const layer_desc *L)
 {
     if (!L->weight_count) return 0;
     if (L->type == LAYER_BLOCK) {
         size_t T = (size_t)L->in.c, S = (size_t)layer_block_seq(L), C = (size_t)L->in.w;
         size_t whole = T * S * (2 * C + 3 * layer_block_attn_width(L) + (size_t)L->u.block.hidden);
-        return whole + T * 2 * C + (S > 1 ? T * 2 * C + T * S * 2 * C : 0);
+        return whole + T * 2 * C + (S > 1 ? T * 2 * C + T * S * 2 * C : 0) +
+               (layer_block_drops(L) ? T * C : 0);
     }
     return layer_shape_count(L->out);
 }
@@ -398,12 +408,14 @@ size_t layer_work_floats(const layer_desc *L, int n)
     switch (L->type) {
     case LAYER_BLOCK: {
         /* the gradients of layer_gout_floats (when W runs with B), attention's output
-         * gradient, and the attention backward's scratch (of the whole sequence) */
+         * gradient, and the attention backward's scratch (of the whole sequence; with
+         * dropout, one more block of it, which the forward uses as well) */
         size_t A = layer_block_attn_width(L), Tw = T * (size_t)layer_block_seq(L);
         kernel_attention_dims d = {n, (int)Tw, L->u.block.heads, (int)A / L->u.block.heads,
                                    3 * (int)A};
         return (size_t)n * layer_gout_floats(L) + (size_t)n * Tw * A +
-               kernel_attention_workspace_floats(&d);
+               kernel_attention_workspace_floats(&d) +
+               (layer_block_drops(L) ? kernel_attention_dropout_floats(&d) : 0);
     }
     case LAYER_EMBEDDING:
         return N; /* the token ids as int32 */

@@ -125,8 +125,19 @@ static inline size_t layer_block_attn_width(const layer_desc *L)
 /* Floats per sample a forward keeps for the backward besides the output (layer norms'
  * statistics; a block's inner activations and attention probabilities). */
 size_t layer_saved_floats(const layer_desc *L);
+/* Bytes per sample of the dropout masks a training forward keeps (uint8 per element): a
+ * [dropout]'s output; a [block] with dropout p > 0, its heads' attention probabilities
+ * heads·T² and its two residual dropouts (attention c_proj's and the MLP c_proj's
+ * outputs) 2·T·C; else 0. */
+size_t layer_mask_bytes(const layer_desc *L);
+/* A [block] drops (p > 0) when trained. */
+static inline int layer_block_drops(const layer_desc *L)
+{
+    return L->type == LAYER_BLOCK && L->u.block.p > 0.0f;
+}
 /* Floats per sample of the output gradients the split backward's B keeps for W (a block:
- * each of its inner products' and norms'); out_count for other parameter layers. */
+ * each of its inner products' and norms', and with dropout attention c_proj's output's
+ * after its dropout); out_count for other parameter layers. */
 size_t layer_gout_floats(const layer_desc *L);
 /* Floats of scratch a chunk of n samples needs (a block's backward; an embedding's token
  * ids), beyond the convolution workspace. */

@@ -698,11 +698,16 @@ int net_desc_check_trainable(const net_desc *net, const char *model)
         if (layer_kind_of(L->type)->untrained)
             return pt_error_set("%s: layer %d [%s] is not trained by this version of pipetrain "
                                 "yet", model ? model : "model", i, layer_type_name(L->type));
-        if (L->type == LAYER_BLOCK && L->u.block.p > 0)
-            return pt_error_set("%s: layer %d [block] dropout=%g: dropout inside transformer "
-                                "blocks is not trained by this version of pipetrain yet; "
-                                "remove the key (or set 0)", model ? model : "model", i,
-                                (double)L->u.block.p);
+        /* the attention dropout numbers a sample's probabilities heads·T² in the low 32
+         * bits of the generator's counter (kernels/kernels_transformer.h) */
+        if (L->type == LAYER_BLOCK && L->u.block.p > 0 &&
+            (uint64_t)L->u.block.heads * (uint64_t)L->in.c * (uint64_t)L->in.c >
+                (uint64_t)UINT32_MAX + 1)
+            return pt_error_set("%s: layer %d [block] dropout=%g: its %d heads × %d² attention "
+                                "probabilities per sample exceed the 2^32 elements a dropout "
+                                "mask numbers; remove the key (or set 0), or use a shorter "
+                                "context", model ? model : "model", i, (double)L->u.block.p,
+                                L->u.block.heads, L->in.c);
     }
     return 0;
 }

@@ -76,6 +76,11 @@ static int plan_sequence(shard_plan *p, const net_desc *net)
                                     "cannot be cut into %d tensor shards (heads and hidden "
                                     "must be multiples of %d)", l + 1, L->line, heads, hidden,
                                     T, T);
+            if (seq && L->u.block.p > 0)
+                return pt_error_set("layer %d (block, line %d) has dropout=%g: dropout inside "
+                                    "blocks does not go with --sequence-parallel in this "
+                                    "version (its masks are drawn over whole sequences)",
+                                    l + 1, L->line, (double)L->u.block.p);
             sl->split = SHARD_HEADS;
         } else if (L->type == LAYER_EMBEDDING || L->type == LAYER_LM_HEAD) {
             int V = L->type == LAYER_EMBEDDING ? L->u.embedding.vocab : L->u.lm_head.vocab;
