@@ -123,6 +123,18 @@ if(PT_HAVE_CUDA)
       PREFIX lib LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests C_VISIBILITY_PRESET hidden)
     target_link_options(pipetrain_cuda_mock PRIVATE -Wl,--exclude-libs,ALL -Wl,--no-undefined)
 
+    # The transformer kernels' device code (kernels/cuda/transformer_math.cuh) run on the
+    # host thread by thread against the CPU twins: needs nvcc, not a GPU, so it runs here.
+    add_executable(test_transformer_host ${CMAKE_SOURCE_DIR}/tests/cuda/test_transformer_host.cu)
+    target_link_libraries(test_transformer_host PRIVATE ptkernels)
+    target_include_directories(test_transformer_host PRIVATE ${CMAKE_SOURCE_DIR})
+    set_target_properties(test_transformer_host PROPERTIES CUDA_STANDARD 17
+      CUDA_RUNTIME_LIBRARY Shared)
+    target_compile_options(test_transformer_host PRIVATE
+      "$<$<COMPILE_LANGUAGE:CUDA>:${pt_cuda_flags}>")
+    add_test(NAME test_transformer_host COMMAND test_transformer_host)
+    set_tests_properties(test_transformer_host PROPERTIES LABELS "unit;cuda;quick" TIMEOUT 120)
+
     # A plain program (not Criterion): exits 77, which ctest reports as skipped, when the
     # machine has no usable GPU. Its cases and their harness (kernel_check.c).
     add_executable(test_cuda_kernels ${CMAKE_SOURCE_DIR}/tests/cuda/test_cuda_kernels.c

@@ -143,6 +143,73 @@ int kernel_softmax_xent_cuda(float *dlogits, int *correct, double *loss_sum,
                              const float *logits, const int32_t *labels, int n, int classes,
                              float grad_scale, const kernel_cuda_ctx *ctx);
 
+/* The same over many rows (a language model's positions: batch·seq rows of the
+ * vocabulary): up to KERNEL_XENT_PARTS blocks, each summing its rows into part_loss[b] and
+ * part_right[b] (device scratch of KERNEL_XENT_PARTS each), then added in block order, so
+ * the same bits on every run (not the one-block kernel's: other partial sums). Falls back
+ * to the call above when the rows fill fewer than two blocks. */
+enum { KERNEL_XENT_PARTS = 256 };
+int kernel_softmax_xent_rows_cuda(float *dlogits, int *correct, double *loss_sum,
+                                  const float *logits, const int32_t *labels, int n,
+                                  int classes, float grad_scale, double *part_loss,
+                                  int *part_right, const kernel_cuda_ctx *ctx);
+
+/* ---- transformer layers (kernels/cuda/transformer.cu; kernels/kernels_transformer.h's
+ * twins, to float rounding: tests/cuda/test_transformer_host.cu runs their per-thread code
+ * on the host against the CPU kernels, test_cuda_kernels the kernels on a GPU). No
+ * floating-point atomics: every sum has a fixed order, so runs repeat bit for bit. ---- */
+/* Statistics in double as the CPU's (same lanes); one thread per row. */
+int kernel_layernorm_forward_cuda(float *out, float *mean, float *rstd, const float *x,
+                                  const float *gamma, const float *beta, int rows, int width,
+                                  const kernel_cuda_ctx *ctx);
+/* dgamma, dbeta: one thread per column adding the rows in order; dx (may alias dy): one
+ * thread per row. Any of the three may be NULL. */
+int kernel_layernorm_backward_cuda(float *dx, float *dgamma, float *dbeta, const float *dy,
+                                   const float *x, const float *mean, const float *rstd,
+                                   const float *gamma, int rows, int width,
+                                   const kernel_cuda_ctx *ctx);
+int kernel_gelu_forward_cuda(float *out, const float *in, size_t count,
+                             const kernel_cuda_ctx *ctx);
+int kernel_gelu_backward_cuda(float *din, const float *dout, const float *in, size_t count,
+                              const kernel_cuda_ctx *ctx);
+/* Token ids arrive as floats (the stage input, device); tok: device scratch of n·seq int32
+ * (the ids as rows of wte, −1 outside). The whole table: a bad id gives a NaN row and no
+ * gradient, as on the CPU. */
+int kernel_embedding_forward_cuda(float *out, int32_t *tok, const float *ids, const float *wte,
+                                  const float *wpe, int n, int seq, int width, int vocab,
+                                  const kernel_cuda_ctx *ctx);
+/* dwte (rows of a token summed in row order by one thread per (token, column): no atomics)
+ * and dwpe (samples in order); either may be NULL. */
+int kernel_embedding_backward_cuda(float *dwte, float *dwpe, int32_t *tok, const float *dout,
+                                   const float *ids, int n, int seq, int width, int vocab,
+                                   const kernel_cuda_ctx *ctx);
+/* A vocabulary shard (layer_ops.h's embedding_shard_*): wte holds tokens [first,
+ * first + vocab); another shard's token adds nothing (0, or its position's row). */
+int kernel_embedding_shard_forward_cuda(float *out, int32_t *tok, const float *ids,
+                                        const float *wte, const float *wpe, int n, int seq,
+                                        int width, int first, int vocab,
+                                        const kernel_cuda_ctx *ctx);
+int kernel_embedding_shard_backward_cuda(float *dwte, float *dwpe, int32_t *tok,
+                                         const float *dout, const float *ids, int n, int seq,
+                                         int width, int first, int vocab,
+                                         const kernel_cuda_ctx *ctx);
+/* Fused causal attention on GPT-2's fused qkv rows (kernel_attention_dims; y rows C apart).
+ * Never forms the T×T scores: one thread per (sample, head, query row) with an online
+ * softmax. probs: the saved area the layer gives (kernel_attention_probs_floats floats);
+ * the forward keeps each row's logsumexp in its first batch·heads·seq floats, and the
+ * backward writes Δ = rowsum(P ∘ dP) after them (seq ≥ 2; at seq 1 it recomputes it), so
+ * the area is written by both. The backward overwrites dqkv's three views: dQ by query
+ * rows, dK and dV by key rows (queries in order): deterministic. head_dim ≤ 128; dropout
+ * p > 0 is refused (−1 with a message: not on the GPU yet). */
+int kernel_attention_forward_cuda(float *y, float *probs, const float *qkv,
+                                  const kernel_attention_dims *d,
+                                  const kernel_attention_dropout *drop,
+                                  const kernel_cuda_ctx *ctx);
+int kernel_attention_backward_cuda(float *dqkv, float *probs, const float *dy, const float *qkv,
+                                   const kernel_attention_dims *d,
+                                   const kernel_attention_dropout *drop,
+                                   const kernel_cuda_ctx *ctx);
+
 /* dst += src (kernel_add_cpu). */
 int kernel_add_cuda(float *dst, const float *src, size_t count, const kernel_cuda_ctx *ctx);
 

@@ -35,7 +35,7 @@ __global__ static void xent_kernel(float *dlogits, int *correct, double *loss_su
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     double loss = 0.0;
     int right = 0;
-    for (int i = warp; i < n; i += XENT_WARPS) {
+    for (int i = blockIdx.x * XENT_WARPS + warp; i < n; i += gridDim.x * XENT_WARPS) {
         const float *x = logits + (size_t)i * classes;
         const int label = labels[i];
         const bool valid = label >= 0 && label < classes;
@@ -96,11 +96,33 @@ __global__ static void xent_kernel(float *dlogits, int *correct, double *loss_su
             total += warp_loss[k];
             total_right += warp_right[k];
         }
+        /* one block: the results; several: block b's part, summed by xent_parts */
+        if (gridDim.x > 1) {
+            loss_sum[blockIdx.x] = total;
+            correct[blockIdx.x] = total_right;
+            return;
+        }
         if (loss_sum)
             *loss_sum = total;
         if (correct)
             *correct = total_right;
     }
+}
+
+/* The blocks' parts in block order: a fixed order, so the same bits on every run. */
+__global__ static void xent_parts(int *correct, double *loss_sum, const int *part_right,
+                                  const double *part_loss, int parts)
+{
+    double total = 0.0;
+    int right = 0;
+    for (int b = 0; b < parts; b++) {
+        total += part_loss[b];
+        right += part_right[b];
+    }
+    if (loss_sum)
+        *loss_sum = total;
+    if (correct)
+        *correct = right;
 }
 
 extern "C" int kernel_softmax_xent_cuda(float *dlogits, int *correct, double *loss_sum,
@@ -114,5 +136,27 @@ extern "C" int kernel_softmax_xent_cuda(float *dlogits, int *correct, double *lo
     xent_kernel<<<1, 32 * XENT_WARPS, 0, ctx->stream>>>(dlogits, correct, loss_sum, logits,
                                                         labels, n, classes, grad_scale);
     CUDA_CHECK_LAUNCH("xent_kernel");
+    return 0;
+}
+
+extern "C" int kernel_softmax_xent_rows_cuda(float *dlogits, int *correct, double *loss_sum,
+                                             const float *logits, const int32_t *labels, int n,
+                                             int classes, float grad_scale, double *part_loss,
+                                             int *part_right, const kernel_cuda_ctx *ctx)
+{
+    if (n < 0 || classes <= 0)
+        return pt_error_set("softmax_xent: invalid sizes n=%d classes=%d", n, classes);
+    /* Fewer rows than a handful of blocks would fill: the one-block kernel. */
+    const int blocks = (n + XENT_WARPS - 1) / XENT_WARPS;
+    const int parts = blocks < KERNEL_XENT_PARTS ? blocks : KERNEL_XENT_PARTS;
+    if (parts < 2)
+        return kernel_softmax_xent_cuda(dlogits, correct, loss_sum, logits, labels, n, classes,
+                                        grad_scale, ctx);
+    xent_kernel<<<parts, 32 * XENT_WARPS, 0, ctx->stream>>>(dlogits, part_right, part_loss,
+                                                            logits, labels, n, classes,
+                                                            grad_scale);
+    CUDA_CHECK_LAUNCH("xent_kernel (rows)");
+    xent_parts<<<1, 1, 0, ctx->stream>>>(correct, loss_sum, part_right, part_loss, parts);
+    CUDA_CHECK_LAUNCH("xent_parts");
     return 0;
 }

@@ -1,0 +1,281 @@
+/* The transformer kernels' device code, run on the HOST thread by thread, against the CPU
+ * twins (kernels/kernels_transformer.h) — no GPU needed, so it runs on every machine with
+ * nvcc.
+ *
+ * kernels/cuda/transformer.cu's kernels are loops over their threads' items calling the
+ * __host__ __device__ functions of kernels/cuda/transformer_math.cuh; here every "thread"
+ * of every launch is called in turn with the kernel's own index arithmetic, including the
+ * embedding backward's block-wide gathering of a token's rows (chunks of 256 rows, in row
+ * order), which is emulated. What this does NOT cover: the launches themselves (geometry,
+ * streams), warp intrinsics (ballot), the device's own float rounding (FMA contraction)
+ * and expf: those need a GPU (test_cuda_kernels). Random shapes include sequences and
+ * widths that are multiples of nothing. Outputs start as NaN so an unwritten element
+ * fails; gradients that accumulate start from random values.
+ *
+ * Float-rounding results are compared normwise: max|dev − cpu| / max|cpu| ≤ 1e-4; the
+ * embedding's (the same additions in the same order) bit for bit. Prints one line per
+ * check and "N passed, N failed"; exits 1 on a failure. Build with -DTFC_PLANTED=k
+ * (tests/cuda/transformer_plant.sh) to check that each planted bug fails. */
+#include "kernels/cuda/transformer_math.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+static int passed, failed;
+static unsigned long long rng_state = 0x9e3779b97f4a7c15ULL;
+
+static float urand(float lo, float hi)
+{
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return lo + (hi - lo) * (float)((rng_state >> 40) & 0xffffff) / 16777216.0f;
+}
+static std::vector<float> rand_v(size_t n, float lo, float hi)
+{
+    std::vector<float> v(n);
+    for (auto &x : v) x = urand(lo, hi);
+    return v;
+}
+static std::vector<float> nan_v(size_t n) { return std::vector<float>(n, NAN); }
+
+static void record(const char *what, const char *shape, bool ok, double err)
+{
+    printf("%-4s %-28s %-34s err %.3g\n", ok ? "ok" : "FAIL", what, shape, err);
+    ok ? passed++ : failed++;
+}
+
+/* Normwise relative error, NaN where only one side is NaN (an unwritten output). */
+static void check_close(const char *what, const char *shape, const float *dev, const float *cpu,
+                  size_t n, double tol = 1e-4)
+{
+    double num = 0.0, den = 0.0;
+    bool bad = false;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(dev[i]) || isnan(cpu[i])) {
+            bad |= isnan(dev[i]) != isnan(cpu[i]);
+            continue;
+        }
+        num = fmax(num, fabs((double)dev[i] - cpu[i]));
+        den = fmax(den, fabs((double)cpu[i]));
+    }
+    const double err = bad ? INFINITY : den > 0 ? num / den : num;
+    record(what, shape, err <= tol, err);
+}
+static void exact(const char *what, const char *shape, const float *dev, const float *cpu,
+                  size_t n)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += memcmp(&dev[i], &cpu[i], sizeof(float)) != 0 && !(isnan(dev[i]) && isnan(cpu[i]));
+    record(what, shape, bad == 0, (double)bad);
+}
+
+/* ---- layer norm ---- */
+static void test_layernorm(int rows, int width, float offset)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "rows=%d width=%d", rows, width);
+    const size_t n = (size_t)rows * width;
+    auto x = rand_v(n, offset - 2, offset + 2), g = rand_v(width, 0.5f, 1.5f);
+    auto be = rand_v(width, -1, 1), dy = rand_v(n, -1, 1);
+    auto out = nan_v(n), mean = nan_v(rows), rstd = nan_v(rows);
+    auto c_out = nan_v(n), c_mean = nan_v(rows), c_rstd = nan_v(rows);
+    kernel_layernorm_forward_cpu(c_out.data(), c_mean.data(), c_rstd.data(), x.data(), g.data(),
+                                 be.data(), rows, width);
+    for (int r = 0; r < rows; r++) /* ln_stats: one thread per row */
+        tfc_ln_stats(x.data() + (size_t)r * width, width, &mean[r], &rstd[r]);
+    for (size_t i = 0; i < n; i++) /* ln_out: one per element */
+        out[i] = tfc_ln_out(x[i], mean[i / width], rstd[i / width], g[i % width],
+                            be[i % width]);
+    check_close("layernorm_forward mean", shape, mean.data(), c_mean.data(), rows);
+    check_close("layernorm_forward rstd", shape, rstd.data(), c_rstd.data(), rows);
+    check_close("layernorm_forward", shape, out.data(), c_out.data(), n);
+
+    auto dg = rand_v(width, -1, 1), db = rand_v(width, -1, 1), dx = nan_v(n);
+    auto c_dg = dg, c_db = db, c_dx = nan_v(n);
+    for (int k = 0; k < 2; k++) { /* twice: the parameter gradients accumulate */
+        kernel_layernorm_backward_cpu(c_dx.data(), c_dg.data(), c_db.data(), dy.data(),
+                                      x.data(), c_mean.data(), c_rstd.data(), g.data(), rows,
+                                      width);
+        for (int j = 0; j < width; j++) /* ln_params: one thread per column */
+            tfc_ln_param_col(dg.data(), db.data(), dy.data(), x.data(), mean.data(),
+                             rstd.data(), rows, width, j);
+        for (int r = 0; r < rows; r++) /* ln_dx: one per row */
+            tfc_ln_dx_row(dx.data() + (size_t)r * width, dy.data() + (size_t)r * width,
+                          x.data() + (size_t)r * width, mean[r], rstd[r], g.data(), width);
+    }
+    check_close("layernorm_backward dgamma", shape, dg.data(), c_dg.data(), width);
+    check_close("layernorm_backward dbeta", shape, db.data(), c_db.data(), width);
+    check_close("layernorm_backward dx", shape, dx.data(), c_dx.data(), n);
+    /* dx in place of dy */
+    auto io = dy;
+    for (int r = 0; r < rows; r++)
+        tfc_ln_dx_row(io.data() + (size_t)r * width, io.data() + (size_t)r * width,
+                      x.data() + (size_t)r * width, mean[r], rstd[r], g.data(), width);
+    check_close("layernorm_backward dx=dy", shape, io.data(), c_dx.data(), n);
+}
+
+/* ---- GELU ---- */
+static void test_gelu(size_t count, float range)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "count=%zu |x|<%g", count, (double)range);
+    auto x = rand_v(count, -range, range), dy = rand_v(count, -1, 1);
+    auto out = nan_v(count), c_out = nan_v(count), din = nan_v(count), c_din = nan_v(count);
+    kernel_gelu_forward_cpu(c_out.data(), x.data(), count);
+    kernel_gelu_backward_cpu(c_din.data(), dy.data(), x.data(), count);
+    for (size_t i = 0; i < count; i++) {
+        out[i] = tfc_gelu(x[i]);
+        din[i] = tfc_gelu_grad(dy[i], x[i]);
+    }
+    check_close("gelu_forward", shape, out.data(), c_out.data(), count);
+    check_close("gelu_backward", shape, din.data(), c_din.data(), count);
+}
+
+/* ---- embedding ---- */
+
+/* embed_tok_grad as the device runs it: per token row v, per chunk of 256 rows, the rows
+ * holding v in order, then each column's thread. */
+static void emu_tok_grad(float *dwte, const float *dout, const int32_t *tok, int rows,
+                         int width, int vocab)
+{
+    for (int v = 0; v < vocab; v++)
+        for (int r0 = 0; r0 < rows; r0 += 256) {
+            int32_t list[256];
+            int total = 0;
+            for (int r = r0; r < rows && r < r0 + 256; r++)
+                if (tok[r] == v) list[total++] = r;
+            if (total)
+                for (int j = 0; j < width; j++)
+                    tfc_embed_tok_grad(dwte + (size_t)v * width, dout, list, total, width, j);
+        }
+}
+
+/* The whole table (first = 0, shards = 0) or rows [first, first + Vr) of a vocabulary of
+ * V (the shard forms, which take wpe only when `with_pos`). */
+static void test_embedding(int n, int seq, int width, int V, int first, int Vr, bool shard,
+                           bool with_pos)
+{
+    char shape[96];
+    snprintf(shape, sizeof shape, "n=%d T=%d C=%d V=%d%s", n, seq, width, V,
+             shard ? (with_pos ? " shard+pos" : " shard") : "");
+    const size_t rows = (size_t)n * seq, cnt = rows * width;
+    std::vector<float> ids(rows);
+    for (size_t r = 0; r < rows; r++) ids[r] = (float)(int)urand(0, (float)V);
+    if (!shard && rows > 2) ids[rows / 2] = (float)V; /* a bad id: a NaN row, no gradient */
+    auto wte = rand_v((size_t)Vr * width, -1, 1), wpe = rand_v((size_t)seq * width, -1, 1);
+    const float *P = with_pos ? wpe.data() : NULL;
+    std::vector<int32_t> tok(rows), c_tok(rows);
+    for (size_t r = 0; r < rows; r++) tok[r] = tfc_token_row(ids[r], first, Vr);
+    auto out = nan_v(cnt);
+    for (size_t i = 0; i < cnt; i++)
+        out[i] = tfc_embed(tok.data(), wte.data(), P, i / width, (int)(i % width), seq, width,
+                           !shard);
+    std::vector<float> c_out(cnt, NAN);
+    /* the CPU's: the whole kernel, or the CPU set's shard loop (layer_kernels_cpu.c) */
+    if (!shard) {
+        for (size_t r = 0; r < rows; r++) c_tok[r] = ids[r] < V ? (int32_t)ids[r] : -1;
+        kernel_embedding_forward_cpu(c_out.data(), c_tok.data(), wte.data(), wpe.data(), n, seq,
+                                     width, V);
+    } else {
+        c_tok = tok;
+        for (size_t r = 0; r < rows; r++)
+            for (int j = 0; j < width; j++) {
+                const float *e = tok[r] >= 0 ? wte.data() + (size_t)tok[r] * width : NULL;
+                const float *p = P ? P + (r % seq) * width : NULL;
+                c_out[r * width + j] = e && p ? e[j] + p[j] : e ? e[j] : p ? p[j] : 0.0f;
+            }
+    }
+    exact("embedding_forward", shape, out.data(), c_out.data(), cnt);
+
+    auto dout = rand_v(cnt, -1, 1);
+    auto dwte = rand_v(wte.size(), -1, 1), dwpe = rand_v(wpe.size(), -1, 1);
+    auto c_dwte = dwte, c_dwpe = dwpe;
+    for (int k = 0; k < 2; k++) {
+        kernel_embedding_backward_cpu(c_dwte.data(), with_pos ? c_dwpe.data() : NULL,
+                                      dout.data(), c_tok.data(), n, seq, width, Vr);
+        emu_tok_grad(dwte.data(), dout.data(), tok.data(), (int)rows, width, Vr);
+        if (with_pos)
+            for (int t = 0; t < seq; t++)
+                for (int j = 0; j < width; j++)
+                    tfc_embed_pos_grad(dwpe.data(), dout.data(), n, seq, width, t, j);
+    }
+    exact("embedding_backward dwte", shape, dwte.data(), c_dwte.data(), dwte.size());
+    exact("embedding_backward dwpe", shape, dwpe.data(), c_dwpe.data(), dwpe.size());
+}
+
+/* ---- attention ---- */
+static void test_attention(int B, int T, int H, int D, bool keep_delta)
+{
+    char shape[96];
+    snprintf(shape, sizeof shape, "B=%d T=%d H=%d D=%d%s", B, T, H, D,
+             keep_delta ? "" : " delta recomputed");
+    const int C = H * D, ld = 3 * C;
+    const kernel_attention_dims d = {B, T, H, D, ld};
+    const size_t rows = (size_t)B * T;
+    auto qkv = rand_v(rows * ld, -2, 2), dy = rand_v(rows * C, -1, 1);
+    auto y = nan_v(rows * C), c_y = nan_v(rows * C);
+    std::vector<float> probs(kernel_attention_probs_floats(&d), NAN), c_probs = probs;
+    std::vector<float> work(kernel_attention_workspace_floats(&d));
+    kernel_attention_forward_cpu(c_y.data(), c_probs.data(), qkv.data(), qkv.data() + C,
+                                 qkv.data() + 2 * C, &d);
+    const tfc_attn a = tfc_attn_of(&d);
+    for (size_t t = 0; t < (size_t)B * H * T; t++) /* attn_f: one thread per query row */
+        tfc_attn_forward_row(y.data(), probs.data(), qkv.data(), a, (int)(t / T / H),
+                             (int)(t / T % H), (int)(t % T));
+    check_close("attention_forward", shape, y.data(), c_y.data(), y.size());
+
+    auto dqkv = nan_v(rows * ld), c_dqkv = nan_v(rows * ld);
+    kernel_attention_backward_cpu(c_dqkv.data(), c_dqkv.data() + C, c_dqkv.data() + 2 * C,
+                                  work.data(), dy.data(), qkv.data(), qkv.data() + C,
+                                  qkv.data() + 2 * C, c_probs.data(), &d);
+    float *delta = keep_delta ? tfc_attn_delta_area(probs.data(), &d) : NULL;
+    for (size_t t = 0; t < (size_t)B * H * T; t++) /* attn_dq */
+        tfc_attn_dq_row(dqkv.data(), delta, dy.data(), qkv.data(), probs.data(), a,
+                        (int)(t / T / H), (int)(t / T % H), (int)(t % T));
+    for (size_t t = 0; t < (size_t)B * H * T; t++) /* attn_dkv */
+        tfc_attn_dkv_row(dqkv.data() + C, dqkv.data() + 2 * C, delta, dy.data(), qkv.data(),
+                         probs.data(), a, (int)(t / T / H), (int)(t / T % H), (int)(t % T));
+    std::vector<float> part(rows * C), c_part(rows * C);
+    const char *names[3] = {"attention_backward dq", "attention_backward dk",
+                            "attention_backward dv"};
+    for (int s = 0; s < 3; s++) {
+        for (size_t r = 0; r < rows; r++)
+            for (int k = 0; k < C; k++) {
+                part[r * C + k] = dqkv[r * ld + s * C + k];
+                c_part[r * C + k] = c_dqkv[r * ld + s * C + k];
+            }
+        check_close(names[s], shape, part.data(), c_part.data(), part.size());
+    }
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    test_layernorm(1, 1, 0.0f);
+    test_layernorm(7, 33, 0.0f);
+    test_layernorm(5, 16, 0.0f);
+    test_layernorm(13, 100, 50.0f); /* far from zero: the two-pass variance */
+    test_layernorm(32, 768, 0.0f);
+    test_gelu(1, 1.0f);
+    test_gelu(1000, 3.0f);
+    test_gelu(4099, 12.0f);
+    test_embedding(1, 1, 1, 5, 0, 5, false, true);
+    test_embedding(3, 7, 5, 4, 0, 4, false, true);     /* many repeats of each token */
+    test_embedding(4, 130, 9, 11, 0, 11, false, true); /* chunks of 256 rows end mid-sample */
+    test_embedding(2, 33, 17, 300, 0, 300, false, true);
+    test_embedding(3, 9, 6, 10, 0, 4, true, true);     /* shard 0 of a vocabulary of 10 */
+    test_embedding(3, 9, 6, 10, 4, 6, true, false);    /* the next: no positions */
+    test_embedding(5, 61, 3, 7, 2, 3, true, false);
+    test_attention(1, 1, 1, 1, true);
+    test_attention(2, 1, 2, 8, true);
+    test_attention(2, 5, 3, 4, true);
+    test_attention(2, 5, 3, 4, false);
+    test_attention(1, 33, 2, 16, true);
+    test_attention(3, 70, 1, 7, true); /* crosses the CPU's blocks of 64 queries */
+    test_attention(1, 19, 2, 64, false);
+    test_attention(1, 9, 1, 128, true);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
