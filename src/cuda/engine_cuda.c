@@ -57,6 +57,9 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
     const engine_config *cfg = &e->cfg;
     const stage_plan *pl = &c->plan;
     size_t mbs = (size_t)cfg->max_batch, fl = sizeof(float);
+    /* labels a sample: a language model's one per position */
+    size_t labels = (size_t)data_model_labels(cfg->net);
+    int lm = cfg->net->sequence != 0;
     /* params | grads | m | v | mb_grads | pieces 1.., each block rounded so every block
      * stays aligned */
     size_t block = stage_round_up(e->param_count * fl);
@@ -93,13 +96,14 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
         b->in = arena_take(d, mbs * e->in_count * fl);
         b->grad_in = arena_take(d, mbs * e->out_count * fl);
         b->grad_out = c->is_first ? NULL : arena_take(d, mbs * e->in_count * fl);
-        b->pixels = c->is_first ? arena_take(d, mbs * e->in_count) : NULL;
-        b->labels = c->is_last ? arena_take(d, mbs * sizeof(int32_t)) : NULL;
+        b->pixels = c->is_first && !lm ? arena_take(d, mbs * e->in_count) : NULL;
+        b->labels = c->is_last ? arena_take(d, mbs * labels * sizeof(int32_t)) : NULL;
         b->ids = c->has_dropout ? arena_take(d, mbs * sizeof(int64_t)) : NULL;
         b->act_out = cfg->recompute && !c->is_last ? arena_take(d, mbs * e->out_count * fl)
                                                    : NULL;
-        b->h_pixels = c->is_first ? arena_take(h, mbs * e->in_count) : NULL;
-        b->h_labels = c->is_last ? arena_take(h, mbs * sizeof(int32_t)) : NULL;
+        /* a language model's first stage: its token ids as floats, copied into `in` */
+        b->h_pixels = c->is_first ? arena_take(h, mbs * e->in_count * (lm ? fl : 1)) : NULL;
+        b->h_labels = c->is_last ? arena_take(h, mbs * labels * sizeof(int32_t)) : NULL;
         b->h_ids = c->has_dropout ? arena_take(h, mbs * sizeof(int64_t)) : NULL;
         if (!c->dm) {
             b->h_act_in = c->is_first ? NULL : arena_take(h, mbs * e->in_count * fl);
@@ -113,11 +117,32 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
         c->d_correct = arena_take(d, LOSS_CAPACITY * sizeof(int));
         c->h_loss = arena_take(h, LOSS_CAPACITY * sizeof(double));
         c->h_correct = arena_take(h, LOSS_CAPACITY * sizeof(int));
+        c->xent_loss = arena_take(d, KERNEL_XENT_PARTS * sizeof(double));
+        c->xent_right = arena_take(d, KERNEL_XENT_PARTS * sizeof(int));
     }
 }
 
 /* The shared layout of the stage (its local layers and sizes: src/engine/stage_plan.h) at
  * the whole micro-batch as one chunk, with the CUDA convolutions' workspace. */
+/* What the CUDA transformer kernels do not cover yet (issue 25) is refused here, before
+ * anything runs: dropout inside a [block] (its attention dropout has no CUDA kernel) and a
+ * language model cut into tensor shards (the vocabulary-parallel loss has none). */
+static int lm_supported(const engine_config *cfg, const stage_plan *pl)
+{
+    if (!cfg->net->sequence) return 0;
+    if (cfg->shard && cfg->shard->T > 1)
+        return pt_error_set("CUDA engine: a language model in tensor shards (--tensor %d) "
+                            "does not run on the GPU yet; use --tensor 1 with --device cuda, "
+                            "or --device cpu", cfg->shard->T);
+    for (int i = 0; i < pl->nl; i++)
+        if (layer_block_drops(&pl->loc[i]))
+            return pt_error_set("CUDA engine: layer %d ([block]) has dropout=%g, and dropout "
+                                "inside blocks does not run on the GPU yet; set dropout=0 "
+                                "for --device cuda, or use --device cpu", pl->first + i + 1,
+                                (double)pl->loc[i].u.block.p);
+    return 0;
+}
+
 static int create_plan(engine *e, cuda_engine *c)
 {
     const engine_config *cfg = &e->cfg;
@@ -131,7 +156,7 @@ static int create_plan(engine *e, cuda_engine *c)
     e->slot_bytes = c->plan.slot_bytes;
     for (int i = 0; i < c->plan.nl; i++)
         if (layer_kind_of(c->plan.loc[i].type)->mask) c->has_dropout = 1;
-    return 0;
+    return lm_supported(cfg, &c->plan);
 }
 
 /* Host-side bookkeeping, the stage's sizes, and the two allocations. */
@@ -352,13 +377,34 @@ int engine_cuda_loss_drain(cuda_engine *c)
 
 /* ---------------------------------------------------------------- parameters ---- */
 
-/* The shared initialisation's draws (stage_plan_init_params) with the CUDA kernel. */
+/* The transformer layers' draws (normal, ones, zeros) on the host with the CPU's code,
+ * then copied: the CPU's numbers bit for bit (the normal draw's double log and cosine
+ * would not be on the device), once per run, outside training. */
+static int draw_host(const kernel_cuda_ctx *ctx, float *dst, size_t first, size_t count,
+                     layer_init kind, double scale, uint64_t seed, uint64_t stream)
+{
+    float *h = malloc((count ? count : 1) * sizeof *h);
+    if (!h) return pt_error_set("CUDA engine: out of host memory for an initial draw");
+    if (kind == LAYER_INIT_NORMAL)
+        kernel_init_normal_range_cpu(h, first, count, scale, seed, stream);
+    else
+        for (size_t i = 0; i < count; i++) h[i] = kind == LAYER_INIT_ONES ? 1.0f : 0.0f;
+    cudaError_t rc = cudaMemcpyAsync(dst, h, count * sizeof *h, cudaMemcpyHostToDevice,
+                                     ctx->stream);
+    if (rc == cudaSuccess) rc = cudaStreamSynchronize(ctx->stream);
+    free(h);
+    if (rc != cudaSuccess)
+        return pt_error_set("CUDA engine: initial draw: %s", cudaGetErrorString(rc));
+    return 0;
+}
+
+/* The shared initialisation's draws (stage_plan_init_params): the uniform one with the
+ * CUDA kernel, the others on the host (a tied head is copied by the plan itself). */
 static int draw_cuda(void *ctx, float *dst, size_t first, size_t count, layer_init kind,
                      double scale, uint64_t seed, uint64_t stream)
 {
-    /* transformer models are refused before an engine is made (issue 25) */
     if (kind != LAYER_INIT_TORCH)
-        return pt_error_set("the CUDA engine has no initialisation for transformer layers");
+        return count ? draw_host(ctx, dst, first, count, kind, scale, seed, stream) : 0;
     return kernel_init_uniform_range_cuda(dst, first, count, (float)scale, seed, stream, ctx);
 }
 
@@ -428,120 +474,6 @@ static int cuda_write_state(engine *e, const float *m, const float *v, long upda
 
 /* ----------------------------------------------------------- the CUDA kernel sets ---- */
 
-/* kernels/cuda/kernels_cuda.h as the shared layer loop's device (src/engine/layer_ops.h);
- * ctx is the engine's kernel_cuda_ctx. The update's set is in engine_cuda_optim.c. */
-static int cu_dense_forward(void *ctx, float *out, const float *in, const float *w,
-                            const float *b, int n, int in_f, int out_f)
-{
-    return kernel_dense_forward_cuda(out, in, w, b, n, in_f, out_f, ctx);
-}
-static int cu_dense_backward(void *ctx, float *din, float *dw, float *db, const float *dout,
-                             const float *in, const float *w, int n, int in_f, int out_f)
-{
-    return kernel_dense_backward_cuda(din, dw, db, dout, in, w, n, in_f, out_f, ctx);
-}
-static int cu_dense_backward_weight(void *ctx, float *dw, float *db, const float *dout,
-                                    const float *in, int n, int in_f, int out_f)
-{
-    return kernel_dense_backward_weight_cuda(dw, db, dout, in, n, in_f, out_f, ctx);
-}
-static int cu_dense_backward_input(void *ctx, float *din, const float *dout, const float *w,
-                                   int n, int in_f, int out_f)
-{
-    return kernel_dense_backward_input_cuda(din, dout, w, n, in_f, out_f, ctx);
-}
-static int cu_conv_forward(void *ctx, float *out, float *work, const float *in, const float *w,
-                           const float *b, const kernel_conv2d_dims *d)
-{
-    return kernel_conv2d_forward_cuda(out, work, in, w, b, d, ctx);
-}
-static int cu_conv_backward(void *ctx, float *din, float *dw, float *db, float *work,
-                            const float *dout, const float *in, const float *w,
-                            const kernel_conv2d_dims *d)
-{
-    return kernel_conv2d_backward_cuda(din, dw, db, work, dout, in, w, d, ctx);
-}
-static int cu_conv_backward_weight(void *ctx, float *dw, float *db, float *work,
-                                   const float *dout, const float *in, const kernel_conv2d_dims *d)
-{
-    return kernel_conv2d_backward_weight_cuda(dw, db, work, dout, in, d, ctx);
-}
-static int cu_conv_backward_input(void *ctx, float *din, float *work, const float *dout,
-                                  const float *w, const kernel_conv2d_dims *d)
-{
-    return kernel_conv2d_backward_input_cuda(din, work, dout, w, d, ctx);
-}
-static int cu_maxpool_forward(void *ctx, float *out, int32_t *argmax, const float *in, int n,
-                              int c, int h, int w, int size, int stride)
-{
-    return kernel_maxpool2d_forward_cuda(out, argmax, in, n, c, h, w, size, stride, ctx);
-}
-static int cu_maxpool_backward(void *ctx, float *din, const float *dout, const int32_t *argmax,
-                               int n, int c, int h, int w, int size, int stride)
-{
-    return kernel_maxpool2d_backward_cuda(din, dout, argmax, n, c, h, w, size, stride, ctx);
-}
-static int cu_avgpool_forward(void *ctx, float *out, const float *in, int n, int c, int h, int w,
-                              int size, int stride)
-{
-    return kernel_avgpool2d_forward_cuda(out, in, n, c, h, w, size, stride, ctx);
-}
-static int cu_avgpool_backward(void *ctx, float *din, const float *dout, int n, int c, int h,
-                               int w, int size, int stride)
-{
-    return kernel_avgpool2d_backward_cuda(din, dout, n, c, h, w, size, stride, ctx);
-}
-static int cu_activation_forward(void *ctx, float *out, const float *in, size_t count,
-                                 kernel_act act)
-{
-    return kernel_activation_forward_cuda(out, in, count, act, ctx);
-}
-static int cu_activation_backward(void *ctx, float *din, const float *dout, const float *out,
-                                  size_t count, kernel_act act)
-{
-    return kernel_activation_backward_cuda(din, dout, out, count, act, ctx);
-}
-static int cu_dropout_forward(void *ctx, float *out, uint8_t *mask, const float *in, int n,
-                              size_t per_sample, size_t elem_off, float p, uint64_t seed,
-                              uint64_t stream, const int64_t *sample_ids)
-{
-    return kernel_dropout_forward_range_cuda(out, mask, in, n, per_sample, elem_off, p, seed,
-                                             stream, sample_ids, ctx);
-}
-static int cu_dropout_backward(void *ctx, float *din, const float *dout, const uint8_t *mask,
-                               size_t count, float p)
-{
-    if (!count) return 0;
-    return kernel_dropout_backward_cuda(din, dout, mask, count, p, ctx);
-}
-static int cu_copy(void *ctx, float *dst, const float *src, size_t count)
-{
-    const kernel_cuda_ctx *k = ctx;
-    if (count)
-        CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice,
-                                   k->stream));
-    return 0;
-}
-
-const layer_kernels layer_kernels_cuda = {
-    .dense_forward = cu_dense_forward,
-    .dense_backward = cu_dense_backward,
-    .dense_backward_weight = cu_dense_backward_weight,
-    .dense_backward_input = cu_dense_backward_input,
-    .conv_forward = cu_conv_forward,
-    .conv_backward = cu_conv_backward,
-    .conv_backward_weight = cu_conv_backward_weight,
-    .conv_backward_input = cu_conv_backward_input,
-    .maxpool_forward = cu_maxpool_forward,
-    .maxpool_backward = cu_maxpool_backward,
-    .avgpool_forward = cu_avgpool_forward,
-    .avgpool_backward = cu_avgpool_backward,
-    .activation_forward = cu_activation_forward,
-    .activation_backward = cu_activation_backward,
-    .dropout_forward = cu_dropout_forward,
-    .dropout_backward = cu_dropout_backward,
-    .copy = cu_copy,
-};
 
 /* ------------------------------------------------------------------ gradients ---- */
 
@@ -630,8 +562,12 @@ static int cuda_load(engine *e, int m, const dataset *d, const int64_t *ids, int
     if (n < 0 || n > e->cfg.max_batch)
         return pt_error_set("CUDA engine: load of %d samples, outside 0..%d", n,
                             e->cfg.max_batch);
-    if (d->tokens) /* train refuses them first (the transformer layers have no CUDA twins) */
-        return pt_error_set("CUDA engine: language models do not run on the GPU yet");
+    const net_desc *net = e->cfg.net;
+    int L = data_labels_per_sample(d);
+    if (!d->tokens != !net->sequence || L != data_model_labels(net))
+        return pt_error_set("CUDA engine: %s data (%d label%s a sample) for %s model (%d)",
+                            d->tokens ? "text" : "image", L, L == 1 ? "" : "s",
+                            net->sequence ? "a language" : "an image", data_model_labels(net));
     cuda_mb *b = &c->mb[m];
     if (!c->needs_load) {
         b->loaded_n = n;
@@ -641,17 +577,24 @@ static int cuda_load(engine *e, int m, const dataset *d, const int64_t *ids, int
         if (ids[j] < 0 || ids[j] >= d->count)
             return pt_error_set("CUDA engine: sample %lld outside the data set of %d",
                                 (long long)ids[j], d->count);
-    size_t px = e->in_count;
-    if (c->is_first && data_image_bytes(d) != px)
+    size_t px = e->in_count, lb = (size_t)L;
+    if (c->is_first && !d->tokens && data_image_bytes(d) != px)
         return pt_error_set("CUDA engine: images of %d×%d×%d values, but the network's input "
                             "has %zu", d->channels, d->rows, d->cols, px);
+    /* a sample's token ids as floats: the input's (px = T) values */
+    size_t in_bytes = d->tokens ? px * sizeof(float) : px;
     CUDA_CHECK(cudaSetDevice(c->device));
     /* the previous copy out of these pinned buffers must be over before they are rewritten */
     CUDA_CHECK(cudaEventSynchronize(b->ev_loaded));
     for (int j = 0; j < n; j++) {
-        if (c->is_first)
+        if (c->is_first && d->tokens)
+            memcpy(b->h_pixels + (size_t)j * in_bytes, d->tokens + (size_t)ids[j] * px,
+                   in_bytes);
+        else if (c->is_first)
             memcpy(b->h_pixels + (size_t)j * px, d->pixels + (size_t)ids[j] * px, px);
-        if (c->is_last) b->h_labels[j] = d->labels[ids[j]];
+        if (c->is_last)
+            memcpy(b->h_labels + (size_t)j * lb, d->labels + (size_t)ids[j] * lb,
+                   lb * sizeof(int32_t));
         if (c->has_dropout) b->h_ids[j] = ids[j];
     }
     /* the device copies are read by m's forward (and recompute), which may still be queued */
@@ -660,10 +603,11 @@ static int cuda_load(engine *e, int m, const dataset *d, const int64_t *ids, int
     if (n > 0) {
         size_t nn = (size_t)n;
         if (c->is_first)
-            CUDA_CHECK(cudaMemcpyAsync(b->pixels, b->h_pixels, nn * px, cudaMemcpyHostToDevice,
+            CUDA_CHECK(cudaMemcpyAsync(b->pixels ? (void *)b->pixels : (void *)b->in,
+                                       b->h_pixels, nn * in_bytes, cudaMemcpyHostToDevice,
                                        c->h2d));
         if (c->is_last)
-            CUDA_CHECK(cudaMemcpyAsync(b->labels, b->h_labels, nn * sizeof(int32_t),
+            CUDA_CHECK(cudaMemcpyAsync(b->labels, b->h_labels, nn * lb * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, c->h2d));
         if (c->has_dropout)
             CUDA_CHECK(cudaMemcpyAsync(b->ids, b->h_ids, nn * sizeof(int64_t),

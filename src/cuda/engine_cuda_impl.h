@@ -80,7 +80,7 @@
  * after it stays queued).
  *
  * The layer loop is the one both engines drive (src/engine/layer_ops.h; the CUDA kernel set
- * is in engine_cuda.c), with the whole micro-batch as one chunk: a GPU kernel fills the chip,
+ * is in engine_cuda_layers.c), with the whole micro-batch as one chunk: a GPU kernel fills the chip,
  * and each layer then sees the same shapes in every pipeline layout, so a layout does not
  * change the bits. The stage's layout and rules (gradient targets, the order of backward
  * ranges, initialisation, the update) are src/engine/stage_plan.h's, shared with the CPU. */
@@ -159,6 +159,8 @@ typedef struct {
     float *work, *scratch[2];
     double *d_loss, *h_loss; /* [LOSS_CAPACITY], last stage */
     int *d_correct, *h_correct;
+    double *xent_loss;  /* device [KERNEL_XENT_PARTS], last stage: the loss's block parts */
+    int *xent_right;
     int n_loss;         /* entries queued since the last drain */
     engine_result sums; /* drained entries, in forward order */
     long step;          /* optimizer steps since init_params */
@@ -179,7 +181,7 @@ typedef struct {
 
 static inline cuda_engine *engine_cuda_impl(engine *e) { return e->impl; }
 
-/* engine_cuda.c: kernels/cuda/kernels_cuda.h as the shared layer loop's device
+/* engine_cuda_layers.c: kernels/cuda/kernels_cuda.h as the shared layer loop's device
  * (src/engine/layer_ops.h); ctx is the engine's kernel_cuda_ctx. */
 extern const layer_kernels layer_kernels_cuda;
 /* engine_cuda_optim.c: the optimizer updates as stage_optim_step's device set. */

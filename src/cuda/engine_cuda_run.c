@@ -294,8 +294,9 @@ int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, i
     if (k < 0) return -1;
     cuda_slot *s = &c->slots[k];
     cudaStream_t cs = c->ctx.stream;
-    if (c->is_first && kernel_bytes_to_float_cuda(b->in, b->pixels, (size_t)n * e->in_count,
-                                                  &c->ctx))
+    /* a language model's token ids were loaded into `in` as floats */
+    if (c->is_first && b->pixels &&
+        kernel_bytes_to_float_cuda(b->in, b->pixels, (size_t)n * e->in_count, &c->ctx))
         return engine_cuda_layer_fail("pixel conversion", c->plan.first, m);
     s->training = training;
     if (forward_layers(e, s, m, n, seed, step)) return -1;
@@ -303,9 +304,13 @@ int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, i
         if (c->n_loss == LOSS_CAPACITY && engine_cuda_loss_drain(c)) return -1;
         int j = c->n_loss;
         const float *logits = slot_output(c, s);
-        if (kernel_softmax_xent_cuda(training ? b->grad_in : NULL, c->d_correct + j,
-                                     c->d_loss + j, logits, b->labels, n, c->plan.net->classes,
-                                     engine_loss_scale(&e->cfg, training), &c->ctx))
+        /* a row of scores per label: a language model's n·T positions */
+        int rows = n * data_model_labels(c->plan.net);
+        if (kernel_softmax_xent_rows_cuda(training ? b->grad_in : NULL, c->d_correct + j,
+                                          c->d_loss + j, logits, b->labels, rows,
+                                          c->plan.net->classes,
+                                          engine_loss_scale(&e->cfg, training), c->xent_loss,
+                                          c->xent_right, &c->ctx))
             return engine_cuda_layer_fail("loss", c->plan.last - 1, m);
         c->n_loss++;
     }

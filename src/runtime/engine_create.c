@@ -12,9 +12,6 @@ int engine_create(engine **e, engine_device device, const engine_config *cfg)
     *e = NULL;
     if (engine_config_check(cfg)) return -1; /* before the CUDA plugin is loaded */
     if (device == ENGINE_CPU) return engine_cpu_create(e, cfg);
-    if (cfg->net->sequence)
-        return pt_error_set("--device cuda does not train transformer language models yet "
-                            "(layer 0 [embedding] ...): use --device cpu");
     const cuda_plugin *p;
     if (cuda_plugin_load(&p)) return -1;
     return p->engine_create(e, cfg);
