@@ -15,6 +15,8 @@
  * - The tensor-shard kernels bit for bit: dropout and init over a range of each vector
  *   against the CPU's range twins and the columns of the whole-vector result, with guard
  *   elements after the output that must stay poisoned; the bias add.
+ * - The transformer kernels and the many-block loss (tests/cuda/test_cuda_kernels_transformer.c;
+ *   not yet run on a GPU).
  * Ends with "N passed, N failed" and exits 1 if anything failed. The harness (buffers,
  * copies, comparisons, bookkeeping) is tests/cuda/kernel_check.{h,c}. */
 #include "kernels/cuda/check.h"
@@ -572,6 +574,7 @@ static void test_errors(int devices)
 
 /* the backward halves and the batched weight gradient's tiles */
 #include "tests/cuda/test_cuda_kernels_split.c"
+#include "tests/cuda/test_cuda_kernels_transformer.c"
 
 static void run_gpu_cases(int devices)
 {
@@ -671,6 +674,7 @@ static void run_gpu_cases(int devices)
     test_bias_add(0, 4, 49);
     test_bytes_to_float(784 * 16 + 3);
     run_split_cases();
+    run_transformer_cases();
 }
 
 int main(void)

@@ -1,0 +1,199 @@
+/* The transformer kernels (kernels/cuda/transformer.cu) and the many-block loss on a GPU,
+ * against their CPU twins: layer norm, GELU, attention and the loss to float rounding
+ * (normwise, REL_TOL), the embedding bit for bit (the same additions in the same order),
+ * each run twice where a result must repeat bit for bit (no atomics). Shapes with
+ * sequences and widths that are multiples of nothing. NOT YET RUN ON A GPU (issue 25: the
+ * session that wrote it had none); their per-thread code is checked on the host by
+ * tests/cuda/test_transformer_host.cu.
+ *
+ * Part of test_cuda_kernels (#included by test_cuda_kernels.c, whose helpers it uses). */
+
+static void test_layernorm_cuda(int rows, int width)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "rows=%d width=%d", rows, width);
+    const size_t n = (size_t)rows * width, fs = sizeof(float);
+    float *x = rand_f(n, -2, 3), *g = rand_f(width, 0.5f, 1.5f), *b = rand_f(width, -1, 1);
+    float *dy = rand_f(n, -1, 1), *dg = rand_f(width, -1, 1), *db = rand_f(width, -1, 1);
+    float *out = hmalloc(n * fs), *mean = hmalloc(rows * fs), *rstd = hmalloc(rows * fs);
+    float *dx = hmalloc(n * fs);
+    float *d_x = dcopy(x, n * fs), *d_g = dcopy(g, width * fs), *d_b = dcopy(b, width * fs);
+    float *d_dy = dcopy(dy, n * fs), *d_dg = dcopy(dg, width * fs), *d_db = dcopy(db, width * fs);
+    float *d_out = dmalloc(n * fs), *d_mean = dmalloc(rows * fs), *d_rstd = dmalloc(rows * fs);
+    float *d_dx = dmalloc(n * fs);
+    kernel_layernorm_forward_cpu(out, mean, rstd, x, g, b, rows, width);
+    poison(d_out, n * fs);
+    if (call_ok("layernorm_forward", shape,
+                kernel_layernorm_forward_cuda(d_out, d_mean, d_rstd, d_x, d_g, d_b, rows, width,
+                                              &ctx))) {
+        check_close("layernorm_forward", shape, fetch_f(d_out, n), out, n);
+        check_close("layernorm_forward rstd", shape, fetch_f(d_rstd, rows), rstd, rows);
+    }
+    int ok = 1;
+    for (int k = 0; k < 2; k++) { /* the parameter gradients accumulate */
+        kernel_layernorm_backward_cpu(dx, dg, db, dy, x, mean, rstd, g, rows, width);
+        ok = ok && call_ok("layernorm_backward", shape,
+                           kernel_layernorm_backward_cuda(d_dx, d_dg, d_db, d_dy, d_x, d_mean,
+                                                          d_rstd, d_g, rows, width, &ctx));
+    }
+    if (ok) {
+        check_close("layernorm_backward dx", shape, fetch_f(d_dx, n), dx, n);
+        check_close("layernorm_backward dgamma", shape, fetch_f(d_dg, width), dg, width);
+        check_close("layernorm_backward dbeta", shape, fetch_f(d_db, width), db, width);
+    }
+    free_case();
+}
+
+static void test_gelu_cuda(size_t count)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "count=%zu", count);
+    const size_t fs = sizeof(float);
+    float *x = rand_f(count, -6, 6), *dy = rand_f(count, -1, 1);
+    float *out = hmalloc(count * fs), *din = hmalloc(count * fs);
+    float *d_x = dcopy(x, count * fs), *d_dy = dcopy(dy, count * fs);
+    float *d_out = dmalloc(count * fs), *d_din = dmalloc(count * fs);
+    kernel_gelu_forward_cpu(out, x, count);
+    kernel_gelu_backward_cpu(din, dy, x, count);
+    poison(d_out, count * fs);
+    poison(d_din, count * fs);
+    if (call_ok("gelu_forward", shape, kernel_gelu_forward_cuda(d_out, d_x, count, &ctx)))
+        check_close("gelu_forward", shape, fetch_f(d_out, count), out, count);
+    if (call_ok("gelu_backward", shape,
+                kernel_gelu_backward_cuda(d_din, d_dy, d_x, count, &ctx)))
+        check_close("gelu_backward", shape, fetch_f(d_din, count), din, count);
+    free_case();
+}
+
+static void test_embedding_cuda(int n, int seq, int width, int vocab)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d T=%d C=%d V=%d", n, seq, width, vocab);
+    const size_t rows = (size_t)n * seq, cnt = rows * width, fs = sizeof(float);
+    float *ids = hmalloc(rows * fs);
+    int32_t *tok = hmalloc(rows * sizeof(int32_t));
+    for (size_t r = 0; r < rows; r++) {
+        ids[r] = (float)(int)(rand_f(1, 0, 1)[0] * vocab);
+        tok[r] = (int32_t)ids[r];
+    }
+    float *wte = rand_f((size_t)vocab * width, -1, 1), *wpe = rand_f((size_t)seq * width, -1, 1);
+    float *dout = rand_f(cnt, -1, 1), *dwte = rand_f((size_t)vocab * width, -1, 1);
+    float *dwpe = rand_f((size_t)seq * width, -1, 1), *out = hmalloc(cnt * fs);
+    float *d_ids = dcopy(ids, rows * fs), *d_wte = dcopy(wte, (size_t)vocab * width * fs);
+    float *d_wpe = dcopy(wpe, (size_t)seq * width * fs), *d_dout = dcopy(dout, cnt * fs);
+    float *d_dwte = dcopy(dwte, (size_t)vocab * width * fs);
+    float *d_dwpe = dcopy(dwpe, (size_t)seq * width * fs), *d_out = dmalloc(cnt * fs);
+    int32_t *d_tok = dmalloc(rows * sizeof(int32_t));
+    kernel_embedding_forward_cpu(out, tok, wte, wpe, n, seq, width, vocab);
+    poison(d_out, cnt * fs);
+    if (call_ok("embedding_forward", shape,
+                kernel_embedding_forward_cuda(d_out, d_tok, d_ids, d_wte, d_wpe, n, seq, width,
+                                              vocab, &ctx)))
+        check_exact("embedding_forward", shape, fetch_f(d_out, cnt), out, cnt);
+    int ok = 1;
+    for (int k = 0; k < 2; k++) {
+        kernel_embedding_backward_cpu(dwte, dwpe, dout, tok, n, seq, width, vocab);
+        ok = ok && call_ok("embedding_backward", shape,
+                           kernel_embedding_backward_cuda(d_dwte, d_dwpe, d_tok, d_dout, d_ids,
+                                                          n, seq, width, vocab, &ctx));
+    }
+    if (ok) {
+        check_exact("embedding_backward dwte", shape, fetch_f(d_dwte, (size_t)vocab * width),
+                    dwte, (size_t)vocab * width);
+        check_exact("embedding_backward dwpe", shape, fetch_f(d_dwpe, (size_t)seq * width),
+                    dwpe, (size_t)seq * width);
+    }
+    free_case();
+}
+
+static void test_attention_cuda(int B, int T, int H, int D)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "B=%d T=%d H=%d D=%d", B, T, H, D);
+    const int C = H * D, ld = 3 * C;
+    const kernel_attention_dims d = {B, T, H, D, ld};
+    const size_t rows = (size_t)B * T, fs = sizeof(float), np = kernel_attention_probs_floats(&d);
+    float *qkv = rand_f(rows * ld, -2, 2), *dy = rand_f(rows * C, -1, 1);
+    float *y = hmalloc(rows * C * fs), *probs = hmalloc(np * fs), *dqkv = hmalloc(rows * ld * fs);
+    float *work = hmalloc(kernel_attention_workspace_floats(&d) * fs);
+    float *d_qkv = dcopy(qkv, rows * ld * fs), *d_dy = dcopy(dy, rows * C * fs);
+    float *d_y = dmalloc(rows * C * fs), *d_probs = dmalloc(np * fs);
+    float *d_dqkv = dmalloc(rows * ld * fs), *d_dqkv2 = dmalloc(rows * ld * fs);
+    kernel_attention_forward_cpu(y, probs, qkv, qkv + C, qkv + 2 * C, &d);
+    kernel_attention_backward_cpu(dqkv, dqkv + C, dqkv + 2 * C, work, dy, qkv, qkv + C,
+                                  qkv + 2 * C, probs, &d);
+    poison(d_y, rows * C * fs);
+    poison(d_dqkv, rows * ld * fs);
+    if (call_ok("attention_forward", shape,
+                kernel_attention_forward_cuda(d_y, d_probs, d_qkv, &d, NULL, &ctx)))
+        check_close("attention_forward", shape, fetch_f(d_y, rows * C), y, rows * C);
+    if (call_ok("attention_backward", shape,
+                kernel_attention_backward_cuda(d_dqkv, d_probs, d_dy, d_qkv, &d, NULL, &ctx)) &&
+        call_ok("attention_backward", shape,
+                kernel_attention_backward_cuda(d_dqkv2, d_probs, d_dy, d_qkv, &d, NULL, &ctx))) {
+        float *got = fetch_f(d_dqkv, rows * ld);
+        check_close("attention_backward dqkv", shape, got, dqkv, rows * ld);
+        check_exact("attention_backward repeats", shape, fetch_f(d_dqkv2, rows * ld), got,
+                    rows * ld);
+    }
+    free_case();
+}
+
+/* Many rows (a language model's positions) through the many-block loss. */
+static void test_xent_rows_cuda(int n, int classes)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "rows=%d classes=%d", n, classes);
+    const size_t cnt = (size_t)n * classes, fs = sizeof(float);
+    float *x = rand_f(cnt, -4, 4), *dl = hmalloc(cnt * fs);
+    int32_t *lab = hmalloc((size_t)n * sizeof(int32_t));
+    for (int i = 0; i < n; i++) lab[i] = (int32_t)(rand_f(1, 0, 1)[0] * classes);
+    int right = 0;
+    double loss = kernel_softmax_xent_cpu(dl, &right, x, lab, n, classes, 0.5f);
+    float *d_x = dcopy(x, cnt * fs), *d_dl = dmalloc(cnt * fs);
+    int32_t *d_lab = dcopy(lab, (size_t)n * sizeof(int32_t));
+    double *d_loss = dmalloc(2 * sizeof(double)), *d_part = dmalloc(KERNEL_XENT_PARTS * 8);
+    int *d_right = dmalloc(2 * sizeof(int)), *d_pr = dmalloc(KERNEL_XENT_PARTS * sizeof(int));
+    poison(d_dl, cnt * fs);
+    int ok = 1;
+    for (int k = 0; k < 2; k++)
+        ok = ok && call_ok("softmax_xent_rows", shape,
+                           kernel_softmax_xent_rows_cuda(d_dl, d_right + k, d_loss + k, d_x,
+                                                         d_lab, n, classes, 0.5f, d_part, d_pr,
+                                                         &ctx));
+    if (!ok) { free_case(); return; }
+    check_close("softmax_xent_rows dlogits", shape, fetch_f(d_dl, cnt), dl, cnt);
+    double got[2];
+    int got_right[2];
+    download(got, d_loss, sizeof got);
+    download(got_right, d_right, sizeof got_right);
+    const double err = fabs(got[0] - loss) / fabs(loss);
+    record("softmax_xent_rows loss", shape, err <= REL_TOL, err, 0, "");
+    record("softmax_xent_rows repeats", shape,
+           memcmp(&got[0], &got[1], sizeof(double)) == 0 && got_right[0] == got_right[1], 0, 1,
+           "");
+    record("softmax_xent_rows correct", shape, got_right[0] == right, got_right[0] - right, 1,
+           "");
+    free_case();
+}
+
+static void run_transformer_cases(void)
+{
+    test_layernorm_cuda(1, 1);
+    test_layernorm_cuda(37, 33);
+    test_layernorm_cuda(256, 768);
+    test_gelu_cuda(1);
+    test_gelu_cuda(100003);
+    test_embedding_cuda(1, 1, 1, 3);
+    test_embedding_cuda(3, 7, 5, 4);     /* every token many times */
+    test_embedding_cuda(4, 130, 33, 11); /* chunks of 256 rows end mid-sample */
+    test_embedding_cuda(2, 64, 48, 1000);
+    test_attention_cuda(1, 1, 1, 8);
+    test_attention_cuda(2, 5, 3, 4);
+    test_attention_cuda(2, 70, 2, 16);
+    test_attention_cuda(1, 129, 4, 64);
+    test_attention_cuda(1, 33, 1, 128);
+    test_xent_rows_cuda(7, 10);          /* one block: the one-block kernel */
+    test_xent_rows_cuda(1000, 257);
+    test_xent_rows_cuda(4099, 1031);
+}
