@@ -95,7 +95,7 @@ if [ $BUILD_IT = 1 ]; then
     grep -E '^-- +\[' "$BUILD/bundle-configure.log" || true
     # The plugin's target: PT_BUNDLE_PLUGIN_TARGET, else any target named like
     # pipetrain-cuda / pipetrain_cuda (its file must be libpipetrain-cuda.so).
-    targets="pipetrain test_cuda_kernels"
+    targets="pipetrain test_cuda_kernels test_transformer_host"
     plugin_target=${PT_BUNDLE_PLUGIN_TARGET:-$(cmake --build "$BUILD" --target help |
         sed -n 's/^\.\.\. \([A-Za-z0-9_.-]*\).*/\1/p' | grep -Ei '^(lib)?pipetrain[-_]?cuda$' |
         head -1 || true)}
@@ -128,7 +128,9 @@ PROXY=$(dirname "$MPIEXEC")/hydra_pmi_proxy
 [ -x "$PROXY" ] || PROXY=$(command -v hydra_pmi_proxy) || die "no hydra_pmi_proxy beside $MPIEXEC"
 grep -q 'PT_NATIVE:BOOL=OFF' "$BUILD/CMakeCache.txt" ||
     die "$BUILD is configured with PT_NATIVE=ON (-march=native); rebuild without --no-build"
-for f in "$PIPETRAIN" "$TESTBIN" ${PLUGIN:+"$PLUGIN"}; do
+HOSTBIN=$BUILD/test_transformer_host
+[ -x "$HOSTBIN" ] || HOSTBIN=""
+for f in "$PIPETRAIN" "$TESTBIN" ${HOSTBIN:+"$HOSTBIN"} ${PLUGIN:+"$PLUGIN"}; do
     # -march=native here would leave AVX-512 (zmm registers) all over the code; the
     # baseline build has none (grep -c reads everything: grep -q would end the pipe early)
     n=$(objdump -d --no-show-raw-insn "$f" 2>/dev/null | grep -c '%zmm' || true)
@@ -142,6 +144,8 @@ B=$STAGE/pipetrain-gpu
 mkdir -p "$B/bin" "$B/lib/ucx" "$B/lib/hwloc" "$B/lib/fallback" "$B/data/fashion-mnist" \
     "$B/models"
 cp "$PIPETRAIN" "$TESTBIN" "$B/bin/"
+# the transformer kernels' host check (validate.sh step 10a), when this build has it
+[ -x "$BUILD/test_transformer_host" ] && cp "$BUILD/test_transformer_host" "$B/bin/"
 [ -n "$PLUGIN" ] && cp "$PLUGIN" "$B/bin/"
 cp "$MPIEXEC" "$B/bin/mpiexec"
 cp "$PROXY" "$B/bin/hydra_pmi_proxy"

@@ -34,6 +34,14 @@
 #     checkpoint resumed on the CPU, within the Adam tolerance (8b)
 #  9  tensor shards on the one GPU (--tensor 2 in both modes; 2 stages × 2 shards) against
 #     1 rank with the same micro-batches, SGD, parameters within rtol 1e-5
+# 10  language models (issue 25; NOT YET RUN ON A GPU: written without one): 10a the
+#     transformer kernels' per-thread code on the host (test_transformer_host, when built
+#     here or bundled); gpt-nano on --text README.md: 10b CPU (1 thread) against GPU, 3 SGD
+#     steps from the same start, parameters within rtol 1e-3 (a first bound, to be set from
+#     the first GPU run's figure: fp32, other summation orders, expf); 10c 2 stages and 10d 2
+#     replicas on the one GPU against 1 rank, bit for bit; 10e throughput (information):
+#     gpt2-small at batch 4 × 1024 tokens, pipetrain --device cuda and
+#     bench_gpt_torch_gpu.py (fp32, the same model file) alternating, tokens/s
 #  6  throughput at batch 128 and 512: pipetrain --device cuda --json and
 #     bench_torch_gpu.py (eager, TF32 off) alternating, VALIDATE_REPEATS times each;
 #     samples/s (median, min-max), their ratio, and the fraction of the GPU's FP32 peak
@@ -410,6 +418,7 @@ print("%s, FP32 peak %.1f TFLOP/s, %s" % (d.get("name"), d["peak_fp32_flops"] / 
         want 7 && hybrid_on_gpu
         want 8 && resume_on_gpu
         want 9 && tensor_on_gpu
+        want 10 && lm_on_gpu
 
         # ---- 6 throughput (before the sanitizers: figures first)
         want 6 && throughput "$TPL"
@@ -632,6 +641,66 @@ tensor_on_gpu() {
         if [ "$vrc" = 0 ]; then record $id PASS "${layout[*]} ~ 1 rank" "$verdict"
         else record $id FAIL "${layout[*]} ~ 1 rank" "$verdict"; fi
     done
+}
+
+# 10: language models on the GPU (issue 25). gpt-nano on the repository's README.md as a
+# byte corpus (the GPU machine has no fortunes-min); the kernels' host check first.
+lm_on_gpu() {
+    section "10 language models: gpt-nano CPU vs GPU, pipelines and replicas; gpt2-small throughput"
+    local host_t
+    for host_t in "$ROOT/build-cuda/test_transformer_host" "${PT_BUNDLE:-/nonexistent}/bin/test_transformer_host" \
+        "$ROOT/build/test_transformer_host"; do
+        [ -x "$host_t" ] && break
+    done
+    if [ -x "$host_t" ]; then
+        if logged "$E2E" "$(cap 60)" "$host_t"; then record 10a PASS "transformer kernels, host" "$(tail -1 "$E2E")"
+        else record 10a FAIL "transformer kernels, host" "$(tail -1 "$E2E")"; fi
+    else
+        record 10a INFO "transformer kernels, host" "not built here (runs in ctest on the CPU machine)"
+    fi
+    local nano=$ROOT/models/gpt-nano.cfg launcher=()
+    grep -qi hydra <<<"$("$MPIEXEC" --version 2>&1)" && launcher=(-launcher fork)
+    local L=(--model "$nano" --text "$ROOT/README.md" --batch 8 --seed 5 --threads 1
+             --optimizer sgd --lr 0.5 --microbatches 2 --eval-windows 4 --json)
+    local cpu=$WORK/lm_cpu.safetensors gpu=$WORK/lm_gpu.safetensors
+    if ! fits 60 || ! logged "$E2E" "$(cap 60)" "$PT" train "${L[@]}" --steps 3 --save "$cpu" ||
+        ! logged "$E2E" "$(cap 60)" "$PT" train "${L[@]}" --steps 3 --device "$DEV" --save "$gpu"; then
+        for id in 10b 10c 10d; do record $id FAIL "gpt-nano" "a run failed: $(tail -1 "$E2E")"; done
+    else
+        local verdict vrc
+        verdict=$("$PT" diff "$gpu" "$cpu" --rtol 1e-3 2>&1 | tee -a "$E2E" | tail -1)
+        vrc=${PIPESTATUS[0]}
+        if [ "$vrc" = 0 ]; then record 10b PASS "gpt-nano GPU ~ CPU, rtol 1e-3" "$verdict"
+        else record 10b FAIL "gpt-nano GPU ~ CPU, rtol 1e-3" "$verdict"; fi
+        local id n layout
+        for id in 10c 10d; do
+            if [ $id = 10c ]; then n=2 layout=(--stages 2); else n=2 layout=(--replicas 2 --reduce ordered); fi
+            if ! fits 40; then record $id "NOT RUN" "gpt-nano ${layout[*]}" "time budget"; continue; fi
+            local out=$WORK/lm_$id.safetensors
+            if ! logged "$E2E" "$(cap 90)" "$MPIEXEC" "${launcher[@]}" -n $n "$PT" train "${L[@]}" \
+                --steps 3 --device "$DEV" "${layout[@]}" --save "$out"; then
+                record $id FAIL "gpt-nano ${layout[*]}" "the $n-rank run failed: $(tail -1 "$E2E")"; continue
+            fi
+            verdict=$("$PT" diff "$out" "$gpu" 2>&1 | tee -a "$E2E" | tail -1)
+            if [[ $verdict == IDENTICAL* ]]; then record $id PASS "gpt-nano ${layout[*]} = 1 rank" "$verdict"
+            else record $id FAIL "gpt-nano ${layout[*]} = 1 rank" "$verdict"; fi
+        done
+    fi
+    # 10e: information only (not counted): tokens/s of the GPT-2 124M shape, both sides fp32
+    local big=$ROOT/models/gpt2-small.cfg tl=$WORK/lm_throughput.log pt_tps="" th_tps=""
+    if fits 150 && logged "$tl" "$(cap 120)" "$PT" train --model "$big" --text "$ROOT/README.md" \
+        --batch 4 --seed 1 --device "$DEV" --optimizer adamw --lr 3e-4 --eval-windows 1 --json \
+        --untimed-steps 2 --steps 8; then
+        pt_tps=$(grep -o '"samples_per_s":[0-9.e+-]*' "$tl" | tail -1 | cut -d: -f2)
+        pt_tps=$("$PYANY" -c "print(round(float('$pt_tps') * 1024))" 2>/dev/null)
+    fi
+    if [ -n "$PYTORCH" ] && fits 90 && logged "$tl" "$(cap 90)" "$PYTORCH" \
+        "$ROOT/experiments/cuda/bench_gpt_torch_gpu.py" "$big" --device "$DEV" --batch 4 \
+        --warmup 2 --steps 6 --chunks 2; then
+        th_tps=$(tail -1 "$tl" | grep -o '"tokens_per_s": [0-9.e+-]*' | cut -d' ' -f2)
+    fi
+    record 10e INFO "gpt2-small tokens/s, fp32" "pipetrain ${pt_tps:-failed}, torch eager ${th_tps:-failed} (batch 4 x 1024)"
+    cat "$tl" >>"$E2E" 2>/dev/null
 }
 
 # 8: checkpoints of a GPU run. 8a: Adam, stopped after 3 steps and resumed to 6, against 6
@@ -889,7 +958,7 @@ with open(out_f, 'w') as f:
     json.dump(res, f, indent=1)
 
 order = ['1', '2', '3a', '3b', '3c', '3d', '3e', '3f', '3g', '4a', '4b', '7a', '7b', '8a',
-         '8b', '9a', '9b', '9c', '5a', '5b', '5c', '6', '6c', '6d']
+         '8b', '9a', '9b', '9c', '10a', '10b', '10c', '10d', '10e', '5a', '5b', '5c', '6', '6c', '6d']
 steps.sort(key=lambda s: order.index(s['id']) if s['id'] in order else 99)
 print()
 print(f'{"step":<5}{"check":<34}{"result":<9}detail')
