@@ -672,16 +672,22 @@ lm_on_gpu() {
         vrc=${PIPESTATUS[0]}
         if [ "$vrc" = 0 ]; then record 10b PASS "gpt-nano GPU ~ CPU, rtol 1e-3" "$verdict"
         else record 10b FAIL "gpt-nano GPU ~ CPU, rtol 1e-3" "$verdict"; fi
-        local id n layout
+        local id n layout ref
         for id in 10c 10d; do
-            if [ $id = 10c ]; then n=2 layout=(--stages 2); else n=2 layout=(--replicas 2 --reduce ordered); fi
+            # the 1-rank run with the same micro-batches: 2 replicas × 2 are 4 of 2 samples
+            if [ $id = 10c ]; then n=2 layout=(--stages 2) ref=$gpu
+            else n=2 layout=(--replicas 2 --reduce ordered) ref=$WORK/lm_gpu_mb4.safetensors; fi
             if ! fits 40; then record $id "NOT RUN" "gpt-nano ${layout[*]}" "time budget"; continue; fi
+            if [ $id = 10d ] && ! logged "$E2E" "$(cap 60)" "$PT" train "${L[@]}" --steps 3 \
+                --device "$DEV" --microbatches 4 --save "$ref"; then
+                record $id FAIL "gpt-nano ${layout[*]}" "no 1-rank reference: $(tail -1 "$E2E")"; continue
+            fi
             local out=$WORK/lm_$id.safetensors
             if ! logged "$E2E" "$(cap 90)" "$MPIEXEC" "${launcher[@]}" -n $n "$PT" train "${L[@]}" \
                 --steps 3 --device "$DEV" "${layout[@]}" --save "$out"; then
                 record $id FAIL "gpt-nano ${layout[*]}" "the $n-rank run failed: $(tail -1 "$E2E")"; continue
             fi
-            verdict=$("$PT" diff "$out" "$gpu" 2>&1 | tee -a "$E2E" | tail -1)
+            verdict=$("$PT" diff "$out" "$ref" 2>&1 | tee -a "$E2E" | tail -1)
             if [[ $verdict == IDENTICAL* ]]; then record $id PASS "gpt-nano ${layout[*]} = 1 rank" "$verdict"
             else record $id FAIL "gpt-nano ${layout[*]} = 1 rank" "$verdict"; fi
         done
