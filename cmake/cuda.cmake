@@ -129,8 +129,11 @@ if(PT_HAVE_CUDA)
     add_executable(test_transformer_host ${CMAKE_SOURCE_DIR}/tests/cuda/test_transformer_host.cu)
     target_link_libraries(test_transformer_host PRIVATE ptkernels)
     target_include_directories(test_transformer_host PRIVATE ${CMAKE_SOURCE_DIR})
+    # No kernel is launched, but nvcc's objects register their (empty) fat binary: the
+    # static runtime, so that no CUDA library is loaded (tests/device_cli.sh checks that
+    # the test binaries other than test_cuda_kernels link none).
     set_target_properties(test_transformer_host PROPERTIES CUDA_STANDARD 17
-      CUDA_RUNTIME_LIBRARY Shared)
+      CUDA_RUNTIME_LIBRARY Static)
     target_compile_options(test_transformer_host PRIVATE
       "$<$<COMPILE_LANGUAGE:CUDA>:${pt_cuda_flags}>")
     add_test(NAME test_transformer_host COMMAND test_transformer_host)
