@@ -192,8 +192,9 @@ PY
 
 # Language models (issue 25): gpt-nano on the mock GPU, whose transformer kernels are the
 # CPU twins, against the CPU engine bit for bit (parameters and validation loss): one
-# process, 2 stages, 2 replicas, and the tied head (gpt-nano with [lm_head] tied=1). Then
-# what the GPU lacks is refused on every rank with exit 2: dropout inside blocks, shards.
+# process, 2 stages (1F1B, zb-h1's split backward, recomputation), 2 replicas, and the tied
+# head (gpt-nano with [lm_head] tied=1). Then what the GPU lacks is refused on every rank
+# with exit 2: dropout inside blocks, tensor shards, batched weight gradients.
 LM=(--data text --batch 8 --steps 3 --seed 5 --threads 1 --eval-windows 4 --json)
 sed 's/^\[lm_head\].*/[lm_head]\ntied=1/' "$MODELS/gpt-nano.cfg" >"$WORK/nano_tied.cfg"
 sed 's/^heads=2$/heads=2\ndropout=0.1/' "$MODELS/gpt-nano.cfg" >"$WORK/nano_drop.cfg"
@@ -208,13 +209,15 @@ compare_lm() { # NAME A.st A.json B.st B.json
 }
 for variant in "one process:1:adam:gpt-nano:" "2 stages 1f1b:2:adam:gpt-nano:--stages 2" \
     "2 replicas:2:sgd:gpt-nano:--replicas 2 --reduce ordered" \
-    "tied head:1:adam:tied:" "tied head, 2 stages:2:sgd:tied:--stages 2 --schedule gpipe"; do
+    "tied head:1:adam:tied:" "tied head, 2 stages:2:sgd:tied:--stages 2 --schedule gpipe" \
+    "2 stages zb-h1:2:adam:gpt-nano:--stages 2 --schedule zb-h1 --microbatches 4" \
+    "recompute all:2:sgd:gpt-nano:--stages 2 --recompute all"; do
     IFS=: read -r name np opt model extra <<<"$variant"
     cfg="$MODELS/gpt-nano.cfg"; [ "$model" = tied ] && cfg="$WORK/nano_tied.cfg"
     lr=0.5; [ $opt = adam ] && lr=0.003
     out="$WORK/lm_${name// /_}"
     run=("$PIPETRAIN" train --model "$cfg" "${LM[@]}" --optimizer $opt --lr $lr \
-         --microbatches 2 $extra)
+         --microbatches 2 $extra) # a later --microbatches wins
     [ "$np" -gt 1 ] && run=(timeout 120 "$MPIEXEC" -n "$np" "${run[@]}")
     "${run[@]}" --save "$out.cpu.st" >"$out.cpu.json" 2>"$WORK/err" ||
         { failed "gpt-nano $name on the CPU: run failed"; cat "$WORK/err"; continue; }
@@ -237,6 +240,9 @@ refused() { # NAME PATTERN COMMAND...: exit 2 and the message
 }
 refused "gpt-nano with block dropout on the mock GPU" "dropout inside blocks does not run" \
     cuda "$PIPETRAIN" train --model "$WORK/nano_drop.cfg" "${LM[@]}" --device cuda
+refused "gpt-nano with --wgrad batched on the mock GPU" "wgrad batched" \
+    cuda timeout 120 "$MPIEXEC" -n 2 "$PIPETRAIN" train --model "$MODELS/gpt-nano.cfg" \
+    "${LM[@]}" --stages 2 --wgrad batched --device cuda
 refused "gpt-nano in tensor shards on the mock GPU, every rank" "tensor shards" \
     cuda timeout 120 "$MPIEXEC" -n 2 "$PIPETRAIN" train --model "$MODELS/gpt-nano.cfg" \
     "${LM[@]}" --tensor 2 --device cuda

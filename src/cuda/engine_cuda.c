@@ -43,10 +43,11 @@ static void layout_slots(const engine *e, cuda_engine *c, arena *d)
         s->whole_out = stage_plan_carve_slot(p, arena_take(d, p->slot_bytes), s->layers);
         for (int i = 0; i < p->nl; i++) {
             const layer_desc *L = &p->loc[i];
-            /* B's output gradient for W (batched layers stash theirs) */
+            /* B's output gradient for W (batched layers stash theirs); a block's: every
+             * inner gradient its W needs (layer_gout_floats) */
             s->layers[i].gout = cfg->split_backward && L->weight_count && !stage_plan_batched(p, i)
                                     ? arena_take(d, (size_t)cfg->max_batch *
-                                                        layer_shape_count(L->out) * sizeof(float))
+                                                        layer_gout_floats(L) * sizeof(float))
                                     : NULL;
         }
     }
@@ -125,8 +126,9 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
 /* The shared layout of the stage (its local layers and sizes: src/engine/stage_plan.h) at
  * the whole micro-batch as one chunk, with the CUDA convolutions' workspace. */
 /* What the CUDA transformer kernels do not cover yet (issue 25) is refused here, before
- * anything runs: dropout inside a [block] (its attention dropout has no CUDA kernel) and a
- * language model cut into tensor shards (the vocabulary-parallel loss has none). */
+ * anything runs: dropout inside a [block] (its attention dropout has no CUDA kernel), a
+ * language model cut into tensor shards (the vocabulary-parallel loss has none) and batched
+ * weight gradients (the CUDA stash holds dense layers' rows only). */
 static int lm_supported(const engine_config *cfg, const stage_plan *pl)
 {
     if (!cfg->net->sequence) return 0;
@@ -134,6 +136,10 @@ static int lm_supported(const engine_config *cfg, const stage_plan *pl)
         return pt_error_set("CUDA engine: a language model in tensor shards (--tensor %d) "
                             "does not run on the GPU yet; use --tensor 1 with --device cuda, "
                             "or --device cpu", cfg->shard->T);
+    if (cfg->wgrad_rows)
+        return pt_error_set("CUDA engine: --wgrad batched with a language model does not run "
+                            "on the GPU yet (the blocks' and the head's stash); use --wgrad "
+                            "per-microbatch with --device cuda, or --device cpu");
     for (int i = 0; i < pl->nl; i++)
         if (layer_block_drops(&pl->loc[i]))
             return pt_error_set("CUDA engine: layer %d ([block]) has dropout=%g, and dropout "
