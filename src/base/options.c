@@ -70,6 +70,10 @@ static const opt_spec opt_shared[] = {
              "chunks k and 2K-1-k) | search (the order of least simulated step at the stages' "
              "profiled costs among these and greedy orders, --virtual V chunks per rank, "
              "within --schedule-memory)"},
+    {.name = "schedule-file", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "run the schedule in FILE (as pipetrain schedule --save-schedule writes it) "
+             "instead of generating one: verified, and checked against --stages, "
+             "--microbatches and the chunks per rank; errors name the line"},
     {.name = "schedule-memory", .kind = OPT_REAL, .arg = "N", .min = 0, .max = 1 << 20,
      .def = "0", .help = "--schedule search: most micro-batches' activations a rank may hold "
                          "(the verifier's peak; with V chunks per rank, chunk activations / "

@@ -24,9 +24,7 @@ static const opt_spec schedule_opts[] = {
     {.id = O_RECOMPUTE, .name = "recompute", .shared = 1},
     {.id = O_SAVE, .name = "save-schedule", .kind = OPT_TEXT, .arg = "FILE",
      .help = "also write the schedule as text (one line per instruction) to FILE"},
-    {.id = O_LOAD, .name = "schedule-file", .kind = OPT_TEXT, .arg = "FILE",
-     .help = "read the schedule from FILE (as --save-schedule writes it) instead of "
-             "generating one; it is verified, errors name the line"},
+    {.id = O_LOAD, .name = "schedule-file", .shared = 1},
     {.id = O_SMEM, .name = "schedule-memory", .shared = 1},
     {.id = O_COSTS, .name = "costs", .kind = OPT_TEXT, .arg = "LIST",
      .help = "--schedule search: each model chunk's costs in model order, comma-separated, "
