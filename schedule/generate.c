@@ -256,6 +256,12 @@ int schedule_is_v(const char *name)
                     !strcmp(name, "v-min") || !strcmp(name, "dualpipev"));
 }
 
+int schedule_splits_backward(const char *name)
+{
+    return name && (schedule_is_v(name) || !strcmp(name, "zb-h1") || !strcmp(name, "zb-h2") ||
+                    !strcmp(name, "search"));
+}
+
 int schedule_init_named(schedule *s, const char *name, int stages, int virtual_stages,
                         int microbatches)
 {

@@ -190,6 +190,9 @@ int schedule_init_zb_v_family(schedule *s, const char *name, int stages, int vir
 int schedule_init_dualpipev(schedule *s, int stages, int microbatches);
 /* 1 for the names of schedules in a V (zb-v, v-half, v-min, dualpipev). */
 int schedule_is_v(const char *name);
+/* 1 for the names of schedules that split backwards into B and W (zb-h1, zb-h2, the V
+ * schedules, search): their costs are priced with the split. */
+int schedule_splits_backward(const char *name);
 
 /* Schedule search (schedule/search.c): the order of least simulated step at the stages'
  * own costs within a memory limit. Candidates: every hand-written schedule with V chunks
@@ -207,9 +210,14 @@ typedef struct {
     int virtual_stages;   /* V >= 1 chunks per rank (the partition's K·V model chunks) */
     const double *fwd, *bwd_input, *bwd_weight; /* per model chunk, K·V in model order
                                                  * (seconds or units); NULL: 1/V each */
+    const double *bwd;    /* a whole backward per model chunk (a profile's fused one may
+                           * differ from B + W); NULL: bwd_input + bwd_weight */
     double comm;          /* one message between two ranks (a rank's own hand-over: free) */
     double memory;        /* most micro-batches a rank may hold; 0: no limit */
     int max_runs;         /* greedy orders tried at most; 0: 128 */
+    const int *recompute; /* K flags (NULL: none): every candidate gets schedule_add_recompute
+                           * on these ranks before it is verified and priced (RECOMPUTE
+                           * costs a forward), so the result has it too */
 } schedule_search_config;
 typedef struct {
     char how[64];              /* the winner, as schedule.origin */

@@ -54,6 +54,13 @@ static double step_of(const search_state *w, const schedule *s)
 /* Takes t (freeing it unless it becomes the best). */
 static void consider(search_state *w, schedule *t, const char *how, int named)
 {
+    const int *rc = w->cfg->recompute;
+    int any = 0;
+    for (int k = 0; rc && k < t->stages; k++) any |= rc[k] != 0;
+    if (any && schedule_add_recompute(t, rc)) {
+        schedule_free(t);
+        return;
+    }
     double peak = peak_of(t);
     w->res->tried++;
     if (peak < 0) { /* never expected: the generators verify; keep the search going */
@@ -214,13 +221,14 @@ static int check_config(const schedule_search_config *c)
         return pt_error_set("schedule search: message cost %g; must be finite and >= 0",
                             c->comm);
     int C = c->stages * c->virtual_stages;
-    const double *arrays[3] = {c->fwd, c->bwd_input, c->bwd_weight};
-    for (int a = 0; a < 3; a++)
+    const double *arrays[4] = {c->fwd, c->bwd_input, c->bwd_weight, c->bwd};
+    for (int a = 0; a < 4; a++)
         for (int k = 0; arrays[a] && k < C; k++)
             if (!(arrays[a][k] > 0) || !isfinite(arrays[a][k]))
                 return pt_error_set("schedule search: the %s cost of model chunk %d is %g; "
                                     "costs must be finite and > 0",
-                                    a == 0 ? "F" : a == 1 ? "B" : "W", k, arrays[a][k]);
+                                    a == 0 ? "F" : a == 1 ? "B" : a == 2 ? "W" : "whole backward",
+                                    k, arrays[a][k]);
     return 0;
 }
 
@@ -246,7 +254,7 @@ int schedule_search(schedule *s, const schedule_search_config *cfg,
         w.fwd[k] = cfg->fwd ? cfg->fwd[k] : unit;
         w.bin[k] = cfg->bwd_input ? cfg->bwd_input[k] : unit;
         w.bw[k] = cfg->bwd_weight ? cfg->bwd_weight[k] : unit;
-        w.bwd[k] = w.bin[k] + w.bw[k];
+        w.bwd[k] = cfg->bwd ? cfg->bwd[k] : w.bin[k] + w.bw[k];
     }
     try_named(&w);
     try_greedy_all(&w);

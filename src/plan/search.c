@@ -50,9 +50,13 @@ typedef struct {
     int virtual_stages;
 } sched_kind;
 static const sched_kind kinds[] = {
-    {"1f1b", 1}, {"gpipe", 1}, {"zb-h1", 1}, {"interleaved", 2}, {"interleaved", 3},
-    {"interleaved", 4},
+    {"1f1b", 1},        {"gpipe", 1},     {"zb-h1", 1},      {"zb-h2", 1},
+    {"search", 1},      {"interleaved", 2}, {"interleaved", 3}, {"interleaved", 4},
+    {"zb-v", 2},        {"v-half", 2},    {"v-min", 2},      {"dualpipev", 2},
+    {"search", 2},
 };
+/* The search's greedy orders per layout: plan prices hundreds of layouts. */
+enum { PLAN_SEARCH_RUNS = 32 };
 enum { N_KINDS = sizeof kinds / sizeof kinds[0] };
 
 typedef struct {
@@ -65,6 +69,8 @@ typedef struct {
     double rank_param_bytes;    /* the largest rank's parameters */
     double stage_param_bytes;   /* the largest stage's parameters, whole */
     const char *schedule;
+    double schedule_memory;     /* search: the limit priced (micro-batches per rank, 0: none) */
+    char origin[64];            /* search: what won */
     double step_s, bubble, peak_bytes;
     double *stage_bytes; /* owned: per rank (stage), `stages` entries */
     int *first;          /* owned: the partition, stages · virtual_stages + 1 entries */
@@ -144,9 +150,12 @@ static void describe(char *buf, size_t size, const candidate *c)
     if (c->tensor > 1)
         snprintf(ten, sizeof ten, " --tensor %d --tensor-mode %s", c->tensor,
                  tensor_mode_name(c->mode));
-    snprintf(buf, size, "--stages %d --replicas %d%s --microbatches %d --schedule %s%s "
+    char mem[48] = "";
+    if (c->schedule_memory > 0)
+        snprintf(mem, sizeof mem, " --schedule-memory %g", c->schedule_memory);
+    snprintf(buf, size, "--stages %d --replicas %d%s --microbatches %d --schedule %s%s%s "
              "--recompute %s%s", c->stages, c->replicas, ten, c->microbatches, c->schedule, virt,
-             c->recompute ? "all" : "none", c->zero ? " --zero 1" : "");
+             mem, c->recompute ? "all" : "none", c->zero ? " --zero 1" : "");
 }
 
 /* Why `b` ranks below `a` (both fit), in words. */
@@ -236,6 +245,10 @@ static int print_json(const plan_args *a, const candidate *c, int n, int shown,
         ok = ok && !json_object_set_new(j, "partition_first", first) &&
              !json_object_set_new(j, "stage_memory_bytes", mem) &&
              !json_object_set_new(j, "zero", json_integer(c[i].zero)) &&
+             !json_object_set_new(j, "schedule_memory", json_real(c[i].schedule_memory)) &&
+             !json_object_set_new(j, "schedule_origin", c[i].origin[0]
+                                                            ? json_string(c[i].origin)
+                                                            : json_null()) &&
              !json_array_append_new(arr, j);
     }
     if (ok) {
@@ -362,6 +375,25 @@ static void print_text(const plan_args *base, const topo_machine *m, const candi
     }
 }
 
+/* The search's memory limit, from --memory-mb: the first of no limit, 1F1B's K
+ * micro-batches per rank, ⌈K/2⌉ and 1 whose layout fits (the last tried where none does);
+ * a->schedule_memory is left at the one priced. Without --memory-mb, no limit. */
+static int price_search(plan_built *b, plan_args *a, const net_desc *net,
+                        const partition_profile *prof, const topo_machine *m,
+                        const topo_cost_model *cm)
+{
+    int K = a->stages;
+    double limits[4] = {0, K, (K + 1) / 2, 1};
+    int n = a->memory_mb > 0 ? 4 : 1;
+    for (int i = 0; i < n; i++) {
+        if (i > 0 && limits[i] >= limits[i - 1] && limits[i - 1] > 0) continue;
+        a->schedule_memory = limits[i];
+        if (plan_price(b, a, net, prof, m, cm) < 0) return -1;
+        if (a->memory_mb <= 0 || b->peak_bytes <= a->memory_mb * 1048576.0) break;
+    }
+    return 0;
+}
+
 /* Prices every schedule and recomputation setting with `V` chunks per rank on the layout
  * in b (built for a->stages, a->virtual_stages = V), appending to c. */
 static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, const net_desc *net,
@@ -372,11 +404,17 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
     for (int k = 0; k < N_KINDS; k++) {
         if (kinds[k].virtual_stages != V) continue;
         if (K == 1 && strcmp(kinds[k].name, "1f1b")) continue;
+        /* dualpipev needs two micro-batches per stage */
+        if (!strcmp(kinds[k].name, "dualpipev") && a->microbatches < 2 * K) continue;
+        int search = !strcmp(kinds[k].name, "search");
         for (int rc = 0; rc < 2; rc++) {
             a->schedule = kinds[k].name;
             a->recompute = rc ? "all" : "none";
             a->zero = 0;
-            if (plan_price(b, a, net, prof, m, cm) < 0) return -1;
+            a->search_runs = PLAN_SEARCH_RUNS;
+            if (search ? price_search(b, a, net, prof, m, cm)
+                       : plan_price(b, a, net, prof, m, cm) < 0)
+                return -1;
             /* ZeRO-1 where the replicas' moments do not fit whole (same step: the same
              * bytes cross the wire) */
             if (a->memory_mb > 0 && b->peak_bytes > a->memory_mb * 1048576.0 &&
@@ -392,10 +430,12 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
             *x = (candidate){.stages = K, .replicas = a->replicas,
                              .microbatches = a->microbatches, .virtual_stages = V,
                              .recompute = rc, .schedule = kinds[k].name, .zero = a->zero,
+                             .schedule_memory = search ? a->schedule_memory : 0,
                              .step_s = b->pred.step_s, .bubble = b->pred.bubble,
                              .peak_bytes = b->peak_bytes, .stage_bytes = b->stage_bytes,
                              .first = first};
             x->fits = a->memory_mb <= 0 || x->peak_bytes <= a->memory_mb * 1048576.0;
+            snprintf(x->origin, sizeof x->origin, "%s", b->pred.sched.origin);
             x->tensor = a->tensor;
             x->mode = a->tensor_mode;
             x->tensor_link = b->tensor_link;
@@ -403,7 +443,8 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
                 if (b->pred.tensor_s[s] > x->tensor_s) x->tensor_s = b->pred.tensor_s[s];
                 double whole = 0, most = 0;
                 for (int v = 0; v < V; v++) {
-                    int ch = plan_model_chunk(a, s, v), lo = b->part.first[ch], hi = b->part.first[ch + 1];
+                    int ch = schedule_model_chunk(&b->pred.sched, s, v);
+                    int lo = b->part.first[ch], hi = b->part.first[ch + 1];
                     for (int l = lo; l < hi; l++)
                         whole += (double)(net->layers[l].weight_count +
                                           net->layers[l].bias_count);
@@ -411,7 +452,7 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
                 for (int t = 0; t < a->tensor; t++) {
                     double mine = 0;
                     for (int v = 0; v < V; v++) {
-                        int ch = plan_model_chunk(a, s, v);
+                        int ch = schedule_model_chunk(&b->pred.sched, s, v);
                         mine += (double)shard_param_count(&b->shard, net, b->part.first[ch],
                                                           b->part.first[ch + 1], t);
                     }

@@ -198,29 +198,31 @@ static int choose_partition(const train_options *o, const net_desc *net, partiti
 }
 
 /* --schedule search: each model chunk's F, B and W of one micro-batch from the profile (B
- * and W half of the backward each where it was not split); messages are not priced (ranks
- * on one host: small beside the layers). The same figures on every rank, so every rank
+ * and W half of the backward each where it was not split), recomputation (a forward) on
+ * the ranks `recompute` flags; messages are not priced (ranks on one host: small beside
+ * the layers). The same figures on every rank, so every rank
  * finds the same schedule. */
 static int search_schedule(const train_options *o, const partition *part,
-                           const partition_profile *prof, schedule *s)
+                           const partition_profile *prof, const int *recompute, schedule *s)
 {
     int C = part->stages;
     double mb = (double)o->batch / ((double)o->replicas * o->microbatches);
-    double *c = calloc(3 * (size_t)C, sizeof *c);
+    double *c = calloc(4 * (size_t)C, sizeof *c);
     if (!c) return pt_error_set("out of memory");
     for (int k = 0; k < C; k++)
         for (int l = part->first[k]; l < part->first[k + 1]; l++) {
             c[k] += prof->fwd_s[l] * mb;
             c[C + k] += (prof->bwd_input_s ? prof->bwd_input_s[l] : prof->bwd_s[l] / 2) * mb;
             c[2 * C + k] += (prof->bwd_weight_s ? prof->bwd_weight_s[l] : prof->bwd_s[l] / 2) * mb;
+            c[3 * C + k] += prof->bwd_s[l] * mb;
         }
     /* a layer without parameters has no W: the search needs costs > 0 */
-    for (int k = 0; k < 3 * C; k++)
+    for (int k = 0; k < 4 * C; k++)
         if (!(c[k] > 1e-9)) c[k] = 1e-9;
     schedule_search_config cfg = {.stages = o->stages, .microbatches = o->microbatches,
                                   .virtual_stages = o->virtual_stages, .fwd = c,
-                                  .bwd_input = c + C, .bwd_weight = c + 2 * C,
-                                  .memory = o->schedule_memory};
+                                  .bwd_input = c + C, .bwd_weight = c + 2 * C, .bwd = c + 3 * C,
+                                  .memory = o->schedule_memory, .recompute = recompute};
     schedule_search_result r;
     int rc = schedule_search(s, &cfg, &r);
     free(c);
@@ -236,11 +238,9 @@ static int make_schedule(const train_options *o, const partition *part,
     int K = o->stages, flags[K];
     if (o->schedule_file) return schedule_read(s, o->schedule_file);
     if (schedule_parse_recompute(o->recompute, K, flags)) return -1;
-    if (!strcmp(o->schedule, "search") ? search_schedule(o, part, prof, s)
-                                       : schedule_init_named(s, o->schedule, K,
-                                                             o->virtual_stages,
-                                                             o->microbatches))
-        return -1;
+    /* the search prices recomputation with each candidate and returns it added */
+    if (!strcmp(o->schedule, "search")) return search_schedule(o, part, prof, flags, s);
+    if (schedule_init_named(s, o->schedule, K, o->virtual_stages, o->microbatches)) return -1;
     int any = 0;
     for (int k = 0; k < K; k++) any |= flags[k];
     if (any && schedule_add_recompute(s, flags)) {
