@@ -7,10 +7,14 @@
  * each with recomputation off and on every stage:
  *   gpipe, 1f1b and zb-h1 (K = 1 runs 1f1b only: the others do the same work there, zb-h1
  *   with more memory);
+ *   zb-h2 and search with V = 1 (K ≥ 2);
  *   interleaved with V = 2, 3, 4 model chunks per rank where train runs it: K ≥ 2, R = 1,
  *   M a multiple of K, K·V ≤ layers, and no tensor shards (T = 1: interleaving tensor
- *   groups is not searched).
- * At most Σ_{T | N} modes(T) × divisors(N / T) × 7 × 6 × 2 layouts. Tensor layouts are
+ *   groups is not searched); under the same conditions with V = 2, zb-v, v-half, v-min,
+ *   search and (M ≥ 2K) dualpipev. The search (schedule_search, 32 greedy orders per
+ *   layout) runs at the layout's own chunk costs, under the first of no limit, K, ⌈K/2⌉
+ *   and 1 micro-batches per rank that fits --memory-mb (price_search).
+ * At most Σ_{T | N} modes(T) × divisors(N / T) × 7 × 13 × 2 layouts. Tensor layouts are
  * priced as plan --tensor prices them (src/plan/predict.h: compute / T where layers are
  * cut, each stage's collectives α–β on its tensor group's slowest link, memory of the
  * largest shard); the placement sees their collectives as traffic, so it keeps a group on
