@@ -170,8 +170,6 @@ static int alloc_workers(stage *s, int chunk)
  * than one chunk. */
 static int alloc_groups(stage *s, int chunk)
 {
-    size_t P = s->plan.param_count;
-    (void)P;
     s->group_grads = calloc((size_t)s->groups, sizeof *s->group_grads);
     s->mb_grads = pages_alloc(s->grads_bytes);
     if (!s->group_grads || !s->mb_grads) return -1;
