@@ -310,6 +310,24 @@ int plan_predict(plan_prediction *out, const net_desc *net, const partition *par
     return rc ? -1 : 0;
 }
 
+/* ZeRO-2: the most gradient bytes a replica holds at once in its backward with one piece:
+ * max over buckets b of Σ_{k < b−1} B_k/R + B_{b−1} + B_b (B in bytes, the shards rounded
+ * to nothing), as src/runtime/replicas.c gives memory back; −1 with a message. */
+static double zero2_grad_bytes(const net_desc *net, int first, int last,
+                               const plan_memory_config *cfg)
+{
+    reduce_plan plan;
+    if (replicas_plan(&plan, net, first, last, &cfg->rep)) return -1;
+    double shards = 0, most = 0, R = cfg->replicas;
+    for (int b = 0; b < plan.n_buckets; b++) {
+        double Bb = 4.0 * plan.buckets[b].count, prev = b ? 4.0 * plan.buckets[b - 1].count : 0;
+        if (shards + prev + Bb > most) most = shards + prev + Bb;
+        shards += prev / R;
+    }
+    reduce_plan_free(&plan);
+    return most;
+}
+
 int plan_memory(double *out, const net_desc *net, const partition *part, const schedule *sched,
                 const plan_memory_config *cfg)
 {
@@ -361,6 +379,14 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                  * the wire are the unsharded ones (reduce-scatter + all-gather) */
                 if (cfg->zero > 0 && cfg->replicas > 1)
                     bytes -= (double)b.state / 2.0 * (1.0 - 1.0 / cfg->replicas);
+                /* ZeRO-2 (one piece): the gradients' peak is the shards of the buckets
+                 * reduced so far and two whole buckets (the one whose reduce-scatter the
+                 * next start waits for, and the one just formed) */
+                if (cfg->zero >= 2 && cfg->replicas > 1 && cfg->grad_pieces <= 1) {
+                    double g = zero2_grad_bytes(net, first, last, cfg);
+                    if (g < 0) return -1;
+                    bytes += g - (double)b.state / 4.0;
+                }
                 rank += bytes;
             }
             if (rank > out[s]) out[s] = rank;

@@ -100,7 +100,9 @@ typedef struct {
     int wgrad_batched; /* train --wgrad batched */
     int grad_pieces;   /* the engine's gradient pieces (replicas_grad_pieces), 0 or 1: none */
     int zero, replicas; /* train --zero: with 1, each replica holds 1/replicas of the
-                           optimizer's moments (the rest of the state whole) */
+                           optimizer's moments (the rest of the state whole); with 2 also of
+                           the gradients, plus the whole buckets in flight */
+    replicas_config rep; /* --zero 2: the bucket plan (method, bucket bytes) */
     const shard_plan *shard; /* tensor shards: the largest over the T ranks of a stage
                               * (NULL or T = 1: none) */
 } plan_memory_config;

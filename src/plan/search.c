@@ -159,7 +159,8 @@ static void describe(char *buf, size_t size, const candidate *c)
         snprintf(mem, sizeof mem, " --schedule-memory %g", c->schedule_memory);
     snprintf(buf, size, "--stages %d --replicas %d%s --microbatches %d --schedule %s%s%s "
              "--recompute %s%s", c->stages, c->replicas, ten, c->microbatches, c->schedule, virt,
-             mem, c->recompute ? "all" : "none", c->zero ? " --zero 1" : "");
+             mem, c->recompute ? "all" : "none",
+             c->zero == 2 ? " --zero 2" : c->zero ? " --zero 1" : "");
 }
 
 /* Why `b` ranks below `a` (both fit), in words. */
@@ -353,7 +354,7 @@ static void print_text(const plan_args *base, const topo_machine *m, const candi
                c[i].stages, c[i].replicas, ten, c[i].microbatches, c[i].schedule,
                c[i].virtual_stages,
                c[i].recompute ? "all" : "none", st, c[i].bubble, c[i].peak_bytes / 1048576.0,
-               cut, c[i].zero ? "  (--zero 1)" : "");
+               cut, c[i].zero == 2 ? "  (--zero 2)" : c[i].zero ? "  (--zero 1)" : "");
     }
     char lay[192], why[512];
     describe(lay, sizeof lay, &c[0]);
@@ -425,6 +426,11 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
                 a->replicas > 1 && !reduce_method_root_steps(a->reduce)) {
                 a->zero = 1;
                 if (plan_price(b, a, net, prof, m, cm) < 0) return -1;
+                /* then ZeRO-2 (the gradients too) where ZeRO-1 does not fit either */
+                if (b->peak_bytes > a->memory_mb * 1048576.0) {
+                    a->zero = 2;
+                    if (plan_price(b, a, net, prof, m, cm) < 0) return -1;
+                }
             }
             int chunks = K * V;
             int *first = malloc(((size_t)chunks + 1) * sizeof *first);

@@ -159,9 +159,11 @@ static const opt_spec train_opts[] = {
     {.id = O_ZERO, .name = "zero", .kind = OPT_INT, .arg = "S", .min = 0, .max = 3, .def = "0",
      .help = "ZeRO stage inside each stage's replica group (--replicas 2 or more, --reduce ordered "
              "or allreduce, the CPU engine): 1 keeps each replica's shard of the optimizer "
-             "state only, steps it and all-gathers the parameters; 2 and 3 are not "
-             "implemented; plan prices 1 (memory per rank) and, with --ranks, tries it where "
-             "a layout does not fit --memory-mb"},
+             "state only, steps it and all-gathers the parameters; 2 also gives back each "
+             "bucket's gradient memory outside the replica's shard once the bucket is "
+             "reduce-scattered (the drop needs --overlap on and one micro-batch per "
+             "replica); 3 is not implemented; plan prices 1 and 2 (memory per rank) and, "
+             "with --ranks, tries them where a layout does not fit --memory-mb"},
     {.id = O_THREADS, .name = "threads", .kind = OPT_INT, .arg = "N", .min = 1, .max = 1024,
      .help = "worker threads per rank (default: the node's cores / its ranks)"},
     {.id = O_BIND, .name = "bind", .kind = OPT_CHOICE, .choices = "auto|core|none",
@@ -446,9 +448,9 @@ static int check_zero(const train_options *o, const opt_parser *p)
     if (o->device == ENGINE_CUDA)
         return opt_error(p, "--zero %d runs on the CPU engine only: the CUDA engine keeps no "
                          "sharded optimizer state yet (use --device cpu)", o->zero);
-    if (o->zero > 1)
-        return opt_error(p, "--zero %d is not implemented yet (gradient%s sharding): use "
-                         "--zero 1", o->zero, o->zero == 3 ? " and parameter" : "");
+    if (o->zero > 2)
+        return opt_error(p, "--zero 3 is not implemented yet (parameter sharding): use "
+                         "--zero 2 or 1");
     return 0;
 }
 
