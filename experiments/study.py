@@ -29,7 +29,7 @@ sys.path.insert(0, HERE)
 import interpreter  # noqa: E402
 
 STUDIES = ['layouts', 'scaling', 'batch', 'schedules', 'partition', 'cpu-gpu', 'transformer',
-           'gpt-learning']
+           'gpt-learning', 'zero']
 DOC = os.path.join(ROOT, 'docs', 'STUDIES.md')
 
 

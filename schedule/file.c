@@ -21,6 +21,7 @@ int schedule_write(const schedule *s, FILE *out)
     fprintf(out, "schedule %s stages %d microbatches %d virtual %d placement %s\n",
             s->name[0] ? s->name : "file", s->stages, s->microbatches, s->virtual_stages,
             s->placement == SCHED_PLACE_V ? "v" : "interleaved");
+    if (s->origin[0]) fprintf(out, "# the search chose: %s\n", s->origin);
     for (int st = 0; st < s->stages; st++) {
         const schedule_list *l = &s->lists[st];
         if (l->buckets || l->recompute)

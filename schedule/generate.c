@@ -256,15 +256,26 @@ int schedule_is_v(const char *name)
                     !strcmp(name, "v-min") || !strcmp(name, "dualpipev"));
 }
 
+int schedule_splits_backward(const char *name)
+{
+    return name && (schedule_is_v(name) || !strcmp(name, "zb-h1") || !strcmp(name, "zb-h2") ||
+                    !strcmp(name, "search"));
+}
+
 int schedule_init_named(schedule *s, const char *name, int stages, int virtual_stages,
                         int microbatches)
 {
     if (s)
         memset(s, 0, sizeof *s);
     static const char known[] = "known: gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, v-half, "
-                                "v-min, dualpipev";
+                                "v-min, dualpipev, search";
     if (!name)
         return pt_error_set("no schedule name given (%s)", known);
+    if (!strcmp(name, "search")) {
+        schedule_search_config c = {.stages = stages, .microbatches = microbatches,
+                                    .virtual_stages = virtual_stages};
+        return schedule_search(s, &c, NULL);
+    }
     if (schedule_is_v(name)) {
         if (virtual_stages < 1)
             return pt_error_set("--virtual %d: need at least 1 chunk per rank", virtual_stages);

@@ -99,6 +99,9 @@ typedef struct {
     int virtual_stages;   /* V >= 1 chunks per rank */
     int placement;        /* schedule_placement; INTERLEAVED (0) unless a V generator set it */
     schedule_list *lists; /* owned, one per stage */
+    char origin[64];      /* what a search ("search") chose: a hand-written schedule's name
+                           * ("zb-v") or the greedy order's ("greedy-v p3 cap 6": placement,
+                           * policy flags, per-rank cap in chunk activations); "" otherwise */
 } schedule;
 
 /* The model chunk that (stage, chunk) runs under `placement`, and the inverse. */
@@ -187,11 +190,51 @@ int schedule_init_zb_v_family(schedule *s, const char *name, int stages, int vir
 int schedule_init_dualpipev(schedule *s, int stages, int microbatches);
 /* 1 for the names of schedules in a V (zb-v, v-half, v-min, dualpipev). */
 int schedule_is_v(const char *name);
+/* 1 for the names of schedules that split backwards into B and W (zb-h1, zb-h2, the V
+ * schedules, search): their costs are priced with the split. */
+int schedule_splits_backward(const char *name);
+
+/* Schedule search (schedule/search.c): the order of least simulated step at the stages'
+ * own costs within a memory limit. Candidates: every hand-written schedule with V chunks
+ * per rank (V = 1: gpipe, 1f1b, zb-h1, zb-h2; V > 1: interleaved, and for an even V zb-v,
+ * v-half, v-min, dualpipev (V = 2)), then the greedy scheduler at these costs over its
+ * policies, both placements (V even) and a ladder of memory caps (uniform, and shaped as
+ * 1F1B's (K − k)·V), at most max_runs greedy orders. Each is verified and kept only if
+ * every rank holds at most `memory` micro-batches (the verifier's peak chunk activations
+ * / V); the shortest simulated step wins (a tie: the earlier, hand-written first, or the
+ * one holding less). So the result is never slower, at these costs, than any hand-written
+ * schedule within the same limit. Named "search", origin set. −1 with a message when no
+ * order keeps to the limit (naming the smallest) or the costs are not finite and > 0. */
+typedef struct {
+    int stages, microbatches;
+    int virtual_stages;   /* V >= 1 chunks per rank (the partition's K·V model chunks) */
+    const double *fwd, *bwd_input, *bwd_weight; /* per model chunk, K·V in model order
+                                                 * (seconds or units); NULL: 1/V each */
+    const double *bwd;    /* a whole backward per model chunk (a profile's fused one may
+                           * differ from B + W); NULL: bwd_input + bwd_weight */
+    double comm;          /* one message between two ranks (a rank's own hand-over: free) */
+    double memory;        /* most micro-batches a rank may hold; 0: no limit */
+    int max_runs;         /* greedy orders tried at most; 0: 128 */
+    const int *recompute; /* K flags (NULL: none): every candidate gets schedule_add_recompute
+                           * on these ranks before it is verified and priced (RECOMPUTE
+                           * costs a forward), so the result has it too */
+} schedule_search_config;
+typedef struct {
+    char how[64];              /* the winner, as schedule.origin */
+    double step, peak;         /* its simulated step, and the most micro-batches it holds */
+    double best_named;         /* the fastest hand-written schedule within the limit
+                                * (INFINITY: none keeps to it) */
+    char best_named_name[32];
+    int tried, kept;           /* candidates verified, and those within the limit */
+} schedule_search_result;
+int schedule_search(schedule *s, const schedule_search_config *cfg,
+                    schedule_search_result *res);
 
 /* name: "gpipe" or "1f1b"; an unknown name is an error listing the known ones. V = 1. */
 int schedule_init_by_name(schedule *s, const char *name, int stages, int microbatches);
-/* name: "gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min" or
- * "dualpipev"; virtual_stages > 1 only with "interleaved" and the V schedules (even there;
+/* name: "gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min",
+ * "dualpipev" or "search" (schedule_search at unit costs, no memory limit, V as given);
+ * virtual_stages > 1 only with "interleaved", "search" and the V schedules (even there;
  * 1 means their default, 2). Errors name the known schedules. */
 int schedule_init_named(schedule *s, const char *name, int stages, int virtual_stages,
                         int microbatches);

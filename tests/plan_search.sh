@@ -28,9 +28,15 @@ def check(path, N, L, batch=128):
                 if (N // T) % K or K > L or batch % R: continue
                 for M in (1, 2, 4, 8, 16, 32, 64):
                     if M > batch // R or (batch // R) % M: continue
-                    kinds = [('1f1b', 1)] if K == 1 else [('1f1b', 1), ('gpipe', 1), ('zb-h1', 1)]
+                    kinds = [('1f1b', 1)] if K == 1 else [('1f1b', 1), ('gpipe', 1), ('zb-h1', 1),
+                                                          ('zb-h2', 1), ('search', 1)]
                     kinds += [('interleaved', V) for V in (2, 3, 4)
                               if T == 1 and K >= 2 and R == 1 and M % K == 0 and K * V <= L]
+                    # the V schedules and the search with two chunks per rank, where
+                    # interleaving with V = 2 runs; dualpipev with M >= 2K
+                    if T == 1 and K >= 2 and R == 1 and M % K == 0 and K * 2 <= L:
+                        kinds += [('zb-v', 2), ('v-half', 2), ('v-min', 2), ('search', 2)]
+                        kinds += [('dualpipev', 2)] if M >= 2 * K else []
                     for s, V in kinds:
                         for rc in ('none', 'all'):
                             want.add((K, R, T, mode, M, s, V, rc))
@@ -66,11 +72,45 @@ space.check(sys.argv[2], 8, int(sys.argv[3]))" "$WORK" "$WORK/all.json" "$LAYERS
 python3 -c "
 import sys; sys.path.insert(0, sys.argv[1]); import space
 c = space.check(sys.argv[2], 2, int(sys.argv[3]))
-assert {x['schedule'] for x in c} == {'gpipe', '1f1b', 'zb-h1', 'interleaved'}, c
+assert {x['schedule'] for x in c} == {'gpipe', '1f1b', 'zb-h1', 'zb-h2', 'interleaved', 'zb-v',
+                                     'v-half', 'v-min', 'dualpipev', 'search'}, c
+# the search is never slower than a hand-written schedule of its layout (same K, M, V,
+# recomputation; no memory limit here)
+for x in c:
+    if x['schedule'] != 'search':
+        continue
+    assert x['schedule_origin'], x
+    for y in c:
+        if y['schedule'] != 'search' and all(y[k] == x[k] for k in ('stages', 'replicas',
+                'tensor', 'microbatches', 'virtual', 'recompute')):
+            assert x['step_s'] <= y['step_s'] * (1 + 1e-9), (x, y)
 assert {x['virtual'] for x in c} == {1, 2, 3, 4}, c
 assert {x['recompute'] for x in c} == {'none', 'all'}, c" "$WORK" "$WORK/two.json" "$LAYERS" \
-    && pass "--ranks 2: gpipe, 1f1b, zb-h1, interleaved V = 2, 3, 4, with and without recomputation" \
+    && pass "--ranks 2: gpipe, 1f1b, zb-h1, zb-h2, interleaved V = 2, 3, 4, zb-v, v-half, v-min, dualpipev, search V = 1, 2 (never slower than the others), with and without recomputation" \
     || failed "--ranks 2: the new schedules"
+# uneven stages (gpt-nano's embedding and head under --partition uniform, 4 stages): the
+# search, priced on the same profile in the same run, strictly faster than each
+# hand-written schedule of its layout (retried: a profile of a loaded machine may even out)
+search_uneven() {
+    "$PIPETRAIN" plan --model "$MODELS/gpt-nano.cfg" --ranks 4 --batch 16 --partition uniform \
+        --tensor 1 --top 1000 --json >"$WORK/nano.json"
+    python3 - "$WORK/nano.json" <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1]))['choices']
+at = lambda s: [x for x in c if x['stages'] == 4 and x['microbatches'] == 8 and
+                x['virtual'] == 1 and x['recompute'] == 'none' and x['schedule'] == s]
+s = at('search')[0]
+for name in ('gpipe', '1f1b', 'zb-h1', 'zb-h2'):
+    h = at(name)[0]
+    assert s['step_s'] < h['step_s'], (s['schedule_origin'], s['step_s'], name, h['step_s'])
+print(s['schedule_origin'], s['step_s'])
+PYEOF
+}
+if r=$(search_uneven || search_uneven || search_uneven); then
+    pass "gpt-nano, 4 uneven stages, M = 8: search ($r s) strictly faster than gpipe, 1f1b, zb-h1, zb-h2"
+else
+    failed "gpt-nano uneven stages: search not strictly faster"; echo "$r"
+fi
 # a limit between the smallest and the fastest layout's memory
 P=("${PP[@]}")
 limit=$(python3 -c "
@@ -90,7 +130,11 @@ fit = [x for x in full['choices'] if x['peak_bytes'] <= mb * 2**20]
 # sharded): those come on top of the ones that fit unsharded, each smaller than it was
 zero = [x for x in c if x.get('zero')]
 assert all(x['replicas'] > 1 for x in zero), zero
-assert len(c) == len(fit) + len(zero), (len(c), len(fit), len(zero))
+# the search priced again under a smaller --schedule-memory (K, ⌈K/2⌉, 1 micro-batches per
+# rank) where it did not fit without a limit
+ladder = [x for x in c if x['schedule'] == 'search' and x['schedule_memory'] > 0
+          and not x.get('zero')]
+assert len(c) == len(fit) + len(zero) + len(ladder), (len(c), len(fit), len(zero), len(ladder))
 steps = [x['step_s'] for x in c]
 assert steps == sorted(steps), steps
 PYEOF

@@ -6,23 +6,7 @@
 # differs.
 source "$(dirname "$0")/lib/common.bash"
 export OPENBLAS_NUM_THREADS=1
-COMMON=(--model "$MODELS/seed-cnn.cfg" --batch 16 --steps 3 --train-samples 256
-        --test-samples 200 --seed 7 --threads 1 --json --optimizer adam --lr 0.001)
-"$PIPETRAIN" train "${COMMON[@]}" --steps 1 --optimizer sgd --lr 0 --test-samples 0 \
-    --save "$WORK/init.st" >/dev/null
-
-run() { # run OUT K ARGS...
-    local out=$1 k=$2
-    shift 2
-    if [ "$k" -eq 1 ]; then
-        "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st" --save "$out" "$@" \
-            >"$out.json" 2>"$out.err"
-    else
-        "$MPIEXEC" -n "$k" "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st" \
-            --save "$out" "$@" >"$out.json" 2>"$out.err"
-    fi
-}
-test_loss() { tail -n 1 "$1.json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["test_loss"])'; }
+source "$(dirname "$0")/lib/schedule_runs.bash"
 
 for M in 4 8; do run "$WORK/ref_$M.st" 1 --microbatches $M; done
 

@@ -18,7 +18,7 @@ python3 - "$WORK/res" "$WORK/fig" "$HAS_TORCH" <<'PY' && pass "runs recorded (co
     || failed "runs or figures missing"
 import json, os, sys
 res, fig, has_torch = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-studies = ["layouts", "scaling", "batch", "schedules", "partition", "cpu-gpu", "transformer"]
+studies = ["layouts", "scaling", "batch", "schedules", "partition", "cpu-gpu", "transformer", "zero"]
 if has_torch:
     studies.append("gpt-learning")
 for s in studies:

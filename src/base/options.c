@@ -67,7 +67,17 @@ static const opt_spec opt_shared[] = {
      .help = "pipeline schedule: gpipe | 1f1b | interleaved (with --virtual V) | zb-h1 | "
              "zb-h2 (zero bubble: backward split into input and weight gradients) | zb-v | "
              "v-half | v-min | dualpipev (two model chunks per rank in a V: rank k holds "
-             "chunks k and 2K-1-k)"},
+             "chunks k and 2K-1-k) | search (the order of least simulated step at the stages' "
+             "profiled costs among these and greedy orders, --virtual V chunks per rank, "
+             "within --schedule-memory)"},
+    {.name = "schedule-file", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "run the schedule in FILE (as pipetrain schedule --save-schedule writes it) "
+             "instead of generating one: verified, and checked against --stages, "
+             "--microbatches and the chunks per rank; errors name the line"},
+    {.name = "schedule-memory", .kind = OPT_REAL, .arg = "N", .min = 0, .max = 1 << 20,
+     .def = "0", .help = "--schedule search: most micro-batches' activations a rank may hold "
+                         "(the verifier's peak; with V chunks per rank, chunk activations / "
+                         "V; 1F1B holds K on its first stage); 0: no limit"},
     {.name = "virtual", .letter = 'v', .kind = OPT_INT, .arg = "V", .min = 1, .max = 64,
      .def = "1", .help = "model chunks per rank (schedule interleaved): the layers are cut "
                          "into stages × V chunks and rank k holds chunks k, k+K, ...; "

@@ -23,7 +23,7 @@
 enum { O_TOPOLOGY = 1, O_JSON, O_HELP, O_MODEL, O_STAGES, O_REPLICAS, O_NODES, O_PARTITION,
        O_BATCH, O_MICRO, O_DEVICE, O_GPUS, O_EXCLUSIVE, O_BANDWIDTH, O_LATENCY, O_SCHED,
        O_REDUCE, O_BUCKET_MB, O_OVERLAP, O_EMIT, O_RANKS, O_MEMORY, O_TOP, O_VIRTUAL,
-       O_RECOMPUTE, O_WGRAD, O_TENSOR, O_TENSOR_MODE, O_ZERO };
+       O_RECOMPUTE, O_WGRAD, O_TENSOR, O_TENSOR_MODE, O_ZERO, O_SCHED_MEM };
 
 static const opt_spec plan_opts[] = {
     {.id = O_MODEL, .name = "model", .shared = 1},
@@ -47,18 +47,21 @@ static const opt_spec plan_opts[] = {
     {.id = O_BATCH, .name = "batch", .shared = 1},
     {.id = O_MICRO, .name = "microbatches", .shared = 1},
     {.id = O_SCHED, .name = "schedule", .shared = 1},
+    {.id = O_SCHED_MEM, .name = "schedule-memory", .shared = 1},
     {.id = O_VIRTUAL, .name = "virtual", .shared = 1},
     {.id = O_RECOMPUTE, .name = "recompute", .shared = 1},
     {.id = O_WGRAD, .name = "wgrad", .shared = 1},
     {.id = O_REDUCE, .name = "reduce", .shared = 1},
     {.id = O_BUCKET_MB, .name = "bucket-mb", .shared = 1},
     {.id = O_OVERLAP, .name = "overlap", .shared = 1},
-    {.id = O_ZERO, .name = "zero", .kind = OPT_INT, .arg = "S", .min = 0, .max = 1, .def = "0",
+    {.id = O_ZERO, .name = "zero", .kind = OPT_INT, .arg = "S", .min = 0, .max = 2, .def = "0",
      .help = "ZeRO stage inside each stage's replica group (--replicas 2 or more, --reduce ordered "
              "or allreduce, the CPU engine): 1 keeps each replica's shard of the optimizer "
-             "state only, steps it and all-gathers the parameters; 2 and 3 are not "
-             "implemented; plan prices 1 (memory per rank) and, with --ranks, tries it where "
-             "a layout does not fit --memory-mb"},
+             "state only, steps it and all-gathers the parameters; 2 also gives back each "
+             "bucket's gradient memory outside the replica's shard once the bucket is "
+             "reduce-scattered (the drop needs --overlap on and one micro-batch per "
+             "replica); 3 is not implemented; plan prices 1 and 2 (memory per rank) and, "
+             "with --ranks, tries them where a layout does not fit --memory-mb"},
     {.id = O_DEVICE, .name = "device", .shared = 1},
     {.id = O_GPUS, .name = "gpus-per-stage", .letter = 'g', .kind = OPT_INT, .arg = "G",
      .min = 1, .max = 65536, .help = "GPUs per stage: --device cuda with G replicas"},
@@ -125,6 +128,7 @@ static int read_options(plan_args *a, opt_parser *p)
         case O_DEVICE: a->device = p->choice ? TOPO_DEVICE_CUDA : TOPO_DEVICE_CPU; break;
         case O_SCHED: a->schedule = p->arg; break;
         case O_VIRTUAL: a->virtual_stages = (int)p->num; break;
+        case O_SCHED_MEM: a->schedule_memory = p->real; break;
         case O_RECOMPUTE: a->recompute = p->arg; break;
         case O_WGRAD: a->wgrad_batched = p->choice == 1; break;
         case O_REDUCE: a->reduce = methods[p->choice]; break;
@@ -264,6 +268,8 @@ static int plan_parse(plan_args *a, int argc, char **argv)
     if (!a->schedule) a->schedule = "1f1b";
     /* the V schedules' default: two model chunks per rank */
     if (schedule_is_v(a->schedule) && a->virtual_stages == 1) a->virtual_stages = 2;
+    if (a->schedule_memory > 0 && strcmp(a->schedule, "search"))
+        return opt_error(&p, "--schedule-memory is the limit of --schedule search");
     if (check_zero(a, &p) || (!a->ranks && check_schedule(a, &p))) return -1;
     if (a->exclusive && a->device == TOPO_DEVICE_CUDA)
         a->exclusive = 0; /* GPUs are never shared anyway */
@@ -278,7 +284,7 @@ static int profile_layers(partition_profile *prof, plan_args *a, const net_desc 
     /* the split backward only where it is priced */
     profile_options po = {.batch = a->replica_batch / a->microbatches, .warmup = 1,
                           .repeats = 3, .device = ENGINE_CPU,
-                          .split = !strcmp(a->schedule, "zb-h1")};
+                          .split = schedule_splits_backward(a->schedule)};
     if (a->tensor == 1) return partition_profile_measure_with(prof, net, &po);
     shard_plan sp;
     if (shard_plan_init(&sp, net, a->tensor, a->tensor_mode) < 0) return -1;
@@ -300,6 +306,9 @@ static int emit_command(const plan_args *a, const plan_built *b)
     if (a->virtual_stages > 1)
         len += snprintf(extra + len, sizeof extra - (size_t)len, "%s--virtual %d",
                         len ? " " : "", a->virtual_stages);
+    if (a->schedule_memory > 0)
+        len += snprintf(extra + len, sizeof extra - (size_t)len, "%s--schedule-memory %g",
+                        len ? " " : "", a->schedule_memory);
     if (strcmp(a->recompute, "none"))
         len += snprintf(extra + len, sizeof extra - (size_t)len, "%s--recompute %s",
                         len ? " " : "", a->recompute);

@@ -1,5 +1,8 @@
 /* `pipetrain schedule`: a pipeline schedule's instruction lists and timeline, verified. */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "schedule/schedule.h"
 #include "src/base/error.h"
@@ -7,7 +10,7 @@
 #include "src/cli/commands.h"
 
 enum { O_STAGES = 1, O_MICRO, O_SCHED, O_BUCKETS, O_OVERLAP, O_VIRTUAL, O_RECOMPUTE, O_SAVE,
-       O_LOAD, O_HELP };
+       O_LOAD, O_SMEM, O_COSTS, O_HELP };
 
 static const opt_spec schedule_opts[] = {
     {.id = O_SCHED, .name = "schedule", .shared = 1},
@@ -21,9 +24,12 @@ static const opt_spec schedule_opts[] = {
     {.id = O_RECOMPUTE, .name = "recompute", .shared = 1},
     {.id = O_SAVE, .name = "save-schedule", .kind = OPT_TEXT, .arg = "FILE",
      .help = "also write the schedule as text (one line per instruction) to FILE"},
-    {.id = O_LOAD, .name = "schedule-file", .kind = OPT_TEXT, .arg = "FILE",
-     .help = "read the schedule from FILE (as --save-schedule writes it) instead of "
-             "generating one; it is verified, errors name the line"},
+    {.id = O_LOAD, .name = "schedule-file", .shared = 1},
+    {.id = O_SMEM, .name = "schedule-memory", .shared = 1},
+    {.id = O_COSTS, .name = "costs", .kind = OPT_TEXT, .arg = "LIST",
+     .help = "--schedule search: each model chunk's costs in model order, comma-separated, "
+             "each F (b = w = F) or F/B/W (forward, input gradient, weight gradient), e.g. "
+             "3,1,1,3; default 1/V each"},
     {.id = O_HELP, .name = "help", .shared = 1},
     {0},
 };
@@ -34,6 +40,7 @@ static const opt_command schedule_command = {
              "pipetrain schedule --stages K ... --buckets B [--overlap on|off]\n"
              "pipetrain schedule --stages K ... --recompute none|all|0,2\n"
              "pipetrain schedule --stages K ... --save-schedule FILE\n"
+             "pipetrain schedule --stages K ... --schedule search [--costs LIST]\n"
              "pipetrain schedule --schedule-file FILE",
     .about = "Prints each stage's instruction list and a unit-time timeline of the schedule, "
              "verifies it (no deadlock) and reports the bubble and the peak micro-batches each "
@@ -54,12 +61,61 @@ static void print_peaks(const char *what, const int *per_stage, const int *per_c
     printf("\n");
 }
 
+/* --costs: n model chunks' F, b, w ("F" or "F/B/W" each, comma-separated). */
+static int parse_costs(const char *text, int n, double *f, double *b, double *w)
+{
+    const char *p = text;
+    for (int c = 0; c < n; c++) {
+        char *end;
+        f[c] = strtod(p, &end);
+        b[c] = w[c] = f[c];
+        if (end != p && *end == '/') {
+            b[c] = strtod(end + 1, &end);
+            if (*end != '/') return pt_error_set("--costs %s: chunk %d: expected F/B/W", text, c);
+            w[c] = strtod(end + 1, &end);
+        }
+        if (end == p || !(f[c] > 0 && b[c] > 0 && w[c] > 0) || !isfinite(f[c] + b[c] + w[c]))
+            return pt_error_set("--costs %s: chunk %d: expected positive numbers", text, c);
+        if (c + 1 < n && *end != ',')
+            return pt_error_set("--costs %s: %d model chunks need %d costs", text, n, n);
+        if (c + 1 == n && *end)
+            return pt_error_set("--costs %s: more than the %d model chunks' costs", text, n);
+        p = end + 1;
+    }
+    return 0;
+}
+
+/* --schedule search with the given costs and limit; prints what won. */
+static int search_schedule(schedule *s, int stages, int virt, int micro, const char *costs,
+                           double memory)
+{
+    int C = stages * virt;
+    double *f = malloc(3 * (size_t)C * sizeof *f);
+    if (!f) return pt_error_set("out of memory");
+    int rc = costs ? parse_costs(costs, C, f, f + C, f + 2 * C) : 0;
+    schedule_search_config c = {.stages = stages, .microbatches = micro, .virtual_stages = virt,
+                                .fwd = costs ? f : NULL, .bwd_input = costs ? f + C : NULL,
+                                .bwd_weight = costs ? f + 2 * C : NULL, .memory = memory};
+    schedule_search_result r;
+    if (!rc) rc = schedule_search(s, &c, &r);
+    free(f);
+    if (rc) return -1;
+    printf("search: %s, simulated step %g at %s costs, holds %g micro-batches", r.how, r.step,
+           costs ? "the given" : "unit", r.peak);
+    if (r.best_named < INFINITY)
+        printf("; fastest hand-written within the limit: %s, %g", r.best_named_name,
+               r.best_named);
+    printf(" (%d candidates verified, %d within the limit)\n", r.tried, r.kept);
+    return 0;
+}
+
 /* What the printer can show in a terminal's worth of text. */
 enum { SCHEDULE_MAX_STAGES = 256, SCHEDULE_MAX_MICRO = 4096 };
 
 int cmd_schedule(int argc, char **argv)
 {
-    const char *name = NULL, *recompute = "none", *save = NULL, *load = NULL;
+    const char *name = NULL, *recompute = "none", *save = NULL, *load = NULL, *costs = NULL;
+    double memory = 0;
     int stages = 0, micro = 0, buckets = 0, overlap = 1, virt = 1;
     opt_parser p;
     if (opt_parser_init(&p, &schedule_command, argc, argv)) return cli_usage_fail();
@@ -75,6 +131,8 @@ int cmd_schedule(int argc, char **argv)
         case O_RECOMPUTE: recompute = p.arg; break;
         case O_SAVE: save = p.arg; break;
         case O_LOAD: load = p.arg; break;
+        case O_SMEM: memory = p.real; break;
+        case O_COSTS: costs = p.arg; break;
         case O_HELP: opt_print_help(&schedule_command, stdout); return PT_EXIT_OK;
         }
     }
@@ -95,13 +153,20 @@ int cmd_schedule(int argc, char **argv)
         opt_error(&p, "%s", why);
         return cli_usage_fail();
     }
+    int searching = name && !strcmp(name, "search");
+    if ((costs || memory > 0) && (!searching || load)) {
+        opt_error(&p, "--costs and --schedule-memory are for --schedule search");
+        return cli_usage_fail();
+    }
     int any_recompute = 0;
     for (int k = 0; k < stages; k++) any_recompute |= flags[k];
     schedule s;
     if (load) {
         if (schedule_read(&s, load)) return cli_input_fail();
     } else {
-        if (schedule_init_named(&s, name, stages, virt, micro)) return cli_input_fail();
+        if (searching ? search_schedule(&s, stages, virt, micro ? micro : 1, costs, memory)
+                      : schedule_init_named(&s, name, stages, virt, micro))
+            return cli_input_fail();
         /* --buckets B: B buckets on every stage, or on every chunk of a multi-chunk one */
         int C = stages * s.virtual_stages;
         int per_chunk[C];

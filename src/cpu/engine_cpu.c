@@ -10,6 +10,7 @@
 #include "src/cpu/engine_cpu.h"
 #include "src/cpu/stage.h"
 #include "src/base/error.h"
+#include "src/base/pages.h"
 
 typedef struct {
     stage st;
@@ -35,6 +36,8 @@ typedef struct {
     engine_run *zruns;
     int n_zruns;
     float *zm, *zv;
+    int zero2;          /* grads_shard: ZeRO-2, the gradients' pages are given back */
+    size_t grads_peak;  /* the gradient arrays' most backed bytes seen (grads_resident) */
 } cpu_engine;
 
 static cpu_engine *impl(engine *e) { return e->impl; }
@@ -84,7 +87,8 @@ static void cpu_destroy(engine *e)
         free(c->polls[0]);
         free(c->polls[1]);
         if (c->piece)
-            for (int p = 1; p < c->pieces; p++) free(c->piece[p]);
+            for (int p = 1; p < c->pieces; p++) /* the stage's grads_bytes: gone with it */
+                pages_free(c->piece[p], stage_round_up(e->param_count * sizeof(float)));
         free(c->piece);
         free(c->zruns);
         free(c->zm);
@@ -177,12 +181,42 @@ static int cpu_optim_shard(engine *e, const engine_run *runs, int n)
     return 0;
 }
 
+/* The backed bytes of every gradient array now (the stage's and the pieces), measured; the
+ * peak is kept. */
+static void sample_grads(cpu_engine *c)
+{
+    size_t n = stage_grads_resident(&c->st);
+    for (int p = 1; c->piece && p < c->pieces; p++)
+        n += pages_resident(c->piece[p], c->st.grads_bytes);
+    if (n > c->grads_peak) c->grads_peak = n;
+}
+
+static int cpu_grads_shard(engine *e)
+{
+    cpu_engine *c = impl(e);
+    c->zero2 = 1;
+    c->st.release_zero = 1;
+    return 0;
+}
+
+static int cpu_grads_release(engine *e, int piece, size_t off, size_t count)
+{
+    cpu_engine *c = impl(e);
+    if (!c->zero2) return pt_error_set("CPU engine: gradients released without --zero 2");
+    if (engine_grads_range_check(e, piece, off, count, "release")) return -1;
+    sample_grads(c); /* the peak: just before memory goes back */
+    if (piece == 0) stage_release_grads(&c->st, off, count);
+    else pages_release(c->piece[piece] + off, count * sizeof(float));
+    return 0;
+}
+
 static void cpu_state_bytes(const engine *e, size_t *params, size_t *grads, size_t *optim)
 {
-    const cpu_engine *c = e->impl;
+    cpu_engine *c = e->impl;
     size_t block = stage_round_up(e->param_count * sizeof(float));
     *params = block;
-    *grads = block * (size_t)c->pieces; /* piece 0 is the stage's gradients */
+    sample_grads(c);
+    *grads = c->grads_peak;
     if (c->zruns) *optim = 2 * stage_round_up(engine_runs_count(c->zruns, c->n_zruns) * sizeof(float));
     else *optim = c->st.opt_memory ? 2 * block : 0;
 }
@@ -402,7 +436,10 @@ static int cpu_step(engine *e, const optimizer_config *o, int t)
     } else if (stage_step(st, o)) {
         return -1;
     }
+    sample_grads(c); /* the most the gradients hold: the step's start */
     stage_zero_grad(st);
+    for (int p = 1; c->zero2 && p < c->pieces; p++) /* summed already: none to zero */
+        pages_zero(c->piece[p], e->param_count * sizeof(float));
     tick(e, t, t0);
     return 0;
 }
@@ -475,6 +512,8 @@ static const engine_ops cpu_ops = {
     .msg_ready = cpu_msg_ready,
     .finish = cpu_finish,
     .optim_shard = cpu_optim_shard,
+    .grads_shard = cpu_grads_shard,
+    .grads_release = cpu_grads_release,
     .params_host = cpu_params_host,
     .state_bytes = cpu_state_bytes,
 };
@@ -530,9 +569,8 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
     c->piece = calloc((size_t)c->pieces, sizeof *c->piece);
     int pieces_ok = c->piece != NULL;
     for (int p = 1; pieces_ok && p < c->pieces; p++) {
-        c->piece[p] = alloc_array(e->param_count * sizeof(float));
-        if (c->piece[p]) memset(c->piece[p], 0, e->param_count * sizeof(float));
-        else pieces_ok = 0;
+        /* pages: backed where written, given back by grads_release under ZeRO-2 */
+        if (!(c->piece[p] = pages_alloc(c->st.grads_bytes))) pieces_ok = 0;
     }
     if (c->piece) c->piece[0] = c->st.grads;
     if (!extras_ok || !pieces_ok || !c->in || !c->grad_in || (!c->first_stage && !c->grad_out) || !c->labels ||

@@ -9,6 +9,7 @@
 
 #include "src/base/clock.h"
 #include "src/base/error.h"
+#include "src/base/pages.h"
 #include "src/cpu/pool.h"
 #include "src/cpu/stage_impl.h"
 #include "src/engine/layer_ops.h"
@@ -110,15 +111,17 @@ stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int m
     return b;
 }
 
-/* params | grads; each block rounded so every block stays aligned. The optimizer's m | v
+/* The parameters, and the gradients in pages of their own (src/base/pages.h: backed where
+ * written, and ZeRO-2 gives a bucket's pages back outside its shard). The optimizer's m | v
  * come at the first use (stage_alloc_optim): a ZeRO engine keeps only its shard's. */
 static int alloc_state(stage *s)
 {
-    size_t block = stage_round_up(s->plan.param_count * sizeof(float)) / sizeof(float);
-    s->memory = stage_alloc_zeroed(2 * block * sizeof(float));
-    if (!s->memory) return -1;
+    size_t block = stage_round_up(s->plan.param_count * sizeof(float));
+    s->memory = stage_alloc_zeroed(block);
+    s->grads_bytes = block;
+    s->grads = pages_alloc(block);
+    if (!s->memory || !s->grads) return -1;
     s->params = s->memory;
-    s->grads = s->memory + block;
     return 0;
 }
 
@@ -167,13 +170,12 @@ static int alloc_workers(stage *s, int chunk)
  * than one chunk. */
 static int alloc_groups(stage *s, int chunk)
 {
-    size_t P = s->plan.param_count;
     s->group_grads = calloc((size_t)s->groups, sizeof *s->group_grads);
-    s->mb_grads = stage_alloc_zeroed(P * sizeof(float));
+    s->mb_grads = pages_alloc(s->grads_bytes);
     if (!s->group_grads || !s->mb_grads) return -1;
     s->group_grads[0] = s->grads;
     for (int g = 1; g < used_groups(s->groups, chunk, s->plan.max_batch); g++)
-        if (!(s->group_grads[g] = stage_alloc_zeroed(P * sizeof(float)))) return -1;
+        if (!(s->group_grads[g] = pages_alloc(s->grads_bytes))) return -1;
     return 0;
 }
 
@@ -253,8 +255,9 @@ void stage_free(stage *s)
         }
     }
     if (s->group_grads)
-        for (int g = 1; g < s->groups; g++) free(s->group_grads[g]);
-    free(s->mb_grads);
+        for (int g = 1; g < s->groups; g++) pages_free(s->group_grads[g], s->grads_bytes);
+    pages_free(s->mb_grads, s->grads_bytes);
+    pages_free(s->grads, s->grads_bytes);
     free(s->carry);
     free(s->group_grads);
     free(s->workers);
@@ -767,8 +770,24 @@ int stage_backward_weight(stage *s, int slot, int lo, int hi, float *grads)
 
 void stage_zero_grad(stage *s)
 {
-    memset(s->grads, 0, s->plan.param_count * sizeof(float));
+    if (s->release_zero) pages_zero(s->grads, s->plan.param_count * sizeof(float));
+    else memset(s->grads, 0, s->plan.param_count * sizeof(float));
     stage_plan_grads_zeroed(&s->plan);
+}
+
+void stage_release_grads(stage *s, size_t off, size_t count)
+{
+    if (off < s->plan.param_count && count <= s->plan.param_count - off)
+        pages_release(s->grads + off, count * sizeof(float));
+}
+
+size_t stage_grads_resident(const stage *s)
+{
+    size_t n = pages_resident(s->grads, s->grads_bytes) +
+               pages_resident(s->mb_grads, s->grads_bytes);
+    for (int g = 1; s->group_grads && g < s->groups; g++)
+        n += pages_resident(s->group_grads[g], s->grads_bytes);
+    return n;
 }
 
 int stage_step(stage *s, const optimizer_config *o)

@@ -50,7 +50,7 @@ typedef struct {
                                local layers, parameter offsets, sizes, gradient targets and
                                the backward by ranges under way */
     int n_slots;
-    float *memory;          /* owned: params | grads */
+    float *memory;          /* owned: params */
     float *opt_memory;      /* owned: m | v, from the first stage_alloc_optim (NULL before) */
     float *params, *grads, *opt_m, *opt_v;
     stage_slot *slots;      /* owned */
@@ -62,6 +62,12 @@ typedef struct {
     stage_worker *workers;  /* owned, one per thread */
     float **group_grads;    /* owned (but [0] may be the stage's grads): one per group */
     float *mb_grads;        /* owned: a micro-batch's gradient after the first */
+    /* The gradient arrays (grads, mb_grads, group_grads[1..]) are whole pages
+     * (src/base/pages.h) of grads_bytes each, backed only where written: a run with one
+     * micro-batch per step never touches mb_grads. release_zero (ZeRO-2): stage_zero_grad
+     * gives the gradients' pages back instead of writing zeros. */
+    size_t grads_bytes;
+    int release_zero;
     struct pool *pool;      /* owned */
     /* stage_backward_range: where each chunk's running gradient waits between ranges
      * (owned, max_batch · widest floats, allocated at the first range that needs it) */
@@ -220,6 +226,12 @@ size_t stage_loss_floats(const net_desc *net, int last, int max_batch, const sha
 
 /* Zeroes the gradients; ends a stage_backward_range sequence left unfinished. */
 void stage_zero_grad(stage *s);
+/* ZeRO-2: the pages wholly inside gradients [off, off + count) go back to the system (they
+ * read as zero); the rest of the array is untouched. */
+void stage_release_grads(stage *s, size_t off, size_t count);
+/* Bytes of the gradient arrays (grads, mb_grads, group_grads[1..]) backed by memory now
+ * (pages_resident: measured, not computed). */
+size_t stage_grads_resident(const stage *s);
 /* One optimizer update of every parameter from the accumulated gradients (−1 with a
  * message for an unknown optimizer). */
 int stage_step(stage *s, const optimizer_config *opt);

@@ -165,9 +165,18 @@ typedef struct {
     /* ZeRO: the stage's parameters in host memory that MPI may write (the all-gather that
      * follows each replica's step of its shard). NULL: no ZeRO. */
     int (*params_host)(engine *, float **host);
-    /* Bytes allocated now for the parameters, the gradients (with the pieces kept apart)
-     * and the optimizer's state (m and v; none before the first update or write_state
-     * unless sharded): the memory figures of --json. NULL: not known. */
+    /* ZeRO-2: from now on zeroing the gradients gives their memory back (they read as
+     * zero) rather than writing zeros, and grads_release may be called. Once, before the
+     * first step. NULL: the engine cannot shard its gradients. */
+    int (*grads_shard)(engine *);
+    /* ZeRO-2: gradients [off, off + count) of piece `piece` are not needed again before the
+     * step (a bucket's sum outside this replica's shard, or a piece already summed): their
+     * memory goes back to the system, and they read as zero until written. */
+    int (*grads_release)(engine *, int piece, size_t off, size_t count);
+    /* Bytes for the parameters and the optimizer's state (m and v; none before the first
+     * update or write_state unless sharded), allocated now, and the gradients' (with the
+     * pieces kept apart) peak backed bytes, measured at each step and each grads_release
+     * (CPU: pages_resident): the memory figures of --json. NULL: not known. */
     void (*state_bytes)(const engine *, size_t *params, size_t *grads, size_t *optim);
 } engine_ops;
 

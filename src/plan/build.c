@@ -71,6 +71,7 @@ static int predict_step(plan_prediction *out, const plan_args *a, const net_desc
         .tensor_alpha = b->tensor_alpha,
         .tensor_beta = b->tensor_beta,
         .reduce_in_waits = a->device != TOPO_DEVICE_CUDA,
+        .schedule_memory = a->schedule_memory, .search_runs = a->search_runs,
     };
     int rc = plan_predict(out, net, part, prof, &cfg);
     free(alpha);
@@ -292,7 +293,7 @@ fail:
 int plan_price(plan_built *b, const plan_args *a, const net_desc *net,
                const partition_profile *prof, const topo_machine *m, const topo_cost_model *cm)
 {
-    int K = a->stages, V = a->virtual_stages > 1 ? a->virtual_stages : 1, rc = -1;
+    int K = a->stages, rc = -1;
     plan_prediction_free(&b->pred);
     free(b->stage_bytes);
     b->peak_bytes = 0;
@@ -304,18 +305,21 @@ int plan_price(plan_built *b, const plan_args *a, const net_desc *net,
         pt_error_set("out of memory");
         goto out;
     }
+    /* the memory of the schedule the prediction simulated (a search's own result) */
     if (schedule_parse_recompute(a->recompute, K, flags) < 0 ||
-        predict_step(&b->pred, a, net, prof, m, cm, b, flags) < 0 ||
-        plan_schedule(&sched, a->schedule, K, V, a->microbatches, flags) < 0)
+        predict_step(&b->pred, a, net, prof, m, cm, b, flags) < 0)
         goto out;
-    have_sched = 1;
+    sched = b->pred.sched;
     replicas_config rep = {.replicas = a->replicas, .method = a->reduce,
                            .microbatches = a->microbatches};
     plan_memory_config mc = {.microbatch = a->replica_batch / a->microbatches,
                              .wgrad_batched = a->wgrad_batched,
                              .grad_pieces = replicas_grad_pieces(&rep),
                              .zero = a->replicas > 1 ? a->zero : 0, .replicas = a->replicas,
-                             .shard = a->tensor > 1 ? &b->shard : NULL};
+                             .shard = a->tensor > 1 ? &b->shard : NULL,
+                             .rep = rep};
+    double bucket = a->bucket_mb * 1048576.0;
+    mc.rep.bucket_bytes = bucket < 1 ? 1 : bucket > 1e18 ? (size_t)1e18 : (size_t)bucket;
     if (plan_memory(b->stage_bytes, net, &b->part, &sched, &mc) < 0) goto out;
     for (int s = 0; s < K; s++)
         if (b->stage_bytes[s] > b->peak_bytes) b->peak_bytes = b->stage_bytes[s];

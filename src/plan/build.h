@@ -40,6 +40,8 @@ typedef struct {
     int shard_profile;   /* the profile given with these args is of the shards
                             (plan_profile_shards), not of whole layers */
     int tensor_given, tensor_mode_given;
+    double schedule_memory; /* --schedule search: micro-batches a rank may hold (0: any) */
+    int search_runs;        /* the search's greedy orders at most (0: its default) */
 } plan_args;
 
 /* The rank of tensor shard t of stage s in replica r. */

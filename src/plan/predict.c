@@ -58,6 +58,7 @@ static double param_share(const shard_plan *p, const net_desc *net, int first, i
 void plan_prediction_free(plan_prediction *p)
 {
     free(p->busy_s);
+    schedule_free(&p->sched);
     *p = (plan_prediction){0};
 }
 
@@ -184,6 +185,49 @@ static int chunk_costs_init(chunk_costs *c, const net_desc *net, const partition
     return 0;
 }
 
+/* Replaces *sched (a named schedule of the right placement, no reductions) by the search's
+ * result at c's costs (B and W half of the backward each without a split profile), with
+ * cfg's recomputation (priced in the search). */
+static int search_at_costs(schedule *sched, const chunk_costs *c, int C, double msg,
+                           const plan_predict_config *cfg)
+{
+    double *half = NULL;
+    const double *bin = c->bin, *bw = c->bw;
+    if (!bin || !bw) {
+        half = malloc((size_t)C * sizeof *half);
+        if (!half) return pt_error_set("out of memory");
+        for (int k = 0; k < C; k++) half[k] = c->bwd[k] / 2;
+        bin = bw = half;
+    }
+    /* a chunk without parameters has no W (and may have no cost at all): the search
+     * needs costs > 0 */
+    double *f = malloc(4 * (size_t)C * sizeof *f);
+    if (!f) {
+        free(half);
+        return pt_error_set("out of memory");
+    }
+    for (int k = 0; k < C; k++) {
+        f[k] = c->fwd[k] > 1e-12 ? c->fwd[k] : 1e-12;
+        f[C + k] = bin[k] > 1e-12 ? bin[k] : 1e-12;
+        f[2 * C + k] = bw[k] > 1e-12 ? bw[k] : 1e-12;
+        f[3 * C + k] = c->bwd[k] > 1e-12 ? c->bwd[k] : 1e-12;
+    }
+    schedule_search_config sc = {.stages = sched->stages, .microbatches = sched->microbatches,
+                                 .virtual_stages = sched->virtual_stages, .fwd = f,
+                                 .bwd_input = f + C, .bwd_weight = f + 2 * C,
+                                 .bwd = f + 3 * C, .comm = msg,
+                                 .memory = cfg->schedule_memory, .max_runs = cfg->search_runs,
+                                 .recompute = cfg->recompute};
+    schedule found;
+    int rc = schedule_search(&found, &sc, NULL);
+    free(f);
+    free(half);
+    if (rc) return -1;
+    schedule_free(sched);
+    *sched = found;
+    return 0;
+}
+
 int plan_predict(plan_prediction *out, const net_desc *net, const partition *part,
                  const partition_profile *prof, const plan_predict_config *cfg)
 {
@@ -199,15 +243,27 @@ int plan_predict(plan_prediction *out, const net_desc *net, const partition *par
         return pt_error_set("plan_predict: replicas with interleaved schedules (--virtual %d) "
                             "are not supported", V);
     schedule sched;
-    if (plan_schedule(&sched, cfg->schedule, K, V, cfg->rep.microbatches, cfg->recompute))
+    int search = !strcmp(cfg->schedule, "search");
+    /* a search needs the chunks' costs first: priced under a schedule of its placement */
+    const char *named = !search ? cfg->schedule : V > 1 && V % 2 == 0 ? "zb-v"
+                                                : V > 1 ? "interleaved" : "zb-h1";
+    if (plan_schedule(&sched, named, K, V, cfg->rep.microbatches, search ? NULL : cfg->recompute))
         return -1;
     chunk_costs c = {0};
-    int rc = replicas_schedule(&sched, net, part, &cfg->rep) ||
+    int rc = (!search && replicas_schedule(&sched, net, part, &cfg->rep)) ||
              chunk_costs_init(&c, net, part, prof, cfg, &sched);
     /* the slowest boundary prices every message (the simulator has one message cost) */
     double msg = 0;
     for (int k = 0; !rc && cfg->message_s && k + 1 < C; k++)
         if (cfg->message_s[k] > msg) msg = cfg->message_s[k];
+    if (!rc && search) {
+        rc = search_at_costs(&sched, &c, C, msg, cfg);
+        /* the winner's placement may differ: its chunks' costs (and buckets) again */
+        chunk_costs_free(&c, K);
+        c = (chunk_costs){0};
+        rc = rc || replicas_schedule(&sched, net, part, &cfg->rep) ||
+             chunk_costs_init(&c, net, part, prof, cfg, &sched);
+    }
     schedule_sim sim;
     if (!rc) {
         schedule_costs sc = {
@@ -249,8 +305,27 @@ int plan_predict(plan_prediction *out, const net_desc *net, const partition *par
         schedule_sim_free(&sim);
     }
     chunk_costs_free(&c, K);
-    schedule_free(&sched);
+    if (rc) schedule_free(&sched);
+    else out->sched = sched;
     return rc ? -1 : 0;
+}
+
+/* ZeRO-2: the most gradient bytes a replica holds at once in its backward with one piece:
+ * max over buckets b of Σ_{k < b−1} B_k/R + B_{b−1} + B_b (B in bytes, the shards rounded
+ * to nothing), as src/runtime/replicas.c gives memory back; −1 with a message. */
+static double zero2_grad_bytes(const net_desc *net, int first, int last,
+                               const plan_memory_config *cfg)
+{
+    reduce_plan plan;
+    if (replicas_plan(&plan, net, first, last, &cfg->rep)) return -1;
+    double shards = 0, most = 0, R = cfg->replicas;
+    for (int b = 0; b < plan.n_buckets; b++) {
+        double Bb = 4.0 * plan.buckets[b].count, prev = b ? 4.0 * plan.buckets[b - 1].count : 0;
+        if (shards + prev + Bb > most) most = shards + prev + Bb;
+        shards += prev / R;
+    }
+    reduce_plan_free(&plan);
+    return most;
 }
 
 int plan_memory(double *out, const net_desc *net, const partition *part, const schedule *sched,
@@ -304,6 +379,14 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                  * the wire are the unsharded ones (reduce-scatter + all-gather) */
                 if (cfg->zero > 0 && cfg->replicas > 1)
                     bytes -= (double)b.state / 2.0 * (1.0 - 1.0 / cfg->replicas);
+                /* ZeRO-2 (one piece): the gradients' peak is the shards of the buckets
+                 * reduced so far and two whole buckets (the one whose reduce-scatter the
+                 * next start waits for, and the one just formed) */
+                if (cfg->zero >= 2 && cfg->replicas > 1 && cfg->grad_pieces <= 1) {
+                    double g = zero2_grad_bytes(net, first, last, cfg);
+                    if (g < 0) return -1;
+                    bytes += g - (double)b.state / 4.0;
+                }
                 rank += bytes;
             }
             if (rank > out[s]) out[s] = rank;

@@ -19,8 +19,8 @@
 #include "src/runtime/profile.h"
 #include "src/runtime/replicas.h"
 
-/* The schedule a layout runs, built as train builds it: generator `name` ("gpipe", "1f1b",
- * "interleaved" or "zb-h1") for `stages` ranks with `virtual_stages` chunks each (V > 1
+/* The schedule a layout runs, built as train builds it: generator `name` (any of
+ * schedule_init_named's; "search" at unit costs: plan_predict searches at the profile's) for `stages` ranks with `virtual_stages` chunks each (V > 1
  * only with "interleaved") and `microbatches` micro-batches, then recomputation on the
  * ranks with recompute[s] != 0 (NULL: none). No reductions. −1 with a message. */
 int plan_schedule(schedule *s, const char *name, int stages, int virtual_stages,
@@ -51,6 +51,11 @@ typedef struct {
     const double *tensor_alpha, *tensor_beta; /* per rank (stage): the tensor group's link */
     int reduce_in_waits;       /* CPU ranks: reductions progress only while a rank waits
                                 * for them (schedule_costs.reduce_in_waits) */
+    /* schedule "search": schedule_search at these chunks' costs (F, B, W; the slowest
+     * message) with this limit (micro-batches per rank, 0: none) and at most search_runs
+     * greedy orders (0: the search's default) */
+    double schedule_memory;
+    int search_runs;
 } plan_predict_config;
 
 typedef struct {
@@ -59,6 +64,8 @@ typedef struct {
     double *busy_s, *reduce_s, *exposed_s; /* per rank, one block (owned) */
     double *tensor_s;                 /* per rank: seconds per step in tensor collectives
                                        * (inside busy_s; 0 without shards) */
+    schedule sched;                   /* the schedule simulated (owned; with the replicas'
+                                       * reductions): a search's result, origin set */
 } plan_prediction;
 
 /* Tensor collectives of one micro-batch of `microbatch` samples through a model chunk with
@@ -93,7 +100,9 @@ typedef struct {
     int wgrad_batched; /* train --wgrad batched */
     int grad_pieces;   /* the engine's gradient pieces (replicas_grad_pieces), 0 or 1: none */
     int zero, replicas; /* train --zero: with 1, each replica holds 1/replicas of the
-                           optimizer's moments (the rest of the state whole) */
+                           optimizer's moments (the rest of the state whole); with 2 also of
+                           the gradients, plus the whole buckets in flight */
+    replicas_config rep; /* --zero 2: the bucket plan (method, bucket bytes) */
     const shard_plan *shard; /* tensor shards: the largest over the T ranks of a stage
                               * (NULL or T = 1: none) */
 } plan_memory_config;

@@ -283,12 +283,14 @@ static void print_prediction(const plan_result *r, FILE *out)
     const plan_args *a = r->a;
     const plan_prediction *pr = r->pred;
     int S = a->stages, T = a->tensor;
-    char st[32], sched[64];
+    char st[32], sched[160];
     topo_format_seconds(st, sizeof st, pr->step_s);
+    int len = snprintf(sched, sizeof sched, "%s", a->schedule);
     if (a->virtual_stages > 1)
-        snprintf(sched, sizeof sched, "%s --virtual %d", a->schedule, a->virtual_stages);
-    else
-        snprintf(sched, sizeof sched, "%s", a->schedule);
+        len += snprintf(sched + len, sizeof sched - (size_t)len, " --virtual %d",
+                        a->virtual_stages);
+    if (pr->sched.origin[0]) /* what the search chose */
+        snprintf(sched + len, sizeof sched - (size_t)len, " (%s)", pr->sched.origin);
     const char *formula = NULL;
     double theory = plan_bubble_theory(a, &formula);
     fprintf(out, "\nPredicted step (simulator, schedule %s, recompute %s, reduce %s): %s, "
@@ -505,6 +507,9 @@ static json_t *json_prediction(const plan_result *r, int *ok)
     const plan_args *a = r->a;
     json_t *pj = json_object();
     put(pj, "schedule", topo_json_text(a->schedule), ok);
+    put(pj, "schedule_origin",
+        r->pred->sched.origin[0] ? json_string(r->pred->sched.origin) : json_null(), ok);
+    put(pj, "schedule_memory", json_real(a->schedule_memory), ok);
     put(pj, "virtual", json_integer(a->virtual_stages), ok);
     put(pj, "recompute", topo_json_text(a->recompute), ok);
     put(pj, "wgrad", json_string(a->wgrad_batched ? "batched" : "per-microbatch"), ok);

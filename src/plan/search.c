@@ -7,10 +7,14 @@
  * each with recomputation off and on every stage:
  *   gpipe, 1f1b and zb-h1 (K = 1 runs 1f1b only: the others do the same work there, zb-h1
  *   with more memory);
+ *   zb-h2 and search with V = 1 (K ≥ 2);
  *   interleaved with V = 2, 3, 4 model chunks per rank where train runs it: K ≥ 2, R = 1,
  *   M a multiple of K, K·V ≤ layers, and no tensor shards (T = 1: interleaving tensor
- *   groups is not searched).
- * At most Σ_{T | N} modes(T) × divisors(N / T) × 7 × 6 × 2 layouts. Tensor layouts are
+ *   groups is not searched); under the same conditions with V = 2, zb-v, v-half, v-min,
+ *   search and (M ≥ 2K) dualpipev. The search (schedule_search, 32 greedy orders per
+ *   layout) runs at the layout's own chunk costs, under the first of no limit, K, ⌈K/2⌉
+ *   and 1 micro-batches per rank that fits --memory-mb (price_search).
+ * At most Σ_{T | N} modes(T) × divisors(N / T) × 7 × 13 × 2 layouts. Tensor layouts are
  * priced as plan --tensor prices them (src/plan/predict.h: compute / T where layers are
  * cut, each stage's collectives α–β on its tensor group's slowest link, memory of the
  * largest shard); the placement sees their collectives as traffic, so it keeps a group on
@@ -50,9 +54,13 @@ typedef struct {
     int virtual_stages;
 } sched_kind;
 static const sched_kind kinds[] = {
-    {"1f1b", 1}, {"gpipe", 1}, {"zb-h1", 1}, {"interleaved", 2}, {"interleaved", 3},
-    {"interleaved", 4},
+    {"1f1b", 1},        {"gpipe", 1},     {"zb-h1", 1},      {"zb-h2", 1},
+    {"search", 1},      {"interleaved", 2}, {"interleaved", 3}, {"interleaved", 4},
+    {"zb-v", 2},        {"v-half", 2},    {"v-min", 2},      {"dualpipev", 2},
+    {"search", 2},
 };
+/* The search's greedy orders per layout: plan prices hundreds of layouts. */
+enum { PLAN_SEARCH_RUNS = 32 };
 enum { N_KINDS = sizeof kinds / sizeof kinds[0] };
 
 typedef struct {
@@ -65,6 +73,8 @@ typedef struct {
     double rank_param_bytes;    /* the largest rank's parameters */
     double stage_param_bytes;   /* the largest stage's parameters, whole */
     const char *schedule;
+    double schedule_memory;     /* search: the limit priced (micro-batches per rank, 0: none) */
+    char origin[64];            /* search: what won */
     double step_s, bubble, peak_bytes;
     double *stage_bytes; /* owned: per rank (stage), `stages` entries */
     int *first;          /* owned: the partition, stages · virtual_stages + 1 entries */
@@ -144,9 +154,13 @@ static void describe(char *buf, size_t size, const candidate *c)
     if (c->tensor > 1)
         snprintf(ten, sizeof ten, " --tensor %d --tensor-mode %s", c->tensor,
                  tensor_mode_name(c->mode));
-    snprintf(buf, size, "--stages %d --replicas %d%s --microbatches %d --schedule %s%s "
+    char mem[48] = "";
+    if (c->schedule_memory > 0)
+        snprintf(mem, sizeof mem, " --schedule-memory %g", c->schedule_memory);
+    snprintf(buf, size, "--stages %d --replicas %d%s --microbatches %d --schedule %s%s%s "
              "--recompute %s%s", c->stages, c->replicas, ten, c->microbatches, c->schedule, virt,
-             c->recompute ? "all" : "none", c->zero ? " --zero 1" : "");
+             mem, c->recompute ? "all" : "none",
+             c->zero == 2 ? " --zero 2" : c->zero ? " --zero 1" : "");
 }
 
 /* Why `b` ranks below `a` (both fit), in words. */
@@ -236,6 +250,10 @@ static int print_json(const plan_args *a, const candidate *c, int n, int shown,
         ok = ok && !json_object_set_new(j, "partition_first", first) &&
              !json_object_set_new(j, "stage_memory_bytes", mem) &&
              !json_object_set_new(j, "zero", json_integer(c[i].zero)) &&
+             !json_object_set_new(j, "schedule_memory", json_real(c[i].schedule_memory)) &&
+             !json_object_set_new(j, "schedule_origin", c[i].origin[0]
+                                                            ? json_string(c[i].origin)
+                                                            : json_null()) &&
              !json_array_append_new(arr, j);
     }
     if (ok) {
@@ -336,7 +354,7 @@ static void print_text(const plan_args *base, const topo_machine *m, const candi
                c[i].stages, c[i].replicas, ten, c[i].microbatches, c[i].schedule,
                c[i].virtual_stages,
                c[i].recompute ? "all" : "none", st, c[i].bubble, c[i].peak_bytes / 1048576.0,
-               cut, c[i].zero ? "  (--zero 1)" : "");
+               cut, c[i].zero == 2 ? "  (--zero 2)" : c[i].zero ? "  (--zero 1)" : "");
     }
     char lay[192], why[512];
     describe(lay, sizeof lay, &c[0]);
@@ -362,6 +380,25 @@ static void print_text(const plan_args *base, const topo_machine *m, const candi
     }
 }
 
+/* The search's memory limit, from --memory-mb: the first of no limit, 1F1B's K
+ * micro-batches per rank, ⌈K/2⌉ and 1 whose layout fits (the last tried where none does);
+ * a->schedule_memory is left at the one priced. Without --memory-mb, no limit. */
+static int price_search(plan_built *b, plan_args *a, const net_desc *net,
+                        const partition_profile *prof, const topo_machine *m,
+                        const topo_cost_model *cm)
+{
+    int K = a->stages;
+    double limits[4] = {0, K, (K + 1) / 2, 1};
+    int n = a->memory_mb > 0 ? 4 : 1;
+    for (int i = 0; i < n; i++) {
+        if (i > 0 && limits[i] >= limits[i - 1] && limits[i - 1] > 0) continue;
+        a->schedule_memory = limits[i];
+        if (plan_price(b, a, net, prof, m, cm) < 0) return -1;
+        if (a->memory_mb <= 0 || b->peak_bytes <= a->memory_mb * 1048576.0) break;
+    }
+    return 0;
+}
+
 /* Prices every schedule and recomputation setting with `V` chunks per rank on the layout
  * in b (built for a->stages, a->virtual_stages = V), appending to c. */
 static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, const net_desc *net,
@@ -372,17 +409,28 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
     for (int k = 0; k < N_KINDS; k++) {
         if (kinds[k].virtual_stages != V) continue;
         if (K == 1 && strcmp(kinds[k].name, "1f1b")) continue;
+        /* dualpipev needs two micro-batches per stage */
+        if (!strcmp(kinds[k].name, "dualpipev") && a->microbatches < 2 * K) continue;
+        int search = !strcmp(kinds[k].name, "search");
         for (int rc = 0; rc < 2; rc++) {
             a->schedule = kinds[k].name;
             a->recompute = rc ? "all" : "none";
             a->zero = 0;
-            if (plan_price(b, a, net, prof, m, cm) < 0) return -1;
+            a->search_runs = PLAN_SEARCH_RUNS;
+            if (search ? price_search(b, a, net, prof, m, cm)
+                       : plan_price(b, a, net, prof, m, cm) < 0)
+                return -1;
             /* ZeRO-1 where the replicas' moments do not fit whole (same step: the same
              * bytes cross the wire) */
             if (a->memory_mb > 0 && b->peak_bytes > a->memory_mb * 1048576.0 &&
                 a->replicas > 1 && !reduce_method_root_steps(a->reduce)) {
                 a->zero = 1;
                 if (plan_price(b, a, net, prof, m, cm) < 0) return -1;
+                /* then ZeRO-2 (the gradients too) where ZeRO-1 does not fit either */
+                if (b->peak_bytes > a->memory_mb * 1048576.0) {
+                    a->zero = 2;
+                    if (plan_price(b, a, net, prof, m, cm) < 0) return -1;
+                }
             }
             int chunks = K * V;
             int *first = malloc(((size_t)chunks + 1) * sizeof *first);
@@ -392,10 +440,12 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
             *x = (candidate){.stages = K, .replicas = a->replicas,
                              .microbatches = a->microbatches, .virtual_stages = V,
                              .recompute = rc, .schedule = kinds[k].name, .zero = a->zero,
+                             .schedule_memory = search ? a->schedule_memory : 0,
                              .step_s = b->pred.step_s, .bubble = b->pred.bubble,
                              .peak_bytes = b->peak_bytes, .stage_bytes = b->stage_bytes,
                              .first = first};
             x->fits = a->memory_mb <= 0 || x->peak_bytes <= a->memory_mb * 1048576.0;
+            snprintf(x->origin, sizeof x->origin, "%s", b->pred.sched.origin);
             x->tensor = a->tensor;
             x->mode = a->tensor_mode;
             x->tensor_link = b->tensor_link;
@@ -403,7 +453,8 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
                 if (b->pred.tensor_s[s] > x->tensor_s) x->tensor_s = b->pred.tensor_s[s];
                 double whole = 0, most = 0;
                 for (int v = 0; v < V; v++) {
-                    int ch = plan_model_chunk(a, s, v), lo = b->part.first[ch], hi = b->part.first[ch + 1];
+                    int ch = schedule_model_chunk(&b->pred.sched, s, v);
+                    int lo = b->part.first[ch], hi = b->part.first[ch + 1];
                     for (int l = lo; l < hi; l++)
                         whole += (double)(net->layers[l].weight_count +
                                           net->layers[l].bias_count);
@@ -411,7 +462,7 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
                 for (int t = 0; t < a->tensor; t++) {
                     double mine = 0;
                     for (int v = 0; v < V; v++) {
-                        int ch = plan_model_chunk(a, s, v);
+                        int ch = schedule_model_chunk(&b->pred.sched, s, v);
                         mine += (double)shard_param_count(&b->shard, net, b->part.first[ch],
                                                           b->part.first[ch + 1], t);
                     }

@@ -13,6 +13,7 @@
 #include "src/base/error.h"
 #include "src/base/mpi_check.h"
 #include "src/base/mpi_wait.h"
+#include "src/base/pages.h"
 
 typedef enum {
     BUCKET_IDLE = 0, /* never started */
@@ -52,7 +53,8 @@ struct reduce {
     int broken;      /* a wait failed: requests may be live, keep their memory */
     int *ints;       /* owned: every bucket's counts and displacements */
     MPI_Request *reqs; /* owned: every bucket's requests */
-    float *scratch;  /* owned: every bucket's scratch */
+    float *scratch;  /* owned: every bucket's scratch (ZeRO-2: pages, given back per bucket) */
+    size_t scratch_bytes; /* its size */
     MPI_Request *bcast_req;
     unsigned char *whole; /* zero: [buckets] 1 where the sum is kept whole (all-gathered) */
     reduce_stats st;
@@ -115,7 +117,9 @@ static int alloc_scratch(reduce_t *r)
     } else if (r->cfg.method == REDUCE_GATHER_BCAST && r->rank == 0) {
         floats = (size_t)R * r->plan.total_count;
     }
-    r->scratch = malloc(floats * sizeof(float) + 1);
+    /* ZeRO-2: pages, so that each bucket's part goes back once its shard is summed */
+    r->scratch_bytes = floats * sizeof(float) + 1;
+    r->scratch = r->cfg.zero >= 2 ? pages_alloc(r->scratch_bytes) : malloc(r->scratch_bytes);
     if (!r->scratch)
         return pt_error_set("out of memory for %zu bytes of reduction scratch (%s)",
                             floats * sizeof(float), reduce_method_name(r->cfg.method));
@@ -207,7 +211,8 @@ void reduce_free(reduce_t *r)
     free(r->whole);
     free(r->ints);
     free(r->reqs);
-    free(r->scratch);
+    if (r->cfg.zero >= 2) pages_free(r->scratch, r->scratch_bytes);
+    else free(r->scratch);
     free(r);
 }
 
@@ -340,6 +345,8 @@ static int advance(reduce_t *r)
             size_t mine = (size_t)br->shard_cnt[r->rank];
             sum_rank_order(br->dst + br->shard_off[r->rank], br->scratch, mine,
                            r->size * r->pieces);
+            if (r->cfg.zero >= 2) /* ZeRO-2: the exchange's pieces are summed: give them back */
+                pages_release(br->scratch, (size_t)r->size * r->pieces * mine * sizeof(float));
             br->state = BUCKET_SUMMED;
             if (r->cfg.zero && !r->whole[b]) finish(r, b); /* the shard is all it keeps */
             continue;

@@ -40,7 +40,10 @@ typedef struct {
                          bucket's sum (shard j = [n·j/R, n·(j+1)/R) of the bucket, as the
                          ordered reduce-scatter's): ordered skips the gradients' all-gather,
                          allreduce runs MPI_Ireduce_scatter; the rest of the bucket is left
-                         unspecified. Buckets marked by reduce_keep_whole are summed whole. */
+                         unspecified. Buckets marked by reduce_keep_whole are summed whole.
+                         2 or more (ZeRO-2): the ordered method's scratch lives in pages and
+                         each bucket's part goes back to the system once its shard is
+                         summed. */
 } reduce_config;
 
 /* Collective over `group` (the replicas of one stage, the first rank being the root of the

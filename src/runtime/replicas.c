@@ -92,6 +92,8 @@ struct replicas {
     double *ev_t0, *ev_t1; /* [buckets] this step's interval, t1 < t0 when none */
     double step_bcast_s;  /* the broadcast (ZeRO: all-gather) of this step */
     engine_run *zruns;    /* ZeRO: [buckets] this replica's shard of each bucket */
+    unsigned char *whole; /* ZeRO: [buckets] 1 where the sum is kept whole (a tie) */
+    unsigned char *owed;  /* ZeRO-2: [buckets] started this step, memory not given back yet */
     replicas_stats st;
 };
 
@@ -104,8 +106,10 @@ static int keep_tied_whole(replicas_t *r, const net_desc *net, int first)
     for (int b = 0; b < r->plan.n_buckets; b++) {
         const reduce_bucket *bk = &r->plan.buckets[b];
         int lo = first + bk->first_layer, hi = first + bk->last_layer;
-        if ((lo <= 0 && 0 <= hi) || (lo <= net->tied_head && net->tied_head <= hi))
+        if ((lo <= 0 && 0 <= hi) || (lo <= net->tied_head && net->tied_head <= hi)) {
             if (reduce_keep_whole(r->red, b)) return -1;
+            r->whole[b] = 1;
+        }
     }
     return 0;
 }
@@ -119,7 +123,33 @@ static int shard_engine(replicas_t *r)
     if (!r->zruns) return pt_error_set("out of memory");
     for (int b = 0; b < nb; b++)
         if (reduce_shard(r->red, b, me, &r->zruns[b].off, &r->zruns[b].count)) return -1;
-    return r->eng->ops->optim_shard(r->eng, r->zruns, nb);
+    if (r->eng->ops->optim_shard(r->eng, r->zruns, nb)) return -1;
+    return r->cfg.zero >= 2 ? r->eng->ops->grads_shard(r->eng) : 0;
+}
+
+/* ZeRO-2: bucket b's reduction has completed: every piece's part of it goes back to the
+ * system but this replica's shard of the sum (in piece 0), which the step needs; a bucket
+ * kept whole keeps piece 0 whole. Once per start. */
+static int give_back(replicas_t *r, int b)
+{
+    if (!r->owed || !r->owed[b]) return 0;
+    r->owed[b] = 0;
+    const reduce_bucket *bk = &r->plan.buckets[b];
+    const engine_run *z = &r->zruns[b];
+    for (int p = 1; p < r->pieces; p++)
+        if (r->eng->ops->grads_release(r->eng, p, bk->offset, bk->count)) return -1;
+    if (r->whole[b]) return 0;
+    size_t end = bk->offset + bk->count, zend = z->off + z->count;
+    if (r->eng->ops->grads_release(r->eng, 0, bk->offset, z->off - bk->offset)) return -1;
+    return r->eng->ops->grads_release(r->eng, 0, zend, end - zend);
+}
+
+/* ZeRO-2: the memory of every bucket whose reduction has completed. */
+static int give_back_done(replicas_t *r)
+{
+    for (int b = 0; r->owed && b < r->plan.n_buckets; b++)
+        if (r->owed[b] && reduce_done(r->red, b) && give_back(r, b)) return -1;
+    return 0;
 }
 
 int replicas_init(replicas_t **out, MPI_Comm group, engine *eng, const net_desc *net,
@@ -157,7 +187,8 @@ int replicas_init(replicas_t **out, MPI_Comm group, engine *eng, const net_desc 
         return pt_error_set("the %s engine cannot run data-parallel replicas (it lacks the "
                             "gradient operations of src/engine/engine.h)", ops->name);
     }
-    if (cfg->zero && (!ops->optim_shard || !ops->params_host || r->root_steps)) {
+    if (cfg->zero && (!ops->optim_shard || !ops->params_host || r->root_steps ||
+                      (cfg->zero >= 2 && (!ops->grads_shard || !ops->grads_release)))) {
         replicas_free(r);
         return r->root_steps
                    ? pt_error_set("--zero %d: --reduce %s steps on one rank; use ordered or "
@@ -170,8 +201,11 @@ int replicas_init(replicas_t **out, MPI_Comm group, engine *eng, const net_desc 
     r->seen = calloc((size_t)nb, sizeof *r->seen);
     r->ev_t0 = calloc((size_t)nb, sizeof *r->ev_t0);
     r->ev_t1 = calloc((size_t)nb, sizeof *r->ev_t1);
+    r->whole = calloc((size_t)nb, 1);
+    if (cfg->zero >= 2) r->owed = calloc((size_t)nb, 1);
     if (r->root_steps) r->params = malloc(eng->param_count * sizeof *r->params + 1);
-    if (!r->ptrs || !r->seen || !r->ev_t0 || !r->ev_t1 || (r->root_steps && !r->params)) {
+    if (!r->ptrs || !r->seen || !r->ev_t0 || !r->ev_t1 || !r->whole ||
+        (cfg->zero >= 2 && !r->owed) || (r->root_steps && !r->params)) {
         replicas_free(r);
         return pt_error_set("out of memory for %d buckets", nb);
     }
@@ -179,7 +213,7 @@ int replicas_init(replicas_t **out, MPI_Comm group, engine *eng, const net_desc 
     char name[32];
     snprintf(name, sizeof name, "stage %d", stage_index);
     reduce_config rc = {.method = cfg->method, .timeout_s = cfg->timeout_s, .name = name,
-                        .pieces = r->pieces, .zero = cfg->zero > 0};
+                        .pieces = r->pieces, .zero = cfg->zero};
     if (reduce_init(&r->red, group, &r->plan, &rc) ||
         (cfg->zero && (keep_tied_whole(r, net, first) || shard_engine(r)))) {
         replicas_free(r);
@@ -201,6 +235,8 @@ void replicas_free(replicas_t *r)
     free(r->ev_t0);
     free(r->ev_t1);
     free(r->zruns);
+    free(r->whole);
+    free(r->owed);
     free(r);
 }
 
@@ -230,17 +266,24 @@ int replicas_start(replicas_t *r, int b)
 {
     if (check_bucket(r, b, "the reduction")) return -1;
     if (b == r->cfg.skip_bucket) return 0;
+    /* ZeRO-2: the buckets started before this one have had the backward of this bucket's
+     * part to overlap; waiting for them now bounds the whole gradients held at once to
+     * about two buckets (the one reduced, the one just formed) beyond the shards */
+    for (int k = 0; r->owed && k < r->plan.n_buckets; k++)
+        if (r->owed[k] && (reduce_wait(r->red, k) || give_back(r, k))) return -1;
     const reduce_bucket *bk = &r->plan.buckets[b];
     for (int p = 0; p < r->pieces; p++)
         if (engine_grads_host(r->eng, p, bk->offset, bk->count, &r->ptrs[p])) return -1;
-    return reduce_start_pieces(r->red, b, r->ptrs);
+    if (reduce_start_pieces(r->red, b, r->ptrs)) return -1;
+    if (r->owed) r->owed[b] = 1;
+    return 0;
 }
 
 int replicas_wait(replicas_t *r, int b)
 {
     if (check_bucket(r, b, "the wait")) return -1;
     if (b == r->cfg.skip_bucket) return 0;
-    if (reduce_wait(r->red, b)) return -1;
+    if (reduce_wait(r->red, b) || give_back(r, b)) return -1;
     /* the -bcast methods: only the first rank has the sum */
     if (r->root_steps && !r->root) return 0;
     const reduce_bucket *bk = &r->plan.buckets[b];
@@ -291,7 +334,7 @@ int replicas_read_state(replicas_t *r, float *m, float *v, long *updates)
 
 int replicas_progress(replicas_t *r)
 {
-    return reduce_test(r->red) < 0 ? -1 : 0;
+    return reduce_test(r->red) < 0 || give_back_done(r) ? -1 : 0;
 }
 
 int replicas_step(replicas_t *r, const optimizer_config *opt, int tick)

@@ -33,7 +33,11 @@ typedef struct {
     double timeout_s;
     int zero;             /* ZeRO stage (--zero): 0 none; 1 each replica keeps the optimizer
                              state of its shard only (the ordered reduce-scatter's pieces of
-                             each bucket), steps it, then the parameters are all-gathered */
+                             each bucket), steps it, then the parameters are all-gathered;
+                             2 also gives back the memory of each bucket's gradients outside
+                             its shard (every piece's) as soon as the bucket's reduction has
+                             completed (replicas_progress, replicas_wait), and zeroes them by
+                             giving their pages back (engine grads_shard, grads_release) */
 } replicas_config;
 
 /* The -bcast methods reduce a stage's gradients at once after the backward pass, as the

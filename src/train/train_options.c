@@ -22,7 +22,8 @@ enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS
        O_VIRTUAL, O_RECOMPUTE, O_WGRAD, O_WARMUP, O_TRAIN_IMG, O_TRAIN_LAB, O_TEST_IMG,
        O_TEST_LAB, O_BETA1, O_BETA2, O_EPS, O_LR_SCHED, O_LR_WARMUP, O_LR_MIN, O_CLIP,
        /* a language model's text */
-       O_TEXT, O_TOKENS, O_TOKENS_RAW, O_VAL_FRACTION, O_EVAL_WINDOWS, O_ZERO };
+       O_TEXT, O_TOKENS, O_TOKENS_RAW, O_VAL_FRACTION, O_EVAL_WINDOWS, O_ZERO, O_SCHED_FILE,
+       O_SCHED_MEM };
 
 /* The largest step count, sample count or seed we take: far beyond any run, exact in a
  * double (the table's ranges are doubles). */
@@ -138,6 +139,8 @@ static const opt_spec train_opts[] = {
     {.id = O_STAGES, .name = "stages", .shared = 1},
     {.id = O_MICRO, .name = "microbatches", .shared = 1},
     {.id = O_SCHED, .name = "schedule", .shared = 1},
+    {.id = O_SCHED_FILE, .name = "schedule-file", .shared = 1},
+    {.id = O_SCHED_MEM, .name = "schedule-memory", .shared = 1},
     {.id = O_VIRTUAL, .name = "virtual", .shared = 1},
     {.id = O_RECOMPUTE, .name = "recompute", .shared = 1},
     {.id = O_WGRAD, .name = "wgrad", .shared = 1},
@@ -156,9 +159,11 @@ static const opt_spec train_opts[] = {
     {.id = O_ZERO, .name = "zero", .kind = OPT_INT, .arg = "S", .min = 0, .max = 3, .def = "0",
      .help = "ZeRO stage inside each stage's replica group (--replicas 2 or more, --reduce ordered "
              "or allreduce, the CPU engine): 1 keeps each replica's shard of the optimizer "
-             "state only, steps it and all-gathers the parameters; 2 and 3 are not "
-             "implemented; plan prices 1 (memory per rank) and, with --ranks, tries it where "
-             "a layout does not fit --memory-mb"},
+             "state only, steps it and all-gathers the parameters; 2 also gives back each "
+             "bucket's gradient memory outside the replica's shard once the bucket is "
+             "reduce-scattered (the drop needs --overlap on and one micro-batch per "
+             "replica); 3 is not implemented; plan prices 1 and 2 (memory per rank) and, "
+             "with --ranks, tries them where a layout does not fit --memory-mb"},
     {.id = O_THREADS, .name = "threads", .kind = OPT_INT, .arg = "N", .min = 1, .max = 1024,
      .help = "worker threads per rank (default: the node's cores / its ranks)"},
     {.id = O_BIND, .name = "bind", .kind = OPT_CHOICE, .choices = "auto|core|none",
@@ -309,6 +314,8 @@ static int read_option(train_options *o, const opt_parser *p, int id)
     case O_MICRO: o->microbatches = (int)p->num; break;
     case O_SCHED: o->schedule = p->arg; break;
     case O_VIRTUAL: o->virtual_stages = (int)p->num; break;
+    case O_SCHED_FILE: o->schedule_file = p->arg; break;
+    case O_SCHED_MEM: o->schedule_memory = p->real; break;
     case O_RECOMPUTE: o->recompute = p->arg; break;
     case O_WGRAD: o->wgrad_batched = p->choice == 1; break;
     case O_PART: o->partition = p->arg; break;
@@ -441,11 +448,13 @@ static int check_zero(const train_options *o, const opt_parser *p)
     if (o->device == ENGINE_CUDA)
         return opt_error(p, "--zero %d runs on the CPU engine only: the CUDA engine keeps no "
                          "sharded optimizer state yet (use --device cpu)", o->zero);
-    if (o->zero > 1)
-        return opt_error(p, "--zero %d is not implemented yet (gradient%s sharding): use "
-                         "--zero 1", o->zero, o->zero == 3 ? " and parameter" : "");
+    if (o->zero > 2)
+        return opt_error(p, "--zero 3 is not implemented yet (parameter sharding): use "
+                         "--zero 2 or 1");
     return 0;
 }
+
+static int check_schedule(train_options *o, const opt_parser *p);
 
 /* What the table cannot check: options that need others, and the batch's split. Sets the
  * defaults that depend on other options. */
@@ -480,6 +489,63 @@ static int check_options(train_options *o, const opt_parser *p)
     if (o->batch % o->microbatches)
         return opt_error(p, "--microbatches %d does not divide --batch %d", o->microbatches,
                          o->batch);
+    return check_schedule(o, p);
+}
+
+/* The line of FILE's header ("schedule NAME stages ..."), for messages about it. */
+static int header_line(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char buf[512];
+    int line = 0, found = 0;
+    while (f && !found && fgets(buf, sizeof buf, f)) {
+        line++;
+        found = !strncmp(buf, "schedule ", 9);
+    }
+    if (f) fclose(f);
+    return found ? line : 1;
+}
+
+/* --schedule-file: read and verified now; its stages, micro-batches and reductions must be
+ * this run's (train adds the replicas' reductions itself). */
+static int check_schedule_file(train_options *o, const opt_parser *p)
+{
+    if (opt_given(p, O_SCHED) || opt_given(p, O_VIRTUAL) || strcmp(o->recompute, "none"))
+        return opt_error(p, "--schedule-file %s holds the whole schedule (its chunks per rank "
+                         "and recomputation): not with --schedule, --virtual or --recompute",
+                         o->schedule_file);
+    schedule s;
+    if (schedule_read(&s, o->schedule_file)) {
+        char why[768];
+        snprintf(why, sizeof why, "%s", pt_error_get());
+        return opt_error(p, "--schedule-file: %s", why);
+    }
+    int bad = s.stages != o->stages || s.microbatches != o->microbatches, buckets = 0;
+    for (int k = 0; k < s.stages; k++) buckets |= s.lists[k].buckets;
+    int line = header_line(o->schedule_file);
+    int rc = 0;
+    if (bad)
+        rc = opt_error(p, "--schedule-file %s line %d: a schedule of %d stages and %d "
+                       "micro-batches; this run has --stages %d --microbatches %d",
+                       o->schedule_file, line, s.stages, s.microbatches, o->stages,
+                       o->microbatches);
+    else if (buckets)
+        rc = opt_error(p, "--schedule-file %s: its lists reduce gradients (a 'list' line with "
+                       "buckets); train adds the replicas' reductions itself: save the "
+                       "schedule without --buckets", o->schedule_file);
+    o->virtual_stages = s.virtual_stages;
+    schedule_free(&s);
+    return rc;
+}
+
+static int check_schedule(train_options *o, const opt_parser *p)
+{
+    if (o->schedule_file) return check_schedule_file(o, p);
+    int search = !strcmp(o->schedule, "search");
+    if (o->schedule_memory > 0 && !search)
+        return opt_error(p, "--schedule-memory is the limit of --schedule search");
+    /* the search runs once the layers are profiled (train_setup.c) */
+    if (search) return 0;
     /* the schedule's own rules (--virtual needs interleaved, which needs 2 stages and
      * micro-batches in multiples of them) before anything is cut, profiled or allocated */
     schedule s;

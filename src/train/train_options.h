@@ -69,6 +69,8 @@ typedef struct {
     /* schedules beyond 1F1B */
     int virtual_stages;   /* --virtual V: model chunks per rank (interleaved) */
     const char *recompute; /* --recompute none|all|LIST */
+    const char *schedule_file; /* --schedule-file FILE: the schedule to run, as text */
+    double schedule_memory;    /* --schedule search: most micro-batches a rank holds; 0: any */
     int wgrad_batched;    /* --wgrad batched */
 } train_options;
 

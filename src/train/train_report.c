@@ -77,9 +77,11 @@ void train_report_banner(const train_run *run)
             printf(", %g MiB buckets, overlap %s", o->bucket_mb, o->overlap ? "on" : "off");
         printf(")");
     }
-    printf(", %d micro-batch%s of %d%s, schedule %s, ", o->microbatches,
+    printf(", %d micro-batch%s of %d%s, schedule %s%s%s%s, ", o->microbatches,
            o->microbatches > 1 ? "es" : "", o->batch / (o->replicas * o->microbatches),
-           o->replicas > 1 ? " per replica" : "", run->sched.name);
+           o->replicas > 1 ? " per replica" : "", run->sched.name,
+           run->sched.origin[0] ? " (" : "", run->sched.origin,
+           run->sched.origin[0] ? ")" : "");
     if (o->recompute && strcmp(o->recompute, "none") != 0)
         printf("recompute %s, ", o->recompute);
     if (o->wgrad_batched) printf("wgrad batched, ");
@@ -559,6 +561,9 @@ static json_t *run_json(const train_run *run)
         {"stages", json_integer(o->stages)},
         {"microbatches", json_integer(o->microbatches)},
         {"schedule", json_text(run->sched.name)},
+        /* what --schedule search chose (a hand-written name or the greedy order's) */
+        {"schedule_origin", run->sched.origin[0] ? json_text(run->sched.origin) : json_null()},
+        {"schedule_file", o->schedule_file ? json_text(o->schedule_file) : json_null()},
         {"virtual", json_integer(o->virtual_stages)},
         {"recompute", json_text(o->recompute)},
         {"wgrad", json_text(o->wgrad_batched ? "batched" : "per-microbatch")},

@@ -124,70 +124,122 @@ static int load_data(const train_options *o, const net_desc *net, dataset *train
     return 0;
 }
 
-static int choose_partition(const train_options *o, const net_desc *net, partition *part,
-                            MPI_Comm comm, int rank, int gpu)
+/* Rank 0 profiles the layers (with the split backward on a CPU when the schedule is
+ * searched: the search prices B and W apart) and every rank takes its figures, so that all
+ * cut and search alike. */
+static int share_profile(const train_options *o, const net_desc *net, partition_profile *prof,
+                         MPI_Comm comm, int rank, int gpu, int split)
 {
-    memset(part, 0, sizeof *part);
-    /* interleaved schedules cut the layers into K·V model chunks */
-    int parts = o->stages * o->virtual_stages;
-    if (partition_check(net->n_layers, parts)) return -1;
-    partition_profile prof = {0};
-    /* One stage needs no cut, and so no profile. */
-    int have_profile = !strcmp(o->partition, "time") && parts > 1;
-    int rc = 0;
-    if (have_profile) {
-        /* Rank 0 measures; the others take its figures so that all cut the same way. */
-        int n = net->n_layers;
-        double *costs = calloc(2 * (size_t)n, sizeof *costs);
-        if (!costs) return pt_error_set("out of memory");
-        int ok = 1;
-        if (rank == 0) {
-            int mb = o->batch / o->microbatches;
-            if (partition_profile_measure_on(&prof, net, mb, 2, 5, o->device, gpu)) {
-                ok = 0;
-            } else {
-                memcpy(costs, prof.fwd_s, (size_t)n * sizeof *costs);
-                memcpy(costs + n, prof.bwd_s, (size_t)n * sizeof *costs);
-                partition_profile_free(&prof);
-            }
+    int n = net->n_layers, rows = split ? 4 : 2, rc = 0, ok = 1;
+    double *costs = calloc((size_t)rows * n, sizeof *costs);
+    if (!costs) return pt_error_set("out of memory");
+    if (rank == 0) {
+        int mb = o->batch / o->microbatches;
+        profile_options po = {.batch = mb, .warmup = 2, .repeats = 5, .device = o->device,
+                              .gpu = gpu, .split = split};
+        if (partition_profile_measure_with(prof, net, &po)) {
+            ok = 0;
+        } else {
+            const double *from[4] = {prof->fwd_s, prof->bwd_s, prof->bwd_input_s,
+                                     prof->bwd_weight_s};
+            for (int r = 0; r < rows; r++)
+                for (int l = 0; l < n; l++)
+                    /* no split measured (a GPU): half of the backward each */
+                    costs[(size_t)r * n + l] = from[r] ? from[r][l] : prof->bwd_s[l] / 2;
+            partition_profile_free(prof);
         }
-        MPI_Request req;
-        if (PT_MPI_CALL(MPI_Ibcast(costs, 2 * n, MPI_DOUBLE, 0, comm, &req))) {
-            free(costs);
-            return -1;
-        }
-        if (mpi_wait_allreduce(&ok, 1, MPI_INT, MPI_MIN, comm, o->timeout)) rc = -1;
-        if (mpi_wait_collective(&req, comm, o->timeout)) rc = -1;
-        if (!rc && !ok) rc = rank == 0 ? -1 : pt_error_set("rank 0 could not profile the layers");
-        if (!rc) {
-            prof.n_layers = n;
-            prof.fwd_s = malloc((size_t)n * sizeof(double));
-            prof.bwd_s = malloc((size_t)n * sizeof(double));
-            if (!prof.fwd_s || !prof.bwd_s) rc = pt_error_set("out of memory");
-            else {
-                memcpy(prof.fwd_s, costs, (size_t)n * sizeof(double));
-                memcpy(prof.bwd_s, costs + n, (size_t)n * sizeof(double));
-            }
-        }
+    }
+    MPI_Request req;
+    if (PT_MPI_CALL(MPI_Ibcast(costs, rows * n, MPI_DOUBLE, 0, comm, &req))) {
         free(costs);
+        return -1;
     }
-    if (!rc && parts == 1 && !strcmp(o->partition, "time"))
-        rc = partition_uniform(part, net->n_layers, 1);
-    else if (!rc) rc = partition_by_method(part, o->partition, net, have_profile ? &prof : NULL,
-                                           parts);
-    if (!rc && rank == 0 && !o->json && parts > 1) {
-        printf("partition (%s):\n", o->partition);
-        partition_print(part, net, have_profile ? &prof : NULL, stdout);
+    if (mpi_wait_allreduce(&ok, 1, MPI_INT, MPI_MIN, comm, o->timeout)) rc = -1;
+    if (mpi_wait_collective(&req, comm, o->timeout)) rc = -1;
+    if (!rc && !ok) rc = rank == 0 ? -1 : pt_error_set("rank 0 could not profile the layers");
+    if (!rc) {
+        *prof = (partition_profile){.n_layers = n};
+        double **to[4] = {&prof->fwd_s, &prof->bwd_s, &prof->bwd_input_s, &prof->bwd_weight_s};
+        for (int r = 0; r < rows && !rc; r++) {
+            *to[r] = malloc((size_t)n * sizeof(double));
+            if (!*to[r]) rc = pt_error_set("out of memory");
+            else memcpy(*to[r], costs + (size_t)r * n, (size_t)n * sizeof(double));
+        }
     }
-    partition_profile_free(&prof);
+    free(costs);
     return rc;
 }
 
-/* The schedule the options name, with recomputation on the stages --recompute lists. */
-static int make_schedule(const train_options *o, schedule *s)
+/* The partition; *prof gets the profile where one was measured (the "time" cut, or the
+ * schedule search), else stays empty. */
+static int choose_partition(const train_options *o, const net_desc *net, partition *part,
+                            partition_profile *prof, MPI_Comm comm, int rank, int gpu)
+{
+    memset(part, 0, sizeof *part);
+    memset(prof, 0, sizeof *prof);
+    /* interleaved schedules cut the layers into K·V model chunks */
+    int parts = o->stages * o->virtual_stages;
+    if (partition_check(net->n_layers, parts)) return -1;
+    int search = !o->schedule_file && !strcmp(o->schedule, "search");
+    /* One stage needs no cut, and so no profile, unless the search prices the schedules. */
+    int have_profile = (!strcmp(o->partition, "time") && parts > 1) || search;
+    int rc = have_profile ? share_profile(o, net, prof, comm, rank, gpu,
+                                          search && o->device == ENGINE_CPU)
+                          : 0;
+    if (!rc && parts == 1 && !strcmp(o->partition, "time"))
+        rc = partition_uniform(part, net->n_layers, 1);
+    else if (!rc) rc = partition_by_method(part, o->partition, net, have_profile ? prof : NULL,
+                                           parts);
+    if (!rc && rank == 0 && !o->json && parts > 1) {
+        printf("partition (%s):\n", o->partition);
+        partition_print(part, net, have_profile ? prof : NULL, stdout);
+    }
+    return rc;
+}
+
+/* --schedule search: each model chunk's F, B and W of one micro-batch from the profile (B
+ * and W half of the backward each where it was not split), recomputation (a forward) on
+ * the ranks `recompute` flags; messages are not priced (ranks on one host: small beside
+ * the layers). The same figures on every rank, so every rank
+ * finds the same schedule. */
+static int search_schedule(const train_options *o, const partition *part,
+                           const partition_profile *prof, const int *recompute, schedule *s)
+{
+    int C = part->stages;
+    double mb = (double)o->batch / ((double)o->replicas * o->microbatches);
+    double *c = calloc(4 * (size_t)C, sizeof *c);
+    if (!c) return pt_error_set("out of memory");
+    for (int k = 0; k < C; k++)
+        for (int l = part->first[k]; l < part->first[k + 1]; l++) {
+            c[k] += prof->fwd_s[l] * mb;
+            c[C + k] += (prof->bwd_input_s ? prof->bwd_input_s[l] : prof->bwd_s[l] / 2) * mb;
+            c[2 * C + k] += (prof->bwd_weight_s ? prof->bwd_weight_s[l] : prof->bwd_s[l] / 2) * mb;
+            c[3 * C + k] += prof->bwd_s[l] * mb;
+        }
+    /* a layer without parameters has no W: the search needs costs > 0 */
+    for (int k = 0; k < 4 * C; k++)
+        if (!(c[k] > 1e-9)) c[k] = 1e-9;
+    schedule_search_config cfg = {.stages = o->stages, .microbatches = o->microbatches,
+                                  .virtual_stages = o->virtual_stages, .fwd = c,
+                                  .bwd_input = c + C, .bwd_weight = c + 2 * C, .bwd = c + 3 * C,
+                                  .memory = o->schedule_memory, .recompute = recompute};
+    schedule_search_result r;
+    int rc = schedule_search(s, &cfg, &r);
+    free(c);
+    return rc;
+}
+
+/* The schedule the options name (--schedule-file's as read and verified; the search's
+ * once the profile is there: `search` then), with recomputation on the stages --recompute
+ * lists. */
+static int make_schedule(const train_options *o, const partition *part,
+                         const partition_profile *prof, schedule *s)
 {
     int K = o->stages, flags[K];
+    if (o->schedule_file) return schedule_read(s, o->schedule_file);
     if (schedule_parse_recompute(o->recompute, K, flags)) return -1;
+    /* the search prices recomputation with each candidate and returns it added */
+    if (!strcmp(o->schedule, "search")) return search_schedule(o, part, prof, flags, s);
     if (schedule_init_named(s, o->schedule, K, o->virtual_stages, o->microbatches)) return -1;
     int any = 0;
     for (int k = 0; k < K; k++) any |= flags[k];
@@ -594,10 +646,15 @@ int train_setup_run(train_run *run)
     int read_rc = o->text ? train_text_load(run)
                           : load_data(o, &run->net, &run->train, &run->val, &run->test);
     run->read_s = pt_now() - t_read;
+    partition_profile prof;
     if (train_agree(read_rc, comm, timeout) ||
-        train_agree(make_schedule(o, &run->sched), comm, timeout) ||
-        train_agree(choose_partition(o, &run->net, &run->part, comm, run->rank, run->gpu), comm,
-                    timeout) ||
+        train_agree(choose_partition(o, &run->net, &run->part, &prof, comm, run->rank,
+                                     run->gpu),
+                    comm, timeout))
+        return -1;
+    int sched_rc = make_schedule(o, &run->part, &prof, &run->sched);
+    partition_profile_free(&prof);
+    if (train_agree(sched_rc, comm, timeout) ||
         train_agree(replicas_schedule(&run->sched, o->tensor > 1 ? &run->local_net : &run->net,
                                       &run->part, &run->rep),
                     comm, timeout))

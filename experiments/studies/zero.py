@@ -1,0 +1,67 @@
+"""ZeRO inside a replica group: each rank's bytes of parameters, gradients and optimizer
+state (measured by train: the engine's arrays, the gradient arrays' peak backed bytes)
+against the number of replicas for --zero 0, 1 and 2, beside the ZeRO paper's formulas
+(fp32 Adam: 4Ψ parameters + 4Ψ gradients + 8Ψ moments, each stage dividing its part by R),
+and the step time against unsharded replicas."""
+import os
+
+from . import common
+
+TITLE = 'ZeRO: memory per rank against replicas'
+
+
+def deep_mlp(path, layers):
+    """An MLP of `layers` 512-wide dense layers on 28×28 inputs: one bucket per layer at
+    --bucket-mb 1, so ZeRO-2 can give each back as its reduce-scatter ends."""
+    with open(path, 'w') as f:
+        f.write('[net]\ninput=1,28,28\n')
+        for _ in range(layers):
+            f.write('[dense]\nunits=512\nactivation=relu\n')
+        f.write('[dense]\nunits=10\nactivation=linear\n')
+    return path
+
+
+def formula(psi, r, zero):
+    """The paper's bytes per rank (fp32 Adam), without buckets in flight."""
+    grads = 4 * psi / (r if zero >= 2 else 1)
+    moments = 8 * psi / (r if zero >= 1 else 1)
+    return 4 * psi + grads + moments
+
+
+def run(ctx):
+    layers = 2 if ctx.quick else 8
+    model = deep_mlp(os.path.join(ctx.results, 'deep-mlp.cfg'), layers)
+    steps, warmup, samples = common.sizes(ctx.quick, (20, 3, 4096), (2, 1, 64))
+    replicas = [1, 2] if ctx.quick else [1, 2, 4]
+    rows, base = [], {}
+    for r in replicas:
+        for zero in ([0] if r == 1 else [0, 1, 2]):
+            args = ['--model', model, '--batch', 16 * r, '--replicas', r, '--microbatches', 1,
+                    '--steps', steps + warmup, '--untimed-steps', warmup,
+                    '--train-samples', samples, '--test-samples', 0, '--seed', 5,
+                    '--threads', 1, '--optimizer', 'adam', '--lr', '0.001',
+                    '--reduce', 'ordered', '--bucket-mb', 1, '--overlap', 'on']
+            if r > 1:
+                args += ['--zero', zero]
+            res = ctx.train('deep-mlp R=%d zero %d' % (r, zero), args, r)
+            mb = lambda k: max(res[k]) / 2**20 if res.get(k) else None  # noqa: E731
+            psi = res.get('params')
+            total = sum(mb(k) or 0 for k in ('rank_params_bytes', 'rank_grads_bytes',
+                                             'rank_optimizer_bytes'))
+            want = formula(psi, r, zero) / 2**20 if psi else None
+            step = common.step_ms(res)
+            if zero == 0:
+                base[r] = step
+            rows.append([r, zero, mb('rank_params_bytes'), mb('rank_grads_bytes'),
+                         mb('rank_optimizer_bytes'), total, want,
+                         total / want if want else None, mb('rank_peak_rss_bytes'), step,
+                         step / base[r] if step and base.get(r) else None])
+    md = ('An MLP of %d dense layers of 512 (one bucket each at `--bucket-mb 1`), fp32 Adam, '
+          'one micro-batch of 16 per replica, `--reduce ordered --overlap on`, one thread per '
+          'rank; the largest rank\'s bytes from `train --json`. The formula leaves out the '
+          'buckets ZeRO-2 holds whole while they are reduced (two at most). Step times '
+          'count only on an idle machine with a core per rank.\n\n' % layers)
+    md += common.table(['R', '--zero', 'params MB', 'grads MB', 'optimizer MB', 'sum MB',
+                        'formula MB', 'sum / formula', 'peak RSS MB', 'step ms',
+                        'step / unsharded'], rows)
+    return md
