@@ -103,6 +103,10 @@ static int cu_add(void *ctx, float *dst, const float *src, size_t count)
 {
     return kernel_add_cuda(dst, src, count, ctx);
 }
+static int cu_add_rows(void *ctx, float *y, const float *b, int rows, int width)
+{
+    return kernel_bias_add_cuda(y, b, rows, width, 1, ctx);
+}
 static int cu_layernorm_forward(void *ctx, float *out, float *mean, float *rstd, const float *x,
                                 const float *gamma, const float *beta, int rows, int width)
 {
@@ -190,6 +194,7 @@ const layer_kernels layer_kernels_cuda = {
     .dropout_backward = cu_dropout_backward,
     .copy = cu_copy,
     .add = cu_add,
+    .add_rows = cu_add_rows,
     .layernorm_forward = cu_layernorm_forward,
     .layernorm_backward = cu_layernorm_backward,
     .gelu_forward = cu_gelu_forward,

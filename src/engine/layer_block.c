@@ -150,6 +150,7 @@ static int drop_back(const layer_call *c, const block_view *v, float *dst, const
 /* y[r, :] += b for each of `rows` rows of `width`. */
 static int add_rows(const layer_call *c, float *y, const float *b, int rows, int width)
 {
+    if (c->k->add_rows) return c->k->add_rows(c->kc, y, b, rows, width);
     for (int r = 0; r < rows; r++)
         if (c->k->add(c->kc, y + (size_t)r * width, b, (size_t)width)) return -1;
     return 0;

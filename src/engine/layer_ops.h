@@ -61,6 +61,9 @@ typedef struct {
     /* the transformer layers' (kernels/kernels_transformer.h); NULL on a device without them
      * (such a device refuses transformer models before it runs one) */
     int (*add)(void *ctx, float *dst, const float *src, size_t count);
+    /* y[r·width + u] += b[u] for every row r, one addition per element (NULL: `add` per row,
+     * the same bits; a GPU wants one launch, not one per token) */
+    int (*add_rows)(void *ctx, float *y, const float *b, int rows, int width);
     int (*layernorm_forward)(void *ctx, float *out, float *mean, float *rstd, const float *x,
                              const float *gamma, const float *beta, int rows, int width);
     int (*layernorm_backward)(void *ctx, float *dx, float *dgamma, float *dbeta,
