@@ -189,8 +189,9 @@ int replicas_init(replicas_t **out, MPI_Comm group, engine *eng, const net_desc 
     }
     if (cfg->zero && (!ops->optim_shard || !ops->params_host || r->root_steps ||
                       (cfg->zero >= 2 && (!ops->grads_shard || !ops->grads_release)))) {
+        int root_steps = r->root_steps;
         replicas_free(r);
-        return r->root_steps
+        return root_steps
                    ? pt_error_set("--zero %d: --reduce %s steps on one rank; use ordered or "
                                   "allreduce", cfg->zero, reduce_method_name(cfg->method))
                    : pt_error_set("--zero %d: the %s engine keeps no sharded optimizer state "
