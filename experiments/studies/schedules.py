@@ -124,7 +124,8 @@ def draw(ctx, lines):
         a.plot(m, [p[2] for p in pts], '--', marker=mk, mfc='white', color=c, zorder=z)
         a.plot(m, [p[3] for p in pts], ':', color=c, lw=1.5, zorder=z)
         # measured; markers shrink from the first schedule to the last, drawn on top
-        b.plot(m, [p[4] for p in pts], '-', marker=mk, color=c, zorder=z, ms=9 - 1.5 * i)
+        b.plot(m, [p[4] for p in pts], '-', marker=mk, color=c, zorder=z,
+               ms=max(3.5, 9 - 0.6 * i))
     ms = sorted({p[0] for pts in lines.values() for p in pts})
     for ax in (a, b):
         ax.set_xscale('log', base=2)
@@ -145,7 +146,8 @@ def draw(ctx, lines):
              Line2D([], [], color='gray', ls='--', marker='o', mfc='white',
                     label='simulated (measured stage times)'),
              Line2D([], [], color='gray', ls=':', label='formula, balanced stages')]
-    leg = fig.legend(handles=sched, loc='upper center', bbox_to_anchor=(0.3, 0.0), ncol=len(sched),
+    leg = fig.legend(handles=sched, loc='upper center', bbox_to_anchor=(0.3, 0.0),
+                     ncol=(len(sched) + 1) // 2,
                      fontsize=8, frameon=False, title='schedule', title_fontsize=8)
     fig.add_artist(leg)
     fig.legend(handles=kinds, loc='upper center', bbox_to_anchor=(0.75, 0.0), ncol=1, fontsize=8,
