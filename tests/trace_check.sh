@@ -1,5 +1,6 @@
-# The Chrome trace of `train --trace`: valid JSON, one process per rank named after its
-# rank, stage (replica and tensor shard where the job has them) and host, one flow from the
+# The Chrome trace of `train --trace`: valid JSON, the schedule named (a search's winner
+# too), one process per rank named after its rank, stage (replica and tensor shard where
+# the job has them) and host, one flow from the
 # start of every send to the end of its receive, and no receive that ends before its send
 # began, also when one rank's clock runs ahead and drifts
 # (PIPETRAIN_DEBUG_CLOCK_SKEW, testing only). An unwritable trace fails on every rank with
@@ -43,6 +44,10 @@ cats = {e["cat"] for e in slices}
 need = {"forward", "backward", "send_act", "wait_act", "send_grad", "wait_grad", "optimizer",
         "sync"}
 assert need <= cats, f"categories {cats} lack {need - cats}"
+
+# the trace names the schedule it shows (train's default here)
+sched = doc["otherData"]["schedule"]
+assert sched == {"name": "1f1b", "origin": None, "microbatches": M, "chunks_per_rank": 1}, sched
 
 # every flow: one start inside its send slice, one end inside its wait slice
 err = {k["rank"]: k["clock_error_us"] for k in doc["otherData"]["ranks"]}
@@ -175,6 +180,34 @@ else
     failed "2 × 2 × 2 traced run failed"
     cat "$WORK/err"
 fi
+
+# The trace names the schedule: a V schedule with its two chunks per rank, and a searched
+# one with what the search chose, as train's --json reports it (schedule_origin).
+for s in zb-v search; do
+    t="$WORK/sched_$s.json" model=seed-mlp.cfg
+    [ "$s" = zb-v ] && model=seed-cnn.cfg  # 4 model chunks: seed-mlp has 3 layers
+    if timeout 120 "$MPIEXEC" -n 2 "$PIPETRAIN" train "${COMMON[@]}" --stages 2 --microbatches 4 \
+            --schedule "$s" --trace "$t" --json --model "$MODELS/$model" >"$WORK/out" \
+            2>"$WORK/err"; then
+        if python3 - "$t" "$s" "$WORK/out" >"$WORK/check" 2>&1 <<'PY'
+import json, sys
+sched = json.load(open(sys.argv[1]))["otherData"]["schedule"]
+want = sys.argv[2]
+run = json.loads(open(sys.argv[3]).read().strip().splitlines()[-1])
+assert sched["name"] == want and sched["microbatches"] == 4, sched
+assert sched["chunks_per_rank"] == (2 if want == "zb-v" else run.get("virtual", 1)), sched
+# a hand-written schedule has no origin; a search names its winner, as train reports it
+assert sched["origin"] == run.get("schedule_origin"), (sched, run.get("schedule_origin"))
+assert (sched["origin"] is None) == (want != "search"), sched
+print(sched)
+PY
+        then pass "trace names the schedule $s: $(tail -n 1 "$WORK/check")"
+        else failed "trace of $s: $(tail -n 2 "$WORK/check")"; fi
+    else
+        failed "$s traced run failed"
+        cat "$WORK/err"
+    fi
+done
 
 # An unwritable trace: the message names the path and the reason, every rank exits
 # non-zero, and nothing is left where the trace would have gone.

@@ -97,6 +97,10 @@ int exec_write_trace(exec_t *e, const char *path)
                      .clock = e->clock, .replica = e->replica, .replicas = e->replicas,
                      .tensor = e->cfg.tensor_rank, .tensors = e->cfg.shard ? e->cfg.shard->T : 1};
     snprintf(me.host, sizeof me.host, "%s", e->host);
+    snprintf(me.schedule, sizeof me.schedule, "%s", e->sched->name);
+    snprintf(me.schedule_origin, sizeof me.schedule_origin, "%s", e->sched->origin);
+    me.microbatches = e->cfg.microbatches;
+    me.chunks = e->V;
     trace_rank ranks[e->world_size];
     PT_MPI_CHECK(MPI_Gather(&me, (int)sizeof me, MPI_BYTE, ranks, (int)sizeof me, MPI_BYTE, 0,
                             e->world));

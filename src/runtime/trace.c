@@ -203,6 +203,16 @@ static void write_event(writer *w, const trace_event *e, const trace_rank *ranks
     emit(w, flow);
 }
 
+/* The schedule the ranks ran, so that a trace says which one it shows: a searched one
+ * names its winner (schedule_origin), a file's the name the file gave. */
+static json_t *schedule_data(const trace_rank *r)
+{
+    return json_pack("{s:s, s:o, s:i, s:i}", "name", r->schedule[0] ? r->schedule : "unknown",
+                     "origin", r->schedule_origin[0] ? json_string(r->schedule_origin)
+                                                     : json_null(),
+                     "microbatches", r->microbatches, "chunks_per_rank", r->chunks);
+}
+
 static json_t *other_data(const trace_rank *ranks, int n_ranks)
 {
     json_t *list = json_array();
@@ -224,10 +234,14 @@ static json_t *other_data(const trace_rank *ranks, int n_ranks)
                                 "clock_drift_ppm", drift * 1e6)))
             list = (json_decref(list), NULL);
     }
-    return list ? json_pack("{s:s, s:s, s:o}", "generator", "pipetrain", "clock",
-                            "each rank's CLOCK_MONOTONIC, aligned to rank 0's by ping-pong "
-                            "(docs/TRACE.md)", "ranks", list)
-                : NULL;
+    json_t *sched = list ? schedule_data(&ranks[0]) : NULL;
+    if (!sched) {
+        json_decref(list);
+        return NULL;
+    }
+    return json_pack("{s:s, s:s, s:o, s:o}", "generator", "pipetrain", "clock",
+                     "each rank's CLOCK_MONOTONIC, aligned to rank 0's by ping-pong "
+                     "(docs/TRACE.md)", "schedule", sched, "ranks", list);
 }
 
 static void write_all(writer *w, const trace_event *events, int n, const trace_rank *ranks,

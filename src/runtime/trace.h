@@ -74,6 +74,10 @@ typedef struct {
     int replica, replicas; /* its replica of how many (named where replicas > 1) */
     int tensor, tensors;   /* its tensor shard of how many (named where tensors > 1) */
     char host[64];
+    /* the schedule it runs (the same on every rank; the trace names rank 0's): its name,
+     * what a search chose ("" when none), micro-batches and model chunks per rank */
+    char schedule[32], schedule_origin[64];
+    int microbatches, chunks;
     double origin;     /* what its event times count from, on its own clock */
     trace_clock clock; /* its clock against rank 0's */
 } trace_rank;
