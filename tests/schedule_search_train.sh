@@ -8,21 +8,7 @@ source "$(dirname "$0")/lib/common.bash"
 export OPENBLAS_NUM_THREADS=1
 COMMON=(--model "$MODELS/seed-cnn.cfg" --batch 16 --steps 2 --train-samples 128
         --test-samples 100 --seed 7 --threads 1 --json --optimizer adam --lr 0.001)
-"$PIPETRAIN" train "${COMMON[@]}" --steps 1 --optimizer sgd --lr 0 --test-samples 0 \
-    --save "$WORK/init.st" >/dev/null
-
-run() { # run OUT K ARGS...
-    local out=$1 k=$2
-    shift 2
-    if [ "$k" -eq 1 ]; then
-        "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st" --save "$out" "$@" \
-            >"$out.json" 2>"$out.err"
-    else
-        "$MPIEXEC" -n "$k" "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st" \
-            --save "$out" "$@" >"$out.json" 2>"$out.err"
-    fi
-}
-test_loss() { json_field test_loss <"$1.json"; }
+source "$(dirname "$0")/lib/schedule_runs.bash"
 
 same() { # same NAME OUT REF: parameters and test loss bit-identical
     if ! "$PIPETRAIN" diff "$2" "$3" >"$WORK/diff" 2>&1; then

@@ -104,6 +104,14 @@ static const opt_spec opt_shared[] = {
     {.name = "overlap", .kind = OPT_CHOICE, .choices = "on|off", .def = "on",
      .help = "start each bucket's reduction inside the last backward pass (split by bucket) "
              "rather than after it"},
+    {.name = "zero", .kind = OPT_INT, .arg = "S", .min = 0, .max = 3, .def = "0",
+     .help = "ZeRO stage inside each stage's replica group (--replicas 2 or more, --reduce ordered "
+             "or allreduce, the CPU engine): 1 keeps each replica's shard of the optimizer "
+             "state only, steps it and all-gathers the parameters; 2 also gives back each "
+             "bucket's gradient memory outside the replica's shard once the bucket is "
+             "reduce-scattered (the drop needs --overlap on and one micro-batch per "
+             "replica); 3 is not implemented; plan prices 1 and 2 (memory per rank) and, "
+             "with --ranks, tries them where a layout does not fit --memory-mb"},
     {.name = "partition", .letter = 'p', .kind = OPT_TEXT, .arg = "METHOD", .def = "time",
      .help = "how the layers are cut into stages: uniform | params | time (layer times "
              "measured on this machine) | counts like 4,3,4"},

@@ -54,14 +54,7 @@ static const opt_spec plan_opts[] = {
     {.id = O_REDUCE, .name = "reduce", .shared = 1},
     {.id = O_BUCKET_MB, .name = "bucket-mb", .shared = 1},
     {.id = O_OVERLAP, .name = "overlap", .shared = 1},
-    {.id = O_ZERO, .name = "zero", .kind = OPT_INT, .arg = "S", .min = 0, .max = 2, .def = "0",
-     .help = "ZeRO stage inside each stage's replica group (--replicas 2 or more, --reduce ordered "
-             "or allreduce, the CPU engine): 1 keeps each replica's shard of the optimizer "
-             "state only, steps it and all-gathers the parameters; 2 also gives back each "
-             "bucket's gradient memory outside the replica's shard once the bucket is "
-             "reduce-scattered (the drop needs --overlap on and one micro-batch per "
-             "replica); 3 is not implemented; plan prices 1 and 2 (memory per rank) and, "
-             "with --ranks, tries them where a layout does not fit --memory-mb"},
+    {.id = O_ZERO, .name = "zero", .shared = 1},
     {.id = O_DEVICE, .name = "device", .shared = 1},
     {.id = O_GPUS, .name = "gpus-per-stage", .letter = 'g', .kind = OPT_INT, .arg = "G",
      .min = 1, .max = 65536, .help = "GPUs per stage: --device cuda with G replicas"},
@@ -182,6 +175,9 @@ static int apply_gpus_per_stage(plan_args *a, const opt_parser *p)
 static int check_zero(const plan_args *a, const opt_parser *p)
 {
     if (!a->zero) return 0;
+    if (a->zero == 3)
+        return opt_error(p, "--zero 3 is not implemented yet (parameter sharding): use "
+                            "--zero 2 or 1");
     if (!a->ranks && a->replicas < 2)
         return opt_error(p, "--zero %d shards the state across a stage's replicas: it needs "
                          "--replicas 2 or more (or --ranks)", a->zero);

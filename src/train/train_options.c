@@ -156,14 +156,7 @@ static const opt_spec train_opts[] = {
              "reduce-scatters in place of the all-reduces; stages send slices)"},
     {.id = O_BUCKET_MB, .name = "bucket-mb", .shared = 1},
     {.id = O_OVERLAP, .name = "overlap", .shared = 1},
-    {.id = O_ZERO, .name = "zero", .kind = OPT_INT, .arg = "S", .min = 0, .max = 3, .def = "0",
-     .help = "ZeRO stage inside each stage's replica group (--replicas 2 or more, --reduce ordered "
-             "or allreduce, the CPU engine): 1 keeps each replica's shard of the optimizer "
-             "state only, steps it and all-gathers the parameters; 2 also gives back each "
-             "bucket's gradient memory outside the replica's shard once the bucket is "
-             "reduce-scattered (the drop needs --overlap on and one micro-batch per "
-             "replica); 3 is not implemented; plan prices 1 and 2 (memory per rank) and, "
-             "with --ranks, tries them where a layout does not fit --memory-mb"},
+    {.id = O_ZERO, .name = "zero", .shared = 1},
     {.id = O_THREADS, .name = "threads", .kind = OPT_INT, .arg = "N", .min = 1, .max = 1024,
      .help = "worker threads per rank (default: the node's cores / its ranks)"},
     {.id = O_BIND, .name = "bind", .kind = OPT_CHOICE, .choices = "auto|core|none",
