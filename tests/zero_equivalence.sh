@@ -9,30 +9,7 @@
 source "$(dirname "$0")/lib/common.bash"
 export OPENBLAS_NUM_THREADS=1
 MLP=$MODELS/seed-mlp.cfg
-# --bucket-mb 0.1: seed-mlp's three layers in three buckets, each cut in R shards
-COMMON=(--model "$MLP" --batch 32 --steps 3 --train-samples 256 --test-samples 0 --seed 5
-        --threads 1 --json --bucket-mb 0.1)
-"$PIPETRAIN" train "${COMMON[@]}" --steps 1 --optimizer sgd --lr 0 --save "$WORK/init.st" >/dev/null
-
-lr_of() { [ "$1" = sgd ] || [ "$1" = momentum ] && echo 0.05 || echo 0.001; }
-
-# ref OPT MTOTAL: one process with MTOTAL micro-batches
-ref() {
-    local f="$WORK/ref_$1_$2.st"
-    [ -f "$f" ] || "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st" --save "$f" \
-        --optimizer "$1" --lr "$(lr_of "$1")" --microbatches "$2" >/dev/null
-    echo "$f"
-}
-
-# same LABEL A B RTOL
-same() {
-    if "$PIPETRAIN" diff "$2" "$3" --rtol "$4" >"$WORK/diff" 2>&1; then
-        pass "$1: $(tail -n 1 "$WORK/diff" | cut -d: -f1)"
-    else
-        failed "$1: differs"
-        tail -n 2 "$WORK/diff"
-    fi
-}
+source "$(dirname "$0")/lib/zero_runs.bash"
 
 # check K R M OPT REDUCE ARGS...: --zero 1 against one process and against --zero 0
 i=0
