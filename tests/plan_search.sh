@@ -89,8 +89,10 @@ assert {x['recompute'] for x in c} == {'none', 'all'}, c" "$WORK" "$WORK/two.jso
     && pass "--ranks 2: gpipe, 1f1b, zb-h1, zb-h2, interleaved V = 2, 3, 4, zb-v, v-half, v-min, dualpipev, search V = 1, 2 (never slower than the others), with and without recomputation" \
     || failed "--ranks 2: the new schedules"
 # uneven stages (gpt-nano's embedding and head under --partition uniform, 4 stages): the
-# search, priced on the same profile in the same run, strictly faster than each
-# hand-written schedule of its layout (retried: a profile of a loaded machine may even out)
+# search, priced on the same profile in the same run, no slower than each hand-written
+# schedule of its layout. Whether it is strictly faster depends on the profile (on an idle
+# fresh machine zb-h2 is already the best order, and the search returns it), so that is
+# reported; tests/test_schedule_search.c asserts strictly faster on fixed uneven costs.
 search_uneven() {
     "$PIPETRAIN" plan --model "$MODELS/gpt-nano.cfg" --ranks 4 --batch 16 --partition uniform \
         --tensor 1 --top 1000 --json >"$WORK/nano.json"
@@ -100,16 +102,16 @@ c = json.load(open(sys.argv[1]))['choices']
 at = lambda s: [x for x in c if x['stages'] == 4 and x['microbatches'] == 8 and
                 x['virtual'] == 1 and x['recompute'] == 'none' and x['schedule'] == s]
 s = at('search')[0]
-for name in ('gpipe', '1f1b', 'zb-h1', 'zb-h2'):
-    h = at(name)[0]
-    assert s['step_s'] < h['step_s'], (s['schedule_origin'], s['step_s'], name, h['step_s'])
-print(s['schedule_origin'], s['step_s'])
+best = min(at(n)[0]['step_s'] for n in ('gpipe', '1f1b', 'zb-h1', 'zb-h2'))
+assert s['step_s'] <= best, (s['schedule_origin'], s['step_s'], best)
+print('%s, %.4g s against the best hand-written %.4g s%s' % (
+    s['schedule_origin'], s['step_s'], best, ' (strictly faster)' if s['step_s'] < best else ''))
 PYEOF
 }
-if r=$(search_uneven || search_uneven || search_uneven); then
-    pass "gpt-nano, 4 uneven stages, M = 8: search ($r s) strictly faster than gpipe, 1f1b, zb-h1, zb-h2"
+if r=$(search_uneven); then
+    pass "gpt-nano, 4 uneven stages, M = 8: search no slower than gpipe, 1f1b, zb-h1, zb-h2: $r"
 else
-    failed "gpt-nano uneven stages: search not strictly faster"; echo "$r"
+    failed "gpt-nano uneven stages: search slower than a hand-written schedule"; echo "$r"
 fi
 # a limit between the smallest and the fastest layout's memory
 P=("${PP[@]}")
