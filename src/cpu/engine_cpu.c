@@ -11,6 +11,7 @@
 #include "src/cpu/stage.h"
 #include "src/base/error.h"
 #include "src/base/pages.h"
+#include "src/engine/stage_plan.h"
 
 typedef struct {
     stage st;
@@ -197,6 +198,40 @@ static int cpu_grads_shard(engine *e)
     c->zero2 = 1;
     c->st.release_zero = 1;
     return 0;
+}
+
+static int run_by_off(const void *a, const void *b)
+{
+    size_t x = ((const engine_run *)a)->off, y = ((const engine_run *)b)->off;
+    return (x > y) - (x < y);
+}
+
+/* ZeRO-2's zeroing after the step (issue 27): the replica's own shard is written with
+ * zeros and keeps its pages, everything else goes back (pages_zero). Releasing the shard
+ * too, as stage_zero_grad does, made the next backward fault every one of its pages in
+ * again (a trap and a kernel clear per 4 KiB) although the step keeps them anyway: the
+ * peak (at the step's start) holds the shard whatever happens after. The rest is mostly
+ * given back already (give_back); a bucket kept whole is zeroed here. */
+static void zero2_grads(cpu_engine *c)
+{
+    stage *st = &c->st;
+    size_t n = st->plan.param_count, at = 0;
+    engine_run *r = malloc((size_t)c->n_zruns * sizeof *r + 1);
+    if (!r) { /* correct, only slower: release all */
+        stage_zero_grad(st);
+        return;
+    }
+    memcpy(r, c->zruns, (size_t)c->n_zruns * sizeof *r);
+    qsort(r, (size_t)c->n_zruns, sizeof *r, run_by_off);
+    for (int i = 0; i < c->n_zruns; i++) {
+        if (!r[i].count) continue;
+        if (r[i].off > at) pages_zero(st->grads + at, (r[i].off - at) * sizeof(float));
+        memset(st->grads + r[i].off, 0, r[i].count * sizeof(float));
+        if (r[i].off + r[i].count > at) at = r[i].off + r[i].count;
+    }
+    if (n > at) pages_zero(st->grads + at, (n - at) * sizeof(float));
+    free(r);
+    stage_plan_grads_zeroed(&st->plan);
 }
 
 static int cpu_grads_release(engine *e, int piece, size_t off, size_t count)
@@ -437,7 +472,8 @@ static int cpu_step(engine *e, const optimizer_config *o, int t)
         return -1;
     }
     sample_grads(c); /* the most the gradients hold: the step's start */
-    stage_zero_grad(st);
+    if (c->zero2) zero2_grads(c);
+    else stage_zero_grad(st);
     for (int p = 1; c->zero2 && p < c->pieces; p++) /* summed already: none to zero */
         pages_zero(c->piece[p], e->param_count * sizeof(float));
     tick(e, t, t0);
