@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fresh Debian 12: installs what is missing, builds (warnings are errors) and runs the whole
 # test suite, then the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer,
-# then each input parser under libFuzzer for 20 s (PT_FUZZ_SECONDS), as many at once as there
+# then each input parser under libFuzzer for 10 s (PT_FUZZ_SECONDS), as many at once as there
 # are cores. For the inner loop of development: (cd build && ctest -L quick -j 3).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -10,15 +10,15 @@ pt_setup_packages
 mkdir -p build build-asan
 echo "== build (Release, -Werror)"
 pt_build build -DPT_WERROR=ON
-# One test more than cores: the MPI tests oversubscribe and wait politely, and some of
-# them mostly wait (restarts, Slurm, time-outs). PT_TEST_JOBS overrides.
-jobs=${PT_TEST_JOBS:-$(($(nproc) + 1))}
+# Two tests more than cores: the MPI tests oversubscribe and wait politely, and several of
+# them mostly wait (restarts, signals, Slurm, time-outs). PT_TEST_JOBS overrides.
+jobs=${PT_TEST_JOBS:-$(($(nproc) + 2))}
 echo "== tests ($jobs at a time)"
 (cd build && ctest --output-on-failure --timeout 300 -j "$jobs")
 echo "== sanitizer build (ASan + UBSan): unit tests"
 pt_build build-asan -DPT_WERROR=ON -DPT_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -L unit --timeout 600 -j "$(nproc)")
-echo "== fuzzing (libFuzzer, ASan + UBSan): each parser for ${PT_FUZZ_SECONDS:-20} s"
+echo "== fuzzing (libFuzzer, ASan + UBSan): each parser for ${PT_FUZZ_SECONDS:-10} s"
 pt_build build-fuzz -DPT_WERROR=ON -DPT_FUZZ=ON -DPT_CUDA=OFF -DPT_TESTS=OFF \
     -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo
-fuzz/run.sh build-fuzz "${PT_FUZZ_SECONDS:-20}"
+fuzz/run.sh build-fuzz "${PT_FUZZ_SECONDS:-10}"
