@@ -84,9 +84,17 @@ else
 fi
 
 # MPICH's network path: UCX over TCP on loopback instead of shared memory
-if timeout 120 env UCX_TLS=tcp,self UCX_NET_DEVICES=lo "$MPIEXEC" -n 2 "$PIPETRAIN" train "${ARGS[@]}" \
-        --stages 2 --save "$WORK/tcp.st" >/dev/null 2>"$WORK/tcp.err" \
-    && "$PIPETRAIN" diff "$WORK/tcp.st" "$WORK/ref.st" >/dev/null; then
+# (a run that is still going after 60 s is tried once more, and says so: twice in about ten
+# runs of the suite under load, MPICH 4.0.2 over UCX 1.13's tcp transport left both ranks
+# of this 0.3 s job waiting until the time-out; not yet diagnosed, see docs/PERFORMANCE.md)
+tcp_run() {
+    timeout 60 env UCX_TLS=tcp,self UCX_NET_DEVICES=lo "$MPIEXEC" -n 2 "$PIPETRAIN" train \
+        "${ARGS[@]}" --stages 2 --save "$WORK/tcp.st" >/dev/null 2>"$WORK/tcp.err"
+}
+tcp_rc=0
+tcp_run || tcp_rc=$?
+[ "$tcp_rc" = 124 ] && { echo "note: the UCX tcp run hung for 60 s; trying once more"; tcp_rc=0; tcp_run || tcp_rc=$?; }
+if [ "$tcp_rc" = 0 ] && "$PIPETRAIN" diff "$WORK/tcp.st" "$WORK/ref.st" >/dev/null; then
     pass "2-stage pipeline over UCX tcp (loopback): bit-identical to one process"
 else
     failed "pipeline over UCX tcp"; tail -n 5 "$WORK/tcp.err"
