@@ -4,6 +4,17 @@
 #include <cblas.h>
 #include <string.h>
 
+/* OpenBLAS's: declared here, since <cblas.h> may be another BLAS's (Debian's alternatives) */
+void openblas_set_num_threads(int);
+int openblas_get_num_threads(void);
+
+int kernel_blas_threads(int n)
+{
+    int had = openblas_get_num_threads();
+    openblas_set_num_threads(n);
+    return had;
+}
+
 void kernel_dense_forward_cpu(float *out, const float *in, const float *w, const float *b,
                               int n, int in_f, int out_f)
 {

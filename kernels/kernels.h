@@ -28,6 +28,11 @@ typedef enum {
 } kernel_act;
 
 /* ---- dense: out[n, out_f] = in[n, in_f] · w[out_f, in_f]^T + b ---- */
+/* OpenBLAS's own threads for the products: sets n, returns the count it had. A rank of
+ * train, and every profile of layer times, multiplies on one thread (its workers split the
+ * micro-batch instead); OpenBLAS's threads would otherwise spin on the cores they share. */
+int kernel_blas_threads(int n);
+
 void kernel_dense_forward_cpu(float *out, const float *in, const float *w, const float *b,
                               int n, int in_f, int out_f);
 /* dw += dout^T · in, db += Σ_n dout, din = dout · w (skipped when din is NULL). */

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kernels/kernels.h"
 #include "kernels/rng.h"
 #include "src/runtime/profile.h"
 #include "src/base/clock.h"
@@ -172,6 +173,8 @@ int partition_profile_measure_with(partition_profile *prof, const net_desc *net,
         goto fail;
     }
     for (int j = 0; j < batch; j++) ids[j] = j;
+    /* as a rank of train multiplies (train_setup.c): on one BLAS thread */
+    int blas = kernel_blas_threads(1);
     for (int l = 0; l < net->n_layers; l++) {
         int same = same_as_earlier(net, l), measured;
         if (same >= 0) { /* a transformer's blocks are alike: measured once */
@@ -185,17 +188,20 @@ int partition_profile_measure_with(partition_profile *prof, const net_desc *net,
         }
         if (profile_layer(net, l, batch, warmup, repeats, (engine_device)device, gpu, &fake, ids,
                           tf, tb, &measured))
-            goto fail;
+            goto fail_blas;
         prof->fwd_s[l] = median(tf, measured) / batch;
         prof->bwd_s[l] = median(tb, measured) / batch;
         if (!split) continue;
-        if (profile_split(net, l, batch, warmup, repeats, ids, tf, tb, &measured)) goto fail;
+        if (profile_split(net, l, batch, warmup, repeats, ids, tf, tb, &measured)) goto fail_blas;
         prof->bwd_input_s[l] = median(tf, measured) / batch;
         prof->bwd_weight_s[l] = median(tb, measured) / batch;
     }
+    kernel_blas_threads(blas);
     free(tf), free(tb), free(ids);
     data_free(&fake);
     return 0;
+fail_blas:
+    kernel_blas_threads(blas);
 fail:
     free(tf), free(tb), free(ids);
     data_free(&fake);

@@ -428,10 +428,12 @@ int replicas_calibrate(replicas_t *r, MPI_Comm group, int reps, replicas_calibra
         free(t);
         return -1;
     }
+    /* the medians, but the latency's least round: a round that waited on a busy core says
+     * nothing about the link, and an inflated α left the buckets' bytes no time (β = ∞) */
     double med[3];
     for (int k = 0; k < 3; k++) {
         qsort(t + (size_t)k * reps, (size_t)done, sizeof *t, cmp_double);
-        med[k] = t[(size_t)k * reps + done / 2];
+        med[k] = t[(size_t)k * reps + (k == 2 ? 0 : done / 2)];
     }
     free(t);
     int R = reduce_group_size(r->red), B = r->plan.n_buckets;

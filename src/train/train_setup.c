@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/kernels.h"
 #include "src/base/clock.h"
 #include "src/base/error.h"
 #include "src/base/mpi_check.h"
@@ -32,8 +33,6 @@
 #include "src/train/train_options.h"
 #include "src/train/train_text.h"
 #include "topologies/topo.h"
-
-void openblas_set_num_threads(int);
 
 /* ---- collective error handling ---- */
 
@@ -439,7 +438,7 @@ static int setup_threads(train_run *run)
     mpi_wait_set_mode(o->wait);
     /* The stage's own workers split each micro-batch; BLAS stays single-threaded so that
      * two thread pools never fight over the cores. */
-    openblas_set_num_threads(1);
+    kernel_blas_threads(1);
     return 0;
 }
 
