@@ -15,10 +15,13 @@ pt_build build -DPT_WERROR=ON
 jobs=${PT_TEST_JOBS:-$(($(nproc) + 2))}
 echo "== tests ($jobs at a time)"
 (cd build && ctest --output-on-failure --timeout 300 -j "$jobs")
+# The sanitizer builds: -O1 (what ASan's authors advise) with line tables only, enough for
+# its reports and a third quicker to build than -O2 -g; only the programs they run.
+SAN_FLAGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
 echo "== sanitizer build (ASan + UBSan): unit tests"
-pt_build build-asan -DPT_WERROR=ON -DPT_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+pt_build build-asan -DPT_WERROR=ON -DPT_SANITIZE=ON "${SAN_FLAGS[@]}" --target unit_tests
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -L unit --timeout 600 -j "$(nproc)")
 echo "== fuzzing (libFuzzer, ASan + UBSan): each parser for ${PT_FUZZ_SECONDS:-10} s"
 pt_build build-fuzz -DPT_WERROR=ON -DPT_FUZZ=ON -DPT_CUDA=OFF -DPT_TESTS=OFF \
-    -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    -DCMAKE_C_COMPILER=clang "${SAN_FLAGS[@]}" --target fuzzers
 fuzz/run.sh build-fuzz "${PT_FUZZ_SECONDS:-10}"

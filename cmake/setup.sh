@@ -43,14 +43,20 @@ pt_setup_packages() {
     fi
 }
 
-# pt_build DIR [cmake options...]
+# pt_build DIR [cmake options...] [--target NAME...]: everything, or the targets named
+# (test.sh's sanitizer builds need only their tests or fuzzers)
 pt_build() {
     local dir=$1
     mkdir -p "$dir"
     shift
-    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >"$dir/pt-configure.log" 2>&1 \
+    local opts=() targets=()
+    while [ $# -gt 0 ]; do
+        if [ "$1" = --target ]; then targets+=(--target "$2"); shift 2
+        else opts+=("$1"); shift; fi
+    done
+    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "${opts[@]}" >"$dir/pt-configure.log" 2>&1 \
         || { cat "$dir/pt-configure.log"; return 1; }
     grep -E '\[(x| )\]' "$dir/pt-configure.log" || true
-    cmake --build "$dir" -j "$(nproc)" -- --no-print-directory >"$dir/pt-build.log" 2>&1 \
-        || { tail -n 60 "$dir/pt-build.log"; return 1; }
+    cmake --build "$dir" -j "$(nproc)" "${targets[@]}" -- --no-print-directory \
+        >"$dir/pt-build.log" 2>&1 || { tail -n 60 "$dir/pt-build.log"; return 1; }
 }

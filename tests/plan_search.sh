@@ -68,10 +68,12 @@ import sys; sys.path.insert(0, sys.argv[1]); import space
 space.check(sys.argv[2], 8, int(sys.argv[3]))" "$WORK" "$WORK/all.json" "$LAYERS" \
     && pass "--ranks 8: every layout of 8 ranks (tensor shards too), ranked by step" || failed "--ranks 8"
 # two ranks: one stage per rank leaves room for every schedule and V = 2, 3, 4
-"$PIPETRAIN" plan --model "$MODELS/seed-cnn.cfg" --ranks 2 --top 1000 --json >"$WORK/two.json"
+# (a batch of 32: the search profiles each micro-batch size, 128 samples' take seconds)
+"$PIPETRAIN" plan --model "$MODELS/seed-cnn.cfg" --ranks 2 --batch 32 --partition params \
+    --top 1000 --json >"$WORK/two.json"
 python3 -c "
 import sys; sys.path.insert(0, sys.argv[1]); import space
-c = space.check(sys.argv[2], 2, int(sys.argv[3]))
+c = space.check(sys.argv[2], 2, int(sys.argv[3]), 32)
 assert {x['schedule'] for x in c} == {'gpipe', '1f1b', 'zb-h1', 'zb-h2', 'interleaved', 'zb-v',
                                      'v-half', 'v-min', 'dualpipev', 'search'}, c
 # the search is never slower than a hand-written schedule of its layout (same K, M, V,
@@ -113,8 +115,9 @@ if r=$(search_uneven); then
 else
     failed "gpt-nano uneven stages: search slower than a hand-written schedule"; echo "$r"
 fi
-# a limit between the smallest and the fastest layout's memory
-P=("${PP[@]}")
+# a limit between the smallest and the fastest layout's memory (a batch of 32, as above)
+P=("${PP[@]}" --batch 32)
+"$PIPETRAIN" plan "${P[@]}" --ranks 8 --top 1000 --json >"$WORK/all.json"
 limit=$(python3 -c "
 import json, sys
 c = json.load(open(sys.argv[1]))['choices']
