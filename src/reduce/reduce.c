@@ -13,7 +13,6 @@
 #include "src/base/error.h"
 #include "src/base/mpi_check.h"
 #include "src/base/mpi_wait.h"
-#include "src/base/pages.h"
 
 typedef enum {
     BUCKET_IDLE = 0, /* never started */
@@ -53,7 +52,7 @@ struct reduce {
     int broken;      /* a wait failed: requests may be live, keep their memory */
     int *ints;       /* owned: every bucket's counts and displacements */
     MPI_Request *reqs; /* owned: every bucket's requests */
-    float *scratch;  /* owned: every bucket's scratch (ZeRO-2: pages, given back per bucket) */
+    float *scratch;  /* owned: every bucket's scratch (ZeRO-2: one, shared by the buckets) */
     size_t scratch_bytes; /* its size */
     MPI_Request *bcast_req;
     unsigned char *whole; /* zero: [buckets] 1 where the sum is kept whole (all-gathered) */
@@ -112,14 +111,18 @@ static int alloc_scratch(reduce_t *r)
                 return pt_error_set("bucket %d: %d ranks × %d pieces × %zu floats are more "
                                     "than one MPI message holds: lower --bucket-mb", b, R, P,
                                     mine);
-            if (r->cfg.method == REDUCE_ORDERED) floats += (size_t)R * P * mine;
+            if (r->cfg.method != REDUCE_ORDERED) continue;
+            if (r->cfg.zero >= 2) { /* one bucket at a time: the largest one's */
+                if ((size_t)R * P * mine > floats) floats = (size_t)R * P * mine;
+            } else {
+                floats += (size_t)R * P * mine;
+            }
         }
     } else if (r->cfg.method == REDUCE_GATHER_BCAST && r->rank == 0) {
         floats = (size_t)R * r->plan.total_count;
     }
-    /* ZeRO-2: pages, so that each bucket's part goes back once its shard is summed */
     r->scratch_bytes = floats * sizeof(float) + 1;
-    r->scratch = r->cfg.zero >= 2 ? pages_alloc(r->scratch_bytes) : malloc(r->scratch_bytes);
+    r->scratch = malloc(r->scratch_bytes);
     if (!r->scratch)
         return pt_error_set("out of memory for %zu bytes of reduction scratch (%s)",
                             floats * sizeof(float), reduce_method_name(r->cfg.method));
@@ -145,7 +148,7 @@ static int alloc_scratch(reduce_t *r)
             /* rank j's piece p is summand j·P + p (checked above to fit an int) */
             for (int p = 0; p < P; p++) br->recv_off[p * R + j] = (j * P + p) * mine;
         }
-        if (r->cfg.method == REDUCE_ORDERED) at += (size_t)R * P * (size_t)mine;
+        if (r->cfg.method == REDUCE_ORDERED && r->cfg.zero < 2) at += (size_t)R * P * (size_t)mine;
     }
     return 0;
 }
@@ -211,8 +214,7 @@ void reduce_free(reduce_t *r)
     free(r->whole);
     free(r->ints);
     free(r->reqs);
-    if (r->cfg.zero >= 2) pages_free(r->scratch, r->scratch_bytes);
-    else free(r->scratch);
+    free(r->scratch);
     free(r);
 }
 
@@ -267,6 +269,12 @@ int reduce_start_pieces(reduce_t *r, int b, float *const *pieces)
                                      MPI_FLOAT, 0, r->comm, &br->req[0]));
         break;
     case REDUCE_ORDERED:
+        /* ZeRO-2: the buckets share one scratch (alloc_scratch) */
+        for (int k = 0; r->cfg.zero >= 2 && k < r->plan.n_buckets; k++)
+            if (k != b && r->runs[k].state == BUCKET_PHASE1)
+                return pt_error_set("reduce_start: bucket %d would share ZeRO-2's scratch with "
+                                    "bucket %d, still in flight (wait for each bucket first)",
+                                    b, k);
         /* one exchange per piece, every rank starting them in piece order */
         for (int p = 0; p < r->pieces; p++)
             PT_MPI_CHECK(MPI_Ialltoallv(pieces[p], br->shard_cnt, br->shard_off, MPI_FLOAT,
@@ -345,8 +353,6 @@ static int advance(reduce_t *r)
             size_t mine = (size_t)br->shard_cnt[r->rank];
             sum_rank_order(br->dst + br->shard_off[r->rank], br->scratch, mine,
                            r->size * r->pieces);
-            if (r->cfg.zero >= 2) /* ZeRO-2: the exchange's pieces are summed: give them back */
-                pages_release(br->scratch, (size_t)r->size * r->pieces * mine * sizeof(float));
             br->state = BUCKET_SUMMED;
             if (r->cfg.zero && !r->whole[b]) finish(r, b); /* the shard is all it keeps */
             continue;

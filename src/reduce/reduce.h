@@ -41,9 +41,12 @@ typedef struct {
                          ordered reduce-scatter's): ordered skips the gradients' all-gather,
                          allreduce runs MPI_Ireduce_scatter; the rest of the bucket is left
                          unspecified. Buckets marked by reduce_keep_whole are summed whole.
-                         2 or more (ZeRO-2): the ordered method's scratch lives in pages and
-                         each bucket's part goes back to the system once its shard is
-                         summed. */
+                         2 or more (ZeRO-2): the caller starts a bucket only after the
+                         one before has completed, so the ordered method's buckets share
+                         one scratch of the largest bucket's exchange, kept resident
+                         (given back and faulted in again per bucket, it cost a trap and a
+                         kernel clear per 4 KiB of every bucket, every step); a start
+                         while another bucket's exchange is in flight fails. */
 } reduce_config;
 
 /* Collective over `group` (the replicas of one stage, the first rank being the root of the

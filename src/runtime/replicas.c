@@ -378,7 +378,9 @@ static int calibrate_round(replicas_t *r, MPI_Comm group, double t[3])
         const reduce_bucket *bk = &r->plan.buckets[b];
         for (int p = 0; p < r->pieces; p++)
             if (engine_grads_host(r->eng, p, bk->offset, bk->count, &r->ptrs[p])) return -1;
-        if (reduce_start_pieces(r->red, b, r->ptrs)) return -1;
+        /* ZeRO-2 reduces one bucket at a time, as replicas_start does (its scratch) */
+        if (reduce_start_pieces(r->red, b, r->ptrs) || (r->owed && reduce_wait(r->red, b)))
+            return -1;
     }
     if (reduce_wait_all(r->red)) return -1;
     double t1 = pt_now();
