@@ -38,6 +38,10 @@ typedef struct {
     int n_zruns;
     float *zm, *zv;
     int zero2;          /* grads_shard: ZeRO-2, the gradients' pages are given back */
+    pages_pool pool;    /* ZeRO-2: the released pages, kept for the next backward (grads_fill) */
+    /* ZeRO-2, this step: bytes grads_fill asked for and grads_release gave, and the most
+     * the asks ran ahead of the releases (what the pool must hold at the step's start) */
+    size_t asked, given, ahead;
     size_t grads_peak;  /* the gradient arrays' most backed bytes seen (grads_resident) */
 } cpu_engine;
 
@@ -91,6 +95,7 @@ static void cpu_destroy(engine *e)
             for (int p = 1; p < c->pieces; p++) /* the stage's grads_bytes: gone with it */
                 pages_free(c->piece[p], stage_round_up(e->param_count * sizeof(float)));
         free(c->piece);
+        pages_pool_free(&c->pool);
         free(c->zruns);
         free(c->zm);
         free(c->zv);
@@ -189,6 +194,7 @@ static void sample_grads(cpu_engine *c)
     size_t n = stage_grads_resident(&c->st);
     for (int p = 1; c->piece && p < c->pieces; p++)
         n += pages_resident(c->piece[p], c->st.grads_bytes);
+    n += pages_pool_resident(&c->pool); /* kept for the next backward: still gradients' memory */
     if (n > c->grads_peak) c->grads_peak = n;
 }
 
@@ -197,6 +203,11 @@ static int cpu_grads_shard(engine *e)
     cpu_engine *c = impl(e);
     c->zero2 = 1;
     c->st.release_zero = 1;
+    /* room for everything that can be released at once: addresses only */
+    if (pages_pool_init(&c->pool, (size_t)c->pieces * c->st.grads_bytes))
+        return pt_error_set("CPU engine: no addresses for ZeRO-2's page pool (%zu bytes)",
+                            (size_t)c->pieces * c->st.grads_bytes);
+    pages_pool_limit(&c->pool, 0); /* nothing asked yet: released pages go back (cpu_step) */
     return 0;
 }
 
@@ -240,8 +251,32 @@ static int cpu_grads_release(engine *e, int piece, size_t off, size_t count)
     if (!c->zero2) return pt_error_set("CPU engine: gradients released without --zero 2");
     if (engine_grads_range_check(e, piece, off, count, "release")) return -1;
     sample_grads(c); /* the peak: just before memory goes back */
-    if (piece == 0) stage_release_grads(&c->st, off, count);
-    else pages_release(c->piece[piece] + off, count * sizeof(float));
+    c->given += count * sizeof(float);
+    /* into the pool rather than to the system: the next backward's grads_fill moves these
+     * pages back in, where a fresh page would cost a fault and a kernel clear each */
+    if (pages_pool_put(&c->pool, c->piece[piece] + off, count * sizeof(float)))
+        return pt_error_set("CPU engine: gradients [%zu, %zu) of piece %d could not be mapped "
+                            "again after moving their pages", off, off + count, piece);
+    return 0;
+}
+
+static int cpu_grads_fill(engine *e, int piece, size_t off, size_t count)
+{
+    cpu_engine *c = impl(e);
+    if (!c->zero2) return pt_error_set("CPU engine: gradients filled without --zero 2");
+    if (engine_grads_range_check(e, piece, off, count, "fill")) return -1;
+    char *at;
+    size_t moved;
+    c->asked += count * sizeof(float);
+    if (c->asked > c->given && c->asked - c->given > c->ahead) c->ahead = c->asked - c->given;
+    if (pages_pool_take(&c->pool, c->piece[piece] + off, count * sizeof(float), &at, &moved))
+        return pt_error_set("CPU engine: the page pool's addresses could not be mapped again");
+    /* a moved page holds an old gradient, and the kernels add to what they find: the first
+     * micro-batch's is formed in place, and a batched layer's flush (stage_plan_wgrad_flush)
+     * adds into the stage's gradients even with pieces, whose zeroing before each
+     * micro-batch (stage_plan_grad_target) covers the other layers' runs only. So every
+     * moved page is written with zeros here (a memset on present pages: no fault). */
+    if (moved) memset(at, 0, moved);
     return 0;
 }
 
@@ -455,12 +490,26 @@ static int cpu_release(engine *e, int m)
     return 0;
 }
 
+/* ZeRO-2, at the step (this step's releases all done): a backward's bucket parts ask for
+ * their pages before the earlier buckets' reductions give theirs back, by at most `ahead`
+ * bytes; the next backward runs the same parts, so the pool keeps that much (and at most
+ * that much from now on: the pages moving between the pool and the buckets' ranges then
+ * stay the same ones) and gives the rest back. The step's peak holds the shard and those
+ * pages, about two buckets beyond the shard as without the pool. Before any ask (the first
+ * step) the limit is 0: every released page goes back. */
+static void limit_pool(cpu_engine *c)
+{
+    pages_pool_limit(&c->pool, c->ahead);
+    c->asked = c->given = c->ahead = 0;
+}
+
 static int cpu_step(engine *e, const optimizer_config *o, int t)
 {
     double t0 = pt_now();
     cpu_engine *c = impl(e);
     stage *st = &c->st;
     if (stage_plan_range_idle(&st->plan, "step")) return -1;
+    if (c->zero2) limit_pool(c);
     if (c->zruns) { /* ZeRO: this replica's shard */
         stage_optim_state whole = {.params = st->params, .grads = st->grads,
                                    .count = st->plan.param_count, .step = &st->step,
@@ -550,6 +599,7 @@ static const engine_ops cpu_ops = {
     .optim_shard = cpu_optim_shard,
     .grads_shard = cpu_grads_shard,
     .grads_release = cpu_grads_release,
+    .grads_fill = cpu_grads_fill,
     .params_host = cpu_params_host,
     .state_bytes = cpu_state_bytes,
 };

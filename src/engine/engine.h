@@ -173,6 +173,11 @@ typedef struct {
      * step (a bucket's sum outside this replica's shard, or a piece already summed): their
      * memory goes back to the system, and they read as zero until written. */
     int (*grads_release)(engine *, int piece, size_t off, size_t count);
+    /* ZeRO-2: gradients [off, off + count) of piece `piece`, released at the last step, are
+     * about to be formed again (their bucket's backward part begins): the engine may back
+     * them with the memory it kept from releases (CPU: pages moved, not faulted in), reading
+     * as zero where the backward adds to them. Once per release. NULL: none kept. */
+    int (*grads_fill)(engine *, int piece, size_t off, size_t count);
     /* Bytes for the parameters and the optimizer's state (m and v; none before the first
      * update or write_state unless sharded), allocated now, and the gradients' (with the
      * pieces kept apart) peak backed bytes, measured at each step and each grads_release

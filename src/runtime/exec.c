@@ -441,19 +441,26 @@ static int end_backward(exec_t *e, int v, int m, int b)
     return 0;
 }
 
-/* A backward part's local layers: bucket b's (replicas), or the whole chunk. */
+/* A whole backward of chunk v begins: every bucket's part at once (replicas_part_begins). */
+static int whole_begins(exec_t *e, int v)
+{
+    return e->reps && e->reps[v] ? replicas_part_begins(e->reps[v], -1) : 0;
+}
+
+/* A backward part's local layers: bucket b's (replicas), or the whole chunk; the part
+ * begins (ZeRO-2's gradient memory, replicas_part_begins). */
 static int part_range(exec_t *e, int v, int bucket, int *lo, int *hi)
 {
     if (bucket < 0) {
         *lo = 0;
         *hi = e->engs[v]->cfg.last - e->engs[v]->cfg.first;
-        return 0;
+        return whole_begins(e, v);
     }
     int local;
     replicas_t *r = bucket_of(e, v, bucket, &local);
     if (!r) return -1;
     replicas_part_range(r, local, lo, hi);
-    return 0;
+    return replicas_part_begins(r, local); /* ZeRO-2: the part's gradient memory back */
 }
 
 /* Posts every receive of the step up front: a message may arrive before we wait. */
@@ -556,7 +563,7 @@ static int op_backward(exec_t *e, const step_run *s, const schedule_op *op, int 
         if (part_range(e, v, op->bucket, &lo, &hi) || engine_backward_range(g, b, lo, hi, i))
             return -1;
         if (part_not_last(e, v, op->bucket)) return 0;
-    } else if (engine_backward(g, b, i)) {
+    } else if (whole_begins(e, v) || engine_backward(g, b, i)) {
         return -1;
     }
     return end_backward(e, v, m, b);

@@ -94,6 +94,7 @@ struct replicas {
     engine_run *zruns;    /* ZeRO: [buckets] this replica's shard of each bucket */
     unsigned char *whole; /* ZeRO: [buckets] 1 where the sum is kept whole (a tie) */
     unsigned char *owed;  /* ZeRO-2: [buckets] started this step, memory not given back yet */
+    unsigned char *given; /* ZeRO-2: [buckets] memory given back, not yet asked back (fill) */
     replicas_stats st;
 };
 
@@ -127,21 +128,38 @@ static int shard_engine(replicas_t *r)
     return r->cfg.zero >= 2 ? r->eng->ops->grads_shard(r->eng) : 0;
 }
 
-/* ZeRO-2: bucket b's reduction has completed: every piece's part of it goes back to the
- * system but this replica's shard of the sum (in piece 0), which the step needs; a bucket
- * kept whole keeps piece 0 whole. Once per start. */
+/* ZeRO-2: bucket b's parts that go back once its reduction completes: every piece's
+ * part of it but this replica's shard of the sum (in piece 0), which the step needs; a
+ * bucket kept whole keeps piece 0 whole. `op` is the engine's grads_release or
+ * grads_fill, which takes the same parts back. */
+static int bucket_parts(replicas_t *r, int b, int (*op)(engine *, int, size_t, size_t))
+{
+    const reduce_bucket *bk = &r->plan.buckets[b];
+    const engine_run *z = &r->zruns[b];
+    for (int p = 1; p < r->pieces; p++)
+        if (op(r->eng, p, bk->offset, bk->count)) return -1;
+    if (r->whole[b]) return 0;
+    size_t end = bk->offset + bk->count, zend = z->off + z->count;
+    if (op(r->eng, 0, bk->offset, z->off - bk->offset)) return -1;
+    return op(r->eng, 0, zend, end - zend);
+}
+
+/* ZeRO-2: bucket b's reduction has completed: its parts go back. Once per start. */
 static int give_back(replicas_t *r, int b)
 {
     if (!r->owed || !r->owed[b]) return 0;
     r->owed[b] = 0;
-    const reduce_bucket *bk = &r->plan.buckets[b];
-    const engine_run *z = &r->zruns[b];
-    for (int p = 1; p < r->pieces; p++)
-        if (r->eng->ops->grads_release(r->eng, p, bk->offset, bk->count)) return -1;
-    if (r->whole[b]) return 0;
-    size_t end = bk->offset + bk->count, zend = z->off + z->count;
-    if (r->eng->ops->grads_release(r->eng, 0, bk->offset, z->off - bk->offset)) return -1;
-    return r->eng->ops->grads_release(r->eng, 0, zend, end - zend);
+    r->given[b] = 1;
+    return bucket_parts(r, b, r->eng->ops->grads_release);
+}
+
+int replicas_part_begins(replicas_t *r, int b)
+{
+    for (int k = 0; b < 0 && k < r->plan.n_buckets; k++)
+        if (replicas_part_begins(r, k)) return -1;
+    if (!r->given || b < 0 || b >= r->plan.n_buckets || !r->given[b]) return 0;
+    r->given[b] = 0;
+    return r->eng->ops->grads_fill ? bucket_parts(r, b, r->eng->ops->grads_fill) : 0;
 }
 
 /* ZeRO-2: the memory of every bucket whose reduction has completed. */
@@ -204,9 +222,10 @@ int replicas_init(replicas_t **out, MPI_Comm group, engine *eng, const net_desc 
     r->ev_t1 = calloc((size_t)nb, sizeof *r->ev_t1);
     r->whole = calloc((size_t)nb, 1);
     if (cfg->zero >= 2) r->owed = calloc((size_t)nb, 1);
+    if (cfg->zero >= 2) r->given = calloc((size_t)nb, 1);
     if (r->root_steps) r->params = malloc(eng->param_count * sizeof *r->params + 1);
     if (!r->ptrs || !r->seen || !r->ev_t0 || !r->ev_t1 || !r->whole ||
-        (cfg->zero >= 2 && !r->owed) || (r->root_steps && !r->params)) {
+        (cfg->zero >= 2 && (!r->owed || !r->given)) || (r->root_steps && !r->params)) {
         replicas_free(r);
         return pt_error_set("out of memory for %d buckets", nb);
     }
@@ -238,6 +257,7 @@ void replicas_free(replicas_t *r)
     free(r->zruns);
     free(r->whole);
     free(r->owed);
+    free(r->given);
     free(r);
 }
 

@@ -79,6 +79,10 @@ void replicas_free(replicas_t *r);
 
 /* replicas_plan_part_range of this rank's stage. */
 void replicas_part_range(const replicas_t *r, int b, int *lo, int *hi);
+/* ZeRO-2: a backward of bucket b's part begins (b < 0: a whole backward, every bucket's):
+ * the gradient memory its last reduction gave back is asked back from the engine
+ * (grads_fill), once per give back, before anything writes it; nothing otherwise. */
+int replicas_part_begins(replicas_t *r, int b);
 /* ALLREDUCE b: bucket b's gradients (every piece) are final; start their reduction. */
 int replicas_start(replicas_t *r, int b);
 /* REDUCE_WAIT b: waits for bucket b's reduction (timeout: a message naming the bucket) and
