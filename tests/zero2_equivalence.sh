@@ -36,6 +36,19 @@ check 2 2 1 adamw ordered --schedule gpipe
 check 2 2 2 momentum ordered
 check 1 2 2 sgd allreduce
 
+# the page pool (src/base/pages.h): a released bucket's pages are moved into the next
+# backward's ranges from the third step on (the first two measure what the pool keeps);
+# 8 steps with one micro-batch (every range filled), two (pieces) and allreduce (no pieces)
+for args in "1 adamw ordered" "2 momentum ordered" "2 sgd allreduce"; do
+    set -- $args
+    run=("$MPIEXEC" -n 2 "$PIPETRAIN" train "${COMMON[@]}" --steps 8 --load "$WORK/init.st"
+         --replicas 2 --microbatches "$1" --optimizer "$2" --lr "$(lr_of "$2")" --reduce "$3")
+    "${run[@]}" --zero 2 --save "$WORK/pz.st" >/dev/null && "${run[@]}" --save "$WORK/pu.st" >/dev/null ||
+        failed "8 steps, M=$1 $2 $3: run failed"
+    same "8 steps, M=$1 $2 $3, zero 2 vs unsharded replicas" "$WORK/pz.st" "$WORK/pu.st" \
+        "$([ "$3" = ordered ] && echo 0 || echo 1e-6)"
+done
+
 # can fail: a bucket left unreduced
 out=$WORK/skip.st
 "$MPIEXEC" -n 2 "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st" --replicas 2 \

@@ -271,12 +271,12 @@ static int cpu_grads_fill(engine *e, int piece, size_t off, size_t count)
     if (c->asked > c->given && c->asked - c->given > c->ahead) c->ahead = c->asked - c->given;
     if (pages_pool_take(&c->pool, c->piece[piece] + off, count * sizeof(float), &at, &moved))
         return pt_error_set("CPU engine: the page pool's addresses could not be mapped again");
-    /* a moved page holds an old gradient, and the kernels add to what they find: the first
-     * micro-batch's is formed in place, and a batched layer's flush (stage_plan_wgrad_flush)
-     * adds into the stage's gradients even with pieces, whose zeroing before each
-     * micro-batch (stage_plan_grad_target) covers the other layers' runs only. So every
-     * moved page is written with zeros here (a memset on present pages: no fault). */
-    if (moved) memset(at, 0, moved);
+    /* a moved page holds an old gradient: zeroed (a memset on present pages, no fault)
+     * where the kernels add to what they find, the stage's gradients without pieces (the
+     * first micro-batch's is formed in place); with pieces, each micro-batch's piece is
+     * zeroed before it is formed (stage_plan_grad_target: every parameter, no batched
+     * layers with pieces) */
+    if (moved && c->pieces <= 1) memset(at, 0, moved);
     return 0;
 }
 

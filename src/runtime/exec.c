@@ -441,26 +441,27 @@ static int end_backward(exec_t *e, int v, int m, int b)
     return 0;
 }
 
-/* A whole backward of chunk v begins: every bucket's part at once (replicas_part_begins). */
-static int whole_begins(exec_t *e, int v)
+/* A whole backward of chunk v (buffer m) begins: every bucket's part at once
+ * (replicas_part_begins). */
+static int whole_begins(exec_t *e, int v, int m)
 {
-    return e->reps && e->reps[v] ? replicas_part_begins(e->reps[v], -1) : 0;
+    return e->reps && e->reps[v] ? replicas_part_begins(e->reps[v], -1, m) : 0;
 }
 
-/* A backward part's local layers: bucket b's (replicas), or the whole chunk; the part
- * begins (ZeRO-2's gradient memory, replicas_part_begins). */
-static int part_range(exec_t *e, int v, int bucket, int *lo, int *hi)
+/* A backward part's local layers: bucket b's (replicas), or the whole chunk; the part of
+ * buffer m's micro-batch begins (ZeRO-2's gradient memory, replicas_part_begins). */
+static int part_range(exec_t *e, int v, int bucket, int m, int *lo, int *hi)
 {
     if (bucket < 0) {
         *lo = 0;
         *hi = e->engs[v]->cfg.last - e->engs[v]->cfg.first;
-        return whole_begins(e, v);
+        return whole_begins(e, v, m);
     }
     int local;
     replicas_t *r = bucket_of(e, v, bucket, &local);
     if (!r) return -1;
     replicas_part_range(r, local, lo, hi);
-    return replicas_part_begins(r, local); /* ZeRO-2: the part's gradient memory back */
+    return replicas_part_begins(r, local, m); /* ZeRO-2: the part's gradient memory back */
 }
 
 /* Posts every receive of the step up front: a message may arrive before we wait. */
@@ -560,10 +561,10 @@ static int op_backward(exec_t *e, const step_run *s, const schedule_op *op, int 
     int m = op->microbatch, b = s->base + m, v = op->chunk, lo, hi;
     engine *g = e->engs[v];
     if (op->bucket >= 0) {
-        if (part_range(e, v, op->bucket, &lo, &hi) || engine_backward_range(g, b, lo, hi, i))
+        if (part_range(e, v, op->bucket, b, &lo, &hi) || engine_backward_range(g, b, lo, hi, i))
             return -1;
         if (part_not_last(e, v, op->bucket)) return 0;
-    } else if (whole_begins(e, v) || engine_backward(g, b, i)) {
+    } else if (whole_begins(e, v, b) || engine_backward(g, b, i)) {
         return -1;
     }
     return end_backward(e, v, m, b);
@@ -583,7 +584,7 @@ static int op_backward_input(exec_t *e, const step_run *s, const schedule_op *op
 static int op_backward_weight(exec_t *e, const step_run *s, const schedule_op *op, int i)
 {
     int m = op->microbatch, b = s->base + m, v = op->chunk, lo, hi;
-    if (part_range(e, v, op->bucket, &lo, &hi) ||
+    if (part_range(e, v, op->bucket, b, &lo, &hi) ||
         engine_backward_weight(e->engs[v], b, lo, hi, i))
         return -1;
     if (part_not_last(e, v, op->bucket)) return 0;

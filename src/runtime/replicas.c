@@ -94,7 +94,7 @@ struct replicas {
     engine_run *zruns;    /* ZeRO: [buckets] this replica's shard of each bucket */
     unsigned char *whole; /* ZeRO: [buckets] 1 where the sum is kept whole (a tie) */
     unsigned char *owed;  /* ZeRO-2: [buckets] started this step, memory not given back yet */
-    unsigned char *given; /* ZeRO-2: [buckets] memory given back, not yet asked back (fill) */
+    unsigned char *given; /* ZeRO-2: [buckets × pieces] given back, not yet asked back (fill) */
     replicas_stats st;
 };
 
@@ -128,16 +128,15 @@ static int shard_engine(replicas_t *r)
     return r->cfg.zero >= 2 ? r->eng->ops->grads_shard(r->eng) : 0;
 }
 
-/* ZeRO-2: bucket b's parts that go back once its reduction completes: every piece's
- * part of it but this replica's shard of the sum (in piece 0), which the step needs; a
- * bucket kept whole keeps piece 0 whole. `op` is the engine's grads_release or
- * grads_fill, which takes the same parts back. */
-static int bucket_parts(replicas_t *r, int b, int (*op)(engine *, int, size_t, size_t))
+/* ZeRO-2: piece p's part of bucket b that goes back once the bucket's reduction
+ * completes: all of it in the pieces past the first (summed into it), all but this
+ * replica's shard of the sum in piece 0, which the step needs (none of a bucket kept
+ * whole). `op` is the engine's grads_release or grads_fill, which takes the same part back. */
+static int piece_part(replicas_t *r, int b, int p, int (*op)(engine *, int, size_t, size_t))
 {
     const reduce_bucket *bk = &r->plan.buckets[b];
     const engine_run *z = &r->zruns[b];
-    for (int p = 1; p < r->pieces; p++)
-        if (op(r->eng, p, bk->offset, bk->count)) return -1;
+    if (p > 0) return op(r->eng, p, bk->offset, bk->count);
     if (r->whole[b]) return 0;
     size_t end = bk->offset + bk->count, zend = z->off + z->count;
     if (op(r->eng, 0, bk->offset, z->off - bk->offset)) return -1;
@@ -149,17 +148,27 @@ static int give_back(replicas_t *r, int b)
 {
     if (!r->owed || !r->owed[b]) return 0;
     r->owed[b] = 0;
-    r->given[b] = 1;
-    return bucket_parts(r, b, r->eng->ops->grads_release);
+    for (int p = 0; p < r->pieces; p++) {
+        r->given[b * r->pieces + p] = 1;
+        if (piece_part(r, b, p, r->eng->ops->grads_release)) return -1;
+    }
+    return 0;
 }
 
-int replicas_part_begins(replicas_t *r, int b)
+int replicas_part_begins(replicas_t *r, int b, int m)
 {
-    for (int k = 0; b < 0 && k < r->plan.n_buckets; k++)
-        if (replicas_part_begins(r, k)) return -1;
-    if (!r->given || b < 0 || b >= r->plan.n_buckets || !r->given[b]) return 0;
-    r->given[b] = 0;
-    return r->eng->ops->grads_fill ? bucket_parts(r, b, r->eng->ops->grads_fill) : 0;
+    if (!r->given || b >= r->plan.n_buckets) return 0;
+    /* micro-batch m's piece only: the others' parts come back when theirs begin, so that
+     * fewer pages wait in the engine's pool */
+    int p = engine_piece_of(&r->eng->cfg, m);
+    if (p < 0 || p >= r->pieces) p = 0;
+    /* a whole backward (the micro-batches before the last, with --microbatches > 1) faults
+     * its pages in as before: filling every bucket's at once made the 9-layer MLP's step
+     * slower at R = 2, M = 2 (PERFORMANCE.md), not faster. Nothing is filled after it. */
+    for (int k = 0; b < 0 && k < r->plan.n_buckets; k++) r->given[k * r->pieces + p] = 0;
+    if (b < 0 || !r->given[b * r->pieces + p]) return 0;
+    r->given[b * r->pieces + p] = 0;
+    return r->eng->ops->grads_fill ? piece_part(r, b, p, r->eng->ops->grads_fill) : 0;
 }
 
 /* ZeRO-2: the memory of every bucket whose reduction has completed. */
@@ -222,7 +231,7 @@ int replicas_init(replicas_t **out, MPI_Comm group, engine *eng, const net_desc 
     r->ev_t1 = calloc((size_t)nb, sizeof *r->ev_t1);
     r->whole = calloc((size_t)nb, 1);
     if (cfg->zero >= 2) r->owed = calloc((size_t)nb, 1);
-    if (cfg->zero >= 2) r->given = calloc((size_t)nb, 1);
+    if (cfg->zero >= 2) r->given = calloc((size_t)nb * (size_t)r->pieces, 1);
     if (r->root_steps) r->params = malloc(eng->param_count * sizeof *r->params + 1);
     if (!r->ptrs || !r->seen || !r->ev_t0 || !r->ev_t1 || !r->whole ||
         (cfg->zero >= 2 && (!r->owed || !r->given)) || (r->root_steps && !r->params)) {

@@ -79,10 +79,12 @@ void replicas_free(replicas_t *r);
 
 /* replicas_plan_part_range of this rank's stage. */
 void replicas_part_range(const replicas_t *r, int b, int *lo, int *hi);
-/* ZeRO-2: a backward of bucket b's part begins (b < 0: a whole backward, every bucket's):
- * the gradient memory its last reduction gave back is asked back from the engine
- * (grads_fill), once per give back, before anything writes it; nothing otherwise. */
-int replicas_part_begins(replicas_t *r, int b);
+/* ZeRO-2: a backward of bucket b's part begins for buffer m's micro-batch: the gradient
+ * memory of its piece that the bucket's last reduction gave back is asked back from the
+ * engine (grads_fill), once per give back, before anything writes it. b < 0: a whole
+ * backward begins, which faults its pages in (nothing is asked back for its piece this
+ * step). */
+int replicas_part_begins(replicas_t *r, int b, int m);
 /* ALLREDUCE b: bucket b's gradients (every piece) are final; start their reduction. */
 int replicas_start(replicas_t *r, int b);
 /* REDUCE_WAIT b: waits for bucket b's reduction (timeout: a message naming the bucket) and
