@@ -171,7 +171,8 @@ typedef struct {
     int (*grads_shard)(engine *);
     /* ZeRO-2: gradients [off, off + count) of piece `piece` are not needed again before the
      * step (a bucket's sum outside this replica's shard, or a piece already summed): their
-     * memory goes back to the system, and they read as zero until written. */
+     * memory goes back (CPU: whole pages into a pool that grads_fill takes from, the rest
+     * to the system), and they read as zero until written. */
     int (*grads_release)(engine *, int piece, size_t off, size_t count);
     /* ZeRO-2: gradients [off, off + count) of piece `piece`, released at the last step, are
      * about to be formed again (their bucket's backward part begins): the engine may back
