@@ -4,7 +4,8 @@
 # choice, the executor's deferred sends and prefetch, and the CUDA engine's buffers, copies
 # and events must give parameters and test loss bit-identical to the CPU engine, as one
 # stage and as pipelines, including zb-h1's split backward, recomputation, batched weight
-# gradients, interleaved chunks and tensor shards; and gpt-nano (issue 25). Micro-batches of ≤ 16 samples: the CPU
+# gradients, interleaved chunks, zb-h2, the V schedules, the searched order and tensor
+# shards; and gpt-nano (issue 25). Micro-batches of ≤ 16 samples: the CPU
 # stage then runs each as one chunk, so both compute the same sums. Without a CUDA toolkit at configure time there
 # is no mock plugin (CUDA_MOCK_PLUGIN empty): the test exits 77, which ctest reports as
 # skipped (SKIP_RETURN_CODE), never as passed.
@@ -109,14 +110,17 @@ fi
 
 # The new schedules' operations on the mock GPU, 2 ranks sharing it: the split backward
 # (zb-h1: backward_input, backward_weight), recomputation, batched weight gradients, their
-# combination, and interleaved chunks (two CUDA engines per rank), each against the CPU
-# with the same options, bit for bit; one run with device-memory messages.
+# combination, interleaved chunks (two CUDA engines per rank), zb-h2, the V placement
+# (zb-v; dualpipev's F&B) and the searched order, each against the CPU with the same
+# options, bit for bit; one run with device-memory messages.
 SCHED=(--stages 2 --microbatches 4 --optimizer adam --lr 0.001)
 for variant in "zb-h1:--schedule zb-h1" "recompute:--recompute all" "wgrad:--wgrad batched" \
     "zb-h1+recompute+wgrad:--schedule zb-h1 --recompute all --wgrad batched" \
     "interleaved:--schedule interleaved --virtual 2" \
     "interleaved+recompute:--schedule interleaved --virtual 2 --recompute 1" \
-    "zb-h1+recompute, device messages:--schedule zb-h1 --recompute all"; do
+    "zb-h1+recompute, device messages:--schedule zb-h1 --recompute all" \
+    "zb-h2:--schedule zb-h2" "zb-v:--schedule zb-v" "dualpipev:--schedule dualpipev" \
+    "search:--schedule search --virtual 2"; do
     name=${variant%%:*}
     read -r -a opts <<<"${variant#*:}"
     out="$WORK/sched_$(tr -c 'a-z0-9\n' _ <<<"$name")"

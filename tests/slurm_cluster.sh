@@ -84,9 +84,9 @@ else
 fi
 
 # MPICH's network path: UCX over TCP on loopback instead of shared memory
-# (a run that is still going after 60 s is tried once more, and says so: twice in about ten
-# runs of the suite under load, MPICH 4.0.2 over UCX 1.13's tcp transport left both ranks
-# of this 0.3 s job waiting until the time-out; not yet diagnosed, see docs/PERFORMANCE.md)
+# (a run that is still going after 60 s is tried once more, and says so: under load, about
+# one run in 75 ends with both ranks stuck in MPI_Finalize, MPICH 4.0.2's finalize race over
+# UCX 1.13's tcp transport, its work done; the stacks in docs/PERFORMANCE.md)
 tcp_run() {
     timeout 60 env UCX_TLS=tcp,self UCX_NET_DEVICES=lo "$MPIEXEC" -n 2 "$PIPETRAIN" train \
         "${ARGS[@]}" --stages 2 --save "$WORK/tcp.st" >/dev/null 2>"$WORK/tcp.err"

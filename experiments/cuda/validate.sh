@@ -24,7 +24,8 @@
 #     from a CPU checkpoint; controls: 3d lr 0.05005 and 3f lr 0.001001 refused by 3c and
 #     3e, 3g another seed's batches refused by 3a and 3b. Why: README.md in this directory.
 #  4  a 2-stage pipeline on the one GPU (mpiexec -n 2 ... --stages 2 --microbatches 4)
-#     against 1 rank with the same 4 micro-batches, bit for bit: 4a 1F1B, 4b GPipe
+#     against 1 rank with the same 4 micro-batches, bit for bit: 4a 1F1B, 4b GPipe,
+#     4c ZB-V (two chunks per rank in a V), 4d DualPipeV
 #  5  compute-sanitizer on a 3-step GPU training run: 5a memcheck with the leak check,
 #     5b initcheck (a timeout there is inconclusive, not a failure); 5c memcheck of
 #     test_cuda_kernels, run last when time is left (information)
@@ -366,7 +367,7 @@ print("%s, FP32 peak %.1f TFLOP/s, %s" % (d.get("name"), d["peak_fp32_flops"] / 
     local C=(--model "$MODEL" --data "$DATA" --test-samples 0 --batch 128 --seed 1 --timeout 120)
     local init=$WORK/init.safetensors have_init=0
     if [ -z "$PT" ]; then
-        for id in 3a 3b 3c 3d 3e 3f 3g 4a 4b 5a 5b 6; do
+        for id in 3a 3b 3c 3d 3e 3f 3g 4a 4b 4c 4d 5a 5b 6; do
             record $id FAIL "needs pipetrain" "no pipetrain binary"
         done
     else
@@ -389,8 +390,8 @@ print("%s, FP32 peak %.1f TFLOP/s, %s" % (d.get("name"), d["peak_fp32_flops"] / 
             ref_ok=1
         fi
         local sched id
-        for sched in $(want 4 && echo 1f1b gpipe); do
-            id=4a; [ $sched = gpipe ] && id=4b
+        for sched in $(want 4 && echo 1f1b gpipe zb-v dualpipev); do
+            case $sched in 1f1b) id=4a ;; gpipe) id=4b ;; zb-v) id=4c ;; *) id=4d ;; esac
             if [ $ref_ok = 0 ]; then
                 record $id FAIL "pipeline $sched" "the 1-rank reference run failed (e2e.log)"
                 continue
@@ -963,7 +964,7 @@ res = {'device': device, 'passed': not counted_bad, 'steps': steps, 'throughput'
 with open(out_f, 'w') as f:
     json.dump(res, f, indent=1)
 
-order = ['1', '2', '3a', '3b', '3c', '3d', '3e', '3f', '3g', '4a', '4b', '7a', '7b', '8a',
+order = ['1', '2', '3a', '3b', '3c', '3d', '3e', '3f', '3g', '4a', '4b', '4c', '4d', '7a', '7b', '8a',
          '8b', '9a', '9b', '9c', '10a', '10b', '10c', '10d', '10e', '5a', '5b', '5c', '6', '6c', '6d']
 steps.sort(key=lambda s: order.index(s['id']) if s['id'] in order else 99)
 print()
