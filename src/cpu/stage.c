@@ -775,12 +775,6 @@ void stage_zero_grad(stage *s)
     stage_plan_grads_zeroed(&s->plan);
 }
 
-void stage_release_grads(stage *s, size_t off, size_t count)
-{
-    if (off < s->plan.param_count && count <= s->plan.param_count - off)
-        pages_release(s->grads + off, count * sizeof(float));
-}
-
 size_t stage_grads_resident(const stage *s)
 {
     size_t n = pages_resident(s->grads, s->grads_bytes) +

@@ -226,9 +226,6 @@ size_t stage_loss_floats(const net_desc *net, int last, int max_batch, const sha
 
 /* Zeroes the gradients; ends a stage_backward_range sequence left unfinished. */
 void stage_zero_grad(stage *s);
-/* ZeRO-2: the pages wholly inside gradients [off, off + count) go back to the system (they
- * read as zero); the rest of the array is untouched. */
-void stage_release_grads(stage *s, size_t off, size_t count);
 /* Bytes of the gradient arrays (grads, mb_grads, group_grads[1..]) backed by memory now
  * (pages_resident: measured, not computed). */
 size_t stage_grads_resident(const stage *s);
