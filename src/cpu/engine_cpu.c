@@ -43,6 +43,11 @@ typedef struct {
      * the asks ran ahead of the releases (what the pool must hold at the step's start) */
     size_t asked, given, ahead;
     size_t grads_peak;  /* the gradient arrays' most backed bytes seen (grads_resident) */
+    /* ZeRO-3 (params_shard): the runtime's layer hook, and the parameters' most backed
+     * bytes seen at the end of a layer's pass */
+    engine_layer_hook zhook;
+    void *zhook_ctx;
+    size_t params_peak;
 } cpu_engine;
 
 static cpu_engine *impl(engine *e) { return e->impl; }
@@ -280,11 +285,45 @@ static int cpu_grads_fill(engine *e, int piece, size_t off, size_t count)
     return 0;
 }
 
+/* ZeRO-3: the stage's hook, which measures the parameters' backed bytes at the end of each
+ * layer's pass, before the runtime gives the layer back: the most held at once (the layer
+ * whole, the next one's gather, the shards). */
+static int cpu_layer_hook(void *ctx, int layer, int backward, int begins)
+{
+    cpu_engine *c = ctx;
+    if (!begins) {
+        size_t n = pages_resident(c->st.params, c->st.grads_bytes);
+        if (n > c->params_peak) c->params_peak = n;
+    }
+    return c->zhook(c->zhook_ctx, layer, backward, begins);
+}
+
+static int cpu_params_shard(engine *e, engine_layer_hook hook, void *ctx)
+{
+    cpu_engine *c = impl(e);
+    c->zhook = hook;
+    c->zhook_ctx = ctx;
+    c->st.layer_hook = cpu_layer_hook;
+    c->st.hook_ctx = c;
+    return 0;
+}
+
+static int cpu_params_release(engine *e, size_t off, size_t count)
+{
+    cpu_engine *c = impl(e);
+    if (!c->zhook) return pt_error_set("CPU engine: parameters released without --zero 3");
+    if (off > e->param_count || count > e->param_count - off)
+        return pt_error_set("CPU engine: parameters [%zu, %zu) released, outside the stage's "
+                            "%zu", off, off + count, e->param_count);
+    pages_release(c->st.params + off, count * sizeof(float));
+    return 0;
+}
+
 static void cpu_state_bytes(const engine *e, size_t *params, size_t *grads, size_t *optim)
 {
     cpu_engine *c = e->impl;
     size_t block = stage_round_up(e->param_count * sizeof(float));
-    *params = block;
+    *params = c->zhook ? c->params_peak : block;
     sample_grads(c);
     *grads = c->grads_peak;
     if (c->zruns) *optim = 2 * stage_round_up(engine_runs_count(c->zruns, c->n_zruns) * sizeof(float));
@@ -600,6 +639,8 @@ static const engine_ops cpu_ops = {
     .grads_shard = cpu_grads_shard,
     .grads_release = cpu_grads_release,
     .grads_fill = cpu_grads_fill,
+    .params_shard = cpu_params_shard,
+    .params_release = cpu_params_release,
     .params_host = cpu_params_host,
     .state_bytes = cpu_state_bytes,
 };

@@ -111,30 +111,18 @@ stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int m
     return b;
 }
 
-/* The parameters, and the gradients in pages of their own (src/base/pages.h: backed where
- * written, and ZeRO-2 gives a bucket's pages back outside its shard). The optimizer's m | v
+/* The parameters and the gradients in pages of their own (src/base/pages.h: backed where
+ * written; ZeRO-2 gives a bucket's gradient pages back outside its shard, ZeRO-3 a layer's
+ * parameter pages after its use). The optimizer's m | v
  * come at the first use (stage_alloc_optim): a ZeRO engine keeps only its shard's. */
 static int alloc_state(stage *s)
 {
     size_t block = stage_round_up(s->plan.param_count * sizeof(float));
-    s->memory = stage_alloc_zeroed(block);
+    s->memory = pages_alloc(block);
     s->grads_bytes = block;
     s->grads = pages_alloc(block);
     if (!s->memory || !s->grads) return -1;
     s->params = s->memory;
-    return 0;
-}
-
-int stage_alloc_optim(stage *s)
-{
-    if (s->opt_memory) return 0;
-    size_t block = stage_round_up(s->plan.param_count * sizeof(float)) / sizeof(float);
-    s->opt_memory = stage_alloc_zeroed(2 * block * sizeof(float));
-    if (!s->opt_memory)
-        return pt_error_set("out of memory for the optimizer's state (%zu parameters)",
-                            s->plan.param_count);
-    s->opt_m = s->opt_memory;
-    s->opt_v = s->opt_memory + block;
     return 0;
 }
 
@@ -245,7 +233,7 @@ void stage_free(stage *s)
     free(s->stash_x);
     free(s->stash_g);
     free(s->stash_memory);
-    free(s->memory);
+    pages_free(s->memory, s->grads_bytes);
     free(s->opt_memory);
     if (s->workers) {
         for (int t = 0; t < s->threads; t++) {
@@ -270,29 +258,6 @@ void stage_free(stage *s)
     pool_free(s->pool);
     stage_plan_free(&s->plan);
     memset(s, 0, sizeof *s);
-}
-
-static int draw_cpu(void *ctx, float *dst, size_t first, size_t count, layer_init kind,
-                    double scale, uint64_t seed, uint64_t stream)
-{
-    switch (kind) {
-    case LAYER_INIT_TORCH:
-        kernel_init_uniform_range_cpu(dst, first, count, (float)scale, seed, stream);
-        break;
-    case LAYER_INIT_NORMAL:
-        kernel_init_normal_range_cpu(dst, first, count, scale, seed, stream);
-        break;
-    default:
-        for (size_t i = 0; i < count; i++) dst[i] = kind == LAYER_INIT_ONES ? 1.0f : 0.0f;
-    }
-    return 0;
-}
-
-void stage_init_params(stage *s, uint64_t seed)
-{
-    int failed;
-    (void)stage_plan_init_params(&s->plan, s->params, seed, draw_cpu, NULL, &failed);
-    s->step = 0;
 }
 
 const float *stage_output(const stage *s, int slot)
@@ -556,9 +521,37 @@ static int tp_forward_phases(void *self, int lo, int hi, int from, int to)
     return 0;
 }
 
+/* ZeRO-3: the layer hook around a run of layer l (begins 1, ends 0); −1 makes the pass void. */
+static int hook(stage *s, int l, int backward, int begins)
+{
+    if (s->layer_hook(s->hook_ctx, l, backward, begins)) {
+        s->tp_failed = 1;
+        return -1;
+    }
+    return 0;
+}
+
 static int tp_forward_run(void *self, int lo, int hi)
 {
-    return tp_forward_phases(self, lo, hi, 0, 0);
+    stage *s = ((stage_pass *)self)->s;
+    if (!s->layer_hook) return tp_forward_phases(self, lo, hi, 0, 0);
+    /* ZeRO-3: one layer at a time, its parameters gathered around it */
+    for (int l = lo; l < hi; l++)
+        if (hook(s, l, 0, 1) || tp_forward_phases(self, l, l + 1, 0, 0) || hook(s, l, 0, 0))
+            return -1;
+    return 0;
+}
+
+/* ZeRO-3's backward runs layer by layer: the running gradient waits in the carry between
+ * them, as between stage_backward_range's ranges. */
+static int ensure_carry(stage *s)
+{
+    if (s->carry) return 0;
+    s->carry = stage_alloc_zeroed((size_t)s->plan.max_batch * s->plan.widest * sizeof(float));
+    if (!s->carry)
+        return pt_error_set("stage %d..%d: out of memory for the gradients carried "
+                            "between backward ranges", s->plan.first, s->plan.last - 1);
+    return 0;
 }
 
 static int tp_backward_phases(void *self, int lo, int hi, int from, int to, const float *dout,
@@ -571,7 +564,16 @@ static int tp_backward_phases(void *self, int lo, int hi, int from, int to, cons
 
 static int tp_backward_run(void *self, int lo, int hi, const float *dout, float *din)
 {
-    return tp_backward_phases(self, lo, hi, 0, 0, dout, din);
+    stage_pass *ps = self;
+    stage *s = ps->s;
+    if (!s->layer_hook) return tp_backward_phases(self, lo, hi, 0, 0, dout, din);
+    if (lo + 1 < hi && ensure_carry(s)) return -1;
+    for (int l = hi - 1; l >= lo; l--)
+        if (hook(s, l, 1, 1) ||
+            tp_backward_phases(self, l, l + 1, 0, 0, dout, l == lo ? din : NULL) ||
+            hook(s, l, 1, 0))
+            return -1;
+    return 0;
 }
 
 static int tp_allreduce(void *self, float *buf, size_t n)
@@ -712,7 +714,12 @@ static void backward_span(stage *s, int slot, int lo, int hi, const float *dout,
                           float *grads, int parts)
 {
     if (parts == LAYER_BW_WEIGHT) {
-        backward_span_local(s, slot, lo, hi, 0, 0, dout, din, grads, parts);
+        for (int l = hi - 1; s->layer_hook && l >= lo; l--) /* ZeRO-3: layer by layer */
+            if (hook(s, l, 1, 1) ||
+                (backward_span_local(s, slot, l, l + 1, 0, 0, dout, din, grads, parts), 0) ||
+                hook(s, l, 1, 0))
+                return;
+        if (!s->layer_hook) backward_span_local(s, slot, lo, hi, 0, 0, dout, din, grads, parts);
         return;
     }
     stage_pass ps = {.s = s, .slot = slot, .grads = grads, .parts = parts};
@@ -766,29 +773,4 @@ int stage_backward_weight(stage *s, int slot, int lo, int hi, float *grads)
                             "the stage's %d", p->first, p->last - 1, lo, hi, p->nl);
     backward_span(s, slot, lo, hi, NULL, NULL, grads, LAYER_BW_WEIGHT);
     return 0;
-}
-
-void stage_zero_grad(stage *s)
-{
-    if (s->release_zero) pages_zero(s->grads, s->plan.param_count * sizeof(float));
-    else memset(s->grads, 0, s->plan.param_count * sizeof(float));
-    stage_plan_grads_zeroed(&s->plan);
-}
-
-size_t stage_grads_resident(const stage *s)
-{
-    size_t n = pages_resident(s->grads, s->grads_bytes) +
-               pages_resident(s->mb_grads, s->grads_bytes);
-    for (int g = 1; s->group_grads && g < s->groups; g++)
-        n += pages_resident(s->group_grads[g], s->grads_bytes);
-    return n;
-}
-
-int stage_step(stage *s, const optimizer_config *o)
-{
-    if (stage_alloc_optim(s)) return -1;
-    stage_optim_state st = {.params = s->params, .grads = s->grads, .m = s->opt_m,
-                            .v = s->opt_v, .count = s->plan.param_count, .step = &s->step,
-                            .plan = &s->plan};
-    return stage_optim_step(&optim_kernels_cpu, NULL, &st, o);
 }

@@ -97,6 +97,13 @@ typedef struct {
                                by heads) between its backward phases, max_batch ·
                                plan.phase_floats (every slot's gout unless split) */
     int tp_failed;          /* a collective failed: the forward or backward is void */
+    /* ZeRO-3 (issue 27): called around each local layer's forward and backward (begins 1,
+     * then 0 when it ends; backward 1 for the backward passes), so that the runtime can
+     * gather the layer's parameters before and give them back after; the layers then run
+     * one at a time. NULL: none, the layers run together. Nonzero from it: the pass is
+     * void (tp_failed), the message set. */
+    int (*layer_hook)(void *ctx, int layer, int backward, int begins);
+    void *hook_ctx;
     double tp_s;            /* seconds in tensor collectives since stage_init */
 } stage;
 

@@ -80,6 +80,12 @@ typedef struct {
     size_t off, count;
 } engine_run;
 
+/* ZeRO-3 (engine_ops.params_shard): called around each pass of local layer `layer` (begins 1
+ * before it runs, 0 after; backward 0 for a forward or recompute, 1 for the backward
+ * passes): the runtime gathers the layer's parameters before and gives them back after.
+ * Nonzero: the pass fails (the message set). */
+typedef int (*engine_layer_hook)(void *ctx, int layer, int backward, int begins);
+
 typedef struct {
     double loss_sum; /* last stage: summed loss over the labels (a sample's one, or a
                         language model's T) forwarded since the last finish; 0 elsewhere */
@@ -179,10 +185,19 @@ typedef struct {
      * them with the memory it kept from releases (CPU: pages moved, not faulted in), reading
      * as zero where the backward adds to them. Once per release. NULL: none kept. */
     int (*grads_fill)(engine *, int piece, size_t off, size_t count);
+    /* ZeRO-3: from now on `hook` is called around every layer's forward and backward (the
+     * layers then run one at a time), and params_release may be called. Once, before the
+     * first forward. NULL: the engine cannot shard its parameters. */
+    int (*params_shard)(engine *, engine_layer_hook hook, void *ctx);
+    /* ZeRO-3: parameters [off, off + count) are not needed until gathered again: the whole
+     * pages inside go back to the system (they read as zero; the partial ends stay). */
+    int (*params_release)(engine *, size_t off, size_t count);
     /* Bytes for the parameters and the optimizer's state (m and v; none before the first
      * update or write_state unless sharded), allocated now, and the gradients' (with the
      * pieces kept apart) peak backed bytes, measured at each step and each grads_release
-     * (CPU: pages_resident): the memory figures of --json. NULL: not known. */
+     * (CPU: pages_resident): the memory figures of --json. ZeRO-3: the parameters' peak
+     * backed bytes, measured at the end of each layer's pass (before its release). NULL:
+     * not known. */
     void (*state_bytes)(const engine *, size_t *params, size_t *grads, size_t *optim);
 } engine_ops;
 

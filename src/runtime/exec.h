@@ -154,6 +154,9 @@ int exec_gather_state(exec_t *e, float *params, float *m, float *v, int with_m, 
  * the replicas other than 0 take part in exec_gather_state's gathers (with_m or with_v)
  * through this, collective over each group. */
 int exec_zero_state_send(exec_t *e);
+/* ZeRO-3: the replicas other than 0 take part in the parameters' gathers of
+ * exec_gather_params and of exec_gather_state without moments (nothing to do otherwise). */
+int exec_zero_params_send(exec_t *e);
 
 void exec_get_stats(const exec_t *e, exec_stats *st);
 void exec_reset_stats(exec_t *e);

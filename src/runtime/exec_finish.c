@@ -504,6 +504,18 @@ int exec_zero_state_send(exec_t *e)
     long upd;
     int rc = 0;
     for (int v = 0; e->reps && v < e->V; v++)
-        if (e->reps[v] && replicas_read_state(e->reps[v], NULL, NULL, &upd)) rc = -1;
+        if (e->reps[v] && (replicas_params_whole(e->reps[v]) ||
+                           replicas_read_state(e->reps[v], NULL, NULL, &upd) ||
+                           replicas_params_done(e->reps[v])))
+            rc = -1;
+    return rc;
+}
+
+int exec_zero_params_send(exec_t *e)
+{
+    int rc = 0;
+    for (int v = 0; e->reps && v < e->V; v++)
+        if (e->reps[v] && (replicas_params_whole(e->reps[v]) || replicas_params_done(e->reps[v])))
+            rc = -1;
     return rc;
 }

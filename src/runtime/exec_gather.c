@@ -77,11 +77,14 @@ static int read_local(exec_t *e, float *local, size_t P, int state, long *upd)
     size_t off = 0;
     for (int q = 0; q < e->V; q++) {
         engine *g = e->engs[q];
-        if (engine_read_params(g, local + off)) return -1;
         replicas_t *rp = e->reps ? e->reps[q] : NULL; /* ZeRO: the group's shards */
+        /* ZeRO-3: the parameters gathered whole for the read (exec_zero_params_send on the
+         * other replicas), given back after */
+        if (replicas_params_whole(rp) || engine_read_params(g, local + off)) return -1;
         if (state && (rp ? replicas_read_state(rp, local + P + off, local + 2 * P + off, upd)
                          : engine_read_state(g, local + P + off, local + 2 * P + off, upd)))
             return -1;
+        if (replicas_params_done(rp)) return -1;
         off += g->param_count;
     }
     return 0;

@@ -1,6 +1,7 @@
 /* Hybrid mode (src/runtime/replicas.h): buckets, backward parts, the schedule's reductions and the
  * run-time reductions of one stage among its replicas. */
 #include "src/runtime/replicas.h"
+#include "src/runtime/replicas_zero3.h"
 
 #include <limits.h>
 #include <math.h>
@@ -95,6 +96,7 @@ struct replicas {
     unsigned char *whole; /* ZeRO: [buckets] 1 where the sum is kept whole (a tie) */
     unsigned char *owed;  /* ZeRO-2: [buckets] started this step, memory not given back yet */
     unsigned char *given; /* ZeRO-2: [buckets × pieces] given back, not yet asked back (fill) */
+    zero3_t *z3;          /* ZeRO-3: the parameters' gathers around each layer */
     replicas_stats st;
 };
 
@@ -244,7 +246,9 @@ int replicas_init(replicas_t **out, MPI_Comm group, engine *eng, const net_desc 
     reduce_config rc = {.method = cfg->method, .timeout_s = cfg->timeout_s, .name = name,
                         .pieces = r->pieces, .zero = cfg->zero};
     if (reduce_init(&r->red, group, &r->plan, &rc) ||
-        (cfg->zero && (keep_tied_whole(r, net, first) || shard_engine(r)))) {
+        (cfg->zero && (keep_tied_whole(r, net, first) || shard_engine(r))) ||
+        (cfg->zero >= 3 && zero3_init(&r->z3, group, eng, net, first, last, &r->plan, r->red,
+                                      cfg->timeout_s, cfg->skip_bucket))) {
         replicas_free(r);
         return -1;
     }
@@ -256,6 +260,7 @@ int replicas_init(replicas_t **out, MPI_Comm group, engine *eng, const net_desc 
 void replicas_free(replicas_t *r)
 {
     if (!r) return;
+    zero3_free(r->z3);
     reduce_free(r->red);
     reduce_plan_free(&r->plan);
     free(r->ptrs);
@@ -295,7 +300,7 @@ static int check_bucket(const replicas_t *r, int b, const char *what)
 int replicas_start(replicas_t *r, int b)
 {
     if (check_bucket(r, b, "the reduction")) return -1;
-    if (b == r->cfg.skip_bucket) return 0;
+    if (b == r->cfg.skip_bucket && !r->z3) return 0;
     /* ZeRO-2: the buckets started before this one have had the backward of this bucket's
      * part to overlap; waiting for them now bounds the whole gradients held at once to
      * about two buckets (the one reduced, the one just formed) beyond the shards */
@@ -312,7 +317,7 @@ int replicas_start(replicas_t *r, int b)
 int replicas_wait(replicas_t *r, int b)
 {
     if (check_bucket(r, b, "the wait")) return -1;
-    if (b == r->cfg.skip_bucket) return 0;
+    if (b == r->cfg.skip_bucket && !r->z3) return 0;
     if (reduce_wait(r->red, b) || give_back(r, b)) return -1;
     /* the -bcast methods: only the first rank has the sum */
     if (r->root_steps && !r->root) return 0;
@@ -362,6 +367,10 @@ int replicas_read_state(replicas_t *r, float *m, float *v, long *updates)
     return rc || g1 || g2 ? -1 : 0;
 }
 
+int replicas_params_whole(replicas_t *r) { return r && r->z3 ? zero3_whole(r->z3) : 0; }
+
+int replicas_params_done(replicas_t *r) { return r && r->z3 ? zero3_release_all(r->z3) : 0; }
+
 int replicas_progress(replicas_t *r)
 {
     return reduce_test(r->red) < 0 || give_back_done(r) ? -1 : 0;
@@ -369,6 +378,11 @@ int replicas_progress(replicas_t *r)
 
 int replicas_step(replicas_t *r, const optimizer_config *opt, int tick)
 {
+    if (r->z3) /* ZeRO-3: no gather after the step; each layer's comes before its passes */
+        return zero3_settle(r->z3) || engine_step(r->eng, opt, tick) ||
+                       zero3_release_all(r->z3)
+                   ? -1
+                   : 0;
     if (r->zruns) { /* ZeRO: each replica steps its shard, then all get every shard */
         double spent = 0;
         if (engine_step(r->eng, opt, tick) || gather_params(r, &spent)) return -1;
@@ -416,7 +430,7 @@ static int calibrate_round(replicas_t *r, MPI_Comm group, double t[3])
     if (r->root_steps) {
         if (r->root && engine_read_params(r->eng, r->params)) return -1;
         if (reduce_broadcast(r->red, r->params)) return -1; /* the values every rank has */
-    } else if (r->zruns) { /* ZeRO's all-gather (of what every rank has) */
+    } else if (r->zruns && !r->z3) { /* ZeRO's all-gather (of what every rank has) */
         double spent;
         if (gather_params(r, &spent)) return -1;
     }

@@ -29,7 +29,8 @@ typedef struct {
     size_t bucket_bytes;  /* allreduce, ordered: the most bytes of a bucket (--bucket-mb) */
     int overlap;          /* allreduce, ordered: reductions start inside the last backward */
     int microbatches;     /* M, per replica */
-    int skip_bucket;      /* testing: bucket never reduced on any stage that has it; −1 */
+    int skip_bucket;      /* testing: bucket never reduced on any stage that has it (ZeRO-3:
+                             reduced, but its layers' parameters never gathered); −1 */
     double timeout_s;
     int zero;             /* ZeRO stage (--zero): 0 none; 1 each replica keeps the optimizer
                              state of its shard only (the ordered reduce-scatter's pieces of
@@ -37,7 +38,10 @@ typedef struct {
                              2 also gives back the memory of each bucket's gradients outside
                              its shard (every piece's) as soon as the bucket's reduction has
                              completed (replicas_progress, replicas_wait), and zeroes them by
-                             giving their pages back (engine grads_shard, grads_release) */
+                             giving their pages back (engine grads_shard, grads_release);
+                             3 also keeps only its shard of the parameters: each layer's are
+                             all-gathered before each pass and given back after
+                             (src/runtime/replicas_zero3.h), none after the step */
 } replicas_config;
 
 /* The -bcast methods reduce a stage's gradients at once after the backward pass, as the
@@ -102,6 +106,10 @@ const engine_run *replicas_shard_runs(const replicas_t *r, int *n);
  * group's shards gathered on the group's first rank (collective over the group: every
  * replica calls it, m and v whole arrays there, ignored elsewhere). */
 int replicas_read_state(replicas_t *r, float *m, float *v, long *updates);
+/* ZeRO-3: collective over the group: every parameter gathered whole for a read (a
+ * checkpoint), then given back again with replicas_params_done. Nothing to do otherwise. */
+int replicas_params_whole(replicas_t *r);
+int replicas_params_done(replicas_t *r);
 /* After the step: adds this step's reductions to the figures. */
 void replicas_end_step(replicas_t *r);
 

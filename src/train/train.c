@@ -425,7 +425,7 @@ static int save_checkpoint(train_run *run)
     if (run->rank == 0) all = malloc(run->net.stored_count * sizeof *all + 1);
     int oom = run->rank == 0 && !all ? pt_error_set("out of memory for the checkpoint") : 0;
     if (train_agree(oom, run->comm, run->o.timeout)) return -1;
-    int err = run->replica == 0 ? exec_gather_params(run->ex, all) : 0;
+    int err = run->replica == 0 ? exec_gather_params(run->ex, all) : exec_zero_params_send(run->ex);
     if (!err && run->rank == 0) err = checkpoint_save(run->o.save, &run->net, all);
     free(all);
     return train_agree(err, run->comm, run->o.timeout);

@@ -446,6 +446,8 @@ int train_checkpoint_save(train_run *run, long step)
                                use_m, use_v, &updates);
     else if (o->zero && (use_m || use_v)) /* ZeRO: the moments are sharded over the group */
         rc = exec_zero_state_send(run->ex);
+    else if (o->zero >= 3) /* ZeRO-3: and the parameters */
+        rc = exec_zero_params_send(run->ex);
     if (all_ok(run, rc)) {
         writer_free(w);
         return -1;

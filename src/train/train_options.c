@@ -195,7 +195,8 @@ static const opt_spec train_opts[] = {
     {.id = O_DELAY, .name = "debug-delay-sends", .kind = OPT_INT, .arg = "POLLS", .min = 0,
      .max = 1000000, .help = "outgoing messages become ready POLLS polls late"},
     {.id = O_SKIP_BUCKET, .name = "debug-skip-bucket", .kind = OPT_INT, .arg = "B", .min = 0,
-     .max = INT_MAX, .help = "gradient bucket B is left out of the reductions"},
+     .max = INT_MAX, .help = "gradient bucket B is left out of the reductions (with --zero 3: its layers' "
+             "parameters are never gathered instead)"},
     {0},
 };
 
@@ -441,9 +442,11 @@ static int check_zero(const train_options *o, const opt_parser *p)
     if (o->device == ENGINE_CUDA)
         return opt_error(p, "--zero %d runs on the CPU engine only: the CUDA engine keeps no "
                          "sharded optimizer state yet (use --device cpu)", o->zero);
-    if (o->zero > 2)
-        return opt_error(p, "--zero 3 is not implemented yet (parameter sharding): use "
-                         "--zero 2 or 1");
+    if (o->zero > 2 && o->tensor > 1)
+        return opt_error(p, "--zero 3 with --tensor %d: a stage's parameters are gathered "
+                         "layer by layer, and a layer cut into tensor shards runs in phases "
+                         "between the tensor collectives, which ZeRO-3 does not follow yet "
+                         "(use --zero 2)", o->tensor);
     return 0;
 }
 

@@ -1,0 +1,125 @@
+# ZeRO-3 (train --zero 3): each replica keeps only its shard of the parameters backed; each
+# layer's parameters are all-gathered from their owners before each of its passes (forward,
+# backward, evaluation) and given back after, the next layer's gather prefetched. With
+# --reduce ordered every run must be bit-identical to one process with R·M micro-batches and
+# to --zero 2 (seed-mlp and gpt-nano, R = 2 and 4, 2 stages × 2 replicas under 1f1b and
+# zb-h1, adamw with --clip-grad-norm); allreduce within 1e-6. Checkpoints keep whole tensors
+# and resume in another layout. The comparison can fail: a bucket's layers never gathered
+# must differ. Memory, measured (mincore of the parameter array at the end of each layer's
+# pass): the shards plus the layers held whole at once, within 5%, and below --zero 2's 4Ψ.
+source "$(dirname "$0")/lib/common.bash"
+export OPENBLAS_NUM_THREADS=1
+MLP=$MODELS/seed-mlp.cfg
+source "$(dirname "$0")/lib/zero_runs.bash"
+i=0
+check() { # check K R M OPT REDUCE ARGS...: --zero 3 against one process and --zero 2
+    local k=$1 r=$2 m=$3 opt=$4 red=$5
+    shift 5
+    local label="K=$k R=$r M=$m $opt $red $*" rtol=0 z=$WORK/z$i.st u=$WORK/u$i.st
+    i=$((i + 1))
+    [ "$red" != ordered ] && rtol=1e-6
+    local run=("$MPIEXEC" -n $((k * r)) "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st"
+               --stages "$k" --replicas "$r" --microbatches "$m" --optimizer "$opt"
+               --lr "$(lr_of "$opt")" --reduce "$red" "$@")
+    if ! "${run[@]}" --zero 3 --save "$z" >"$z.json" || ! "${run[@]}" --zero 2 --save "$u" >"$u.json"; then
+        failed "$label: run failed"
+        return
+    fi
+    same "$label, zero 3 vs one process" "$z" "$(ref "$opt" $((r * m)))" $rtol
+    same "$label, zero 3 vs zero 2" "$z" "$u" $rtol
+}
+check 1 2 1 adamw ordered
+check 1 2 2 adamw ordered --schedule gpipe --overlap off
+check 1 4 2 momentum ordered
+check 2 2 2 adamw ordered --schedule 1f1b
+check 2 2 2 adamw ordered --schedule zb-h1
+check 1 2 2 sgd allreduce
+
+# evaluation gathers too: the test loss of --zero 3 is --zero 0's
+E=("$MPIEXEC" -n 2 "$PIPETRAIN" train "${COMMON[@]}" --test-samples 64 --load "$WORK/init.st"
+   --replicas 2 --optimizer adamw --lr 0.001 --reduce ordered)
+"${E[@]}" --zero 3 >"$WORK/e3.json" && "${E[@]}" >"$WORK/e0.json" || failed "evaluation: run failed"
+if msg=$(python3 -c '
+import json, sys
+a, b = (json.loads(open(f).read().splitlines()[-1]) for f in sys.argv[1:3])
+k = [k for k in a if k.startswith("test_") and isinstance(a[k], (int, float))]
+print(", ".join(f"{x} {a[x]}" for x in k))
+sys.exit(0 if k and all(a[x] == b[x] for x in k) else 1)' "$WORK/e3.json" "$WORK/e0.json"); then
+    pass "evaluation, zero 3 = zero 0: $msg"
+else failed "evaluation, zero 3 vs zero 0: $msg"; fi
+
+# can fail: bucket 1's layers never gathered (their reductions still run)
+out=$WORK/skip.st
+"$MPIEXEC" -n 2 "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st" --replicas 2 \
+    --microbatches 1 --optimizer adamw --lr 0.001 --reduce ordered --zero 3 \
+    --debug-skip-bucket 1 --save "$out" >/dev/null
+if "$PIPETRAIN" diff "$out" "$(ref adamw 2)" >/dev/null 2>&1; then
+    failed "a bucket never gathered matched one process: the comparison cannot fail"
+else
+    pass "a bucket's layers never gathered differ"
+fi
+
+# checkpoints in another layout: a --zero 3 run's (1 stage × 2 replicas) resumed by one
+# process, an unsharded one's resumed by --zero 3 on 2 stages × 2 replicas
+CK=(--optimizer adamw --lr 0.001 --checkpoint-every 2 --steps 2 --load "$WORK/init.st")
+"$MPIEXEC" -n 2 "$PIPETRAIN" train "${COMMON[@]}" "${CK[@]}" --replicas 2 --microbatches 1 \
+    --reduce ordered --zero 3 --checkpoint-dir "$WORK/ckz" >/dev/null
+"$PIPETRAIN" train "${COMMON[@]}" "${CK[@]}" --microbatches 2 --checkpoint-dir "$WORK/cku" >/dev/null
+R3=(--optimizer adamw --lr 0.001 --steps 3)
+"$PIPETRAIN" train "${COMMON[@]}" "${R3[@]}" --microbatches 2 --resume "$WORK/ckz" \
+    --save "$WORK/res1.st" >/dev/null
+same "zero 3 checkpoint resumed by one process" "$WORK/res1.st" "$(ref adamw 2)" 0
+"$MPIEXEC" -n 4 "$PIPETRAIN" train "${COMMON[@]}" "${R3[@]}" --stages 2 --replicas 2 \
+    --microbatches 1 --reduce ordered --zero 3 --resume "$WORK/cku" --save "$WORK/res2.st" >/dev/null
+same "one process's checkpoint resumed by zero 3 on 2 stages × 2 replicas" "$WORK/res2.st" \
+    "$(ref adamw 2)" 0
+
+# gpt-nano: adamw, a cosine schedule, --clip-grad-norm, the tied head
+GPT=(--model "$MODELS/gpt-nano.cfg" --text "$PT_SOURCE_DIR/README.md" --batch 8 --steps 3
+     --seed 5 --threads 1 --json --optimizer adamw --lr 0.003 --lr-schedule cosine
+     --lr-warmup 1 --clip-grad-norm 0.5 --reduce ordered --bucket-mb 0.02)
+"$PIPETRAIN" train "${GPT[@]}" --microbatches 4 --save "$WORK/gref.st" >/dev/null
+"$MPIEXEC" -n 2 "$PIPETRAIN" train "${GPT[@]}" --microbatches 2 --replicas 2 --zero 3 \
+    --save "$WORK/gz2.st" >/dev/null
+same "gpt-nano, adamw + clip, R=2 zero 3 vs one process" "$WORK/gz2.st" "$WORK/gref.st" 0
+"$MPIEXEC" -n 4 "$PIPETRAIN" train "${GPT[@]}" --microbatches 1 --replicas 4 --zero 3 \
+    --save "$WORK/gz4.st" >/dev/null
+same "gpt-nano, adamw + clip, R=4 zero 3 vs one process" "$WORK/gz4.st" "$WORK/gref.st" 0
+for s in 1f1b zb-h1; do
+    "$MPIEXEC" -n 4 "$PIPETRAIN" train "${GPT[@]}" --microbatches 2 --replicas 2 --stages 2 \
+        --schedule $s --zero 3 --save "$WORK/gk2$s.st" >/dev/null
+    same "gpt-nano, K=2 × R=2 $s zero 3 vs one process" "$WORK/gk2$s.st" "$WORK/gref.st" 0
+done
+
+# memory per rank, measured: the parameter array's peak backed bytes (mincore at the end of
+# each layer's pass, before it goes back) of an MLP of nine layers (each its own bucket):
+# the shards 4Ψ/R plus the rest of the largest layer (the one that just ran), within 5%,
+# at most that plus the next layer whole (its prefetched gather), and below --zero 2's 4Ψ
+{ echo "[net]"; echo "input=1,28,28"
+  for _ in 1 2 3 4 5 6 7 8; do printf '[dense]\nunits=512\nactivation=relu\n'; done
+  printf '[dense]\nunits=10\nactivation=linear\n'; } >"$WORK/deep.cfg"
+W=(--model "$WORK/deep.cfg" --batch 16 --steps 2 --train-samples 64 --test-samples 0
+   --seed 5 --threads 1 --json --optimizer adam --reduce ordered --bucket-mb 1 --microbatches 1)
+for r in 2 4; do
+    for z in 2 3; do
+        "$MPIEXEC" -n $r "$PIPETRAIN" train "${W[@]}" --replicas $r --zero $z >"$WORK/mem$r$z.json"
+    done
+    if msg=$(python3 -c '
+import json, sys
+R = int(sys.argv[1])
+z2, z3 = (json.loads(open(f).read().splitlines()[-1]) for f in sys.argv[2:4])
+L = [4 * (784 * 512 + 512)] + [4 * (512 * 512 + 512)] * 7 + [4 * (512 * 10 + 10)]
+psi = z3["stage_params"][0]
+assert sum(L) == 4 * psi, (sum(L), psi)
+low = 4 * psi / R + max(l - l / R for l in L)
+high = 4 * psi / R + max(L[i] - L[i] / R + (L[i + 1] - L[i + 1] / R if i + 1 < len(L) else 0)
+                         for i in range(len(L)))
+p3, p2 = z3["rank_params_bytes"], z2["rank_params_bytes"]
+ok = all(0.95 * low <= p <= 1.05 * high and p < q for p, q in zip(p3, p2))
+print(f"parameters {p3} vs 4Ψ/R + the largest layer {low:.0f} .. + the next {high:.0f} "
+      f"(4Ψ/R = {4 * psi / R:.0f}; zero 2: {p2})")
+sys.exit(0 if ok else 1)' $r "$WORK/mem${r}2.json" "$WORK/mem${r}3.json"); then
+        pass "memory R=$r zero 3: $msg"
+    else failed "memory R=$r zero 3: $msg"; fi
+done
+finish
