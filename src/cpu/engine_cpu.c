@@ -47,6 +47,7 @@ typedef struct {
      * bytes seen at the end of a layer's pass */
     engine_layer_hook zhook;
     void *zhook_ctx;
+    pages_pool ppool;   /* the released parameter pages, kept for the next gather */
     size_t params_peak;
 } cpu_engine;
 
@@ -101,6 +102,7 @@ static void cpu_destroy(engine *e)
                 pages_free(c->piece[p], stage_round_up(e->param_count * sizeof(float)));
         free(c->piece);
         pages_pool_free(&c->pool);
+        pages_pool_free(&c->ppool);
         free(c->zruns);
         free(c->zm);
         free(c->zv);
@@ -291,16 +293,22 @@ static int cpu_grads_fill(engine *e, int piece, size_t off, size_t count)
 static int cpu_layer_hook(void *ctx, int layer, int backward, int begins)
 {
     cpu_engine *c = ctx;
-    if (!begins) {
-        size_t n = pages_resident(c->st.params, c->st.grads_bytes);
+    if (!begins) { /* the pool counts: parameters' memory between two gathers */
+        size_t n = pages_resident(c->st.params, c->st.grads_bytes) + pages_pool_resident(&c->ppool);
         if (n > c->params_peak) c->params_peak = n;
     }
     return c->zhook(c->zhook_ctx, layer, backward, begins);
 }
 
-static int cpu_params_shard(engine *e, engine_layer_hook hook, void *ctx)
+static int cpu_params_shard(engine *e, engine_layer_hook hook, void *ctx, size_t keep)
 {
     cpu_engine *c = impl(e);
+    /* a released layer's pages are moved into the next gather's range (mremap) rather
+     * than faulted in and cleared by the kernel again: the pool holds about a layer */
+    if (pages_pool_init(&c->ppool, c->st.grads_bytes))
+        return pt_error_set("CPU engine: no addresses for ZeRO-3's page pool (%zu bytes)",
+                            c->st.grads_bytes);
+    pages_pool_limit(&c->ppool, keep);
     c->zhook = hook;
     c->zhook_ctx = ctx;
     c->st.layer_hook = cpu_layer_hook;
@@ -315,8 +323,24 @@ static int cpu_params_release(engine *e, size_t off, size_t count)
     if (off > e->param_count || count > e->param_count - off)
         return pt_error_set("CPU engine: parameters [%zu, %zu) released, outside the stage's "
                             "%zu", off, off + count, e->param_count);
-    pages_release(c->st.params + off, count * sizeof(float));
+    if (pages_pool_put(&c->ppool, c->st.params + off, count * sizeof(float)))
+        return pt_error_set("CPU engine: parameters [%zu, %zu) could not be mapped again after "
+                            "moving their pages", off, off + count);
     return 0;
+}
+
+static int cpu_params_fill(engine *e, size_t off, size_t count)
+{
+    cpu_engine *c = impl(e);
+    char *at;
+    size_t moved;
+    if (!c->zhook) return pt_error_set("CPU engine: parameters filled without --zero 3");
+    if (off > e->param_count || count > e->param_count - off)
+        return pt_error_set("CPU engine: parameters [%zu, %zu) filled, outside the stage's %zu",
+                            off, off + count, e->param_count);
+    if (pages_pool_take(&c->ppool, c->st.params + off, count * sizeof(float), &at, &moved))
+        return pt_error_set("CPU engine: the parameters' page pool could not be mapped again");
+    return 0; /* the gather writes every element: nothing to clear */
 }
 
 static void cpu_state_bytes(const engine *e, size_t *params, size_t *grads, size_t *optim)
@@ -641,6 +665,7 @@ static const engine_ops cpu_ops = {
     .grads_fill = cpu_grads_fill,
     .params_shard = cpu_params_shard,
     .params_release = cpu_params_release,
+    .params_fill = cpu_params_fill,
     .params_host = cpu_params_host,
     .state_bytes = cpu_state_bytes,
 };

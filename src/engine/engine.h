@@ -186,12 +186,18 @@ typedef struct {
      * as zero where the backward adds to them. Once per release. NULL: none kept. */
     int (*grads_fill)(engine *, int piece, size_t off, size_t count);
     /* ZeRO-3: from now on `hook` is called around every layer's forward and backward (the
-     * layers then run one at a time), and params_release may be called. Once, before the
-     * first forward. NULL: the engine cannot shard its parameters. */
-    int (*params_shard)(engine *, engine_layer_hook hook, void *ctx);
+     * layers then run one at a time), and params_release may be called; the engine may keep
+     * up to `keep` bytes of released memory for params_fill. Once, before the first forward.
+     * NULL: the engine cannot shard its parameters. */
+    int (*params_shard)(engine *, engine_layer_hook hook, void *ctx, size_t keep);
     /* ZeRO-3: parameters [off, off + count) are not needed until gathered again: the whole
-     * pages inside go back to the system (they read as zero; the partial ends stay). */
+     * pages inside go back (CPU: into a pool of at most `keep` bytes that params_fill takes
+     * from, the rest to the system; the partial ends stay). */
     int (*params_release)(engine *, size_t off, size_t count);
+    /* ZeRO-3: parameters [off, off + count), released, are about to be gathered (every
+     * element written): the engine may back them with memory kept from releases (CPU:
+     * pages moved, not faulted in; they hold old values until written). NULL: none kept. */
+    int (*params_fill)(engine *, size_t off, size_t count);
     /* Bytes for the parameters and the optimizer's state (m and v; none before the first
      * update or write_state unless sharded), allocated now, and the gradients' (with the
      * pieces kept apart) peak backed bytes, measured at each step and each grads_release

@@ -32,9 +32,22 @@ struct zero3 {
 
 static int has_params(const zero3_t *z, int l) { return z->hi[l] > z->lo[l]; }
 
+/* ZeRO-3: the engine backs layer l's parts outside the shard again before MPI writes them
+ * (pages moved from what the last releases kept), as give_back released them. */
+static int fill(zero3_t *z, int l)
+{
+    engine *e = z->eng;
+    if (!e->ops->params_fill) return 0;
+    return e->ops->params_fill(e, z->lo[l], z->mine_lo[l] - z->lo[l]) ||
+                   e->ops->params_fill(e, z->mine_hi[l], z->hi[l] - z->mine_hi[l])
+               ? -1
+               : 0;
+}
+
 static int start(zero3_t *z, int l)
 {
     int *c = z->counts + (size_t)l * z->R, *d = z->displs + (size_t)l * z->R;
+    if (fill(z, l)) return -1;
     if (PT_MPI_CALL(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, z->params + z->lo[l], c,
                                     d, MPI_FLOAT, z->comm, &z->req[l])))
         return -1;
@@ -61,7 +74,6 @@ static int give_back(zero3_t *z, int l)
     if (!has_params(z, l)) return 0;
     z->state[l] = GIVEN_BACK;
     engine *e = z->eng;
-    if (z->mine_hi[l] == z->mine_lo[l]) return e->ops->params_release(e, z->lo[l], z->hi[l] - z->lo[l]);
     return e->ops->params_release(e, z->lo[l], z->mine_lo[l] - z->lo[l]) ||
                    e->ops->params_release(e, z->mine_hi[l], z->hi[l] - z->mine_hi[l])
                ? -1
@@ -182,7 +194,15 @@ int zero3_init(zero3_t **out, MPI_Comm group, engine *eng, const net_desc *net, 
     }
     if (!rc) rc = eng->ops->params_host(eng, &z->params);
     if (!rc) rc = PT_MPI_CALL(MPI_Comm_dup(group, &z->comm));
-    if (!rc) rc = eng->ops->params_shard(eng, hook, z);
+    /* what the engine may keep between a release and the next gather: the layer given back
+     * and the one prefetched, the two largest layers' parts outside the shard */
+    size_t big[2] = {0, 0};
+    for (int l = 0; l < z->n_layers && !rc; l++) {
+        size_t n = (z->hi[l] - z->lo[l] - (z->mine_hi[l] - z->mine_lo[l])) * sizeof(float);
+        if (n > big[0]) big[1] = big[0], big[0] = n;
+        else if (n > big[1]) big[1] = n;
+    }
+    if (!rc) rc = eng->ops->params_shard(eng, hook, z, big[0] + big[1]);
     if (rc) {
         zero3_free(z);
         return -1;
