@@ -124,4 +124,22 @@ sys.exit(0 if ok else 1)' $r "$WORK/mem${r}2.json" "$WORK/mem${r}3.json"); then
         pass "memory R=$r zero 3: $msg"
     else failed "memory R=$r zero 3: $msg"; fi
 done
+
+# plan --zero 3 prices the same: memory per rank drops by 4Ψ less the shards and two layers
+# whole (zero3_param_bytes), and the gathers' bytes per step are 2·M·(R−1)/R·4Ψ
+if msg=$(for z in 2 3; do "$PIPETRAIN" plan --model "$WORK/deep.cfg" --stages 1 --replicas 2 \
+            --batch 16 --microbatches 1 --bucket-mb 1 --zero $z --json | tail -n 1; done | python3 -c '
+import json, sys
+z2, z3 = (json.loads(l)["predicted"] for l in sys.stdin.read().splitlines())
+L = [4 * (784 * 512 + 512)] + [4 * (512 * 512 + 512)] * 7 + [4 * (512 * 10 + 10)]
+psi4 = sum(L)
+drop = psi4 - (psi4 / 2 + L[0] / 2 + L[1] / 2)
+m2, m3 = z2["stage_memory_bytes"][0], z3["stage_memory_bytes"][0]
+got, g = m2 - m3, z3["stage_zero3_gather_bytes"][0]
+print(f"memory {m3:.0f} (zero 2 {m2:.0f}, drop {got:.0f} vs {drop:.0f}), "
+      f"gathers {g:.0f} B/step vs 2·M·(R−1)/R·4Ψ = {psi4:.0f}")
+sys.exit(0 if abs(got - drop) < 1e-5 * psi4 and abs(g - psi4) < 1 and
+         z2["stage_zero3_gather_bytes"][0] == 0 else 1)'); then
+    pass "plan --zero 3: $msg"
+else failed "plan --zero 3: $msg"; fi
 finish

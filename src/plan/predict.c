@@ -328,6 +328,22 @@ static double zero2_grad_bytes(const net_desc *net, int first, int last,
     return most;
 }
 
+/* ZeRO-3: the parameters' peak bytes on a replica: its shards 4Ψ/R and two adjacent layers
+ * whole (the one that ran, the next one's prefetched gather, whose pages the released one's
+ * pool gives), as src/runtime/replicas_zero3.c holds them (shards of a layer ≈ 1/R of it). */
+static double zero3_param_bytes(const net_desc *net, int first, int last, double R)
+{
+    double all = 0, most = 0, prev = 0;
+    for (int l = first; l < last; l++) {
+        double n = 4.0 * (double)(net->layers[l].weight_count + net->layers[l].bias_count);
+        double rest = n - n / R;
+        all += n;
+        if (prev + rest > most) most = prev + rest;
+        if (rest > 0) prev = rest;
+    }
+    return all / R + most;
+}
+
 int plan_memory(double *out, const net_desc *net, const partition *part, const schedule *sched,
                 const plan_memory_config *cfg)
 {
@@ -387,6 +403,9 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                     if (g < 0) return -1;
                     bytes += g - (double)b.state / 4.0;
                 }
+                if (cfg->zero >= 3 && cfg->replicas > 1)
+                    bytes += zero3_param_bytes(net, first, last, cfg->replicas) -
+                             (double)b.state / 4.0;
                 rank += bytes;
             }
             if (rank > out[s]) out[s] = rank;

@@ -87,6 +87,17 @@ static double stage_params(const plan_result *r, int s, int t)
     return n;
 }
 
+/* ZeRO-3: the bytes of parameters a replica of stage s receives per step, not priced in the
+ * step: each layer all-gathered before its forward and again before its backward, every
+ * micro-batch (a third time with recomputation): (2 or 3)·M·(R−1)/R·4Ψ_s. 0 without. */
+static double zero3_gather_bytes(const plan_result *r, int s)
+{
+    const plan_args *a = r->a;
+    if (a->zero < 3 || a->replicas < 2) return 0;
+    double passes = r->pred->sched.lists[s].recompute ? 3 : 2;
+    return passes * a->microbatches * (a->replicas - 1.0) / a->replicas * 4 * stage_params(r, s, -1);
+}
+
 /* The most parameters a tensor rank of stage s holds. */
 static double stage_rank_params(const plan_result *r, int s)
 {
@@ -317,6 +328,13 @@ static void print_prediction(const plan_result *r, FILE *out)
     if (T > 1)
         fprintf(out, "  (compute includes the tensor collectives; tensor: their time per step; "
                 "memory/rank: the largest tensor rank's)\n");
+    for (int s = 0; a->zero >= 3 && a->replicas > 1 && s < S; s++) {
+        char g[32];
+        topo_format_bytes(g, sizeof g, zero3_gather_bytes(r, s));
+        fprintf(out, "  stage %d, --zero 3: %s of parameters gathered per step and replica (each "
+                "layer before its forward and its backward, every micro-batch; not in the "
+                "step above)\n", s, g);
+    }
 }
 
 void plan_print_text(const plan_result *r, const partition_profile *times, FILE *out)
@@ -470,6 +488,9 @@ static void put_stage_figures(json_t *pj, const plan_result *r, int *ok)
     json_t *mem = json_array();
     for (int s = 0; s < r->a->stages; s++) append(mem, topo_json_number(r->stage_bytes[s]), ok);
     put(pj, "stage_memory_bytes", mem, ok);
+    json_t *z3 = json_array();
+    for (int s = 0; s < r->a->stages; s++) append(z3, topo_json_number(zero3_gather_bytes(r, s)), ok);
+    put(pj, "stage_zero3_gather_bytes", z3, ok);
 }
 
 static json_t *json_traffic(const shard_traffic *tr)
