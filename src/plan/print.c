@@ -95,7 +95,8 @@ static double zero3_gather_bytes(const plan_result *r, int s)
     const plan_args *a = r->a;
     if (a->zero < 3 || a->replicas < 2) return 0;
     double passes = r->pred->sched.lists[s].recompute ? 3 : 2;
-    return passes * a->microbatches * (a->replicas - 1.0) / a->replicas * 4 * stage_params(r, s, -1);
+    double share = (a->replicas - 1.0) / a->replicas;
+    return passes * a->microbatches * share * 4 * stage_params(r, s, -1);
 }
 
 /* The most parameters a tensor rank of stage s holds. */
@@ -489,7 +490,8 @@ static void put_stage_figures(json_t *pj, const plan_result *r, int *ok)
     for (int s = 0; s < r->a->stages; s++) append(mem, topo_json_number(r->stage_bytes[s]), ok);
     put(pj, "stage_memory_bytes", mem, ok);
     json_t *z3 = json_array();
-    for (int s = 0; s < r->a->stages; s++) append(z3, topo_json_number(zero3_gather_bytes(r, s)), ok);
+    for (int s = 0; s < r->a->stages; s++)
+        append(z3, topo_json_number(zero3_gather_bytes(r, s)), ok);
     put(pj, "stage_zero3_gather_bytes", z3, ok);
 }
 

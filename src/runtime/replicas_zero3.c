@@ -21,7 +21,6 @@ struct zero3 {
     int *counts, *displs; /* [n_layers × R] each replica's part of layer l (displs from lo) */
     int *state;         /* [n_layers] GIVEN_BACK, GATHERING, WHOLE */
     MPI_Request *req;   /* [n_layers] */
-    int skip;           /* testing: the layers of skip_bucket (after cut_layer) */
     unsigned char *skipped; /* [n_layers] testing: never gathered before a pass */
     int fresh;          /* nothing given back yet: the first hook gives back every layer */
     double timeout_s;
@@ -134,12 +133,14 @@ static int cut_layer(zero3_t *z, int l, const reduce_plan *plan, const reduce_t 
                                     z->hi[l] <= plan->buckets[b].offset + plan->buckets[b].count))
         b++;
     if (b == plan->n_buckets) return pt_error_set("ZeRO-3: layer %d lies in no bucket", l);
-    z->skip = b == skip_bucket;
+    z->skipped[l] = b == skip_bucket;
     z->mine_lo[l] = z->mine_hi[l] = z->lo[l];
     for (int j = 0; j < z->R; j++) {
         size_t off, n;
         if (reduce_shard(red, b, j, &off, &n)) return -1;
+        /* [a, e): the shard inside the layer, empty (at an end) where they do not meet */
         size_t a = off > z->lo[l] ? off : z->lo[l];
+        if (a > z->hi[l]) a = z->hi[l];
         size_t e = off + n < z->hi[l] ? off + n : z->hi[l];
         if (e < a) e = a;
         if (e - z->lo[l] > INT_MAX) return pt_error_set("ZeRO-3: layer %d is too large for MPI", l);
@@ -179,8 +180,8 @@ int zero3_init(zero3_t **out, MPI_Comm group, engine *eng, const net_desc *net, 
     z->state = calloc(L, sizeof *z->state);
     z->req = malloc(L * sizeof *z->req);
     z->skipped = calloc(L, 1);
-    int rc = z->skipped && z->lo && z->hi && z->mine_lo && z->mine_hi && z->counts && z->displs && z->state &&
-                     z->req
+    int rc = z->skipped && z->lo && z->hi && z->mine_lo && z->mine_hi && z->counts &&
+                     z->displs && z->state && z->req
                  ? 0
                  : pt_error_set("out of memory");
     size_t off = 0;
@@ -189,8 +190,8 @@ int zero3_init(zero3_t **out, MPI_Comm group, engine *eng, const net_desc *net, 
         z->req[l] = MPI_REQUEST_NULL;
         z->lo[l] = off;
         z->hi[l] = off += Ld->weight_count + Ld->bias_count;
-        if (has_params(z, l)) rc = cut_layer(z, l, plan, red, reduce_group_rank(red), skip_bucket);
-        if (!rc && z->skip) z->skipped[l] = 1, z->skip = 0;
+        if (has_params(z, l))
+            rc = cut_layer(z, l, plan, red, reduce_group_rank(red), skip_bucket);
     }
     if (!rc) rc = eng->ops->params_host(eng, &z->params);
     if (!rc) rc = PT_MPI_CALL(MPI_Comm_dup(group, &z->comm));
