@@ -542,8 +542,8 @@ static int tp_forward_run(void *self, int lo, int hi)
     return 0;
 }
 
-/* ZeRO-3's backward runs layer by layer: the running gradient waits in the carry between
- * them, as between stage_backward_range's ranges. */
+/* Where each chunk's running gradient waits between backward ranges (stage_backward_range)
+ * and between ZeRO-3's layers: allocated at the first use. */
 static int ensure_carry(stage *s)
 {
     if (s->carry) return 0;
@@ -714,12 +714,15 @@ static void backward_span(stage *s, int slot, int lo, int hi, const float *dout,
                           float *grads, int parts)
 {
     if (parts == LAYER_BW_WEIGHT) {
-        for (int l = hi - 1; s->layer_hook && l >= lo; l--) /* ZeRO-3: layer by layer */
-            if (hook(s, l, 1, 1) ||
-                (backward_span_local(s, slot, l, l + 1, 0, 0, dout, din, grads, parts), 0) ||
-                hook(s, l, 1, 0))
-                return;
-        if (!s->layer_hook) backward_span_local(s, slot, lo, hi, 0, 0, dout, din, grads, parts);
+        if (!s->layer_hook) {
+            backward_span_local(s, slot, lo, hi, 0, 0, dout, din, grads, parts);
+            return;
+        }
+        for (int l = hi - 1; l >= lo; l--) { /* ZeRO-3: layer by layer */
+            if (hook(s, l, 1, 1)) return;
+            backward_span_local(s, slot, l, l + 1, 0, 0, dout, din, grads, parts);
+            if (hook(s, l, 1, 0)) return;
+        }
         return;
     }
     stage_pass ps = {.s = s, .slot = slot, .grads = grads, .parts = parts};
@@ -741,12 +744,7 @@ int stage_backward_range(stage *s, int slot, int lo, int hi, const float *dout, 
                          float *grads)
 {
     if (stage_plan_range_check(&s->plan, slot, lo, hi, grads)) return -1;
-    if (lo > 0 && !s->carry) {
-        s->carry = stage_alloc_zeroed((size_t)s->plan.max_batch * s->plan.widest * sizeof(float));
-        if (!s->carry)
-            return pt_error_set("stage %d..%d: out of memory for the gradients carried "
-                                "between backward ranges", s->plan.first, s->plan.last - 1);
-    }
+    if (lo > 0 && ensure_carry(s)) return -1;
     backward_span(s, slot, lo, hi, dout, din, grads, LAYER_BW_BOTH);
     stage_plan_range_done(&s->plan, slot, lo, grads);
     return 0;
@@ -772,5 +770,5 @@ int stage_backward_weight(stage *s, int slot, int lo, int hi, float *grads)
         return pt_error_set("stage %d..%d: weight gradients of local layers [%d, %d), outside "
                             "the stage's %d", p->first, p->last - 1, lo, hi, p->nl);
     backward_span(s, slot, lo, hi, NULL, NULL, grads, LAYER_BW_WEIGHT);
-    return 0;
+    return s->tp_failed ? -1 : 0; /* ZeRO-3: a gather around a layer failed (message set) */
 }
