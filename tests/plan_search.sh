@@ -164,6 +164,7 @@ assert len(rows) > 3, rows
 # columns: # stages replicas tensor M schedule V recompute step(2 words) bubble MiB/rank partition
 assert all(float(r[11]) <= float(sys.argv[2]) for r in rows), [r[11] for r in rows]
 PYEOF
+P=("${PP[@]}") # the batch of 128 again: the single layouts below were sized for it
 
 # A model whose convolutions hold far more activations than they pass on: with 3 ranks and
 # a batch of 4 (3 stages only, M <= 4) and no tensor shards (--tensor 1: the search tries
