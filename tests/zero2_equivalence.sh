@@ -93,11 +93,7 @@ same "gpt-nano, K=2 × R=2 zero 2 vs one process" "$WORK/gk2.st" "$WORK/gref.st"
 # and step) of an MLP of nine 1 MB layers (each its own bucket) against the formula
 # max_b Σ_{k<b−1} B_k/R + B_{b−1} + B_b (the shards reduced, the bucket waited for, the one
 # formed), within 5%; and below --zero 1's whole 4Ψ
-{ echo "[net]"; echo "input=1,28,28"
-  for _ in 1 2 3 4 5 6 7 8; do printf '[dense]\nunits=512\nactivation=relu\n'; done
-  printf '[dense]\nunits=10\nactivation=linear\n'; } >"$WORK/deep.cfg"
-W=(--model "$WORK/deep.cfg" --batch 16 --steps 2 --train-samples 64 --test-samples 0
-   --seed 5 --threads 1 --json --optimizer adam --reduce ordered --bucket-mb 1 --microbatches 1)
+deep_mlp # $WORK/deep.cfg and its runs' options W (lib/zero_runs.bash)
 for r in 2 4; do
     for z in 1 2; do
         "$MPIEXEC" -n $r "$PIPETRAIN" train "${W[@]}" --replicas $r --zero $z >"$WORK/mem$r$z.json"

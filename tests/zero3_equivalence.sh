@@ -98,11 +98,7 @@ done
 # layers (each its own bucket): the shards 4Ψ/R plus two adjacent layers whole (the one that
 # ran, the next one's prefetched gather; the pool keeps what the next gather takes), within
 # 5%, and below --zero 2's 4Ψ
-{ echo "[net]"; echo "input=1,28,28"
-  for _ in 1 2 3 4 5 6 7 8; do printf '[dense]\nunits=512\nactivation=relu\n'; done
-  printf '[dense]\nunits=10\nactivation=linear\n'; } >"$WORK/deep.cfg"
-W=(--model "$WORK/deep.cfg" --batch 16 --steps 2 --train-samples 64 --test-samples 0
-   --seed 5 --threads 1 --json --optimizer adam --reduce ordered --bucket-mb 1 --microbatches 1)
+deep_mlp # $WORK/deep.cfg and its runs' options W (lib/zero_runs.bash)
 for r in 2 4; do
     for z in 2 3; do
         "$MPIEXEC" -n $r "$PIPETRAIN" train "${W[@]}" --replicas $r --zero $z >"$WORK/mem$r$z.json"

@@ -1,4 +1,4 @@
-# Shared by the ZeRO tests (zero_equivalence.sh, zero2_equivalence.sh): seed-mlp from one
+# Shared by the ZeRO tests (zero_equivalence.sh, zero2_equivalence.sh, zero3_equivalence.sh): seed-mlp from one
 # saved start, the one-process references and a comparison. Needs lib/common.bash and MLP.
 # --bucket-mb 0.1: seed-mlp's three layers in three buckets, each cut in R shards
 COMMON=(--model "$MLP" --batch 32 --steps 3 --train-samples 256 --test-samples 0 --seed 5
@@ -23,4 +23,15 @@ same() {
         failed "$1: differs"
         tail -n 2 "$WORK/diff"
     fi
+}
+
+# deep_mlp: the memory checks' model, nine dense layers of ~1 MB each (784 → 512 ×8 → 10,
+# each its own bucket at --bucket-mb 1), in $WORK/deep.cfg, and W: its runs' options
+deep_mlp() {
+    { echo "[net]"; echo "input=1,28,28"
+      for _ in 1 2 3 4 5 6 7 8; do printf '[dense]\nunits=512\nactivation=relu\n'; done
+      printf '[dense]\nunits=10\nactivation=linear\n'; } >"$WORK/deep.cfg"
+    W=(--model "$WORK/deep.cfg" --batch 16 --steps 2 --train-samples 64 --test-samples 0
+       --seed 5 --threads 1 --json --optimizer adam --reduce ordered --bucket-mb 1
+       --microbatches 1)
 }
