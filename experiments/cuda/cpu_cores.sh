@@ -6,10 +6,12 @@
 # (`step_predicted_s`), and the pipelines their measured bubble and peak micro-batches.
 #   bash experiments/cuda/cpu_cores.sh [SECONDS]   (default 150: runs that no longer fit
 #   are skipped; after validate.sh has unpacked the bundle, or it unpacks it itself)
-# 1. replicas: seed-cnn, batch 256, one thread per rank, --bind auto, --reduce ordered and
-#    allreduce, R = 2, 4, 8, 16 (the issue measured train's prediction 10.7-18.9% short).
+# 1. replicas: seed-cnn, batch 256, one thread per rank, --bind auto, --reduce ordered at
+#    R = 1, 2, 4, 8, 16 (the issue measured train's prediction 10.7-18.9% short), allreduce
+#    at 16; ZeRO 1, 2 and 3 at R = 8 (ordered).
 # 2. pipelines: gpt-mini on README.md as bytes, K = 4, M = 8, batch 32: 1f1b, zb-h1, zb-v,
-#    search; measured step and bubble against the simulator's.
+#    search; measured step and bubble against the simulator's; zb-h2 with --clip-grad-norm
+#    with and without --post-validation.
 set -u
 BUDGET=${1:-150}
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -54,15 +56,20 @@ echo "== 1. replicas, seed-cnn, batch 256, 1 thread a rank"
 D=(--model "$PT_BUNDLE_MODEL" --data "$PT_BUNDLE_DATA" --test-samples 0 --train-samples 8448
    --batch 256 --seed 1 --steps 25 --warmup 3)
 for R in 1 2 4 8 16; do
-    for red in ordered allreduce; do
-        [ "$R" = 1 ] && [ $red = allreduce ] && continue
-        run "replicas R=$R --reduce $red" "$R" "${D[@]}" --replicas "$R" --reduce $red
-    done
+    run "replicas R=$R --reduce ordered" "$R" "${D[@]}" --replicas "$R" --reduce ordered
+done
+run "replicas R=16 --reduce allreduce" 16 "${D[@]}" --replicas 16 --reduce allreduce
+for z in 1 2 3; do
+    run "replicas R=8 ordered --zero $z" 8 "${D[@]}" --replicas 8 --reduce ordered --zero $z
 done
 echo "== 2. pipelines, gpt-mini, K = 4, M = 8, batch 32"
 G=(--model "$root/models/gpt-mini.cfg" --text "$root/README.md" --batch 32 --seed 1
-   --steps 12 --warmup 2 --eval-windows 1 --stages 4 --microbatches 8)
+   --steps 8 --warmup 2 --eval-windows 1 --stages 4 --microbatches 8)
 for s in 1f1b zb-h1 zb-v search; do
     run "pipeline K=4 M=8 $s" 4 "${G[@]}" --schedule $s
 done
+# ZB-H2 with clipping, the synchronous order against --post-validation
+run "pipeline K=4 M=8 zb-h2 clip" 4 "${G[@]}" --schedule zb-h2 --clip-grad-norm 1
+run "pipeline K=4 M=8 zb-h2 clip post-val" 4 "${G[@]}" --schedule zb-h2 --clip-grad-norm 1 \
+    --post-validation
 echo "records: $out"

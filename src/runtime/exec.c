@@ -310,6 +310,7 @@ void exec_free(exec_t *e)
 {
     if (!e) return;
     exec_finish_free(e);
+    exec_postval_free(e);
     for (int v = 0; e->reps && v < e->V; v++) replicas_free(e->reps[v]);
     free(e->reps);
     free(e->rep_base);
@@ -600,10 +601,16 @@ static int op_optimizer_step(exec_t *e, const step_run *s, int i)
     for (int q = 0; q < e->V * M; q++)
         if (exec_wait_send(e, &e->req_send_grad[q], "send of the gradient", q % M, e->rank - 1))
             return -1;
+    if (e->cfg.post_validation) return exec_postval_step(e, s->opt, i);
     if (exec_finish_grads(e, s->opt)) return -1;
+    return exec_step_engines(e, s->opt, i);
+}
+
+int exec_step_engines(exec_t *e, const optimizer_config *opt, int tick)
+{
     for (int w = 0; w < e->V; w++) {
         replicas_t *r = e->reps ? e->reps[w] : NULL;
-        if (r ? replicas_step(r, s->opt, i) : engine_step(e->engs[w], s->opt, i)) return -1;
+        if (r ? replicas_step(r, opt, tick) : engine_step(e->engs[w], opt, tick)) return -1;
     }
     return 0;
 }
@@ -647,6 +654,8 @@ static int run_op(exec_t *e, const step_run *s, const schedule_op *op, int i)
  * loss shared by every rank (it lives on the last stages); a non-finite one stops everyone. */
 static int finish_step(exec_t *e, const step_run *s, double t_step, exec_step_result *res)
 {
+    int rc = exec_postval_settle(e, s->opt, s->step);
+    if (rc) return rc;
     engine_result r = {0};
     for (int v = 0; v < e->V; v++) {
         engine_result rv;
@@ -731,6 +740,7 @@ void exec_get_stats(const exec_t *e, exec_stats *st)
         st->reduce.steps = rs.steps > st->reduce.steps ? rs.steps : st->reduce.steps;
     }
     st->reduce_cal = e->rep_cal;
+    st->rollbacks = e->rollbacks;
 }
 
 void exec_reset_stats(exec_t *e)
@@ -739,6 +749,7 @@ void exec_reset_stats(exec_t *e)
     e->tensor_s0 = 0;
     for (int v = 0; v < e->V; v++) e->tensor_s0 += e->engs[v]->tensor_s;
     e->steps = 0;
+    e->rollbacks = 0;
     e->peak_inflight = 0;
     e->peak_bytes = e->held_bytes;
     memset(e->chunk_s, 0, (size_t)e->V * EXEC_TIMES * sizeof *e->chunk_s);

@@ -35,6 +35,8 @@ typedef struct {
                               evaluation, trace */
     /* hybrid mode: rep.replicas > 1 replicas of the pipeline */
     int wgrad_batched;     /* dense layers' weight gradients in one product per step */
+    int post_validation;   /* the optimizer steps before the norm's checks arrive and is
+                              rolled back where they say so (exec_postval.c) */
     MPI_Comm group;        /* the replicas of this rank's stage, rank = replica */
     int replica;           /* this rank's replica */
     replicas_config rep;
@@ -94,6 +96,7 @@ typedef struct {
     double tensor_s;       /* tensor shards: seconds in the tensor group's collectives */
     replicas_stats reduce; /* hybrid mode: the stage's reductions (zeros otherwise) */
     replicas_calibration reduce_cal; /* and their α–β figures measured at exec_start */
+    long rollbacks;        /* --post-validation: steps rolled back and taken again */
 } exec_stats;
 
 /* Builds this rank's stage (stage = rank in comm, the ranks of its pipeline) on its device

@@ -68,6 +68,7 @@ struct exec_finish {
     norm_run *norm;           /* [n_norm]: what this rank's norm counts */
     int n_norm;
     double *sums, *all;       /* [layers], [world size · layers] (NULL: not yet needed) */
+    MPI_Request req;          /* the all-gather of the norm's parts (norm_post) */
     float **host;             /* [V]: each engine's host view during the clip */
     double last_norm;         /* the last step's norm before clipping (NAN: not computed) */
     norm_run *seq;            /* [n_seq]: the runs step 0 sums over the tensor group */
@@ -403,8 +404,9 @@ static int norm_start(exec_t *e, struct exec_finish *f)
     return 0;
 }
 
-/* Step 2: the norm over the job, and the gradients scaled to at most max_norm. */
-static int clip_step(exec_t *e, struct exec_finish *f, float max_norm)
+/* Step 2, first half: this rank's part of the norm and the all-gather of the parts,
+ * started (norm_settle waits for it). */
+static int norm_post(exec_t *e, struct exec_finish *f)
 {
     if (!f->sums && norm_start(e, f)) return -1;
     int L = e->net->n_layers;
@@ -433,29 +435,53 @@ static int clip_step(exec_t *e, struct exec_finish *f, float max_norm)
             if (hi > lo) f->sums[r->layer] += kernel_sum_squares_cpu(f->host[r->v] + lo, hi - lo);
         }
     }
-    MPI_Request req;
-    if (PT_MPI_CALL(MPI_Iallgather(f->sums, L, MPI_DOUBLE, f->all, L, MPI_DOUBLE, e->world,
-                                   &req)) ||
-        mpi_wait_collective(&req, e->world, e->cfg.timeout_s))
-        return -1;
+    f->req = MPI_REQUEST_NULL;
+    return PT_MPI_CALL(MPI_Iallgather(f->sums, L, MPI_DOUBLE, f->all, L, MPI_DOUBLE, e->world,
+                                      &f->req));
+}
+
+/* Step 2, second half: the whole norm's sum of squares (the same bits on every rank). */
+static int norm_settle(exec_t *e, struct exec_finish *f, double *total)
+{
+    if (mpi_wait_collective(&f->req, e->world, e->cfg.timeout_s)) return -1;
     /* a layer's shards in world rank order (a stage's tensor ranks are consecutive), the
      * layers in order; every other rank's entry for the layer is an exact 0 */
-    double total = 0;
+    int L = e->net->n_layers;
+    *total = 0;
     for (int l = 0; l < L; l++) {
         double layer = 0;
         for (int r = 0; r < e->world_size; r++) layer += f->all[(size_t)r * L + l];
-        total += layer;
+        *total += layer;
     }
-    f->last_norm = (float)sqrt(total);
-    float scale = kernel_clip_scale(total, max_norm);
-    if (!(scale < 1.0f)) return 0; /* torch multiplies by 1 then: nothing changes */
+    f->last_norm = (float)sqrt(*total);
+    return 0;
+}
+
+/* Every gradient times scale, through the host views f->host (fresh: fetched again). */
+static int scale_grads(exec_t *e, struct exec_finish *f, float scale, int fetch)
+{
     for (int v = 0; v < e->V; v++) {
         engine *g = e->engs[v];
+        if (fetch) {
+            f->host[v] = NULL;
+            if (g->param_count && engine_grads_host(g, 0, 0, g->param_count, &f->host[v]))
+                return -1;
+        }
         if (!f->host[v]) continue;
         kernel_scale_cpu(f->host[v], g->param_count, scale);
         if (engine_grads_commit(g, 0, g->param_count)) return -1;
     }
     return 0;
+}
+
+/* Step 2: the norm over the job, and the gradients scaled to at most max_norm. */
+static int clip_step(exec_t *e, struct exec_finish *f, float max_norm)
+{
+    double total;
+    if (norm_post(e, f) || norm_settle(e, f, &total)) return -1;
+    float scale = kernel_clip_scale(total, max_norm);
+    if (!(scale < 1.0f)) return 0; /* torch multiplies by 1 then: nothing changes */
+    return scale_grads(e, f, scale, 0);
 }
 
 /* ------------------------------------------------------------------ entries ---- */
@@ -465,6 +491,7 @@ int exec_finish_start(exec_t *e)
     struct exec_finish *f = calloc(1, sizeof *f);
     if (!f) return pt_error_set("out of memory");
     f->pair = MPI_COMM_NULL;
+    f->req = MPI_REQUEST_NULL;
     f->last_norm = NAN;
     e->fin = f;
     return tie_start(e, f);
@@ -498,6 +525,28 @@ int exec_finish_grads(exec_t *e, const optimizer_config *opt)
 }
 
 double exec_finish_norm(const exec_t *e) { return e->fin ? e->fin->last_norm : NAN; }
+
+int exec_finish_grads_post(exec_t *e)
+{
+    struct exec_finish *f = e->fin;
+    if (!f) return pt_error_set("rank %d: the step's finish was not set up (exec_start)",
+                                e->world_rank);
+    f->last_norm = NAN;
+    if (seq_step(e, f) || tie_step(e, f)) return -1;
+    return norm_post(e, f);
+}
+
+int exec_finish_validate(exec_t *e, const optimizer_config *opt, float *scale)
+{
+    double total;
+    if (norm_settle(e, e->fin, &total)) return -1;
+    *scale = 1.0f;
+    if (!isfinite(total)) *scale = NAN;
+    else if (opt->clip_norm > 0) *scale = kernel_clip_scale(total, opt->clip_norm);
+    return 0;
+}
+
+int exec_finish_scale(exec_t *e, float scale) { return scale_grads(e, e->fin, scale, 1); }
 
 int exec_zero_state_send(exec_t *e)
 {

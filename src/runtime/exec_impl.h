@@ -70,10 +70,11 @@ struct exec {
     trace_skew skew;     /* testing: PIPETRAIN_DEBUG_CLOCK_SKEW */
     double compute_s, wall_s, forward_s, backward_s, optimizer_s;
     double tensor_s0;      /* the engines' tensor_s at the last exec_reset_stats */
-    long steps;
+    long steps, rollbacks; /* rollbacks: steps post-validation took again (clipped) */
     int inflight, peak_inflight;
     trace_log trace;
     struct exec_finish *fin; /* the step's gradient finish (exec_finish.c) */
+    struct exec_postval *pv; /* post-validation's copies (exec_postval.c; NULL: none yet) */
 };
 
 /* Chunk routing of schedules with several chunks per rank, under the schedule's placement
@@ -111,6 +112,24 @@ void exec_finish_free(exec_t *e);
 int exec_finish_grads(exec_t *e, const optimizer_config *opt);
 /* The last step's gradient norm before clipping; NAN when it was not computed. */
 double exec_finish_norm(const exec_t *e);
+/* Post-validation (exec_postval.c): exec_finish_grads with the norm's all-gather started,
+ * not waited for, whether or not opt clips; then, after the optimistic step, the wait:
+ * *scale is what the step should have scaled the gradients by (1: the step stands; below
+ * 1: clipping; NAN: a non-finite norm); exec_finish_scale scales the (restored) gradients. */
+int exec_finish_grads_post(exec_t *e);
+int exec_finish_validate(exec_t *e, const optimizer_config *opt, float *scale);
+int exec_finish_scale(exec_t *e, float scale);
+
+/* Each chunk's optimizer step (through its replicas' reductions in hybrid mode). */
+int exec_step_engines(exec_t *e, const optimizer_config *opt, int tick);
+
+/* exec_postval.c: optimizer post-validation (--post-validation). Collective as the
+ * decision is (every rank the same). */
+int exec_postval_step(exec_t *e, const optimizer_config *opt, int tick);
+/* In finish_step: the wait for the norm, and the rollback and the step again where it must
+ * (EXEC_FAILED_EVERYWHERE, the step rolled back, for a non-finite norm). */
+int exec_postval_settle(exec_t *e, const optimizer_config *opt, uint64_t step);
+void exec_postval_free(exec_t *e);
 
 /* exec_msg.c. Every wait is polite and gives up after --timeout with a message that names
  * what it waited for. */

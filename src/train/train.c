@@ -103,6 +103,7 @@ static int gather_figures(const train_run *run, stage_figures *f)
     exec_stats st;
     exec_get_stats(run->ex, &st);
     f->steps = st.steps;
+    f->rollbacks = st.rollbacks;
     f->compute[me] = st.compute_s;
     f->wall[me] = st.wall_s;
     f->forward[me] = st.forward_s;

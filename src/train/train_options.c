@@ -20,7 +20,7 @@ enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS
        O_TENSOR, O_TENSOR_MODE, O_SEQPAR, O_BUCKET_MB, O_OVERLAP, O_SKIP_BUCKET, O_WAIT, O_METRICS,
        O_LOG_EVERY, O_CKPT_DIR, O_CKPT_EVERY, O_KEEP, O_RESUME, O_CKPT_MIN, O_CKPT_WRITE,
        O_VIRTUAL, O_RECOMPUTE, O_WGRAD, O_WARMUP, O_TRAIN_IMG, O_TRAIN_LAB, O_TEST_IMG,
-       O_TEST_LAB, O_BETA1, O_BETA2, O_EPS, O_LR_SCHED, O_LR_WARMUP, O_LR_MIN, O_CLIP,
+       O_TEST_LAB, O_BETA1, O_BETA2, O_EPS, O_LR_SCHED, O_LR_WARMUP, O_LR_MIN, O_CLIP, O_POSTVAL,
        /* a language model's text */
        O_TEXT, O_TOKENS, O_TOKENS_RAW, O_VAL_FRACTION, O_EVAL_WINDOWS, O_ZERO, O_SCHED_FILE,
        O_SCHED_MEM };
@@ -131,6 +131,12 @@ static const opt_spec train_opts[] = {
      .max = 1e9, .help = "scale the step's gradient to a global L2 norm of at most X "
                          "(torch.nn.utils.clip_grad_norm_ over the whole model, every stage, "
                          "shard and replica) before the update"},
+    {.id = O_POSTVAL, .name = "post-validation", .kind = OPT_FLAG,
+     .help = "each rank steps as soon as its gradients are done, before the whole model's "
+             "norm arrives, and the step is rolled back and taken again, bit for bit as "
+             "without this, where the norm says it must be clipped; a non-finite norm rolls "
+             "it back and stops the run (ZB-H2's optimizer post-validation; costs a copy "
+             "of the parameters, moments and gradients per step)"},
     {.id = O_SEED, .name = "seed", .kind = OPT_INT, .arg = "N", .min = 0, .max = BIG,
      .def = "0", .help = "initialisation, shuffling and dropout"},
     {.id = O_SHUFFLE, .name = "shuffle", .kind = OPT_CHOICE, .choices = "on|off", .def = "on",
@@ -242,6 +248,25 @@ static int read_fault(train_options *o, const opt_parser *p, int id)
 
 /* Option id, the parser's current one, into o; in the order of the table's sections.
  * −1 with a message for a value the table cannot check. */
+/* The output and testing options (read_option's other cases). */
+static int read_output_option(train_options *o, const opt_parser *p, int id)
+{
+    switch (id) {
+    case O_TRACE: o->trace = p->arg; break;
+    case O_JSON: o->json = 1; break;
+    case O_METRICS: o->metrics = p->arg; break;
+    case O_LOG_EVERY: o->log_every = (long)p->num; break;
+    case O_PROGRESS: o->progress = p->real; break;
+    case O_VERBOSE: o->verbose = 1; break;
+    case O_STALL:
+    case O_KILL:
+    case O_MPI_ERROR: return read_fault(o, p, id);
+    case O_DELAY: o->ready_delay = (int)p->num; break;
+    case O_SKIP_BUCKET: o->skip_bucket = (int)p->num; break;
+    }
+    return 0;
+}
+
 static int read_option(train_options *o, const opt_parser *p, int id)
 {
     static const optimizer_kind optimizers[] = {OPTIM_SGD, OPTIM_MOMENTUM, OPTIM_ADAM,
@@ -301,6 +326,7 @@ static int read_option(train_options *o, const opt_parser *p, int id)
     case O_EPS: o->opt.eps = (float)p->real; break;
     case O_WD: o->opt.weight_decay = (float)p->real; break;
     case O_CLIP: o->opt.clip_norm = (float)p->real; break;
+    case O_POSTVAL: o->post_validation = 1; break;
     case O_SEED: o->seed = (unsigned long long)p->num; break;
     case O_SHUFFLE: o->shuffle = p->choice == 0; break;
     /* parallelism */
@@ -326,19 +352,7 @@ static int read_option(train_options *o, const opt_parser *p, int id)
     case O_WAIT: o->wait = (mpi_wait_mode)p->choice; break;
     case O_DEVICE: o->device = devices[p->choice]; break;
     case O_TIMEOUT: o->timeout = p->real; break;
-    /* output */
-    case O_TRACE: o->trace = p->arg; break;
-    case O_JSON: o->json = 1; break;
-    case O_METRICS: o->metrics = p->arg; break;
-    case O_LOG_EVERY: o->log_every = (long)p->num; break;
-    case O_PROGRESS: o->progress = p->real; break;
-    case O_VERBOSE: o->verbose = 1; break;
-    /* testing */
-    case O_STALL:
-    case O_KILL:
-    case O_MPI_ERROR: return read_fault(o, p, id);
-    case O_DELAY: o->ready_delay = (int)p->num; break;
-    case O_SKIP_BUCKET: o->skip_bucket = (int)p->num; break;
+    default: return read_output_option(o, p, id);
     }
     return 0;
 }
@@ -477,6 +491,10 @@ static int check_options(train_options *o, const opt_parser *p)
     if (o->resume && o->load)
         return opt_error(p, "--resume and --load both set the parameters: give one");
     if (check_zero(o, p)) return -1;
+    if (o->post_validation && o->zero)
+        return opt_error(p, "--post-validation with --zero %d: the optimizer's state is "
+                         "sharded across the replicas, and rolling a step back is written for "
+                         "whole state only (use --zero 0)", o->zero);
     if (o->replicas > 1 && o->batch % ((long)o->replicas * o->microbatches))
         return opt_error(p, "--batch %d is not divisible by --replicas %d × --microbatches %d "
                          "= %ld: each replica takes batch/replicas samples in micro-batches of "

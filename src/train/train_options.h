@@ -72,6 +72,7 @@ typedef struct {
     const char *schedule_file; /* --schedule-file FILE: the schedule to run, as text */
     double schedule_memory;    /* --schedule search: most micro-batches a rank holds; 0: any */
     int wgrad_batched;    /* --wgrad batched */
+    int post_validation;  /* --post-validation (exec_config.post_validation) */
 } train_options;
 
 /* Fills o from argv (defaults first). Returns 0, 1 for --help, or −1 with a message. */

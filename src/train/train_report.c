@@ -673,6 +673,9 @@ static json_t *results_json(const train_run *run, const train_results *res,
         {"tensor_beta_Bps", json_number(run->o.tensor > 1 ? run->tensor_beta : NAN)},
         /* memory per world rank (ZeRO's terms, measured): allocated bytes and peak RSS */
         {"zero", json_integer(run->o.zero)},
+        {"post_validation", json_boolean(run->o.post_validation)},
+        {"post_validation_rollbacks", run->o.post_validation ? json_integer(fig->rollbacks)
+                                                             : json_null()},
         {"rank_params_bytes", json_bytes(fig->rank_mem + RANK_MEM_PARAMS * fig->ranks, fig->ranks)},
         {"rank_grads_bytes", json_bytes(fig->rank_mem + RANK_MEM_GRADS * fig->ranks, fig->ranks)},
         {"rank_optimizer_bytes", json_bytes(fig->rank_mem + RANK_MEM_OPTIM * fig->ranks, fig->ranks)},

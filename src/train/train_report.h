@@ -35,6 +35,7 @@ typedef struct {
         *optimizer_max; /* per stage: the slowest replica's optimizer time (not the mean) */
     double bubble; /* measured: mean over stages of the idle fraction of the step time */
     long steps;
+    long rollbacks; /* --post-validation: steps rolled back and taken again (every rank's) */
     int chunks;    /* model chunks: K·V (interleaved), else K */
     double *chunk; /* [t · chunks + c]: seconds in ops of kind t (exec_time) of model chunk
                     * c, the mean over replicas; owned */

@@ -594,6 +594,7 @@ static exec_config exec_config_of(const train_run *run)
         .device_messages = run->device_messages,
         .debug_ready_delay = o->ready_delay,
         .wgrad_batched = o->wgrad_batched,
+        .post_validation = o->post_validation,
         .world = run->comm,
         .group = run->comms.group,
         .replica = run->replica,

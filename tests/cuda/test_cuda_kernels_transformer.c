@@ -2,9 +2,9 @@
  * against their CPU twins: layer norm, GELU, attention and the loss to float rounding
  * (normwise, REL_TOL), the embedding bit for bit (the same additions in the same order),
  * each run twice where a result must repeat bit for bit (no atomics). Shapes with
- * sequences and widths that are multiples of nothing. NOT YET RUN ON A GPU (issue 25: the
- * session that wrote it had none); their per-thread code is checked on the host by
- * tests/cuda/test_transformer_host.cu.
+ * sequences and widths that are multiples of nothing, and of more than one tile. First run on
+ * an H200 on 2026-11-26; their per-thread code is also checked on the host by
+ * tests/cuda/test_transformer_host.cu, tile by tile.
  *
  * Part of test_cuda_kernels (#included by test_cuda_kernels.c, whose helpers it uses). */
 
@@ -194,6 +194,9 @@ static void run_transformer_cases(void)
     test_attention_cuda(2, 70, 2, 16);
     test_attention_cuda(1, 129, 4, 64);
     test_attention_cuda(1, 33, 1, 128);
+    test_attention_cuda(2, 200, 3, 64);  /* 4 query blocks, 4 key tiles, causal edges */
+    test_attention_cuda(1, 100, 2, 100); /* padded to 128, tiles of 32 */
+    test_attention_cuda(3, 1, 2, 20);    /* seq 1: Δ recomputed while staging */
     test_xent_rows_cuda(7, 10);          /* one block: the one-block kernel */
     test_xent_rows_cuda(1000, 257);
     test_xent_rows_cuda(4099, 1031);
