@@ -216,6 +216,16 @@ int engine_cuda_loss_drain(cuda_engine *c);
 /* Work just queued on the compute stream wrote the gradients of local layers [lo, hi). */
 int engine_cuda_grads_written(cuda_engine *c, int lo, int hi);
 
+/* engine_cuda_optim.c: the whole moments allocated (zeroed on the compute stream) unless
+ * they are already, or ZeRO keeps runs; the engine_ops entries of the same names. */
+int engine_cuda_alloc_moments(engine *e, cuda_engine *c);
+int engine_cuda_read_state(engine *e, float *m, float *v, long *updates);
+int engine_cuda_write_state(engine *e, const float *m, const float *v, long updates);
+int engine_cuda_optim_shard(engine *e, const engine_run *runs, int n);
+int engine_cuda_params_host(engine *e, float **host);
+int engine_cuda_params_commit(engine *e);
+void engine_cuda_state_bytes(const engine *e, size_t *params, size_t *grads, size_t *optim);
+
 /* engine_cuda_run.c: the engine_ops entries of the same names. */
 int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, int training,
                         int tick);
