@@ -31,8 +31,8 @@
 #     test_cuda_kernels, run last when time is left (information); 5d racecheck and
 #     synccheck of its transformer cases (`--transformer`: the attention's shared-memory
 #     tiles and the layer norm's shuffles)
-#  7  the hybrid mode on the one GPU (2 replicas; 2 stages × 2 replicas) against 1 rank with
-#     the same micro-batches, bit for bit
+#  7  the hybrid mode on the one GPU (2 replicas; 2 stages × 2 replicas; 2 replicas with
+#     --zero 1) against 1 rank with the same micro-batches, bit for bit
 #  8  checkpoints: a GPU run stopped and resumed = uninterrupted, bit for bit (8a); the GPU's
 #     checkpoint resumed on the CPU, within the Adam tolerance (8b)
 #  9  tensor shards on the one GPU (--tensor 2 in both modes; 2 stages × 2 shards) against
@@ -605,16 +605,21 @@ envelope_checks() {
       cat "$ENV_DIR/results.tsv"; } >>"$E2E"
 }
 
-# 7: the hybrid mode on one GPU: 2 replicas (--reduce ordered) and 2 stages × 2 replicas,
-# against 1 rank with the same 4 micro-batches of 32, bit for bit.
+# 7: the hybrid mode on one GPU: 2 replicas (--reduce ordered), 2 stages × 2 replicas, and
+# 2 replicas under ZeRO-1 (7c: each keeps its shard's Adam moments on the device, steps
+# them, and the parameters are all-gathered through a pinned mirror), against 1 rank with
+# the same 4 micro-batches of 32, bit for bit.
 hybrid_on_gpu() {
     section "7 replicas on one GPU against 1 rank, bit for bit"
     local ref=$WORK/one_rank.safetensors launcher=()
     grep -qi hydra <<<"$("$MPIEXEC" --version 2>&1)" && launcher=(-launcher fork)
     local id n layout
-    for id in 7a 7b; do
-        if [ "$id" = 7a ]; then n=2 layout=(--replicas 2 --microbatches 2)
-        else n=4 layout=(--stages 2 --replicas 2 --microbatches 2); fi
+    for id in 7a 7b 7c; do
+        case $id in
+            7a) n=2 layout=(--replicas 2 --microbatches 2) ;;
+            7b) n=4 layout=(--stages 2 --replicas 2 --microbatches 2) ;;
+            7c) n=2 layout=(--replicas 2 --microbatches 2 --zero 1) ;;
+        esac
         if [ ! -f "$ref" ]; then record $id FAIL "replicas" "no 1-rank reference (step 4)"; continue; fi
         if ! fits 40; then record $id "NOT RUN" "replicas" "time budget"; continue; fi
         local out=$WORK/hybrid_$id.safetensors
@@ -986,8 +991,9 @@ res = {'device': device, 'passed': not counted_bad, 'steps': steps, 'throughput'
 with open(out_f, 'w') as f:
     json.dump(res, f, indent=1)
 
-order = ['1', '2', '3a', '3b', '3c', '3d', '3e', '3f', '3g', '4a', '4b', '4c', '4d', '7a', '7b', '8a',
-         '8b', '9a', '9b', '9c', '10a', '10b', '10c', '10d', '10e', '5a', '5b', '5c', '5d', '6', '6c', '6d']
+order = ['1', '2', '3a', '3b', '3c', '3d', '3e', '3f', '3g', '4a', '4b', '4c', '4d', '7a', '7b',
+         '7c', '8a', '8b', '9a', '9b', '9c', '10a', '10b', '10c', '10d', '10e', '5a', '5b', '5d', '5c',
+         '6', '6c', '6d']
 steps.sort(key=lambda s: order.index(s['id']) if s['id'] in order else 99)
 print()
 print(f'{"step":<5}{"check":<34}{"result":<9}detail')

@@ -106,7 +106,7 @@ static const opt_spec opt_shared[] = {
              "rather than after it"},
     {.name = "zero", .kind = OPT_INT, .arg = "S", .min = 0, .max = 3, .def = "0",
      .help = "ZeRO stage inside each stage's replica group (--replicas 2 or more, --reduce ordered "
-             "or allreduce, the CPU engine): 1 keeps each replica's shard of the optimizer "
+             "or allreduce; --device cuda: 1 only): 1 keeps each replica's shard of the optimizer "
              "state only, steps it and all-gathers the parameters; 2 also gives back each "
              "bucket's gradient memory outside the replica's shard once the bucket is "
              "reduce-scattered (the drop needs --overlap on and one micro-batch per "

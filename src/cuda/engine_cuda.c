@@ -61,17 +61,15 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
     /* labels a sample: a language model's one per position */
     size_t labels = (size_t)data_model_labels(cfg->net);
     int lm = cfg->net->sequence != 0;
-    /* params | grads | m | v | mb_grads | pieces 1.., each block rounded so every block
-     * stays aligned */
+    /* params | grads | mb_grads | pieces 1.., each block rounded so every block stays
+     * aligned (the moments: alloc_moments or optim_shard) */
     size_t block = stage_round_up(e->param_count * fl);
-    char *p = arena_take(d, (size_t)(4 + c->pieces) * block);
+    char *p = arena_take(d, (size_t)(2 + c->pieces) * block);
     c->params = p ? (float *)p : NULL;
     c->grads = p ? (float *)(p + block) : NULL;
-    c->opt_m = p ? (float *)(p + 2 * block) : NULL;
-    c->opt_v = p ? (float *)(p + 3 * block) : NULL;
-    c->mb_grads = p ? (float *)(p + 4 * block) : NULL;
+    c->mb_grads = p ? (float *)(p + 2 * block) : NULL;
     for (int k = 0; k < c->pieces; k++)
-        c->piece[k] = !p ? NULL : k ? (float *)(p + (size_t)(4 + k) * block) : c->grads;
+        c->piece[k] = !p ? NULL : k ? (float *)(p + (size_t)(2 + k) * block) : c->grads;
     char *hg = arena_take(h, (size_t)c->pieces * block);
     c->h_grads = hg ? (float *)hg : NULL;
     layout_slots(e, c, d);
@@ -281,6 +279,10 @@ static void cuda_destroy(engine *e)
                 if (c->ev_grads[i]) (void)cudaEventDestroy(c->ev_grads[i]);
         if (c->dmem) (void)cudaFree(c->dmem);
         if (c->hmem) (void)cudaFreeHost(c->hmem);
+        if (c->omem) (void)cudaFree(c->omem);
+        if (c->zmem) (void)cudaFree(c->zmem);
+        if (c->h_params) (void)cudaFreeHost(c->h_params);
+        free(c->zruns);
         if (c->h2d) (void)cudaStreamDestroy(c->h2d);
         if (c->d2h) (void)cudaStreamDestroy(c->d2h);
         if (c->gstream) (void)cudaStreamDestroy(c->gstream);
@@ -449,35 +451,6 @@ static int cuda_write_params(engine *e, const float *host)
     return 0;
 }
 
-/* The optimizer's moments, copied like the parameters; the update count lives on the host. */
-static int cuda_read_state(engine *e, float *m, float *v, long *updates)
-{
-    cuda_engine *c = engine_cuda_impl(e);
-    *updates = c->step;
-    if (!e->param_count) return 0;
-    CUDA_CHECK(cudaSetDevice(c->device));
-    CUDA_CHECK(cudaMemcpyAsync(m, c->opt_m, e->param_count * sizeof(float),
-                               cudaMemcpyDeviceToHost, c->ctx.stream));
-    CUDA_CHECK(cudaMemcpyAsync(v, c->opt_v, e->param_count * sizeof(float),
-                               cudaMemcpyDeviceToHost, c->ctx.stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->ctx.stream));
-    return 0;
-}
-
-static int cuda_write_state(engine *e, const float *m, const float *v, long updates)
-{
-    cuda_engine *c = engine_cuda_impl(e);
-    c->step = updates;
-    if (!e->param_count) return 0;
-    CUDA_CHECK(cudaSetDevice(c->device));
-    CUDA_CHECK(cudaMemcpyAsync(c->opt_m, m, e->param_count * sizeof(float),
-                               cudaMemcpyHostToDevice, c->ctx.stream));
-    CUDA_CHECK(cudaMemcpyAsync(c->opt_v, v, e->param_count * sizeof(float),
-                               cudaMemcpyHostToDevice, c->ctx.stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->ctx.stream));
-    return 0;
-}
-
 /* ----------------------------------------------------------- the CUDA kernel sets ---- */
 
 
@@ -551,11 +524,15 @@ static int cuda_step(engine *e, const optimizer_config *o, int tick)
     if (stage_plan_range_idle(&c->plan, "step")) return -1;
     CUDA_CHECK(cudaSetDevice(c->device));
     if (engine_cuda_tick_check(e, tick) || engine_cuda_tick_begin(e, tick)) return -1;
+    if (engine_cuda_alloc_moments(e, c)) return -1;
     stage_optim_state st = {.params = c->params, .grads = c->grads, .m = c->opt_m,
                             .v = c->opt_v, .count = e->param_count, .step = &c->step,
                             .plan = &c->plan};
-    if (stage_optim_step(&optim_kernels_cuda, &c->ctx, &st, o) || zero_grads(c, e->param_count))
-        return -1;
+    int rc = c->zruns /* ZeRO: this replica's runs */
+                 ? engine_optim_step_runs(&optim_kernels_cuda, &c->ctx, &st, c->zm, c->zv,
+                                          c->zruns, c->n_zruns, o)
+                 : stage_optim_step(&optim_kernels_cuda, &c->ctx, &st, o);
+    if (rc || zero_grads(c, e->param_count)) return -1;
     return engine_cuda_tick_end(e, tick);
 }
 
@@ -662,8 +639,8 @@ static const engine_ops cuda_ops = {
     .init_params = cuda_init_params,
     .read_params = cuda_read_params,
     .write_params = cuda_write_params,
-    .read_state = cuda_read_state,
-    .write_state = cuda_write_state,
+    .read_state = engine_cuda_read_state,
+    .write_state = engine_cuda_write_state,
     .load = cuda_load,
     .forward = engine_cuda_forward,
     .backward = engine_cuda_backward,
@@ -681,6 +658,10 @@ static const engine_ops cuda_ops = {
     .msg_prepare = engine_cuda_msg_prepare,
     .msg_ready = engine_cuda_msg_ready,
     .finish = cuda_finish,
+    .optim_shard = engine_cuda_optim_shard,
+    .params_host = engine_cuda_params_host,
+    .params_commit = engine_cuda_params_commit,
+    .state_bytes = engine_cuda_state_bytes,
 };
 
 static int create_parts(engine *e, cuda_engine *c)

@@ -2,9 +2,11 @@
  * finish) and engine_cuda_run.c (forward, backward, messages). Not for other modules.
  *
  * The CUDA engine (src/engine/engine.h) is one pipeline stage resident on one GPU.
- * Parameters, gradients, optimizer state, every slot's activations and every micro-batch
- * buffer live in ONE device allocation, and every host staging buffer in one pinned
- * allocation, both made at creation (nothing is allocated while training). Work is queued
+ * Parameters, gradients, every slot's activations and every micro-batch buffer live in ONE
+ * device allocation, and every host staging buffer in one pinned allocation, both made at
+ * creation. The optimizer's moments have their own, made at the first update (whole) or
+ * by optim_shard (ZeRO: this replica's runs only, with a pinned mirror of the parameters
+ * for the all-gather); nothing else is allocated while training. Work is queued
  * on three non-blocking streams: compute (the kernels and cuBLAS), h2d (samples and
  * incoming messages) and d2h (outgoing messages), so that copies overlap compute. Each
  * operation returns as soon as its work is queued; events (the ev_ fields) order the
@@ -143,7 +145,20 @@ typedef struct {
     int dm; /* device messages (CUDA-aware MPI) */
     void *dmem, *hmem; /* the device and the pinned allocations */
     size_t dmem_bytes, hmem_bytes;
-    float *params, *grads, *opt_m, *opt_v;
+    float *params, *grads;
+    /* the optimizer's whole moments, m then v in `omem` (a device allocation of their own,
+     * made at the first update or write_state, as the CPU's stage_alloc_optim): a replica
+     * under ZeRO never holds them */
+    float *opt_m, *opt_v;
+    void *omem;
+    /* ZeRO (optim_shard): the runs this replica steps, their compact moments (zm then zv in
+     * `zmem`, device) and the pinned mirror of the parameters that the all-gather writes
+     * (params_host), uploaded by params_commit */
+    engine_run *zruns;
+    int n_zruns;
+    float *zm, *zv;
+    void *zmem;
+    float *h_params;
     float *mb_grads;   /* a micro-batch's gradient after the first (stage_plan_grad_target) */
     int pieces;        /* grad_pieces, at least 1 */
     float **piece;     /* [pieces] device: [0] = grads, the others after mb_grads */
@@ -200,6 +215,16 @@ int engine_cuda_tick_end(engine *e, int tick);
 int engine_cuda_loss_drain(cuda_engine *c);
 /* Work just queued on the compute stream wrote the gradients of local layers [lo, hi). */
 int engine_cuda_grads_written(cuda_engine *c, int lo, int hi);
+
+/* engine_cuda_optim.c: the whole moments allocated (zeroed on the compute stream) unless
+ * they are already, or ZeRO keeps runs; the engine_ops entries of the same names. */
+int engine_cuda_alloc_moments(engine *e, cuda_engine *c);
+int engine_cuda_read_state(engine *e, float *m, float *v, long *updates);
+int engine_cuda_write_state(engine *e, const float *m, const float *v, long updates);
+int engine_cuda_optim_shard(engine *e, const engine_run *runs, int n);
+int engine_cuda_params_host(engine *e, float **host);
+int engine_cuda_params_commit(engine *e);
+void engine_cuda_state_bytes(const engine *e, size_t *params, size_t *grads, size_t *optim);
 
 /* engine_cuda_run.c: the engine_ops entries of the same names. */
 int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, int training,

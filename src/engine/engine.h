@@ -169,8 +169,14 @@ typedef struct {
      * leaving the others as they were. Once, before the first step. NULL: no ZeRO. */
     int (*optim_shard)(engine *, const engine_run *runs, int n);
     /* ZeRO: the stage's parameters in host memory that MPI may write (the all-gather that
-     * follows each replica's step of its shard). NULL: no ZeRO. */
+     * follows each replica's step of its shard), holding at least the current values of
+     * the optim_shard runs (CUDA: a pinned mirror they are copied into, after the queued
+     * work). NULL: no ZeRO. */
     int (*params_host)(engine *, float **host);
+    /* ZeRO: MPI wrote the parameters into params_host's memory: the next forward uses them
+     * (CUDA: copied back to the device). NULL: params_host is the parameters themselves
+     * (the CPU engine), nothing to do. */
+    int (*params_commit)(engine *);
     /* ZeRO-2: from now on zeroing the gradients gives their memory back (they read as
      * zero) rather than writing zeros, and grads_release may be called. Once, before the
      * first step. NULL: the engine cannot shard its gradients. */

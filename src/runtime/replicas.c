@@ -218,13 +218,17 @@ int replicas_init(replicas_t **out, MPI_Comm group, engine *eng, const net_desc 
     }
     if (cfg->zero && (!ops->optim_shard || !ops->params_host || r->root_steps ||
                       (cfg->zero >= 2 && (!ops->grads_shard || !ops->grads_release)))) {
-        int root_steps = r->root_steps;
+        int root_steps = r->root_steps, no_optim = !ops->optim_shard || !ops->params_host;
         replicas_free(r);
         return root_steps
                    ? pt_error_set("--zero %d: --reduce %s steps on one rank; use ordered or "
                                   "allreduce", cfg->zero, reduce_method_name(cfg->method))
-                   : pt_error_set("--zero %d: the %s engine keeps no sharded optimizer state "
-                                  "(ZeRO runs on the CPU engine)", cfg->zero, ops->name);
+               : no_optim
+                   ? pt_error_set("--zero %d: the %s engine keeps no sharded optimizer state "
+                                  "(ZeRO runs on the CPU engine)", cfg->zero, ops->name)
+                   : pt_error_set("--zero %d: the %s engine cannot give its gradients' memory "
+                                  "back (use --zero 1, or the CPU engine)", cfg->zero,
+                                  ops->name);
     }
     int nb = r->plan.n_buckets;
     r->ptrs = calloc((size_t)r->pieces, sizeof *r->ptrs);
@@ -337,7 +341,8 @@ static int gather_params(replicas_t *r, double *spent)
     float *params;
     reduce_stats before, after;
     reduce_get_stats(r->red, &before);
-    if (r->eng->ops->params_host(r->eng, &params) || reduce_allgather_params(r->red, params))
+    if (r->eng->ops->params_host(r->eng, &params) || reduce_allgather_params(r->red, params) ||
+        (r->eng->ops->params_commit && r->eng->ops->params_commit(r->eng)))
         return -1;
     reduce_get_stats(r->red, &after);
     *spent = after.gather_s - before.gather_s;
