@@ -33,11 +33,11 @@ typedef struct {
     int batch;
 } gemm_operand;
 
-static gemm_operand operand_of(const float *src, cublasOperation_t op, int m_or_n, int k,
-                               int ld, long long stride, int batch)
+/* op(X) is r × c: X itself is that (N) or its transpose (T). A's op is m × k, B's k × n. */
+static gemm_operand operand_of(const float *src, cublasOperation_t op, int r, int c, int ld,
+                               long long stride, int batch)
 {
-    /* op(X) is m_or_n × k: X itself is that (N) or its transpose (T) */
-    const int rows = op == CUBLAS_OP_N ? m_or_n : k, cols = op == CUBLAS_OP_N ? k : m_or_n;
+    const int rows = op == CUBLAS_OP_N ? r : c, cols = op == CUBLAS_OP_N ? c : r;
     return (gemm_operand){src, rows, cols, ld, stride, batch};
 }
 
@@ -140,7 +140,7 @@ extern "C" int kernel_cuda_gemm(const kernel_cuda_ctx *ctx, cublasOperation_t ta
         return 0;
     }
     const gemm_operand oa = operand_of(a, ta, m, k, lda, 0, 1);
-    const gemm_operand ob = operand_of(b, tb, n, k, ldb, 0, 1);
+    const gemm_operand ob = operand_of(b, tb, k, n, ldb, 0, 1);
     const void *ha, *hb;
     int la, lb;
     if (operands_bf16(&oa, &ob, &ha, &la, &hb, &lb, ctx) != 0) return -1;
@@ -179,7 +179,7 @@ extern "C" int kernel_cuda_gemm_strided_batched(const kernel_cuda_ctx *ctx,
     /* Batches keep their layout in the copy, so the strides stay (one batch is packed,
      * and its strides are not read). */
     const gemm_operand oa = operand_of(a, ta, m, k, lda, stride_a, batch);
-    const gemm_operand ob = operand_of(b, tb, n, k, ldb, stride_b, batch);
+    const gemm_operand ob = operand_of(b, tb, k, n, ldb, stride_b, batch);
     const void *ha, *hb;
     int la, lb;
     if (operands_bf16(&oa, &ob, &ha, &la, &hb, &lb, ctx) != 0) return -1;
