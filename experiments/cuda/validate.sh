@@ -44,10 +44,11 @@
 #     run after step 11): gpt2-small at batch 4 × 1024 tokens, pipetrain --device cuda and
 #     bench_gpt_torch_gpu.py (fp32, the same model file), then pipetrain --precision tf32
 #     and bf16, tokens/s
-# 11  --precision (issue 25; NOT YET RUN ON A GPU): gpt-nano as in 10b in tf32 (11a) and
-#     bf16 (11b) against the fp32 GPU run: not identical, and within 10× the relative
-#     difference the mock measured (tests/cuda_precision.sh): rtol 6e-3 and 5e-2; 11c bf16
-#     as 2 stages = 1 rank, bit for bit
+# 11  --precision (issue 25; its runs were made on an H200 by hand, not yet by this step):
+#     gpt-nano as in 10b in tf32 (11a) and bf16 (11b) against the fp32 GPU run: not
+#     identical, and within 10× the relative difference the mock measured
+#     (tests/cuda_precision.sh): rtol 6e-3 and 5e-2; 11c bf16 as 2 stages = 1 rank, bit for
+#     bit
 #  6  throughput at batch 128 and 512: pipetrain --device cuda --json and
 #     bench_torch_gpu.py (eager, TF32 off) alternating, VALIDATE_REPEATS times each;
 #     samples/s (median, min-max), their ratio, and the fraction of the GPU's FP32 peak
