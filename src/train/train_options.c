@@ -255,8 +255,6 @@ static int read_option(train_options *o, const opt_parser *p, int id)
     static const optimizer_kind optimizers[] = {OPTIM_SGD, OPTIM_MOMENTUM, OPTIM_ADAM,
                                                 OPTIM_ADAMW};
     static const lr_schedule_kind schedules[] = {LR_CONSTANT, LR_COSINE, LR_LINEAR};
-    static const engine_device devices[] = {ENGINE_CPU, ENGINE_CUDA};
-    static const engine_precision precisions[] = {ENGINE_FP32, ENGINE_TF32, ENGINE_BF16};
     static const char *const binds[] = {"auto", "core", "none"};
     static const reduce_method methods[] = {REDUCE_ALLREDUCE, REDUCE_REDUCE_BCAST,
                                             REDUCE_GATHER_BCAST, REDUCE_ORDERED};
@@ -333,8 +331,8 @@ static int read_option(train_options *o, const opt_parser *p, int id)
     case O_THREADS: o->threads = (int)p->num; break;
     case O_BIND: o->bind = binds[p->choice]; break;
     case O_WAIT: o->wait = (mpi_wait_mode)p->choice; break;
-    case O_DEVICE: o->device = devices[p->choice]; break;
-    case O_PRECISION: o->precision = precisions[p->choice]; break;
+    case O_DEVICE: o->device = (engine_device)p->choice; break; /* the enums' order */
+    case O_PRECISION: o->precision = (engine_precision)p->choice; break;
     case O_TIMEOUT: o->timeout = p->real; break;
     /* output */
     case O_TRACE: o->trace = p->arg; break;
