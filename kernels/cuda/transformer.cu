@@ -5,17 +5,37 @@
  * host against the CPU twins. Correctness first: one thread per row or column where a
  * fixed summation order is wanted (no floating-point atomics anywhere, so every run gives
  * the same bits); the attention never writes the T×T scores (an online softmax forward,
- * logsumexp saved; a backward that recomputes the probabilities), untiled. */
+ * logsumexp saved; a backward that recomputes the probabilities), tiled through shared
+ * memory with each thread's row in registers. */
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/cuda/transformer_math.cuh"
 
 /* ---- layer norm ---- */
 
-__global__ static void ln_stats(float *mean, float *rstd, const float *x, int rows, int width)
+/* 16 threads a row (one a lane of transformer_math.cuh's statistics), 8 rows a block. */
+enum { LN_THREADS = 128, LN_ROWS = LN_THREADS / TFC_LANES };
+
+/* tfc_lanes_total's tree over the 16 lanes of a row, through shuffles: lane j adds lane
+ * j + w for w = 8, 4, 2, 1 (the additions of the host tree); every lane gets the total. */
+__device__ static double ln_lanes_total(double s)
 {
-    CUDA_GRID_STRIDE(r, (size_t)rows)
-    tfc_ln_stats(x + r * width, width, mean + r, rstd + r);
+    for (int w = TFC_LANES / 2; w > 0; w /= 2)
+        s += __shfl_down_sync(0xffffffffu, s, w, TFC_LANES);
+    return __shfl_sync(0xffffffffu, s, 0, TFC_LANES);
+}
+
+__global__ static void __launch_bounds__(LN_THREADS)
+    ln_stats(float *mean, float *rstd, const float *x, int rows, int width)
+{
+    const int lane = threadIdx.x % TFC_LANES;
+    const size_t r = (size_t)blockIdx.x * LN_ROWS + threadIdx.x / TFC_LANES;
+    const bool on = r < (size_t)rows; /* every lane takes part in the shuffles */
+    const float *xr = x + (on ? r : 0) * width;
+    const double mu = ln_lanes_total(tfc_ln_lane_sum(xr, width, lane)) / width;
+    const double var = ln_lanes_total(tfc_ln_lane_sq(xr, width, lane, mu)) / width;
+    if (on && lane == 0)
+        tfc_ln_stats_of(mu, var, mean + r, rstd + r);
 }
 
 __global__ static void ln_out(float *out, const float *mean, const float *rstd, const float *x,
@@ -29,19 +49,38 @@ __global__ static void ln_out(float *out, const float *mean, const float *rstd, 
     }
 }
 
-__global__ static void ln_params(float *dgamma, float *dbeta, const float *dy, const float *x,
-                                 const float *mean, const float *rstd, int rows, int width)
+/* Block (32 columns) × (TFC_LN_GROUPS row chunks): each thread one chunk of one column, the
+ * chunks added in order by the first row of threads. */
+__global__ static void __launch_bounds__(32 * TFC_LN_GROUPS)
+    ln_params(float *dgamma, float *dbeta, const float *dy, const float *x, const float *mean,
+              const float *rstd, int rows, int width)
 {
-    CUDA_GRID_STRIDE(j, (size_t)width)
-    tfc_ln_param_col(dgamma, dbeta, dy, x, mean, rstd, rows, width, (int)j);
+    __shared__ float pg[TFC_LN_GROUPS][32], pb[TFC_LN_GROUPS][32];
+    const int j = blockIdx.x * 32 + threadIdx.x, k = threadIdx.y;
+    if (j < width)
+        tfc_ln_param_part(&pg[k][threadIdx.x], &pb[k][threadIdx.x], dy, x, mean, rstd, rows,
+                          width, j, k);
+    __syncthreads();
+    if (k == 0 && j < width)
+        tfc_ln_param_add(dgamma, dbeta, &pg[0][threadIdx.x], &pb[0][threadIdx.x], 32, j);
 }
 
-__global__ static void ln_dx(float *dx, const float *dy, const float *x, const float *mean,
-                             const float *rstd, const float *gamma, int rows, int width)
+__global__ static void __launch_bounds__(LN_THREADS)
+    ln_dx(float *dx, const float *dy, const float *x, const float *mean, const float *rstd,
+          const float *gamma, int rows, int width)
 {
-    CUDA_GRID_STRIDE(r, (size_t)rows)
-    tfc_ln_dx_row(dx + r * width, dy + r * width, x + r * width, mean[r], rstd[r], gamma,
-                  width);
+    const int lane = threadIdx.x % TFC_LANES;
+    const size_t r = (size_t)blockIdx.x * LN_ROWS + threadIdx.x / TFC_LANES;
+    const bool on = r < (size_t)rows;
+    const size_t at = (on ? r : 0) * width;
+    const float mu = mean[on ? r : 0], rs = rstd[on ? r : 0];
+    double sg, sgx;
+    tfc_ln_dx_lane(&sg, &sgx, dy + at, x + at, mu, rs, gamma, width, lane);
+    const float mg = (float)(ln_lanes_total(sg) / width);
+    const float mgx = (float)(ln_lanes_total(sgx) / width);
+    if (on)
+        for (int j = lane; j < width; j += TFC_LANES)
+            dx[at + j] = tfc_ln_dx_elem(dy[at + j], x[at + j], gamma[j], mu, rs, mg, mgx);
 }
 
 extern "C" int kernel_layernorm_forward_cuda(float *out, float *mean, float *rstd,
@@ -53,8 +92,8 @@ extern "C" int kernel_layernorm_forward_cuda(float *out, float *mean, float *rst
         return pt_error_set("layernorm: invalid sizes rows=%d width=%d", rows, width);
     if (rows == 0)
         return 0;
-    ln_stats<<<cuda_grid((size_t)rows), CUDA_THREADS, 0, ctx->stream>>>(mean, rstd, x, rows,
-                                                                        width);
+    const unsigned blocks = (unsigned)(((size_t)rows + LN_ROWS - 1) / LN_ROWS);
+    ln_stats<<<blocks, LN_THREADS, 0, ctx->stream>>>(mean, rstd, x, rows, width);
     CUDA_CHECK_LAUNCH("ln_stats");
     const size_t count = (size_t)rows * width;
     ln_out<<<cuda_grid(count), CUDA_THREADS, 0, ctx->stream>>>(out, mean, rstd, x, gamma, beta,
@@ -75,13 +114,13 @@ extern "C" int kernel_layernorm_backward_cuda(float *dx, float *dgamma, float *d
         return 0;
     /* The parameter gradients first, on the same stream: dx may overwrite dy. */
     if (dgamma || dbeta) {
-        ln_params<<<cuda_grid((size_t)width), CUDA_THREADS, 0, ctx->stream>>>(
+        ln_params<<<(unsigned)((width + 31) / 32), dim3(32, TFC_LN_GROUPS), 0, ctx->stream>>>(
             dgamma, dbeta, dy, x, mean, rstd, rows, width);
         CUDA_CHECK_LAUNCH("ln_params");
     }
     if (dx) {
-        ln_dx<<<cuda_grid((size_t)rows), CUDA_THREADS, 0, ctx->stream>>>(dx, dy, x, mean, rstd,
-                                                                         gamma, rows, width);
+        const unsigned blocks = (unsigned)(((size_t)rows + LN_ROWS - 1) / LN_ROWS);
+        ln_dx<<<blocks, LN_THREADS, 0, ctx->stream>>>(dx, dy, x, mean, rstd, gamma, rows, width);
         CUDA_CHECK_LAUNCH("ln_dx");
     }
     return 0;
@@ -272,40 +311,118 @@ extern "C" int kernel_embedding_backward_cuda(float *dwte, float *dwpe, int32_t 
                                                 vocab, ctx);
 }
 
-/* ---- fused causal attention ---- */
+/* ---- fused causal attention (tiled: transformer_math.cuh) ---- */
 
-__global__ static void attn_f(float *y, float *lse, const float *qkv, tfc_attn a, size_t count)
+enum { ATT_ROWS = TFC_ATT_ROWS };
+
+/* Stages rows r0 .. r0 + n − 1 of up to two views into tiles, all the block's threads. */
+template <int MAXD>
+__device__ static void att_stage(float *t1, const float *v1, float *t2, const float *v2,
+                                 size_t ld, int r0, int n, int D)
 {
-    CUDA_GRID_STRIDE(t, count)
-    {
-        const int i = (int)(t % a.T), h = (int)(t / a.T % a.H), b = (int)(t / a.T / a.H);
-        tfc_attn_forward_row(y, lse, qkv, a, b, h, i);
+    constexpr int E = tfc_att_tile_rows<MAXD>() * MAXD;
+    for (int e = threadIdx.x; e < E; e += ATT_ROWS) {
+        tfc_att_stage<MAXD>(t1, v1, ld, r0, n, D, e);
+        if (t2)
+            tfc_att_stage<MAXD>(t2, v2, ld, r0, n, D, e);
     }
 }
 
-__global__ static void attn_dq(float *dq, float *delta, const float *dy, const float *qkv,
-                               const float *lse, tfc_attn a, size_t count)
+/* Block (x, h, b): queries x·ATT_ROWS .. of head h of sample b. */
+template <int MAXD>
+__global__ static void __launch_bounds__(ATT_ROWS)
+    att_forward(float *y, float *lse, const float *qkv, tfc_attn a)
 {
-    CUDA_GRID_STRIDE(t, count)
-    {
-        const int i = (int)(t % a.T), h = (int)(t / a.T % a.H), b = (int)(t / a.T / a.H);
-        tfc_attn_dq_row(dq, delta, dy, qkv, lse, a, b, h, i);
+    constexpr int BK = tfc_att_tile_rows<MAXD>();
+    __shared__ __align__(16) float K[BK * MAXD], V[BK * MAXD];
+    const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * ATT_ROWS;
+    const int i = q0 + threadIdx.x, kend = min(a.T, q0 + ATT_ROWS);
+    const bool on = i < a.T;
+    const float *qv = tfc_att_view(qkv, a, b, h, 0), *kv = tfc_att_view(qkv, a, b, h, 1);
+    tfc_att_fwd<MAXD> s;
+    tfc_att_fwd_begin<MAXD>(s, qv + (size_t)(on ? i : 0) * a.ld, a.D);
+    for (int j0 = 0; j0 < kend; j0 += BK) {
+        const int n = min(BK, kend - j0);
+        __syncthreads(); /* the previous tile is read */
+        att_stage<MAXD>(K, kv, V, kv + a.C, a.ld, j0, n, a.D);
+        __syncthreads();
+        if (on)
+            tfc_att_fwd_tile<MAXD>(s, K, V, j0, n, i, a.scale);
     }
+    if (on)
+        tfc_att_fwd_end<MAXD>(s, y + ((size_t)b * a.T + i) * a.C + (size_t)h * a.D,
+                              lse + ((size_t)b * a.H + h) * a.T + i, a.D, i);
 }
 
-__global__ static void attn_dkv(float *dk, float *dv, const float *delta, const float *dy,
-                                const float *qkv, const float *lse, tfc_attn a, size_t count)
+template <int MAXD>
+__global__ static void __launch_bounds__(ATT_ROWS)
+    att_dq(float *dq, float *delta, const float *dy, const float *qkv, const float *lse,
+           tfc_attn a)
 {
-    CUDA_GRID_STRIDE(t, count)
-    {
-        const int j = (int)(t % a.T), h = (int)(t / a.T % a.H), b = (int)(t / a.T / a.H);
-        tfc_attn_dkv_row(dk, dv, delta, dy, qkv, lse, a, b, h, j);
-    }
+    constexpr int BK = tfc_att_tile_rows<MAXD>();
+    __shared__ __align__(16) float K[BK * MAXD], V[BK * MAXD];
+    const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * ATT_ROWS;
+    const int i = q0 + threadIdx.x, ii = i < a.T ? i : 0, kend = min(a.T, q0 + ATT_ROWS);
+    const bool on = i < a.T;
+    const size_t row = ((size_t)b * a.H + h) * a.T + ii;
+    const float *qv = tfc_att_view(qkv, a, b, h, 0), *kv = tfc_att_view(qkv, a, b, h, 1);
+    tfc_att_dq<MAXD> s;
+    tfc_att_dq_begin<MAXD>(s, qv + (size_t)ii * a.ld,
+                           dy + ((size_t)b * a.T + ii) * a.C + (size_t)h * a.D, lse[row], a.D);
+    for (int pass = 0; pass < 2; pass++)
+        for (int j0 = 0; j0 < kend; j0 += BK) {
+            const int n = min(BK, kend - j0);
+            __syncthreads();
+            att_stage<MAXD>(K, kv, V, kv + a.C, a.ld, j0, n, a.D);
+            __syncthreads();
+            if (on && pass == 0)
+                tfc_att_dq_delta_tile<MAXD>(s, K, V, j0, n, i, a.scale);
+            else if (on)
+                tfc_att_dq_tile<MAXD>(s, K, V, j0, n, i, a.scale);
+        }
+    if (on)
+        tfc_att_dq_end<MAXD>(s, dq + ((size_t)b * a.T + i) * a.ld + (size_t)h * a.D,
+                             delta ? delta + row : NULL, a.D, a.scale);
 }
 
-/* Rows of work per kernel: one thread each, 64 to a block (the rows' head-sized arrays
- * live in each thread's registers and local memory). */
-enum { ATTN_THREADS = 64 };
+/* Block (x, h, b): keys x·ATT_ROWS .. of head h of sample b; DK: dK, else dV. delta NULL
+ * (seq 1): Δ recomputed from global rows while staging. */
+template <int MAXD, bool DK>
+__global__ static void __launch_bounds__(ATT_ROWS)
+    att_dkv(float *out, const float *delta, const float *dy, const float *qkv,
+            const float *lse, tfc_attn a)
+{
+    constexpr int BQ = tfc_att_tile_rows<MAXD>();
+    __shared__ __align__(16) float Q[BQ * MAXD], G[BQ * MAXD];
+    __shared__ float L[BQ], DL[BQ];
+    const int b = blockIdx.z, h = blockIdx.y, k0 = blockIdx.x * ATT_ROWS;
+    const int j = k0 + threadIdx.x, jj = j < a.T ? j : 0;
+    const bool on = j < a.T;
+    const float *qv = tfc_att_view(qkv, a, b, h, 0), *kv = tfc_att_view(qkv, a, b, h, 1);
+    const float *gv = dy + (size_t)b * a.T * a.C + (size_t)h * a.D;
+    const size_t rows = ((size_t)b * a.H + h) * a.T;
+    tfc_att_dkv<MAXD, DK> s;
+    tfc_att_dkv_begin<MAXD, DK>(s, kv + (size_t)jj * a.ld, kv + a.C + (size_t)jj * a.ld, a.D);
+    for (int i0 = k0; i0 < a.T; i0 += BQ) {
+        const int n = min(BQ, a.T - i0);
+        __syncthreads();
+        for (int e = threadIdx.x; e < BQ * MAXD; e += ATT_ROWS) {
+            tfc_att_stage<MAXD>(Q, qv, a.ld, i0, n, a.D, e);
+            tfc_att_stage<MAXD>(G, gv, a.C, i0, n, a.D, e);
+        }
+        for (int r = threadIdx.x; r < n; r += ATT_ROWS) {
+            L[r] = lse[rows + i0 + r];
+            if (DK)
+                DL[r] = delta ? delta[rows + i0 + r] : tfc_attn_delta(dy, qkv, lse, a, b, h, i0 + r);
+        }
+        __syncthreads();
+        if (on)
+            tfc_att_dkv_tile<MAXD, DK>(s, Q, G, L, DL, i0, n, j, a.scale);
+    }
+    if (on)
+        tfc_att_dkv_end<MAXD, DK>(s, out + ((size_t)b * a.T + j) * a.ld + (size_t)h * a.D, a.D,
+                                  a.scale, j);
+}
 
 static int attn_check(const char *what, const kernel_attention_dims *d)
 {
@@ -316,6 +433,9 @@ static int attn_check(const char *what, const kernel_attention_dims *d)
     if (d->head_dim > TFC_MAX_HEAD_DIM)
         return pt_error_set("%s: heads of %d values; the CUDA attention takes at most %d",
                             what, d->head_dim, (int)TFC_MAX_HEAD_DIM);
+    if (d->heads > 65535 || d->batch > 65535)
+        return pt_error_set("%s: %d samples of %d heads; the CUDA attention takes at most "
+                            "65535 of each", what, d->batch, d->heads);
     return 0;
 }
 
@@ -328,6 +448,35 @@ static int attn_no_dropout(const char *what, const kernel_attention_dropout *dro
     return 0;
 }
 
+/* The kernels of the smallest MAXD ≥ D. */
+template <int MAXD>
+static void att_launch(float *y, float *dqkv, float *lse, float *delta, const float *dy,
+                       const float *qkv, tfc_attn a, int batch, bool forward, cudaStream_t st)
+{
+    const dim3 grid((unsigned)((a.T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)a.H, (unsigned)batch);
+    if (forward) {
+        att_forward<MAXD><<<grid, ATT_ROWS, 0, st>>>(y, lse, qkv, a);
+        return;
+    }
+    /* dQ (and Δ) first: the dK kernel reads Δ; all read lse, which stays. */
+    att_dq<MAXD><<<grid, ATT_ROWS, 0, st>>>(dqkv, delta, dy, qkv, lse, a);
+    att_dkv<MAXD, true><<<grid, ATT_ROWS, 0, st>>>(dqkv + a.C, delta, dy, qkv, lse, a);
+    att_dkv<MAXD, false><<<grid, ATT_ROWS, 0, st>>>(dqkv + 2 * a.C, delta, dy, qkv, lse, a);
+}
+
+static void att_dispatch(float *y, float *dqkv, float *lse, float *delta, const float *dy,
+                         const float *qkv, tfc_attn a, int batch, bool forward, cudaStream_t st)
+{
+    if (a.D <= 16)
+        att_launch<16>(y, dqkv, lse, delta, dy, qkv, a, batch, forward, st);
+    else if (a.D <= 32)
+        att_launch<32>(y, dqkv, lse, delta, dy, qkv, a, batch, forward, st);
+    else if (a.D <= 64)
+        att_launch<64>(y, dqkv, lse, delta, dy, qkv, a, batch, forward, st);
+    else
+        att_launch<128>(y, dqkv, lse, delta, dy, qkv, a, batch, forward, st);
+}
+
 extern "C" int kernel_attention_forward_cuda(float *y, float *probs, const float *qkv,
                                              const kernel_attention_dims *d,
                                              const kernel_attention_dropout *drop,
@@ -335,11 +484,9 @@ extern "C" int kernel_attention_forward_cuda(float *y, float *probs, const float
 {
     if (attn_check("attention", d) || attn_no_dropout("attention", drop))
         return -1;
-    const size_t rows = (size_t)d->batch * d->heads * d->seq;
-    if (rows == 0)
+    if ((size_t)d->batch * d->heads * d->seq == 0)
         return 0;
-    const unsigned grid = (unsigned)((rows + ATTN_THREADS - 1) / ATTN_THREADS);
-    attn_f<<<grid, ATTN_THREADS, 0, ctx->stream>>>(y, probs, qkv, tfc_attn_of(d), rows);
+    att_dispatch(y, NULL, probs, NULL, NULL, qkv, tfc_attn_of(d), d->batch, true, ctx->stream);
     CUDA_CHECK_LAUNCH("attention_forward");
     return 0;
 }
@@ -351,18 +498,10 @@ extern "C" int kernel_attention_backward_cuda(float *dqkv, float *probs, const f
 {
     if (attn_check("attention backward", d) || attn_no_dropout("attention backward", drop))
         return -1;
-    const size_t rows = (size_t)d->batch * d->heads * d->seq;
-    if (rows == 0)
+    if ((size_t)d->batch * d->heads * d->seq == 0)
         return 0;
-    const tfc_attn a = tfc_attn_of(d);
-    const unsigned grid = (unsigned)((rows + ATTN_THREADS - 1) / ATTN_THREADS);
-    float *delta = tfc_attn_delta_area(probs, d);
-    const size_t C = (size_t)a.C;
-    /* dQ (and Δ) first: the dK/dV kernel reads Δ; both read lse, which stays. */
-    attn_dq<<<grid, ATTN_THREADS, 0, ctx->stream>>>(dqkv, delta, dy, qkv, probs, a, rows);
-    CUDA_CHECK_LAUNCH("attention_backward (dq)");
-    attn_dkv<<<grid, ATTN_THREADS, 0, ctx->stream>>>(dqkv + C, dqkv + 2 * C, delta, dy, qkv,
-                                                     probs, a, rows);
-    CUDA_CHECK_LAUNCH("attention_backward (dk, dv)");
+    att_dispatch(NULL, dqkv, probs, tfc_attn_delta_area(probs, d), dy, qkv, tfc_attn_of(d),
+                 d->batch, false, ctx->stream);
+    CUDA_CHECK_LAUNCH("attention_backward");
     return 0;
 }

@@ -21,6 +21,13 @@
 #include "kernels/kernels.h"
 
 #define TFC_HD __host__ __device__ static inline
+/* Fully unrolled on the device (the per-row arrays then stay in registers); the host
+ * compiler does not know the pragma. */
+#ifdef __CUDA_ARCH__
+#define TFC_UNROLL _Pragma("unroll")
+#else
+#define TFC_UNROLL
+#endif
 
 #ifndef TFC_PLANTED
 #define TFC_PLANTED 0
@@ -43,34 +50,47 @@ TFC_HD double tfc_lanes_total(double *s)
 
 /* ---- layer norm ---- */
 
-/* Row statistics as kernel_layernorm_forward_cpu: two passes in double over 16 lanes. */
-TFC_HD void tfc_ln_stats(const float *xr, int width, float *mean, float *rstd)
+/* Row statistics as kernel_layernorm_forward_cpu: two passes in double over 16 lanes, lane l
+ * adding the elements l, l + 16, ... in order, the lanes added in tfc_lanes_total's tree.
+ * The kernel gives each lane a thread (16 to a row, the tree through warp shuffles), so
+ * the loads coalesce; the sums, and so the bits, are those of the CPU. */
+TFC_HD double tfc_ln_lane_sum(const float *xr, int width, int lane)
 {
-    double acc[TFC_LANES] = {0};
-    int i = 0;
-    for (; i + TFC_LANES <= width; i += TFC_LANES)
-        for (int j = 0; j < TFC_LANES; j++)
-            acc[j] += (double)xr[i + j];
-    for (int j = 0; i < width; i++, j++)
-        acc[j] += (double)xr[i];
-    const double mu = tfc_lanes_total(acc) / width;
-    for (int j = 0; j < TFC_LANES; j++)
-        acc[j] = 0.0;
-    for (i = 0; i + TFC_LANES <= width; i += TFC_LANES)
-        for (int j = 0; j < TFC_LANES; j++) {
-            const double d = (double)xr[i + j] - mu;
-            acc[j] += d * d;
-        }
-    for (int j = 0; i < width; i++, j++) {
+    double s = 0.0;
+    for (int i = lane; i < width; i += TFC_LANES)
+        s += (double)xr[i];
+    return s;
+}
+
+TFC_HD double tfc_ln_lane_sq(const float *xr, int width, int lane, double mu)
+{
+    double s = 0.0;
+    for (int i = lane; i < width; i += TFC_LANES) {
         const double d = (double)xr[i] - mu;
-        acc[j] += d * d;
+        s += d * d;
     }
-    const double var = tfc_lanes_total(acc) / width;
+    return s;
+}
+
+TFC_HD void tfc_ln_stats_of(double mu, double var, float *mean, float *rstd)
+{
     *mean = (float)mu;
     *rstd = (float)(1.0 / sqrt(var + KERNEL_LAYERNORM_EPS));
 #if TFC_PLANTED == 1
     *rstd = (float)(1.0 / sqrt(var + 1e-2));
 #endif
+}
+
+/* One row, all lanes in one thread (the host test's reference of the kernel). */
+TFC_HD void tfc_ln_stats(const float *xr, int width, float *mean, float *rstd)
+{
+    double acc[TFC_LANES];
+    for (int l = 0; l < TFC_LANES; l++)
+        acc[l] = tfc_ln_lane_sum(xr, width, l);
+    const double mu = tfc_lanes_total(acc) / width;
+    for (int l = 0; l < TFC_LANES; l++)
+        acc[l] = tfc_ln_lane_sq(xr, width, l, mu);
+    tfc_ln_stats_of(mu, tfc_lanes_total(acc) / width, mean, rstd);
 }
 
 /* One element of the normalised output, from the saved float statistics. */
@@ -79,15 +99,37 @@ TFC_HD float tfc_ln_out(float x, float mean, float rstd, float gamma, float beta
     return (x - mean) * rstd * gamma + beta;
 }
 
-/* Column j of dgamma and dbeta (either may be NULL): the rows added in order. */
-TFC_HD void tfc_ln_param_col(float *dgamma, float *dbeta, const float *dy, const float *x,
-                             const float *mean, const float *rstd, int rows, int width, int j)
+/* dgamma and dbeta: the rows in TFC_LN_GROUPS chunks of ⌈rows / groups⌉, each chunk's rows
+ * added in order by one thread (tfc_ln_param_part), then the chunks' sums added in order to
+ * what the column held (tfc_ln_param_col). A thread per column adding all rows left most of
+ * the GPU idle (768 threads for GPT-2). */
+enum { TFC_LN_GROUPS = 32 };
+
+TFC_HD void tfc_ln_param_part(float *g, float *b, const float *dy, const float *x,
+                              const float *mean, const float *rstd, int rows, int width, int j,
+                              int group)
+{
+    const int per = (rows + TFC_LN_GROUPS - 1) / TFC_LN_GROUPS;
+    const int r0 = group * per, r1 = r0 + per < rows ? r0 + per : rows;
+    float sg = 0.0f, sb = 0.0f;
+    for (int r = r0; r < r1; r++) {
+        const size_t at = (size_t)r * width + j;
+        sg += dy[at] * ((x[at] - mean[r]) * rstd[r]);
+        sb += dy[at];
+    }
+    *g = sg;
+    *b = sb;
+}
+
+/* Column j from its groups' sums pg[k], pb[k] (k = 0 .. TFC_LN_GROUPS − 1, stride apart);
+ * either output may be NULL. */
+TFC_HD void tfc_ln_param_add(float *dgamma, float *dbeta, const float *pg, const float *pb,
+                             int stride, int j)
 {
     float g = dgamma ? dgamma[j] : 0.0f, b = dbeta ? dbeta[j] : 0.0f;
-    for (int r = 0; r < rows; r++) {
-        const size_t at = (size_t)r * width + j;
-        g += dy[at] * ((x[at] - mean[r]) * rstd[r]);
-        b += dy[at];
+    for (int k = 0; k < TFC_LN_GROUPS; k++) {
+        g += pg[k * stride];
+        b += pb[k * stride];
     }
 #if TFC_PLANTED == 2
     g *= 1.001f;
@@ -98,30 +140,50 @@ TFC_HD void tfc_ln_param_col(float *dgamma, float *dbeta, const float *dy, const
         dbeta[j] = b;
 }
 
-/* One row of dx = rstd · (g − mean(g) − x̂ · mean(g · x̂)), g = dy · gamma. dx may alias dy
- * (each index is read before it is written, by this thread only). */
+/* Column j of dgamma and dbeta in one thread (the host test's reference of the kernel). */
+TFC_HD void tfc_ln_param_col(float *dgamma, float *dbeta, const float *dy, const float *x,
+                             const float *mean, const float *rstd, int rows, int width, int j)
+{
+    float pg[TFC_LN_GROUPS], pb[TFC_LN_GROUPS];
+    for (int k = 0; k < TFC_LN_GROUPS; k++)
+        tfc_ln_param_part(&pg[k], &pb[k], dy, x, mean, rstd, rows, width, j, k);
+    tfc_ln_param_add(dgamma, dbeta, pg, pb, 1, j);
+}
+
+/* dx = rstd · (g − mean(g) − x̂ · mean(g · x̂)), g = dy · gamma, per row: the two means over
+ * 16 lanes in double as the statistics (lane l: elements l, l + 16, ...), then each element.
+ * dx may alias dy: every element is read, then written, by its lane's thread only. */
+TFC_HD void tfc_ln_dx_lane(double *sg, double *sgx, const float *dy, const float *xr, float mu,
+                           float rs, const float *gamma, int width, int lane)
+{
+    double ag = 0.0, agx = 0.0;
+    for (int j = lane; j < width; j += TFC_LANES) {
+        const float xh = (xr[j] - mu) * rs, g = dy[j] * gamma[j];
+        ag += g;
+        agx += (double)g * xh;
+    }
+    *sg = ag;
+    *sgx = agx;
+}
+
+TFC_HD float tfc_ln_dx_elem(float dy, float x, float gamma, float mu, float rs, float mg,
+                            float mgx)
+{
+    const float xh = (x - mu) * rs, g = dy * gamma;
+    return rs * (g - mg - xh * mgx);
+}
+
+/* One row in one thread (the host test's reference of the kernel). */
 TFC_HD void tfc_ln_dx_row(float *dx, const float *dy, const float *xr, float mu, float rs,
                           const float *gamma, int width)
 {
-    double acc_g[TFC_LANES] = {0}, acc_gx[TFC_LANES] = {0};
-    int j = 0;
-    for (; j + TFC_LANES <= width; j += TFC_LANES)
-        for (int l = 0; l < TFC_LANES; l++) {
-            const float xh = (xr[j + l] - mu) * rs, g = dy[j + l] * gamma[j + l];
-            acc_g[l] += g;
-            acc_gx[l] += (double)g * xh;
-        }
-    for (int l = 0; j < width; j++, l++) {
-        const float xh = (xr[j] - mu) * rs, g = dy[j] * gamma[j];
-        acc_g[l] += g;
-        acc_gx[l] += (double)g * xh;
-    }
+    double acc_g[TFC_LANES], acc_gx[TFC_LANES];
+    for (int l = 0; l < TFC_LANES; l++)
+        tfc_ln_dx_lane(&acc_g[l], &acc_gx[l], dy, xr, mu, rs, gamma, width, l);
     const float mg = (float)(tfc_lanes_total(acc_g) / width);
     const float mgx = (float)(tfc_lanes_total(acc_gx) / width);
-    for (j = 0; j < width; j++) {
-        const float xh = (xr[j] - mu) * rs, g = dy[j] * gamma[j];
-        dx[j] = rs * (g - mg - xh * mgx);
-    }
+    for (int j = 0; j < width; j++)
+        dx[j] = tfc_ln_dx_elem(dy[j], xr[j], gamma[j], mu, rs, mg, mgx);
 }
 
 /* ---- GELU, tanh approximation: x · σ(2u), u = sqrt(2/π)(x + 0.044715 x³), through
@@ -204,11 +266,21 @@ TFC_HD void tfc_embed_tok_grad(float *dwte_row, const float *dout, const int32_t
     dwte_row[j] = acc;
 }
 
-/* ---- fused causal attention, one thread per (sample, head, row) ----
+/* ---- fused causal attention ----
  * Views as kernel_attention_dims: q, k, v of token r at qkv + r·ld (+ C, + 2C), head h's
  * columns h·D ..; y and dy rows C apart. The forward keeps, per (b, h, i), the row's
  * logsumexp lse = m + log Σ_j exp(s_ij − m) of the scaled scores s_ij = scale · q_i·k_j,
- * never the scores themselves; the backward recomputes P_ij = exp(s_ij − lse_i). */
+ * never the scores themselves; the backward recomputes P_ij = exp(s_ij − lse_i).
+ *
+ * Tiled: a block of TFC_ATT_ROWS threads owns as many consecutive rows of one (sample,
+ * head), one row a thread (queries in the forward and dQ, keys in dK and dV), held in
+ * registers; the other side's rows pass through shared memory in tiles of
+ * tfc_att_tile_rows<MAXD> rows, zero-padded to MAXD columns. MAXD, the compile-time bound
+ * on D (16, 32, 64 or 128), keeps the per-row arrays in registers (a runtime bound put them
+ * in local memory, which made the first kernels ~17× slower than PyTorch on GPT-2 shapes).
+ * The padding adds exact zeros, so every sum has the value of the sum over D, taken in the
+ * order of j (or i) as the one-row-per-thread formulation did. The host test runs these
+ * functions block by block and tile by tile, as the kernels do (staging, then each thread). */
 
 typedef struct {
     int T, D, H, ld, C;
@@ -227,6 +299,14 @@ TFC_HD tfc_attn tfc_attn_of(const kernel_attention_dims *d)
     return a;
 }
 
+enum { TFC_ATT_ROWS = 64 };
+
+/* Rows of a staged tile: two tiles of MAXD floats a row in 32 KB of shared memory. */
+template <int MAXD> TFC_HD constexpr int tfc_att_tile_rows()
+{
+    return MAXD <= 64 ? 64 : 4096 / MAXD;
+}
+
 TFC_HD float tfc_dot(const float *a, const float *b, int n)
 {
     float s = 0.0f;
@@ -235,51 +315,119 @@ TFC_HD float tfc_dot(const float *a, const float *b, int n)
     return s;
 }
 
-/* Row i of head h of sample b: y_i = Σ_j softmax_j(s_ij) v_j over j ≤ i, with an online
- * softmax (running maximum m, sum l, output o rescaled when m grows); lse[(b·H + h)·T + i]. */
-TFC_HD void tfc_attn_forward_row(float *y, float *lse, const float *qkv, tfc_attn a, int b,
-                                 int h, int i)
+/* Σ_k a[k]·t[k] over MAXD columns, t a staged row (16-byte aligned: read 4 at a time). */
+template <int MAXD> TFC_HD float tfc_att_dot(const float *a, const float *t)
 {
-    const size_t base = (size_t)b * a.T;
-    const float *q = qkv + (base + i) * a.ld + (size_t)h * a.D;
-    float o[TFC_MAX_HEAD_DIM];
-    for (int k = 0; k < a.D; k++)
-        o[k] = 0.0f;
-    float m = -INFINITY, l = 0.0f;
-    for (int j = 0; j <= i; j++) {
-        const float *kj = qkv + (base + j) * a.ld + a.C + (size_t)h * a.D;
-        const float *vj = kj + a.C;
-        const float s = a.scale * tfc_dot(q, kj, a.D);
-        if (s > m) { /* rescale what was summed against the old maximum */
-            const float c = expf(m - s); /* m = −∞ at first: 0 */
-            l *= c;
-            for (int k = 0; k < a.D; k++)
-                o[k] *= c;
-            m = s;
-        }
-        const float p = expf(s - m);
-        l += p;
-        for (int k = 0; k < a.D; k++)
-            o[k] += p * vj[k];
+    float s = 0.0f;
+    TFC_UNROLL
+    for (int k = 0; k < MAXD; k += 4) {
+        const float4 v = *(const float4 *)(t + k);
+        s += a[k] * v.x;
+        s += a[k + 1] * v.y;
+        s += a[k + 2] * v.z;
+        s += a[k + 3] * v.w;
     }
-    float *yi = y + (base + i) * a.C + (size_t)h * a.D;
-    const float inv = 1.0f / l;
-    for (int k = 0; k < a.D; k++)
-        yi[k] = o[k] * inv;
-#if TFC_PLANTED == 7
-    if (i > 0) yi[0] = o[0];
-#endif
-    lse[((size_t)b * a.H + h) * a.T + i] = m + logf(l);
+    return s;
 }
 
-/* P_ij of the forward, from the saved logsumexp. */
+/* acc[k] += f · t[k] over MAXD columns. */
+template <int MAXD> TFC_HD void tfc_att_axpy(float *acc, float f, const float *t)
+{
+    TFC_UNROLL
+    for (int k = 0; k < MAXD; k += 4) {
+        const float4 v = *(const float4 *)(t + k);
+        acc[k] += f * v.x;
+        acc[k + 1] += f * v.y;
+        acc[k + 2] += f * v.z;
+        acc[k + 3] += f * v.w;
+    }
+}
+
+/* A row of D values into MAXD registers, zero beyond D. */
+template <int MAXD> TFC_HD void tfc_att_load(float *r, const float *src, int D)
+{
+    TFC_UNROLL
+    for (int k = 0; k < MAXD; k++)
+        r[k] = k < D ? src[k] : 0.0f;
+}
+
+/* Element e of a staged tile: column e % MAXD of row r0 + e / MAXD of the view src (rows ld
+ * apart), zero past n rows or D columns. A block's threads stage e = thread, thread + rows, ... */
+template <int MAXD>
+TFC_HD void tfc_att_stage(float *tile, const float *src, size_t ld, int r0, int n, int D, int e)
+{
+    const int r = e / MAXD, c = e % MAXD;
+    tile[e] = r < n && c < D ? src[(size_t)(r0 + r) * ld + c] : 0.0f;
+}
+
+/* The view of part (0 q, 1 k, 2 v) of head h in sample b: row t at + t·ld. */
+TFC_HD const float *tfc_att_view(const float *qkv, tfc_attn a, int b, int h, int part)
+{
+    return qkv + (size_t)b * a.T * a.ld + (size_t)part * a.C + (size_t)h * a.D;
+}
+
+/* -- forward: query row i; y_i = Σ_{j ≤ i} softmax_j(s_ij) v_j with an online softmax (running
+ * maximum m, sum l, output o rescaled when m grows). */
+template <int MAXD> struct tfc_att_fwd {
+    float q[MAXD], o[MAXD], m, l;
+};
+
+template <int MAXD> TFC_HD void tfc_att_fwd_begin(tfc_att_fwd<MAXD> &s, const float *q, int D)
+{
+    tfc_att_load<MAXD>(s.q, q, D);
+    TFC_UNROLL
+    for (int k = 0; k < MAXD; k++)
+        s.o[k] = 0.0f;
+    s.m = -INFINITY;
+    s.l = 0.0f;
+}
+
+/* Keys j0 .. j0 + n − 1, staged in K and V, those ≤ i. */
+template <int MAXD>
+TFC_HD void tfc_att_fwd_tile(tfc_att_fwd<MAXD> &s, const float *K, const float *V, int j0,
+                             int n, int i, float scale)
+{
+    const int last = i - j0 + 1 < n ? i - j0 + 1 : n;
+    for (int jj = 0; jj < last; jj++) {
+        const float sc = scale * tfc_att_dot<MAXD>(s.q, K + jj * MAXD);
+        if (sc > s.m) { /* rescale what was summed against the old maximum */
+            const float c = expf(s.m - sc); /* m = −∞ at first: 0 */
+            s.l *= c;
+    TFC_UNROLL
+            for (int k = 0; k < MAXD; k++)
+                s.o[k] *= c;
+            s.m = sc;
+        }
+        const float p = expf(sc - s.m);
+        s.l += p;
+        tfc_att_axpy<MAXD>(s.o, p, V + jj * MAXD);
+    }
+}
+
+template <int MAXD>
+TFC_HD void tfc_att_fwd_end(const tfc_att_fwd<MAXD> &s, float *yi, float *lse_i, int D, int i)
+{
+    const float inv = 1.0f / s.l;
+    TFC_UNROLL
+    for (int k = 0; k < MAXD; k++) /* constant indices: the arrays stay in registers */
+        if (k < D)
+            yi[k] = s.o[k] * inv;
+#if TFC_PLANTED == 7
+    if (i > 0) yi[0] = s.o[0];
+#endif
+    (void)i;
+    *lse_i = s.m + logf(s.l);
+}
+
+/* P_ij of the forward, from the saved logsumexp (global rows: seq 1's Δ below). */
 TFC_HD float tfc_attn_p(const float *q, const float *kj, float lse_i, tfc_attn a)
 {
     return expf(a.scale * tfc_dot(q, kj, a.D) - lse_i);
 }
 
 /* Δ_i = Σ_{j ≤ i} P_ij (dO_i · v_j) = rowsum(P ∘ dP), which the softmax backward subtracts
- * (= dO_i · O_i without needing the forward's output). */
+ * (= dO_i · O_i without needing the forward's output), from global rows: for seq 1, whose
+ * saved area cannot hold Δ. */
 TFC_HD float tfc_attn_delta(const float *dy, const float *qkv, const float *lse, tfc_attn a,
                             int b, int h, int i)
 {
@@ -295,65 +443,109 @@ TFC_HD float tfc_attn_delta(const float *dy, const float *qkv, const float *lse,
     return delta;
 }
 
-/* dQ_i = scale Σ_{j ≤ i} P_ij (dO_i·v_j − Δ_i) k_j (overwritten), and Δ_i into delta[(b·H +
- * h)·T + i] when delta is given (the dK/dV kernel reads it). */
-TFC_HD void tfc_attn_dq_row(float *dq, float *delta, const float *dy, const float *qkv,
-                            const float *lse, tfc_attn a, int b, int h, int i)
+/* -- dQ, query row i, in two passes over the keys j ≤ i: Δ_i first, then
+ * dQ_i = scale Σ_j P_ij (dO_i·v_j − Δ_i) k_j (overwritten); Δ_i kept for dK. */
+template <int MAXD> struct tfc_att_dq {
+    float q[MAXD], g[MAXD], acc[MAXD], L, dl;
+};
+
+template <int MAXD>
+TFC_HD void tfc_att_dq_begin(tfc_att_dq<MAXD> &s, const float *q, const float *g, float L,
+                             int D)
 {
-    const size_t base = (size_t)b * a.T;
-    const float *q = qkv + (base + i) * a.ld + (size_t)h * a.D;
-    const float *g = dy + (base + i) * a.C + (size_t)h * a.D;
-    const float L = lse[((size_t)b * a.H + h) * a.T + i];
-    const float dl = tfc_attn_delta(dy, qkv, lse, a, b, h, i);
-    float acc[TFC_MAX_HEAD_DIM];
-    for (int k = 0; k < a.D; k++)
-        acc[k] = 0.0f;
-    for (int j = 0; j <= i; j++) {
-        const float *kj = qkv + (base + j) * a.ld + a.C + (size_t)h * a.D;
-        const float ds = tfc_attn_p(q, kj, L, a) * (tfc_dot(g, kj + a.C, a.D) - dl);
-        for (int k = 0; k < a.D; k++)
-            acc[k] += ds * kj[k];
-    }
-    float *o = dq + (base + i) * a.ld + (size_t)h * a.D;
-    for (int k = 0; k < a.D; k++)
-        o[k] = a.scale * acc[k];
-    if (delta)
-        delta[((size_t)b * a.H + h) * a.T + i] = dl;
+    tfc_att_load<MAXD>(s.q, q, D);
+    tfc_att_load<MAXD>(s.g, g, D);
+    TFC_UNROLL
+    for (int k = 0; k < MAXD; k++)
+        s.acc[k] = 0.0f;
+    s.L = L;
+    s.dl = 0.0f;
 }
 
-/* Key row j: dV_j = Σ_{i ≥ j} P_ij dO_i and dK_j = scale Σ_{i ≥ j} P_ij (dO_i·v_j − Δ_i) q_i
- * (both overwritten), queries in order. delta NULL: Δ_i recomputed here (a saved area too
- * small to hold it, seq 1). */
-TFC_HD void tfc_attn_dkv_row(float *dk, float *dv, const float *delta, const float *dy,
-                             const float *qkv, const float *lse, tfc_attn a, int b, int h,
-                             int j)
+template <int MAXD>
+TFC_HD void tfc_att_dq_delta_tile(tfc_att_dq<MAXD> &s, const float *K, const float *V, int j0,
+                                  int n, int i, float scale)
 {
-    const size_t base = (size_t)b * a.T;
-    const float *kj = qkv + (base + j) * a.ld + a.C + (size_t)h * a.D, *vj = kj + a.C;
-    float ak[TFC_MAX_HEAD_DIM], av[TFC_MAX_HEAD_DIM];
-    for (int k = 0; k < a.D; k++)
-        ak[k] = av[k] = 0.0f;
-    for (int i = j; i < a.T; i++) {
-        const float *q = qkv + (base + i) * a.ld + (size_t)h * a.D;
-        const float *g = dy + (base + i) * a.C + (size_t)h * a.D;
-        const size_t row = ((size_t)b * a.H + h) * a.T + i;
-        const float p = tfc_attn_p(q, kj, lse[row], a);
-        const float dl = delta ? delta[row] : tfc_attn_delta(dy, qkv, lse, a, b, h, i);
-        const float ds = p * (tfc_dot(g, vj, a.D) - dl);
-        for (int k = 0; k < a.D; k++) {
-            av[k] += p * g[k];
-            ak[k] += ds * q[k];
+    const int last = i - j0 + 1 < n ? i - j0 + 1 : n;
+    for (int jj = 0; jj < last; jj++) {
+        const float p = expf(scale * tfc_att_dot<MAXD>(s.q, K + jj * MAXD) - s.L);
+        s.dl += p * tfc_att_dot<MAXD>(s.g, V + jj * MAXD);
+    }
+}
+
+template <int MAXD>
+TFC_HD void tfc_att_dq_tile(tfc_att_dq<MAXD> &s, const float *K, const float *V, int j0, int n,
+                            int i, float scale)
+{
+    const int last = i - j0 + 1 < n ? i - j0 + 1 : n;
+    for (int jj = 0; jj < last; jj++) {
+        const float *kj = K + jj * MAXD;
+        const float p = expf(scale * tfc_att_dot<MAXD>(s.q, kj) - s.L);
+        const float ds = p * (tfc_att_dot<MAXD>(s.g, V + jj * MAXD) - s.dl);
+        tfc_att_axpy<MAXD>(s.acc, ds, kj);
+    }
+}
+
+template <int MAXD>
+TFC_HD void tfc_att_dq_end(const tfc_att_dq<MAXD> &s, float *dqi, float *delta_i, int D,
+                           float scale)
+{
+    TFC_UNROLL
+    for (int k = 0; k < MAXD; k++)
+        if (k < D)
+            dqi[k] = scale * s.acc[k];
+    if (delta_i)
+        *delta_i = s.dl;
+}
+
+/* -- dK and dV, key row j, over the queries i ≥ j in order: dV_j = Σ_i P_ij dO_i and
+ * dK_j = scale Σ_i P_ij (dO_i·v_j − Δ_i) q_i (overwritten). Two kernels (the dV one without
+ * v_j and dK's accumulator): a thread holding k, v and both sums would not fit its
+ * registers at D = 64. Staged per query tile: Q, dO, lse and Δ. */
+template <int MAXD, bool DK> struct tfc_att_dkv {
+    float k[MAXD], v[DK ? MAXD : 1], acc[MAXD];
+};
+
+template <int MAXD, bool DK>
+TFC_HD void tfc_att_dkv_begin(tfc_att_dkv<MAXD, DK> &s, const float *kj, const float *vj,
+                              int D)
+{
+    tfc_att_load<MAXD>(s.k, kj, D);
+    if (DK)
+        tfc_att_load<MAXD>(s.v, vj, D);
+    TFC_UNROLL
+    for (int k = 0; k < MAXD; k++)
+        s.acc[k] = 0.0f;
+}
+
+/* Queries i0 .. i0 + n − 1, staged (Q, G = dO, their lse L and Δ dl), those ≥ j. */
+template <int MAXD, bool DK>
+TFC_HD void tfc_att_dkv_tile(tfc_att_dkv<MAXD, DK> &s, const float *Q, const float *G,
+                             const float *L, const float *dl, int i0, int n, int j, float scale)
+{
+    for (int ii = j > i0 ? j - i0 : 0; ii < n; ii++) {
+        const float p = expf(scale * tfc_att_dot<MAXD>(s.k, Q + ii * MAXD) - L[ii]);
+        if (DK) {
+            const float ds = p * (tfc_att_dot<MAXD>(s.v, G + ii * MAXD) - dl[ii]);
+            tfc_att_axpy<MAXD>(s.acc, ds, Q + ii * MAXD);
+        } else {
+            tfc_att_axpy<MAXD>(s.acc, p, G + ii * MAXD);
         }
     }
+}
+
+template <int MAXD, bool DK>
+TFC_HD void tfc_att_dkv_end(const tfc_att_dkv<MAXD, DK> &s, float *out_j, int D, float scale,
+                            int j)
+{
+    TFC_UNROLL
+    for (int k = 0; k < MAXD; k++)
+        if (k < D)
+            out_j[k] = DK ? scale * s.acc[k] : s.acc[k];
 #if TFC_PLANTED == 8
-    if (j == 0) av[0] = 0.0f;
+    if (!DK && j == 0) out_j[0] = 0.0f;
 #endif
-    float *ok = dk + (base + j) * a.ld + (size_t)h * a.D;
-    float *ov = dv + (base + j) * a.ld + (size_t)h * a.D;
-    for (int k = 0; k < a.D; k++) {
-        ok[k] = a.scale * ak[k];
-        ov[k] = av[k];
-    }
+    (void)j;
 }
 
 /* Where the attention keeps its logsumexp and Δ in the probs area the layer gives it

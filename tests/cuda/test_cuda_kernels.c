@@ -677,9 +677,11 @@ static void run_gpu_cases(int devices)
     run_transformer_cases();
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    /* --bench: the transformer kernels' times at GPT-2 shapes instead of the checks */
+    const int bench = argc > 1 && strcmp(argv[1], "--bench") == 0;
     test_rng_host();
 
     /* Without a driver cudaGetDeviceCount fails and leaves the count unwritten. */
@@ -703,6 +705,10 @@ int main(void)
                prop.major, prop.minor, prop.multiProcessorCount);
     if (kernel_cuda_ctx_init(&ctx, 0) != 0)
         fatal(pt_error_get());
+    if (bench) {
+        run_transformer_bench();
+        finish_and_exit(0);
+    }
     run_gpu_cases(devices);
     print_summary();
     finish_and_exit(failed ? 1 : 0);

@@ -70,10 +70,10 @@ static void test_embedding_cuda(int n, int seq, int width, int vocab)
     char shape[64];
     snprintf(shape, sizeof shape, "n=%d T=%d C=%d V=%d", n, seq, width, vocab);
     const size_t rows = (size_t)n * seq, cnt = rows * width, fs = sizeof(float);
-    float *ids = hmalloc(rows * fs);
+    float *ids = rand_f(rows, 0, 1); /* one draw per row in one buffer (the harness holds 64) */
     int32_t *tok = hmalloc(rows * sizeof(int32_t));
     for (size_t r = 0; r < rows; r++) {
-        ids[r] = (float)(int)(rand_f(1, 0, 1)[0] * vocab);
+        ids[r] = (float)(int)(ids[r] * vocab);
         tok[r] = (int32_t)ids[r];
     }
     float *wte = rand_f((size_t)vocab * width, -1, 1), *wpe = rand_f((size_t)seq * width, -1, 1);
@@ -147,7 +147,8 @@ static void test_xent_rows_cuda(int n, int classes)
     const size_t cnt = (size_t)n * classes, fs = sizeof(float);
     float *x = rand_f(cnt, -4, 4), *dl = hmalloc(cnt * fs);
     int32_t *lab = hmalloc((size_t)n * sizeof(int32_t));
-    for (int i = 0; i < n; i++) lab[i] = (int32_t)(rand_f(1, 0, 1)[0] * classes);
+    const float *u = rand_f((size_t)n, 0, 1);
+    for (int i = 0; i < n; i++) lab[i] = (int32_t)(u[i] * classes);
     int right = 0;
     double loss = kernel_softmax_xent_cpu(dl, &right, x, lab, n, classes, 0.5f);
     float *d_x = dcopy(x, cnt * fs), *d_dl = dmalloc(cnt * fs);
@@ -196,4 +197,176 @@ static void run_transformer_cases(void)
     test_xent_rows_cuda(7, 10);          /* one block: the one-block kernel */
     test_xent_rows_cuda(1000, 257);
     test_xent_rows_cuda(4099, 1031);
+}
+
+/* ---- --bench: each transformer kernel's time at GPT-2 124M shapes (information, not a
+ * check): where a step's time goes. Batch 4 × 1024 tokens, 12 heads of 64, width 768,
+ * vocabulary 50257; CUDA events around `reps` calls after one warm-up call. */
+
+typedef int (*bench_fn)(void *arg);
+
+static void bench_one(const char *what, double flops, bench_fn f, void *arg)
+{
+    const int reps = 10;
+    cudaEvent_t e0, e1;
+    must(cudaEventCreate(&e0) == cudaSuccess ? 0 : pt_error_set("cudaEventCreate"));
+    must(cudaEventCreate(&e1) == cudaSuccess ? 0 : pt_error_set("cudaEventCreate"));
+    must(f(arg));
+    must(cudaEventRecord(e0, ctx.stream) == cudaSuccess ? 0 : pt_error_set("cudaEventRecord"));
+    for (int r = 0; r < reps; r++)
+        must(f(arg));
+    must(cudaEventRecord(e1, ctx.stream) == cudaSuccess ? 0 : pt_error_set("cudaEventRecord"));
+    must(cudaEventSynchronize(e1) == cudaSuccess ? 0 : pt_error_set("%s failed", what));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    ms /= reps;
+    printf("bench %-34s %9.3f ms", what, ms);
+    if (flops > 0)
+        printf("  %7.2f TFLOP/s", flops / (ms * 1e-3) / 1e12);
+    printf("\n");
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
+typedef struct {
+    float *qkv, *y, *lse, *dy, *dqkv, *x, *out, *mean, *rstd, *g, *b, *dx, *dg, *db, *h, *dh;
+    float *ids, *wte, *wpe, *dwte, *dwpe, *logits, *dlogits, *w, *dw;
+    int32_t *tok, *lab;
+    double *loss, *part;
+    int *right, *pr;
+    kernel_attention_dims ad;
+    int rows, C, V;
+} bench_bufs;
+
+static int b_att_f(void *p)
+{
+    bench_bufs *u = p;
+    return kernel_attention_forward_cuda(u->y, u->lse, u->qkv, &u->ad, NULL, &ctx);
+}
+static int b_att_b(void *p)
+{
+    bench_bufs *u = p;
+    return kernel_attention_backward_cuda(u->dqkv, u->lse, u->dy, u->qkv, &u->ad, NULL, &ctx);
+}
+static int b_ln_f(void *p)
+{
+    bench_bufs *u = p;
+    return kernel_layernorm_forward_cuda(u->out, u->mean, u->rstd, u->x, u->g, u->b, u->rows,
+                                         u->C, &ctx);
+}
+static int b_ln_b(void *p)
+{
+    bench_bufs *u = p;
+    return kernel_layernorm_backward_cuda(u->dx, u->dg, u->db, u->out, u->x, u->mean, u->rstd,
+                                          u->g, u->rows, u->C, &ctx);
+}
+static int b_gelu_f(void *p)
+{
+    bench_bufs *u = p;
+    return kernel_gelu_forward_cuda(u->dh, u->h, (size_t)u->rows * 4 * u->C, &ctx);
+}
+static int b_gelu_b(void *p)
+{
+    bench_bufs *u = p;
+    return kernel_gelu_backward_cuda(u->dh, u->h, u->h, (size_t)u->rows * 4 * u->C, &ctx);
+}
+static int b_emb_f(void *p)
+{
+    bench_bufs *u = p;
+    return kernel_embedding_forward_cuda(u->out, u->tok, u->ids, u->wte, u->wpe, 4,
+                                         u->rows / 4, u->C, u->V, &ctx);
+}
+static int b_emb_b(void *p)
+{
+    bench_bufs *u = p;
+    return kernel_embedding_backward_cuda(u->dwte, u->dwpe, u->tok, u->out, u->ids, 4,
+                                          u->rows / 4, u->C, u->V, &ctx);
+}
+static int b_xent(void *p)
+{
+    bench_bufs *u = p;
+    return kernel_softmax_xent_rows_cuda(u->dlogits, u->right, u->loss, u->logits, u->lab,
+                                         u->rows, u->V, 1.0f / u->rows, u->part, u->pr, &ctx);
+}
+static int b_mlp_f(void *p)
+{
+    bench_bufs *u = p;
+    return kernel_dense_forward_cuda(u->h, u->x, u->w, NULL, u->rows, u->C, 4 * u->C, &ctx);
+}
+static int b_mlp_b(void *p)
+{
+    bench_bufs *u = p;
+    return kernel_dense_backward_cuda(u->dx, u->dw, NULL, u->dh, u->x, u->w, u->rows, u->C,
+                                      4 * u->C, &ctx);
+}
+static int b_head_f(void *p)
+{
+    bench_bufs *u = p;
+    return kernel_dense_forward_cuda(u->logits, u->x, u->wte, NULL, u->rows, u->C, u->V, &ctx);
+}
+
+static void run_transformer_bench(void)
+{
+    bench_bufs u = {0};
+    const int B = 4, T = 1024, H = 12, D = 64;
+    u.C = H * D;
+    u.V = 50257;
+    u.rows = B * T;
+    u.ad = (kernel_attention_dims){B, T, H, D, 3 * u.C};
+    const size_t fs = sizeof(float), R = (size_t)u.rows, C = (size_t)u.C, V = (size_t)u.V;
+    u.qkv = dcopy(rand_f(R * 3 * C, -1, 1), R * 3 * C * fs);
+    u.dy = dcopy(rand_f(R * C, -1, 1), R * C * fs);
+    u.y = dmalloc(R * C * fs);
+    u.dqkv = dmalloc(R * 3 * C * fs);
+    u.lse = dmalloc(2 * (size_t)B * H * T * fs);
+    u.x = dcopy(rand_f(R * C, -2, 2), R * C * fs);
+    u.out = dmalloc(R * C * fs);
+    u.dx = dmalloc(R * C * fs);
+    u.mean = dmalloc(R * fs);
+    u.rstd = dmalloc(R * fs);
+    u.g = dcopy(rand_f(C, 0.5f, 1.5f), C * fs);
+    u.b = dcopy(rand_f(C, -1, 1), C * fs);
+    u.dg = dmalloc(C * fs);
+    u.db = dmalloc(C * fs);
+    u.h = dcopy(rand_f(R * 4 * C, -3, 3), R * 4 * C * fs);
+    u.dh = dmalloc(R * 4 * C * fs);
+    float *ids = rand_f(R, 0, 1);
+    int32_t *lab = hmalloc(R * sizeof(int32_t));
+    for (size_t r = 0; r < R; r++) {
+        ids[r] = (float)(int)(ids[r] * (float)V);
+        lab[r] = (int32_t)ids[r];
+    }
+    u.ids = dcopy(ids, R * fs);
+    u.lab = dcopy(lab, R * sizeof(int32_t));
+    u.tok = dmalloc(R * sizeof(int32_t));
+    u.wte = dcopy(rand_f(V * C, -0.1f, 0.1f), V * C * fs);
+    u.wpe = dcopy(rand_f((size_t)T * C, -0.1f, 0.1f), (size_t)T * C * fs);
+    u.dwte = dmalloc(V * C * fs);
+    u.dwpe = dmalloc((size_t)T * C * fs);
+    u.w = dcopy(rand_f(4 * C * C, -0.1f, 0.1f), 4 * C * C * fs);
+    u.dw = dmalloc(4 * C * C * fs);
+    u.logits = dmalloc(R * V * fs);
+    u.dlogits = dmalloc(R * V * fs);
+    u.loss = dmalloc(sizeof(double));
+    u.part = dmalloc(KERNEL_XENT_PARTS * sizeof(double));
+    u.right = dmalloc(sizeof(int));
+    u.pr = dmalloc(KERNEL_XENT_PARTS * sizeof(int));
+    must(kernel_dense_forward_cuda(u.logits, u.x, u.wte, NULL, u.rows, u.C, u.V, &ctx));
+    /* causal attention: QKᵀ and PV over half the T² pairs, 2 FLOPs a multiply-add */
+    const double att = 2.0 * 2.0 * B * H * (double)T * T / 2 * D;
+    printf("bench: GPT-2 124M shapes, batch %d x %d tokens, %d heads of %d, vocabulary %d\n",
+           B, T, H, D, u.V);
+    bench_one("attention forward", att, b_att_f, &u);
+    bench_one("attention backward", 2.5 * att, b_att_b, &u);
+    bench_one("layernorm forward", 0, b_ln_f, &u);
+    bench_one("layernorm backward", 0, b_ln_b, &u);
+    bench_one("gelu forward (4C)", 0, b_gelu_f, &u);
+    bench_one("gelu backward (4C)", 0, b_gelu_b, &u);
+    bench_one("embedding forward", 0, b_emb_f, &u);
+    bench_one("embedding backward", 0, b_emb_b, &u);
+    bench_one("softmax xent rows (V)", 0, b_xent, &u);
+    bench_one("dense C->4C forward (sgemm)", 2.0 * R * C * 4 * C, b_mlp_f, &u);
+    bench_one("dense C->4C backward (2 sgemm)", 4.0 * R * C * 4 * C, b_mlp_b, &u);
+    bench_one("head C->V forward (sgemm)", 2.0 * R * C * V, b_head_f, &u);
+    free_case();
 }
