@@ -1,4 +1,6 @@
-/* 2-D convolution on the GPU: im2col + cuBLAS, as the CPU kernel's sample-major order.
+/* 2-D convolution on the GPU: im2col + cuBLAS, as the CPU kernel's sample-major order. The
+ * products go through kernel_cuda_gemm* (precision.cu) in the context's precision; FP32 is
+ * the plain sgemm calls named below.
  *
  * col[c·k·k][n·P] (P = oh·ow) holds one column per (sample, output pixel). Then
  *   forward:  out[s] = w[F × ckk] · col[:, s·P .. s·P+P)   one strided-batched sgemm whose
@@ -170,11 +172,10 @@ extern "C" int kernel_conv2d_forward_cuda(float *out, float *work, const float *
     /* Per sample s: out[s]ᵀ[P × F] = col_sᵀ[P × kk] · wᵀ[kk × F]. col_sᵀ is the column-major
      * view of col starting at column s·P with leading dimension n·P; wᵀ is w's buffer. */
     const float one = 1.0f, beta = b ? 1.0f : 0.0f;
-    CUBLAS_CHECK(cublasSgemmStridedBatched(ctx->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)g.plane,
-                                           g.f, g.kk, &one, col, (int)g.cols, g.plane, w,
-                                           g.kk, 0, &beta, out, (int)g.plane,
-                                           (long long)g.f * g.plane, g.n));
-    return 0;
+    return kernel_cuda_gemm_strided_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, (int)g.plane, g.f,
+                                            g.kk, &one, col, (int)g.cols, g.plane, w, g.kk, 0,
+                                            &beta, out, (int)g.plane,
+                                            (long long)g.f * g.plane, g.n);
 }
 
 /* The backward's parts (CONV_WEIGHT, CONV_INPUT), as the CPU's conv_backward: each half
@@ -209,14 +210,16 @@ static int conv_backward(float *din, float *dw, float *db, float *work, const fl
         CUDA_CHECK_LAUNCH("conv_im2col");
         /* dwᵀ[kk × F] += col[kk × nP] · dyᵀ[nP × F]; col's buffer is colᵀ to cuBLAS (op T),
          * dy's buffer is dyᵀ (op N). */
-        CUBLAS_CHECK(cublasSgemm(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, g.kk, g.f, (int)g.cols,
-                                 &one, col, (int)g.cols, dy, (int)g.cols, &one, dw, g.kk));
+        if (kernel_cuda_gemm(ctx, CUBLAS_OP_T, CUBLAS_OP_N, g.kk, g.f, (int)g.cols, &one, col,
+                             (int)g.cols, dy, (int)g.cols, &one, dw, g.kk) != 0)
+            return -1;
     }
     if (!(parts & CONV_INPUT) || !din)
         return 0;
     /* dcolᵀ[nP × kk] = dyᵀ[nP × F] · w[F × kk], written over col (dw no longer needs it). */
-    CUBLAS_CHECK(cublasSgemm(ctx->blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)g.cols, g.kk, g.f, &one,
-                             dy, (int)g.cols, w, g.kk, &zero, col, (int)g.cols));
+    if (kernel_cuda_gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_T, (int)g.cols, g.kk, g.f, &one, dy,
+                         (int)g.cols, w, g.kk, &zero, col, (int)g.cols) != 0)
+        return -1;
     const size_t icount = (size_t)g.n * g.c * g.h * g.w;
     conv_col2im<<<cuda_grid(icount), CUDA_THREADS, 0, ctx->stream>>>(din, col, g);
     CUDA_CHECK_LAUNCH("conv_col2im");

@@ -1,7 +1,9 @@
-/* The CUDA kernel context: a stream and a cuBLAS handle that runs on it. */
+/* The CUDA kernel context: a stream, a cuBLAS handle that runs on it, the precision of the
+ * products and the scratch of their bf16 operands (kernels/cuda/precision.cu). */
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/kernels_cuda.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* Each step records its own error; on failure what was created so far is released, so
@@ -35,8 +37,13 @@ static int ctx_create(kernel_cuda_ctx *c, int device)
     CUBLAS_CHECK(cublasCreate(&c->blas));
     CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
     /* Explicitly the default: float32 products in float32, never TF32 (whose 10-bit
-     * mantissa would be ~1e-3 off the CPU reference). */
+     * mantissa would be ~1e-3 off the CPU reference). --precision tf32 asks for TF32 per
+     * product (cublasGemmEx's compute type), never through this mode. */
     CUBLAS_CHECK(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+    c->precision = KERNEL_CUDA_FP32;
+    /* Host memory, so that kernels given a const context can still grow the device part. */
+    c->bf16 = (kernel_cuda_scratch *)calloc(1, sizeof *c->bf16);
+    if (!c->bf16) return pt_error_set("CUDA context: out of host memory");
     return 0;
 }
 
@@ -56,8 +63,15 @@ void kernel_cuda_ctx_free(kernel_cuda_ctx *c)
         (void)cudaStreamSynchronize(c->stream);
     if (c->blas)
         (void)cublasDestroy(c->blas);
+    if (c->bf16) {
+        if (c->bf16->p)
+            (void)cudaFree(c->bf16->p); /* after the wait above: no product reads it */
+        free(c->bf16);
+    }
     if (c->stream)
         (void)cudaStreamDestroy(c->stream);
     c->blas = NULL;
     c->stream = NULL;
+    c->bf16 = NULL;
+    c->precision = KERNEL_CUDA_FP32;
 }

@@ -1,4 +1,5 @@
-/* Fully connected layer through cuBLAS.
+/* Fully connected layer through cuBLAS, every product in the context's precision
+ * (kernel_cuda_gemm, precision.cu; FP32 is plain cublasSgemm).
  *
  * cuBLAS is column-major; a row-major matrix X[r][c] is, to cuBLAS, the column-major
  * matrix Xᵀ (c × r) with the same leading dimension. Each row-major product C = A·B is
@@ -7,7 +8,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/kernels_cuda.h"
 
-/* out[i][j] = b[j]: the sgemm then accumulates onto it (beta = 1), as the CPU kernel does. */
+/* out[i][j] = b[j]: the product then accumulates onto it (beta = 1), as the CPU kernel does. */
 __global__ static void dense_bias_broadcast(float *out, const float *b, size_t rows,
                                             size_t cols)
 {
@@ -62,9 +63,8 @@ extern "C" int kernel_dense_forward_cuda(float *out, const float *in, const floa
     }
     const float one = 1.0f, beta = b ? 1.0f : 0.0f;
     /* outᵀ[out_f × n] = w[out_f × in_f] · inᵀ[in_f × n]; the buffer of w is wᵀ to cuBLAS. */
-    CUBLAS_CHECK(cublasSgemm(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, out_f, n, in_f, &one, w,
-                             in_f, in, in_f, &beta, out, out_f));
-    return 0;
+    return kernel_cuda_gemm(ctx, CUBLAS_OP_T, CUBLAS_OP_N, out_f, n, in_f, &one, w, in_f, in,
+                            in_f, &beta, out, out_f);
 }
 
 /* The backward's halves (kernels.h): the fused call is the weight half then the input
@@ -79,8 +79,9 @@ extern "C" int kernel_dense_backward_weight_cuda(float *dw, float *db, const flo
         return 0; /* nothing to accumulate */
     const float one = 1.0f;
     /* dwᵀ[in_f × out_f] += inᵀ[in_f × n] · dout[n × out_f]. */
-    CUBLAS_CHECK(cublasSgemm(ctx->blas, CUBLAS_OP_N, CUBLAS_OP_T, in_f, out_f, n, &one, in,
-                             in_f, dout, out_f, &one, dw, in_f));
+    if (kernel_cuda_gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_T, in_f, out_f, n, &one, in, in_f, dout,
+                         out_f, &one, dw, in_f) != 0)
+        return -1;
     if (db) {
         const dim3 block(32, DENSE_SUM_ROWS);
         dense_column_sum<<<(out_f + 31) / 32, block, 0, ctx->stream>>>(db, dout, n, out_f,
@@ -100,9 +101,8 @@ extern "C" int kernel_dense_backward_input_cuda(float *din, const float *dout, c
         return 0; /* din has no elements */
     const float one = 1.0f, zero = 0.0f;
     /* dinᵀ[in_f × n] = wᵀ[in_f × out_f] · doutᵀ[out_f × n]. */
-    CUBLAS_CHECK(cublasSgemm(ctx->blas, CUBLAS_OP_N, CUBLAS_OP_N, in_f, n, out_f, &one, w,
-                             in_f, dout, out_f, &zero, din, in_f));
-    return 0;
+    return kernel_cuda_gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_N, in_f, n, out_f, &one, w, in_f, dout,
+                            out_f, &zero, din, in_f);
 }
 
 extern "C" int kernel_dense_backward_cuda(float *din, float *dw, float *db, const float *dout,
@@ -114,7 +114,7 @@ extern "C" int kernel_dense_backward_cuda(float *din, float *dw, float *db, cons
     return din ? kernel_dense_backward_input_cuda(din, dout, w, n, in_f, out_f, ctx) : 0;
 }
 
-/* Output units [u0, u0 + units) of the weight gradient, written: one sgemm with beta = 0 over
+/* Output units [u0, u0 + units) of the weight gradient, written: one product, beta = 0, over
  * the units' columns of dout (leading dimension out_f), and their column sums. */
 extern "C" int kernel_dense_weight_grad_units_cuda(float *dw, float *db, const float *dout,
                                                    const float *in, int n, int in_f, int out_f,
@@ -137,8 +137,9 @@ extern "C" int kernel_dense_weight_grad_units_cuda(float *dw, float *db, const f
     }
     const float one = 1.0f, zero = 0.0f;
     /* dwuᵀ[in_f × units] = inᵀ[in_f × n] · dout[n × u0..u0+units). */
-    CUBLAS_CHECK(cublasSgemm(ctx->blas, CUBLAS_OP_N, CUBLAS_OP_T, in_f, units, n, &one, in,
-                             in_f, dout + u0, out_f, &zero, dwu, in_f));
+    if (kernel_cuda_gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_T, in_f, units, n, &one, in, in_f,
+                         dout + u0, out_f, &zero, dwu, in_f) != 0)
+        return -1;
     if (db) {
         const dim3 block(32, DENSE_SUM_ROWS);
         dense_column_sum<<<(units + 31) / 32, block, 0, ctx->stream>>>(db + u0, dout + u0, n,

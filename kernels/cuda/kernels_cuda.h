@@ -16,7 +16,8 @@
  * Results agree with the CPU kernels to float rounding (dense, conv, sigmoid and tanh
  * forward, softmax cross-entropy) or bit for bit (pooling, relu and linear, every
  * activation backward, bias add, dropout masks and values, initialisation, bytes_to_float,
- * optimizer updates); tests/cuda/test_cuda_kernels.c checks both on a GPU.
+ * optimizer updates); tests/cuda/test_cuda_kernels.c checks both on a GPU. That is in the
+ * context's default precision, FP32; TF32 and BF16 (below) round the products' operands.
  *
  * Random numbers come from cuRAND's device API (curandStatePhilox4_32_10): curand_init(seed,
  * subsequence = stream, offset = 4·block) followed by curand4 yields exactly the Philox block
@@ -37,22 +38,68 @@ extern "C" {
 
 #include "kernels/kernels.h"
 
-/* One stream and one cuBLAS handle bound to it. Plain struct owned by the caller. */
+/* How the matrix products of the dense and conv kernels multiply (--precision, issue 25).
+ * Everything else (bias, sums, activations, norms, softmax, optimizers) is float32 always.
+ *   FP32: cublasSgemm on CUDA cores, full float32 (the CPU kernels' results to rounding).
+ *   TF32: cublasGemmEx with float32 storage and CUBLAS_COMPUTE_32F_FAST_TF32: tensor cores
+ *         take each operand element with a 10-bit mantissa, accumulate in float32.
+ *   BF16: both operands converted to bfloat16 (round to nearest even) into the context's
+ *         scratch, then cublasGemmEx with bf16 inputs and a float32 accumulator and output
+ *         (CUBLAS_COMPUTE_32F): the autocast-like scheme. */
+typedef enum {
+    KERNEL_CUDA_FP32 = 0,
+    KERNEL_CUDA_TF32,
+    KERNEL_CUDA_BF16,
+} kernel_cuda_precision;
+
+/* Device scratch for the bf16 copies of a product's operands (kernels/cuda/precision.cu). */
+typedef struct {
+    void *p;
+    size_t bytes;
+} kernel_cuda_scratch;
+
+/* One stream and one cuBLAS handle bound to it. Plain struct owned by the caller.
+ * precision: FP32 after init; the owner sets it before queuing work. bf16: the scratch
+ * (host struct allocated by init, so that kernels taking a const context can grow it),
+ * used in stream order: products on the one stream never overlap. */
 typedef struct {
     cudaStream_t stream;
     cublasHandle_t blas;
+    kernel_cuda_precision precision;
+    kernel_cuda_scratch *bf16;
 } kernel_cuda_ctx;
 
+/* "fp32", "tf32", "bf16" (NULL for another value). */
+static inline const char *kernel_cuda_precision_name(kernel_cuda_precision p)
+{
+    return p == KERNEL_CUDA_FP32 ? "fp32" : p == KERNEL_CUDA_TF32 ? "tf32"
+           : p == KERNEL_CUDA_BF16 ? "bf16" : NULL;
+}
+
 /* Selects `device` as the calling thread's current device and creates a non-blocking
- * stream and a cuBLAS handle on it (default math: full float32, no TF32). Returns −1 with
- * a message ("no CUDA device: cudaGetDeviceCount: ...") when there is no usable device. On
- * failure *c holds nothing to free. */
+ * stream and a cuBLAS handle on it (default math: full float32, no TF32; precision FP32).
+ * Returns −1 with a message ("no CUDA device: cudaGetDeviceCount: ...") when there is no
+ * usable device. On failure *c holds nothing to free. */
 int kernel_cuda_ctx_init(kernel_cuda_ctx *c, int device);
-/* Releases the handle and the stream (pending work is waited for) and clears the members;
- * safe on a zeroed or already freed context. */
+/* Releases the handle, the stream (pending work is waited for) and the bf16 scratch, and
+ * clears the members; safe on a zeroed or already freed context. */
 void kernel_cuda_ctx_free(kernel_cuda_ctx *c);
 
-/* ---- dense (cuBLAS sgemm); db is summed by a kernel ---- */
+/* C = alpha·op(A)·op(B) + beta·C, cublasSgemm's arguments and meaning, in ctx->precision:
+ * FP32 is that very cublasSgemm call (the same bits as before precisions existed). The
+ * dense and conv kernels make every product through these two. */
+int kernel_cuda_gemm(const kernel_cuda_ctx *ctx, cublasOperation_t ta, cublasOperation_t tb,
+                     int m, int n, int k, const float *alpha, const float *a, int lda,
+                     const float *b, int ldb, const float *beta, float *c, int ldc);
+/* cublasSgemmStridedBatched's likewise. */
+int kernel_cuda_gemm_strided_batched(const kernel_cuda_ctx *ctx, cublasOperation_t ta,
+                                     cublasOperation_t tb, int m, int n, int k,
+                                     const float *alpha, const float *a, int lda,
+                                     long long stride_a, const float *b, int ldb,
+                                     long long stride_b, const float *beta, float *c, int ldc,
+                                     long long stride_c, int batch);
+
+/* ---- dense (cuBLAS, kernel_cuda_gemm); db is summed by a kernel ---- */
 int kernel_dense_forward_cuda(float *out, const float *in, const float *w, const float *b,
                               int n, int in_f, int out_f, const kernel_cuda_ctx *ctx);
 int kernel_dense_backward_cuda(float *din, float *dw, float *db, const float *dout,

@@ -664,6 +664,19 @@ static const engine_ops cuda_ops = {
     .state_bytes = engine_cuda_state_bytes,
 };
 
+/* --precision into the kernels' context: every dense and conv product follows it. */
+static int set_precision(kernel_cuda_ctx *ctx, engine_precision p)
+{
+    _Static_assert((int)ENGINE_FP32 == (int)KERNEL_CUDA_FP32 &&
+                       (int)ENGINE_TF32 == (int)KERNEL_CUDA_TF32 &&
+                       (int)ENGINE_BF16 == (int)KERNEL_CUDA_BF16,
+                   "engine_precision and kernel_cuda_precision number alike");
+    if (!kernel_cuda_precision_name((kernel_cuda_precision)p))
+        return pt_error_set("CUDA engine: unknown precision %d", (int)p);
+    ctx->precision = (kernel_cuda_precision)p;
+    return 0;
+}
+
 static int create_parts(engine *e, cuda_engine *c)
 {
     const engine_config *cfg = &e->cfg;
@@ -673,6 +686,7 @@ static int create_parts(engine *e, cuda_engine *c)
     c->dm = cfg->device_messages != 0;
     e->msg_on_device = c->dm;
     if (kernel_cuda_ctx_init(&c->ctx, cfg->device)) return -1;
+    if (set_precision(&c->ctx, cfg->precision)) return -1;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->h2d, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->d2h, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->gstream, cudaStreamNonBlocking));

@@ -26,6 +26,10 @@
 
 typedef enum { ENGINE_CPU = 0, ENGINE_CUDA } engine_device;
 
+/* --precision: how the CUDA engine multiplies in dense and conv layers (kernels_cuda.h's
+ * kernel_cuda_precision, the same numbers); the CPU engine takes FP32 only. */
+typedef enum { ENGINE_FP32 = 0, ENGINE_TF32, ENGINE_BF16 } engine_precision;
+
 typedef enum {
     ENGINE_MSG_ACT_IN = 0, /* activation of m from the previous stage: the stage's input */
     ENGINE_MSG_GRAD_IN,    /* gradient of the stage's output of m, from the next stage */
@@ -70,6 +74,7 @@ typedef struct {
     int kept_outputs;     /* recompute: outputs kept at once (the verifier's inputs-kept
                              peak: a micro-batch's output waits from its forward until its
                              backward has made sure the send is done); 0: buffers */
+    engine_precision precision; /* CUDA engine: the products' precision (0: FP32) */
 } engine_config;
 
 typedef struct engine engine;

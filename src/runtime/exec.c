@@ -201,7 +201,7 @@ static int create_engines(exec_t *e, const partition *part, const int *slots, co
             .buffers = 2 * M > EVAL_BUFFERS ? 2 * M : EVAL_BUFFERS,
             .max_batch = e->mb, .n_slots = slots[v] > 0 ? slots[v] : 1, .batch = cfg->batch,
             .threads = cfg->threads > 0 ? cfg->threads : 1, .device = cfg->gpu,
-            .device_messages = cfg->device_messages,
+            .device_messages = cfg->device_messages, .precision = cfg->precision,
             .max_ticks = list->n_ops, .debug_ready_delay = cfg->debug_ready_delay,
             .grad_pieces = replicas_grad_pieces(&cfg->rep),
             .microbatches = M, .split_backward = split,

@@ -30,6 +30,7 @@ typedef struct {
     engine_device device;  /* where the stage runs */
     int gpu;               /* CUDA device number (device == ENGINE_CUDA) */
     int device_messages;   /* CUDA: MPI sends device memory (CUDA-aware MPI) */
+    engine_precision precision; /* CUDA: the products' precision (--precision) */
     int debug_ready_delay; /* testing: see engine_config */
     MPI_Comm world;        /* every rank of the job (comm itself with one replica): losses,
                               evaluation, trace */

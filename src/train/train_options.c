@@ -23,7 +23,7 @@ enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS
        O_TEST_LAB, O_BETA1, O_BETA2, O_EPS, O_LR_SCHED, O_LR_WARMUP, O_LR_MIN, O_CLIP, O_POSTVAL,
        /* a language model's text */
        O_TEXT, O_TOKENS, O_TOKENS_RAW, O_VAL_FRACTION, O_EVAL_WINDOWS, O_ZERO, O_SCHED_FILE,
-       O_SCHED_MEM };
+       O_SCHED_MEM, O_PRECISION };
 
 /* The largest step count, sample count or seed we take: far beyond any run, exact in a
  * double (the table's ranges are doubles). */
@@ -172,6 +172,14 @@ static const opt_spec train_opts[] = {
                             "core (spin) or sleep 50 us (sleep, for more ranks than cores); "
                             "auto: spin unless a node's ranks × threads outnumber its cores"},
     {.id = O_DEVICE, .name = "device", .shared = 1},
+    {.id = O_PRECISION, .name = "precision", .kind = OPT_CHOICE, .choices = "fp32|tf32|bf16",
+     .def = "fp32",
+     .help = "--device cuda: the dense and conv layers' matrix products (forward and both "
+             "backward halves): fp32 on CUDA cores; tf32 on tensor cores (operands with a "
+             "10-bit mantissa, float32 sums); bf16: operands rounded to bfloat16, float32 "
+             "accumulation (as torch.autocast). Weights, gradients, optimizer state, norms, "
+             "softmax, loss, pipeline messages, reductions and checkpoints stay float32. "
+             "--device cpu: fp32 only"},
     {.id = O_TIMEOUT, .name = "timeout", .kind = OPT_REAL, .arg = "S", .min = 0.001,
      .max = 1e9, .def = "300", .help = "give up when a rank waits longer than S seconds"},
     {.section = "output"},
@@ -272,7 +280,6 @@ static int read_option(train_options *o, const opt_parser *p, int id)
     static const optimizer_kind optimizers[] = {OPTIM_SGD, OPTIM_MOMENTUM, OPTIM_ADAM,
                                                 OPTIM_ADAMW};
     static const lr_schedule_kind schedules[] = {LR_CONSTANT, LR_COSINE, LR_LINEAR};
-    static const engine_device devices[] = {ENGINE_CPU, ENGINE_CUDA};
     static const char *const binds[] = {"auto", "core", "none"};
     static const reduce_method methods[] = {REDUCE_ALLREDUCE, REDUCE_REDUCE_BCAST,
                                             REDUCE_GATHER_BCAST, REDUCE_ORDERED};
@@ -350,7 +357,8 @@ static int read_option(train_options *o, const opt_parser *p, int id)
     case O_THREADS: o->threads = (int)p->num; break;
     case O_BIND: o->bind = binds[p->choice]; break;
     case O_WAIT: o->wait = (mpi_wait_mode)p->choice; break;
-    case O_DEVICE: o->device = devices[p->choice]; break;
+    case O_DEVICE: o->device = (engine_device)p->choice; break; /* the enums' order */
+    case O_PRECISION: o->precision = (engine_precision)p->choice; break;
     case O_TIMEOUT: o->timeout = p->real; break;
     default: return read_output_option(o, p, id);
     }
@@ -466,6 +474,19 @@ static int check_zero(const train_options *o, const opt_parser *p)
     return 0;
 }
 
+/* --precision tf32|bf16: the CUDA engine's. The CPU engine multiplies through OpenBLAS's
+ * sgemm: Debian's OpenBLAS has no bf16 GEMM (sbgemm), and the development machine's CPU
+ * (Zen 3) has no AVX512_BF16 nor any TF32 unit, so a reduced precision would only be
+ * emulated there (the mock CUDA plugin's tests do that, tests/cuda/mock_cuda.c). */
+static int check_precision(const train_options *o, const opt_parser *p)
+{
+    if (o->precision == ENGINE_FP32 || o->device == ENGINE_CUDA) return 0;
+    return opt_error(p, "--precision %s is for --device cuda: the CPU engine multiplies in "
+                     "fp32 only, through OpenBLAS's sgemm (Debian's OpenBLAS has no bf16 "
+                     "GEMM, and a CPU without AVX512_BF16 would only emulate one)",
+                     o->precision == ENGINE_TF32 ? "tf32" : "bf16");
+}
+
 static int check_schedule(train_options *o, const opt_parser *p);
 
 /* What the table cannot check: options that need others, and the batch's split. Sets the
@@ -492,7 +513,7 @@ static int check_options(train_options *o, const opt_parser *p)
         o->ckpt_minutes = 10;
     if (o->resume && o->load)
         return opt_error(p, "--resume and --load both set the parameters: give one");
-    if (check_zero(o, p)) return -1;
+    if (check_zero(o, p) || check_precision(o, p)) return -1;
     if (o->post_validation && o->zero)
         return opt_error(p, "--post-validation with --zero %d: the optimizer's state is "
                          "sharded across the replicas, and rolling a step back is written for "

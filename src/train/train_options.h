@@ -33,6 +33,7 @@ typedef struct {
     const char *text_option; /* --val-fraction or --eval-windows given with no corpus named:
                                 a language model's default corpus takes it (train_setup) */
     engine_device device;
+    engine_precision precision; /* --precision: the CUDA engine's products */
     int epochs, batch, stages, microbatches, threads, val, json, verbose, shuffle;
     int epochs_given;    /* --epochs was on the command line (else --steps alone decides) */
     double progress;     /* seconds between progress lines when stdout is no terminal */

@@ -26,6 +26,11 @@
 #endif
 
 static const char *optimizer_name(optimizer_kind k) { return optimizer_kind_name(k); }
+/* --precision's value as written */
+static const char *precision_name(engine_precision p)
+{
+    return p == ENGINE_TF32 ? "tf32" : p == ENGINE_BF16 ? "bf16" : "fp32";
+}
 
 /* ---- banner and epoch lines ---- */
 
@@ -86,8 +91,9 @@ void train_report_banner(const train_run *run)
         printf("recompute %s, ", o->recompute);
     if (o->wgrad_batched) printf("wgrad batched, ");
     if (o->device == ENGINE_CUDA)
-        printf("rank 0 on CUDA device %d (%s, %s messages)", run->gpu, run->gpu_info.name,
-               run->device_messages ? "device-memory" : "host-staged");
+        printf("rank 0 on CUDA device %d (%s, %s messages, %s products)", run->gpu,
+               run->gpu_info.name, run->device_messages ? "device-memory" : "host-staged",
+               precision_name(o->precision));
     else
         printf("%d thread%s per rank", o->threads, o->threads > 1 ? "s" : "");
     printf("; %s lr %g", optimizer_name(o->opt.kind), (double)o->opt.lr);
@@ -555,6 +561,7 @@ static json_t *run_json(const train_run *run)
         {"threads", json_integer(o->threads)},
         {"wait", json_string(mpi_wait_mode_name(o->wait))},
         {"device", json_string(cuda ? "cuda" : "cpu")},
+        {"precision", json_string(precision_name(o->precision))},
         {"gpu", cuda ? json_integer(run->gpu) : json_null()},
         {"gpu_name", cuda ? json_text(run->gpu_info.name) : json_null()},
         /* the layout */

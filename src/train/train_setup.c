@@ -592,6 +592,7 @@ static exec_config exec_config_of(const train_run *run)
         .device = o->device,
         .gpu = run->gpu,
         .device_messages = run->device_messages,
+        .precision = o->precision,
         .debug_ready_delay = o->ready_delay,
         .wgrad_batched = o->wgrad_batched,
         .post_validation = o->post_validation,

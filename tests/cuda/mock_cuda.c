@@ -371,49 +371,80 @@ void kernel_cuda_ctx_free(kernel_cuda_ctx *c)
 #define KOP(fn) op *o = enqueue(ctx->stream, fn)
 #define DONE() do { background(); return 0; } while (0)
 
-static void r_dense_f(op *o) { kernel_dense_forward_cpu(o->p[0], o->p[1], o->p[2], o->p[3], o->i[0], o->i[1], o->i[2]); }
+#include "tests/cuda/mock_cuda_precision.c"
+
+static void r_dense_f(op *o)
+{
+    const int n = o->i[0], in_f = o->i[1], out_f = o->i[2], prec = o->i[PREC];
+    float *ri = rounded(o->p[1], (size_t)n * in_f, prec), *rw = rounded(o->p[2], (size_t)out_f * in_f, prec);
+    kernel_dense_forward_cpu(o->p[0], ri, rw, o->p[3], n, in_f, out_f);
+    unround(ri, o->p[1]); unround(rw, o->p[2]);
+}
 int kernel_dense_forward_cuda(float *out, const float *in, const float *w, const float *b, int n,
                               int in_f, int out_f, const kernel_cuda_ctx *ctx)
 {
     need_dev(out, "dense out"); need_dev(in, "dense in"); need_dev(w, "dense w"); need_dev(b, "dense b");
     KOP(r_dense_f);
+    o->i[PREC] = ctx_precision(ctx);
     o->p[0] = out; o->p[1] = (void *)in; o->p[2] = (void *)w; o->p[3] = (void *)b;
     o->i[0] = n; o->i[1] = in_f; o->i[2] = out_f;
     DONE();
 }
-static void r_dense_b(op *o) { kernel_dense_backward_cpu(o->p[0], o->p[1], o->p[2], o->p[3], o->p[4], o->p[5], o->i[0], o->i[1], o->i[2]); }
+static void r_dense_b(op *o)
+{
+    if (o->i[PREC] == KERNEL_CUDA_FP32) {
+        kernel_dense_backward_cpu(o->p[0], o->p[1], o->p[2], o->p[3], o->p[4], o->p[5], o->i[0], o->i[1], o->i[2]);
+        return;
+    }
+    /* the CPU's fused call: the weight half, then the input half */
+    dense_weight(o->p[1], o->p[2], o->p[3], o->p[4], o->i[0], o->i[1], o->i[2], o->i[PREC]);
+    if (o->p[0]) dense_input(o->p[0], o->p[3], o->p[5], o->i[0], o->i[1], o->i[2], o->i[PREC]);
+}
 int kernel_dense_backward_cuda(float *din, float *dw, float *db, const float *dout,
                                const float *in, const float *w, int n, int in_f, int out_f,
                                const kernel_cuda_ctx *ctx)
 {
     need_dev(din, "dense din"); need_dev(dw, "dw"); need_dev(db, "db"); need_dev(dout, "dout"); need_dev(in, "in"); need_dev(w, "w");
     KOP(r_dense_b);
+    o->i[PREC] = ctx_precision(ctx);
     o->p[0] = din; o->p[1] = dw; o->p[2] = db; o->p[3] = (void *)dout; o->p[4] = (void *)in; o->p[5] = (void *)w;
     o->i[0] = n; o->i[1] = in_f; o->i[2] = out_f;
     DONE();
 }
-static void r_dense_bw(op *o) { kernel_dense_backward_weight_cpu(o->p[0], o->p[1], o->p[2], o->p[3], o->i[0], o->i[1], o->i[2]); }
+static void r_dense_bw(op *o) { dense_weight(o->p[0], o->p[1], o->p[2], o->p[3], o->i[0], o->i[1], o->i[2], o->i[PREC]); }
 int kernel_dense_backward_weight_cuda(float *dw, float *db, const float *dout, const float *in,
                                       int n, int in_f, int out_f, const kernel_cuda_ctx *ctx)
 {
     need_dev(dw, "dw"); need_dev(db, "db"); need_dev(dout, "dout"); need_dev(in, "in");
     KOP(r_dense_bw);
+    o->i[PREC] = ctx_precision(ctx);
     o->p[0] = dw; o->p[1] = db; o->p[2] = (void *)dout; o->p[3] = (void *)in;
     o->i[0] = n; o->i[1] = in_f; o->i[2] = out_f;
     DONE();
 }
-static void r_dense_bi(op *o) { kernel_dense_backward_input_cpu(o->p[0], o->p[1], o->p[2], o->i[0], o->i[1], o->i[2]); }
+static void r_dense_bi(op *o) { dense_input(o->p[0], o->p[1], o->p[2], o->i[0], o->i[1], o->i[2], o->i[PREC]); }
 int kernel_dense_backward_input_cuda(float *din, const float *dout, const float *w, int n,
                                      int in_f, int out_f, const kernel_cuda_ctx *ctx)
 {
     need_dev(din, "dense din"); need_dev(dout, "dout"); need_dev(w, "w");
     if (!din) die("dense input gradient without din");
     KOP(r_dense_bi);
+    o->i[PREC] = ctx_precision(ctx);
     o->p[0] = din; o->p[1] = (void *)dout; o->p[2] = (void *)w;
     o->i[0] = n; o->i[1] = in_f; o->i[2] = out_f;
     DONE();
 }
-static void r_dense_wu(op *o) { kernel_dense_weight_grad_units_cpu(o->p[0], o->p[1], o->p[2], o->p[3], o->i[0], o->i[1], o->i[2], o->i[3], o->i[4]); }
+static void r_dense_wu(op *o)
+{
+    const int n = o->i[0], in_f = o->i[1], out_f = o->i[2], u0 = o->i[3], units = o->i[4], prec = o->i[PREC];
+    float *rd = rounded(o->p[2], (size_t)n * out_f, prec), *ri = rounded(o->p[3], (size_t)n * in_f, prec);
+    kernel_dense_weight_grad_units_cpu(o->p[0], prec == KERNEL_CUDA_FP32 ? o->p[1] : NULL, rd, ri, n, in_f, out_f, u0, units);
+    unround(rd, o->p[2]); unround(ri, o->p[3]);
+    if (prec == KERNEL_CUDA_FP32 || !o->p[1]) return;
+    float *spare = zeros((size_t)out_f * in_f); /* db from the unrounded dout, as dense_weight */
+    kernel_dense_weight_grad_units_cpu(spare, o->p[1], o->p[2], o->p[3], n, in_f, out_f, u0, units);
+    free(spare);
+}
 int kernel_dense_weight_grad_units_cuda(float *dw, float *db, const float *dout,
                                         const float *in, int n, int in_f, int out_f, int u0,
                                         int units, const kernel_cuda_ctx *ctx)
@@ -421,6 +452,7 @@ int kernel_dense_weight_grad_units_cuda(float *dw, float *db, const float *dout,
     need_dev(dw, "dw"); need_dev(db, "db"); need_dev(dout, "dout"); need_dev(in, "in");
     if (u0 < 0 || units < 0 || units > out_f - u0) die("weight gradient units out of range");
     KOP(r_dense_wu);
+    o->i[PREC] = ctx_precision(ctx);
     o->p[0] = dw; o->p[1] = db; o->p[2] = (void *)dout; o->p[3] = (void *)in;
     o->i[0] = n; o->i[1] = in_f; o->i[2] = out_f; o->i[3] = u0; o->i[4] = units;
     DONE();
@@ -432,37 +464,54 @@ size_t kernel_conv2d_workspace_floats_cuda(const kernel_conv2d_dims *d)
     size_t cpu = kernel_conv2d_workspace_floats(d);
     return gpu > cpu ? gpu : cpu;
 }
-static void r_conv_f(op *o) { kernel_conv2d_forward_cpu(o->p[0], o->p[1], o->p[2], o->p[3], o->p[4], &o->d); }
+static void r_conv_f(op *o)
+{
+    const int prec = o->i[PREC];
+    float *ri = rounded(o->p[2], conv_in_count(&o->d), prec), *rw = rounded(o->p[3], conv_w_count(&o->d), prec);
+    kernel_conv2d_forward_cpu(o->p[0], o->p[1], ri, rw, o->p[4], &o->d);
+    unround(ri, o->p[2]); unround(rw, o->p[3]);
+}
 int kernel_conv2d_forward_cuda(float *out, float *work, const float *in, const float *w,
                                const float *b, const kernel_conv2d_dims *d,
                                const kernel_cuda_ctx *ctx)
 {
     need_dev(out, "conv out"); need_dev(work, "work"); need_dev(in, "in"); need_dev(w, "w"); need_dev(b, "b");
     KOP(r_conv_f);
+    o->i[PREC] = ctx_precision(ctx);
     o->p[0] = out; o->p[1] = work; o->p[2] = (void *)in; o->p[3] = (void *)w; o->p[4] = (void *)b; o->d = *d;
     DONE();
 }
-static void r_conv_b(op *o) { kernel_conv2d_backward_cpu(o->p[0], o->p[1], o->p[2], o->p[3], o->p[4], o->p[5], o->p[6], &o->d); }
+static void r_conv_b(op *o)
+{
+    if (o->i[PREC] == KERNEL_CUDA_FP32) {
+        kernel_conv2d_backward_cpu(o->p[0], o->p[1], o->p[2], o->p[3], o->p[4], o->p[5], o->p[6], &o->d);
+        return;
+    }
+    conv_weight(o->p[1], o->p[2], o->p[3], o->p[4], o->p[5], &o->d, o->i[PREC]);
+    if (o->p[0]) conv_input(o->p[0], o->p[3], o->p[4], o->p[6], &o->d, o->i[PREC]);
+}
 int kernel_conv2d_backward_cuda(float *din, float *dw, float *db, float *work,
                                 const float *dout, const float *in, const float *w,
                                 const kernel_conv2d_dims *d, const kernel_cuda_ctx *ctx)
 {
     need_dev(din, "conv din"); need_dev(dw, "dw"); need_dev(db, "db"); need_dev(work, "work"); need_dev(dout, "dout"); need_dev(in, "in"); need_dev(w, "w");
     KOP(r_conv_b);
+    o->i[PREC] = ctx_precision(ctx);
     o->p[0] = din; o->p[1] = dw; o->p[2] = db; o->p[3] = work; o->p[4] = (void *)dout; o->p[5] = (void *)in; o->p[6] = (void *)w; o->d = *d;
     DONE();
 }
-static void r_conv_bw(op *o) { kernel_conv2d_backward_weight_cpu(o->p[0], o->p[1], o->p[2], o->p[3], o->p[4], &o->d); }
+static void r_conv_bw(op *o) { conv_weight(o->p[0], o->p[1], o->p[2], o->p[3], o->p[4], &o->d, o->i[PREC]); }
 int kernel_conv2d_backward_weight_cuda(float *dw, float *db, float *work, const float *dout,
                                        const float *in, const kernel_conv2d_dims *d,
                                        const kernel_cuda_ctx *ctx)
 {
     need_dev(dw, "dw"); need_dev(db, "db"); need_dev(work, "work"); need_dev(dout, "dout"); need_dev(in, "in");
     KOP(r_conv_bw);
+    o->i[PREC] = ctx_precision(ctx);
     o->p[0] = dw; o->p[1] = db; o->p[2] = work; o->p[3] = (void *)dout; o->p[4] = (void *)in; o->d = *d;
     DONE();
 }
-static void r_conv_bi(op *o) { kernel_conv2d_backward_input_cpu(o->p[0], o->p[1], o->p[2], o->p[3], &o->d); }
+static void r_conv_bi(op *o) { conv_input(o->p[0], o->p[1], o->p[2], o->p[3], &o->d, o->i[PREC]); }
 int kernel_conv2d_backward_input_cuda(float *din, float *work, const float *dout,
                                       const float *w, const kernel_conv2d_dims *d,
                                       const kernel_cuda_ctx *ctx)
@@ -470,6 +519,7 @@ int kernel_conv2d_backward_input_cuda(float *din, float *work, const float *dout
     need_dev(din, "conv din"); need_dev(work, "work"); need_dev(dout, "dout"); need_dev(w, "w");
     if (!din) die("conv input gradient without din");
     KOP(r_conv_bi);
+    o->i[PREC] = ctx_precision(ctx);
     o->p[0] = din; o->p[1] = work; o->p[2] = (void *)dout; o->p[3] = (void *)w; o->d = *d;
     DONE();
 }
