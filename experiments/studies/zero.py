@@ -1,8 +1,10 @@
 """ZeRO inside a replica group: each rank's bytes of parameters, gradients and optimizer
 state (measured by train: the engine's arrays, the gradient arrays' peak backed bytes)
-against the number of replicas for --zero 0, 1 and 2, beside the ZeRO paper's formulas
+against the number of replicas for --zero 0, 1, 2 and 3, beside the ZeRO paper's formulas
 (fp32 Adam: 4Ψ parameters + 4Ψ gradients + 8Ψ moments, each stage dividing its part by R),
-and the step time against unsharded replicas."""
+and the step time against unsharded replicas. PyTorch FSDP is not the peer here: Debian 12's
+python3-torch 1.13.1 cannot import torch.distributed.fsdp under Python 3.11 (a dataclass of
+torch.distributed._shard has a mutable default: ValueError at import)."""
 import os
 
 from . import common
@@ -22,10 +24,11 @@ def deep_mlp(path, layers):
 
 
 def formula(psi, r, zero):
-    """The paper's bytes per rank (fp32 Adam), without buckets in flight."""
+    """The paper's bytes per rank (fp32 Adam), without buckets or layers in flight."""
+    params = 4 * psi / (r if zero >= 3 else 1)
     grads = 4 * psi / (r if zero >= 2 else 1)
     moments = 8 * psi / (r if zero >= 1 else 1)
-    return 4 * psi + grads + moments
+    return params + grads + moments
 
 
 def run(ctx):
@@ -35,7 +38,7 @@ def run(ctx):
     replicas = [1, 2] if ctx.quick else [1, 2, 4]
     rows, base = [], {}
     for r in replicas:
-        for zero in ([0] if r == 1 else [0, 1, 2]):
+        for zero in ([0] if r == 1 else [0, 1, 2, 3]):
             args = ['--model', model, '--batch', 16 * r, '--replicas', r, '--microbatches', 1,
                     '--steps', steps + warmup, '--untimed-steps', warmup,
                     '--train-samples', samples, '--test-samples', 0, '--seed', 5,
@@ -59,8 +62,11 @@ def run(ctx):
     md = ('An MLP of %d dense layers of 512 (one bucket each at `--bucket-mb 1`), fp32 Adam, '
           'one micro-batch of 16 per replica, `--reduce ordered --overlap on`, one thread per '
           'rank; the largest rank\'s bytes from `train --json`. The formula leaves out the '
-          'buckets ZeRO-2 holds whole while they are reduced (two at most). Step times '
-          'count only on an idle machine with a core per rank.\n\n' % layers)
+          'buckets ZeRO-2 holds whole while they are reduced (two at most) and the layers '
+          'ZeRO-3 holds whole around a pass (two at most: the one running and the one '
+          'prefetched). Step times count only on an idle machine with a core per rank '
+          '(R = 4 runs 4 ranks on this 2-core machine). PyTorch FSDP: not run (Debian 12\'s '
+          'torch 1.13.1 cannot import torch.distributed.fsdp under Python 3.11).\n\n' % layers)
     md += common.table(['R', '--zero', 'params MB', 'grads MB', 'optimizer MB', 'sum MB',
                         'formula MB', 'sum / formula', 'peak RSS MB', 'step ms',
                         'step / unsharded'], rows)
