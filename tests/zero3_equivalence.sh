@@ -48,6 +48,16 @@ sys.exit(0 if k and all(a[x] == b[x] for x in k) else 1)' "$WORK/e3.json" "$WORK
     pass "evaluation, zero 3 = zero 0: $msg"
 else failed "evaluation, zero 3 vs zero 0: $msg"; fi
 
+# replicas with shares of different sizes (33 and 32 samples: 3 and 2 micro-batch chunks of
+# 16) gather as many times: the shorter ends on an empty chunk (it hung in its last gather
+# before; --timeout makes a regression fail, not hang)
+if ! "${E[@]}" --zero 3 --test-samples 65 --timeout 20 >"$WORK/u3.json" ||
+    ! "${E[@]}" --test-samples 65 >"$WORK/u0.json"; then
+    failed "uneven evaluation shares: run failed"
+elif [ "$(json_field test_loss <"$WORK/u3.json")" = "$(json_field test_loss <"$WORK/u0.json")" ]; then
+    pass "uneven evaluation shares, zero 3 = zero 0: test loss $(json_field test_loss <"$WORK/u3.json")"
+else failed "uneven evaluation shares: zero 3 $(json_field test_loss <"$WORK/u3.json") vs zero 0"; fi
+
 # can fail: bucket 1's layers never gathered (their reductions still run)
 out=$WORK/skip.st
 "$MPIEXEC" -n 2 "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st" --replicas 2 \

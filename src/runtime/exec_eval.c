@@ -8,6 +8,14 @@
 #include "src/base/clock.h"
 #include "src/base/mpi_wait.h"
 
+/* Samples in data chunk c of a share of `count` in chunks of mb: 0 past its end (ZeRO-3's
+ * empty chunks, see exec_evaluate). */
+static int chunk_size(int count, int mb, int c)
+{
+    int rest = count - c * mb;
+    return rest < 0 ? 0 : rest < mb ? rest : mb;
+}
+
 /* Evaluation through V > 1 model chunks per rank: each data chunk goes through the rank's
  * chunks in order, receiving from the previous model chunk and sending to the next. Each
  * rank works through (data chunk, chunk) in that order and waits for a send only where
@@ -15,12 +23,12 @@
  * (a V placement's hand-over between its chunks) is waited for once its receive has been
  * posted, by the next chunk: MPI need not finish a send to oneself before that. */
 static int evaluate_chunked(exec_t *e, const dataset *data, int64_t lo, int count,
-                            engine_result *r)
+                            int chunks, engine_result *r)
 {
-    int mb = e->mb, V = e->V, chunks = (count + mb - 1) / mb;
+    int mb = e->mb, V = e->V;
     int64_t ids[mb];
     for (int c = 0; c < chunks; c++) {
-        int n = c == chunks - 1 ? count - c * mb : mb, b = c % EVAL_BUFFERS;
+        int n = chunk_size(count, mb, c), b = c % EVAL_BUFFERS;
         for (int j = 0; j < n; j++) ids[j] = lo + (int64_t)c * mb + j;
         for (int v = 0; v < V; v++) {
             engine *g = e->engs[v];
@@ -65,10 +73,9 @@ static int evaluate_chunked(exec_t *e, const dataset *data, int64_t lo, int coun
  * next chunk's receive is posted before this chunk's compute, into a buffer whose forward
  * (c − 2) a GPU has most likely finished, so the host need not wait for it. */
 static int evaluate_pipeline(exec_t *e, const dataset *data, int64_t lo, int count,
-                             engine_result *r)
+                             int chunks, engine_result *r)
 {
     int mb = e->mb, last = e->rank == e->size - 1, first = e->rank == 0;
-    int chunks = (count + mb - 1) / mb;
     engine *g = e->eng;
     int64_t ids[mb];
     int in_floats = (int)(mb * e->in_count);
@@ -77,7 +84,7 @@ static int evaluate_pipeline(exec_t *e, const dataset *data, int64_t lo, int cou
                        &e->eval_recv[0]))
         return -1;
     for (int c = 0; c < chunks; c++) {
-        int n = c == chunks - 1 ? count - c * mb : mb;
+        int n = chunk_size(count, mb, c);
         int m = c % EVAL_BUFFERS, next = (c + 1) % EVAL_BUFFERS,
             prev = (c + EVAL_BUFFERS - 1) % EVAL_BUFFERS;
         for (int j = 0; j < n; j++) ids[j] = lo + (int64_t)c * mb + j;
@@ -124,15 +131,22 @@ int exec_evaluate(exec_t *e, const dataset *data, double *loss, double *accuracy
     /* this replica's share of the set */
     int64_t lo = (int64_t)data->count * e->replica / e->replicas,
             hi = (int64_t)data->count * (e->replica + 1) / e->replicas;
-    int count = (int)(hi - lo);
+    int count = (int)(hi - lo), chunks = (count + e->mb - 1) / e->mb;
+    /* ZeRO-3 gathers each layer's parameters before its forward, a collective of the
+     * stage's replicas: every replica runs as many forwards as the one with the largest
+     * share (ceil(count / R) samples), the others ending on empty chunks */
+    if (e->cfg.rep.zero >= 3) {
+        int most = (int)((data->count + e->replicas - 1) / e->replicas);
+        chunks = (most + e->mb - 1) / e->mb;
+    }
     double t_start = pt_now();
     e->prefetched = 0; /* evaluation reuses the first buffers */
     /* the tensor collectives of evaluation are no training time: left out of the stats */
     double tensor_before = 0, tensor_after = 0;
     for (int v = 0; v < e->V; v++) tensor_before += e->engs[v]->tensor_s;
     engine_result r;
-    int rc = e->V > 1 ? evaluate_chunked(e, data, lo, count, &r)
-                      : evaluate_pipeline(e, data, lo, count, &r);
+    int rc = e->V > 1 ? evaluate_chunked(e, data, lo, count, chunks, &r)
+                      : evaluate_pipeline(e, data, lo, count, chunks, &r);
     for (int v = 0; v < e->V; v++) tensor_after += e->engs[v]->tensor_s;
     e->tensor_s0 += tensor_after - tensor_before;
     if (rc) return -1;
