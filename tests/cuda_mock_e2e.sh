@@ -235,13 +235,6 @@ done
 "$PIPETRAIN" diff "$WORK/lm_one_process.st" "$WORK/lm_tied_head.st" >/dev/null 2>&1 \
     && failed "tied and untied gpt-nano gave identical parameters: the comparison is blind" \
     || pass "tied and untied gpt-nano differ (the comparison can fail)"
-refused() { # NAME PATTERN COMMAND...: exit 2 and the message
-    local name=$1 pat=$2; shift 2
-    local rc=0
-    "$@" >/dev/null 2>"$WORK/err" || rc=$?
-    if [ $rc = 2 ] && grep -q -- "$pat" "$WORK/err"; then pass "$name: refused (exit 2)"
-    else failed "$name: exit $rc"; cat "$WORK/err"; fi
-}
 refused "gpt-nano with block dropout on the mock GPU" "dropout inside blocks does not run" \
     cuda "$PIPETRAIN" train --model "$WORK/nano_drop.cfg" "${LM[@]}" --device cuda
 refused "gpt-nano with --wgrad batched on the mock GPU" "wgrad batched" \

@@ -86,13 +86,6 @@ run cnn_bf16_2stages timeout 120 "$MPIEXEC" -n 2 "$PIPETRAIN" train "${CNN[@]}" 
         && pass "seed-cnn bf16, 2 stages: bit-identical to one rank" \
         || failed "seed-cnn bf16, 2 stages: differs from one rank"; }
 
-refused() { # NAME PATTERN COMMAND...: exit 2 and the message
-    local name=$1 pat=$2; shift 2
-    local rc=0
-    "$@" >/dev/null 2>"$WORK/err" || rc=$?
-    if [ $rc = 2 ] && grep -q -- "$pat" "$WORK/err"; then pass "$name: refused (exit 2)"
-    else failed "$name: exit $rc"; cat "$WORK/err"; fi
-}
 refused "--device cpu --precision bf16, 2 ranks" "bf16 is for --device cuda" \
     timeout 60 "$MPIEXEC" -n 2 "$PIPETRAIN" train "${LM[@]}" --stages 2 --precision bf16
 refused "--device cpu --precision tf32" "tf32 is for --device cuda" \

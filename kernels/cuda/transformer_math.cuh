@@ -351,6 +351,12 @@ template <int MAXD> TFC_HD void tfc_att_load(float *r, const float *src, int D)
         r[k] = k < D ? src[k] : 0.0f;
 }
 
+/* Of the n staged rows from j0, how many are keys j ≤ i (causal). */
+TFC_HD int tfc_att_upto(int i, int j0, int n)
+{
+    return i - j0 + 1 < n ? i - j0 + 1 : n;
+}
+
 /* Element e of a staged tile: column e % MAXD of row r0 + e / MAXD of the view src (rows ld
  * apart), zero past n rows or D columns. A block's threads stage e = thread, thread + rows, ... */
 template <int MAXD>
@@ -387,7 +393,7 @@ template <int MAXD>
 TFC_HD void tfc_att_fwd_tile(tfc_att_fwd<MAXD> &s, const float *K, const float *V, int j0,
                              int n, int i, float scale)
 {
-    const int last = i - j0 + 1 < n ? i - j0 + 1 : n;
+    const int last = tfc_att_upto(i, j0, n);
     for (int jj = 0; jj < last; jj++) {
         const float sc = scale * tfc_att_dot<MAXD>(s.q, K + jj * MAXD);
         if (sc > s.m) { /* rescale what was summed against the old maximum */
@@ -466,7 +472,7 @@ template <int MAXD>
 TFC_HD void tfc_att_dq_delta_tile(tfc_att_dq<MAXD> &s, const float *K, const float *V, int j0,
                                   int n, int i, float scale)
 {
-    const int last = i - j0 + 1 < n ? i - j0 + 1 : n;
+    const int last = tfc_att_upto(i, j0, n);
     for (int jj = 0; jj < last; jj++) {
         const float p = expf(scale * tfc_att_dot<MAXD>(s.q, K + jj * MAXD) - s.L);
         s.dl += p * tfc_att_dot<MAXD>(s.g, V + jj * MAXD);
@@ -477,7 +483,7 @@ template <int MAXD>
 TFC_HD void tfc_att_dq_tile(tfc_att_dq<MAXD> &s, const float *K, const float *V, int j0, int n,
                             int i, float scale)
 {
-    const int last = i - j0 + 1 < n ? i - j0 + 1 : n;
+    const int last = tfc_att_upto(i, j0, n);
     for (int jj = 0; jj < last; jj++) {
         const float *kj = K + jj * MAXD;
         const float p = expf(scale * tfc_att_dot<MAXD>(s.q, kj) - s.L);

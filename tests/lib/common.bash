@@ -29,6 +29,16 @@ expect_fail() {
     fi
 }
 
+# refused NAME PATTERN CMD...: the command must exit 2 (bad input) with PATTERN on stderr.
+refused() {
+    local name=$1 pat=$2
+    shift 2
+    local rc=0
+    "$@" >/dev/null 2>"$WORK/err" || rc=$?
+    if [ $rc = 2 ] && grep -q -- "$pat" "$WORK/err"; then pass "$name: refused (exit 2)"
+    else failed "$name: exit $rc"; cat "$WORK/err"; fi
+}
+
 finish() {
     echo "$((CHECKS - FAILURES)) passed, $FAILURES failed"
     [ "$FAILURES" -eq 0 ]
