@@ -151,7 +151,7 @@ PYEOF
 "$PIPETRAIN" plan "${P[@]}" --ranks 8 --top 1000 --memory-mb "$limit" >"$WORK/lim.txt"
 # (which layout is fastest depends on the profile of the moment: the line about the
 # excluded one appears when the limit excluded a faster layout)
-grep -q "^Choice: --stages .* --recompute \(none\|all\)\( --zero 1\)\?$" "$WORK/lim.txt" \
+grep -q "^Choice: --stages .* --recompute \(none\|all\)\( --zero [123]\)\?$" "$WORK/lim.txt" \
     && grep -q "^Runner-up lost: predicted step" "$WORK/lim.txt" \
     && { ! grep -q "^Excluded" "$WORK/lim.txt" || grep -q "^Excluded by the memory limit: --stages .* MiB per rank, more than" "$WORK/lim.txt"; } \
     && pass "text: the choice, why the runner-up lost (and what the limit excluded)" \
@@ -280,6 +280,24 @@ p = d['predicted']
 assert p['schedule'] == 'interleaved' and p['virtual'] == 2 and p['recompute'] == 'all'
 assert p['step_s'] > 0 and len(p['stage_memory_bytes']) == 2
 PYEOF
+# ZeRO in the search: a layout of replicas that does not fit is priced again with --zero 1,
+# 2, then 3 (on the CPU, without tensor shards), each where the one before does not fit. A
+# 9-layer MLP (one bucket a layer) at 4 ranks under 24 MiB: 4 replicas take 43 MiB
+# unsharded, 30 with --zero 1, 26 with --zero 2, 21 with --zero 3
+{ echo "[net]"; echo "input=1,28,28"
+  for _ in 1 2 3 4 5 6 7 8; do printf '[dense]\nunits=512\nactivation=relu\n'; done
+  printf '[dense]\nunits=10\nactivation=linear\n'; } >"$WORK/deep.cfg"
+"$PIPETRAIN" plan --model "$WORK/deep.cfg" --ranks 4 --batch 64 --bucket-mb 1 --reduce ordered \
+    --memory-mb 24 --top 1000 --json >"$WORK/z3.json"
+python3 - "$WORK/z3.json" <<'PYEOF' && pass "--memory-mb 24: 4 replicas of the 9-layer MLP offered with --zero 3 only (2 did not fit)" || failed "ZeRO-3 in the search"
+import json, sys
+c = json.load(open(sys.argv[1]))['choices']
+assert all(x['fits'] for x in c)
+r4 = {x['zero'] for x in c if x['replicas'] == 4 and x['tensor'] == 1}
+assert r4 == {3}, r4
+assert all(x['tensor'] == 1 for x in c if x['zero'] == 3)
+PYEOF
+
 # zb-h1 prices the same work as 1f1b (B + W about the whole backward) and holds more. Both
 # from ONE profile (one plan --ranks call lists every layout): separate plan calls profile
 # the layers anew, and under ctest -j two profiles differed by 2-3x (1f1b's compute 0.46 s

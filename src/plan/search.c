@@ -157,10 +157,17 @@ static void describe(char *buf, size_t size, const candidate *c)
     char mem[48] = "";
     if (c->schedule_memory > 0)
         snprintf(mem, sizeof mem, " --schedule-memory %g", c->schedule_memory);
+    char zero[16] = "";
+    if (c->zero) snprintf(zero, sizeof zero, " --zero %d", c->zero);
     snprintf(buf, size, "--stages %d --replicas %d%s --microbatches %d --schedule %s%s%s "
              "--recompute %s%s", c->stages, c->replicas, ten, c->microbatches, c->schedule, virt,
              mem, c->recompute ? "all" : "none",
-             c->zero == 2 ? " --zero 2" : c->zero ? " --zero 1" : "");
+             zero);
+}
+
+static const char *zero_note(int z)
+{
+    return z == 3 ? "  (--zero 3)" : z == 2 ? "  (--zero 2)" : "  (--zero 1)";
 }
 
 /* Why `b` ranks below `a` (both fit), in words. */
@@ -354,7 +361,7 @@ static void print_text(const plan_args *base, const topo_machine *m, const candi
                c[i].stages, c[i].replicas, ten, c[i].microbatches, c[i].schedule,
                c[i].virtual_stages,
                c[i].recompute ? "all" : "none", st, c[i].bubble, c[i].peak_bytes / 1048576.0,
-               cut, c[i].zero == 2 ? "  (--zero 2)" : c[i].zero ? "  (--zero 1)" : "");
+               cut, c[i].zero ? zero_note(c[i].zero) : "");
     }
     char lay[192], why[512];
     describe(lay, sizeof lay, &c[0]);
@@ -421,17 +428,17 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
                        : plan_price(b, a, net, prof, m, cm) < 0)
                 return -1;
             /* ZeRO-1 where the replicas' moments do not fit whole (same step: the same
-             * bytes cross the wire) */
-            if (a->memory_mb > 0 && b->peak_bytes > a->memory_mb * 1048576.0 &&
-                a->replicas > 1 && !reduce_method_root_steps(a->reduce)) {
-                a->zero = 1;
-                if (plan_price(b, a, net, prof, m, cm) < 0) return -1;
-                /* then ZeRO-2 (the gradients too) where ZeRO-1 does not fit either */
-                if (b->peak_bytes > a->memory_mb * 1048576.0) {
-                    a->zero = 2;
+             * bytes cross the wire), then each further stage where the last does not fit
+             * either, as far as train takes it: ZeRO-2 (the gradients too) and ZeRO-3 (the
+             * parameters, gathered layer by layer: not with tensor shards; gathers not
+             * priced in the step) on the CPU; ZeRO-1 only on CUDA */
+            int top = a->device == TOPO_DEVICE_CUDA ? 1 : a->tensor > 1 ? 2 : 3;
+            if (a->replicas > 1 && !reduce_method_root_steps(a->reduce))
+                for (int z = 1; z <= top && a->memory_mb > 0 &&
+                                b->peak_bytes > a->memory_mb * 1048576.0; z++) {
+                    a->zero = z;
                     if (plan_price(b, a, net, prof, m, cm) < 0) return -1;
                 }
-            }
             int chunks = K * V;
             int *first = malloc(((size_t)chunks + 1) * sizeof *first);
             if (!first) return pt_error_set("out of memory");
