@@ -276,8 +276,9 @@ TFC_HD void tfc_embed_tok_grad(float *dwte_row, const float *dout, const int32_t
  * head), one row a thread (queries in the forward and dQ, keys in dK and dV), held in
  * registers; the other side's rows pass through shared memory in tiles of
  * tfc_att_tile_rows<MAXD> rows, zero-padded to MAXD columns. MAXD, the compile-time bound
- * on D (16, 32, 64 or 128), keeps the per-row arrays in registers (a runtime bound put them
- * in local memory, which made the first kernels ~17× slower than PyTorch on GPT-2 shapes).
+ * on D (16, 32, 64 or 128), keeps the per-row arrays in registers (a runtime bound puts
+ * them in local memory; the first kernels, written so, ran ~17× slower than PyTorch on
+ * GPT-2 shapes).
  * The padding adds exact zeros, so every sum has the value of the sum over D, taken in the
  * order of j (or i) as the one-row-per-thread formulation did. The host test runs these
  * functions block by block and tile by tile, as the kernels do (staging, then each thread). */
