@@ -50,15 +50,7 @@ for args in "1 adamw ordered" "2 momentum ordered" "2 sgd allreduce"; do
 done
 
 # can fail: a bucket left unreduced
-out=$WORK/skip.st
-"$MPIEXEC" -n 2 "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st" --replicas 2 \
-    --microbatches 1 --optimizer sgd --lr 0.05 --reduce ordered --zero 2 \
-    --debug-skip-bucket 1 --save "$out" >/dev/null
-if "$PIPETRAIN" diff "$out" "$(ref sgd 2)" >/dev/null 2>&1; then
-    failed "a bucket left unreduced matched one process: the comparison cannot fail"
-else
-    pass "a bucket left unreduced differs"
-fi
+skip_differs 2 1 sgd "a bucket left unreduced"
 
 # checkpoints: a --zero 2 run's checkpoint resumed by one process, an unsharded one by --zero 2
 CK=(--optimizer adamw --lr 0.001 --checkpoint-every 2 --steps 2 --load "$WORK/init.st")

@@ -59,15 +59,7 @@ elif [ "$(json_field test_loss <"$WORK/u3.json")" = "$(json_field test_loss <"$W
 else failed "uneven evaluation shares: zero 3 $(json_field test_loss <"$WORK/u3.json") vs zero 0"; fi
 
 # can fail: bucket 1's layers never gathered (their reductions still run)
-out=$WORK/skip.st
-"$MPIEXEC" -n 2 "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st" --replicas 2 \
-    --microbatches 1 --optimizer adamw --lr 0.001 --reduce ordered --zero 3 \
-    --debug-skip-bucket 1 --save "$out" >/dev/null
-if "$PIPETRAIN" diff "$out" "$(ref adamw 2)" >/dev/null 2>&1; then
-    failed "a bucket never gathered matched one process: the comparison cannot fail"
-else
-    pass "a bucket's layers never gathered differ"
-fi
+skip_differs 3 1 adamw "a bucket never gathered"
 
 # checkpoints in another layout: a --zero 3 run's (1 stage × 2 replicas) resumed by one
 # process, an unsharded one's resumed by --zero 3 on 2 stages × 2 replicas

@@ -41,15 +41,7 @@ check 1 2 2 sgd allreduce
 check 2 2 2 momentum allreduce
 
 # can fail: a bucket left unreduced
-out=$WORK/skip.st
-"$MPIEXEC" -n 2 "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st" --replicas 2 \
-    --microbatches 2 --optimizer adam --lr 0.001 --reduce ordered --zero 1 \
-    --debug-skip-bucket 1 --save "$out" >/dev/null
-if "$PIPETRAIN" diff "$out" "$(ref adam 4)" >/dev/null 2>&1; then
-    failed "a bucket left unreduced matched one process: the comparison cannot fail"
-else
-    pass "a bucket left unreduced differs"
-fi
+skip_differs 1 2 adam "a bucket left unreduced"
 
 # checkpoints: the moments of a sharded run's checkpoint are the unsharded run's bits, and
 # each resumes the other to the uninterrupted run's parameters

@@ -25,6 +25,21 @@ same() {
     fi
 }
 
+# skip_differs ZERO M OPT WHAT: the comparison can fail. 2 replicas with --zero ZERO, M
+# micro-batches each, bucket 1 skipped (--debug-skip-bucket: left unreduced, or for ZeRO-3
+# never gathered) must differ from one process with 2·M micro-batches.
+skip_differs() {
+    local out=$WORK/skip$1.st
+    "$MPIEXEC" -n 2 "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st" --replicas 2 \
+        --microbatches "$2" --optimizer "$3" --lr "$(lr_of "$3")" --reduce ordered --zero "$1" \
+        --debug-skip-bucket 1 --save "$out" >/dev/null
+    if "$PIPETRAIN" diff "$out" "$(ref "$3" $((2 * $2)))" >/dev/null 2>&1; then
+        failed "$4 matched one process: the comparison cannot fail"
+    else
+        pass "$4 differs"
+    fi
+}
+
 # deep_mlp: the memory checks' model, nine dense layers of ~1 MB each (784 → 512 ×8 → 10,
 # each its own bucket at --bucket-mb 1), in $WORK/deep.cfg, and W: its runs' options
 deep_mlp() {
