@@ -514,27 +514,25 @@ void exec_finish_free(exec_t *e)
     e->fin = NULL;
 }
 
-int exec_finish_grads(exec_t *e, const optimizer_config *opt)
+/* Steps 0 and 1 (the sequence-parallel sums, the tie), before either kind of norm. */
+static int finish_begin(exec_t *e)
 {
     struct exec_finish *f = e->fin;
     if (!f) return pt_error_set("rank %d: the step's finish was not set up (exec_start)",
                                 e->world_rank);
     f->last_norm = NAN;
-    if (seq_step(e, f) || tie_step(e, f)) return -1;
-    return opt->clip_norm > 0 ? clip_step(e, f, opt->clip_norm) : 0;
+    return seq_step(e, f) || tie_step(e, f) ? -1 : 0;
+}
+
+int exec_finish_grads(exec_t *e, const optimizer_config *opt)
+{
+    if (finish_begin(e)) return -1;
+    return opt->clip_norm > 0 ? clip_step(e, e->fin, opt->clip_norm) : 0;
 }
 
 double exec_finish_norm(const exec_t *e) { return e->fin ? e->fin->last_norm : NAN; }
 
-int exec_finish_grads_post(exec_t *e)
-{
-    struct exec_finish *f = e->fin;
-    if (!f) return pt_error_set("rank %d: the step's finish was not set up (exec_start)",
-                                e->world_rank);
-    f->last_norm = NAN;
-    if (seq_step(e, f) || tie_step(e, f)) return -1;
-    return norm_post(e, f);
-}
+int exec_finish_grads_post(exec_t *e) { return finish_begin(e) || norm_post(e, e->fin) ? -1 : 0; }
 
 int exec_finish_validate(exec_t *e, const optimizer_config *opt, float *scale)
 {
