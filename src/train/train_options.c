@@ -203,7 +203,8 @@ static const opt_spec train_opts[] = {
      .help = "rank RANK stops responding at step STEP"},
     {.id = O_KILL, .name = "debug-kill", .kind = OPT_TEXT, .arg = "RANK:STEP",
      .help = "rank RANK kills itself (SIGKILL) at step STEP; PT_TEST_KILL_BEFORE_RENAME=FILE "
-             "kills the writer of a checkpoint once before its rename"},
+             "kills the writer of a checkpoint once before its rename; PT_TEST_FAULT_ONCE=FILE: "
+             "a --debug-* fault fires only while FILE exists, and removes it"},
     {.id = O_MPI_ERROR, .name = "debug-mpi-error", .kind = OPT_TEXT, .arg = "RANK:STEP",
      .help = "rank RANK makes an invalid MPI call at step STEP"},
     {.id = O_DELAY, .name = "debug-delay-sends", .kind = OPT_INT, .arg = "POLLS", .min = 0,
