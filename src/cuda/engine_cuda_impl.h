@@ -2,9 +2,10 @@
  * finish) and engine_cuda_run.c (forward, backward, messages). Not for other modules.
  *
  * The CUDA engine (src/engine/engine.h) is one pipeline stage resident on one GPU.
- * Parameters, gradients, every slot's activations and every micro-batch buffer live in ONE
- * device allocation, and every host staging buffer in one pinned allocation, both made at
- * creation. The optimizer's moments have their own, made at the first update (whole) or
+ * Every slot's activations and every micro-batch buffer live in ONE device allocation, the
+ * parameters and the gradient blocks in one each (ZeRO-2 and 3 move them into mapped
+ * ranges, cuda_vmm below), and every host staging buffer in one pinned allocation, all made
+ * at creation. The optimizer's moments have their own, made at the first update (whole) or
  * by optim_shard (ZeRO: this replica's runs only, with a pinned mirror of the parameters
  * for the all-gather); nothing else is allocated while training. Work is queued
  * on three non-blocking streams: compute (the kernels and cuBLAS), h2d (samples and
