@@ -68,8 +68,10 @@ check() {
     fi
 }
 check "seed-cnn adam" "1 2 3" "${CNN[@]}" --optimizer adam --lr 0.001 --overlap off
-check "seed-cnn momentum overlap" "1 2" "${CNN[@]}" --optimizer momentum --lr 0.05 --overlap on
-check "gpt-nano adamw clip" "1 2 3" "${GPT[@]}"
+# (ZeRO-2 alone on seed-cnn; ZeRO-3 gives the gradients back as ZeRO-2 does, so gpt-nano's
+# --zero 3 covers them with --overlap on and the tied head's buckets kept whole)
+check "seed-cnn momentum overlap" "1" "${CNN[@]}" --optimizer momentum --lr 0.05 --overlap on
+check "gpt-nano adamw clip" "1 3" "${GPT[@]}"
 
 # 2 stages × 2 replicas (4 ranks on the one mock GPU): ZeRO-3 (and with it ZeRO-2's
 # gradients) under 1f1b and zb-h1's split backward (W runs layer by layer too)
