@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "src/base/error.h"
+#include "src/plan/costs.h"
 #include "src/plan/search.h"
 
 enum { MAX_M = 64 };
@@ -90,6 +91,7 @@ typedef struct {
 typedef struct {
     cached_profile *c;
     int n, cap;
+    const char *costs; /* --costs FILE, or NULL */
 } profile_cache;
 
 static const partition_profile *profile_for(profile_cache *pc, const net_desc *net,
@@ -115,11 +117,13 @@ static const partition_profile *profile_for(profile_cache *pc, const net_desc *n
         if (shard_plan_init(&sp, net, T, mode) < 0) return NULL;
         profile_options po = {.batch = microbatch, .warmup = 1, .repeats = 3,
                               .device = ENGINE_CPU};
-        int rc = plan_profile_shards(&c->prof, net, &sp, &po);
+        int rc = plan_costs_profile(&c->prof, net, &sp, &po, pc->costs);
         shard_plan_free(&sp);
         if (rc < 0) return NULL;
-    } else if (partition_profile_measure(&c->prof, net, microbatch, 1, 3) < 0) {
-        return NULL;
+    } else {
+        profile_options po = {.batch = microbatch, .warmup = 1, .repeats = 3,
+                              .device = ENGINE_CPU, .split = 1};
+        if (plan_costs_profile(&c->prof, net, NULL, &po, pc->costs) < 0) return NULL;
     }
     c->microbatch = microbatch;
     c->T = T;
@@ -466,8 +470,8 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
              * bytes cross the wire), then each further stage where the last does not fit
              * either, as far as train takes it: ZeRO-2 (the gradients too) and ZeRO-3 (the
              * parameters, gathered layer by layer: not with tensor shards; gathers not
-             * priced in the step) on the CPU; ZeRO-1 only on CUDA */
-            int top = a->device == TOPO_DEVICE_CUDA ? 1 : a->tensor > 1 ? 2 : 3;
+             * priced in the step), on either device */
+            int top = a->tensor > 1 ? 2 : 3;
             if (a->replicas > 1 && !reduce_method_root_steps(a->reduce))
                 for (int z = 1; z <= top && a->memory_mb > 0 &&
                                 b->peak_bytes > a->memory_mb * 1048576.0; z++) {
@@ -554,7 +558,7 @@ int plan_search(const plan_args *base, const net_desc *net, const topo_machine *
         for (int K = 1; N % T == 0 && K <= N / T; K++) cap += (N / T) % K == 0 ? 2 : 0;
     cap *= 7 * N_KINDS * 2;
     candidate *c = calloc((size_t)cap, sizeof *c);
-    profile_cache pc = {0};
+    profile_cache pc = {.costs = base->costs};
     int n = 0, rc = 1;
     char skipped[512] = "";
     if (!c) {
