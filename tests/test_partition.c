@@ -290,7 +290,6 @@ static net_desc cnn_net(layer_desc *l)
     return net;
 }
 
-
 Test(partition, params_method_on_cnn)
 {
     layer_desc l[8];
