@@ -173,6 +173,138 @@ int partition_min_max(partition *p, const double *cost, int n_layers, int stages
     return 0;
 }
 
+/* ---- min-max of a V placement's pairs ----
+ *
+ * With two chunks per rank in a V, rank k runs model chunks k and 2K−1−k: its work is the
+ * sum of a chunk near the input and one near the loss. Balancing the 2K chunks one by one
+ * (partition_min_max) can leave a rank with two heavy chunks and another with two light
+ * ones (a language model's embedding and head chunks hold almost nothing, so rank 0 idles
+ * and every other rank holds two blocks); the ranks' pairs are what must be balanced.
+ *
+ * The pairs nest: pair k is the chunk right after pair k−1's first one and the chunk right
+ * before its second one. So a table over (left boundary i, right boundary j) per pair level
+ * works from the middle out: f[k][i][j] is the least largest pair sum when layers [i, j)
+ * are cut into the chunks of pairs k..K−1 (2(K−k) chunks; pair K−1's two chunks are
+ * adjacent). A second pass with the largest pair sum held within 1% of that optimum
+ * minimises the largest chunk, so that within a rank the two chunks are as even as the pairs allow (the
+ * V's forward runs down the ranks on one chunk and back up on the other). O(K·n⁴) time,
+ * O(K·n²) memory: models up to PAIR_MAX_LAYERS layers. */
+enum { PAIR_MAX_LAYERS = 128 };
+#define PAIR_SLACK 0.01
+
+typedef struct {
+    int n, K;
+    size_t row;     /* n + 1 */
+    double *sum;    /* [i·row + j]: cost of layers [i, j), accumulated from i upwards */
+    double *f, *g;  /* [k·row² + i·row + j]; INFINITY where no cut exists */
+    int *arg;       /* [k·row² + i·row + j]: pass 2's choice, i'·row + j' (innermost: m) */
+} pair_tables;
+
+static size_t pair_at(const pair_tables *t, int k, int i, int j)
+{
+    return (size_t)k * t->row * t->row + (size_t)i * t->row + (size_t)j;
+}
+
+/* Pass 1 (lim < 0): f, the least largest pair sum. Pass 2 (lim >= 0): g, the least
+ * largest chunk among cuts whose pairs all cost at most lim, and its choices. */
+static void pair_level(pair_tables *t, int k, double lim)
+{
+    int n = t->n, K = t->K, inner = 2 * (K - 1 - k); /* chunks inside pair k */
+    double *out = lim < 0 ? t->f : t->g;
+    const double *S = t->sum;
+    for (int i = k; i <= n; i++)
+        for (int j = i; j <= n - k; j++) {
+            double best = INFINITY;
+            int choice = -1;
+            if (j - i < inner + 2) {
+                out[pair_at(t, k, i, j)] = best;
+                continue;
+            }
+            if (k == K - 1) { /* two adjacent chunks [i, m), [m, j) */
+                for (int m = i + 1; m < j; m++) {
+                    double a = S[i * t->row + m], b = S[m * t->row + j];
+                    double v = lim < 0 ? a + b : a + b <= lim ? fmax(a, b) : INFINITY;
+                    if (v < best) best = v, choice = m;
+                }
+            } else {
+                for (int i2 = i + 1; i2 + inner + 1 <= j; i2++) {
+                    double a = S[i * t->row + i2];
+                    if (a >= best) break; /* the pair only grows with i2 */
+                    for (int j2 = j - 1; j2 - i2 >= inner; j2--) {
+                        double b = S[j2 * t->row + j];
+                        if (lim < 0 ? a + b >= best : b >= best) break;
+                        if (lim >= 0 && a + b > lim) break;
+                        double in = out[pair_at(t, k + 1, i2, j2)];
+                        double v = lim < 0 ? fmax(a + b, in) : fmax(fmax(a, b), in);
+                        if (v < best) best = v, choice = i2 * (int)t->row + j2;
+                    }
+                }
+            }
+            out[pair_at(t, k, i, j)] = best;
+            if (lim >= 0) t->arg[pair_at(t, k, i, j)] = choice;
+        }
+}
+
+static void pair_tables_free(pair_tables *t)
+{
+    free(t->sum), free(t->f), free(t->g), free(t->arg);
+}
+
+int partition_min_max_v(partition *p, const double *cost, int n_layers, int ranks)
+{
+    if (ranks < 1 || n_layers < 2 || ranks > n_layers / 2) {
+        if (p) *p = (partition){0};
+        return pt_error_set("partition_min_max_v: cannot cut %d layers into %d ranks' pairs "
+                            "of chunks (%d chunks)", n_layers, ranks, 2 * ranks);
+    }
+    /* the layer checks and the fallback for long models: the chunks' own min-max */
+    if (n_layers > PAIR_MAX_LAYERS) return partition_min_max(p, cost, n_layers, 2 * ranks);
+    if (partition_min_max(p, cost, n_layers, 2 * ranks)) return -1;
+    int n = n_layers, K = ranks;
+    size_t row = (size_t)n + 1, cells = (size_t)K * row * row;
+    pair_tables t = {.n = n, .K = K, .row = row, .sum = malloc(row * row * sizeof *t.sum),
+                     .f = malloc(cells * sizeof *t.f), .g = malloc(cells * sizeof *t.g),
+                     .arg = malloc(cells * sizeof *t.arg)};
+    if (!t.sum || !t.f || !t.g || !t.arg) {
+        pair_tables_free(&t);
+        partition_free(p);
+        return pt_error_set("out of memory for the pair table (%d layers, %d ranks)", n, K);
+    }
+    for (int i = 0; i <= n; i++) {
+        double s = 0;
+        for (int j = i; j <= n; j++) {
+            t.sum[(size_t)i * row + (size_t)j] = s;
+            if (j < n) s += cost[j];
+        }
+    }
+    for (int k = K - 1; k >= 0; k--) pair_level(&t, k, -1);
+    double opt = t.f[pair_at(&t, 0, 0, n)];
+    /* pairs within PAIR_SLACK of the optimum count as balanced: a profile's layer times
+     * are not that precise, and otherwise a head of 3% of a block decides that the first
+     * chunk takes two blocks (a V's first forward then waits for both) */
+    for (int k = K - 1; k >= 0; k--) pair_level(&t, k, opt * (1 + PAIR_SLACK));
+    /* from the outside in: pair k's boundaries are first[k + 1] and first[2K − 1 − k] */
+    int i = 0, j = n;
+    for (int k = 0; k < K; k++) {
+        int c = t.arg[pair_at(&t, k, i, j)];
+        if (c < 0) { /* cannot happen: pass 1's own cut keeps to the limit */
+            pair_tables_free(&t);
+            partition_free(p);
+            return pt_error_set("partition_min_max_v: internal error reconstructing pair %d",
+                                k);
+        }
+        if (k == K - 1) {
+            p->first[K] = c;
+        } else {
+            i = c / (int)row, j = c % (int)row;
+            p->first[k + 1] = i;
+            p->first[2 * K - 1 - k] = j;
+        }
+    }
+    pair_tables_free(&t);
+    return 0;
+}
+
 /* ---- explicit counts ---- */
 
 static int is_blank(char c) { return c == ' ' || c == '\t'; }
@@ -289,7 +421,7 @@ static int method_is_counts(const char *m)
 }
 
 static int by_cost(partition *p, const net_desc *net, const partition_profile *profile,
-                   int stages, int use_time)
+                   int stages, int use_time, int v_ranks)
 {
     int n = net->n_layers;
     double *cost = malloc((size_t)n * sizeof *cost);
@@ -301,13 +433,16 @@ static int by_cost(partition *p, const net_desc *net, const partition_profile *p
         else /* fp32 parameter bytes */
             cost[l] = 4.0 * (double)(net->layers[l].weight_count + net->layers[l].bias_count);
     }
-    int rc = partition_min_max(p, cost, n, stages);
+    int rc = v_ranks ? partition_min_max_v(p, cost, n, v_ranks)
+                     : partition_min_max(p, cost, n, stages);
     free(cost);
     return rc;
 }
 
-int partition_by_method(partition *p, const char *method, const net_desc *net,
-                        const partition_profile *profile, int stages)
+/* v_ranks > 0: a V placement over v_ranks ranks (stages = 2·v_ranks chunks); the cost
+ * methods balance the ranks' pairs (partition_min_max_v). */
+static int by_method(partition *p, const char *method, const net_desc *net,
+                     const partition_profile *profile, int stages, int v_ranks)
 {
     static const char known[] = "use uniform, params, time, or a list of layer counts per "
                                 "stage such as 4,3,4";
@@ -322,7 +457,8 @@ int partition_by_method(partition *p, const char *method, const net_desc *net,
     if (strcmp(method, "uniform") == 0)
         return partition_uniform(p, net->n_layers, stages);
     if (strcmp(method, "params") == 0)
-        return partition_check(net->n_layers, stages) ? -1 : by_cost(p, net, NULL, stages, 0);
+        return partition_check(net->n_layers, stages) ? -1
+                                                      : by_cost(p, net, NULL, stages, 0, v_ranks);
     if (strcmp(method, "time") == 0) {
         if (partition_check(net->n_layers, stages))
             return -1;
@@ -333,7 +469,25 @@ int partition_by_method(partition *p, const char *method, const net_desc *net,
             return pt_error_set("partition method \"time\": the profile has %d layers but the "
                                 "model has %d",
                                 profile->n_layers, net->n_layers);
-        return by_cost(p, net, profile, stages, 1);
+        return by_cost(p, net, profile, stages, 1, v_ranks);
     }
     return pt_error_set("unknown partition method \"%.*s\": %s", LIST_SHOWN, method, known);
+}
+
+int partition_by_method(partition *p, const char *method, const net_desc *net,
+                        const partition_profile *profile, int stages)
+{
+    return by_method(p, method, net, profile, stages, 0);
+}
+
+int partition_by_method_placed(partition *p, const char *method, const net_desc *net,
+                               const partition_profile *profile, int ranks,
+                               int virtual_stages, int v_placement)
+{
+    int V = virtual_stages > 1 ? virtual_stages : 1;
+    if (ranks < 1 || ranks > INT_MAX / V) {
+        if (p) *p = (partition){0};
+        return pt_error_set("the number of pipeline stages must be at least 1 (got %d)", ranks);
+    }
+    return by_method(p, method, net, profile, ranks * V, v_placement && V == 2 ? ranks : 0);
 }

@@ -18,6 +18,12 @@ int partition_uniform(partition *p, int n_layers, int stages);
  * contiguous cuts into non-empty stages; ties broken towards the lexicographically
  * smallest cut, so the answer is deterministic. Costs must be finite and ≥ 0. */
 int partition_min_max(partition *p, const double *cost, int n_layers, int stages);
+/* The same for a V placement of two chunks per rank over `ranks` ranks: 2·ranks chunks,
+ * rank k running chunks k and 2·ranks−1−k (zb-v, v-half, v-min, dualpipev). Minimises the
+ * largest pair sum (a rank's work), then, among the cuts whose pairs are all within 1% of
+ * that, the largest chunk. Exact for
+ * models of up to 128 layers; longer ones get partition_min_max's chunks. */
+int partition_min_max_v(partition *p, const double *cost, int n_layers, int ranks);
 /* An explicit list of layer counts, "4,3,4": they must be positive and add up. */
 int partition_from_counts(partition *p, const char *list, int n_layers, int stages);
 void partition_free(partition *p);
@@ -42,6 +48,13 @@ void partition_profile_free(partition_profile *prof);
  * An unknown method is an error naming the known ones. */
 int partition_by_method(partition *p, const char *method, const net_desc *net,
                         const partition_profile *profile, int stages);
+
+/* partition_by_method for `ranks` ranks of `virtual_stages` chunks each (ranks·V chunks);
+ * with v_placement and V = 2 the cost methods ("time", "params") balance each rank's pair
+ * of chunks (partition_min_max_v) instead of the chunks one by one. */
+int partition_by_method_placed(partition *p, const char *method, const net_desc *net,
+                               const partition_profile *profile, int ranks,
+                               int virtual_stages, int v_placement);
 
 /* Table: stage, layers (first–last and types), parameters, estimated time per sample
  * (when profile is given), boundary activation values per sample; then the imbalance,

@@ -117,7 +117,9 @@ static const opt_spec opt_shared[] = {
              "layout does not fit --memory-mb"},
     {.name = "partition", .letter = 'p', .kind = OPT_TEXT, .arg = "METHOD", .def = "time",
      .help = "how the layers are cut into stages: uniform | params | time (layer times "
-             "measured on this machine) | counts like 4,3,4"},
+             "measured on this machine) | counts like 4,3,4; params and time balance "
+             "each rank's pair of chunks under the V schedules, and a search with "
+             "--virtual 2 tries that cut and the chunks' one"},
     {.name = "device", .letter = 'd', .kind = OPT_CHOICE, .choices = "cpu|cuda", .def = "cpu",
      .help = "where each rank runs its stage: CPU cores, or one CUDA GPU"},
     {.name = "topology", .letter = 't', .kind = OPT_TEXT, .arg = "FILE",

@@ -268,7 +268,9 @@ int plan_layout(plan_built *b, const plan_args *a, const net_desc *net,
     topo_place_options opt = {.device = a->device, .nodes = a->nodes, .exclusive = a->exclusive};
     int V = a->virtual_stages > 1 ? a->virtual_stages : 1;
     if (shard_plan_init(&b->shard, net, a->tensor, a->tensor_mode) < 0) return -1;
-    if (partition_by_method(&b->part, a->method, net, prof, a->stages * V) < 0) goto fail;
+    if (partition_by_method_placed(&b->part, a->method, net, prof, a->stages, V,
+                                   plan_v_partition(a)) < 0)
+        goto fail;
     if (plan_traffic(&b->tr, a, net, &b->part, &b->shard) < 0 ||
         topo_place_ranks(&b->pl, m, &b->tr, cm, &opt) < 0)
         goto fail;
@@ -338,7 +340,34 @@ int plan_build(plan_built *b, const plan_args *a, const net_desc *net,
         plan_built_free(b);
         return -1;
     }
+    if (a->cut || strcmp(a->schedule, "search") || !plan_cut_matters(a)) return 0;
+    /* the search's candidates in a V want the pairs' cut, the interleaved ones the chunks':
+     * the chunks' too, the faster kept */
+    plan_args other = *a;
+    other.cut = plan_v_partition(a) ? 1 : 2;
+    plan_built alt;
+    if (plan_layout(&alt, &other, net, prof, m, cm) < 0) {
+        plan_built_free(b);
+        return -1;
+    }
+    if (plan_price(&alt, &other, net, prof, m, cm) < 0) {
+        plan_built_free(&alt);
+        plan_built_free(b);
+        return -1;
+    }
+    if (alt.pred.step_s < b->pred.step_s) {
+        plan_built_free(b);
+        *b = alt;
+    } else {
+        plan_built_free(&alt);
+    }
     return 0;
+}
+
+int plan_cut_matters(const plan_args *a)
+{
+    return a->virtual_stages == 2 && a->method &&
+           (!strcmp(a->method, "time") || !strcmp(a->method, "params"));
 }
 
 void plan_built_free(plan_built *b)

@@ -5,6 +5,8 @@
 #ifndef PT_PLAN_BUILD_H
 #define PT_PLAN_BUILD_H
 
+#include <string.h>
+
 #include "partition/partition.h"
 #include "src/model/net.h"
 #include "src/model/shard.h"
@@ -40,6 +42,9 @@ typedef struct {
     int shard_profile;   /* the profile given with these args is of the shards
                             (plan_profile_shards), not of whole layers */
     int tensor_given, tensor_mode_given;
+    int cut;                /* how the layers are cut into K·V chunks: 0 as the schedule
+                             * wants (plan_v_partition), 1 the chunks one by one, 2 the
+                             * V's pairs (partition_by_method_placed) */
     double schedule_memory; /* --schedule search: micro-batches a rank may hold (0: any) */
     int search_runs;        /* the search's greedy orders at most (0: its default) */
     const char *costs;      /* --costs-file FILE: profiles read from it, measured ones added
@@ -55,6 +60,17 @@ static inline int plan_model_chunk(const plan_args *a, int s, int v)
                                    schedule_is_v(a->schedule) ? SCHED_PLACE_V
                                                               : SCHED_PLACE_INTERLEAVED,
                                    s, v);
+}
+
+/* Whether the layers are cut for a V placement (partition_by_method_placed): a->cut where
+ * set, else for the V schedules and a search with an even V (plan_build then tries the
+ * chunks' cut too and keeps the faster, as train does). */
+static inline int plan_v_partition(const plan_args *a)
+{
+    if (a->cut) return a->cut == 2;
+    return schedule_is_v(a->schedule) ||
+           (!strcmp(a->schedule, "search") && a->virtual_stages > 1 &&
+            a->virtual_stages % 2 == 0);
 }
 
 static inline int plan_rank(const plan_args *a, int t, int s, int r)
@@ -96,7 +112,12 @@ typedef struct {
                             * too, and keeps it where the step is predicted shorter) */
 } plan_built;
 
-/* Partitions (a->method, into K·V model chunks as train cuts them), plans the tensor shards
+/* Whether a->method's cut depends on the placement (partition_by_method_placed: a cost
+ * method, V = 2): a search then prices both cuts. */
+int plan_cut_matters(const plan_args *a);
+
+/* Partitions (a->method, into K·V model chunks as train cuts them; a search with V = 2
+ * both ways, keeping the shorter predicted step), plans the tensor shards
  * (a->tensor, a->tensor_mode), places the ranks on m,
  * predicts the step (plan_predict: a->schedule, a->virtual_stages, a->recompute) and
  * estimates each stage's memory per rank (plan_memory). −1 with a message. */

@@ -391,6 +391,33 @@ static void print_text(const plan_args *base, const topo_machine *m, const candi
     }
 }
 
+/* Where the search was priced on two cuts of one layout (price_layouts), the one that fits
+ * and is faster stays, as plan_build keeps it with --stages (the other freed). */
+static void drop_slower_searches(candidate *c, int *n)
+{
+    for (int i = 0; i < *n; i++) {
+        if (strcmp(c[i].schedule, "search")) continue;
+        for (int j = i + 1; j < *n; j++) {
+            candidate *x = &c[i], *y = &c[j];
+            if (strcmp(y->schedule, "search") || x->stages != y->stages ||
+                x->replicas != y->replicas || x->tensor != y->tensor || x->mode != y->mode ||
+                x->microbatches != y->microbatches || x->virtual_stages != y->virtual_stages ||
+                x->recompute != y->recompute)
+                continue;
+            int y_better = y->fits != x->fits ? y->fits : y->step_s < x->step_s;
+            if (y_better) {
+                candidate t = *x;
+                *x = *y;
+                *y = t;
+            }
+            free(y->stage_bytes);
+            free(y->first);
+            *y = c[--*n];
+            j--;
+        }
+    }
+}
+
 /* The search's memory limit, from --memory-mb: the first of no limit, 1F1B's K
  * micro-batches per rank, ⌈K/2⌉ and 1 whose layout fits (the last tried where none does);
  * a->schedule_memory is left at the one priced. Without --memory-mb, no limit. */
@@ -411,14 +438,22 @@ static int price_search(plan_built *b, plan_args *a, const net_desc *net,
 }
 
 /* Prices every schedule and recomputation setting with `V` chunks per rank on the layout
- * in b (built for a->stages, a->virtual_stages = V), appending to c. */
+ * in b (built for a->stages, a->virtual_stages = V), appending to c. With v_cut >= 0 the
+ * layers were cut one of two ways (a->cut): only the schedules that want that cut
+ * (plan_v_partition: v_cut 1 the V's pairs, 0 the chunks), and the search on both (the
+ * slower dropped later: drop_slower_searches). */
 static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, const net_desc *net,
                          const partition_profile *prof, const topo_machine *m,
-                         const topo_cost_model *cm)
+                         const topo_cost_model *cm, int v_cut)
 {
     int K = a->stages, V = a->virtual_stages;
     for (int k = 0; k < N_KINDS; k++) {
         if (kinds[k].virtual_stages != V) continue;
+        plan_args own = *a;
+        own.cut = 0;
+        own.schedule = kinds[k].name;
+        if (v_cut >= 0 && strcmp(kinds[k].name, "search") && plan_v_partition(&own) != v_cut)
+            continue;
         if (K == 1 && strcmp(kinds[k].name, "1f1b")) continue;
         /* dualpipev needs two micro-batches per stage */
         if (!strcmp(kinds[k].name, "dualpipev") && a->microbatches < 2 * K) continue;
@@ -497,6 +532,24 @@ static int can_cut(const net_desc *net, int T, tensor_mode mode)
     return 0;
 }
 
+/* The layouts of a's K, R, T, M and V priced (price_layouts): with V = 2 cut by cost, the
+ * chunks' cut and the V's pairs' one (plan_v_partition), each schedule on its own. */
+static int price_cuts(candidate *c, int *n, plan_args *a, const net_desc *net,
+                      const partition_profile *prof, const topo_machine *m,
+                      const topo_cost_model *cm)
+{
+    int two = plan_cut_matters(a);
+    for (int v_cut = 0; v_cut < (two ? 2 : 1); v_cut++) {
+        a->cut = two ? 1 + v_cut : 0;
+        plan_built b;
+        if (plan_layout(&b, a, net, prof, m, cm) < 0) return -1;
+        int bad = price_layouts(c, n, a, &b, net, prof, m, cm, two ? v_cut : -1);
+        plan_built_free(&b);
+        if (bad) return -1;
+    }
+    return 0;
+}
+
 int plan_search(const plan_args *base, const net_desc *net, const topo_machine *m,
                 const topo_cost_model *cm)
 {
@@ -539,11 +592,7 @@ int plan_search(const plan_args *base, const net_desc *net, const topo_machine *
                         a.stages = K, a.replicas = R, a.microbatches = M, a.replica_batch = rb;
                         a.virtual_stages = V;
                         a.tensor = T, a.tensor_mode = tm, a.shard_profile = T > 1;
-                        plan_built b;
-                        if (plan_layout(&b, &a, net, prof, m, cm) < 0) goto out;
-                        int bad = price_layouts(c, &n, &a, &b, net, prof, m, cm);
-                        plan_built_free(&b);
-                        if (bad) goto out;
+                        if (price_cuts(c, &n, &a, net, prof, m, cm) < 0) goto out;
                     }
                 }
             }
@@ -558,6 +607,7 @@ int plan_search(const plan_args *base, const net_desc *net, const topo_machine *
                      "replica count that leaves whole stages (--batch)", N, base->batch);
         goto out;
     }
+    drop_slower_searches(c, &n);
     qsort(c, (size_t)n, sizeof *c, by_step);
     const candidate *smallest = &c[0];
     for (int i = 1; i < n; i++)

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -169,40 +170,14 @@ static int share_profile(const train_options *o, const net_desc *net, partition_
     return rc;
 }
 
-/* The partition; *prof gets the profile where one was measured (the "time" cut, or the
- * schedule search), else stays empty. */
-static int choose_partition(const train_options *o, const net_desc *net, partition *part,
-                            partition_profile *prof, MPI_Comm comm, int rank, int gpu)
-{
-    memset(part, 0, sizeof *part);
-    memset(prof, 0, sizeof *prof);
-    /* interleaved schedules cut the layers into K·V model chunks */
-    int parts = o->stages * o->virtual_stages;
-    if (partition_check(net->n_layers, parts)) return -1;
-    int search = !o->schedule_file && !strcmp(o->schedule, "search");
-    /* One stage needs no cut, and so no profile, unless the search prices the schedules. */
-    int have_profile = (!strcmp(o->partition, "time") && parts > 1) || search;
-    int rc = have_profile ? share_profile(o, net, prof, comm, rank, gpu,
-                                          search && o->device == ENGINE_CPU)
-                          : 0;
-    if (!rc && parts == 1 && !strcmp(o->partition, "time"))
-        rc = partition_uniform(part, net->n_layers, 1);
-    else if (!rc) rc = partition_by_method(part, o->partition, net, have_profile ? prof : NULL,
-                                           parts);
-    if (!rc && rank == 0 && !o->json && parts > 1) {
-        printf("partition (%s):\n", o->partition);
-        partition_print(part, net, have_profile ? prof : NULL, stdout);
-    }
-    return rc;
-}
-
 /* --schedule search: each model chunk's F, B and W of one micro-batch from the profile (B
  * and W half of the backward each where it was not split), recomputation (a forward) on
  * the ranks `recompute` flags; messages are not priced (ranks on one host: small beside
  * the layers). The same figures on every rank, so every rank
  * finds the same schedule. */
 static int search_schedule(const train_options *o, const partition *part,
-                           const partition_profile *prof, const int *recompute, schedule *s)
+                           const partition_profile *prof, const int *recompute, schedule *s,
+                           double *step)
 {
     int C = part->stages;
     double mb = (double)o->batch / ((double)o->replicas * o->microbatches);
@@ -225,6 +200,84 @@ static int search_schedule(const train_options *o, const partition *part,
     schedule_search_result r;
     int rc = schedule_search(s, &cfg, &r);
     free(c);
+    if (step) *step = r.step;
+    return rc;
+}
+
+/* --schedule search with V = 2 and a cut by cost: the V's pairs' cut (in *part) and the
+ * chunks' one each searched, the shorter simulated step's kept, as plan_build keeps it (the
+ * search's candidates in a V want the first, the interleaved ones the second). */
+static int search_both_cuts(const train_options *o, const net_desc *net,
+                            const partition_profile *prof, partition *part)
+{
+    int K = o->stages, flags[K];
+    partition chunks;
+    schedule a, b;
+    double ta, tb;
+    if (schedule_parse_recompute(o->recompute, K, flags) ||
+        partition_by_method_placed(&chunks, o->partition, net, prof, K, 2, 0))
+        return -1;
+    if (search_schedule(o, part, prof, flags, &a, &ta)) {
+        partition_free(&chunks);
+        return -1;
+    }
+    schedule_free(&a);
+    /* no order of the chunks' cut within the limit: the pairs' stays */
+    if (search_schedule(o, &chunks, prof, flags, &b, &tb)) tb = INFINITY;
+    else schedule_free(&b);
+    if (tb < ta) {
+        partition_free(part);
+        *part = chunks;
+    } else {
+        partition_free(&chunks);
+    }
+    return 0;
+}
+
+/* Whether the layers are cut for a V placement (partition_by_method_placed), as plan cuts
+ * them (plan_v_partition): a V schedule, a search with an even V, or a schedule file in a
+ * V (checked when the options were read: it parses). */
+static int cut_for_v(const train_options *o)
+{
+    if (o->schedule_file) {
+        schedule s;
+        if (schedule_read(&s, o->schedule_file)) return 0;
+        int v = s.placement == SCHED_PLACE_V;
+        schedule_free(&s);
+        return v;
+    }
+    return schedule_is_v(o->schedule) ||
+           (!strcmp(o->schedule, "search") && o->virtual_stages % 2 == 0);
+}
+
+/* The partition; *prof gets the profile where one was measured (the "time" cut, or the
+ * schedule search), else stays empty. */
+static int choose_partition(const train_options *o, const net_desc *net, partition *part,
+                            partition_profile *prof, MPI_Comm comm, int rank, int gpu)
+{
+    memset(part, 0, sizeof *part);
+    memset(prof, 0, sizeof *prof);
+    /* interleaved schedules cut the layers into K·V model chunks */
+    int parts = o->stages * o->virtual_stages;
+    if (partition_check(net->n_layers, parts)) return -1;
+    int search = !o->schedule_file && !strcmp(o->schedule, "search");
+    /* One stage needs no cut, and so no profile, unless the search prices the schedules. */
+    int have_profile = (!strcmp(o->partition, "time") && parts > 1) || search;
+    int rc = have_profile ? share_profile(o, net, prof, comm, rank, gpu,
+                                          search && o->device == ENGINE_CPU)
+                          : 0;
+    if (!rc && parts == 1 && !strcmp(o->partition, "time"))
+        rc = partition_uniform(part, net->n_layers, 1);
+    else if (!rc) rc = partition_by_method_placed(part, o->partition, net,
+                                                  have_profile ? prof : NULL, o->stages,
+                                                  o->virtual_stages, cut_for_v(o));
+    if (!rc && search && o->virtual_stages == 2 &&
+        (!strcmp(o->partition, "time") || !strcmp(o->partition, "params")))
+        rc = search_both_cuts(o, net, prof, part);
+    if (!rc && rank == 0 && !o->json && parts > 1) {
+        printf("partition (%s):\n", o->partition);
+        partition_print(part, net, have_profile ? prof : NULL, stdout);
+    }
     return rc;
 }
 
@@ -238,7 +291,7 @@ static int make_schedule(const train_options *o, const partition *part,
     if (o->schedule_file) return schedule_read(s, o->schedule_file);
     if (schedule_parse_recompute(o->recompute, K, flags)) return -1;
     /* the search prices recomputation with each candidate and returns it added */
-    if (!strcmp(o->schedule, "search")) return search_schedule(o, part, prof, flags, s);
+    if (!strcmp(o->schedule, "search")) return search_schedule(o, part, prof, flags, s, NULL);
     if (schedule_init_named(s, o->schedule, K, o->virtual_stages, o->microbatches)) return -1;
     int any = 0;
     for (int k = 0; k < K; k++) any |= flags[k];
