@@ -10,17 +10,9 @@
 # is no mock plugin (CUDA_MOCK_PLUGIN empty): the test exits 77, which ctest reports as
 # skipped (SKIP_RETURN_CODE), never as passed.
 source "$(dirname "$0")/lib/common.bash"
-if [ -z "${CUDA_MOCK_PLUGIN:-}" ]; then
-    echo "SKIP: no CUDA toolkit at configure time, so no mock CUDA plugin to test"
-    exit 77
-fi
-if [ ! -f "$CUDA_MOCK_PLUGIN" ]; then
-    echo "FAIL: the mock CUDA plugin $CUDA_MOCK_PLUGIN was configured but is not built"
-    exit 1
-fi
+require_cuda_mock
 COMMON=(--model "$MODELS/seed-cnn.cfg" --batch 16 --steps 4 --train-samples 256
         --test-samples 64 --seed 3 --threads 1 --json)
-cuda() { PIPETRAIN_CUDA_PLUGIN=$CUDA_MOCK_PLUGIN PT_MOCK_CUDA_MODE=2 "$@"; }
 
 # compare NAME A.st A.json B.st B.json: same parameters, same test loss
 compare() {

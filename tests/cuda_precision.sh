@@ -15,12 +15,7 @@
 # experiments/cuda/validate.sh step 11 allows ten times the figures on a GPU (an H200 gave
 # gpt-nano 5.2e-4 and 4.9e-3, seed-cnn 7.1e-4 and 6.2e-3 for these options).
 source "$(dirname "$0")/lib/common.bash"
-if [ -z "${CUDA_MOCK_PLUGIN:-}" ]; then
-    echo "SKIP: no CUDA toolkit at configure time, so no mock CUDA plugin to test"
-    exit 77
-fi
-[ -f "$CUDA_MOCK_PLUGIN" ] || { echo "FAIL: $CUDA_MOCK_PLUGIN is not built"; exit 1; }
-cuda() { PIPETRAIN_CUDA_PLUGIN=$CUDA_MOCK_PLUGIN PT_MOCK_CUDA_MODE=2 "$@"; }
+require_cuda_mock
 RTOL_TF32=2e-3
 RTOL_BF16=2e-2
 # a snapshot of the corpus: every run of the test reads the same text, even while the

@@ -19,11 +19,7 @@
 # model and on gpt-nano (docs/DESIGN.md, "Products in TF32 or bf16"). The GPU itself was not
 # run for these figures.
 source "$(dirname "$0")/lib/common.bash"
-if [ -z "${CUDA_MOCK_PLUGIN:-}" ]; then
-    echo "SKIP: no CUDA toolkit at configure time, so no mock CUDA plugin to test"
-    exit 77
-fi
-[ -f "$CUDA_MOCK_PLUGIN" ] || { echo "FAIL: $CUDA_MOCK_PLUGIN is not built"; exit 1; }
+require_cuda_mock
 export OPENBLAS_NUM_THREADS=1
 G=$PT_SOURCE_DIR/tests/golden
 GOLD=$G/gpt_autocast.json

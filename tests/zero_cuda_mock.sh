@@ -18,13 +18,8 @@
 # (--zero 3) differ. Without a CUDA toolkit at configure time there is no mock plugin:
 # exit 77 (skipped).
 source "$(dirname "$0")/lib/common.bash"
-if [ -z "${CUDA_MOCK_PLUGIN:-}" ]; then
-    echo "SKIP: no CUDA toolkit at configure time, so no mock CUDA plugin to test"
-    exit 77
-fi
-[ -f "$CUDA_MOCK_PLUGIN" ] || { echo "FAIL: $CUDA_MOCK_PLUGIN is not built"; exit 1; }
+require_cuda_mock
 export OPENBLAS_NUM_THREADS=1
-cuda() { PIPETRAIN_CUDA_PLUGIN=$CUDA_MOCK_PLUGIN PT_MOCK_CUDA_MODE=2 "$@"; }
 # micro-batches of ≤ 16 samples: the CPU stage runs each as one chunk, as the GPU does;
 # --bucket-mb 0.01: seed-cnn's layers in several buckets, each cut in 2 shards
 CNN=(--model "$MODELS/seed-cnn.cfg" --batch 16 --steps 3 --train-samples 256 --test-samples 0

@@ -48,3 +48,17 @@ finish() {
 json_field() {
     tail -n 1 | python3 -c "import json, sys; print(json.loads(sys.stdin.read())[sys.argv[1]])" "$1"
 }
+
+# require_cuda_mock: the tests of --device cuda over the mock CUDA runtime. Without a CUDA
+# toolkit at configure time there is no mock plugin (CUDA_MOCK_PLUGIN empty): exit 77,
+# which ctest reports as skipped (SKIP_RETURN_CODE), never as passed. Then `cuda CMD...`
+# runs CMD with the mock plugin, its streams progressing in a random order.
+require_cuda_mock() {
+    if [ -z "${CUDA_MOCK_PLUGIN:-}" ]; then
+        echo "SKIP: no CUDA toolkit at configure time, so no mock CUDA plugin to test"
+        exit 77
+    fi
+    [ -f "$CUDA_MOCK_PLUGIN" ] ||
+        { echo "FAIL: the mock CUDA plugin $CUDA_MOCK_PLUGIN was configured but is not built"; exit 1; }
+}
+cuda() { PIPETRAIN_CUDA_PLUGIN=$CUDA_MOCK_PLUGIN PT_MOCK_CUDA_MODE=2 "$@"; }
