@@ -312,20 +312,23 @@ int plan_predict(plan_prediction *out, const net_desc *net, const partition *par
 
 /* ZeRO-2: the most gradient bytes a replica holds at once in its backward with one piece:
  * max over buckets b of Σ_{k < b−1} B_k/R + B_{b−1} + B_b (B in bytes, the shards rounded
- * to nothing), as src/runtime/replicas.c gives memory back; −1 with a message. */
+ * to nothing), as src/runtime/replicas.c gives memory back, plus `scratch` buffers of the
+ * largest bucket (the CPU stage's gradient groups and mb_grads, which hold one backward
+ * range each: src/cpu/stage.h, release_zero); −1 with a message. */
 static double zero2_grad_bytes(const net_desc *net, int first, int last,
-                               const plan_memory_config *cfg)
+                               const plan_memory_config *cfg, int scratch)
 {
     reduce_plan plan;
     if (replicas_plan(&plan, net, first, last, &cfg->rep)) return -1;
-    double shards = 0, most = 0, R = cfg->replicas;
+    double shards = 0, most = 0, largest = 0, R = cfg->replicas;
     for (int b = 0; b < plan.n_buckets; b++) {
         double Bb = 4.0 * plan.buckets[b].count, prev = b ? 4.0 * plan.buckets[b - 1].count : 0;
         if (shards + prev + Bb > most) most = shards + prev + Bb;
+        if (Bb > largest) largest = Bb;
         shards += prev / R;
     }
     reduce_plan_free(&plan);
-    return most;
+    return most + scratch * largest;
 }
 
 /* ZeRO-3: the parameters' peak bytes on a replica: its shards 4Ψ/R and two adjacent layers
@@ -367,6 +370,17 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
         /* the tensor ranks of a stage may hold uneven shards: the largest */
         for (int t = 0; t < T; t++) {
             double rank = 0;
+            int failed = 0;
+            /* ZeRO-2 and 3 price the buckets and layers this tensor rank holds */
+            net_desc local;
+            const net_desc *zn = net;
+            if (sp && cfg->zero >= 2 && cfg->replicas > 1) {
+                if (shard_local_net(&local, sp, net, t)) {
+                    schedule_report_free(&rep);
+                    return -1;
+                }
+                zn = &local;
+            }
             for (int v = 0; v < V; v++) {
                 int c = schedule_model_chunk(sched, s, v), first = part->first[c], last = part->first[c + 1];
                 stage_bytes b = stage_estimate_shard(net, first, last, cfg->microbatch, 1, sp, t);
@@ -397,16 +411,25 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                     bytes -= (double)b.state / 2.0 * (1.0 - 1.0 / cfg->replicas);
                 /* ZeRO-2 (one piece): the gradients' peak is the shards of the buckets
                  * reduced so far and two whole buckets (the one whose reduce-scatter the
-                 * next start waits for, and the one just formed) */
+                 * next start waits for, and the one just formed), and in place of the
+                 * whole group arrays and mb_grads one bucket for each that is written (a
+                 * micro-batch of several chunks: a wave's group buffer, one thread here;
+                 * M > 1: mb_grads) */
                 if (cfg->zero >= 2 && cfg->replicas > 1 && cfg->grad_pieces <= 1) {
-                    double g = zero2_grad_bytes(net, first, last, cfg);
-                    if (g < 0) return -1;
-                    bytes += g - (double)b.state / 4.0;
+                    int scratch = (stage_estimate_groups(net, cfg->microbatch, 1) > 1) + (M > 1);
+                    double g = zero2_grad_bytes(zn, first, last, cfg, scratch);
+                    if (g < 0) failed = 1;
+                    bytes += g - (double)b.state / 4.0 - (double)b.groups;
                 }
                 if (cfg->zero >= 3 && cfg->replicas > 1)
-                    bytes += zero3_param_bytes(net, first, last, cfg->replicas) -
+                    bytes += zero3_param_bytes(zn, first, last, cfg->replicas) -
                              (double)b.state / 4.0;
                 rank += bytes;
+            }
+            if (zn != net) net_desc_free(&local);
+            if (failed) {
+                schedule_report_free(&rep);
+                return -1;
             }
             if (rank > out[s]) out[s] = rank;
         }
