@@ -3,7 +3,8 @@
 # backward, evaluation) and given back after, the next layer's gather prefetched. With
 # --reduce ordered every run must be bit-identical to one process with R·M micro-batches and
 # to --zero 2 (seed-mlp and gpt-nano, R = 2 and 4, 2 stages × 2 replicas under 1f1b, zb-h1,
-# interleaved, zb-v and recomputation, adamw with --clip-grad-norm); allreduce within 1e-6. Checkpoints keep whole tensors
+# interleaved, zb-v and recomputation, adamw with --clip-grad-norm; with --tensor 2 against
+# one replica of the same shards); allreduce within 1e-6. Checkpoints keep whole tensors
 # and resume in another layout. The comparison can fail: a bucket's layers never gathered
 # must differ. Memory, measured (mincore of the parameter array at the end of each layer's
 # pass): the shards plus the layers held whole at once, within 5%, and below --zero 2's 4Ψ.
@@ -94,6 +95,44 @@ for s in 1f1b zb-h1 "interleaved --virtual 2" zb-v "1f1b --recompute all"; do
         --schedule $s --zero 3 --save "$WORK/gk2.st" >/dev/null
     same "gpt-nano, K=2 × R=2 $s zero 3 vs one process" "$WORK/gk2.st" "$WORK/gref.st" 0
 done
+
+# tensor shards: a layer cut by --tensor runs in phases between the tensor collectives; the
+# hook gathers its shard-local parameters before its first phase and gives them back after
+# its last (after an input-split layer's bias, read once its partial sums are all-reduced).
+# Bit-identical to --zero 2 with the same --tensor and to one replica of the same shards with
+# R·M micro-batches (tensor shards themselves are not one process's bits: tensor_equivalence.sh)
+TREF=$WORK/tref.st
+"$MPIEXEC" -n 2 "$PIPETRAIN" train "${GPT[@]}" --microbatches 4 --tensor 2 --save "$TREF" >/dev/null
+for z in 3 2; do
+    "$MPIEXEC" -n 4 "$PIPETRAIN" train "${GPT[@]}" --microbatches 2 --replicas 2 --tensor 2 \
+        --zero $z --save "$WORK/gt$z.st" >/dev/null || failed "gpt-nano T=2 × R=2 zero $z: run failed"
+done
+same "gpt-nano, T=2 × R=2 zero 3 vs one replica of the shards" "$WORK/gt3.st" "$TREF" 0
+same "gpt-nano, T=2 × R=2 zero 3 vs zero 2" "$WORK/gt3.st" "$WORK/gt2.st" 0
+"$MPIEXEC" -n 8 "$PIPETRAIN" train "${GPT[@]}" --microbatches 2 --replicas 2 --tensor 2 \
+    --stages 2 --schedule zb-h1 --zero 3 --save "$WORK/gkt.st" >/dev/null
+same "gpt-nano, K=2 × T=2 × R=2 zb-h1 zero 3 vs one replica of the shards" "$WORK/gkt.st" "$TREF" 0
+# seed-mlp: dense layers cut by outputs, then by inputs (bias and activation after the
+# all-reduce), and the evaluation's passes
+MT=("${COMMON[@]}" --load "$WORK/init.st" --test-samples 64 --optimizer adamw --lr 0.001
+    --reduce ordered --tensor 2)
+"$MPIEXEC" -n 2 "$PIPETRAIN" train "${MT[@]}" --microbatches 4 --save "$WORK/mref.st" >"$WORK/mref.json"
+"$MPIEXEC" -n 4 "$PIPETRAIN" train "${MT[@]}" --microbatches 2 --replicas 2 --zero 3 \
+    --save "$WORK/mt3.st" >"$WORK/mt3.json" || failed "seed-mlp T=2 × R=2 zero 3: run failed"
+same "seed-mlp, T=2 × R=2 zero 3 vs one replica of the shards" "$WORK/mt3.st" "$WORK/mref.st" 0
+if [ "$(json_field test_loss <"$WORK/mt3.json")" = "$(json_field test_loss <"$WORK/mref.json")" ]; then
+    pass "seed-mlp, T=2 × R=2 zero 3: test loss $(json_field test_loss <"$WORK/mt3.json") as one replica's"
+else failed "seed-mlp, T=2 × R=2 zero 3: test loss differs"; fi
+# plan prices the tensor rank's shards: 2·M·(R−1)/R·4Ψ_rank gathered per step (M = 1, R = 2)
+if msg=$("$PIPETRAIN" plan --model "$MODELS/gpt-nano.cfg" --stages 1 --replicas 2 --tensor 2 \
+        --batch 8 --microbatches 1 --zero 3 --json | tail -n 1 | python3 -c '
+import json, sys
+p = json.loads(sys.stdin.read())["predicted"]
+g, r = p["stage_zero3_gather_bytes"][0], p["stage_param_bytes_per_rank"][0]
+print(f"gathers {g:.0f} B/step vs 4Ψ_rank = {r:.0f}")
+sys.exit(0 if abs(g - r) < 1 else 1)'); then
+    pass "plan --zero 3 --tensor 2: $msg"
+else failed "plan --zero 3 --tensor 2: $msg"; fi
 
 # memory per rank, measured: the parameters' peak backed bytes (mincore of the array and the
 # engine's page pool at the end of each layer's pass, before it goes back) of an MLP of nine

@@ -111,9 +111,10 @@ static const opt_spec opt_shared[] = {
              "bucket's gradient memory outside the replica's shard once the bucket is "
              "reduce-scattered (the drop needs --overlap on and one micro-batch per "
              "replica); 3 also keeps only the replica's shard of the parameters, all-gathering "
-             "each layer's before each of its passes (not with --tensor); plan prices 1 to 3 "
-             "(memory per rank) and, with --ranks, tries 1 and 2 where a layout does not fit "
-             "--memory-mb"},
+             "each layer's before each of its passes (with --tensor too: the layer's shard-local "
+             "parameters around its phases); plan prices 1 to 3 (memory per rank, and the "
+             "gathers in the step) and, with --ranks, tries 1, 2 and 3 where a layout does not "
+             "fit --memory-mb"},
     {.name = "partition", .letter = 'p', .kind = OPT_TEXT, .arg = "METHOD", .def = "time",
      .help = "how the layers are cut into stages: uniform | params | time (layer times "
              "measured on this machine) | counts like 4,3,4"},

@@ -584,10 +584,17 @@ static int hook(stage *s, int l, int backward, int begins)
     return 0;
 }
 
+/* ZeRO-3 with tensor shards: the shared runs call the hook around each layer's phases
+ * (stage_tensor_run.layer), one layer per run. */
+static int tp_layer(void *self, int i, int backward, int begins)
+{
+    return hook(((stage_pass *)self)->s, i, backward, begins);
+}
+
 static int tp_forward_run(void *self, int lo, int hi)
 {
     stage *s = ((stage_pass *)self)->s;
-    if (!s->layer_hook) return tp_forward_phases(self, lo, hi, 0, 0);
+    if (!s->layer_hook || s->plan.tp) return tp_forward_phases(self, lo, hi, 0, 0);
     /* ZeRO-3: one layer at a time, its parameters gathered around it */
     for (int l = lo; l < hi; l++)
         if (hook(s, l, 0, 1) || tp_forward_phases(self, l, l + 1, 0, 0) || hook(s, l, 0, 0))
@@ -619,7 +626,7 @@ static int tp_backward_run(void *self, int lo, int hi, const float *dout, float 
 {
     stage_pass *ps = self;
     stage *s = ps->s;
-    if (!s->layer_hook) return tp_backward_phases(self, lo, hi, 0, 0, dout, din);
+    if (!s->layer_hook || s->plan.tp) return tp_backward_phases(self, lo, hi, 0, 0, dout, din);
     if (lo + 1 < hi && ensure_carry(s)) return -1;
     for (int l = hi - 1; l >= lo; l--)
         if (hook(s, l, 1, 1) ||
@@ -648,7 +655,8 @@ static stage_tensor_run tensor_run(stage *s, stage_pass *ps)
     stage_slot *sl = &s->slots[ps->slot];
     stage_tensor_run r = {.plan = &s->plan, .ops = &tensor_ops_cpu, .self = ps, .n = sl->n,
                           .layers = sl->layers, .input = sl->input, .whole_out = sl->whole_out,
-                          .tp_dout = s->tp_dout, .tp_din = s->tp_din, .seq = s->tp_seq};
+                          .tp_dout = s->tp_dout, .tp_din = s->tp_din, .seq = s->tp_seq,
+                          .layer = s->layer_hook && s->plan.tp ? tp_layer : NULL};
     return r;
 }
 

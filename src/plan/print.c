@@ -87,18 +87,6 @@ static double stage_params(const plan_result *r, int s, int t)
     return n;
 }
 
-/* ZeRO-3: the bytes of parameters a replica of stage s receives per step, not priced in the
- * step: each layer all-gathered before its forward and again before its backward, every
- * micro-batch (a third time with recomputation): (2 or 3)·M·(R−1)/R·4Ψ_s. 0 without. */
-static double zero3_gather_bytes(const plan_result *r, int s)
-{
-    const plan_args *a = r->a;
-    if (a->zero < 3 || a->replicas < 2) return 0;
-    double passes = r->pred->sched.lists[s].recompute ? 3 : 2;
-    double share = (a->replicas - 1.0) / a->replicas;
-    return passes * a->microbatches * share * 4 * stage_params(r, s, -1);
-}
-
 /* The most parameters a tensor rank of stage s holds. */
 static double stage_rank_params(const plan_result *r, int s)
 {
@@ -108,6 +96,18 @@ static double stage_rank_params(const plan_result *r, int s)
         if (n > most) most = n;
     }
     return most;
+}
+
+/* ZeRO-3: the bytes of parameters a replica of stage s (its tensor rank's shards) receives
+ * per step: each layer all-gathered before its forward and again before its backward, every
+ * micro-batch (a third time with recomputation): (2 or 3)·M·(R−1)/R·4Ψ_s. 0 without. */
+static double zero3_gather_bytes(const plan_result *r, int s)
+{
+    const plan_args *a = r->a;
+    if (a->zero < 3 || a->replicas < 2) return 0;
+    double passes = r->pred->sched.lists[s].recompute ? 3 : 2;
+    double share = (a->replicas - 1.0) / a->replicas;
+    return passes * a->microbatches * share * 4 * stage_rank_params(r, s);
 }
 
 /* Stage s's tensor traffic per sample, summed over its model chunks. */

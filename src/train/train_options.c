@@ -466,11 +466,6 @@ static int check_zero(const train_options *o, const opt_parser *p)
                          "(and parameters) whole in one device allocation and cannot give "
                          "their memory back; use --zero 1 (the same reduce-scatter and "
                          "all-gather, the optimizer state sharded) or --device cpu", o->zero);
-    if (o->zero > 2 && o->tensor > 1)
-        return opt_error(p, "--zero 3 with --tensor %d: a stage's parameters are gathered "
-                         "layer by layer, and a layer cut into tensor shards runs in phases "
-                         "between the tensor collectives, which ZeRO-3 does not follow yet "
-                         "(use --zero 2)", o->tensor);
     return 0;
 }
 
