@@ -49,6 +49,17 @@ sys.exit(0 if k and all(a[x] == b[x] for x in k) else 1)' "$WORK/e3.json" "$WORK
     pass "evaluation, zero 3 = zero 0: $msg"
 else failed "evaluation, zero 3 vs zero 0: $msg"; fi
 
+# train prices the gathers at the calibration's time of one pass's (reported, not added to
+# the simulator, whose measured passes hold them): 2 passes per micro-batch here
+if msg=$(python3 -c '
+import json, sys
+d = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+g, one = d["stage_zero3_gather_predicted_s"][0], d["stage_reduce_bcast_s"][0]
+print(f"{g} s per step = 2 passes × {one} s")
+sys.exit(0 if g and one and one > 0 and abs(g - 2 * one) <= 1e-9 * g else 1)' "$WORK/e3.json"); then
+    pass "train --zero 3: gathers priced at $msg"
+else failed "train --zero 3: gathers priced at $msg"; fi
+
 # replicas with shares of different sizes (33 and 32 samples: 3 and 2 micro-batch chunks of
 # 16) gather as many times: the shorter ends on an empty chunk (it hung in its last gather
 # before; --timeout makes a regression fail, not hang)
@@ -163,9 +174,13 @@ sys.exit(0 if ok else 1)' $r "$WORK/mem${r}2.json" "$WORK/mem${r}3.json"); then
 done
 
 # plan --zero 3 prices the same: memory per rank drops by 4Ψ less the shards and two layers
-# whole (zero3_param_bytes), and the gathers' bytes per step are 2·M·(R−1)/R·4Ψ
+# whole (zero3_param_bytes), and the gathers' bytes per step are 2·M·(R−1)/R·4Ψ; on links of
+# 1 GB/s without latency the CPU waits for all of them (plan_zero3_pass_s): 4Ψ / 1e9 s
+LINKS=same-core,same-l3,same-numa,same-package,cross-package
 if msg=$(for z in 2 3; do "$PIPETRAIN" plan --model "$WORK/deep.cfg" --stages 1 --replicas 2 \
-            --batch 16 --microbatches 1 --bucket-mb 1 --zero $z --json | tail -n 1; done | python3 -c '
+            --batch 16 --microbatches 1 --bucket-mb 1 --zero $z --json \
+            --bandwidth "$(sed 's/,/=1e9,/g; s/$/=1e9/' <<<"$LINKS")" \
+            --latency "$(sed 's/,/=0,/g; s/$/=0/' <<<"$LINKS")" | tail -n 1; done | python3 -c '
 import json, sys
 z2, z3 = (json.loads(l)["predicted"] for l in sys.stdin.read().splitlines())
 L = [4 * (784 * 512 + 512)] + [4 * (512 * 512 + 512)] * 7 + [4 * (512 * 10 + 10)]
@@ -173,10 +188,12 @@ psi4 = sum(L)
 drop = psi4 - (psi4 / 2 + L[0] / 2 + L[1] / 2)
 m2, m3 = z2["stage_memory_bytes"][0], z3["stage_memory_bytes"][0]
 got, g = m2 - m3, z3["stage_zero3_gather_bytes"][0]
+w, w2 = z3["stage_zero3_gather_s"][0], z2["stage_zero3_gather_s"][0]
 print(f"memory {m3:.0f} (zero 2 {m2:.0f}, drop {got:.0f} vs {drop:.0f}), "
-      f"gathers {g:.0f} B/step vs 2·M·(R−1)/R·4Ψ = {psi4:.0f}")
+      f"gathers {g:.0f} B/step vs 2·M·(R−1)/R·4Ψ = {psi4:.0f}, waited {w:.6f} s vs {psi4 / 1e9:.6f}")
 sys.exit(0 if abs(got - drop) < 1e-5 * psi4 and abs(g - psi4) < 1 and
-         z2["stage_zero3_gather_bytes"][0] == 0 else 1)'); then
+         z2["stage_zero3_gather_bytes"][0] == 0 and abs(w - psi4 / 1e9) < 1e-9 and
+         w2 == 0 else 1)'); then
     pass "plan --zero 3: $msg"
 else failed "plan --zero 3: $msg"; fi
 finish

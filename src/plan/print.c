@@ -330,11 +330,12 @@ static void print_prediction(const plan_result *r, FILE *out)
         fprintf(out, "  (compute includes the tensor collectives; tensor: their time per step; "
                 "memory/rank: the largest tensor rank's)\n");
     for (int s = 0; a->zero >= 3 && a->replicas > 1 && s < S; s++) {
-        char g[32];
+        char g[32], w[32];
         topo_format_bytes(g, sizeof g, zero3_gather_bytes(r, s));
+        topo_format_seconds(w, sizeof w, pr->zero3_s[s]);
         fprintf(out, "  stage %d, --zero 3: %s of parameters gathered per step and replica (each "
-                "layer before its forward and its backward, every micro-batch; not in the "
-                "step above)\n", s, g);
+                "layer before its forward and its backward, every micro-batch), %s of them "
+                "waited for (in the step above)\n", s, g, w);
     }
 }
 
@@ -493,6 +494,9 @@ static void put_stage_figures(json_t *pj, const plan_result *r, int *ok)
     for (int s = 0; s < r->a->stages; s++)
         append(z3, topo_json_number(zero3_gather_bytes(r, s)), ok);
     put(pj, "stage_zero3_gather_bytes", z3, ok);
+    json_t *z3s = json_array();
+    for (int s = 0; s < r->a->stages; s++) append(z3s, topo_json_number(pr->zero3_s[s]), ok);
+    put(pj, "stage_zero3_gather_s", z3s, ok);
 }
 
 static json_t *json_traffic(const shard_traffic *tr)
