@@ -107,7 +107,8 @@ if(PT_HAVE_CUDA)
     add_executable(test_engine_cuda_mock ${CMAKE_SOURCE_DIR}/tests/cuda/test_engine_cuda_mock.c
       ${CMAKE_SOURCE_DIR}/tests/cuda/mock_cuda.c ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda.c
       ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_run.c ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_optim.c
-      ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_layers.c)
+      ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_layers.c ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_vmm.c
+      ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_zero.c)
     target_include_directories(test_engine_cuda_mock PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
     target_link_libraries(test_engine_cuda_mock PRIVATE ptcore)
     add_test(NAME test_engine_cuda_mock COMMAND test_engine_cuda_mock)

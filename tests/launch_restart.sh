@@ -9,7 +9,10 @@ source "$(dirname "$0")/lib/common.bash"
 export OPENBLAS_NUM_THREADS=1
 MLP=(--model "$MODELS/seed-mlp.cfg" --batch 32 --train-samples 2048 --test-samples 0
      --threads 1 --seed 5 --optimizer momentum --lr 0.01)
-STEPS=3000   # about 2 s on 2 ranks here: long enough to hit mid-run
+# The faults come at fixed steps, so the jobs can be short: rank 1 stops responding at step
+# FAULT_STEP (--debug-stall, after the checkpoint of step 400), once (PT_TEST_FAULT_ONCE: the
+# restart passes that step again), and is then killed from outside or left to the watchdog
+STEPS=800 EVERY=200 FAULT_STEP=500
 same() { "$PIPETRAIN" diff "$1" "$2" >/dev/null && pass "$3" || failed "$3: differs"; }
 events() { python3 -c "import json, sys
 print(' '.join(json.loads(l)['event'] for l in open(sys.argv[1])))" "$1"; }
@@ -23,25 +26,26 @@ launch_job() {
     local lopts=()
     while [ "$1" != -- ]; do lopts+=("$1"); shift; done
     shift
-    "$PIPETRAIN" launch --log "$WORK/$name.jsonl" "${lopts[@]}" -- \
+    touch "$WORK/$name.once"
+    PT_TEST_FAULT_ONCE=$WORK/$name.once "$PIPETRAIN" launch --log "$WORK/$name.jsonl" "${lopts[@]}" -- \
         "$MPIEXEC" "${LAUNCHER_ARGS[@]}" "$PIPETRAIN" train "${MLP[@]}" --microbatches 2 \
-        --steps $STEPS --checkpoint-dir "$WORK/$name" --checkpoint-every 500 \
+        --steps $STEPS --checkpoint-dir "$WORK/$name" --checkpoint-every $EVERY \
         --save "$WORK/$name.st" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
     JOB_PID=$!
 }
-wait_for_checkpoint() { # DIR: until its first complete checkpoint exists (30 s at most)
+wait_for_stall() { # NAME: until rank 1 waits at FAULT_STEP (it removed NAME.once; 30 s at most)
     for _ in $(seq 600); do
-        ls "$1"/ckpt-*.safetensors >/dev/null 2>&1 && return 0
+        [ -e "$WORK/$1.once" ] || return 0
         sleep 0.05
     done
     return 1
 }
 rank_pid() { pgrep -n -f -- "--checkpoint-dir $1 " || pgrep -n -f -- "--checkpoint-dir $1\$"; }
 
-# 1. a rank killed mid-run
+# 1. a rank killed mid-run (from outside, while rank 1 waits at FAULT_STEP)
 LAUNCHER_ARGS=(-n 2)
-launch_job kill -- --stages 2
-wait_for_checkpoint "$WORK/kill" && kill -KILL "$(rank_pid "$WORK/kill")"
+launch_job kill -- --stages 2 --debug-stall 1:$FAULT_STEP
+wait_for_stall kill && kill -KILL "$(rank_pid "$WORK/kill")"
 wait $JOB_PID && rc=0 || rc=$?
 [ $rc = 0 ] && [ "$(events "$WORK/kill.jsonl")" = "start failed restart start done" ] \
     && pass "rank killed: failed, restarted from its checkpoint, done ($(events "$WORK/kill.jsonl"))" \
@@ -51,18 +55,16 @@ grep -q -- "--resume $WORK/kill" "$WORK/kill.jsonl" && pass "the restart resumed
     || failed "the restart did not resume"
 
 # 2. a rank stopped until the watchdog ends the job
-launch_job stop -- --stages 2 --timeout 2
-wait_for_checkpoint "$WORK/stop" && victim=$(rank_pid "$WORK/stop") && kill -STOP "$victim"
+launch_job stop -- --stages 2 --timeout 2 --debug-stall 1:$FAULT_STEP
 wait $JOB_PID && rc=0 || rc=$?
-kill -CONT "$victim" 2>/dev/null || true
 [ $rc = 0 ] && [ "$(events "$WORK/stop.jsonl")" = "start failed restart start done" ] \
     && pass "rank stopped: the watchdog ended the job, restarted, done" \
     || { failed "rank stopped: exit $rc, events $(events "$WORK/stop.jsonl")"; cat "$WORK/stop.err"; }
 same "$WORK/stop.st" "$WORK/full.st" "rank stopped and restarted: bit-identical"
 
-# 3. killed while writing the checkpoint of step 1000 (the temporary complete, not renamed):
-# the restart resumes from step 500's, the temporary is never taken for a checkpoint
-echo ckpt-0000001000 >"$WORK/kill_flag"
+# 3. killed while writing the checkpoint of step 400 (the temporary complete, not renamed):
+# the restart resumes from step 200's, the temporary is never taken for a checkpoint
+echo ckpt-0000000400 >"$WORK/kill_flag"
 PT_TEST_KILL_BEFORE_RENAME=$WORK/kill_flag launch_job inwrite -- --stages 2
 wait $JOB_PID && rc=0 || rc=$?
 [ $rc = 0 ] && [ ! -e "$WORK/kill_flag" ] \
@@ -79,8 +81,9 @@ ls "$WORK/inwrite" | grep -q tmp && failed "a temporary was left: $(ls "$WORK/in
 "$PIPETRAIN" train "${MLP[@]}" --microbatches 4 --steps $STEPS --save "$WORK/full4.st" >/dev/null
 echo "localhost:4" >"$WORK/hosts"
 LAUNCHER_ARGS=(-n 4 -f "$WORK/hosts")
-launch_job lost --min-ranks 2 --hostfile "$WORK/hosts" -- --stages 2 --replicas 2 --reduce ordered
-wait_for_checkpoint "$WORK/lost" && echo "localhost:2" >"$WORK/hosts" && kill -KILL "$(rank_pid "$WORK/lost")"
+launch_job lost --min-ranks 2 --hostfile "$WORK/hosts" -- --stages 2 --replicas 2 --reduce ordered \
+    --debug-stall 1:$FAULT_STEP
+wait_for_stall lost && echo "localhost:2" >"$WORK/hosts" && kill -KILL "$(rank_pid "$WORK/lost")"
 wait $JOB_PID && rc=0 || rc=$?
 [ $rc = 0 ] && grep -q '"event":"replan","ranks":2,"stages":2,"replicas":1,"microbatches":4' "$WORK/lost.jsonl" \
     && pass "node lost: re-planned on 2 ranks (2 stages × 1 replica, 4 micro-batches), done" \
@@ -93,15 +96,15 @@ LAUNCHER_ARGS=(-n 2)
 if [ "$(id -u)" = 0 ] && mkdir -p "$WORK/small" && mount -t tmpfs -o size=2m tmpfs "$WORK/small" 2>/dev/null; then
     "$PIPETRAIN" launch --max-restarts 1 --log "$WORK/full.jsonl" -- "$MPIEXEC" -n 2 \
         "$PIPETRAIN" train "${MLP[@]}" --microbatches 2 --steps $STEPS --stages 2 \
-        --checkpoint-dir "$WORK/small/ck" --checkpoint-every 500 --keep 2 \
+        --checkpoint-dir "$WORK/small/ck" --checkpoint-every $EVERY --keep 2 \
         >/dev/null 2>"$WORK/full.err" && rc=0 || rc=$?
     first=$(ls "$WORK/small/ck" | head -1)
     [ $rc = 1 ] && grep -q "No space left on device" "$WORK/full.err" \
         && [ "$(events "$WORK/full.jsonl")" = "start failed restart start failed gave_up" ] \
         && pass "disk full: the message, one restart, then given up (exit 1)" \
         || { failed "disk full: exit $rc, events $(events "$WORK/full.jsonl")"; tail -5 "$WORK/full.err"; }
-    "$PIPETRAIN" train "${MLP[@]}" --microbatches 2 --steps 600 --resume "$WORK/small/ck/$first" \
-        >/dev/null 2>&1 && [ "$first" = ckpt-0000000500.safetensors ] \
+    "$PIPETRAIN" train "${MLP[@]}" --microbatches 2 --steps 300 --resume "$WORK/small/ck/$first" \
+        >/dev/null 2>&1 && [ "$first" = ckpt-0000000200.safetensors ] \
         && pass "the checkpoint before the full disk is intact and resumes ($first)" \
         || failed "the checkpoint before the full disk ($first) does not resume"
     umount "$WORK/small"
@@ -122,18 +125,20 @@ fi
 
 # 8. a language model: gpt-nano with its head tied to the embedding across 2 stages, on
 # the built-in corpus, AdamW with a cosine schedule and clipping; a rank killed after the
-# first checkpoint. The resumed run (parameters, AdamW's moments, the data position and the
+# checkpoint of step 400 (rank 1 waiting at FAULT_STEP). The resumed run (parameters, AdamW's moments, the data position and the
 # schedule's step from the checkpoint) ends bit-identical to one process
 sed 's/^\[lm_head\].*/[lm_head]\ntied=1/' "$MODELS/gpt-nano.cfg" >"$WORK/nano-tied.cfg"
 GPT=(--model "$WORK/nano-tied.cfg" --batch 8 --threads 1 --seed 3 --optimizer adamw --lr 1e-3
-     --lr-schedule cosine --lr-warmup 100 --clip-grad-norm 1 --microbatches 2 --steps 3000
+     --lr-schedule cosine --lr-warmup 100 --clip-grad-norm 1 --microbatches 2 --steps $STEPS
      --eval-windows 4)
 "$PIPETRAIN" train "${GPT[@]}" --save "$WORK/gpt-full.st" >/dev/null
-"$PIPETRAIN" launch --log "$WORK/gpt.jsonl" -- "$MPIEXEC" -n 2 "$PIPETRAIN" train "${GPT[@]}" \
-    --stages 2 --checkpoint-dir "$WORK/gpt" --checkpoint-every 500 --save "$WORK/gpt.st" \
-    >"$WORK/gpt.out" 2>"$WORK/gpt.err" &
+touch "$WORK/gpt.once"
+PT_TEST_FAULT_ONCE=$WORK/gpt.once "$PIPETRAIN" launch --log "$WORK/gpt.jsonl" -- \
+    "$MPIEXEC" -n 2 "$PIPETRAIN" train "${GPT[@]}" \
+    --stages 2 --checkpoint-dir "$WORK/gpt" --checkpoint-every $EVERY --save "$WORK/gpt.st" \
+    --debug-stall 1:$FAULT_STEP >"$WORK/gpt.out" 2>"$WORK/gpt.err" &
 JOB_PID=$!
-wait_for_checkpoint "$WORK/gpt" && kill -KILL "$(rank_pid "$WORK/gpt")"
+wait_for_stall gpt && kill -KILL "$(rank_pid "$WORK/gpt")"
 wait $JOB_PID && rc=0 || rc=$?
 [ $rc = 0 ] && [ "$(events "$WORK/gpt.jsonl")" = "start failed restart start done" ] \
     && pass "gpt-nano (tied head, 2 stages, AdamW, cosine): killed, restarted, done" \

@@ -616,18 +616,25 @@ envelope_checks() {
 
 # 7: the hybrid mode on one GPU: 2 replicas (--reduce ordered), 2 stages × 2 replicas, and
 # 2 replicas under ZeRO-1 (7c: each keeps its shard's Adam moments on the device, steps
-# them, and the parameters are all-gathered through a pinned mirror), against 1 rank with
-# the same 4 micro-batches of 32, bit for bit.
+# them, and the parameters are all-gathered through a pinned mirror), ZeRO-2 (7d: the
+# gradients' granules outside the shard unmapped through the driver's virtual memory
+# management, cuMemMap/cuMemUnmap, once their bucket is reduced) and ZeRO-3 (7e: the
+# parameters' too, each layer mapped and uploaded from its host-staged gather before each
+# pass), against 1 rank with the same 4 micro-batches of 32, bit for bit. 7d and 7e were
+# written without a GPU (tested through the mock runtime, tests/zero_cuda_mock.sh): the
+# first GPU session runs them first.
 hybrid_on_gpu() {
     section "7 replicas on one GPU against 1 rank, bit for bit"
     local ref=$WORK/one_rank.safetensors launcher=()
     grep -qi hydra <<<"$("$MPIEXEC" --version 2>&1)" && launcher=(-launcher fork)
     local id n layout
-    for id in 7a 7b 7c; do
+    for id in 7a 7b 7c 7d 7e; do
         case $id in
             7a) n=2 layout=(--replicas 2 --microbatches 2) ;;
             7b) n=4 layout=(--stages 2 --replicas 2 --microbatches 2) ;;
             7c) n=2 layout=(--replicas 2 --microbatches 2 --zero 1) ;;
+            7d) n=2 layout=(--replicas 2 --microbatches 2 --zero 2) ;;
+            7e) n=2 layout=(--replicas 2 --microbatches 2 --zero 3) ;;
         esac
         if [ ! -f "$ref" ]; then record $id FAIL "replicas" "no 1-rank reference (step 4)"; continue; fi
         if ! fits 40; then record $id "NOT RUN" "replicas" "time budget"; continue; fi
@@ -1064,7 +1071,7 @@ with open(out_f, 'w') as f:
     json.dump(res, f, indent=1)
 
 order = ['1', '2', '3a', '3b', '3c', '3d', '3e', '3f', '3g', '4a', '4b', '4c', '4d', '7a', '7b',
-         '7c', '8a', '8b', '9a', '9b', '9c', '10a', '10b', '10c', '10d', '10e', '11a', '11b', '11c',
+         '7c', '7d', '7e', '8a', '8b', '9a', '9b', '9c', '10a', '10b', '10c', '10d', '10e', '11a', '11b', '11c',
          '5a', '5b', '5d', '5c', '6', '6c', '6d']
 steps.sort(key=lambda s: order.index(s['id']) if s['id'] in order else 99)
 print()

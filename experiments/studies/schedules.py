@@ -43,7 +43,7 @@ def runnable(ctx):
 
 def run(ctx):
     steps, warmup, samples = common.sizes(ctx.quick, (40, 5, 60000), (3, 1, 512))
-    micro = [2, 4] if ctx.quick else [2, 4, 8, 16]
+    micro = [4] if ctx.quick else [2, 4, 8, 16]
     scheds = runnable(ctx)
     rows, lines = [], {}
     for s in scheds:

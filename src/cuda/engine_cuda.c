@@ -61,15 +61,9 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
     /* labels a sample: a language model's one per position */
     size_t labels = (size_t)data_model_labels(cfg->net);
     int lm = cfg->net->sequence != 0;
-    /* params | grads | mb_grads | pieces 1.., each block rounded so every block stays
-     * aligned (the moments: alloc_moments or optim_shard) */
+    /* the parameters and gradients have their own allocations (engine_cuda_grad_blocks;
+     * the moments: alloc_moments or optim_shard) */
     size_t block = stage_round_up(e->param_count * fl);
-    char *p = arena_take(d, (size_t)(2 + c->pieces) * block);
-    c->params = p ? (float *)p : NULL;
-    c->grads = p ? (float *)(p + block) : NULL;
-    c->mb_grads = p ? (float *)(p + 2 * block) : NULL;
-    for (int k = 0; k < c->pieces; k++)
-        c->piece[k] = !p ? NULL : k ? (float *)(p + (size_t)(2 + k) * block) : c->grads;
     char *hg = arena_take(h, (size_t)c->pieces * block);
     c->h_grads = hg ? (float *)hg : NULL;
     layout_slots(e, c, d);
@@ -163,7 +157,39 @@ static int create_plan(engine *e, cuda_engine *c)
     return lm_supported(cfg, &c->plan);
 }
 
-/* Host-side bookkeeping, the stage's sizes, and the two allocations. */
+void engine_cuda_grad_blocks(cuda_engine *c, char *g)
+{
+    size_t block = c->gblock;
+    c->grads = (float *)g;
+    c->mb_grads = (float *)(g + block);
+    for (int k = 0; k < c->pieces; k++)
+        c->piece[k] = k ? (float *)(g + (size_t)(1 + k) * block) : c->grads;
+}
+
+/* The parameters (pmem) and the gradient blocks, grads | mb_grads | pieces 1.. (gmem), in
+ * allocations of their own, zeroed: ZeRO-2 and 3 move them into mapped ranges
+ * (engine_cuda_zero.c), and the old ones are then freed whole. */
+static int create_arrays(engine *e, cuda_engine *c)
+{
+    c->gblock = stage_round_up(e->param_count * sizeof(float));
+    size_t pb = c->gblock ? c->gblock : STAGE_ALIGN, gb = (size_t)(1 + c->pieces) * pb;
+    cudaError_t r = cudaMalloc(&c->pmem, pb);
+    if (r == cudaSuccess) r = cudaMalloc(&c->gmem, gb);
+    if (r != cudaSuccess) {
+        (void)cudaGetLastError();
+        return pt_error_set("CUDA engine, layers %d..%d on device %d: cannot allocate %zu "
+                            "bytes of device memory for the parameters and gradients: "
+                            "cudaMalloc: %s", c->plan.first, c->plan.last - 1, c->device,
+                            pb + gb, cudaGetErrorString(r));
+    }
+    c->params = c->pmem;
+    engine_cuda_grad_blocks(c, c->gmem);
+    CUDA_CHECK(cudaMemsetAsync(c->pmem, 0, pb, c->ctx.stream));
+    CUDA_CHECK(cudaMemsetAsync(c->gmem, 0, gb, c->ctx.stream));
+    return 0;
+}
+
+/* Host-side bookkeeping, the stage's sizes, and the allocations. */
 static int create_memory(engine *e, cuda_engine *c)
 {
     const engine_config *cfg = &e->cfg;
@@ -222,7 +248,7 @@ static int create_memory(engine *e, cuda_engine *c)
     CUDA_CHECK(cudaMemsetAsync(c->dmem, 0, c->dmem_bytes ? c->dmem_bytes : STAGE_ALIGN,
                                c->ctx.stream));
     memset(c->hmem, 0, c->hmem_bytes ? c->hmem_bytes : STAGE_ALIGN);
-    return 0;
+    return create_arrays(e, c);
 }
 
 static int create_events(engine *e, cuda_engine *c)
@@ -278,6 +304,9 @@ static void cuda_destroy(engine *e)
             for (int i = 0; i < c->plan.nl; i++)
                 if (c->ev_grads[i]) (void)cudaEventDestroy(c->ev_grads[i]);
         if (c->dmem) (void)cudaFree(c->dmem);
+        if (c->pmem) (void)cudaFree(c->pmem);
+        if (c->gmem) (void)cudaFree(c->gmem);
+        engine_cuda_zero_free(e, c);
         if (c->hmem) (void)cudaFreeHost(c->hmem);
         if (c->omem) (void)cudaFree(c->omem);
         if (c->zmem) (void)cudaFree(c->zmem);
@@ -434,6 +463,8 @@ static int cuda_read_params(engine *e, float *host)
     cuda_engine *c = engine_cuda_impl(e);
     if (!e->param_count) return 0;
     CUDA_CHECK(cudaSetDevice(c->device));
+    /* ZeRO-3: the runtime gathered them whole into the mirror */
+    if (c->zero3 && !c->z3_fresh) return engine_cuda_zero3_read(e, c, host);
     CUDA_CHECK(cudaMemcpyAsync(host, c->params, e->param_count * sizeof(float),
                                cudaMemcpyDeviceToHost, c->ctx.stream));
     CUDA_CHECK(cudaStreamSynchronize(c->ctx.stream));
@@ -445,6 +476,7 @@ static int cuda_write_params(engine *e, const float *host)
     cuda_engine *c = engine_cuda_impl(e);
     if (!e->param_count) return 0;
     CUDA_CHECK(cudaSetDevice(c->device));
+    if (c->zero3 && !c->z3_fresh) return engine_cuda_zero3_write(e, c, host);
     CUDA_CHECK(cudaMemcpyAsync(c->params, host, e->param_count * sizeof(float),
                                cudaMemcpyHostToDevice, c->ctx.stream));
     CUDA_CHECK(cudaStreamSynchronize(c->ctx.stream));
@@ -467,7 +499,11 @@ int engine_cuda_grads_written(cuda_engine *c, int lo, int hi)
  * unfinished is abandoned. */
 static int zero_grads(cuda_engine *c, size_t P)
 {
-    if (P) CUDA_CHECK(cudaMemsetAsync(c->grads, 0, P * sizeof(float), c->ctx.stream));
+    if (c->zero2) {
+        if (engine_cuda_zero2_zero(c, P)) return -1;
+    } else if (P) {
+        CUDA_CHECK(cudaMemsetAsync(c->grads, 0, P * sizeof(float), c->ctx.stream));
+    }
     stage_plan_grads_zeroed(&c->plan);
     return engine_cuda_grads_written(c, 0, c->plan.nl);
 }
@@ -495,9 +531,14 @@ static int cuda_grads_host(engine *e, int piece, size_t off, size_t count, float
         for (int i = lo; i < hi; i++)
             if (i == lo || c->grads_ev[i] != c->grads_ev[i - 1])
                 CUDA_CHECK(cudaStreamWaitEvent(c->gstream, c->ev_grads[c->grads_ev[i]], 0));
-        CUDA_CHECK(cudaMemcpyAsync(mirror + off, c->piece[piece] + off, count * sizeof(float),
-                                   cudaMemcpyDeviceToHost, c->gstream));
-        CUDA_CHECK(cudaStreamSynchronize(c->gstream));
+        if (c->zero2) { /* what was given back reads as zero */
+            if (engine_cuda_zero2_host(c, piece, mirror, off, count)) return -1;
+        } else {
+            CUDA_CHECK(cudaMemcpyAsync(mirror + off, c->piece[piece] + off,
+                                       count * sizeof(float), cudaMemcpyDeviceToHost,
+                                       c->gstream));
+            CUDA_CHECK(cudaStreamSynchronize(c->gstream));
+        }
     }
     *host = mirror + off;
     return 0;
@@ -511,8 +552,12 @@ static int cuda_grads_commit(engine *e, size_t off, size_t count)
     if (engine_grads_range_check(e, 0, off, count, "commit")) return -1;
     if (!count) return 0;
     CUDA_CHECK(cudaSetDevice(c->device));
-    CUDA_CHECK(cudaMemcpyAsync(c->grads + off, c->h_grads + off, count * sizeof(float),
-                               cudaMemcpyHostToDevice, c->ctx.stream));
+    if (c->zero2) { /* the live floats: the rest was given back */
+        if (engine_cuda_zero2_commit(c, c->h_grads, off, count)) return -1;
+    } else {
+        CUDA_CHECK(cudaMemcpyAsync(c->grads + off, c->h_grads + off, count * sizeof(float),
+                                   cudaMemcpyHostToDevice, c->ctx.stream));
+    }
     int lo, hi;
     stage_plan_layers_of(&c->plan, off, count, &lo, &hi);
     return engine_cuda_grads_written(c, lo, hi);
@@ -532,7 +577,8 @@ static int cuda_step(engine *e, const optimizer_config *o, int tick)
                  ? engine_optim_step_runs(&optim_kernels_cuda, &c->ctx, &st, c->zm, c->zv,
                                           c->zruns, c->n_zruns, o)
                  : stage_optim_step(&optim_kernels_cuda, &c->ctx, &st, o);
-    if (rc || zero_grads(c, e->param_count)) return -1;
+    if (rc || (c->zero3 && engine_cuda_zero3_step(e, c)) || zero_grads(c, e->param_count))
+        return -1;
     return engine_cuda_tick_end(e, tick);
 }
 
@@ -661,6 +707,12 @@ static const engine_ops cuda_ops = {
     .optim_shard = engine_cuda_optim_shard,
     .params_host = engine_cuda_params_host,
     .params_commit = engine_cuda_params_commit,
+    .grads_shard = engine_cuda_grads_shard,
+    .grads_release = engine_cuda_grads_release,
+    .grads_fill = engine_cuda_grads_fill,
+    .params_shard = engine_cuda_params_shard,
+    .params_release = engine_cuda_params_release,
+    .params_fill = engine_cuda_params_fill,
     .state_bytes = engine_cuda_state_bytes,
 };
 

@@ -2,9 +2,10 @@
  * finish) and engine_cuda_run.c (forward, backward, messages). Not for other modules.
  *
  * The CUDA engine (src/engine/engine.h) is one pipeline stage resident on one GPU.
- * Parameters, gradients, every slot's activations and every micro-batch buffer live in ONE
- * device allocation, and every host staging buffer in one pinned allocation, both made at
- * creation. The optimizer's moments have their own, made at the first update (whole) or
+ * Every slot's activations and every micro-batch buffer live in ONE device allocation, the
+ * parameters and the gradient blocks in one each (ZeRO-2 and 3 move them into mapped
+ * ranges, cuda_vmm below), and every host staging buffer in one pinned allocation, all made
+ * at creation. The optimizer's moments have their own, made at the first update (whole) or
  * by optim_shard (ZeRO: this replica's runs only, with a pinned mirror of the parameters
  * for the all-gather); nothing else is allocated while training. Work is queued
  * on three non-blocking streams: compute (the kernels and cuBLAS), h2d (samples and
@@ -98,6 +99,50 @@
  * evaluation forwards thousands of chunks between finishes and drains them when full. */
 enum { LOSS_CAPACITY = 1024 };
 
+/* ZeRO-2 and 3 (engine_cuda_vmm.c): a float array at a reserved device address whose
+ * physical memory is mapped per granule (cuMemGetAllocationGranularity's minimum: 2 MiB
+ * on current GPUs). Every float is live (its value is needed) or released; a granule with
+ * no live float is unmapped, its memory kept for the next map up to `keep` bytes. A float
+ * made live again reads as zero where the caller asks (the gradients), or is about to be
+ * written (the parameters' gathers). Unmapping is not ordered with the streams, so the
+ * caller says when queued work may still touch a granule (defer: unmapped once an event
+ * recorded on that stream is done) and otherwise has waited for it. */
+typedef struct {
+    int device;
+    const char *what;        /* "gradients", "parameters": for messages */
+    char *base;              /* the reserved range */
+    int reserved;
+    size_t bytes, gran, n;   /* the array's bytes; granule bytes; granules */
+    unsigned long long *h;   /* [n] CUmemGenericAllocationHandle mapped there, 0: none */
+    uint64_t *live;          /* one bit per float */
+    size_t *nlive;           /* [n] live floats per granule */
+    unsigned char *pending;  /* [n] 1 + the generation that marks it for a deferred unmap */
+    int gen, has[2];         /* generation being marked; generations with marks */
+    cudaEvent_t ev[2];       /* recorded when a generation was closed (flip) */
+    unsigned long long *pool; /* kept handles */
+    size_t n_pool, keep;
+    size_t mapped, peak;     /* bytes mapped now (the pool counted in peak), the most */
+} cuda_vmm;
+
+int engine_cuda_vmm_init(cuda_vmm *v, int device, size_t floats, const char *what);
+void engine_cuda_vmm_free(cuda_vmm *v);
+/* [off, off + count) live, mapped where needed; with zero_on, the floats not live before are
+ * zeroed on that stream. */
+int engine_cuda_vmm_live(cuda_vmm *v, size_t off, size_t count, cudaStream_t zero_on);
+/* [off, off + count) released; granules left with nothing live unmapped at once (the caller
+ * has waited for the work that touches them) or, defer, marked in the current generation. */
+int engine_cuda_vmm_release(cuda_vmm *v, size_t off, size_t count, int defer);
+/* Closes the current generation (an event on `stream`, after the work that may still read
+ * its granules) and unmaps the previous one's after waiting for its event: a deferred unmap
+ * happens one flip later (ZeRO-3: one layer's pass later). */
+int engine_cuda_vmm_flip(cuda_vmm *v, cudaStream_t stream);
+/* Every deferred unmap done now (waits for the work queued on `stream`). */
+int engine_cuda_vmm_settle(cuda_vmm *v, cudaStream_t stream);
+/* Memory kept for the next maps: at most `bytes` from now on. */
+int engine_cuda_vmm_keep(cuda_vmm *v, size_t bytes);
+/* From `off` (< end): the end of the run of floats that are all live (*live 1) or all not. */
+size_t engine_cuda_vmm_run(const cuda_vmm *v, size_t off, size_t end, int *live);
+
 typedef struct {
     int busy, m, n;     /* held by micro-batch m since its forward of n samples */
     int training;       /* that forward trained (dropout on, loss gradient written) */
@@ -146,6 +191,20 @@ typedef struct {
     void *dmem, *hmem; /* the device and the pinned allocations */
     size_t dmem_bytes, hmem_bytes;
     float *params, *grads;
+    /* params and the gradient blocks (grads | mb_grads | pieces 1..) have allocations of
+     * their own (pmem, gmem), which ZeRO moves into mapped ranges: grads_shard (ZeRO-2)
+     * the gradients into gv, params_shard (ZeRO-3) the parameters into pv */
+    void *pmem, *gmem;
+    size_t gblock;     /* bytes of one gradient block (param_count rounded) */
+    cuda_vmm gv, pv;
+    int zero2, zero3;
+    engine_layer_hook zhook; /* ZeRO-3: the runtime's hook around each layer's pass */
+    void *zhook_ctx;
+    cudaEvent_t *ev_up;   /* ZeRO-3: [nl] the last upload of layer i from h_params */
+    cudaEvent_t ev_shard_out; /* ZeRO-3: the step's shard copied into h_params */
+    int z3_fresh;         /* ZeRO-3: no pass yet (the parameters are whole on the device) */
+    int in_layer_end;     /* ZeRO-3: inside the hook after a pass (releases flip after it) */
+    size_t params_peak;   /* ZeRO-3: the most mapped at the end of a pass (state_bytes) */
     /* the optimizer's whole moments, m then v in `omem` (a device allocation of their own,
      * made at the first update or write_state, as the CPU's stage_alloc_optim): a replica
      * under ZeRO never holds them */
@@ -225,6 +284,28 @@ int engine_cuda_optim_shard(engine *e, const engine_run *runs, int n);
 int engine_cuda_params_host(engine *e, float **host);
 int engine_cuda_params_commit(engine *e);
 void engine_cuda_state_bytes(const engine *e, size_t *params, size_t *grads, size_t *optim);
+
+/* engine_cuda.c: the gradient blocks (grads | mb_grads | pieces 1..) from base g. */
+void engine_cuda_grad_blocks(cuda_engine *c, char *g);
+
+/* engine_cuda_zero.c: ZeRO-2 and 3 (the engine_ops entries of the same names, and the
+ * engine's own steps of them). */
+int engine_cuda_grads_shard(engine *e);
+int engine_cuda_grads_release(engine *e, int piece, size_t off, size_t count);
+int engine_cuda_grads_fill(engine *e, int piece, size_t off, size_t count);
+int engine_cuda_params_shard(engine *e, engine_layer_hook hook, void *ctx, size_t keep);
+int engine_cuda_params_release(engine *e, size_t off, size_t count);
+int engine_cuda_params_fill(engine *e, size_t off, size_t count);
+void engine_cuda_zero_free(engine *e, cuda_engine *c);
+int engine_cuda_grads_live(cuda_engine *c, float *arr, int lo, int hi);
+int engine_cuda_zero2_zero(cuda_engine *c, size_t P);
+int engine_cuda_zero2_host(cuda_engine *c, int piece, float *mirror, size_t off, size_t count);
+int engine_cuda_zero2_commit(cuda_engine *c, const float *mirror, size_t off, size_t count);
+int engine_cuda_layer_begin(engine *e, int l, int backward);
+int engine_cuda_layer_end(engine *e, int l, int backward);
+int engine_cuda_zero3_step(engine *e, cuda_engine *c);
+int engine_cuda_zero3_read(engine *e, cuda_engine *c, float *host);
+int engine_cuda_zero3_write(engine *e, cuda_engine *c, const float *host);
 
 /* engine_cuda_run.c: the engine_ops entries of the same names. */
 int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, int training,

@@ -199,15 +199,16 @@ int engine_cuda_params_commit(engine *e)
     return 0;
 }
 
-/* --json's memory: the device arrays as allocated (nothing is given back while training):
- * the parameters; the gradients with mb_grads and the pieces kept apart; the moments, whole
- * or the runs'. */
+/* --json's memory: the device arrays as allocated: the parameters (ZeRO-3: the most mapped
+ * at the end of a layer's pass, kept granules counted); the gradients with mb_grads and the
+ * pieces kept apart (ZeRO-2: the most mapped at any time); the moments, whole or the
+ * runs'. */
 void engine_cuda_state_bytes(const engine *e, size_t *params, size_t *grads, size_t *optim)
 {
     const cuda_engine *c = e->impl;
     size_t block = stage_round_up(e->param_count * sizeof(float));
-    *params = block;
-    *grads = (size_t)(1 + c->pieces) * block;
+    *params = c->zero3 ? c->params_peak : block;
+    *grads = c->zero2 ? c->gv.peak : (size_t)(1 + c->pieces) * block;
     size_t mine = c->zruns ? engine_runs_count(c->zruns, c->n_zruns) : 0;
     if (c->zruns) *optim = 2 * stage_round_up(mine * sizeof(float));
     else *optim = c->omem ? 2 * block : 0;

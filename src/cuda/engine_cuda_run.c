@@ -74,8 +74,18 @@ static int layer_run_fail(const cuda_engine *c, const layer_run *r, int m)
 static int tp_forward_run(void *self, int lo, int hi)
 {
     cuda_pass *q = self;
+    cuda_engine *c = engine_cuda_impl(q->e);
     layer_run r = cuda_layer_run(q);
-    if (layer_run_forward(&r, lo, hi)) return layer_run_fail(engine_cuda_impl(q->e), &r, q->m);
+    if (!c->zero3) {
+        if (layer_run_forward(&r, lo, hi)) return layer_run_fail(c, &r, q->m);
+        return 0;
+    }
+    /* ZeRO-3: one layer at a time, its parameters gathered and uploaded around it */
+    for (int l = lo; l < hi; l++) {
+        if (engine_cuda_layer_begin(q->e, l, 0)) return -1;
+        if (layer_run_forward(&r, l, l + 1)) return layer_run_fail(c, &r, q->m);
+        if (engine_cuda_layer_end(q->e, l, 0)) return -1;
+    }
     return 0;
 }
 
@@ -92,8 +102,21 @@ static int tp_backward_run(void *self, int lo, int hi, const float *dout, float 
         c->range_gi = -1;
     }
     layer_run r = cuda_layer_run(q);
-    if (layer_run_backward(&r, lo, hi, &c->range_g, &c->range_gi, c->scratch, din, q->parts))
-        return layer_run_fail(c, &r, q->m);
+    if (!c->zero3) {
+        if (layer_run_backward(&r, lo, hi, &c->range_g, &c->range_gi, c->scratch, din,
+                               q->parts))
+            return layer_run_fail(c, &r, q->m);
+        return 0;
+    }
+    /* ZeRO-3: layer by layer from the top, the running gradient left between them as
+     * between backward ranges (the same kernel calls) */
+    for (int l = hi - 1; l >= lo; l--) {
+        if (engine_cuda_layer_begin(q->e, l, 1)) return -1;
+        if (layer_run_backward(&r, l, l + 1, &c->range_g, &c->range_gi, c->scratch, din,
+                               q->parts))
+            return layer_run_fail(c, &r, q->m);
+        if (engine_cuda_layer_end(q->e, l, 1)) return -1;
+    }
     return 0;
 }
 
@@ -383,9 +406,18 @@ static int backward_layers(engine *e, cuda_slot *s, int m, int lo, int hi, float
  * output gradient B kept. */
 static int weight_layers(engine *e, cuda_slot *s, int m, int lo, int hi, float *grads)
 {
+    cuda_engine *c = engine_cuda_impl(e);
     cuda_pass q = {.e = e, .s = s, .m = m, .n = s->n, .grads = grads};
     layer_run r = cuda_layer_run(&q);
-    if (layer_run_weight(&r, lo, hi)) return layer_run_fail(engine_cuda_impl(e), &r, m);
+    if (!c->zero3) {
+        if (layer_run_weight(&r, lo, hi)) return layer_run_fail(c, &r, m);
+        return 0;
+    }
+    for (int l = hi - 1; l >= lo; l--) { /* ZeRO-3: layer by layer */
+        if (engine_cuda_layer_begin(e, l, 1)) return -1;
+        if (layer_run_weight(&r, l, l + 1)) return layer_run_fail(c, &r, m);
+        if (engine_cuda_layer_end(e, l, 1)) return -1;
+    }
     return 0;
 }
 
@@ -406,6 +438,9 @@ static int grads_span(engine *e, cuda_slot *s, int m, int lo, int hi, int parts)
     size_t(*runs)[2] = c->runs;
     stage_grad_target t = stage_plan_grad_target(&c->plan, c->grads, c->mb_grads, piece_of(e, m));
     int nr = stage_plan_grad_runs(&c->plan, lo, hi, runs, c->plan.nl), rc = 0;
+    /* ZeRO-2: what the last step gave back is mapped again (reading as zero) first */
+    if (engine_cuda_grads_live(c, t.form, lo, hi) || engine_cuda_grads_live(c, t.add_to, lo, hi))
+        return -1;
     for (int r = 0; t.apart && r < nr && !rc; r++) {
         cudaError_t err = cudaMemsetAsync(t.form + runs[r][0], 0,
                                           (runs[r][1] - runs[r][0]) * sizeof(float),

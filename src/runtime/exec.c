@@ -349,6 +349,15 @@ static void stall_forever(int die)
     for (;;) pause();
 }
 
+/* Testing: with $PT_TEST_FAULT_ONCE naming a file, a --debug-* fault fires only while that
+ * file exists, and the faulting rank removes it: a job restarted from a checkpoint before
+ * the fault's step (tests/launch_restart.sh) does not meet it again. */
+static int fault_armed(void)
+{
+    const char *once = getenv("PT_TEST_FAULT_ONCE");
+    return !once || !*once || unlink(once) == 0;
+}
+
 /* Testing: an invalid MPI call in the middle of a step, which MPI refuses. */
 static int post_invalid_send(exec_t *e)
 {
@@ -694,7 +703,8 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
                   .seed = seed, .step = step, .opt = opt};
     double t_step = pt_now();
     e->trace_step = (long)step;
-    int fault = e->cfg.stall_rank == e->world_rank && (long)step == e->cfg.stall_step;
+    int fault = e->cfg.stall_rank == e->world_rank && (long)step == e->cfg.stall_step &&
+                fault_armed();
     if (fault && e->cfg.stall_kills != EXEC_STALL_MPI_ERROR)
         stall_forever(e->cfg.stall_kills == EXEC_STALL_KILL);
     if (post_receives(e, &s)) return -1;

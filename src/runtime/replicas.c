@@ -438,7 +438,7 @@ static int calibrate_round(replicas_t *r, MPI_Comm group, double t[3])
     } else if (r->zruns && !r->z3) { /* ZeRO's all-gather (of what every rank has) */
         double spent;
         if (gather_params(r, &spent)) return -1;
-    } else if (r->z3 && (zero3_whole(r->z3) || zero3_release_all(r->z3))) {
+    } else if (r->z3 && zero3_calibrate(r->z3)) {
         return -1; /* ZeRO-3: every layer's gather, what one pass of the stage waits for */
     }
     double t2 = pt_now();

@@ -124,6 +124,28 @@ int zero3_whole(zero3_t *z)
     return zero3_settle(z);
 }
 
+int zero3_calibrate(zero3_t *z)
+{
+    size_t n = z->n_layers ? z->hi[z->n_layers - 1] : 0;
+    float *buf = malloc((n ? n : 1) * sizeof *buf);
+    MPI_Request *req = malloc((size_t)(z->n_layers ? z->n_layers : 1) * sizeof *req);
+    int rc = buf && req ? 0 : pt_error_set("out of memory for ZeRO-3's calibration");
+    int started = 0;
+    for (int l = 0; !rc && l < z->n_layers; l++) {
+        if (!has_params(z, l)) continue;
+        rc = PT_MPI_CALL(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf + z->lo[l],
+                                         z->counts + (size_t)l * z->R,
+                                         z->displs + (size_t)l * z->R, MPI_FLOAT, z->comm,
+                                         &req[started]));
+        if (!rc) started++;
+    }
+    for (int k = 0; k < started; k++)
+        if (mpi_wait_collective(&req[k], z->comm, z->timeout_s) && !rc) rc = -1;
+    free(buf);
+    free(req);
+    return rc;
+}
+
 /* Layer l's parts: each replica's shard of its bucket (a layer lies in one) inside it. */
 static int cut_layer(zero3_t *z, int l, const reduce_plan *plan, const reduce_t *red, int me,
                      int skip_bucket)

@@ -203,7 +203,8 @@ static const opt_spec train_opts[] = {
      .help = "rank RANK stops responding at step STEP"},
     {.id = O_KILL, .name = "debug-kill", .kind = OPT_TEXT, .arg = "RANK:STEP",
      .help = "rank RANK kills itself (SIGKILL) at step STEP; PT_TEST_KILL_BEFORE_RENAME=FILE "
-             "kills the writer of a checkpoint once before its rename"},
+             "kills the writer of a checkpoint once before its rename; PT_TEST_FAULT_ONCE=FILE: "
+             "a --debug-* fault fires only while FILE exists, and removes it"},
     {.id = O_MPI_ERROR, .name = "debug-mpi-error", .kind = OPT_TEXT, .arg = "RANK:STEP",
      .help = "rank RANK makes an invalid MPI call at step STEP"},
     {.id = O_DELAY, .name = "debug-delay-sends", .kind = OPT_INT, .arg = "POLLS", .min = 0,
@@ -449,7 +450,7 @@ static int check_text_options(train_options *o, const opt_parser *p)
 
 /* --zero S: shards inside a stage's replica group, of the methods whose every replica holds
  * the sum of its shard (reduce-bcast and gather-bcast give the sum to one rank, which
- * steps alone: nothing to shard); on the CUDA engine ZeRO-1 only. */
+ * steps alone: nothing to shard). */
 static int check_zero(const train_options *o, const opt_parser *p)
 {
     if (!o->zero) return 0;
@@ -461,11 +462,11 @@ static int check_zero(const train_options *o, const opt_parser *p)
                          "first rank, which steps alone; ZeRO needs every replica to hold its "
                          "shard's sum (--reduce ordered or allreduce)", o->zero,
                          reduce_method_name(o->reduce));
-    if (o->device == ENGINE_CUDA && o->zero >= 2)
-        return opt_error(p, "--zero %d with --device cuda: the CUDA engine keeps its gradients "
-                         "(and parameters) whole in one device allocation and cannot give "
-                         "their memory back; use --zero 1 (the same reduce-scatter and "
-                         "all-gather, the optimizer state sharded) or --device cpu", o->zero);
+    if (o->zero > 2 && o->tensor > 1 && o->device == ENGINE_CUDA)
+        return opt_error(p, "--zero 3 with --tensor %d and --device cuda: the CUDA engine "
+                         "gathers a layer around its own runs, and a layer cut into tensor "
+                         "shards runs in phases between the tensor collectives, which it does "
+                         "not follow (use --zero 2, or --device cpu)", o->tensor);
     return 0;
 }
 

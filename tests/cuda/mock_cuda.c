@@ -5,6 +5,9 @@
  * head can run. Waits (cudaStreamWaitEvent) block a stream's head until the event's
  * captured position has run. Kernels call the CPU twins. Device and host memory are
  * tracked so that a kernel given a host pointer, or a copy in the wrong direction, aborts. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* memfd_create (mock_cuda_vmm.c) */
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -734,3 +737,4 @@ int kernel_bytes_to_float_cuda(float *out, const uint8_t *in, size_t count,
 
 /* The transformer layers' twins (issue 25): part of this file, kept apart for its size. */
 #include "tests/cuda/mock_cuda_transformer.c"
+#include "tests/cuda/mock_cuda_vmm.c"

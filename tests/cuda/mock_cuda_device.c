@@ -88,6 +88,8 @@ static CUresult fake_mem_get_info(size_t *free_bytes, size_t *total)
     return CUDA_SUCCESS;
 }
 
+void *mock_vmm_symbol(const char *name);
+
 cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn,
                                              unsigned int version, unsigned long long flags,
                                              enum cudaDriverEntryPointQueryResult *status)
@@ -107,7 +109,7 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn,
             *status = cudaDriverEntryPointSuccess;
             return cudaSuccess;
         }
-    *fn = NULL;
-    *status = cudaDriverEntryPointSymbolNotFound;
+    *fn = mock_vmm_symbol(symbol); /* mock_cuda.c: the virtual memory management */
+    *status = *fn ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
     return cudaSuccess;
 }
