@@ -472,6 +472,7 @@ int replicas_calibrate(replicas_t *r, MPI_Comm group, int reps, replicas_calibra
         for (int k = 0; k < 3; k++) t[(size_t)k * reps + done] = one[k];
         spent += one[0] + one[1] + one[2];
     }
+    if (r->z3) zero3_calibrate_done(r->z3);
     /* the module's figures and the gradients start afresh for training */
     if (!rc && r->eng->ops->zero_grads) rc = engine_zero_grads(r->eng);
     reduce_reset_stats(r->red);
