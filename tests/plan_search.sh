@@ -7,7 +7,10 @@
 # recomputation too.
 source "$(dirname "$0")/lib/common.bash"
 export OPENBLAS_NUM_THREADS=1
-P=(--model "$MODELS/seed-cnn.cfg" --topology "$PT_SOURCE_DIR/topologies/node-2s-8gpu.xml")
+# one costs file per model (plan --costs-file): the layers are profiled once for the whole test,
+# and every plan prices from the same figures
+P=(--model "$MODELS/seed-cnn.cfg" --topology "$PT_SOURCE_DIR/topologies/node-2s-8gpu.xml"
+   --costs-file "$WORK/cnn.costs")
 LAYERS=$(grep -c '^\[' "$MODELS/seed-cnn.cfg")
 LAYERS=$((LAYERS - 1)) # [net]
 
@@ -70,7 +73,7 @@ space.check(sys.argv[2], 8, int(sys.argv[3]))" "$WORK" "$WORK/all.json" "$LAYERS
 # two ranks: one stage per rank leaves room for every schedule and V = 2, 3, 4
 # (a batch of 32: the search profiles each micro-batch size, 128 samples' take seconds)
 "$PIPETRAIN" plan --model "$MODELS/seed-cnn.cfg" --ranks 2 --batch 32 --partition params \
-    --top 1000 --json >"$WORK/two.json"
+    --costs-file "$WORK/cnn.costs" --top 1000 --json >"$WORK/two.json"
 python3 -c "
 import sys; sys.path.insert(0, sys.argv[1]); import space
 c = space.check(sys.argv[2], 2, int(sys.argv[3]), 32)
@@ -213,7 +216,8 @@ size=2
 units=10
 activation=linear
 EOF
-D=(--model "$WORK/deep.cfg" --ranks 3 --batch 4 --partition params --tensor 1)
+D=(--model "$WORK/deep.cfg" --ranks 3 --batch 4 --partition params --tensor 1
+   --costs-file "$WORK/deep.costs")
 "$PIPETRAIN" plan "${D[@]}" --top 1000 --json >"$WORK/deep.json"
 rlimit=$(python3 -c "
 import json, sys
@@ -372,4 +376,47 @@ expect_fail "--recompute of a stage that is not there" "recompute" \
     "$PIPETRAIN" plan "${P[@]}" --stages 2 --recompute 5
 expect_fail "unknown --schedule" "interleaved" \
     "$PIPETRAIN" plan "${P[@]}" --stages 2 --schedule zigzag
+
+# ---- plan --costs-file FILE -------------------------------------------------------------------
+# the file's figures are the ones priced: a copy whose last layer costs the most moves the
+# "time" cut (and a plan from the file itself is the same plan again, the file unchanged)
+T2=(--stages 2 --partition time --batch 128 --microbatches 4)
+"$PIPETRAIN" plan "${P[@]}" "${T2[@]}" >"$WORK/t_a.txt"
+sum=$(cksum <"$WORK/cnn.costs")
+"$PIPETRAIN" plan "${P[@]}" "${T2[@]}" >"$WORK/t_b.txt"
+cmp -s "$WORK/t_a.txt" "$WORK/t_b.txt" && [ "$sum" = "$(cksum <"$WORK/cnn.costs")" ] \
+    && pass "--costs-file: the same file, the same plan; the file unchanged" \
+    || failed "--costs-file: a second plan from the file differs or rewrote it"
+python3 - "$WORK/cnn.costs" "$WORK/heavy.costs" "$LAYERS" <<'PYEOF'
+import sys
+src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+lines = open(src).read().splitlines()
+out, i = [lines[0]], 1
+while i < len(lines):
+    out.append(lines[i])
+    block = lines[i + 1:i + 1 + n]
+    rows = [[float(x) for x in b.split()] for b in block]
+    # the last layer: 10 times all the others together, in each column measured
+    block[-1] = ' '.join('%.9e' % (10 * sum(r[j] for r in rows) if rows[-1][j] >= 0 else -1)
+                         for j in range(4))
+    out += block
+    i += 1 + n
+open(dst, 'w').write('\n'.join(out) + '\n')
+PYEOF
+cut_of() { sed -n 's/^ *1  \([0-9]*\)[– ].*/\1/p' "$1" | head -1; } # stage 1's first layer
+"$PIPETRAIN" plan "${P[@]/$WORK\/cnn.costs/$WORK/heavy.costs}" "${T2[@]}" >"$WORK/t_h.txt"
+[ -n "$(cut_of "$WORK/t_a.txt")" ] && [ "$(cut_of "$WORK/t_a.txt")" != $((LAYERS - 1)) ] &&
+    [ "$(cut_of "$WORK/t_h.txt")" = $((LAYERS - 1)) ] \
+    && pass "--costs-file: a heavy last layer in the file moves the cut (stage 1 from layer $(cut_of "$WORK/t_a.txt") to $((LAYERS - 1)))" \
+    || failed "--costs-file: the file's figures were not used (stage 1 from $(cut_of "$WORK/t_a.txt") and $(cut_of "$WORK/t_h.txt"))"
+expect_fail "--costs-file of another model" "the costs of another model" \
+    "$PIPETRAIN" plan --model "$MODELS/seed-mlp.cfg" --stages 2 --costs-file "$WORK/cnn.costs"
+printf 'pipetrain-costs 1 model 0 layers 3\n' >"$WORK/bad.costs"
+expect_fail "--costs-file malformed" "bad.costs:1: not a pipetrain costs file" \
+    "$PIPETRAIN" plan --model "$MODELS/seed-mlp.cfg" --stages 2 --costs-file "$WORK/bad.costs"
+head -3 "$WORK/cnn.costs" >"$WORK/cut.costs"
+expect_fail "--costs-file cut short" "cut.costs:4: expected layer 1's four costs" \
+    "$PIPETRAIN" plan "${P[@]/$WORK\/cnn.costs/$WORK/cut.costs}" --stages 2
+expect_fail "--costs-file in a directory that is not there" "is not writable" \
+    "$PIPETRAIN" plan --model "$MODELS/seed-mlp.cfg" --ranks 2 --costs-file "$WORK/none/x.costs"
 finish

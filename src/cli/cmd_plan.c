@@ -12,6 +12,7 @@
 #include "src/engine/engine.h"
 #include "src/model/net.h"
 #include "src/plan/build.h"
+#include "src/plan/costs.h"
 #include "src/plan/emit.h"
 #include "src/plan/predict.h"
 #include "src/plan/print.h"
@@ -23,7 +24,7 @@
 enum { O_TOPOLOGY = 1, O_JSON, O_HELP, O_MODEL, O_STAGES, O_REPLICAS, O_NODES, O_PARTITION,
        O_BATCH, O_MICRO, O_DEVICE, O_GPUS, O_EXCLUSIVE, O_BANDWIDTH, O_LATENCY, O_SCHED,
        O_REDUCE, O_BUCKET_MB, O_OVERLAP, O_EMIT, O_RANKS, O_MEMORY, O_TOP, O_VIRTUAL,
-       O_RECOMPUTE, O_WGRAD, O_TENSOR, O_TENSOR_MODE, O_ZERO, O_SCHED_MEM };
+       O_RECOMPUTE, O_WGRAD, O_TENSOR, O_TENSOR_MODE, O_ZERO, O_SCHED_MEM, O_COSTS };
 
 static const opt_spec plan_opts[] = {
     {.id = O_MODEL, .name = "model", .shared = 1},
@@ -35,6 +36,10 @@ static const opt_spec plan_opts[] = {
     {.id = O_MEMORY, .name = "memory-mb", .kind = OPT_REAL, .arg = "X", .min = 0, .max = 1e12,
      .help = "with --ranks: memory per rank in MiB; layouts that need more are never "
              "proposed (0: no limit)"},
+    {.id = O_COSTS, .name = "costs-file", .kind = OPT_TEXT, .arg = "FILE",
+     .help = "the layer costs: read from FILE where it holds them, measured and added to it "
+             "where not (plans made one after another, or on another machine, then price "
+             "from the same figures; a file of another model is refused)"},
     {.id = O_TOP, .name = "top", .kind = OPT_INT, .arg = "K", .min = 1, .max = 1000,
      .def = "5", .help = "with --ranks: the best K layouts printed"},
     {.id = O_REPLICAS, .name = "replicas", .shared = 1},
@@ -113,6 +118,7 @@ static int read_options(plan_args *a, opt_parser *p)
         case O_RANKS: a->ranks = (int)p->num; break;
         case O_MEMORY: a->memory_mb = p->real; break;
         case O_TOP: a->top = (int)p->num; break;
+        case O_COSTS: a->costs = p->arg; break;
         case O_REPLICAS: a->replicas = (int)p->num; break;
         case O_NODES: a->nodes = (int)p->num; break;
         case O_BATCH: a->batch = (int)p->num; break;
@@ -282,10 +288,10 @@ static int profile_layers(partition_profile *prof, plan_args *a, const net_desc 
     profile_options po = {.batch = a->replica_batch / a->microbatches, .warmup = 1,
                           .repeats = 3, .device = ENGINE_CPU,
                           .split = schedule_splits_backward(a->schedule)};
-    if (a->tensor == 1) return partition_profile_measure_with(prof, net, &po);
+    if (a->tensor == 1) return plan_costs_profile(prof, net, NULL, &po, a->costs);
     shard_plan sp;
     if (shard_plan_init(&sp, net, a->tensor, a->tensor_mode) < 0) return -1;
-    int rc = plan_profile_shards(prof, net, &sp, &po);
+    int rc = plan_costs_profile(prof, net, &sp, &po, a->costs);
     shard_plan_free(&sp);
     if (rc < 0) return -1;
     a->shard_profile = 1;
@@ -382,7 +388,8 @@ int cmd_plan(int argc, char **argv)
     rc = PT_EXIT_FAIL;
     if (net_desc_load(&net, a.model) < 0 || net_desc_check_trainable(&net, a.model) < 0 ||
         topo_init(&t, a.xml) < 0 ||
-        ((!a.ranks || a.tensor_given) && check_shards(&a, &net) < 0))
+        ((!a.ranks || a.tensor_given) && check_shards(&a, &net) < 0) ||
+        (a.costs && plan_costs_check(a.costs, &net) < 0))
         rc = cli_input_fail();
     else if (a.ranks) /* prints its own errors */
         rc = plan_search(&a, &net, topo_get_machine(t), &cm);

@@ -42,6 +42,8 @@ typedef struct {
     int tensor_given, tensor_mode_given;
     double schedule_memory; /* --schedule search: micro-batches a rank may hold (0: any) */
     int search_runs;        /* the search's greedy orders at most (0: its default) */
+    const char *costs;      /* --costs-file FILE: profiles read from it, measured ones added
+                               (src/plan/costs.h); NULL: measured every time */
 } plan_args;
 
 /* The rank of tensor shard t of stage s in replica r. */

@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "src/base/error.h"
+#include "src/plan/costs.h"
 #include "src/plan/search.h"
 
 enum { MAX_M = 64 };
@@ -90,6 +91,7 @@ typedef struct {
 typedef struct {
     cached_profile *c;
     int n, cap;
+    const char *costs; /* --costs FILE, or NULL */
 } profile_cache;
 
 static const partition_profile *profile_for(profile_cache *pc, const net_desc *net,
@@ -115,11 +117,13 @@ static const partition_profile *profile_for(profile_cache *pc, const net_desc *n
         if (shard_plan_init(&sp, net, T, mode) < 0) return NULL;
         profile_options po = {.batch = microbatch, .warmup = 1, .repeats = 3,
                               .device = ENGINE_CPU};
-        int rc = plan_profile_shards(&c->prof, net, &sp, &po);
+        int rc = plan_costs_profile(&c->prof, net, &sp, &po, pc->costs);
         shard_plan_free(&sp);
         if (rc < 0) return NULL;
-    } else if (partition_profile_measure(&c->prof, net, microbatch, 1, 3) < 0) {
-        return NULL;
+    } else {
+        profile_options po = {.batch = microbatch, .warmup = 1, .repeats = 3,
+                              .device = ENGINE_CPU, .split = 1};
+        if (plan_costs_profile(&c->prof, net, NULL, &po, pc->costs) < 0) return NULL;
     }
     c->microbatch = microbatch;
     c->T = T;
@@ -501,7 +505,7 @@ int plan_search(const plan_args *base, const net_desc *net, const topo_machine *
         for (int K = 1; N % T == 0 && K <= N / T; K++) cap += (N / T) % K == 0 ? 2 : 0;
     cap *= 7 * N_KINDS * 2;
     candidate *c = calloc((size_t)cap, sizeof *c);
-    profile_cache pc = {0};
+    profile_cache pc = {.costs = base->costs};
     int n = 0, rc = 1;
     char skipped[512] = "";
     if (!c) {
