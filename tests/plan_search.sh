@@ -285,21 +285,21 @@ assert p['schedule'] == 'interleaved' and p['virtual'] == 2 and p['recompute'] =
 assert p['step_s'] > 0 and len(p['stage_memory_bytes']) == 2
 PYEOF
 # ZeRO in the search: a layout of replicas that does not fit is priced again with --zero 1,
-# 2, then 3 (on the CPU, without tensor shards), each where the one before does not fit. A
-# 9-layer MLP (one bucket a layer) at 4 ranks under 24 MiB: 4 replicas take 43 MiB
-# unsharded, 30 with --zero 1, 26 with --zero 2, 21 with --zero 3
+# 2, then 3 (on the CPU, with tensor shards too), each where the one before does not fit. A
+# 9-layer MLP (one bucket a layer) at 4 ranks under 15 MiB: 4 replicas take 43 MiB
+# unsharded, 30 with --zero 1, 17 with --zero 2 (its gradient peak: no group arrays or
+# mb_grads written with one chunk and one micro-batch), 13 with --zero 3
 { echo "[net]"; echo "input=1,28,28"
   for _ in 1 2 3 4 5 6 7 8; do printf '[dense]\nunits=512\nactivation=relu\n'; done
   printf '[dense]\nunits=10\nactivation=linear\n'; } >"$WORK/deep.cfg"
 "$PIPETRAIN" plan --model "$WORK/deep.cfg" --ranks 4 --batch 64 --bucket-mb 1 --reduce ordered \
-    --memory-mb 24 --top 1000 --json >"$WORK/z3.json"
-python3 - "$WORK/z3.json" <<'PYEOF' && pass "--memory-mb 24: 4 replicas of the 9-layer MLP offered with --zero 3 only (2 did not fit)" || failed "ZeRO-3 in the search"
+    --memory-mb 15 --top 1000 --json >"$WORK/z3.json"
+python3 - "$WORK/z3.json" <<'PYEOF' && pass "--memory-mb 15: 4 replicas of the 9-layer MLP offered with --zero 3 only (2 did not fit)" || failed "ZeRO-3 in the search"
 import json, sys
 c = json.load(open(sys.argv[1]))['choices']
 assert all(x['fits'] for x in c)
 r4 = {x['zero'] for x in c if x['replicas'] == 4 and x['tensor'] == 1}
 assert r4 == {3}, r4
-assert all(x['tensor'] == 1 for x in c if x['zero'] == 3)
 PYEOF
 
 # zb-h1 prices the same work as 1f1b (B + W about the whole backward) and holds more. Both

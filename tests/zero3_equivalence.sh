@@ -3,7 +3,8 @@
 # backward, evaluation) and given back after, the next layer's gather prefetched. With
 # --reduce ordered every run must be bit-identical to one process with R·M micro-batches and
 # to --zero 2 (seed-mlp and gpt-nano, R = 2 and 4, 2 stages × 2 replicas under 1f1b, zb-h1,
-# interleaved, zb-v and recomputation, adamw with --clip-grad-norm); allreduce within 1e-6. Checkpoints keep whole tensors
+# interleaved, zb-v and recomputation, adamw with --clip-grad-norm; with --tensor 2 against
+# one replica of the same shards); allreduce within 1e-6. Checkpoints keep whole tensors
 # and resume in another layout. The comparison can fail: a bucket's layers never gathered
 # must differ. Memory, measured (mincore of the parameter array at the end of each layer's
 # pass): the shards plus the layers held whole at once, within 5%, and below --zero 2's 4Ψ.
@@ -47,6 +48,17 @@ print(", ".join(f"{x} {a[x]}" for x in k))
 sys.exit(0 if k and all(a[x] == b[x] for x in k) else 1)' "$WORK/e3.json" "$WORK/e0.json"); then
     pass "evaluation, zero 3 = zero 0: $msg"
 else failed "evaluation, zero 3 vs zero 0: $msg"; fi
+
+# train prices the gathers at the calibration's time of one pass's (reported, not added to
+# the simulator, whose measured passes hold them): 2 passes per micro-batch here
+if msg=$(python3 -c '
+import json, sys
+d = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+g, one = d["stage_zero3_gather_predicted_s"][0], d["stage_reduce_bcast_s"][0]
+print(f"{g} s per step = 2 passes × {one} s")
+sys.exit(0 if g and one and one > 0 and abs(g - 2 * one) <= 1e-6 * g else 1)' "$WORK/e3.json"); then
+    pass "train --zero 3: gathers priced at $msg"
+else failed "train --zero 3: gathers priced at $msg"; fi
 
 # replicas with shares of different sizes (33 and 32 samples: 3 and 2 micro-batch chunks of
 # 16) gather as many times: the shorter ends on an empty chunk (it hung in its last gather
@@ -95,6 +107,44 @@ for s in 1f1b zb-h1 "interleaved --virtual 2" zb-v "1f1b --recompute all"; do
     same "gpt-nano, K=2 × R=2 $s zero 3 vs one process" "$WORK/gk2.st" "$WORK/gref.st" 0
 done
 
+# tensor shards: a layer cut by --tensor runs in phases between the tensor collectives; the
+# hook gathers its shard-local parameters before its first phase and gives them back after
+# its last (after an input-split layer's bias, read once its partial sums are all-reduced).
+# Bit-identical to --zero 2 with the same --tensor and to one replica of the same shards with
+# R·M micro-batches (tensor shards themselves are not one process's bits: tensor_equivalence.sh)
+TREF=$WORK/tref.st
+"$MPIEXEC" -n 2 "$PIPETRAIN" train "${GPT[@]}" --microbatches 4 --tensor 2 --save "$TREF" >/dev/null
+for z in 3 2; do
+    "$MPIEXEC" -n 4 "$PIPETRAIN" train "${GPT[@]}" --microbatches 2 --replicas 2 --tensor 2 \
+        --zero $z --save "$WORK/gt$z.st" >/dev/null || failed "gpt-nano T=2 × R=2 zero $z: run failed"
+done
+same "gpt-nano, T=2 × R=2 zero 3 vs one replica of the shards" "$WORK/gt3.st" "$TREF" 0
+same "gpt-nano, T=2 × R=2 zero 3 vs zero 2" "$WORK/gt3.st" "$WORK/gt2.st" 0
+"$MPIEXEC" -n 8 "$PIPETRAIN" train "${GPT[@]}" --microbatches 2 --replicas 2 --tensor 2 \
+    --stages 2 --schedule zb-h1 --zero 3 --save "$WORK/gkt.st" >/dev/null
+same "gpt-nano, K=2 × T=2 × R=2 zb-h1 zero 3 vs one replica of the shards" "$WORK/gkt.st" "$TREF" 0
+# seed-mlp: dense layers cut by outputs, then by inputs (bias and activation after the
+# all-reduce), and the evaluation's passes
+MT=("${COMMON[@]}" --load "$WORK/init.st" --test-samples 64 --optimizer adamw --lr 0.001
+    --reduce ordered --tensor 2)
+"$MPIEXEC" -n 2 "$PIPETRAIN" train "${MT[@]}" --microbatches 4 --save "$WORK/mref.st" >"$WORK/mref.json"
+"$MPIEXEC" -n 4 "$PIPETRAIN" train "${MT[@]}" --microbatches 2 --replicas 2 --zero 3 \
+    --save "$WORK/mt3.st" >"$WORK/mt3.json" || failed "seed-mlp T=2 × R=2 zero 3: run failed"
+same "seed-mlp, T=2 × R=2 zero 3 vs one replica of the shards" "$WORK/mt3.st" "$WORK/mref.st" 0
+if [ "$(json_field test_loss <"$WORK/mt3.json")" = "$(json_field test_loss <"$WORK/mref.json")" ]; then
+    pass "seed-mlp, T=2 × R=2 zero 3: test loss $(json_field test_loss <"$WORK/mt3.json") as one replica's"
+else failed "seed-mlp, T=2 × R=2 zero 3: test loss differs"; fi
+# plan prices the tensor rank's shards: 2·M·(R−1)/R·4Ψ_rank gathered per step (M = 1, R = 2)
+if msg=$("$PIPETRAIN" plan --model "$MODELS/gpt-nano.cfg" --stages 1 --replicas 2 --tensor 2 \
+        --batch 8 --microbatches 1 --zero 3 --json | tail -n 1 | python3 -c '
+import json, sys
+p = json.loads(sys.stdin.read())["predicted"]
+g, r = p["stage_zero3_gather_bytes"][0], p["stage_param_bytes_per_rank"][0]
+print(f"gathers {g:.0f} B/step vs 4Ψ_rank = {r:.0f}")
+sys.exit(0 if abs(g - r) < 1 else 1)'); then
+    pass "plan --zero 3 --tensor 2: $msg"
+else failed "plan --zero 3 --tensor 2: $msg"; fi
+
 # memory per rank, measured: the parameters' peak backed bytes (mincore of the array and the
 # engine's page pool at the end of each layer's pass, before it goes back) of an MLP of nine
 # layers (each its own bucket): the shards 4Ψ/R plus two adjacent layers whole (the one that
@@ -124,9 +174,13 @@ sys.exit(0 if ok else 1)' $r "$WORK/mem${r}2.json" "$WORK/mem${r}3.json"); then
 done
 
 # plan --zero 3 prices the same: memory per rank drops by 4Ψ less the shards and two layers
-# whole (zero3_param_bytes), and the gathers' bytes per step are 2·M·(R−1)/R·4Ψ
+# whole (zero3_param_bytes), and the gathers' bytes per step are 2·M·(R−1)/R·4Ψ; on links of
+# 1 GB/s without latency the CPU waits for all of them (plan_zero3_pass_s): 4Ψ / 1e9 s
+LINKS=same-core,same-l3,same-numa,same-package,cross-package
 if msg=$(for z in 2 3; do "$PIPETRAIN" plan --model "$WORK/deep.cfg" --stages 1 --replicas 2 \
-            --batch 16 --microbatches 1 --bucket-mb 1 --zero $z --json | tail -n 1; done | python3 -c '
+            --batch 16 --microbatches 1 --bucket-mb 1 --zero $z --json \
+            --bandwidth "$(sed 's/,/=1e9,/g; s/$/=1e9/' <<<"$LINKS")" \
+            --latency "$(sed 's/,/=0,/g; s/$/=0/' <<<"$LINKS")" | tail -n 1; done | python3 -c '
 import json, sys
 z2, z3 = (json.loads(l)["predicted"] for l in sys.stdin.read().splitlines())
 L = [4 * (784 * 512 + 512)] + [4 * (512 * 512 + 512)] * 7 + [4 * (512 * 10 + 10)]
@@ -134,10 +188,12 @@ psi4 = sum(L)
 drop = psi4 - (psi4 / 2 + L[0] / 2 + L[1] / 2)
 m2, m3 = z2["stage_memory_bytes"][0], z3["stage_memory_bytes"][0]
 got, g = m2 - m3, z3["stage_zero3_gather_bytes"][0]
+w, w2 = z3["stage_zero3_gather_s"][0], z2["stage_zero3_gather_s"][0]
 print(f"memory {m3:.0f} (zero 2 {m2:.0f}, drop {got:.0f} vs {drop:.0f}), "
-      f"gathers {g:.0f} B/step vs 2·M·(R−1)/R·4Ψ = {psi4:.0f}")
+      f"gathers {g:.0f} B/step vs 2·M·(R−1)/R·4Ψ = {psi4:.0f}, waited {w:.6f} s vs {psi4 / 1e9:.6f}")
 sys.exit(0 if abs(got - drop) < 1e-5 * psi4 and abs(g - psi4) < 1 and
-         z2["stage_zero3_gather_bytes"][0] == 0 else 1)'); then
+         z2["stage_zero3_gather_bytes"][0] == 0 and abs(w - psi4 / 1e9) < 1e-9 and
+         w2 == 0 else 1)'); then
     pass "plan --zero 3: $msg"
 else failed "plan --zero 3: $msg"; fi
 finish

@@ -209,7 +209,7 @@ static int cpu_grads_shard(engine *e)
 {
     cpu_engine *c = impl(e);
     c->zero2 = 1;
-    c->st.release_zero = 1;
+    if (stage_enable_release(&c->st)) return -1;
     /* room for everything that can be released at once: addresses only */
     if (pages_pool_init(&c->pool, (size_t)c->pieces * c->st.grads_bytes))
         return pt_error_set("CPU engine: no addresses for ZeRO-2's page pool (%zu bytes)",

@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/base/clock.h"
 #include "src/base/error.h"
 #include "src/base/pages.h"
 #include "src/cpu/pool.h"
@@ -90,6 +89,13 @@ static stage_bytes bytes_of(const stage_sizes *z, int threads, int groups, int c
         .slot = z->slot_bytes,
     };
     return b;
+}
+
+int stage_estimate_groups(const net_desc *net, int max_batch, int threads)
+{
+    int groups, chunk_max, chunk_min;
+    chunk_rules(net, threads, &groups, &chunk_max, &chunk_min);
+    return used_groups(groups, chunk_of(chunk_max, chunk_min, groups, max_batch), max_batch);
 }
 
 stage_bytes stage_estimate(const net_desc *net, int first, int last, int max_batch, int threads)
@@ -256,6 +262,7 @@ void stage_free(stage *s)
     free(s->tp_seq);
     free(s->tp_loss);
     pool_free(s->pool);
+    pages_pool_free(&s->group_pool);
     stage_plan_free(&s->plan);
     memset(s, 0, sizeof *s);
 }
@@ -306,6 +313,7 @@ typedef struct {
     int from, to; /* their phases (layer_run's) */
     int parts;  /* backward: LAYER_BW_INPUT and/or LAYER_BW_WEIGHT */
     int zero0;  /* backward: group 0 (mb_grads) is zeroed by its worker first */
+    int g_lo, g_hi, width; /* backward: this wave's groups [g_lo, g_hi) (group_buf) */
 } chunk_job;
 
 /* One chunk of a slot as the shared layer loop sees it (src/engine/layer_ops.h). */
@@ -412,6 +420,14 @@ enum { MAX_RUNS = 64 };
  * forms them in its last, so not layer lo when the job stops inside it. */
 static int formed_from(const chunk_job *j) { return j->lo + (j->to != 0); }
 
+/* Where group g's gradient is formed when the groups are formed `width` at a time (waves):
+ * group 0 in the target (group_grads[0]), the others in group_grads[1..width], reused from
+ * one wave to the next once the earlier wave is summed. width ≥ the groups: each its own. */
+static float *group_buf(const stage *s, int g, int width)
+{
+    return g == 0 ? s->group_grads[0] : s->group_grads[(g - 1) % width + 1];
+}
+
 static void backward_worker(void *arg, int t)
 {
     chunk_job *j = arg;
@@ -425,13 +441,13 @@ static void backward_worker(void *arg, int t)
     int nr = j->parts & LAYER_BW_WEIGHT
                  ? stage_plan_grad_runs(p, formed_from(j), j->hi, runs, MAX_RUNS)
                  : 0;
-    for (int g = t; g < s->groups && g * j->chunk < j->n; g += s->threads) {
+    for (int g = j->g_lo + t; g < j->g_hi && g * j->chunk < j->n; g += s->threads) {
+        float *buf = group_buf(s, g, j->width);
         if (g > 0 || j->zero0)
             for (int r = 0; r < nr; r++)
-                memset(s->group_grads[g] + runs[r][0], 0,
-                       (runs[r][1] - runs[r][0]) * sizeof(float));
+                memset(buf + runs[r][0], 0, (runs[r][1] - runs[r][0]) * sizeof(float));
         for (int off = g * j->chunk; off < j->n; off += s->groups * j->chunk)
-            backward_chunk(s, &s->workers[t], s->group_grads[g], j, off, chunk_len(j, off),
+            backward_chunk(s, &s->workers[t], buf, j, off, chunk_len(j, off),
                            top ? j->dout + (size_t)off * out_count
                                : s->carry + (size_t)off * p->widest,
                            j->din ? j->din + (size_t)off * in_count : NULL);
@@ -440,7 +456,7 @@ static void backward_worker(void *arg, int t)
 
 typedef struct {
     stage *s;
-    int used;   /* groups that received chunks */
+    int lo, hi, width; /* the groups [lo, hi) summed now (group_buf), lo ≥ 1 */
     float *dst; /* where the micro-batch's gradient goes (or is added) */
     size_t begin, end; /* the parameters [begin, end) whose gradients the backward formed */
 } reduce_job;
@@ -448,7 +464,10 @@ typedef struct {
 /* The micro-batch's gradient g0 + g1 + ... in group order, added to grads when group 0 was
  * summed apart (grads += that sum, so the micro-batch's gradient is rounded on its own
  * first); each thread sums one range of elements. Element by element, so any partition of
- * the elements (a backward by layer ranges) gives the same bits. */
+ * the elements (a backward by layer ranges) gives the same bits, and so does summing the
+ * groups wave by wave into group 0's buffer (dst = group 0's: g0 += g_lo, += ...; the
+ * blocked sum below starts from that partial sum and adds the same values in the same
+ * order). */
 static void reduce_worker(void *arg, int t)
 {
     reduce_job *r = arg;
@@ -457,8 +476,8 @@ static void reduce_worker(void *arg, int t)
     size_t lo = r->begin + (size_t)t * per, hi = lo + per < r->end ? lo + per : r->end;
     float *restrict dst = r->dst;
     if (s->group_grads[0] == dst) {
-        for (int g = 1; g < r->used; g++) {
-            const float *restrict src = s->group_grads[g];
+        for (int g = r->lo; g < r->hi; g++) {
+            const float *restrict src = group_buf(s, g, r->width);
             for (size_t i = lo; i < hi; i++) dst[i] += src[i];
         }
         return;
@@ -468,11 +487,32 @@ static void reduce_worker(void *arg, int t)
     for (size_t b = lo; b < hi; b += BLOCK) {
         size_t n = hi - b < BLOCK ? hi - b : BLOCK;
         memcpy(sum, s->group_grads[0] + b, n * sizeof(float));
-        for (int g = 1; g < r->used; g++) {
-            const float *restrict src = s->group_grads[g] + b;
+        for (int g = r->lo; g < r->hi; g++) {
+            const float *restrict src = group_buf(s, g, r->width) + b;
             for (size_t i = 0; i < n; i++) sum[i] += src[i];
         }
         for (size_t i = 0; i < n; i++) dst[b + i] += sum[i];
+    }
+}
+
+/* ZeRO-2 (release_zero): the group buffers' runs (and mb_grads', when the micro-batch was
+ * formed apart and added) are dead once summed, so their pages wait in the stage's pool
+ * for the next backward's runs instead of staying backed for the whole array: `put` 1 after
+ * the sum, 0 before the first wave (the pool's pages move in; the workers zero them). The
+ * groups then hold one range's gradients per buffer, not the whole array each. */
+static void move_group_pages(stage *s, int buffers, float *apart, size_t (*runs)[2], int nr,
+                             int put)
+{
+    for (int k = 0; k <= buffers; k++) {
+        float *buf = k < buffers ? s->group_grads[k + 1] : apart;
+        for (int r = 0; buf && r < nr; r++) {
+            float *p = buf + runs[r][0];
+            size_t bytes = (runs[r][1] - runs[r][0]) * sizeof(float);
+            char *at;
+            size_t moved;
+            if (put) (void)pages_pool_put(&s->group_pool, p, bytes);
+            else (void)pages_pool_take(&s->group_pool, p, bytes, &at, &moved);
+        }
     }
 }
 
@@ -485,7 +525,8 @@ static void backward_span_local(stage *s, int slot, int lo, int hi, int from, in
 {
     stage_slot *sl = &s->slots[slot];
     chunk_job j = {.s = s, .sl = sl, .n = sl->n, .chunk = stage_chunk(s, sl->n), .dout = dout,
-                   .din = din, .lo = lo, .hi = hi, .from = from, .to = to, .parts = parts};
+                   .din = din, .lo = lo, .hi = hi, .from = from, .to = to, .parts = parts,
+                   .g_hi = s->groups, .width = s->groups};
     if (!(parts & LAYER_BW_WEIGHT)) {
         pool_run(s->pool, backward_worker, &j);
         return;
@@ -497,13 +538,25 @@ static void backward_span_local(stage *s, int slot, int lo, int hi, int from, in
         memset(t.form + runs[r][0], 0, (runs[r][1] - runs[r][0]) * sizeof(float));
     s->group_grads[0] = t.form;
     j.zero0 = t.add_to != NULL;
-    pool_run(s->pool, backward_worker, &j);
     int used = used_groups(s->groups, j.chunk, sl->n);
-    for (int k = 0; k < nr && (used > 1 || t.add_to); k++) {
-        reduce_job r = {.s = s, .used = used, .dst = t.add_to ? t.add_to : t.form,
-                        .begin = runs[k][0], .end = runs[k][1]};
-        pool_run(s->pool, reduce_worker, &r);
+    /* ZeRO-2: the groups a wave of the threads at a time, summed after each wave, so that
+     * the threads' buffers are all the groups need (the same sums in the same order) */
+    j.width = s->release_zero && s->threads < used ? s->threads : s->groups;
+    int buffers = used - 1 < j.width ? used - 1 : j.width;
+    float *apart = t.add_to ? t.form : NULL;
+    if (s->release_zero) move_group_pages(s, buffers, apart, runs, nr, 0);
+    for (j.g_lo = 0; j.g_lo < used; j.g_lo += j.width) {
+        j.g_hi = j.g_lo + j.width < used ? j.g_lo + j.width : used;
+        pool_run(s->pool, backward_worker, &j);
+        int last = j.g_hi == used;
+        for (int k = 0; k < nr && (j.g_hi > 1 || (last && t.add_to)); k++) {
+            reduce_job r = {.s = s, .lo = j.g_lo > 1 ? j.g_lo : 1, .hi = j.g_hi,
+                            .width = j.width, .dst = last && t.add_to ? t.add_to : t.form,
+                            .begin = runs[k][0], .end = runs[k][1]};
+            pool_run(s->pool, reduce_worker, &r);
+        }
     }
+    if (s->release_zero) move_group_pages(s, buffers, apart, runs, nr, 1);
     stage_plan_grads_formed(&s->plan, formed_from(&j), grads);
 }
 
@@ -531,10 +584,17 @@ static int hook(stage *s, int l, int backward, int begins)
     return 0;
 }
 
+/* ZeRO-3 with tensor shards: the shared runs call the hook around each layer's phases
+ * (stage_tensor_run.layer), one layer per run. */
+static int tp_layer(void *self, int i, int backward, int begins)
+{
+    return hook(((stage_pass *)self)->s, i, backward, begins);
+}
+
 static int tp_forward_run(void *self, int lo, int hi)
 {
     stage *s = ((stage_pass *)self)->s;
-    if (!s->layer_hook) return tp_forward_phases(self, lo, hi, 0, 0);
+    if (!s->layer_hook || s->plan.tp) return tp_forward_phases(self, lo, hi, 0, 0);
     /* ZeRO-3: one layer at a time, its parameters gathered around it */
     for (int l = lo; l < hi; l++)
         if (hook(s, l, 0, 1) || tp_forward_phases(self, l, l + 1, 0, 0) || hook(s, l, 0, 0))
@@ -566,7 +626,7 @@ static int tp_backward_run(void *self, int lo, int hi, const float *dout, float 
 {
     stage_pass *ps = self;
     stage *s = ps->s;
-    if (!s->layer_hook) return tp_backward_phases(self, lo, hi, 0, 0, dout, din);
+    if (!s->layer_hook || s->plan.tp) return tp_backward_phases(self, lo, hi, 0, 0, dout, din);
     if (lo + 1 < hi && ensure_carry(s)) return -1;
     for (int l = hi - 1; l >= lo; l--)
         if (hook(s, l, 1, 1) ||
@@ -576,113 +636,16 @@ static int tp_backward_run(void *self, int lo, int hi, const float *dout, float 
     return 0;
 }
 
-static int tp_allreduce(void *self, float *buf, size_t n)
-{
-    stage *s = ((stage_pass *)self)->s;
-    double t0 = pt_now();
-    int rc = s->tp_comm.allreduce(s->tp_comm.ctx, buf, n);
-    s->tp_s += pt_now() - t0;
-    if (rc) s->tp_failed = 1;
-    return rc;
-}
-
-int stage_tp_gather(void *self, const shard_state *st, size_t whole, const float *local,
-                    float *out, int n)
-{
-    stage *s = ((stage_pass *)self)->s;
-    int T = s->plan.tp->T;
-    size_t count[T], off[T], len[T];
-    stage_tensor_counts(&s->plan, st, whole, n, count, off, len);
-    double t0 = pt_now();
-    int rc = s->tp_comm.allgather(s->tp_comm.ctx, local, s->tp_buf, count);
-    s->tp_s += pt_now() - t0;
-    if (rc) {
-        s->tp_failed = 1;
-        return rc;
-    }
-    const float *blk = s->tp_buf;
-    for (int r = 0; r < T; blk += count[r], r++)
-        for (int j = 0; j < n; j++)
-            memcpy(out + (size_t)j * whole + off[r], blk + (size_t)j * len[r],
-                   len[r] * sizeof(float));
-    return 0;
-}
-
-static int tp_slice(void *self, const float *in, size_t whole, size_t from, size_t keep,
-                    float *out, int n)
-{
-    for (int j = 0; j < n; j++)
-        memcpy(out + (size_t)j * keep, in + (size_t)j * whole + from, keep * sizeof(float));
-    return 0;
-}
-
-/* A layer split by inputs after its all-reduce: bias, then activation, sample by sample
- * (each sample's row stays in cache between the two), the samples dealt to the threads. */
-typedef struct {
-    const stage *s;
-    int i, n;
-    float *y;
-} finish_job;
-
-static void finish_worker(void *arg, int t)
-{
-    const finish_job *j = arg;
-    const stage *s = j->s;
-    const layer_desc *L = &s->plan.loc[j->i];
-    size_t count = layer_shape_count(L->out);
-    size_t per = L->type == LAYER_CONV ? (size_t)L->out.h * L->out.w : 1;
-    const float *b = s->params + s->plan.param_off[j->i] + L->weight_count;
-    int lo = (int)((long)j->n * t / s->threads), hi = (int)((long)j->n * (t + 1) / s->threads);
-    for (int m = lo; m < hi; m++) {
-        float *row = j->y + (size_t)m * count;
-        for (size_t u = 0; u < count / per; u++) {
-            float *v = row + u * per;
-            for (size_t k = 0; k < per; k++) v[k] += b[u];
-        }
-        kernel_activation_forward_cpu(row, row, count, L->activation);
-    }
-}
-
-static int tp_finish(void *self, int i, float *y, int n)
-{
-    stage *s = ((stage_pass *)self)->s;
-    finish_job j = {.s = s, .i = i, .n = n, .y = y};
-    pool_run(s->pool, finish_worker, &j);
-    return 0;
-}
-
-/* The carried gradient at a layer's input (chunks at off · widest, each its rows of
- * `count`) packed into tp_buf's n contiguous rows, all-reduced, and back: rows of `keep`
- * values from `from` of each packed row (a slice, or the whole row). */
-static int tp_reduce_carry(void *self, int b, size_t count, size_t from, size_t keep, int n)
-{
-    stage *s = ((stage_pass *)self)->s;
-    int chunk = stage_chunk(s, n);
-    size_t wide = s->plan.widest;
-    for (int off = 0; off < n; off += chunk) {
-        int m = n - off < chunk ? n - off : chunk;
-        memcpy(s->tp_buf + (size_t)off * count, s->carry + (size_t)off * wide,
-               (size_t)m * count * sizeof(float));
-    }
-    if (tp_allreduce(self, s->tp_buf, (size_t)n * count)) return -1;
-    for (int j = 0; j < n; j++) {
-        int off = j / chunk * chunk;
-        memcpy(s->carry + (size_t)off * wide + (size_t)(j - off) * keep,
-               s->tp_buf + (size_t)j * count + from, keep * sizeof(float));
-    }
-    return 0;
-}
-
 static const stage_tensor_ops tensor_ops_cpu = {
-    .reduce_scatter = stage_tp_reduce_scatter, /* stage_seq.c */
+    .reduce_scatter = stage_tp_reduce_scatter, /* stage_seq.c; the collectives: stage_tp.c */
     .seq_carry = stage_tp_seq_carry,
     .forward = tp_forward_run,
     .backward = tp_backward_run,
-    .allreduce = tp_allreduce,
+    .allreduce = stage_tp_allreduce,
     .gather = stage_tp_gather,
-    .slice = tp_slice,
-    .finish = tp_finish,
-    .reduce_carry = tp_reduce_carry,
+    .slice = stage_tp_slice,
+    .finish = stage_tp_finish,
+    .reduce_carry = stage_tp_reduce_carry,
     .forward_phases = tp_forward_phases,
     .backward_phases = tp_backward_phases,
 };
@@ -692,7 +655,8 @@ static stage_tensor_run tensor_run(stage *s, stage_pass *ps)
     stage_slot *sl = &s->slots[ps->slot];
     stage_tensor_run r = {.plan = &s->plan, .ops = &tensor_ops_cpu, .self = ps, .n = sl->n,
                           .layers = sl->layers, .input = sl->input, .whole_out = sl->whole_out,
-                          .tp_dout = s->tp_dout, .tp_din = s->tp_din, .seq = s->tp_seq};
+                          .tp_dout = s->tp_dout, .tp_din = s->tp_din, .seq = s->tp_seq,
+                          .layer = s->layer_hook && s->plan.tp ? tp_layer : NULL};
     return r;
 }
 

@@ -12,6 +12,7 @@
 
 #include "src/model/net.h"
 #include "src/model/shard.h"
+#include "src/base/pages.h"
 #include "src/engine/stage_plan.h"
 
 /* Activations one micro-batch keeps between its forward and its backward. */
@@ -64,10 +65,15 @@ typedef struct {
     float *mb_grads;        /* owned: a micro-batch's gradient after the first */
     /* The gradient arrays (grads, mb_grads, group_grads[1..]) are whole pages
      * (src/base/pages.h) of grads_bytes each, backed only where written: a run with one
-     * micro-batch per step never touches mb_grads. release_zero (ZeRO-2): stage_zero_grad
-     * gives the gradients' pages back instead of writing zeros. */
+     * micro-batch per step never touches mb_grads. release_zero (ZeRO-2,
+     * stage_enable_release): stage_zero_grad gives the gradients' pages back instead of
+     * writing zeros, and the groups are formed a wave of `threads` at a time into
+     * group_grads[1..threads], whose pages (and mb_grads') move into group_pool once
+     * summed and back in at the next backward's runs: the groups hold one backward range
+     * per thread, not a whole array per group. */
     size_t grads_bytes;
     int release_zero;
+    pages_pool group_pool;
     struct pool *pool;      /* owned */
     /* stage_backward_range: where each chunk's running gradient waits between ranges
      * (owned, max_batch · widest floats, allocated at the first range that needs it) */
@@ -121,6 +127,9 @@ typedef struct {
     size_t state, groups, workers, slot;
 } stage_bytes;
 stage_bytes stage_estimate(const net_desc *net, int first, int last, int max_batch, int threads);
+/* The gradient groups that receive chunks of a micro-batch of max_batch samples (1: the
+ * micro-batch's gradient is formed in place, no group arrays are written). */
+int stage_estimate_groups(const net_desc *net, int max_batch, int threads);
 /* The same for tensor rank t of `plan` (NULL or T = 1: stage_estimate). */
 stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int max_batch,
                                  int threads, const shard_plan *plan, int t);
@@ -231,9 +240,12 @@ double stage_loss(stage *s, const float *y, float *dlogits, int *correct,
 int stage_loss_sharded(const stage *s);
 size_t stage_loss_floats(const net_desc *net, int last, int max_batch, const shard_plan *tp);
 
+/* ZeRO-2: the gradients' pages given back where they are dead (release_zero above); −1
+ * with a message when no addresses are left for the groups' page pool. */
+int stage_enable_release(stage *s);
 /* Zeroes the gradients; ends a stage_backward_range sequence left unfinished. */
 void stage_zero_grad(stage *s);
-/* Bytes of the gradient arrays (grads, mb_grads, group_grads[1..]) backed by memory now
+/* Bytes of the gradient arrays (grads, mb_grads, group_grads[1..], group_pool) backed now
  * (pages_resident: measured, not computed). */
 size_t stage_grads_resident(const stage *s);
 /* One optimizer update of every parameter from the accumulated gradients (−1 with a

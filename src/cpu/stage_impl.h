@@ -1,4 +1,5 @@
-/* What the CPU stage's files (stage.c, stage_wgrad.c, stage_seq.c) share; not for other modules. */
+/* What the CPU stage's files (stage.c, stage_wgrad.c, stage_seq.c, stage_tp.c) share; not for
+ * other modules. */
 #ifndef PT_STAGE_IMPL_H
 #define PT_STAGE_IMPL_H
 
@@ -22,9 +23,15 @@ typedef struct {
     int parts;
 } stage_pass;
 
-/* stage_tensor_ops' gather (stage.c), reduce_scatter and seq_carry (stage_seq.c). */
+/* stage_tensor_ops' allreduce, gather, slice, finish and reduce_carry (stage_tp.c),
+ * reduce_scatter and seq_carry (stage_seq.c). */
+int stage_tp_allreduce(void *self, float *buf, size_t n);
 int stage_tp_gather(void *self, const shard_state *st, size_t whole, const float *local,
                     float *out, int n);
+int stage_tp_slice(void *self, const float *in, size_t whole, size_t from, size_t keep,
+                   float *out, int n);
+int stage_tp_finish(void *self, int i, float *y, int n);
+int stage_tp_reduce_carry(void *self, int b, size_t count, size_t from, size_t keep, int n);
 int stage_tp_reduce_scatter(void *self, const shard_state *st, size_t whole, const float *in,
                             float *out, int n);
 int stage_tp_seq_carry(void *self, const shard_state *st, size_t whole, int n, int gather);

@@ -312,6 +312,12 @@ typedef struct {
                                gathered one under sequence parallelism: its whole) */
     float *seq;             /* sequence parallelism: n whole rows of the widest vector, a
                                block's exchange between forward phases (layer_io.seq) */
+    /* ZeRO-3 (NULL: none): called before local layer i's first phase of a pass (begins 1)
+     * and after its last (begins 0: after the forward's bias and activation of an
+     * input-split layer too); with shards the runs are then one layer each, so that the
+     * calls are around each layer's phases and not around the runs between collectives.
+     * Nonzero: the pass stops (the message set). */
+    int (*layer)(void *self, int i, int backward, int begins);
 } stage_tensor_run;
 
 /* Local layer i's phases (layer_phases: 3 for a block cut by heads, else 1). */

@@ -35,13 +35,33 @@ static int no_phases(const stage_plan *p)
                         "block cut by heads)", p->name, p->first, p->last - 1);
 }
 
-/* The forward of local layers [lo, hi) from phase `from` of lo to before phase `to` of
- * hi − 1 (0: its end). */
-static int run_forward(const stage_tensor_run *r, int lo, int hi, int from, int to)
+static int forward_one(const stage_tensor_run *r, int lo, int hi, int from, int to)
 {
     const stage_tensor_ops *o = r->ops;
     if (!from && !to) return o->forward(r->self, lo, hi);
     return o->forward_phases ? o->forward_phases(r->self, lo, hi, from, to) : no_phases(r->plan);
+}
+
+/* The forward of local layers [lo, hi) from phase `from` of lo to before phase `to` of
+ * hi − 1 (0: its end). With the layer hook, one layer at a time: each begins at its first
+ * phase, and ends here unless it is the run's last layer and the run reaches its end (then
+ * the caller ends it after its bias and activation, end_forward). */
+static int run_forward(const stage_tensor_run *r, int lo, int hi, int from, int to)
+{
+    if (!r->layer) return forward_one(r, lo, hi, from, to);
+    for (int i = lo; i < hi; i++) {
+        int f = i == lo ? from : 0, t = i == hi - 1 ? to : 0;
+        if ((!f && r->layer(r->self, i, 0, 1)) || forward_one(r, i, i + 1, f, t) ||
+            (i < hi - 1 && r->layer(r->self, i, 0, 0)))
+            return -1;
+    }
+    return 0;
+}
+
+/* The layer hook: local layer i's forward is done (its parameters no longer read). */
+static int end_forward(const stage_tensor_run *r, int i)
+{
+    return r->layer ? r->layer(r->self, i, 0, 0) : 0;
 }
 
 /* A device without the sequence-parallel collectives meets them (it refuses before). */
@@ -117,6 +137,7 @@ int stage_tensor_forward(const stage_tensor_run *r)
             (o->allreduce(r->self, ly[i].buf, (size_t)n * layer_shape_count(p->loc[i].out)) ||
              (stage_plan_split_in(p, i) && o->finish(r->self, i, ly[i].buf, n))))
             return -1;
+        if (end_forward(r, i)) return -1;
         if ((then & SHARD_THEN_GATHER) &&
             o->gather(r->self, &p->tp->layers[l].out, layer_shape_count(net->layers[l].out),
                       ly[i].out, i + 1 < nl ? ly[i + 1].xin : r->whole_out, n))
@@ -159,13 +180,30 @@ static int backward_collective(const stage_tensor_run *r, int b, float *din)
 
 /* The backward of local layers [lo, hi) from phase `from` of hi − 1 to before phase `to`
  * of lo (0: its end). */
-static int run_backward(const stage_tensor_run *r, int lo, int hi, int from, int to,
+static int backward_one(const stage_tensor_run *r, int lo, int hi, int from, int to,
                         const float *dout, float *din)
 {
     const stage_tensor_ops *o = r->ops;
     if (!from && !to) return o->backward(r->self, lo, hi, dout, din);
     return o->backward_phases ? o->backward_phases(r->self, lo, hi, from, to, dout, din)
                               : no_phases(r->plan);
+}
+
+/* With the layer hook, one layer at a time from the top (the running gradient waits where
+ * a run's lower end leaves it, as between runs), each begun at its first backward phase and
+ * ended after its last: no collective after a backward run reads parameters. */
+static int run_backward(const stage_tensor_run *r, int lo, int hi, int from, int to,
+                        const float *dout, float *din)
+{
+    if (!r->layer) return backward_one(r, lo, hi, from, to, dout, din);
+    for (int i = hi - 1; i >= lo; i--) {
+        int f = i == hi - 1 ? from : 0, t = i == lo ? to : 0;
+        if ((!f && r->layer(r->self, i, 1, 1)) ||
+            backward_one(r, i, i + 1, f, t, i == hi - 1 ? dout : NULL, i == lo ? din : NULL) ||
+            (!t && r->layer(r->self, i, 1, 0)))
+            return -1;
+    }
+    return 0;
 }
 
 /* Where a backward run from phase `from` of local layer h − 1 stops: inside layer *b

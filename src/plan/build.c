@@ -70,6 +70,7 @@ static int predict_step(plan_prediction *out, const plan_args *a, const net_desc
         .shard = T > 1 ? &b->shard : NULL, .shard_profile = T > 1 && a->shard_profile,
         .tensor_alpha = b->tensor_alpha,
         .tensor_beta = b->tensor_beta,
+        .zero = R > 1 ? a->zero : 0,
         .reduce_in_waits = a->device != TOPO_DEVICE_CUDA,
         .schedule_memory = a->schedule_memory, .search_runs = a->search_runs,
     };

@@ -55,6 +55,28 @@ static double param_share(const shard_plan *p, const net_desc *net, int first, i
     return whole ? (double)most / (double)whole : 1;
 }
 
+double plan_zero3_pass_s(const net_desc *net, int first, int last, const double *compute,
+                         double scale, double share, int R, double alpha, double beta,
+                         int in_waits, int backward)
+{
+    if (R < 2) return 0;
+    double waited = 0, window = 0;
+    int seen = 0;
+    for (int i = 0; i < last - first; i++) {
+        int l = backward ? last - 1 - i : first + i;
+        double n = (double)(net->layers[l].weight_count + net->layers[l].bias_count) * share;
+        if (n > 0) {
+            double g = (R - 1.0) * alpha + (R - 1.0) / R * 4.0 * n / beta;
+            double hidden = seen && !in_waits ? window : 0;
+            waited += g > hidden ? g - hidden : 0;
+            seen = 1;
+            window = 0;
+        }
+        window += compute[l] * scale;
+    }
+    return waited;
+}
+
 void plan_prediction_free(plan_prediction *p)
 {
     free(p->busy_s);
@@ -92,6 +114,7 @@ static int list_splits(const schedule *s, int st)
 typedef struct {
     double *fwd, *bwd, *bin, *bw; /* one block, 4·C; bin, bw NULL without a split profile */
     double *tfwd, *tbwd;          /* per chunk: its tensor collectives (in fwd, bwd), 2·C */
+    double *zfwd, *zbwd;          /* per chunk: ZeRO-3's gather waits (in fwd, bwd), 2·C */
     double **bytes, **share;      /* [K][buckets], NULL rows for stages without buckets */
 } chunk_costs;
 
@@ -104,6 +127,33 @@ static void chunk_costs_free(chunk_costs *c, int K)
     free(c->fwd);
 }
 
+/* ZeRO-3 (V = 1, so chunk s is stage s): each pass's gathers where they are not hidden,
+ * added to the forward (and so to a recomputation, priced as the forward), the backward,
+ * and B and W each (a split backward gathers before both). */
+static void zero3_costs(chunk_costs *c, int s, const net_desc *net, int first, int last,
+                        const partition_profile *prof, const plan_predict_config *cfg,
+                        double share, int split)
+{
+    const shard_plan *sp = cfg->shard && cfg->shard->T > 1 ? cfg->shard : NULL;
+    /* the profile's per-sample times, as chunk_costs_init scales them (the tensor share
+     * of each layer left out: a layer's compute hides its neighbour's gather roughly) */
+    double mb = cfg->microbatch / (sp && !cfg->shard_profile ? (double)sp->T : 1.0);
+    int R = cfg->rep.replicas, w = cfg->reduce_in_waits;
+    double a = cfg->alpha ? cfg->alpha[s] : 0, b = cfg->beta ? cfg->beta[s] : 1e300;
+    double f = plan_zero3_pass_s(net, first, last, prof->fwd_s, mb, share, R, a, b, w, 0);
+    c->fwd[s] += f;
+    c->zfwd[s] = f;
+    double g = plan_zero3_pass_s(net, first, last, prof->bwd_s, mb, share, R, a, b, w, 1);
+    c->bwd[s] += g;
+    c->zbwd[s] = g;
+    if (split) {
+        c->bin[s] += plan_zero3_pass_s(net, first, last, prof->bwd_input_s, mb, share, R, a, b,
+                                       w, 1);
+        c->bw[s] += plan_zero3_pass_s(net, first, last, prof->bwd_weight_s, mb, share, R, a,
+                                      b, w, 1);
+    }
+}
+
 static int chunk_costs_init(chunk_costs *c, const net_desc *net, const partition *part,
                             const partition_profile *prof, const plan_predict_config *cfg,
                             const schedule *sched)
@@ -111,13 +161,15 @@ static int chunk_costs_init(chunk_costs *c, const net_desc *net, const partition
     int C = part->stages, K = sched->stages;
     double mb = cfg->microbatch;
     *c = (chunk_costs){0};
-    c->fwd = calloc(6 * (size_t)C, sizeof *c->fwd);
+    c->fwd = calloc(8 * (size_t)C, sizeof *c->fwd);
     c->bytes = calloc((size_t)K, sizeof *c->bytes);
     c->share = calloc((size_t)K, sizeof *c->share);
     if (!c->fwd || !c->bytes || !c->share) return pt_error_set("out of memory");
     c->bwd = c->fwd + C;
     c->tfwd = c->fwd + 4 * C;
     c->tbwd = c->fwd + 5 * C;
+    c->zfwd = c->fwd + 6 * C;
+    c->zbwd = c->fwd + 7 * C;
     const shard_plan *sp = cfg->shard && cfg->shard->T > 1 ? cfg->shard : NULL;
     int split = prof->bwd_input_s && prof->bwd_weight_s;
     if (split) {
@@ -181,6 +233,7 @@ static int chunk_costs_init(chunk_costs *c, const net_desc *net, const partition
         for (int b = 0; b + 1 < B; b++) sum += c->share[s][b];
         if (B) c->share[s][B - 1] = sum < 1 ? 1 - sum : 0;
         reduce_plan_free(&plan);
+        if (cfg->zero >= 3) zero3_costs(c, s, net, first, last, prof, cfg, share, split);
     }
     return 0;
 }
@@ -279,13 +332,14 @@ int plan_predict(plan_prediction *out, const net_desc *net, const partition *par
         rc = schedule_simulate_costs(&sched, &sc, &sim);
     }
     if (!rc) {
-        out->busy_s = calloc(4 * (size_t)K, sizeof *out->busy_s);
+        out->busy_s = calloc(5 * (size_t)K, sizeof *out->busy_s);
         if (!out->busy_s) {
             rc = pt_error_set("out of memory");
         } else {
             out->reduce_s = out->busy_s + K;
             out->exposed_s = out->busy_s + 2 * K;
             out->tensor_s = out->busy_s + 3 * K;
+            out->zero3_s = out->busy_s + 4 * K;
             out->step_s = sim.makespan;
             out->bubble = sim.bubble;
             for (int s = 0; s < K; s++) {
@@ -300,6 +354,8 @@ int plan_predict(plan_prediction *out, const net_desc *net, const partition *par
                 int again = cfg->recompute && cfg->recompute[s];
                 out->tensor_s[s] += cfg->rep.microbatches *
                                     (c.tfwd[k] * (1 + again) + c.tbwd[k]);
+                out->zero3_s[s] += cfg->rep.microbatches *
+                                   (c.zfwd[k] * (1 + again) + c.zbwd[k]);
             }
         }
         schedule_sim_free(&sim);
@@ -312,20 +368,23 @@ int plan_predict(plan_prediction *out, const net_desc *net, const partition *par
 
 /* ZeRO-2: the most gradient bytes a replica holds at once in its backward with one piece:
  * max over buckets b of Σ_{k < b−1} B_k/R + B_{b−1} + B_b (B in bytes, the shards rounded
- * to nothing), as src/runtime/replicas.c gives memory back; −1 with a message. */
+ * to nothing), as src/runtime/replicas.c gives memory back, plus `scratch` buffers of the
+ * largest bucket (the CPU stage's gradient groups and mb_grads, which hold one backward
+ * range each: src/cpu/stage.h, release_zero); −1 with a message. */
 static double zero2_grad_bytes(const net_desc *net, int first, int last,
-                               const plan_memory_config *cfg)
+                               const plan_memory_config *cfg, int scratch)
 {
     reduce_plan plan;
     if (replicas_plan(&plan, net, first, last, &cfg->rep)) return -1;
-    double shards = 0, most = 0, R = cfg->replicas;
+    double shards = 0, most = 0, largest = 0, R = cfg->replicas;
     for (int b = 0; b < plan.n_buckets; b++) {
         double Bb = 4.0 * plan.buckets[b].count, prev = b ? 4.0 * plan.buckets[b - 1].count : 0;
         if (shards + prev + Bb > most) most = shards + prev + Bb;
+        if (Bb > largest) largest = Bb;
         shards += prev / R;
     }
     reduce_plan_free(&plan);
-    return most;
+    return most + scratch * largest;
 }
 
 /* ZeRO-3: the parameters' peak bytes on a replica: its shards 4Ψ/R and two adjacent layers
@@ -367,6 +426,17 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
         /* the tensor ranks of a stage may hold uneven shards: the largest */
         for (int t = 0; t < T; t++) {
             double rank = 0;
+            int failed = 0;
+            /* ZeRO-2 and 3 price the buckets and layers this tensor rank holds */
+            net_desc local;
+            const net_desc *zn = net;
+            if (sp && cfg->zero >= 2 && cfg->replicas > 1) {
+                if (shard_local_net(&local, sp, net, t)) {
+                    schedule_report_free(&rep);
+                    return -1;
+                }
+                zn = &local;
+            }
             for (int v = 0; v < V; v++) {
                 int c = schedule_model_chunk(sched, s, v), first = part->first[c], last = part->first[c + 1];
                 stage_bytes b = stage_estimate_shard(net, first, last, cfg->microbatch, 1, sp, t);
@@ -397,16 +467,25 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                     bytes -= (double)b.state / 2.0 * (1.0 - 1.0 / cfg->replicas);
                 /* ZeRO-2 (one piece): the gradients' peak is the shards of the buckets
                  * reduced so far and two whole buckets (the one whose reduce-scatter the
-                 * next start waits for, and the one just formed) */
+                 * next start waits for, and the one just formed), and in place of the
+                 * whole group arrays and mb_grads one bucket for each that is written (a
+                 * micro-batch of several chunks: a wave's group buffer, one thread here;
+                 * M > 1: mb_grads) */
                 if (cfg->zero >= 2 && cfg->replicas > 1 && cfg->grad_pieces <= 1) {
-                    double g = zero2_grad_bytes(net, first, last, cfg);
-                    if (g < 0) return -1;
-                    bytes += g - (double)b.state / 4.0;
+                    int scratch = (stage_estimate_groups(net, cfg->microbatch, 1) > 1) + (M > 1);
+                    double g = zero2_grad_bytes(zn, first, last, cfg, scratch);
+                    if (g < 0) failed = 1;
+                    bytes += g - (double)b.state / 4.0 - (double)b.groups;
                 }
                 if (cfg->zero >= 3 && cfg->replicas > 1)
-                    bytes += zero3_param_bytes(net, first, last, cfg->replicas) -
+                    bytes += zero3_param_bytes(zn, first, last, cfg->replicas) -
                              (double)b.state / 4.0;
                 rank += bytes;
+            }
+            if (zn != net) net_desc_free(&local);
+            if (failed) {
+                schedule_report_free(&rep);
+                return -1;
             }
             if (rank > out[s]) out[s] = rank;
         }

@@ -49,6 +49,11 @@ typedef struct {
     int shard_profile;         /* the profile measured the layers as a tensor rank runs them
                                 * (profile_shards): their times are taken as they are */
     const double *tensor_alpha, *tensor_beta; /* per rank (stage): the tensor group's link */
+    int zero;                  /* train --zero (R > 1): with 3 each layer's parameters are
+                                * all-gathered before each of its passes, priced on the
+                                * group's link (alpha, beta) and added to the passes where
+                                * the previous layers' compute does not hide them
+                                * (plan_zero3_pass_s) */
     int reduce_in_waits;       /* CPU ranks: reductions progress only while a rank waits
                                 * for them (schedule_costs.reduce_in_waits) */
     /* schedule "search": schedule_search at these chunks' costs (F, B, W; the slowest
@@ -64,6 +69,9 @@ typedef struct {
     double *busy_s, *reduce_s, *exposed_s; /* per rank, one block (owned) */
     double *tensor_s;                 /* per rank: seconds per step in tensor collectives
                                        * (inside busy_s; 0 without shards) */
+    double *zero3_s;                  /* per rank: seconds per step waiting for ZeRO-3's
+                                       * gathers (inside busy_s; 0 without; the split
+                                       * backward's are in B and W, not counted here) */
     schedule sched;                   /* the schedule simulated (owned; with the replicas'
                                        * reductions): a search's result, origin set */
 } plan_prediction;
@@ -87,6 +95,17 @@ double plan_tensor_share(const shard_plan *p, int l);
  * group computes, with the small products' lower efficiency, not the whole layer's / T. */
 int plan_profile_shards(partition_profile *prof, const net_desc *net, const shard_plan *sp,
                         const profile_options *po);
+
+/* ZeRO-3: the seconds one pass (forward, or backward) of layers [first, last) waits for its
+ * layers' all-gathers among R replicas on a link of latency alpha and bandwidth beta: a
+ * layer of n parameters (times `share`, a tensor rank's part) costs (R−1)·alpha +
+ * (R−1)/R·4n/beta, started when the layer with parameters before it in the pass begins
+ * (prefetch), so hidden by the compute since then (compute[l]: layer l's seconds in the
+ * pass) unless in_waits (the CPU engine: MPI moves the bytes only inside its waits); the
+ * pass's first layer with parameters waits for all of its own. */
+double plan_zero3_pass_s(const net_desc *net, int first, int last, const double *compute,
+                         double scale, double share, int R, double alpha, double beta,
+                         int in_waits, int backward);
 
 /* Simulates one step. The optimizer's update is left out (not in the profile). −1 with a
  * message for an unknown schedule, a profile of another model, a partition that is not

@@ -87,18 +87,6 @@ static double stage_params(const plan_result *r, int s, int t)
     return n;
 }
 
-/* ZeRO-3: the bytes of parameters a replica of stage s receives per step, not priced in the
- * step: each layer all-gathered before its forward and again before its backward, every
- * micro-batch (a third time with recomputation): (2 or 3)·M·(R−1)/R·4Ψ_s. 0 without. */
-static double zero3_gather_bytes(const plan_result *r, int s)
-{
-    const plan_args *a = r->a;
-    if (a->zero < 3 || a->replicas < 2) return 0;
-    double passes = r->pred->sched.lists[s].recompute ? 3 : 2;
-    double share = (a->replicas - 1.0) / a->replicas;
-    return passes * a->microbatches * share * 4 * stage_params(r, s, -1);
-}
-
 /* The most parameters a tensor rank of stage s holds. */
 static double stage_rank_params(const plan_result *r, int s)
 {
@@ -108,6 +96,18 @@ static double stage_rank_params(const plan_result *r, int s)
         if (n > most) most = n;
     }
     return most;
+}
+
+/* ZeRO-3: the bytes of parameters a replica of stage s (its tensor rank's shards) receives
+ * per step: each layer all-gathered before its forward and again before its backward, every
+ * micro-batch (a third time with recomputation): (2 or 3)·M·(R−1)/R·4Ψ_s. 0 without. */
+static double zero3_gather_bytes(const plan_result *r, int s)
+{
+    const plan_args *a = r->a;
+    if (a->zero < 3 || a->replicas < 2) return 0;
+    double passes = r->pred->sched.lists[s].recompute ? 3 : 2;
+    double share = (a->replicas - 1.0) / a->replicas;
+    return passes * a->microbatches * share * 4 * stage_rank_params(r, s);
 }
 
 /* Stage s's tensor traffic per sample, summed over its model chunks. */
@@ -330,11 +330,12 @@ static void print_prediction(const plan_result *r, FILE *out)
         fprintf(out, "  (compute includes the tensor collectives; tensor: their time per step; "
                 "memory/rank: the largest tensor rank's)\n");
     for (int s = 0; a->zero >= 3 && a->replicas > 1 && s < S; s++) {
-        char g[32];
+        char g[32], w[32];
         topo_format_bytes(g, sizeof g, zero3_gather_bytes(r, s));
+        topo_format_seconds(w, sizeof w, pr->zero3_s[s]);
         fprintf(out, "  stage %d, --zero 3: %s of parameters gathered per step and replica (each "
-                "layer before its forward and its backward, every micro-batch; not in the "
-                "step above)\n", s, g);
+                "layer before its forward and its backward, every micro-batch), %s of them "
+                "waited for (in the step above)\n", s, g, w);
     }
 }
 
@@ -493,6 +494,9 @@ static void put_stage_figures(json_t *pj, const plan_result *r, int *ok)
     for (int s = 0; s < r->a->stages; s++)
         append(z3, topo_json_number(zero3_gather_bytes(r, s)), ok);
     put(pj, "stage_zero3_gather_bytes", z3, ok);
+    json_t *z3s = json_array();
+    for (int s = 0; s < r->a->stages; s++) append(z3s, topo_json_number(pr->zero3_s[s]), ok);
+    put(pj, "stage_zero3_gather_s", z3s, ok);
 }
 
 static json_t *json_traffic(const shard_traffic *tr)

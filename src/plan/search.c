@@ -469,9 +469,9 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
             /* ZeRO-1 where the replicas' moments do not fit whole (same step: the same
              * bytes cross the wire), then each further stage where the last does not fit
              * either, as far as train takes it: ZeRO-2 (the gradients too) and ZeRO-3 (the
-             * parameters, gathered layer by layer: not with tensor shards; gathers not
-             * priced in the step), on either device */
-            int top = a->tensor > 1 ? 2 : 3;
+             * parameters, gathered layer by layer; with tensor shards on the CPU only), on
+             * either device */
+            int top = a->tensor > 1 && a->device == TOPO_DEVICE_CUDA ? 2 : 3;
             if (a->replicas > 1 && !reduce_method_root_steps(a->reduce))
                 for (int z = 1; z <= top && a->memory_mb > 0 &&
                                 b->peak_bytes > a->memory_mb * 1048576.0; z++) {

@@ -438,6 +438,8 @@ static int calibrate_round(replicas_t *r, MPI_Comm group, double t[3])
     } else if (r->zruns && !r->z3) { /* ZeRO's all-gather (of what every rank has) */
         double spent;
         if (gather_params(r, &spent)) return -1;
+    } else if (r->z3 && zero3_calibrate(r->z3)) {
+        return -1; /* ZeRO-3: every layer's gather, what one pass of the stage waits for */
     }
     double t2 = pt_now();
     if (mpi_wait_allreduce(&(int){0}, 1, MPI_INT, MPI_SUM, group, timeout)) return -1;
@@ -470,6 +472,7 @@ int replicas_calibrate(replicas_t *r, MPI_Comm group, int reps, replicas_calibra
         for (int k = 0; k < 3; k++) t[(size_t)k * reps + done] = one[k];
         spent += one[0] + one[1] + one[2];
     }
+    if (r->z3) zero3_calibrate_done(r->z3);
     /* the module's figures and the gradients start afresh for training */
     if (!rc && r->eng->ops->zero_grads) rc = engine_zero_grads(r->eng);
     reduce_reset_stats(r->red);

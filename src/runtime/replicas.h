@@ -126,8 +126,10 @@ typedef struct {
     double alpha, beta;  /* seconds per ring step; bytes per second (may be INFINITY) */
     double reduce_s;     /* the stage's whole reduction, every bucket back to back */
     double latency_s;    /* one reduction of a single value */
-    double bcast_s;      /* -bcast methods: the parameters' broadcast; ZeRO: the
-                            parameters' all-gather after the step; else 0 */
+    double bcast_s;      /* -bcast methods: the parameters' broadcast; ZeRO-1 and 2: the
+                            parameters' all-gather after the step; ZeRO-3: every layer's
+                            gather (what one pass of the stage gathers; none after the
+                            step); else 0 */
 } replicas_calibration;
 
 /* Collective over the group, before the first step: times up to `reps` reductions (at

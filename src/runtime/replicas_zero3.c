@@ -27,6 +27,7 @@ struct zero3 {
     long gathers;
     size_t bytes;
     double wait_s;
+    float *cal;         /* zero3_calibrate's scratch, the stage's size, until calibrate_done */
 };
 
 static int has_params(const zero3_t *z, int l) { return z->hi[l] > z->lo[l]; }
@@ -122,6 +123,34 @@ int zero3_whole(zero3_t *z)
     for (int l = 0; l < z->n_layers; l++)
         if (has_params(z, l) && z->state[l] == GIVEN_BACK && start(z, l)) return -1;
     return zero3_settle(z);
+}
+
+int zero3_calibrate(zero3_t *z)
+{
+    size_t n = z->n_layers ? z->hi[z->n_layers - 1] : 0;
+    if (!z->cal) z->cal = calloc(n ? n : 1, sizeof *z->cal); /* touched: no faults timed */
+    float *buf = z->cal;
+    MPI_Request *req = malloc((size_t)(z->n_layers ? z->n_layers : 1) * sizeof *req);
+    int rc = buf && req ? 0 : pt_error_set("out of memory for ZeRO-3's calibration");
+    int started = 0;
+    for (int l = 0; !rc && l < z->n_layers; l++) {
+        if (!has_params(z, l)) continue;
+        rc = PT_MPI_CALL(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf + z->lo[l],
+                                         z->counts + (size_t)l * z->R,
+                                         z->displs + (size_t)l * z->R, MPI_FLOAT, z->comm,
+                                         &req[started]));
+        if (!rc) started++;
+    }
+    for (int k = 0; k < started; k++)
+        if (mpi_wait_collective(&req[k], z->comm, z->timeout_s) && !rc) rc = -1;
+    free(req);
+    return rc;
+}
+
+void zero3_calibrate_done(zero3_t *z)
+{
+    free(z->cal);
+    z->cal = NULL;
 }
 
 /* Layer l's parts: each replica's shard of its bucket (a layer lies in one) inside it. */
@@ -227,6 +256,7 @@ void zero3_free(zero3_t *z)
     free(z->state);
     free(z->req);
     free(z->skipped);
+    free(z->cal);
     free(z);
 }
 

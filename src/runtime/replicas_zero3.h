@@ -34,6 +34,12 @@ int zero3_release_all(zero3_t *z);
 /* Collective: every layer gathered whole (a checkpoint reads the parameters); release
  * with zero3_release_all after the read. */
 int zero3_whole(zero3_t *z);
+/* Collective: every layer's gather started at once into a scratch array of the stage's
+ * size and waited for, as the replicas' calibration times one pass's gathers; the engine's
+ * parameters are not touched (its pages and mirrors stay as they are). The scratch stays
+ * (its pages touched once) until zero3_calibrate_done. */
+int zero3_calibrate(zero3_t *z);
+void zero3_calibrate_done(zero3_t *z);
 /* Gathers started (layer by layer) and their bytes received by this replica, since init. */
 void zero3_stats(const zero3_t *z, long *gathers, size_t *bytes, double *wait_s);
 

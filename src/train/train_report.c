@@ -330,7 +330,9 @@ static void reduce_figures_init(reduce_figures *rf, const train_run *run,
     double bcast = 0;
     for (int s = 0; ok && s < K; s++) {
         int measured = f->reduce_beta[s] > 0;
-        if (f->reduce_bcast[s] > bcast) bcast = f->reduce_bcast[s];
+        /* ZeRO-3 gathers inside the passes (in the measured forward and backward), not
+         * after the step */
+        if (run->o.zero < 3 && f->reduce_bcast[s] > bcast) bcast = f->reduce_bcast[s];
         alpha[s] = measured ? f->reduce_alpha[s] : cm.latency[run->reduce_link];
         beta[s] = measured ? f->reduce_beta[s] : cm.bandwidth[run->reduce_link];
     }
@@ -379,6 +381,36 @@ static void tensor_predicted(const train_run *run, const stage_figures *f, doubl
         }
         if (run->sched.lists[s].recompute) fwd *= 2;
         out[s] = (fwd + bwd) * M * (double)f->steps;
+    }
+}
+
+/* Per stage, ZeRO-3's gathers per step as the calibration prices them: the stage's
+ * layers' gathers (reduce_bcast, measured at the start) once per pass of its list (a
+ * forward, recomputation, backward or B; a backward or W by bucket parts 1/buckets each),
+ * per model chunk. NAN without ZeRO-3. They are inside the measured forward and backward
+ * times that train's simulator takes (so not added to step_predicted_s): this says what
+ * they cost where nothing hides them, to set against the step's difference to --zero 2. */
+static void zero3_predicted(const train_run *run, const stage_figures *f, double *out)
+{
+    int V = run->sched.virtual_stages > 1 ? run->sched.virtual_stages : 1;
+    for (int s = 0; s < f->stages; s++) {
+        out[s] = NAN;
+        if (run->o.zero < 3 || run->o.replicas < 2) continue;
+        const schedule_list *l = &run->sched.lists[s];
+        double passes = 0;
+        for (int i = 0; i < l->n_ops; i++) {
+            const schedule_op *op = &l->ops[i];
+            int whole = op->bucket < 0 || l->buckets < 1;
+            switch (op->kind) {
+            case SCHED_OP_FORWARD:
+            case SCHED_OP_RECOMPUTE:
+            case SCHED_OP_BACKWARD_INPUT: passes += 1; break;
+            case SCHED_OP_BACKWARD:
+            case SCHED_OP_BACKWARD_WEIGHT: passes += whole ? 1 : 1.0 / l->buckets; break;
+            default: break;
+            }
+        }
+        out[s] = passes / V * f->reduce_bcast[s];
     }
 }
 
@@ -613,8 +645,8 @@ static json_t *results_json(const train_run *run, const train_results *res,
     bubble_figures b = bubbles(run, fig);
     int K = fig->stages;
     reduce_figures rf;
-    double tensor_pred[K > 0 ? K : 1];
-    tensor_predicted(run, fig, tensor_pred);
+    double tensor_pred[K > 0 ? K : 1], zero3_pred[K > 0 ? K : 1]; /* NAN where none */
+    tensor_predicted(run, fig, tensor_pred), zero3_predicted(run, fig, zero3_pred);
     reduce_figures_init(&rf, run, fig);
     if (!rf.predicted) return NULL;
     /* the verifier's bound on the micro-batches each stage holds (what the measured peak
@@ -680,6 +712,7 @@ static json_t *results_json(const train_run *run, const train_results *res,
         {"tensor_beta_Bps", json_number(run->o.tensor > 1 ? run->tensor_beta : NAN)},
         /* memory per world rank (ZeRO's terms, measured): allocated bytes and peak RSS */
         {"zero", json_integer(run->o.zero)},
+        {"stage_zero3_gather_predicted_s", json_reals(zero3_pred, K)},
         {"post_validation", json_boolean(run->o.post_validation)},
         {"post_validation_rollbacks", run->o.post_validation ? json_integer(fig->rollbacks)
                                                              : json_null()},
