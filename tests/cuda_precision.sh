@@ -18,10 +18,7 @@ source "$(dirname "$0")/lib/common.bash"
 require_cuda_mock
 RTOL_TF32=2e-3
 RTOL_BF16=2e-2
-# a snapshot of the corpus: every run of the test reads the same text, even while the
-# README is edited
-cp "$PT_SOURCE_DIR/README.md" "$WORK/corpus.txt"
-LM=(--model "$MODELS/gpt-nano.cfg" --text "$WORK/corpus.txt" --batch 8 --steps 3
+LM=(--model "$MODELS/gpt-nano.cfg" --text "$(readme_corpus)" --batch 8 --steps 3
     --seed 5 --threads 1 --eval-windows 4 --optimizer sgd --lr 0.5 --json)
 CNN=(--model "$MODELS/seed-cnn.cfg" --batch 16 --steps 4 --train-samples 256
      --test-samples 64 --seed 3 --threads 1 --optimizer sgd --lr 0.05 --json)

@@ -137,7 +137,7 @@ heads=2
 [lm_head]
 tied=1
 CFG
-GPT=(--model "$WORK/tied.cfg" --text "$PT_SOURCE_DIR/README.md" --batch 8 --steps 3 --seed 5
+GPT=(--model "$WORK/tied.cfg" --text "$(readme_corpus)" --batch 8 --steps 3 --seed 5
      --threads 1 --json --optimizer adamw --lr 0.003 --lr-schedule cosine --lr-warmup 1
      --clip-grad-norm 0.5)
 gpt() { # gpt NAME RANKS ARGS...

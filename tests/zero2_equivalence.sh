@@ -68,7 +68,7 @@ same "zero 2 checkpoint resumed by one process" "$WORK/res1.st" "$(ref adamw 2)"
 same "unsharded checkpoint resumed by a zero 2 run" "$WORK/res2.st" "$(ref adamw 2)" 0
 
 # gpt-nano: adamw, a cosine schedule, --clip-grad-norm
-GPT=(--model "$MODELS/gpt-nano.cfg" --text "$PT_SOURCE_DIR/README.md" --batch 8 --steps 3
+GPT=(--model "$MODELS/gpt-nano.cfg" --text "$(readme_corpus)" --batch 8 --steps 3
      --seed 5 --threads 1 --json --optimizer adamw --lr 0.003 --lr-schedule cosine
      --lr-warmup 1 --clip-grad-norm 0.5 --reduce ordered --bucket-mb 0.02)
 "$PIPETRAIN" train "${GPT[@]}" --microbatches 4 --save "$WORK/gref.st" >/dev/null

@@ -24,7 +24,7 @@ export OPENBLAS_NUM_THREADS=1
 # --bucket-mb 0.01: seed-cnn's layers in several buckets, each cut in 2 shards
 CNN=(--model "$MODELS/seed-cnn.cfg" --batch 16 --steps 3 --train-samples 256 --test-samples 0
      --seed 3 --threads 1 --json --reduce ordered --bucket-mb 0.01)
-GPT=(--model "$MODELS/gpt-nano.cfg" --text "$PT_SOURCE_DIR/README.md" --batch 8 --steps 3
+GPT=(--model "$MODELS/gpt-nano.cfg" --text "$(readme_corpus)" --batch 8 --steps 3
      --seed 5 --threads 1 --json --optimizer adamw --lr 0.003 --clip-grad-norm 0.5
      --reduce ordered)
 R2=(timeout 120 "$MPIEXEC" -n 2 "$PIPETRAIN" train --replicas 2 --microbatches 2)

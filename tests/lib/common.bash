@@ -62,3 +62,10 @@ require_cuda_mock() {
         { echo "FAIL: the mock CUDA plugin $CUDA_MOCK_PLUGIN was configured but is not built"; exit 1; }
 }
 cuda() { PIPETRAIN_CUDA_PLUGIN=$CUDA_MOCK_PLUGIN PT_MOCK_CUDA_MODE=2 "$@"; }
+
+# readme_corpus: the path of a snapshot of README.md, the text the language-model tests train
+# on: every run of a test then reads the same text, even while the README is being edited.
+readme_corpus() {
+    [ -f "$WORK/readme-corpus.txt" ] || cp "$PT_SOURCE_DIR/README.md" "$WORK/readme-corpus.txt"
+    echo "$WORK/readme-corpus.txt"
+}
