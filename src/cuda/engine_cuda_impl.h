@@ -282,6 +282,7 @@ int engine_cuda_read_state(engine *e, float *m, float *v, long *updates);
 int engine_cuda_write_state(engine *e, const float *m, const float *v, long updates);
 int engine_cuda_optim_shard(engine *e, const engine_run *runs, int n);
 int engine_cuda_params_host(engine *e, float **host);
+int engine_cuda_shard_to_host(cuda_engine *c);
 int engine_cuda_params_commit(engine *e);
 void engine_cuda_state_bytes(const engine *e, size_t *params, size_t *grads, size_t *optim);
 

@@ -163,6 +163,20 @@ int engine_cuda_optim_shard(engine *e, const engine_run *runs, int n)
     return 0;
 }
 
+/* ZeRO: this replica's runs of the parameters copied into the pinned mirror, queued on the
+ * compute stream after everything queued there (its step). */
+int engine_cuda_shard_to_host(cuda_engine *c)
+{
+    for (int i = 0; i < c->n_zruns; i++) {
+        const engine_run *r = &c->zruns[i];
+        if (r->count)
+            CUDA_CHECK(cudaMemcpyAsync(c->h_params + r->off, c->params + r->off,
+                                       r->count * sizeof(float), cudaMemcpyDeviceToHost,
+                                       c->ctx.stream));
+    }
+    return 0;
+}
+
 /* ZeRO: the pinned mirror with this replica's runs copied out after everything queued (its
  * step), for the in-place all-gather to send them and write the other replicas' runs. */
 int engine_cuda_params_host(engine *e, float **host)
@@ -173,13 +187,7 @@ int engine_cuda_params_host(engine *e, float **host)
         return pt_error_set("CUDA engine: params_host before optim_shard (only ZeRO gathers "
                             "the parameters)");
     CUDA_CHECK(cudaSetDevice(c->device));
-    for (int i = 0; i < c->n_zruns; i++) {
-        const engine_run *r = &c->zruns[i];
-        if (r->count)
-            CUDA_CHECK(cudaMemcpyAsync(c->h_params + r->off, c->params + r->off,
-                                       r->count * sizeof(float), cudaMemcpyDeviceToHost,
-                                       c->ctx.stream));
-    }
+    if (engine_cuda_shard_to_host(c)) return -1;
     CUDA_CHECK(cudaStreamSynchronize(c->ctx.stream));
     *host = c->h_params;
     return 0;

@@ -274,13 +274,7 @@ int engine_cuda_layer_end(engine *e, int l, int backward)
 int engine_cuda_zero3_step(engine *e, cuda_engine *c)
 {
     (void)e;
-    for (int i = 0; i < c->n_zruns; i++) {
-        const engine_run *r = &c->zruns[i];
-        if (r->count)
-            CUDA_CHECK(cudaMemcpyAsync(c->h_params + r->off, c->params + r->off,
-                                       r->count * sizeof(float), cudaMemcpyDeviceToHost,
-                                       c->ctx.stream));
-    }
+    if (engine_cuda_shard_to_host(c)) return -1;
     CUDA_CHECK(cudaEventRecord(c->ev_shard_out, c->ctx.stream));
     return 0;
 }

@@ -342,6 +342,23 @@ static void error_paths(const net_desc *net, const dataset *tr)
     fprintf(stderr, "  (out-of-memory message: %s)\n", pt_error_get());
 }
 
+/* The step and the micro-batch's end, as the runtime ends a step. */
+static void step_finish(engine *e, const optimizer_config *opt)
+{
+    MUST(engine_step(e, opt, 2 * M));
+    engine_result r;
+    MUST(engine_finish(e, &r));
+}
+
+/* Both engines' parameters read into params[k]: the same bits. */
+static void same_params(engine *E[2], float params[2][MAXP], size_t P, const char *what)
+{
+    for (int k = 0; k < 2; k++) MUST(engine_read_params(E[k], params[k]));
+    size_t bad = 0;
+    for (size_t i = 0; i < P; i++) bad += memcmp(&params[0][i], &params[1][i], sizeof(float)) != 0;
+    EXPECT(!bad, "%s: %zu of %zu parameters differ", what, bad, P);
+}
+
 /* The CPU engine and the CUDA engine in lockstep on one stage holding the whole net, as a
  * data-parallel executor drives them: backward by ranges, each range's gradients read
  * through grads_host as soon as it is done (they must already be the final bits), then
@@ -415,15 +432,10 @@ static void lockstep_case(const net_desc *net, const dataset *tr, int pieces, co
                 for (size_t i = 0; i < P; i++) h[i] *= 0.5f;
                 MUST(engine_grads_commit(E[k], 0, P));
             }
-            MUST(engine_step(E[k], &sgd, 2 * M));
-            engine_result r;
-            MUST(engine_finish(E[k], &r));
+            step_finish(E[k], &sgd);
         }
     }
-    for (int k = 0; k < 2; k++) MUST(engine_read_params(E[k], params[k]));
-    size_t bad = 0;
-    for (size_t i = 0; i < P; i++) bad += memcmp(&params[0][i], &params[1][i], sizeof(float)) != 0;
-    EXPECT(!bad, "%s: %zu of %zu parameters differ", what, bad, P);
+    same_params(E, params, P, what);
     /* the comparison can fail: the first step's commit changed the parameters */
     static float fresh[MAXP];
     MUST(engine_init_params(E[0], 42));
@@ -493,15 +505,10 @@ static void zero2_case(const net_desc *net, const dataset *tr, int pieces, const
                 nz += (i < run.off || i >= run.off + run.count) && h[i] != 0;
             EXPECT(!nz, "%s: step %d: %zu gradients given back do not read as zero", what, s,
                    nz);
-            MUST(engine_step(E[k], &adam, 2 * M));
-            engine_result r;
-            MUST(engine_finish(E[k], &r));
+            step_finish(E[k], &adam);
         }
     }
-    for (int k = 0; k < 2; k++) MUST(engine_read_params(E[k], params[k]));
-    size_t bad = 0;
-    for (size_t i = 0; i < P; i++) bad += memcmp(&params[0][i], &params[1][i], sizeof(float)) != 0;
-    EXPECT(!bad, "%s: %zu of %zu parameters differ", what, bad, P);
+    same_params(E, params, P, what);
     size_t pb, gb, ob, whole = (size_t)(1 + np) * ((P * sizeof(float) + 63) / 64 * 64);
     E[1]->ops->state_bytes(E[1], &pb, &gb, &ob);
     /* these nets' gradients fit in one or two of the mock's 4 KiB granules: mapped, not
