@@ -163,8 +163,6 @@ bad "--zero with reduce-bcast" "--reduce reduce-bcast: that method sums on the g
     "${P[@]}" --replicas 2 --zero 1 --reduce reduce-bcast
 bad "--zero with gather-bcast" "--reduce gather-bcast" "${P[@]}" --replicas 2 --zero 1 \
     --reduce gather-bcast
-bad "--zero 3 with tensor shards on CUDA" "--zero 3 with --tensor 2 and --device cuda" \
-    "$MPIEXEC" -n 4 "$PIPETRAIN" train "${T[@]}" --replicas 2 --tensor 2 --zero 3 --device cuda
 bad "--zero 2 without replicas" "needs --replicas 2 or more" "${P[@]}" --stages 2 --zero 2
 # (--zero 1, 2 and 3 with the CUDA engine run: tests/zero_cuda_mock.sh)
 

@@ -111,9 +111,9 @@ static const opt_spec opt_shared[] = {
              "bucket's gradient memory outside the replica's shard once the bucket is "
              "reduce-scattered (the drop needs --overlap on and one micro-batch per "
              "replica); 3 also keeps only the replica's shard of the parameters, all-gathering "
-             "each layer's before each of its passes (with --tensor on the CPU too: the layer's "
+             "each layer's before each of its passes (with --tensor too: the layer's "
              "shard-local parameters around its phases); with --device cuda 2 and 3 map and "
-             "unmap the device memory per granule (2 MiB on a GPU; 3 not with --tensor); plan "
+             "unmap the device memory per granule (2 MiB on a GPU); plan "
              "prices 1 to 3 (memory per rank, and ZeRO-3's gathers in the step) and, with "
              "--ranks, tries 1, 2, then 3 where a layout does not fit --memory-mb"},
     {.name = "partition", .letter = 'p', .kind = OPT_TEXT, .arg = "METHOD", .def = "time",

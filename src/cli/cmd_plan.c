@@ -181,10 +181,6 @@ static int apply_gpus_per_stage(plan_args *a, const opt_parser *p)
 static int check_zero(const plan_args *a, const opt_parser *p)
 {
     if (!a->zero) return 0;
-    if (a->zero == 3 && a->tensor > 1 && a->device == TOPO_DEVICE_CUDA)
-        return opt_error(p, "--zero 3 with --tensor %d and --device cuda: train refuses it (the "
-                         "CUDA engine's gathers do not follow a layer cut into tensor shards "
-                         "through its phases)", a->tensor);
     if (!a->ranks && a->replicas < 2)
         return opt_error(p, "--zero %d shards the state across a stage's replicas: it needs "
                          "--replicas 2 or more (or --ranks)", a->zero);

@@ -76,7 +76,8 @@ static int tp_forward_run(void *self, int lo, int hi)
     cuda_pass *q = self;
     cuda_engine *c = engine_cuda_impl(q->e);
     layer_run r = cuda_layer_run(q);
-    if (!c->zero3) {
+    /* with tensor shards the shared runs call the ZeRO-3 hook themselves (tp_layer) */
+    if (!c->zero3 || c->plan.tp) {
         if (layer_run_forward(&r, lo, hi)) return layer_run_fail(c, &r, q->m);
         return 0;
     }
@@ -102,7 +103,7 @@ static int tp_backward_run(void *self, int lo, int hi, const float *dout, float 
         c->range_gi = -1;
     }
     layer_run r = cuda_layer_run(q);
-    if (!c->zero3) {
+    if (!c->zero3 || c->plan.tp) { /* with tensor shards: tp_layer, as forward */
         if (layer_run_backward(&r, lo, hi, &c->range_g, &c->range_gi, c->scratch, din,
                                q->parts))
             return layer_run_fail(c, &r, q->m);
@@ -219,6 +220,17 @@ static int tp_reduce_carry(void *self, int b, size_t whole, size_t from, size_t 
     return 0;
 }
 
+/* ZeRO-3 with tensor shards: the shared runs call this around each layer's phases
+ * (stage_tensor_run.layer, one layer per run), so a layer cut by its inputs keeps its
+ * parameters mapped through its all-reduce to its bias and activation (tp_finish), and the
+ * replica group's gathers interleave with the tensor collectives in one order on every rank. */
+static int tp_layer(void *self, int i, int backward, int begins)
+{
+    engine *e = ((cuda_pass *)self)->e;
+    return begins ? engine_cuda_layer_begin(e, i, backward)
+                  : engine_cuda_layer_end(e, i, backward);
+}
+
 static const stage_tensor_ops tensor_ops_cuda = {
     .forward = tp_forward_run,
     .backward = tp_backward_run,
@@ -235,7 +247,8 @@ static stage_tensor_run cuda_tensor_run(engine *e, cuda_pass *q)
     stage_tensor_run r = {.plan = &c->plan, .ops = &tensor_ops_cuda, .self = q, .n = q->n,
                           .layers = q->s->layers, .input = c->mb[q->m].in,
                           .whole_out = q->s->whole_out, .tp_dout = c->tp_dout,
-                          .tp_din = c->tp_din};
+                          .tp_din = c->tp_din,
+                          .layer = c->zero3 && c->plan.tp ? tp_layer : NULL};
     return r;
 }
 

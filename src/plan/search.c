@@ -469,11 +469,9 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
             /* ZeRO-1 where the replicas' moments do not fit whole (same step: the same
              * bytes cross the wire), then each further stage where the last does not fit
              * either, as far as train takes it: ZeRO-2 (the gradients too) and ZeRO-3 (the
-             * parameters, gathered layer by layer; with tensor shards on the CPU only), on
-             * either device */
-            int top = a->tensor > 1 && a->device == TOPO_DEVICE_CUDA ? 2 : 3;
+             * parameters, gathered layer by layer), on either device */
             if (a->replicas > 1 && !reduce_method_root_steps(a->reduce))
-                for (int z = 1; z <= top && a->memory_mb > 0 &&
+                for (int z = 1; z <= 3 && a->memory_mb > 0 &&
                                 b->peak_bytes > a->memory_mb * 1048576.0; z++) {
                     a->zero = z;
                     if (plan_price(b, a, net, prof, m, cm) < 0) return -1;

@@ -462,11 +462,6 @@ static int check_zero(const train_options *o, const opt_parser *p)
                          "first rank, which steps alone; ZeRO needs every replica to hold its "
                          "shard's sum (--reduce ordered or allreduce)", o->zero,
                          reduce_method_name(o->reduce));
-    if (o->zero > 2 && o->tensor > 1 && o->device == ENGINE_CUDA)
-        return opt_error(p, "--zero 3 with --tensor %d and --device cuda: the CUDA engine "
-                         "gathers a layer around its own runs, and a layer cut into tensor "
-                         "shards runs in phases between the tensor collectives, which it does "
-                         "not follow (use --zero 2, or --device cpu)", o->tensor);
     return 0;
 }
 
