@@ -302,12 +302,26 @@ r4 = {x['zero'] for x in c if x['replicas'] == 4 and x['tensor'] == 1}
 assert r4 == {3}, r4
 PYEOF
 
-# zb-h1 prices the same work as 1f1b (B + W about the whole backward) and holds more. Both
-# from ONE profile (one plan --ranks call lists every layout): separate plan calls profile
-# the layers anew, and under ctest -j two profiles differed by 2-3x (1f1b's compute 0.46 s
-# against zb-h1's 0.17 in a CI-like run), failing this check on correct code.
+# zb-h1 prices the same work as 1f1b and holds more. The profile's split backward (B, W)
+# is measured apart from the fused one, and under load the two differed by 1.5-3x (a fresh
+# machine: 1f1b's compute 0.18 s against zb-h1's 0.27), so the pricing is checked on costs
+# where B + W is exactly the fused backward: the file of this run's profiles (every micro-
+# batch size the search prices), with B = 0.6 and W = 0.4 of each layer's backward.
+"$PIPETRAIN" plan "${P[@]}" --ranks 4 --top 1 >/dev/null
+python3 - "$WORK/cnn.costs" "$WORK/split.costs" <<'PYEOF'
+import sys
+out = []
+for line in open(sys.argv[1]).read().splitlines():
+    v = line.split()
+    if len(v) == 4 and not line.startswith('profile') and float(v[2]) >= 0:
+        b = float(v[1])
+        line = '%s %s %.9e %.9e' % (v[0], v[1], 0.6 * b, 0.4 * b)
+    out.append(line)
+open(sys.argv[2], 'w').write('\n'.join(out) + '\n')
+PYEOF
 zb_same_work() {
-    "$PIPETRAIN" plan "${P[@]}" --ranks 4 --top 400 --json >"$WORK/zb.json" || return 1
+    "$PIPETRAIN" plan "${P[@]/$WORK\/cnn.costs/$WORK/split.costs}" --ranks 4 --top 400 --json \
+        >"$WORK/zb.json" || return 1
     python3 - "$WORK/zb.json" <<'PYEOF'
 import json, sys
 c = json.load(open(sys.argv[1]))['choices']
@@ -317,12 +331,13 @@ a, z = r['1f1b'], r['zb-h1']
 assert a['partition_first'] == z['partition_first'], (a['partition_first'], z['partition_first'])
 # the stages' compute: K · step · (1 − bubble), the bubble being the mean idle share
 work = lambda x: 4 * x['step_s'] * (1 - x['bubble'])  # noqa: E731
-assert abs(work(z) - work(a)) <= 0.5 * work(a), ('compute', work(a), work(z))
+print('compute: 1f1b %.6f s, zb-h1 %.6f s' % (work(a), work(z)))
+assert abs(work(z) - work(a)) <= 0.02 * work(a), ('compute', work(a), work(z))
 assert max(z['stage_memory_bytes']) > max(a['stage_memory_bytes']), ('memory', a, z)
 PYEOF
 }
-zb_same_work || zb_same_work \
-    && pass "--schedule zb-h1: the same work as 1f1b (B + W about B), more memory" || failed "--schedule zb-h1"
+zb_same_work \
+    && pass "--schedule zb-h1: the same work as 1f1b (costs where B + W is the backward), more memory" || failed "--schedule zb-h1"
 # bubbles in one unit (issue 23 item 14): the predicted bubble and the balanced-stage
 # figure are both the idle share of the step, named in the text
 while read -r want formula sched; do
