@@ -29,20 +29,14 @@ cat >"$WORK/check.py" <<'PY'
 --within: exit 0 when every step loss and every tensor is within the run's tolerance;
 --beyond: exit 0 when some tensor is beyond it. --perturb moves one golden element of
 layers.1.mlp.c_fc.weight by 10× the tolerance first."""
-import json, os, struct, sys
+import json, os, sys
 
-def read_st(path):
-    raw = open(path, 'rb').read()
-    (n,) = struct.unpack('<Q', raw[:8])
-    header = json.loads(raw[8:8 + n])
-    header.pop('__metadata__', None)
-    out = {}
-    for name, info in header.items():
-        if info['dtype'] != 'F32':
-            sys.exit('%s: %s is %s, not F32' % (path, name, info['dtype']))
-        b, e = info['data_offsets']
-        out[name] = list(struct.unpack('<%df' % ((e - b) // 4), raw[8 + n + b:8 + n + e]))
-    return out
+sys.path.insert(0, os.path.join(os.environ['PT_SOURCE_DIR'], 'tests', 'lib'))
+from safetensors_f32 import read_f32  # noqa: E402
+
+
+def read_st(path):  # the values only
+    return {name: values for name, (_, values) in read_f32(path).items()}
 
 gold_path, run, got_st, got_jsonl, mode = sys.argv[1:6]
 doc = json.load(open(gold_path))

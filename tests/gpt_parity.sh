@@ -35,20 +35,10 @@ GOLD=$G/gpt_parity.json
 cat >"$WORK/check.py" <<'PY'
 """check.py GOLDEN.json RUN GOT.safetensors GOT.jsonl [--perturb-loss | --perturb-param]:
 exit 0 when pipetrain's run agrees with the golden values within the run's tolerances."""
-import json, os, struct, sys
+import json, os, sys
 
-def read_st(path):
-    raw = open(path, 'rb').read()
-    (n,) = struct.unpack('<Q', raw[:8])
-    header = json.loads(raw[8:8 + n])
-    header.pop('__metadata__', None)
-    data, out = raw[8 + n:], {}
-    for name, info in header.items():
-        if info['dtype'] != 'F32':
-            sys.exit('%s: %s is %s, not F32' % (path, name, info['dtype']))
-        b, e = info['data_offsets']
-        out[name] = (tuple(info['shape']), list(struct.unpack('<%df' % ((e - b) // 4), data[b:e])))
-    return out
+sys.path.insert(0, os.path.join(os.environ['PT_SOURCE_DIR'], 'tests', 'lib'))
+from safetensors_f32 import read_f32 as read_st  # noqa: E402
 
 gold_path, run_name, got_st, got_jsonl = sys.argv[1:5]
 perturb = sys.argv[5] if len(sys.argv) > 5 else None
