@@ -538,7 +538,11 @@ static int cpu_grads_commit(engine *e, size_t off, size_t count)
 
 static int cpu_zero_grads(engine *e)
 {
-    stage_zero_grad(&impl(e)->st);
+    cpu_engine *c = impl(e);
+    stage_zero_grad(&c->st);
+    /* ZeRO-2: the pieces too (the calibration's reductions read them in whole) */
+    for (int p = 1; c->zero2 && p < c->pieces; p++)
+        pages_zero(c->piece[p], e->param_count * sizeof(float));
     return 0;
 }
 
@@ -584,10 +588,13 @@ static int cpu_step(engine *e, const optimizer_config *o, int t)
         return -1;
     }
     sample_grads(c); /* the most the gradients hold: the step's start */
-    if (c->zero2) zero2_grads(c);
+    /* ZeRO-2 with pieces: every piece, the stage's too, is zeroed as its micro-batch's
+     * gradient is formed (stage_plan_grad_target), so nothing is zeroed here: the pieces
+     * before the last keep their pages for the next step's whole backwards, which would
+     * fault them in again (issue 27), and the last piece's went back (replicas.c) */
+    if (c->zero2 && c->pieces > 1) stage_plan_grads_zeroed(&st->plan);
+    else if (c->zero2) zero2_grads(c);
     else stage_zero_grad(st);
-    for (int p = 1; c->zero2 && p < c->pieces; p++) /* summed already: none to zero */
-        pages_zero(c->piece[p], e->param_count * sizeof(float));
     tick(e, t, t0);
     return 0;
 }

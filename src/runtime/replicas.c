@@ -145,12 +145,19 @@ static int piece_part(replicas_t *r, int b, int p, int (*op)(engine *, int, size
     return op(r->eng, 0, zend, end - zend);
 }
 
-/* ZeRO-2: bucket b's reduction has completed: its parts go back. Once per start. */
+/* ZeRO-2: bucket b's reduction has completed: its parts go back. Once per start. With
+ * P > 1 pieces only the last piece's: the pieces before it are formed by whole backwards
+ * (the micro-batches before the last), which faulted every page of theirs in again each
+ * step (a trap and a kernel clear per 4 KiB: 1.16× the unsharded step on the 9-layer MLP
+ * at M = 2, issue 27), while the last piece's bucket parts take their pages back from the
+ * engine's pool (replicas_part_begins). The gradients then hold P − 1 whole pieces and
+ * about two buckets of the last: below the unsharded run's P whole pieces, and they keep
+ * pages that the step's peak held anyway. */
 static int give_back(replicas_t *r, int b)
 {
     if (!r->owed || !r->owed[b]) return 0;
     r->owed[b] = 0;
-    for (int p = 0; p < r->pieces; p++) {
+    for (int p = r->pieces - 1; p < r->pieces; p++) {
         r->given[b * r->pieces + p] = 1;
         if (piece_part(r, b, p, r->eng->ops->grads_release)) return -1;
     }
@@ -164,9 +171,8 @@ int replicas_part_begins(replicas_t *r, int b, int m)
      * fewer pages wait in the engine's pool */
     int p = engine_piece_of(&r->eng->cfg, m);
     if (p < 0 || p >= r->pieces) p = 0;
-    /* a whole backward (the micro-batches before the last, with --microbatches > 1) faults
-     * its pages in as before: filling every bucket's at once made the 9-layer MLP's step
-     * slower at R = 2, M = 2 (PERFORMANCE.md), not faster. Nothing is filled after it. */
+    /* a whole backward (the micro-batches before the last, with --microbatches > 1) forms a
+     * piece that kept its pages (give_back): nothing to fill */
     for (int k = 0; b < 0 && k < r->plan.n_buckets; k++) r->given[k * r->pieces + p] = 0;
     if (b < 0 || !r->given[b * r->pieces + p]) return 0;
     r->given[b * r->pieces + p] = 0;
