@@ -36,9 +36,11 @@ typedef struct {
                              state of its shard only (the ordered reduce-scatter's pieces of
                              each bucket), steps it, then the parameters are all-gathered;
                              2 also gives back the memory of each bucket's gradients outside
-                             its shard (every piece's) as soon as the bucket's reduction has
-                             completed (replicas_progress, replicas_wait), and zeroes them by
-                             giving their pages back (engine grads_shard, grads_release);
+                             its shard (with pieces, the last piece's bucket: the others are
+                             formed by whole backwards and keep their pages) as soon as the
+                             bucket's reduction has completed (replicas_progress,
+                             replicas_wait), and zeroes them by giving their pages back
+                             (engine grads_shard, grads_release);
                              3 also keeps only its shard of the parameters: each layer's are
                              all-gathered before each pass and given back after
                              (src/runtime/replicas_zero3.h), none after the step */
@@ -86,8 +88,8 @@ void replicas_part_range(const replicas_t *r, int b, int *lo, int *hi);
 /* ZeRO-2: a backward of bucket b's part begins for buffer m's micro-batch: the gradient
  * memory of its piece that the bucket's last reduction gave back is asked back from the
  * engine (grads_fill), once per give back, before anything writes it. b < 0: a whole
- * backward begins, which faults its pages in (nothing is asked back for its piece this
- * step). */
+ * backward begins (with pieces, one before the last, whose piece kept its pages; nothing
+ * is asked back for its piece this step). */
 int replicas_part_begins(replicas_t *r, int b, int m);
 /* ALLREDUCE b: bucket b's gradients (every piece) are final; start their reduction. */
 int replicas_start(replicas_t *r, int b);
