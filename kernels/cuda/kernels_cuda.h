@@ -246,8 +246,12 @@ int kernel_embedding_shard_backward_cuda(float *dwte, float *dwpe, int32_t *tok,
  * the forward keeps each row's logsumexp in its first batch·heads·seq floats, and the
  * backward writes Δ = rowsum(P ∘ dP) after them (seq ≥ 2; at seq 1 it recomputes it), so
  * the area is written by both. The backward overwrites dqkv's three views: dQ by query
- * rows, dK and dV by key rows (queries in order): deterministic. head_dim ≤ 128; dropout
- * p > 0 is refused (−1 with a message: not on the GPU yet). */
+ * rows, dK and dV by key rows (queries in order): deterministic. head_dim ≤ 128.
+ * Dropout (drop with p > 0; device sample_ids and mask): the forward draws each query row's
+ * mask from the counter RNG as kernel_attention_forward_dropout_cpu does (the same bits,
+ * elem_off placing a shard's heads) and writes it; the softmax's sum stays that of the
+ * probabilities before the dropout, each key's term is scaled by M/(1 − p); the backward
+ * reads the mask (dP = M/(1 − p) ∘ dO vᵀ, Δ = rowsum(P ∘ dP)). */
 int kernel_attention_forward_cuda(float *y, float *probs, const float *qkv,
                                   const kernel_attention_dims *d,
                                   const kernel_attention_dropout *drop,

@@ -118,11 +118,11 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
 /* The shared layout of the stage (its local layers and sizes: src/engine/stage_plan.h) at
  * the whole micro-batch as one chunk, with the CUDA convolutions' workspace. */
 /* What the CUDA transformer kernels do not cover yet (issue 25) is refused here, before
- * anything runs: dropout inside a [block] (its attention dropout has no CUDA kernel), a
- * language model cut into tensor shards (the vocabulary-parallel loss has none) and batched
- * weight gradients (the CUDA stash holds dense layers' rows only). */
+ * anything runs: a language model cut into tensor shards (the vocabulary-parallel loss has
+ * none) and batched weight gradients (the CUDA stash holds dense layers' rows only). */
 static int lm_supported(const engine_config *cfg, const stage_plan *pl)
 {
+    (void)pl;
     if (!cfg->net->sequence) return 0;
     if (cfg->shard && cfg->shard->T > 1)
         return pt_error_set("CUDA engine: a language model in tensor shards (--tensor %d) "
@@ -132,12 +132,6 @@ static int lm_supported(const engine_config *cfg, const stage_plan *pl)
         return pt_error_set("CUDA engine: --wgrad batched with a language model does not run "
                             "on the GPU yet (the blocks' and the head's stash); use --wgrad "
                             "per-microbatch with --device cuda, or --device cpu");
-    for (int i = 0; i < pl->nl; i++)
-        if (layer_block_drops(&pl->loc[i]))
-            return pt_error_set("CUDA engine: layer %d ([block]) has dropout=%g, and dropout "
-                                "inside blocks does not run on the GPU yet; set dropout=0 "
-                                "for --device cuda, or use --device cpu", pl->first + i + 1,
-                                (double)pl->loc[i].u.block.p);
     return 0;
 }
 
@@ -153,7 +147,8 @@ static int create_plan(engine *e, cuda_engine *c)
     e->param_count = c->plan.param_count; /* this rank's with tensor shards */
     e->slot_bytes = c->plan.slot_bytes;
     for (int i = 0; i < c->plan.nl; i++)
-        if (layer_kind_of(c->plan.loc[i].type)->mask) c->has_dropout = 1;
+        if (layer_kind_of(c->plan.loc[i].type)->mask || layer_block_drops(&c->plan.loc[i]))
+            c->has_dropout = 1; /* [dropout] layers and blocks' dropouts: sample ids */
     return lm_supported(cfg, &c->plan);
 }
 

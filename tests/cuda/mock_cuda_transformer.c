@@ -144,42 +144,77 @@ static void m_attn_put(op *o, const kernel_attention_dims *d)
 {
     o->i[0] = d->batch; o->i[1] = d->seq; o->i[2] = d->heads; o->i[3] = d->head_dim; o->i[4] = d->qkv_stride;
 }
-static int m_attn_no_dropout(const kernel_attention_dropout *drop)
+/* The attention dropout into the op (p[4] its mask, p[5] the sample ids; f[0] = 0: none)
+ * and back out: the CPU kernel reads the ids and writes the mask when the op runs, as the
+ * device kernel would. */
+static void m_attn_drop_put(op *o, const kernel_attention_dropout *drop)
 {
-    if (drop && drop->p > 0.0f)
-        return pt_error_set("attention: attention dropout (p=%g) has no CUDA kernel yet; train "
-                            "with [block] dropout=0 on --device cuda", (double)drop->p);
+    int on = drop && drop->p > 0.0f;
+    o->f[0] = on ? drop->p : 0.0f;
+    o->p[4] = on ? drop->mask : NULL;
+    o->p[5] = on ? (void *)drop->sample_ids : NULL;
+    o->u[0] = on ? drop->seed : 0;
+    o->u[1] = on ? drop->stream : 0;
+    o->z[0] = on ? drop->elem_off : 0;
+}
+static const kernel_attention_dropout *m_attn_drop(const op *o, kernel_attention_dropout *dr)
+{
+    if (o->f[0] <= 0.0f) return NULL;
+    *dr = (kernel_attention_dropout){.p = o->f[0], .seed = o->u[0], .stream = o->u[1],
+                                     .sample_ids = o->p[5], .elem_off = o->z[0],
+                                     .mask = o->p[4]};
+    return dr;
+}
+static int m_attn_drop_check(const kernel_attention_dropout *drop, int forward)
+{
+    if (!drop || drop->p <= 0.0f) return 0;
+    need_dev(drop->mask, "attn dropout mask");
+    if (forward) need_dev(drop->sample_ids, "attn dropout ids");
+    if (!drop->mask || (forward && !drop->sample_ids)) die("attention dropout without mask or ids");
     return 0;
+}
+/* The CPU kernels' scratch is host memory of the op's own (the device kernels need none). */
+static float *m_attn_work(const kernel_attention_dims *d, int backward)
+{
+    size_t n = kernel_attention_dropout_floats(d) +
+               (backward ? kernel_attention_workspace_floats(d) : 0);
+    float *w = malloc(n * sizeof(float));
+    if (!w) die("attention scratch");
+    return w;
 }
 static void r_attf(op *o)
 {
     kernel_attention_dims d = m_attn_dims(o);
+    kernel_attention_dropout dr;
     size_t C = (size_t)d.heads * d.head_dim;
     const float *qkv = o->p[2];
-    kernel_attention_forward_cpu(o->p[0], o->p[1], qkv, qkv + C, qkv + 2 * C, &d);
+    float *work = m_attn_work(&d, 0);
+    kernel_attention_forward_dropout_cpu(o->p[0], o->p[1], work, qkv, qkv + C, qkv + 2 * C, &d,
+                                         m_attn_drop(o, &dr));
+    free(work);
 }
 int kernel_attention_forward_cuda(float *y, float *probs, const float *qkv,
                                   const kernel_attention_dims *d,
                                   const kernel_attention_dropout *drop,
                                   const kernel_cuda_ctx *ctx)
 {
-    if (m_attn_no_dropout(drop)) return -1;
+    if (m_attn_drop_check(drop, 1)) return -1;
     need_dev(y, "attn y"); need_dev(probs, "attn probs"); need_dev(qkv, "attn qkv");
     KOP(r_attf);
     o->p[0] = y; o->p[1] = probs; o->p[2] = (void *)qkv;
     m_attn_put(o, d);
+    m_attn_drop_put(o, drop);
     DONE();
 }
-/* The CPU backward's scratch is host memory of the op's own (the device kernel needs none). */
 static void r_attb(op *o)
 {
     kernel_attention_dims d = m_attn_dims(o);
+    kernel_attention_dropout dr;
     size_t C = (size_t)d.heads * d.head_dim;
-    float *dqkv = o->p[0], *work = malloc(kernel_attention_workspace_floats(&d) * sizeof(float));
+    float *dqkv = o->p[0], *work = m_attn_work(&d, 1);
     const float *qkv = o->p[2];
-    if (!work) die("attention backward scratch");
-    kernel_attention_backward_cpu(dqkv, dqkv + C, dqkv + 2 * C, work, o->p[3], qkv, qkv + C,
-                                  qkv + 2 * C, o->p[1], &d);
+    kernel_attention_backward_dropout_cpu(dqkv, dqkv + C, dqkv + 2 * C, work, o->p[3], qkv,
+                                          qkv + C, qkv + 2 * C, o->p[1], &d, m_attn_drop(o, &dr));
     free(work);
 }
 int kernel_attention_backward_cuda(float *dqkv, float *probs, const float *dy, const float *qkv,
@@ -187,11 +222,12 @@ int kernel_attention_backward_cuda(float *dqkv, float *probs, const float *dy, c
                                    const kernel_attention_dropout *drop,
                                    const kernel_cuda_ctx *ctx)
 {
-    if (m_attn_no_dropout(drop)) return -1;
+    if (m_attn_drop_check(drop, 0)) return -1;
     need_dev(dqkv, "attn dqkv"); need_dev(probs, "attn probs"); need_dev(dy, "attn dy");
     need_dev(qkv, "attn qkv");
     KOP(r_attb);
     o->p[0] = dqkv; o->p[1] = probs; o->p[2] = (void *)qkv; o->p[3] = (void *)dy;
     m_attn_put(o, d);
+    m_attn_drop_put(o, drop);
     DONE();
 }

@@ -212,7 +212,8 @@ static void test_embedding(int n, int seq, int width, int V, int first, int Vr, 
  * threads (tfc_att_stage, element by element), then each thread's step on it. */
 template <int MAXD>
 static void emu_att(float *y, float *dqkv, float *lse, float *delta, const float *dy,
-                    const float *qkv, const kernel_attention_dims &d, bool forward)
+                    const float *qkv, const kernel_attention_dims &d, bool forward,
+                    const tfc_drop &dr)
 {
     constexpr int BT = tfc_att_tile_rows<MAXD>(), R = TFC_ATT_ROWS;
     const tfc_attn a = tfc_attn_of(&d);
@@ -232,13 +233,18 @@ static void emu_att(float *y, float *dqkv, float *lse, float *delta, const float
                 const size_t rows = ((size_t)b * a.H + h) * a.T;
                 if (forward) {
                     std::vector<tfc_att_fwd<MAXD>> s(nr);
-                    for (int t = 0; t < nr; t++)
+                    std::vector<uint8_t *> mr(nr);
+                    for (int t = 0; t < nr; t++) {
                         tfc_att_fwd_begin<MAXD>(s[t], qv + (size_t)(r0 + t) * a.ld, a.D);
+                        mr[t] = tfc_drop_row(dr, a.T, a.H, b, h, r0 + t);
+                        if (mr[t]) tfc_drop_make_row(mr[t], dr, a.T, b, h, r0 + t);
+                    }
                     for (int j0 = 0; j0 < kend; j0 += BT) {
                         const int n = std::min(BT, kend - j0);
                         stage(kv, kv + a.C, a.ld, j0, n);
                         for (int t = 0; t < nr; t++)
-                            tfc_att_fwd_tile<MAXD>(s[t], t1, t2, j0, n, r0 + t, a.scale);
+                            tfc_att_fwd_tile<MAXD>(s[t], t1, t2, j0, n, r0 + t, a.scale, mr[t],
+                                                   dr.scale);
                     }
                     for (int t = 0; t < nr; t++)
                         tfc_att_fwd_end<MAXD>(s[t], y + ((size_t)b * a.T + r0 + t) * a.C + (size_t)h * a.D,
@@ -255,8 +261,10 @@ static void emu_att(float *y, float *dqkv, float *lse, float *delta, const float
                         const int n = std::min(BT, kend - j0);
                         stage(kv, kv + a.C, a.ld, j0, n);
                         for (int t = 0; t < nr; t++)
-                            if (pass == 0) tfc_att_dq_delta_tile<MAXD>(s[t], t1, t2, j0, n, r0 + t, a.scale);
-                            else tfc_att_dq_tile<MAXD>(s[t], t1, t2, j0, n, r0 + t, a.scale);
+                            if (pass == 0) tfc_att_dq_delta_tile<MAXD>(s[t], t1, t2, j0, n, r0 + t, a.scale,
+                                                                       tfc_drop_row(dr, a.T, a.H, b, h, r0 + t), dr.scale);
+                            else tfc_att_dq_tile<MAXD>(s[t], t1, t2, j0, n, r0 + t, a.scale,
+                                                       tfc_drop_row(dr, a.T, a.H, b, h, r0 + t), dr.scale);
                     }
                 for (int t = 0; t < nr; t++)
                     tfc_att_dq_end<MAXD>(s[t], dqkv + ((size_t)b * a.T + r0 + t) * a.ld + (size_t)h * a.D,
@@ -289,11 +297,15 @@ static void emu_att(float *y, float *dqkv, float *lse, float *delta, const float
                         for (int r = 0; r < n; r++) {
                             L[r] = lse[rows + i0 + r];
                             DL[r] = delta ? delta[rows + i0 + r]
-                                          : tfc_attn_delta(dy, qkv, lse, a, b, h, i0 + r);
+                                          : tfc_attn_delta(dy, qkv, lse, a, b, h, i0 + r,
+                                                           tfc_drop_row(dr, a.T, a.H, b, h, i0 + r), dr.scale);
                         }
-                        for (int t = 0; t < nr; t++)
-                            if (dk) tfc_att_dkv_tile<MAXD, true>(sk[t], t1, t2, L, DL, i0, n, k0 + t, a.scale);
-                            else tfc_att_dkv_tile<MAXD, false>(sv[t], t1, t2, L, DL, i0, n, k0 + t, a.scale);
+                        const uint8_t *m0 = tfc_drop_row(dr, a.T, a.H, b, h, 0);
+                        for (int t = 0; t < nr; t++) {
+                            const uint8_t *mc = m0 ? m0 + k0 + t : NULL;
+                            if (dk) tfc_att_dkv_tile<MAXD, true>(sk[t], t1, t2, L, DL, i0, n, k0 + t, a.scale, mc, a.T, dr.scale);
+                            else tfc_att_dkv_tile<MAXD, false>(sv[t], t1, t2, L, DL, i0, n, k0 + t, a.scale, mc, a.T, dr.scale);
+                        }
                     }
                     for (int t = 0; t < nr; t++) {
                         float *o = dqkv + ((size_t)b * a.T + k0 + t) * a.ld + (dk ? a.C : 2 * a.C) + (size_t)h * a.D;
@@ -304,12 +316,13 @@ static void emu_att(float *y, float *dqkv, float *lse, float *delta, const float
 }
 
 static void emu_attention(float *y, float *dqkv, float *lse, float *delta, const float *dy,
-                          const float *qkv, const kernel_attention_dims &d, bool forward)
+                          const float *qkv, const kernel_attention_dims &d, bool forward,
+                          const tfc_drop &dr = tfc_drop{1.0f, 1.0f, 0, 0, 0, NULL, NULL})
 {
-    if (d.head_dim <= 16) emu_att<16>(y, dqkv, lse, delta, dy, qkv, d, forward);
-    else if (d.head_dim <= 32) emu_att<32>(y, dqkv, lse, delta, dy, qkv, d, forward);
-    else if (d.head_dim <= 64) emu_att<64>(y, dqkv, lse, delta, dy, qkv, d, forward);
-    else emu_att<128>(y, dqkv, lse, delta, dy, qkv, d, forward);
+    if (d.head_dim <= 16) emu_att<16>(y, dqkv, lse, delta, dy, qkv, d, forward, dr);
+    else if (d.head_dim <= 32) emu_att<32>(y, dqkv, lse, delta, dy, qkv, d, forward, dr);
+    else if (d.head_dim <= 64) emu_att<64>(y, dqkv, lse, delta, dy, qkv, d, forward, dr);
+    else emu_att<128>(y, dqkv, lse, delta, dy, qkv, d, forward, dr);
 }
 
 static void test_attention(int B, int T, int H, int D, bool keep_delta)
@@ -338,6 +351,71 @@ static void test_attention(int B, int T, int H, int D, bool keep_delta)
     std::vector<float> part(rows * C), c_part(rows * C);
     const char *names[3] = {"attention_backward dq", "attention_backward dk",
                             "attention_backward dv"};
+    for (int s = 0; s < 3; s++) {
+        for (size_t r = 0; r < rows; r++)
+            for (int k = 0; k < C; k++) {
+                part[r * C + k] = dqkv[r * ld + s * C + k];
+                c_part[r * C + k] = c_dqkv[r * ld + s * C + k];
+            }
+        check_close(names[s], shape, part.data(), c_part.data(), part.size());
+    }
+}
+
+/* With the attention dropout (kernel_attention_dropout): the masks bit for bit (j ≤ i;
+ * the rest is never written on either side), the output and the gradients to rounding.
+ * elem_off ≠ 0 places the call's heads among a layer's (a tensor shard's); the sample ids
+ * are not 0 .. B − 1, so the id's place in the counter is checked. */
+static void test_attention_dropout(int B, int T, int H, int D, float p, size_t elem_off,
+                                   bool keep_delta)
+{
+    char shape[96];
+    snprintf(shape, sizeof shape, "B=%d T=%d H=%d D=%d p=%g off=%zu%s", B, T, H, D, (double)p,
+             elem_off, keep_delta ? "" : " delta recomputed");
+    const int C = H * D, ld = 3 * C;
+    const kernel_attention_dims d = {B, T, H, D, ld};
+    const size_t rows = (size_t)B * T, np = kernel_attention_probs_floats(&d);
+    auto qkv = rand_v(rows * ld, -2, 2), dy = rand_v(rows * C, -1, 1);
+    std::vector<int64_t> ids(B);
+    for (int b = 0; b < B; b++) ids[b] = 1000 + 7 * b + (b % 2) * ((int64_t)1 << 33);
+    std::vector<uint8_t> mask(np, 7), c_mask(np, 7);
+    const uint64_t seed = 0x1234567890abcdefULL, stream = kernel_block_dropout_stream(3, 0, 11);
+    kernel_attention_dropout cd = {p, seed, stream, ids.data(), elem_off, c_mask.data()};
+    const tfc_drop dr = {1.0f - p, 1.0f / (1.0f - p), seed, stream, elem_off, ids.data(),
+                         mask.data()};
+    auto y = nan_v(rows * C), c_y = nan_v(rows * C);
+    std::vector<float> probs(np, NAN), c_probs = probs;
+    std::vector<float> work(kernel_attention_workspace_floats(&d) +
+                            kernel_attention_dropout_floats(&d));
+    kernel_attention_forward_dropout_cpu(c_y.data(), c_probs.data(), work.data(), qkv.data(),
+                                         qkv.data() + C, qkv.data() + 2 * C, &d, &cd);
+    emu_attention(y.data(), NULL, probs.data(), NULL, NULL, qkv.data(), d, true, dr);
+    size_t bad = 0, kept = 0, tri = 0;
+    for (size_t bh = 0; bh < (size_t)B * H; bh++)
+        for (int i = 0; i < T; i++)
+            for (int j = 0; j <= i; j++) {
+                const size_t at = (bh * T + i) * T + j;
+                bad += mask[at] != c_mask[at];
+                kept += c_mask[at] == 1;
+                tri++;
+            }
+    record("attention dropout mask", shape, bad == 0, (double)bad);
+    /* the masks drop some and keep some (a blind comparison would pass on all-ones) */
+    if (tri >= 4)
+        record("attention dropout mask mixed", shape, kept > 0 && kept < tri,
+               (double)kept / (double)tri);
+    check_close("attention_forward dropout", shape, y.data(), c_y.data(), y.size());
+
+    auto dqkv = nan_v(rows * ld), c_dqkv = nan_v(rows * ld);
+    cd.sample_ids = NULL; /* the backward reads the mask alone */
+    kernel_attention_backward_dropout_cpu(c_dqkv.data(), c_dqkv.data() + C,
+                                          c_dqkv.data() + 2 * C, work.data(), dy.data(),
+                                          qkv.data(), qkv.data() + C, qkv.data() + 2 * C,
+                                          c_probs.data(), &d, &cd);
+    float *delta = keep_delta ? tfc_attn_delta_area(probs.data(), &d) : NULL;
+    emu_attention(NULL, dqkv.data(), probs.data(), delta, dy.data(), qkv.data(), d, false, dr);
+    std::vector<float> part(rows * C), c_part(rows * C);
+    const char *names[3] = {"attention_backward dropout dq", "attention_backward dropout dk",
+                            "attention_backward dropout dv"};
     for (int s = 0; s < 3; s++) {
         for (size_t r = 0; r < rows; r++)
             for (int k = 0; k < C; k++) {
@@ -377,6 +455,12 @@ int main(void)
     test_attention(2, 130, 2, 64, true);  /* three query blocks, key tiles of 64 */
     test_attention(1, 70, 1, 100, true);  /* D past 64: tiles of 32 rows, padded to 128 */
     test_attention(1, 65, 3, 20, false);  /* D 20 padded to 32; Δ recomputed while staging */
+    test_attention_dropout(1, 1, 1, 4, 0.5f, 0, false); /* seq 1: Δ recomputed */
+    test_attention_dropout(2, 5, 3, 4, 0.1f, 0, true);
+    test_attention_dropout(2, 33, 2, 16, 0.3f, 0, true);
+    test_attention_dropout(3, 70, 1, 7, 0.2f, 0, true);  /* crosses the CPU's blocks of 64 */
+    test_attention_dropout(2, 19, 2, 64, 0.1f, 2 * 19 * 19, false); /* heads 2, 3 of a shard */
+    test_attention_dropout(1, 130, 2, 20, 0.5f, 3 * 130 * 130, true); /* key tiles of 64 */
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
