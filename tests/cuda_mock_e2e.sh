@@ -198,9 +198,12 @@ PY
 # CPU twins, against the CPU engine bit for bit (parameters and validation loss): one
 # process, 2 stages (1F1B, zb-h1's split backward, recomputation), 2 replicas, the tied
 # head (gpt-nano with [lm_head] tied=1), and dropout inside the blocks (attention and
-# residual dropout at p = 0.1: the masks of the counter RNG, the same on the mock GPU).
-# Then what the GPU lacks is refused on every rank with exit 2: tensor shards, batched
-# weight gradients.
+# residual dropout at p = 0.1: the masks of the counter RNG, the same on the mock GPU),
+# and tensor shards (--tensor 2: the embedding cut by vocabulary, the blocks by heads in
+# phases between all-reduces, the head by vocabulary with the vocabulary-parallel loss;
+# with 2 replicas, and block dropout, whose masks keep a shard's heads' places). Then what
+# the GPU lacks is refused on every rank with exit 2: batched weight gradients, sequence
+# parallelism.
 LM=(--data text --batch 8 --steps 3 --seed 5 --threads 1 --eval-windows 4 --json)
 sed 's/^\[lm_head\].*/[lm_head]\ntied=1/' "$MODELS/gpt-nano.cfg" >"$WORK/nano_tied.cfg"
 sed 's/^heads=2$/heads=2\ndropout=0.1/' "$MODELS/gpt-nano.cfg" >"$WORK/nano_drop.cfg"
@@ -219,7 +222,9 @@ for variant in "one process:1:adam:gpt-nano:" "2 stages 1f1b:2:adam:gpt-nano:--s
     "2 stages zb-h1:2:adam:gpt-nano:--stages 2 --schedule zb-h1 --microbatches 4" \
     "recompute all:2:sgd:gpt-nano:--stages 2 --recompute all" \
     "block dropout:1:adam:drop:" "block dropout, 2 stages:2:adam:drop:--stages 2" \
-    "block dropout, 2 replicas:2:sgd:drop:--replicas 2 --reduce ordered"; do
+    "block dropout, 2 replicas:2:sgd:drop:--replicas 2 --reduce ordered" \
+    "tensor 2:2:adam:gpt-nano:--tensor 2" \
+    "tensor 2 × 2 replicas, block dropout:4:sgd:drop:--tensor 2 --replicas 2 --reduce ordered"; do
     IFS=: read -r name np opt model extra <<<"$variant"
     cfg="$MODELS/gpt-nano.cfg"; [ "$model" = tied ] && cfg="$WORK/nano_tied.cfg"
     [ "$model" = drop ] && cfg="$WORK/nano_drop.cfg"
@@ -246,9 +251,9 @@ done
 refused "gpt-nano with --wgrad batched on the mock GPU" "wgrad batched" \
     cuda timeout 120 "$MPIEXEC" -n 2 "$PIPETRAIN" train --model "$MODELS/gpt-nano.cfg" \
     "${LM[@]}" --stages 2 --wgrad batched --device cuda
-refused "gpt-nano in tensor shards on the mock GPU, every rank" "tensor shards" \
+refused "gpt-nano with --sequence-parallel on the mock GPU, every rank" "sequence-parallel" \
     cuda timeout 120 "$MPIEXEC" -n 2 "$PIPETRAIN" train --model "$MODELS/gpt-nano.cfg" \
-    "${LM[@]}" --tensor 2 --device cuda
+    "${LM[@]}" --tensor 2 --sequence-parallel --device cuda
 
 # --load onto the device, and the comparison can fail: another seed differs.
 cuda "$PIPETRAIN" train "${COMMON[@]}" --optimizer sgd --lr 0.05 --microbatches 2 \

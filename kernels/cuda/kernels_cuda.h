@@ -261,6 +261,26 @@ int kernel_attention_backward_cuda(float *dqkv, float *probs, const float *dy, c
                                    const kernel_attention_dropout *drop,
                                    const kernel_cuda_ctx *ctx);
 
+/* ---- the vocabulary-parallel cross-entropy (a language model's head in tensor shards;
+ * kernels/cuda/xent_shard.cu, src/cpu/stage_loss.c's sharded_loss step by step) ----
+ * This rank holds columns [first, first + Vr) of `rows` rows of the logits (V in all, T
+ * ranks). The engine all-gathers, rank by rank, max's `mine` ([rows][2]) into sums' `all`
+ * ([T][rows][2]), and sums' `mine` ([rows][3]) into finish's `all` ([T][rows][3]). sums
+ * keeps each row's maximum and argmax in ma ([rows][2]) and, with dlogits (not aliasing
+ * the logits), the exponentials there, which finish turns into this rank's columns of the
+ * gradient. finish writes the rows' loss sum and hits (device, may be NULL), summed in a
+ * fixed order (row_loss, row_right: device scratch of rows each). The exponentials are
+ * expf, not the CPU's fastmath_expf: to rounding. */
+int kernel_xent_shard_max_cuda(float *mine, const float *logits, int rows, int Vr, int first,
+                               const kernel_cuda_ctx *ctx);
+int kernel_xent_shard_sums_cuda(float *mine, float *dlogits, float *ma, const float *all,
+                                const float *logits, const int32_t *labels, int rows, int Vr,
+                                int first, int T, const kernel_cuda_ctx *ctx);
+int kernel_xent_shard_finish_cuda(float *dlogits, int *correct, double *loss_sum,
+                                  const float *all, const float *ma, const int32_t *labels,
+                                  int rows, int Vr, int first, int V, int T, float grad_scale,
+                                  double *row_loss, int *row_right, const kernel_cuda_ctx *ctx);
+
 /* dst += src (kernel_add_cpu). */
 int kernel_add_cuda(float *dst, const float *src, size_t count, const kernel_cuda_ctx *ctx);
 

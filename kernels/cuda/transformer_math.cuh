@@ -654,4 +654,90 @@ TFC_HD float *tfc_attn_delta_area(float *probs, const kernel_attention_dims *d)
     return d->seq >= 2 ? probs + rows : NULL;
 }
 
+/* ---- the vocabulary-parallel cross-entropy (Megatron's; src/cpu/stage_loss.c's
+ * sharded_loss, step by step) ----
+ * Each of the T ranks of a tensor group holds columns [first, first + Vr) of every row of
+ * the logits. Three per-row steps, with an all-gather of each one's output between them:
+ *   1. tfc_xs_max: the row's largest logit and its first index (as a float, exact below
+ *      2^24) on this rank;
+ *   2. tfc_xs_sums: from every rank's (rank order; a later rank's wins only when larger, so
+ *      the whole row's first argmax) the row's maximum M and argmax A, then this rank's
+ *      Σ exp(x − M) in double (columns in order, each exp kept in dlogits), sent as two
+ *      floats (the value and its rounding residual), and the target's logit (0 on the
+ *      ranks that do not hold it);
+ *   3. tfc_xs_finish: every rank's sums added in rank order in double, the row's loss
+ *      log Σ − (target − M) (NaN for a label outside [0, V)), whether A is the label, and
+ *      this rank's columns of the gradient (e/Σ − [label]) · grad_scale.
+ * One thread a row; the rows' losses are then added in row order. EXPF: the exponential
+ * (expf on the device; the CPU's fastmath_expf in the mock's twin). */
+TFC_HD void tfc_xs_max(float *mine, const float *x, int Vr, int first)
+{
+    int best = 0;
+    for (int j = 1; j < Vr; j++)
+        if (x[j] > x[best])
+            best = j;
+    mine[0] = x[best];
+    mine[1] = (float)(first + best);
+}
+
+/* all: T blocks of 2R floats (step 1's of every rank); row i; M and A out. */
+TFC_HD void tfc_xs_argmax(float *M, float *A, const float *all, size_t R, size_t i, int T)
+{
+    float m = all[2 * i], a = all[2 * i + 1];
+    for (int r = 1; r < T; r++)
+#if TFC_PLANTED == 12
+        if (all[(size_t)r * 2 * R + 2 * i] >= m) {
+#else
+        if (all[(size_t)r * 2 * R + 2 * i] > m) {
+#endif
+            m = all[(size_t)r * 2 * R + 2 * i];
+            a = all[(size_t)r * 2 * R + 2 * i + 1];
+        }
+    *M = m;
+    *A = a;
+}
+
+TFC_HD void tfc_xs_sums(float *mine, float *d, const float *x, int Vr, int first, float M,
+                        int32_t label)
+{
+    double sum = 0.0;
+    for (int j = 0; j < Vr; j++) {
+        const float e = expf(x[j] - M);
+        if (d)
+            d[j] = e;
+        sum += e;
+    }
+#if TFC_PLANTED == 11
+    sum *= 1.001;
+#endif
+    const int32_t k = label - first;
+    mine[0] = (float)sum;
+    mine[1] = (float)(sum - (double)(float)sum);
+    mine[2] = k >= 0 && k < Vr ? x[k] : 0.0f;
+}
+
+/* all: T blocks of 3R floats (step 2's); d: this rank's row of exponentials (NULL: no
+ * gradient), overwritten by the gradient. Returns the row's loss; *right 1 when A is the
+ * label. */
+TFC_HD double tfc_xs_finish(float *d, int *right, const float *all, size_t R, size_t i, int T,
+                            float M, float A, int32_t label, int first, int Vr, int V,
+                            float grad_scale)
+{
+    double sum = 0.0, target = 0.0;
+    for (int r = 0; r < T; r++) {
+        const float *q = all + (size_t)r * 3 * R + 3 * i;
+        sum += (double)q[0] + (double)q[1];
+        target += (double)q[2];
+    }
+    *right = (float)label == A;
+    if (d) {
+        const float inv = (float)(1.0 / sum);
+        for (int j = 0; j < Vr; j++)
+            d[j] = (d[j] * inv - (first + j == label ? 1.0f : 0.0f)) * grad_scale;
+    }
+    if (label < 0 || label >= V)
+        return NAN;
+    return log(sum) - (target - (double)M);
+}
+
 #endif

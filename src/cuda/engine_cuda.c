@@ -49,8 +49,34 @@ static void layout_slots(const engine *e, cuda_engine *c, arena *d)
                                     ? arena_take(d, (size_t)cfg->max_batch *
                                                         layer_gout_floats(L) * sizeof(float))
                                     : NULL;
+            /* a layer in phases keeps its inner gradients between them (shared) */
+            if (!s->layers[i].gout && stage_plan_phases(p, i) > 1)
+                s->layers[i].gout = c->tp_inner;
         }
     }
+}
+
+/* The last stage of a language model whose head is cut by vocabulary computes the
+ * vocabulary-parallel loss (as stage_loss_sharded). */
+static int loss_sharded(const engine *e, const cuda_engine *c)
+{
+    const stage_plan *p = &c->plan;
+    return c->is_last && p->tp && p->tp->T > 1 && p->tp->loss_sharded &&
+           p->last == e->cfg.net->n_layers;
+}
+
+/* The vocabulary-parallel loss's buffers (loss_sharded): rows of the micro-batch. */
+static void layout_loss(const engine *e, cuda_engine *c, arena *d, arena *h, size_t rows)
+{
+    size_t T = loss_sharded(e, c) ? (size_t)c->plan.tp->T : 0, fl = sizeof(float);
+    if (!T) return;
+    c->xs_mine = arena_take(d, 3 * rows * fl);
+    c->xs_all = arena_take(d, 3 * rows * T * fl);
+    c->xs_ma = arena_take(d, 2 * rows * fl);
+    c->xs_loss = arena_take(d, rows * sizeof(double));
+    c->xs_right = arena_take(d, rows * sizeof(int));
+    c->h_xs_mine = c->dm ? NULL : arena_take(h, 3 * rows * fl);
+    c->h_xs_all = c->dm ? NULL : arena_take(h, 3 * rows * T * fl);
 }
 
 static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
@@ -66,7 +92,9 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
     size_t block = stage_round_up(e->param_count * fl);
     char *hg = arena_take(h, (size_t)c->pieces * block);
     c->h_grads = hg ? (float *)hg : NULL;
+    c->tp_inner = pl->tp ? arena_take(d, mbs * pl->phase_floats * fl) : NULL;
     layout_slots(e, c, d);
+    layout_loss(e, c, d, h, mbs * labels);
     if (pl->tp) {
         size_t wide = pl->widest * mbs * fl;
         c->tp_dout = arena_take(d, wide);
@@ -118,16 +146,17 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
 /* The shared layout of the stage (its local layers and sizes: src/engine/stage_plan.h) at
  * the whole micro-batch as one chunk, with the CUDA convolutions' workspace. */
 /* What the CUDA transformer kernels do not cover yet (issue 25) is refused here, before
- * anything runs: a language model cut into tensor shards (the vocabulary-parallel loss has
- * none) and batched weight gradients (the CUDA stash holds dense layers' rows only). */
+ * anything runs: sequence parallelism (the engine has no reduce-scatter) and batched
+ * weight gradients (the CUDA stash holds dense layers' rows only). */
 static int lm_supported(const engine_config *cfg, const stage_plan *pl)
 {
     (void)pl;
     if (!cfg->net->sequence) return 0;
-    if (cfg->shard && cfg->shard->T > 1)
-        return pt_error_set("CUDA engine: a language model in tensor shards (--tensor %d) "
-                            "does not run on the GPU yet; use --tensor 1 with --device cuda, "
-                            "or --device cpu", cfg->shard->T);
+    if (cfg->shard && cfg->shard->T > 1 && shard_sequence(cfg->shard))
+        return pt_error_set("CUDA engine: --sequence-parallel (the blocks of --tensor %d cut "
+                            "by positions) does not run on the GPU yet; leave it out with "
+                            "--device cuda (the blocks are then cut by heads), or use "
+                            "--device cpu", cfg->shard->T);
     if (cfg->wgrad_rows)
         return pt_error_set("CUDA engine: --wgrad batched with a language model does not run "
                             "on the GPU yet (the blocks' and the head's stash); use --wgrad "

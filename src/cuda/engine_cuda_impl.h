@@ -80,7 +80,12 @@
  * the compute stream, then calls the executor's MPI collective on pinned host copies (or
  * on the device buffers themselves with CUDA-aware MPI); what follows is queued after it.
  * So a forward or backward with shards returns once its last collective is done (the work
- * after it stays queued).
+ * after it stays queued). A transformer block cut by heads runs in phases between the
+ * all-reduces of its partial sums (forward_phases, backward_phases: the shared loop's from
+ * and to), its inner gradients kept in tp_inner between its backward phases; a language
+ * model's head cut by vocabulary leaves its logits sharded, and the last stage's loss is
+ * the vocabulary-parallel one (kernel_xent_shard_*, two all-gathers of a few floats a row),
+ * as the CPU stage's.
  *
  * The layer loop is the one both engines drive (src/engine/layer_ops.h; the CUDA kernel set
  * is in engine_cuda_layers.c), with the whole micro-batch as one chunk: a GPU kernel fills the chip,
@@ -251,6 +256,18 @@ typedef struct {
     float *tp_dout, *tp_din;   /* device: a gathered output's gradient sliced; a sliced
                                   input's gradient before its all-gather */
     float *h_tp, *h_tp_send;   /* pinned, host-staged: a collective's buffers */
+    float *tp_inner;           /* device: a block cut by heads' inner gradients between its
+                                  backward phases (layer_gout_floats; one backward at a
+                                  time, so every slot shares it; the split backward gives
+                                  each slot its own) */
+    /* the vocabulary-parallel loss (the last stage of a language model whose head is cut by
+     * vocabulary, shard_plan.loss_sharded; kernel_xent_shard_*): per row this rank's step
+     * output (3 floats), every rank's ([T][rows][3]), the maximum and argmax (2), each row's
+     * loss and hit; pinned copies of the first two when host-staged */
+    float *xs_mine, *xs_all, *xs_ma;
+    double *xs_loss;
+    int *xs_right;
+    float *h_xs_mine, *h_xs_all;
 } cuda_engine;
 
 static inline cuda_engine *engine_cuda_impl(engine *e) { return e->impl; }

@@ -9,6 +9,7 @@
 #include "src/engine/layer_ops.h"
 #include "src/base/clock.h"
 #include "src/base/error.h"
+#include "src/model/shard.h"
 
 /* ------------------------------------------------------------ forward, backward ---- */
 
@@ -70,6 +71,40 @@ static int layer_run_fail(const cuda_engine *c, const layer_run *r, int m)
  * on that stream (their next writer, the next collective, syncs first); with device
  * messages (CUDA-aware MPI) MPI reads and writes device memory itself. What follows a
  * collective is queued after it on the compute stream. */
+
+/* Layers [lo, hi) from phase `from` of the first to before phase `to` of the last (a block
+ * cut by heads between its all-reduces; 0 and 0: whole layers). */
+static int tp_forward_phases(void *self, int lo, int hi, int from, int to)
+{
+    cuda_pass *q = self;
+    cuda_engine *c = engine_cuda_impl(q->e);
+    layer_run r = cuda_layer_run(q);
+    r.from = from;
+    r.to = to;
+    if (layer_run_forward(&r, lo, hi)) return layer_run_fail(c, &r, q->m);
+    return 0;
+}
+
+/* The backward of [lo, hi) from phase `from` of hi − 1 to before phase `to` of lo, the
+ * running gradient kept between the calls as between backward ranges (c->range_g): a
+ * phase that stops inside a layer leaves its partial gradient in a scratch buffer, which
+ * tp_reduce_carry all-reduces. */
+static int tp_backward_phases(void *self, int lo, int hi, int from, int to, const float *dout,
+                              float *din)
+{
+    cuda_pass *q = self;
+    cuda_engine *c = engine_cuda_impl(q->e);
+    if (dout) {
+        c->range_g = dout;
+        c->range_gi = -1;
+    }
+    layer_run r = cuda_layer_run(q);
+    r.from = from;
+    r.to = to;
+    if (layer_run_backward(&r, lo, hi, &c->range_g, &c->range_gi, c->scratch, din, q->parts))
+        return layer_run_fail(c, &r, q->m);
+    return 0;
+}
 
 static int tp_forward_run(void *self, int lo, int hi)
 {
@@ -239,6 +274,8 @@ static const stage_tensor_ops tensor_ops_cuda = {
     .slice = tp_slice,
     .finish = tp_finish,
     .reduce_carry = tp_reduce_carry,
+    .forward_phases = tp_forward_phases,
+    .backward_phases = tp_backward_phases,
 };
 
 static stage_tensor_run cuda_tensor_run(engine *e, cuda_pass *q)
@@ -266,6 +303,57 @@ static int forward_layers(engine *e, cuda_slot *s, int m, int n, uint64_t seed, 
     cuda_pass q = {.e = e, .s = s, .m = m, .n = n, .seed = seed, .step = step};
     stage_tensor_run r = cuda_tensor_run(e, &q);
     return stage_tensor_forward(&r);
+}
+
+/* ---- the vocabulary-parallel loss (the head cut by vocabulary, c->xs_*) ---- */
+
+/* `each` floats of every rank of the tensor group, rank by rank, from mine into all
+ * (device): host-staged through the pinned copies, or on the device buffers with
+ * CUDA-aware MPI; after the compute stream's work, and before what follows on it. */
+static int xs_gather(engine *e, const float *mine, float *all, size_t each)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    cudaStream_t cs = c->ctx.stream;
+    int T = c->plan.tp->T;
+    size_t count[T];
+    for (int r = 0; r < T; r++) count[r] = each;
+    if (!c->dm && each)
+        CUDA_CHECK(cudaMemcpyAsync(c->h_xs_mine, mine, each * sizeof(float),
+                                   cudaMemcpyDeviceToHost, cs));
+    CUDA_CHECK(cudaStreamSynchronize(cs));
+    double t0 = pt_now();
+    int rc = e->cfg.tensor_comm.allgather(e->cfg.tensor_comm.ctx, c->dm ? mine : c->h_xs_mine,
+                                          c->dm ? all : c->h_xs_all, count);
+    e->tensor_s += pt_now() - t0;
+    if (rc) return -1;
+    if (!c->dm && each)
+        CUDA_CHECK(cudaMemcpyAsync(all, c->h_xs_all, (size_t)T * each * sizeof(float),
+                                   cudaMemcpyHostToDevice, cs));
+    return 0;
+}
+
+/* Loss entry j of m's `rows` rows of this rank's logits (src/cpu/stage_loss.c's
+ * sharded_loss): each row's maximum and argmax gathered, then each rank's sum of
+ * exponentials and the target's logit, then every rank's loss, hits and its columns of the
+ * gradient (into GRAD_IN when training). */
+static int sharded_loss(engine *e, cuda_mb *b, const float *logits, int rows, int training,
+                        int j)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    const stage_plan *p = &c->plan;
+    int T = p->tp->T, V = p->net->classes, first, Vr;
+    shard_cut(V, T, p->tp_rank, &first, &Vr);
+    float *dl = training ? b->grad_in : NULL;
+    size_t R = (size_t)rows;
+    return kernel_xent_shard_max_cuda(c->xs_mine, logits, rows, Vr, first, &c->ctx) ||
+           xs_gather(e, c->xs_mine, c->xs_all, 2 * R) ||
+           kernel_xent_shard_sums_cuda(c->xs_mine, dl, c->xs_ma, c->xs_all, logits, b->labels,
+                                       rows, Vr, first, T, &c->ctx) ||
+           xs_gather(e, c->xs_mine, c->xs_all, 3 * R) ||
+           kernel_xent_shard_finish_cuda(dl, c->d_correct + j, c->d_loss + j, c->xs_all,
+                                         c->xs_ma, b->labels, rows, Vr, first, V, T,
+                                         engine_loss_scale(&e->cfg, training), c->xs_loss,
+                                         c->xs_right, &c->ctx);
 }
 
 /* A free slot for m's activations, or −1 with a message. */
@@ -342,11 +430,12 @@ int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, i
         const float *logits = slot_output(c, s);
         /* a row of scores per label: a language model's n·T positions */
         int rows = n * data_model_labels(c->plan.net);
-        if (kernel_softmax_xent_rows_cuda(training ? b->grad_in : NULL, c->d_correct + j,
-                                          c->d_loss + j, logits, b->labels, rows,
-                                          c->plan.net->classes,
-                                          engine_loss_scale(&e->cfg, training), c->xent_loss,
-                                          c->xent_right, &c->ctx))
+        if (c->xs_mine ? sharded_loss(e, b, logits, rows, training, j)
+                       : kernel_softmax_xent_rows_cuda(training ? b->grad_in : NULL,
+                                                       c->d_correct + j, c->d_loss + j, logits,
+                                                       b->labels, rows, c->plan.net->classes,
+                                                       engine_loss_scale(&e->cfg, training),
+                                                       c->xent_loss, c->xent_right, &c->ctx))
             return engine_cuda_layer_fail("loss", c->plan.last - 1, m);
         c->n_loss++;
     }

@@ -426,6 +426,87 @@ static void test_attention_dropout(int B, int T, int H, int D, float p, size_t e
     }
 }
 
+/* ---- the vocabulary-parallel cross-entropy ----
+ * T ranks' shards of R rows of V logits through the three steps (the all-gathers between
+ * them as copies, rank by rank), against the whole row's kernel_softmax_xent_cpu: the loss
+ * and the gradient to rounding (the sums of exponentials are cut), the hits exactly, and
+ * every rank's loss and hits the same bits. Ties across ranks (the first rank's index
+ * wins, the whole row's first argmax) and a label outside the vocabulary (NaN) included. */
+static void test_xent_shard(int R, int V, int T, bool grad)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "rows=%d V=%d T=%d%s", R, V, T, grad ? "" : " no grad");
+    auto x = rand_v((size_t)R * V, -4, 4);
+    std::vector<int32_t> lab(R);
+    for (int i = 0; i < R; i++) lab[i] = (int32_t)urand(0, (float)V);
+    if (R > 3) { /* row 1: its largest value twice, on the first and the last rank */
+        x[(size_t)V + 0] = 9.0f;
+        x[(size_t)V + V - 1] = 9.0f;
+        lab[1] = V - 1; /* not the first argmax: a miss */
+        lab[2] = (int32_t)(x[2 * (size_t)V] = 9.5f, 0); /* a hit at column 0 */
+    }
+    std::vector<float> c_d((size_t)R * V, NAN);
+    int c_right = 0;
+    const double c_loss = kernel_softmax_xent_cpu(grad ? c_d.data() : NULL, &c_right, x.data(),
+                                                  lab.data(), R, V, 0.25f);
+    std::vector<int> first(T), width(T);
+    for (int r = 0; r < T; r++) {
+        first[r] = (int)((long)V * r / T);
+        width[r] = (int)((long)V * (r + 1) / T) - first[r];
+    }
+    std::vector<std::vector<float>> xs(T), ds(T), mas(T);
+    std::vector<float> all1((size_t)T * 2 * R), all2((size_t)T * 3 * R);
+    for (int r = 0; r < T; r++) {
+        xs[r].resize((size_t)R * width[r]);
+        ds[r].assign((size_t)R * width[r], NAN);
+        mas[r].resize(2 * (size_t)R);
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < width[r]; j++)
+                xs[r][(size_t)i * width[r] + j] = x[(size_t)i * V + first[r] + j];
+        for (int i = 0; i < R; i++) /* step 1, gathered into rank r's block */
+            tfc_xs_max(&all1[(size_t)r * 2 * R + 2 * i], &xs[r][(size_t)i * width[r]], width[r],
+                       first[r]);
+    }
+    for (int r = 0; r < T; r++)
+        for (int i = 0; i < R; i++) {
+            tfc_xs_argmax(&mas[r][2 * i], &mas[r][2 * i + 1], all1.data(), (size_t)R, (size_t)i, T);
+            tfc_xs_sums(&all2[(size_t)r * 3 * R + 3 * i],
+                        grad ? &ds[r][(size_t)i * width[r]] : NULL, &xs[r][(size_t)i * width[r]],
+                        width[r], first[r], mas[r][2 * i], lab[i]);
+        }
+    std::vector<double> loss(T, 0.0);
+    std::vector<int> right(T, 0);
+    for (int r = 0; r < T; r++)
+        for (int i = 0; i < R; i++) {
+            int h = 0;
+            loss[r] += tfc_xs_finish(grad ? &ds[r][(size_t)i * width[r]] : NULL, &h, all2.data(),
+                                     (size_t)R, (size_t)i, T, mas[r][2 * i], mas[r][2 * i + 1],
+                                     lab[i], first[r], width[r], V, 0.25f);
+            right[r] += h;
+        }
+    bool same = true;
+    for (int r = 1; r < T; r++)
+        same = same && memcmp(&loss[r], &loss[0], sizeof(double)) == 0 && right[r] == right[0];
+    record("xent_shard ranks agree", shape, same, 0);
+    const double err = fabs(loss[0] - c_loss) / fmax(fabs(c_loss), 1e-30);
+    record("xent_shard loss", shape, err <= 1e-5, err);
+    record("xent_shard correct", shape, right[0] == c_right, right[0] - c_right);
+    if (grad) {
+        std::vector<float> d((size_t)R * V);
+        for (int r = 0; r < T; r++)
+            for (int i = 0; i < R; i++)
+                for (int j = 0; j < width[r]; j++)
+                    d[(size_t)i * V + first[r] + j] = ds[r][(size_t)i * width[r] + j];
+        check_close("xent_shard dlogits", shape, d.data(), c_d.data(), d.size());
+    }
+    /* a label outside the vocabulary: the loss is NaN on every rank */
+    lab[0] = V;
+    int h;
+    const double bad = tfc_xs_finish(NULL, &h, all2.data(), (size_t)R, 0, T, mas[0][0],
+                                     mas[0][1], lab[0], first[0], width[0], V, 1.0f);
+    record("xent_shard bad label NaN", shape, isnan(bad), 0);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -461,6 +542,11 @@ int main(void)
     test_attention_dropout(3, 70, 1, 7, 0.2f, 0, true);  /* crosses the CPU's blocks of 64 */
     test_attention_dropout(2, 19, 2, 64, 0.1f, 2 * 19 * 19, false); /* heads 2, 3 of a shard */
     test_attention_dropout(1, 130, 2, 20, 0.5f, 3 * 130 * 130, true); /* key tiles of 64 */
+    test_xent_shard(1, 5, 1, true);
+    test_xent_shard(7, 10, 2, true);
+    test_xent_shard(33, 256, 2, true);
+    test_xent_shard(40, 257, 3, true); /* uneven cuts */
+    test_xent_shard(9, 1031, 4, false);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
