@@ -43,9 +43,11 @@ static void layout_slots(const engine *e, cuda_engine *c, arena *d)
         s->whole_out = stage_plan_carve_slot(p, arena_take(d, p->slot_bytes), s->layers);
         for (int i = 0; i < p->nl; i++) {
             const layer_desc *L = &p->loc[i];
-            /* B's output gradient for W (batched layers stash theirs); a block's: every
-             * inner gradient its W needs (layer_gout_floats) */
-            s->layers[i].gout = cfg->split_backward && L->weight_count && !stage_plan_batched(p, i)
+            /* B's output gradient for W (batched layers stash theirs in B, but a block
+             * stashes its products' rows in W); a block's: every inner gradient its W
+             * needs (layer_gout_floats) */
+            int keeps = !stage_plan_batched(p, i) || L->type == LAYER_BLOCK;
+            s->layers[i].gout = cfg->split_backward && L->weight_count && keeps
                                     ? arena_take(d, (size_t)cfg->max_batch *
                                                         layer_gout_floats(L) * sizeof(float))
                                     : NULL;
@@ -106,9 +108,13 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
     for (int i = 0; i < pl->nl; i++) {
         const layer_desc *L = &pl->loc[i];
         if (!stage_plan_batched(pl, i)) continue;
-        size_t rows = (size_t)pl->wgrad_rows;
-        c->stash_x[i] = arena_take(d, rows * layer_shape_count(L->in) * fl);
-        c->stash_g[i] = arena_take(d, rows * layer_shape_count(L->out) * fl);
+        /* every product's input rows, then every product's output-gradient rows (a dense
+         * layer or head: its one; a block: its four products' token rows) */
+        stage_wgrad_product pr[STAGE_WGRAD_MAX_PRODUCTS];
+        size_t rows = (size_t)pl->wgrad_rows, xs = 0, gs = 0;
+        (void)stage_wgrad_products(L, pr, &xs, &gs);
+        c->stash_x[i] = arena_take(d, rows * xs * fl);
+        c->stash_g[i] = arena_take(d, rows * gs * fl);
     }
     c->work = arena_take(d, pl->work_floats * fl);
     for (int k = 0; k < 2; k++) c->scratch[k] = arena_take(d, pl->widest * mbs * fl);
@@ -145,9 +151,8 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
 
 /* The shared layout of the stage (its local layers and sizes: src/engine/stage_plan.h) at
  * the whole micro-batch as one chunk, with the CUDA convolutions' workspace. */
-/* What the CUDA transformer kernels do not cover yet (issue 25) is refused here, before
- * anything runs: sequence parallelism (the engine has no reduce-scatter) and batched
- * weight gradients (the CUDA stash holds dense layers' rows only). */
+/* What the CUDA engine does not cover yet for language models (issue 25) is refused here,
+ * before anything runs: sequence parallelism (the engine has no reduce-scatter). */
 static int lm_supported(const engine_config *cfg, const stage_plan *pl)
 {
     (void)pl;
@@ -157,10 +162,6 @@ static int lm_supported(const engine_config *cfg, const stage_plan *pl)
                             "by positions) does not run on the GPU yet; leave it out with "
                             "--device cuda (the blocks are then cut by heads), or use "
                             "--device cpu", cfg->shard->T);
-    if (cfg->wgrad_rows)
-        return pt_error_set("CUDA engine: --wgrad batched with a language model does not run "
-                            "on the GPU yet (the blocks' and the head's stash); use --wgrad "
-                            "per-microbatch with --device cuda, or --device cpu");
     return 0;
 }
 

@@ -35,16 +35,14 @@ static int layer_io_of(void *self, int i, int phase, layer_io *io)
     cuda_slot *s = q->s;
     stage_plan_layer_io(p, s->layers, c->mb[q->m].in, c->params, q->grads, i, phase, 0, io);
     io->ids = c->mb[q->m].ids;
-    if (phase == LAYER_PHASE_BACKWARD && io->batched && p->loc[i].weight_count) {
-        const layer_desc *L = &p->loc[i];
-        size_t in = layer_shape_count(L->in), out = layer_shape_count(L->out);
+    /* a batched layer's rows of the step's stash (a block stashes in B, or in W when split) */
+    if (phase != LAYER_PHASE_FORWARD && io->batched && p->loc[i].weight_count) {
         size_t row = (size_t)engine_stash_row(e, q->m);
         if (row + (size_t)s->n > (size_t)p->wgrad_rows)
             return pt_error_set("CUDA engine, layer %d: rows [%zu, %zu) of micro-batch buffer "
                                 "%d outside the step's %d batched rows", p->first + i, row,
                                 row + (size_t)s->n, q->m, p->wgrad_rows);
-        io->stash_x = c->stash_x[i] + row * in;
-        io->stash_g = c->stash_g[i] + row * out;
+        stage_plan_stash_io(p, i, c->stash_x[i], c->stash_g[i], row, io);
     }
     return 0;
 }
