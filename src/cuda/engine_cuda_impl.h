@@ -1,5 +1,6 @@
 /* The CUDA engine's private state, shared by engine_cuda.c (memory, parameters, samples,
- * finish) and engine_cuda_run.c (forward, backward, messages). Not for other modules.
+ * finish), engine_cuda_run.c (forward, backward) and engine_cuda_msg.c (messages). Not
+ * for other modules.
  *
  * The CUDA engine (src/engine/engine.h) is one pipeline stage resident on one GPU.
  * Every slot's activations and every micro-batch buffer live in ONE device allocation, the
@@ -325,7 +326,14 @@ int engine_cuda_zero3_step(engine *e, cuda_engine *c);
 int engine_cuda_zero3_read(engine *e, cuda_engine *c, float *host);
 int engine_cuda_zero3_write(engine *e, cuda_engine *c, const float *host);
 
-/* engine_cuda_run.c: the engine_ops entries of the same names. */
+/* The slot's output as the stage sends it: whole (gathered with tensor shards). */
+static inline const float *engine_cuda_slot_output(const cuda_engine *c, const cuda_slot *s)
+{
+    return s->whole_out ? s->whole_out : s->layers[c->plan.nl - 1].out;
+}
+
+/* engine_cuda_run.c (forward, backward) and engine_cuda_msg.c (messages): the engine_ops
+ * entries of the same names. */
 int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, int training,
                         int tick);
 int engine_cuda_backward(engine *e, int m, int tick);

@@ -219,6 +219,7 @@ static void emu_att(float *y, float *dqkv, float *lse, float *delta, const float
     const tfc_attn a = tfc_attn_of(&d);
     alignas(16) static float t1[BT * MAXD], t2[BT * MAXD];
     static float L[BT], DL[BT];
+    auto mrow = [&](int b, int h, int i) { return tfc_drop_row(dr, a.T, a.H, b, h, i); };
     auto stage = [&](const float *v1, const float *v2, size_t ld, int r0, int n) {
         for (int e = 0; e < BT * MAXD; e++) {
             tfc_att_stage<MAXD>(t1, v1, ld, r0, n, a.D, e);
@@ -236,8 +237,7 @@ static void emu_att(float *y, float *dqkv, float *lse, float *delta, const float
                     std::vector<uint8_t *> mr(nr);
                     for (int t = 0; t < nr; t++) {
                         tfc_att_fwd_begin<MAXD>(s[t], qv + (size_t)(r0 + t) * a.ld, a.D);
-                        mr[t] = tfc_drop_row(dr, a.T, a.H, b, h, r0 + t);
-                        if (mr[t]) tfc_drop_make_row(mr[t], dr, a.T, b, h, r0 + t);
+                        if ((mr[t] = mrow(b, h, r0 + t))) tfc_drop_make_row(mr[t], dr, a.T, b, h, r0 + t);
                     }
                     for (int j0 = 0; j0 < kend; j0 += BT) {
                         const int n = std::min(BT, kend - j0);
@@ -261,10 +261,8 @@ static void emu_att(float *y, float *dqkv, float *lse, float *delta, const float
                         const int n = std::min(BT, kend - j0);
                         stage(kv, kv + a.C, a.ld, j0, n);
                         for (int t = 0; t < nr; t++)
-                            if (pass == 0) tfc_att_dq_delta_tile<MAXD>(s[t], t1, t2, j0, n, r0 + t, a.scale,
-                                                                       tfc_drop_row(dr, a.T, a.H, b, h, r0 + t), dr.scale);
-                            else tfc_att_dq_tile<MAXD>(s[t], t1, t2, j0, n, r0 + t, a.scale,
-                                                       tfc_drop_row(dr, a.T, a.H, b, h, r0 + t), dr.scale);
+                            if (pass == 0) tfc_att_dq_delta_tile<MAXD>(s[t], t1, t2, j0, n, r0 + t, a.scale, mrow(b, h, r0 + t), dr.scale);
+                            else tfc_att_dq_tile<MAXD>(s[t], t1, t2, j0, n, r0 + t, a.scale, mrow(b, h, r0 + t), dr.scale);
                     }
                 for (int t = 0; t < nr; t++)
                     tfc_att_dq_end<MAXD>(s[t], dqkv + ((size_t)b * a.T + r0 + t) * a.ld + (size_t)h * a.D,
@@ -297,12 +295,10 @@ static void emu_att(float *y, float *dqkv, float *lse, float *delta, const float
                         for (int r = 0; r < n; r++) {
                             L[r] = lse[rows + i0 + r];
                             DL[r] = delta ? delta[rows + i0 + r]
-                                          : tfc_attn_delta(dy, qkv, lse, a, b, h, i0 + r,
-                                                           tfc_drop_row(dr, a.T, a.H, b, h, i0 + r), dr.scale);
+                                          : tfc_attn_delta(dy, qkv, lse, a, b, h, i0 + r, mrow(b, h, i0 + r), dr.scale);
                         }
-                        const uint8_t *m0 = tfc_drop_row(dr, a.T, a.H, b, h, 0);
                         for (int t = 0; t < nr; t++) {
-                            const uint8_t *mc = m0 ? m0 + k0 + t : NULL;
+                            const uint8_t *mc = dr.mask ? mrow(b, h, 0) + k0 + t : NULL;
                             if (dk) tfc_att_dkv_tile<MAXD, true>(sk[t], t1, t2, L, DL, i0, n, k0 + t, a.scale, mc, a.T, dr.scale);
                             else tfc_att_dkv_tile<MAXD, false>(sv[t], t1, t2, L, DL, i0, n, k0 + t, a.scale, mc, a.T, dr.scale);
                         }
