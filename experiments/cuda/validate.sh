@@ -42,7 +42,9 @@
 #     here or bundled); gpt-nano on --text README.md: 10b CPU (1 thread) against GPU, 3 SGD
 #     steps from the same start, parameters within rtol 1e-5 (that first run measured
 #     2.8e-7: fp32, other summation orders, expf); 10c 2 stages and 10d 2
-#     replicas on the one GPU against 1 rank, bit for bit; 10e throughput (information,
+#     replicas on the one GPU against 1 rank, bit for bit; 10f block dropout (p = 0.1) GPU
+#     against CPU, rtol 1e-5; 10g --tensor 2 on the one GPU against 1 rank, rtol 1e-5 (10f
+#     and 10g written without a GPU: not yet run on one); 10e throughput (information,
 #     run after step 11): gpt2-small at batch 4 × 1024 tokens, pipetrain --device cuda and
 #     bench_gpt_torch_gpu.py (fp32, the same model file), then pipetrain --precision tf32
 #     and bf16, tokens/s
@@ -761,6 +763,41 @@ lm_on_gpu() {
             if [[ $verdict == IDENTICAL* ]]; then record $id PASS "gpt-nano ${layout[*]} = 1 rank" "$verdict"
             else record $id FAIL "gpt-nano ${layout[*]} = 1 rank" "$verdict"; fi
         done
+        lm_more_on_gpu "$gpu"
+    fi
+}
+
+# 10f: block dropout (attention and residual, p = 0.1) on the GPU against the CPU, rtol 1e-5
+# (the masks are the same bits); 10g: --tensor 2 on the one GPU (blocks cut by heads, the
+# vocabulary-parallel loss) against 10b's 1-rank GPU run, rtol 1e-5 (the loss's sums of
+# exponentials are cut). Written without a GPU: not yet run on one.
+lm_more_on_gpu() {
+    local gpu1=$1 verdict vrc
+    local drop=$WORK/nano_drop.cfg
+    sed 's/^heads=2$/heads=2\ndropout=0.1/' "$nano" >"$drop"
+    local D=(--model "$drop" "${L[@]:2}" --steps 3)
+    if ! fits 40; then record 10f "NOT RUN" "gpt-nano block dropout" "time budget"
+    elif ! logged "$E2E" "$(cap 60)" "$PT" train "${D[@]}" --save "$WORK/lm_drop_cpu.safetensors" ||
+        ! logged "$E2E" "$(cap 60)" "$PT" train "${D[@]}" --device "$DEV" \
+            --save "$WORK/lm_drop_gpu.safetensors"; then
+        record 10f FAIL "gpt-nano block dropout" "a run failed: $(tail -1 "$E2E")"
+    else
+        verdict=$("$PT" diff "$WORK/lm_drop_gpu.safetensors" "$WORK/lm_drop_cpu.safetensors" \
+            --rtol 1e-5 2>&1 | tee -a "$E2E" | tail -1)
+        vrc=${PIPESTATUS[0]}
+        if [ "$vrc" = 0 ]; then record 10f PASS "gpt-nano block dropout GPU ~ CPU, rtol 1e-5" "$verdict"
+        else record 10f FAIL "gpt-nano block dropout GPU ~ CPU, rtol 1e-5" "$verdict"; fi
+    fi
+    local out=$WORK/lm_tensor.safetensors
+    if ! fits 40; then record 10g "NOT RUN" "gpt-nano --tensor 2" "time budget"
+    elif ! logged "$E2E" "$(cap 90)" "$MPIEXEC" "${launcher[@]}" -n 2 "$PT" train "${L[@]}" \
+        --steps 3 --device "$DEV" --tensor 2 --save "$out"; then
+        record 10g FAIL "gpt-nano --tensor 2" "the 2-rank run failed: $(tail -1 "$E2E")"
+    else
+        verdict=$("$PT" diff "$out" "$gpu1" --rtol 1e-5 2>&1 | tee -a "$E2E" | tail -1)
+        vrc=${PIPESTATUS[0]}
+        if [ "$vrc" = 0 ]; then record 10g PASS "gpt-nano --tensor 2 ~ 1 rank, rtol 1e-5" "$verdict"
+        else record 10g FAIL "gpt-nano --tensor 2 ~ 1 rank, rtol 1e-5" "$verdict"; fi
     fi
 }
 
@@ -1097,7 +1134,7 @@ with open(out_f, 'w') as f:
     json.dump(res, f, indent=1)
 
 order = ['1', '2', '3a', '3b', '3c', '3d', '3e', '3f', '3g', '4a', '4b', '4c', '4d', '7a', '7b',
-         '7c', '7d', '7e', '7f', '8a', '8b', '9a', '9b', '9c', '10a', '10b', '10c', '10d', '10e', '11a', '11b', '11c',
+         '7c', '7d', '7e', '7f', '8a', '8b', '9a', '9b', '9c', '10a', '10b', '10c', '10d', '10f', '10g', '10e', '11a', '11b', '11c',
          '5a', '5b', '5d', '5c', '6', '6c', '6d']
 steps.sort(key=lambda s: order.index(s['id']) if s['id'] in order else 99)
 print()
