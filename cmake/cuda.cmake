@@ -108,7 +108,7 @@ if(PT_HAVE_CUDA)
       ${CMAKE_SOURCE_DIR}/tests/cuda/mock_cuda.c ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda.c
       ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_run.c ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_optim.c
       ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_layers.c ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_vmm.c
-      ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_zero.c)
+      ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_zero.c ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_msg.c)
     target_include_directories(test_engine_cuda_mock PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
     target_link_libraries(test_engine_cuda_mock PRIVATE ptcore)
     add_test(NAME test_engine_cuda_mock COMMAND test_engine_cuda_mock)

@@ -148,4 +148,18 @@ print(f"gradients {g} vs formula + one group buffer {want:.0f}")
 sys.exit(0 if all(abs(x - want) <= 0.05 * want for x in g) else 1)' "$WORK/memg.json"); then
     pass "memory R=2 zero 2, 4 gradient groups: $msg"
 else failed "memory R=2 zero 2, 4 gradient groups: $msg"; fi
+# without ZeRO, one process, the same 4 groups and 2 micro-batches: every run forms the
+# groups that way, one layer at a time (src/cpu/stage.c groups_by_layer), so the gradients
+# are 4Ψ and one layer's buffer for the groups and one for mb_grads, not 5 whole arrays
+"$PIPETRAIN" train "${W[@]}" --batch 512 --microbatches 2 --train-samples 1024 >"$WORK/mem0.json"
+if msg=$(python3 -c '
+import json, sys
+z = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+B = [4 * (512 * 10 + 10)] + [4 * (512 * 512 + 512)] * 7 + [4 * (784 * 512 + 512)]
+want = sum(B) + 2 * max(B)
+g = z["rank_grads_bytes"]
+print(f"gradients {g} vs 4Ψ + two layer buffers {want:.0f} (whole arrays: {5 * sum(B)})")
+sys.exit(0 if all(abs(x - want) <= 0.05 * want for x in g) else 1)' "$WORK/mem0.json"); then
+    pass "memory, one process, 4 gradient groups, M=2: $msg"
+else failed "memory, one process, 4 gradient groups, M=2: $msg"; fi
 finish

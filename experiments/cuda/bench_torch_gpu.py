@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""PyTorch peer on the GPU: the seed-cnn (690,590 parameters) trained on Fashion-MNIST.
+"""PyTorch peer on the GPU: the seed-cnn (690,590 parameters) trained on Fashion-MNIST, or
+any model file of conv, pool, dense, dropout and flatten layers (--model, built by
+experiments/torch_peer.py as its CPU peer builds it; e.g. models/wide-dense.cfg).
 
 The model is models/seed-cnn.cfg written out in PyTorch (the same layers as
 experiments/torch_peer.py builds from the file; kept standalone so that the GPU bundle
@@ -39,6 +41,12 @@ p.add_argument('--compile', action='store_true', help='torch.compile the model (
 p.add_argument('--tf32', action='store_true', help='allow TF32 (default: off, full float32)')
 p.add_argument('--cudnn-benchmark', action='store_true',
                help='let cuDNN time its algorithms (default off, as in PyTorch)')
+p.add_argument('--model', default='',
+               help='a model file to build (default: the seed-cnn written out below)')
+p.add_argument('--optimizer', choices=('adam', 'sgd'), default='adam')
+p.add_argument('--bf16', action='store_true',
+               help='torch.autocast(bfloat16) around the forward and the loss (fp32 master '
+                    'weights and optimizer), the peer of pipetrain --precision bf16')
 p.add_argument('--tag', default='')
 args = p.parse_args()
 if args.steps < 1 or args.warmup < 0 or args.batch < 1 or not 1 <= args.chunks <= args.steps:
@@ -158,11 +166,18 @@ def main():
     ys = y.to(dev).long()
     load_s = time.perf_counter() - t0
 
-    model = CNN(args.dropout).to(dev)
+    if args.model:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        import torch_peer  # experiments/torch_peer.py: the same layers as pipetrain builds
+        layers, _, _ = torch_peer.build_layers(args.model)
+        model = nn.Sequential(*layers).to(dev)
+    else:
+        model = CNN(args.dropout).to(dev)
     nparams = sum(q.numel() for q in model.parameters())
-    assert nparams == 690590, nparams
+    assert args.model or nparams == 690590, nparams
     model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    opt = (torch.optim.Adam(model.parameters(), lr=args.lr) if args.optimizer == 'adam'
+           else torch.optim.SGD(model.parameters(), lr=args.lr))
     step_model = torch.compile(model) if args.compile else model
     gen = torch.Generator(device=dev)
     gen.manual_seed(args.seed)
@@ -174,7 +189,8 @@ def main():
     def train_step():
         idx = torch.randint(0, n, (args.batch,), device=dev, generator=gen)
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(step_model(xs[idx]), ys[idx])
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.bf16):
+            loss = F.cross_entropy(step_model(xs[idx]), ys[idx])
         loss.backward()
         opt.step()
         return loss
@@ -205,14 +221,16 @@ def main():
         log(f'FAIL: the loss is {final_loss}')
         return 3
 
-    res = {'bench': 'torch_cnn_gpu', 'tag': args.tag, 'device': str(dev),
+    res = {'bench': 'torch_cnn_gpu' if not args.model else 'torch_model_gpu', 'tag': args.tag, 'device': str(dev),
            'device_name': (torch.cuda.get_device_name(dev) if dev.type == 'cuda'
                            else 'cpu'),
            'torch': torch.__version__, 'cuda': torch.version.cuda,
            'cudnn': (torch.backends.cudnn.version() if dev.type == 'cuda' else None),
            'batch': args.batch, 'warmup': args.warmup, 'steps': args.steps,
            'train_samples': n, 'params': nparams, 'lr': args.lr,
-           'optimizer': 'adam', 'mode': 'compile' if args.compile else 'eager',
+           'model': args.model or 'seed-cnn (built in)',
+           'precision': 'bf16' if args.bf16 else 'tf32' if args.tf32 else 'fp32',
+           'optimizer': args.optimizer, 'mode': 'compile' if args.compile else 'eager',
            'cudnn_benchmark': bool(torch.backends.cudnn.benchmark),
            **precision_report(),
            'samples_per_s': round(args.steps * args.batch / wall, 2),

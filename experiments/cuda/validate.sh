@@ -42,7 +42,9 @@
 #     here or bundled); gpt-nano on --text README.md: 10b CPU (1 thread) against GPU, 3 SGD
 #     steps from the same start, parameters within rtol 1e-5 (that first run measured
 #     2.8e-7: fp32, other summation orders, expf); 10c 2 stages and 10d 2
-#     replicas on the one GPU against 1 rank, bit for bit; 10e throughput (information,
+#     replicas on the one GPU against 1 rank, bit for bit; 10f block dropout (p = 0.1) GPU
+#     against CPU, rtol 1e-5; 10g --tensor 2 on the one GPU against 1 rank, rtol 1e-5 (10f
+#     and 10g written without a GPU: not yet run on one); 10e throughput (information,
 #     run after step 11): gpt2-small at batch 4 × 1024 tokens, pipetrain --device cuda and
 #     bench_gpt_torch_gpu.py (fp32, the same model file), then pipetrain --precision tf32
 #     and bf16, tokens/s
@@ -55,12 +57,14 @@
 #     bench_torch_gpu.py (eager, TF32 off) alternating, VALIDATE_REPEATS times each;
 #     samples/s (median, min-max), their ratio, and the fraction of the GPU's FP32 peak
 #     reached (flops.py's training FLOPs per sample × samples/s / peak). 6c: the PyTorch
-#     peer with torch.compile, when time is left (information); 6d: pipetrain on this
+#     peer with torch.compile, when time is left (information); 6e: models/wide-dense.cfg at
+#     batch 4096 in fp32, tf32 and bf16 against bench_torch_gpu.py --model in the same
+#     precision (information; written without a GPU); 6d: pipetrain on this
 #     machine's CPU (every core), VALIDATE_CPU_TIMED_STEPS timed steps, when time is left
 #     (information: the CPU beside the GPU for the cpu-gpu study)
 # VALIDATE_STEP3_S (default 200): the seconds step 3 may spend on its batch/seed cases.
 # VALIDATE_ONLY="7 8" runs only those steps (with 1 and 3, which the others need).
-# Run order: 1 2 3 4 7 8 9 10 11 10e 6 5a 5b 5d 5c 6c 6d, so that the slow sanitizers come
+# Run order: 1 2 3 4 7 8 9 10 11 10e 6e 6 5a 5b 5d 5c 6c 6d, so that the slow sanitizers come
 # after the figures.
 #
 # Output: a line per check here; logs and results.json in $OUT (set by the device tool; 8
@@ -431,6 +435,7 @@ print("%s, FP32 peak %.1f TFLOP/s, %s" % (d.get("name"), d["peak_fp32_flops"] / 
         want 10 && lm_on_gpu
         want 11 && precision_on_gpu
         want 10 && lm_throughput
+        want 6 && dense_throughput
 
         # ---- 6 throughput (before the sanitizers: figures first)
         want 6 && throughput "$TPL"
@@ -761,6 +766,41 @@ lm_on_gpu() {
             if [[ $verdict == IDENTICAL* ]]; then record $id PASS "gpt-nano ${layout[*]} = 1 rank" "$verdict"
             else record $id FAIL "gpt-nano ${layout[*]} = 1 rank" "$verdict"; fi
         done
+        lm_more_on_gpu "$gpu"
+    fi
+}
+
+# 10f: block dropout (attention and residual, p = 0.1) on the GPU against the CPU, rtol 1e-5
+# (the masks are the same bits); 10g: --tensor 2 on the one GPU (blocks cut by heads, the
+# vocabulary-parallel loss) against 10b's 1-rank GPU run, rtol 1e-5 (the loss's sums of
+# exponentials are cut). Written without a GPU: not yet run on one.
+lm_more_on_gpu() {
+    local gpu1=$1 verdict vrc
+    local drop=$WORK/nano_drop.cfg
+    sed 's/^heads=2$/heads=2\ndropout=0.1/' "$nano" >"$drop"
+    local D=(--model "$drop" "${L[@]:2}" --steps 3)
+    if ! fits 40; then record 10f "NOT RUN" "gpt-nano block dropout" "time budget"
+    elif ! logged "$E2E" "$(cap 60)" "$PT" train "${D[@]}" --save "$WORK/lm_drop_cpu.safetensors" ||
+        ! logged "$E2E" "$(cap 60)" "$PT" train "${D[@]}" --device "$DEV" \
+            --save "$WORK/lm_drop_gpu.safetensors"; then
+        record 10f FAIL "gpt-nano block dropout" "a run failed: $(tail -1 "$E2E")"
+    else
+        verdict=$("$PT" diff "$WORK/lm_drop_gpu.safetensors" "$WORK/lm_drop_cpu.safetensors" \
+            --rtol 1e-5 2>&1 | tee -a "$E2E" | tail -1)
+        vrc=${PIPESTATUS[0]}
+        if [ "$vrc" = 0 ]; then record 10f PASS "gpt-nano block dropout GPU ~ CPU, rtol 1e-5" "$verdict"
+        else record 10f FAIL "gpt-nano block dropout GPU ~ CPU, rtol 1e-5" "$verdict"; fi
+    fi
+    local out=$WORK/lm_tensor.safetensors
+    if ! fits 40; then record 10g "NOT RUN" "gpt-nano --tensor 2" "time budget"
+    elif ! logged "$E2E" "$(cap 90)" "$MPIEXEC" "${launcher[@]}" -n 2 "$PT" train "${L[@]}" \
+        --steps 3 --device "$DEV" --tensor 2 --save "$out"; then
+        record 10g FAIL "gpt-nano --tensor 2" "the 2-rank run failed: $(tail -1 "$E2E")"
+    else
+        verdict=$("$PT" diff "$out" "$gpu1" --rtol 1e-5 2>&1 | tee -a "$E2E" | tail -1)
+        vrc=${PIPESTATUS[0]}
+        if [ "$vrc" = 0 ]; then record 10g PASS "gpt-nano --tensor 2 ~ 1 rank, rtol 1e-5" "$verdict"
+        else record 10g FAIL "gpt-nano --tensor 2 ~ 1 rank, rtol 1e-5" "$verdict"; fi
     fi
 }
 
@@ -839,6 +879,33 @@ lm_throughput() {
         fi
     done
     record 10e INFO "gpt2-small tokens/s" "pipetrain fp32 ${pt_tps[fp32]:-failed}, tf32 ${pt_tps[tf32]:-failed}, bf16 ${pt_tps[bf16]:-failed}; torch eager fp32 ${th_tps:-failed} (batch 4 x 1024)"
+    cat "$tl" >>"$E2E" 2>/dev/null
+}
+
+# 6e: information only (not counted): models/wide-dense.cfg (784-4096-4096-10, SGD) at batch
+# 4096, pipetrain --precision fp32, tf32, bf16 against bench_torch_gpu.py --model on the
+# same file in the same precision (TF32 off / on; bf16 autocast), one run each, alternating.
+dense_throughput() {
+    local wide=$ROOT/models/wide-dense.cfg tl=$WORK/dense_throughput.log p pt th out=""
+    if [ "$DEV" != cuda ]; then record 6e INFO "wide-dense per precision" "not run: --device $DEV"; return; fi
+    for p in fp32 tf32 bf16; do
+        fits 60 || break
+        pt="" th=""
+        if logged "$tl" "$(cap 60)" "$PT" train --model "$wide" --data "$DATA" --test-samples 0 \
+            --batch 4096 --optimizer sgd --lr 0.01 --seed 1 --device cuda --precision $p --json \
+            --untimed-steps 5 --steps 35 --epochs 100000; then
+            pt=$(grep -o '"samples_per_s":[0-9.e+-]*' "$tl" | tail -1 | cut -d: -f2)
+        fi
+        local flag=(); [ $p = tf32 ] && flag=(--tf32); [ $p = bf16 ] && flag=(--bf16)
+        if [ -n "$PYTORCH" ] && logged "$tl" "$(cap 60)" "$PYTORCH" \
+            "$ROOT/experiments/cuda/bench_torch_gpu.py" --model "$wide" --optimizer sgd \
+            --lr 0.01 --device cuda --batch 4096 --warmup 5 --steps 30 --chunks 3 \
+            --data-dir "$DATA" "${flag[@]}"; then
+            th=$(tail -1 "$tl" | grep -o '"samples_per_s": [0-9.e+-]*' | cut -d' ' -f2)
+        fi
+        out+="$p: pipetrain ${pt:-failed}, torch ${th:-failed}; "
+    done
+    record 6e INFO "wide-dense samples/s at batch 4096" "${out:-time budget}"
     cat "$tl" >>"$E2E" 2>/dev/null
 }
 
@@ -1097,8 +1164,8 @@ with open(out_f, 'w') as f:
     json.dump(res, f, indent=1)
 
 order = ['1', '2', '3a', '3b', '3c', '3d', '3e', '3f', '3g', '4a', '4b', '4c', '4d', '7a', '7b',
-         '7c', '7d', '7e', '7f', '8a', '8b', '9a', '9b', '9c', '10a', '10b', '10c', '10d', '10e', '11a', '11b', '11c',
-         '5a', '5b', '5d', '5c', '6', '6c', '6d']
+         '7c', '7d', '7e', '7f', '8a', '8b', '9a', '9b', '9c', '10a', '10b', '10c', '10d', '10f', '10g', '10e', '11a', '11b', '11c',
+         '5a', '5b', '5d', '5c', '6', '6e', '6c', '6d']
 steps.sort(key=lambda s: order.index(s['id']) if s['id'] in order else 99)
 print()
 print(f'{"step":<5}{"check":<34}{"result":<9}detail')

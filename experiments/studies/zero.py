@@ -23,6 +23,17 @@ def deep_mlp(path, layers):
     return path
 
 
+def gpt(path, blocks):
+    """gpt-deep's kind of language model (bytes, context 128, width 256, 4 heads) with
+    `blocks` blocks: the share of one block in Ψ, what ZeRO-2 and 3 hold whole in flight,
+    falls as 1/blocks."""
+    with open(path, 'w') as f:
+        f.write('[net]\n\n[embedding]\nvocab=256\ncontext=128\nwidth=256\n\n')
+        f.write('[block]\nheads=4\n' * blocks)
+        f.write('\n[layernorm]\n\n[lm_head]\ntied=1\n')
+    return path
+
+
 def formula(psi, r, zero):
     """The paper's bytes per rank (fp32 Adam), without buckets or layers in flight."""
     params = 4 * psi / (r if zero >= 3 else 1)
@@ -70,4 +81,36 @@ def run(ctx):
     md += common.table(['R', '--zero', 'params MB', 'grads MB', 'optimizer MB', 'sum MB',
                         'formula MB', 'sum / formula', 'peak RSS MB', 'step ms',
                         'step / unsharded'], rows)
+    if not ctx.quick:
+        md += '\n\n' + transformers(ctx)
+    return md
+
+
+def transformers(ctx):
+    """Memory only (2 steps): language models of 6, 12 and 24 blocks at R = 2."""
+    rows = []
+    for blocks in (6, 12, 24):
+        model = gpt(os.path.join(ctx.results, 'gpt-%d.cfg' % blocks), blocks)
+        for zero in (0, 1, 2, 3):
+            args = ['--model', model, '--data', 'text', '--val-fraction', 0, '--batch', 16,
+                    '--replicas', 2, '--microbatches', 1, '--steps', 2, '--seed', 5,
+                    '--threads', 1, '--optimizer', 'adamw', '--reduce', 'ordered',
+                    '--zero', zero]
+            res = ctx.train('gpt-%d R=2 zero %d' % (blocks, zero), args, 2)
+            mb = lambda k: max(res[k]) / 2**20 if res.get(k) else None  # noqa: E731
+            psi = res.get('params')
+            total = sum(mb(k) or 0 for k in ('rank_params_bytes', 'rank_grads_bytes',
+                                             'rank_optimizer_bytes'))
+            want = formula(psi, 2, zero) / 2**20 if psi else None
+            rows.append([blocks, zero, mb('rank_params_bytes'), mb('rank_grads_bytes'),
+                         mb('rank_optimizer_bytes'), total, want,
+                         total / want if want else None, mb('rank_peak_rss_bytes')])
+    md = ('Language models of gpt-deep\'s kind (context 128, width 256, 4 heads; a block is '
+          '0.79 M parameters) with 6, 12 and 24 blocks, batch 16 windows (8 per replica: 4 '
+          'gradient groups of 2), AdamW, R = 2, `--reduce ordered`, 2 steps (memory only). '
+          'Beyond the formula ZeRO-2 holds two buckets (a block each) and one group buffer '
+          '(a block) whole, ZeRO-3 also about one block of parameters: a constant, so its '
+          'share falls as 1/blocks.\n\n')
+    md += common.table(['blocks', '--zero', 'params MB', 'grads MB', 'optimizer MB',
+                        'sum MB', 'formula MB', 'sum / formula', 'peak RSS MB'], rows)
     return md

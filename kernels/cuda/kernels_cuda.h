@@ -246,8 +246,12 @@ int kernel_embedding_shard_backward_cuda(float *dwte, float *dwpe, int32_t *tok,
  * the forward keeps each row's logsumexp in its first batch·heads·seq floats, and the
  * backward writes Δ = rowsum(P ∘ dP) after them (seq ≥ 2; at seq 1 it recomputes it), so
  * the area is written by both. The backward overwrites dqkv's three views: dQ by query
- * rows, dK and dV by key rows (queries in order): deterministic. head_dim ≤ 128; dropout
- * p > 0 is refused (−1 with a message: not on the GPU yet). */
+ * rows, dK and dV by key rows (queries in order): deterministic. head_dim ≤ 128.
+ * Dropout (drop with p > 0; device sample_ids and mask): the forward draws each query row's
+ * mask from the counter RNG as kernel_attention_forward_dropout_cpu does (the same bits,
+ * elem_off placing a shard's heads) and writes it; the softmax's sum stays that of the
+ * probabilities before the dropout, each key's term is scaled by M/(1 − p); the backward
+ * reads the mask (dP = M/(1 − p) ∘ dO vᵀ, Δ = rowsum(P ∘ dP)). */
 int kernel_attention_forward_cuda(float *y, float *probs, const float *qkv,
                                   const kernel_attention_dims *d,
                                   const kernel_attention_dropout *drop,
@@ -256,6 +260,26 @@ int kernel_attention_backward_cuda(float *dqkv, float *probs, const float *dy, c
                                    const kernel_attention_dims *d,
                                    const kernel_attention_dropout *drop,
                                    const kernel_cuda_ctx *ctx);
+
+/* ---- the vocabulary-parallel cross-entropy (a language model's head in tensor shards;
+ * kernels/cuda/xent_shard.cu, src/cpu/stage_loss.c's sharded_loss step by step) ----
+ * This rank holds columns [first, first + Vr) of `rows` rows of the logits (V in all, T
+ * ranks). The engine all-gathers, rank by rank, max's `mine` ([rows][2]) into sums' `all`
+ * ([T][rows][2]), and sums' `mine` ([rows][3]) into finish's `all` ([T][rows][3]). sums
+ * keeps each row's maximum and argmax in ma ([rows][2]) and, with dlogits (not aliasing
+ * the logits), the exponentials there, which finish turns into this rank's columns of the
+ * gradient. finish writes the rows' loss sum and hits (device, may be NULL), summed in a
+ * fixed order (row_loss, row_right: device scratch of rows each). The exponentials are
+ * expf, not the CPU's fastmath_expf: to rounding. */
+int kernel_xent_shard_max_cuda(float *mine, const float *logits, int rows, int Vr, int first,
+                               const kernel_cuda_ctx *ctx);
+int kernel_xent_shard_sums_cuda(float *mine, float *dlogits, float *ma, const float *all,
+                                const float *logits, const int32_t *labels, int rows, int Vr,
+                                int first, int T, const kernel_cuda_ctx *ctx);
+int kernel_xent_shard_finish_cuda(float *dlogits, int *correct, double *loss_sum,
+                                  const float *all, const float *ma, const int32_t *labels,
+                                  int rows, int Vr, int first, int V, int T, float grad_scale,
+                                  double *row_loss, int *row_right, const kernel_cuda_ctx *ctx);
 
 /* dst += src (kernel_add_cpu). */
 int kernel_add_cuda(float *dst, const float *src, size_t count, const kernel_cuda_ctx *ctx);

@@ -331,7 +331,7 @@ __device__ static void att_stage(float *t1, const float *v1, float *t2, const fl
 /* Block (x, h, b): queries x·ATT_ROWS .. of head h of sample b. */
 template <int MAXD>
 __global__ static void __launch_bounds__(ATT_ROWS)
-    att_forward(float *y, float *lse, const float *qkv, tfc_attn a)
+    att_forward(float *y, float *lse, const float *qkv, tfc_attn a, tfc_drop dr)
 {
     constexpr int BK = tfc_att_tile_rows<MAXD>();
     __shared__ __align__(16) float K[BK * MAXD], V[BK * MAXD];
@@ -341,13 +341,17 @@ __global__ static void __launch_bounds__(ATT_ROWS)
     const float *qv = tfc_att_view(qkv, a, b, h, 0), *kv = tfc_att_view(qkv, a, b, h, 1);
     tfc_att_fwd<MAXD> s;
     tfc_att_fwd_begin<MAXD>(s, qv + (size_t)(on ? i : 0) * a.ld, a.D);
+    /* with dropout, the thread's row of the mask first (written, then read by it alone) */
+    uint8_t *mrow = on ? tfc_drop_row(dr, a.T, a.H, b, h, i) : NULL;
+    if (mrow)
+        tfc_drop_make_row(mrow, dr, a.T, b, h, i);
     for (int j0 = 0; j0 < kend; j0 += BK) {
         const int n = min(BK, kend - j0);
         __syncthreads(); /* the previous tile is read */
         att_stage<MAXD>(K, kv, V, kv + a.C, a.ld, j0, n, a.D);
         __syncthreads();
         if (on)
-            tfc_att_fwd_tile<MAXD>(s, K, V, j0, n, i, a.scale);
+            tfc_att_fwd_tile<MAXD>(s, K, V, j0, n, i, a.scale, mrow, dr.scale);
     }
     if (on)
         tfc_att_fwd_end<MAXD>(s, y + ((size_t)b * a.T + i) * a.C + (size_t)h * a.D,
@@ -357,7 +361,7 @@ __global__ static void __launch_bounds__(ATT_ROWS)
 template <int MAXD>
 __global__ static void __launch_bounds__(ATT_ROWS)
     att_dq(float *dq, float *delta, const float *dy, const float *qkv, const float *lse,
-           tfc_attn a)
+           tfc_attn a, tfc_drop dr)
 {
     constexpr int BK = tfc_att_tile_rows<MAXD>();
     __shared__ __align__(16) float K[BK * MAXD], V[BK * MAXD];
@@ -366,6 +370,7 @@ __global__ static void __launch_bounds__(ATT_ROWS)
     const bool on = i < a.T;
     const size_t row = ((size_t)b * a.H + h) * a.T + ii;
     const float *qv = tfc_att_view(qkv, a, b, h, 0), *kv = tfc_att_view(qkv, a, b, h, 1);
+    const uint8_t *mrow = tfc_drop_row(dr, a.T, a.H, b, h, ii);
     tfc_att_dq<MAXD> s;
     tfc_att_dq_begin<MAXD>(s, qv + (size_t)ii * a.ld,
                            dy + ((size_t)b * a.T + ii) * a.C + (size_t)h * a.D, lse[row], a.D);
@@ -376,9 +381,9 @@ __global__ static void __launch_bounds__(ATT_ROWS)
             att_stage<MAXD>(K, kv, V, kv + a.C, a.ld, j0, n, a.D);
             __syncthreads();
             if (on && pass == 0)
-                tfc_att_dq_delta_tile<MAXD>(s, K, V, j0, n, i, a.scale);
+                tfc_att_dq_delta_tile<MAXD>(s, K, V, j0, n, i, a.scale, mrow, dr.scale);
             else if (on)
-                tfc_att_dq_tile<MAXD>(s, K, V, j0, n, i, a.scale);
+                tfc_att_dq_tile<MAXD>(s, K, V, j0, n, i, a.scale, mrow, dr.scale);
         }
     if (on)
         tfc_att_dq_end<MAXD>(s, dq + ((size_t)b * a.T + i) * a.ld + (size_t)h * a.D,
@@ -390,7 +395,7 @@ __global__ static void __launch_bounds__(ATT_ROWS)
 template <int MAXD, bool DK>
 __global__ static void __launch_bounds__(ATT_ROWS)
     att_dkv(float *out, const float *delta, const float *dy, const float *qkv,
-            const float *lse, tfc_attn a)
+            const float *lse, tfc_attn a, tfc_drop dr)
 {
     constexpr int BQ = tfc_att_tile_rows<MAXD>();
     __shared__ __align__(16) float Q[BQ * MAXD], G[BQ * MAXD];
@@ -401,6 +406,8 @@ __global__ static void __launch_bounds__(ATT_ROWS)
     const float *qv = tfc_att_view(qkv, a, b, h, 0), *kv = tfc_att_view(qkv, a, b, h, 1);
     const float *gv = dy + (size_t)b * a.T * a.C + (size_t)h * a.D;
     const size_t rows = ((size_t)b * a.H + h) * a.T;
+    /* key j's column of the mask: query i at [i·T] */
+    const uint8_t *m0 = tfc_drop_row(dr, a.T, a.H, b, h, 0), *mcol = m0 ? m0 + jj : NULL;
     tfc_att_dkv<MAXD, DK> s;
     tfc_att_dkv_begin<MAXD, DK>(s, kv + (size_t)jj * a.ld, kv + a.C + (size_t)jj * a.ld, a.D);
     for (int i0 = k0; i0 < a.T; i0 += BQ) {
@@ -413,11 +420,14 @@ __global__ static void __launch_bounds__(ATT_ROWS)
         for (int r = threadIdx.x; r < n; r += ATT_ROWS) {
             L[r] = lse[rows + i0 + r];
             if (DK)
-                DL[r] = delta ? delta[rows + i0 + r] : tfc_attn_delta(dy, qkv, lse, a, b, h, i0 + r);
+                DL[r] = delta ? delta[rows + i0 + r]
+                              : tfc_attn_delta(dy, qkv, lse, a, b, h, i0 + r,
+                                               tfc_drop_row(dr, a.T, a.H, b, h, i0 + r),
+                                               dr.scale);
         }
         __syncthreads();
         if (on)
-            tfc_att_dkv_tile<MAXD, DK>(s, Q, G, L, DL, i0, n, j, a.scale);
+            tfc_att_dkv_tile<MAXD, DK>(s, Q, G, L, DL, i0, n, j, a.scale, mcol, a.T, dr.scale);
     }
     if (on)
         tfc_att_dkv_end<MAXD, DK>(s, out + ((size_t)b * a.T + j) * a.ld + (size_t)h * a.D, a.D,
@@ -439,42 +449,61 @@ static int attn_check(const char *what, const kernel_attention_dims *d)
     return 0;
 }
 
-static int attn_no_dropout(const char *what, const kernel_attention_dropout *drop)
+/* The dropout as the kernels take it (mask NULL: none). The forward needs the sample ids
+ * and the mask; the backward the mask alone. Every element's index (elem_off + the call's
+ * heads·T²) must lie below 2^32, as kernel_attention_dropout says. */
+static int attn_drop_of(const char *what, const kernel_attention_dims *d,
+                        const kernel_attention_dropout *drop, bool forward, tfc_drop *dr)
 {
-    if (drop && drop->p > 0.0f)
-        return pt_error_set("%s: attention dropout (p=%g) has no CUDA kernel yet; train "
-                            "with [block] dropout=0 on --device cuda",
-                            what, (double)drop->p);
+    *dr = tfc_drop{1.0f, 1.0f, 0, 0, 0, NULL, NULL};
+    if (!drop || drop->p <= 0.0f)
+        return 0;
+    const size_t span = (size_t)d->heads * d->seq * d->seq;
+    if (!(drop->p < 1.0f) || !drop->mask || (forward && !drop->sample_ids) ||
+        drop->elem_off > ((size_t)1 << 32) - span || span > ((size_t)1 << 32))
+        return pt_error_set("%s: invalid attention dropout (p=%g, mask %s, sample ids %s, "
+                            "elements from %zu of %zu per sample past 2^32)",
+                            what, (double)drop->p, drop->mask ? "given" : "missing",
+                            drop->sample_ids ? "given" : "missing", drop->elem_off, span);
+    dr->keep = 1.0f - drop->p;
+    dr->scale = 1.0f / dr->keep;
+    dr->seed = drop->seed;
+    dr->stream = drop->stream;
+    dr->elem_off = drop->elem_off;
+    dr->ids = drop->sample_ids;
+    dr->mask = drop->mask;
     return 0;
 }
 
 /* The kernels of the smallest MAXD ≥ D. */
 template <int MAXD>
 static void att_launch(float *y, float *dqkv, float *lse, float *delta, const float *dy,
-                       const float *qkv, tfc_attn a, int batch, bool forward, cudaStream_t st)
+                       const float *qkv, tfc_attn a, tfc_drop dr, int batch, bool forward,
+                       cudaStream_t st)
 {
     const dim3 grid((unsigned)((a.T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)a.H, (unsigned)batch);
     if (forward) {
-        att_forward<MAXD><<<grid, ATT_ROWS, 0, st>>>(y, lse, qkv, a);
+        att_forward<MAXD><<<grid, ATT_ROWS, 0, st>>>(y, lse, qkv, a, dr);
         return;
     }
     /* dQ (and Δ) first: the dK kernel reads Δ; all read lse, which stays. */
-    att_dq<MAXD><<<grid, ATT_ROWS, 0, st>>>(dqkv, delta, dy, qkv, lse, a);
-    att_dkv<MAXD, true><<<grid, ATT_ROWS, 0, st>>>(dqkv + a.C, delta, dy, qkv, lse, a);
-    att_dkv<MAXD, false><<<grid, ATT_ROWS, 0, st>>>(dqkv + 2 * a.C, delta, dy, qkv, lse, a);
+    att_dq<MAXD><<<grid, ATT_ROWS, 0, st>>>(dqkv, delta, dy, qkv, lse, a, dr);
+    att_dkv<MAXD, true><<<grid, ATT_ROWS, 0, st>>>(dqkv + a.C, delta, dy, qkv, lse, a, dr);
+    att_dkv<MAXD, false><<<grid, ATT_ROWS, 0, st>>>(dqkv + 2 * a.C, delta, dy, qkv, lse, a, dr);
 }
 
 static void att_dispatch(float *y, float *dqkv, float *lse, float *delta, const float *dy,
-                         const float *qkv, tfc_attn a, int batch, bool forward, cudaStream_t st)
+                         const float *qkv, tfc_attn a, tfc_drop dr, int batch, bool forward,
+                         cudaStream_t st)
 {
     if (a.D <= 16)
-        att_launch<16>(y, dqkv, lse, delta, dy, qkv, a, batch, forward, st);
+        att_launch<16>(y, dqkv, lse, delta, dy, qkv, a, dr, batch, forward, st);
     else if (a.D <= 32)
-        att_launch<32>(y, dqkv, lse, delta, dy, qkv, a, batch, forward, st);
+        att_launch<32>(y, dqkv, lse, delta, dy, qkv, a, dr, batch, forward, st);
     else if (a.D <= 64)
-        att_launch<64>(y, dqkv, lse, delta, dy, qkv, a, batch, forward, st);
+        att_launch<64>(y, dqkv, lse, delta, dy, qkv, a, dr, batch, forward, st);
     else
-        att_launch<128>(y, dqkv, lse, delta, dy, qkv, a, batch, forward, st);
+        att_launch<128>(y, dqkv, lse, delta, dy, qkv, a, dr, batch, forward, st);
 }
 
 extern "C" int kernel_attention_forward_cuda(float *y, float *probs, const float *qkv,
@@ -482,11 +511,13 @@ extern "C" int kernel_attention_forward_cuda(float *y, float *probs, const float
                                              const kernel_attention_dropout *drop,
                                              const kernel_cuda_ctx *ctx)
 {
-    if (attn_check("attention", d) || attn_no_dropout("attention", drop))
+    tfc_drop dr;
+    if (attn_check("attention", d) || attn_drop_of("attention", d, drop, true, &dr))
         return -1;
     if ((size_t)d->batch * d->heads * d->seq == 0)
         return 0;
-    att_dispatch(y, NULL, probs, NULL, NULL, qkv, tfc_attn_of(d), d->batch, true, ctx->stream);
+    att_dispatch(y, NULL, probs, NULL, NULL, qkv, tfc_attn_of(d), dr, d->batch, true,
+                 ctx->stream);
     CUDA_CHECK_LAUNCH("attention_forward");
     return 0;
 }
@@ -496,11 +527,13 @@ extern "C" int kernel_attention_backward_cuda(float *dqkv, float *probs, const f
                                               const kernel_attention_dropout *drop,
                                               const kernel_cuda_ctx *ctx)
 {
-    if (attn_check("attention backward", d) || attn_no_dropout("attention backward", drop))
+    tfc_drop dr;
+    if (attn_check("attention backward", d) ||
+        attn_drop_of("attention backward", d, drop, false, &dr))
         return -1;
     if ((size_t)d->batch * d->heads * d->seq == 0)
         return 0;
-    att_dispatch(NULL, dqkv, probs, tfc_attn_delta_area(probs, d), dy, qkv, tfc_attn_of(d),
+    att_dispatch(NULL, dqkv, probs, tfc_attn_delta_area(probs, d), dy, qkv, tfc_attn_of(d), dr,
                  d->batch, false, ctx->stream);
     CUDA_CHECK_LAUNCH("attention_backward");
     return 0;

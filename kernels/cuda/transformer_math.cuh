@@ -266,6 +266,80 @@ TFC_HD void tfc_embed_tok_grad(float *dwte_row, const float *dout, const int32_t
     dwte_row[j] = acc;
 }
 
+/* ---- attention dropout (kernel_attention_dropout): the counter RNG of kernels/rng.h ----
+ * Element e of a sample's whole numbering (e = elem_off + (h·T + i)·T + j) is kept when
+ * uniform(seed, stream, (id << 32) | e) < 1 − p: lane e % 4 of Philox block ((id << 32) | e)
+ * / 4, rng_u32_to_unit's 24 bits (kernel_dropout_forward_range_cpu's numbers). The Philox
+ * rounds are rng_philox4x32_10's, written again here for both sides (rng.h's are C only). */
+TFC_HD void tfc_philox(uint32_t out[4], uint64_t seed, uint64_t stream, uint64_t index)
+{
+    uint32_t c0 = (uint32_t)index, c1 = (uint32_t)(index >> 32);
+    uint32_t c2 = (uint32_t)stream, c3 = (uint32_t)(stream >> 32);
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int round = 0; round < 10; round++) {
+        const uint64_t p0 = (uint64_t)0xD2511F53u * c0;
+        const uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
+        const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
+        const uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        c0 = n0;
+        c1 = (uint32_t)p1;
+        c2 = n2;
+        c3 = (uint32_t)p0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
+}
+
+/* The dropout of one attention call as the kernels take it (by value): mask NULL, none. */
+typedef struct {
+    float keep, scale; /* 1 − p, 1 / (1 − p) */
+    uint64_t seed, stream;
+    size_t elem_off;   /* the call's head 0 in the sample's whole numbering */
+    const int64_t *ids; /* [batch], device */
+    uint8_t *mask;     /* [batch·heads·T²] laid out as the probabilities */
+} tfc_drop;
+
+/* Row i of (b, h)'s mask (keys j at [j]), or NULL without dropout. */
+TFC_HD uint8_t *tfc_drop_row(const tfc_drop &dr, int T, int H, int b, int h, int i)
+{
+    return dr.mask ? dr.mask + (((size_t)b * H + h) * T + i) * (size_t)T : NULL;
+}
+
+/* The forward's mask of query row i (keys 0 .. i) of head h in sample b into mrow: one
+ * Philox block per four consecutive elements (the row's elements are consecutive in e). */
+TFC_HD void tfc_drop_make_row(uint8_t *mrow, const tfc_drop &dr, int T, int b, int h, int i)
+{
+    const size_t e0 = dr.elem_off + ((size_t)h * T + i) * (size_t)T;
+    const uint64_t base = (uint64_t)dr.ids[b] << 32;
+    uint32_t w[4] = {0, 0, 0, 0};
+    uint64_t have = ~(uint64_t)0;
+    for (int j = 0; j <= i; j++) {
+        const uint64_t c = base | (uint64_t)(e0 + j);
+#if TFC_PLANTED == 9
+        const uint64_t blk = (c + 1) >> 2;
+#else
+        const uint64_t blk = c >> 2;
+#endif
+        if (blk != have) {
+            tfc_philox(w, dr.seed, dr.stream, blk);
+            have = blk;
+        }
+        const float u = (float)(w[c & 3] >> 8) * 0x1p-24f;
+        mrow[j] = u < dr.keep ? 1 : 0;
+    }
+}
+
+/* The factor element `at` of a mask gives a probability: 1/(1 − p) kept, 0 dropped, 1
+ * without dropout (exact: the products without dropout keep their bits). */
+TFC_HD float tfc_drop_f(const uint8_t *m, size_t at, float scale)
+{
+    return m ? (m[at] ? scale : 0.0f) : 1.0f;
+}
+
 /* ---- fused causal attention ----
  * Views as kernel_attention_dims: q, k, v of token r at qkv + r·ld (+ C, + 2C), head h's
  * columns h·D ..; y and dy rows C apart. The forward keeps, per (b, h, i), the row's
@@ -392,7 +466,8 @@ template <int MAXD> TFC_HD void tfc_att_fwd_begin(tfc_att_fwd<MAXD> &s, const fl
 /* Keys j0 .. j0 + n − 1, staged in K and V, those ≤ i. */
 template <int MAXD>
 TFC_HD void tfc_att_fwd_tile(tfc_att_fwd<MAXD> &s, const float *K, const float *V, int j0,
-                             int n, int i, float scale)
+                             int n, int i, float scale, const uint8_t *mrow = NULL,
+                             float dscale = 1.0f)
 {
     const int last = tfc_att_upto(i, j0, n);
     for (int jj = 0; jj < last; jj++) {
@@ -406,8 +481,8 @@ TFC_HD void tfc_att_fwd_tile(tfc_att_fwd<MAXD> &s, const float *K, const float *
             s.m = sc;
         }
         const float p = expf(sc - s.m);
-        s.l += p;
-        tfc_att_axpy<MAXD>(s.o, p, V + jj * MAXD);
+        s.l += p; /* the softmax's sum is of the probabilities before the dropout */
+        tfc_att_axpy<MAXD>(s.o, p * tfc_drop_f(mrow, (size_t)(j0 + jj), dscale), V + jj * MAXD);
     }
 }
 
@@ -436,7 +511,8 @@ TFC_HD float tfc_attn_p(const float *q, const float *kj, float lse_i, tfc_attn a
  * (= dO_i · O_i without needing the forward's output), from global rows: for seq 1, whose
  * saved area cannot hold Δ. */
 TFC_HD float tfc_attn_delta(const float *dy, const float *qkv, const float *lse, tfc_attn a,
-                            int b, int h, int i)
+                            int b, int h, int i, const uint8_t *mrow = NULL,
+                            float dscale = 1.0f)
 {
     const size_t base = (size_t)b * a.T;
     const float *q = qkv + (base + i) * a.ld + (size_t)h * a.D;
@@ -445,7 +521,8 @@ TFC_HD float tfc_attn_delta(const float *dy, const float *qkv, const float *lse,
     float delta = 0.0f;
     for (int j = 0; j <= i; j++) {
         const float *kj = qkv + (base + j) * a.ld + a.C + (size_t)h * a.D;
-        delta += tfc_attn_p(q, kj, L, a) * tfc_dot(g, kj + a.C, a.D);
+        delta += tfc_attn_p(q, kj, L, a) *
+                 (tfc_drop_f(mrow, (size_t)j, dscale) * tfc_dot(g, kj + a.C, a.D));
     }
     return delta;
 }
@@ -469,26 +546,32 @@ TFC_HD void tfc_att_dq_begin(tfc_att_dq<MAXD> &s, const float *q, const float *g
     s.dl = 0.0f;
 }
 
+/* With dropout (mrow: query row i's mask) dP_ij = f_ij (dO_i·v_j), f the mask's factor, and
+ * Δ_i = Σ_j P_ij dP_ij. */
 template <int MAXD>
 TFC_HD void tfc_att_dq_delta_tile(tfc_att_dq<MAXD> &s, const float *K, const float *V, int j0,
-                                  int n, int i, float scale)
+                                  int n, int i, float scale, const uint8_t *mrow = NULL,
+                                  float dscale = 1.0f)
 {
     const int last = tfc_att_upto(i, j0, n);
     for (int jj = 0; jj < last; jj++) {
         const float p = expf(scale * tfc_att_dot<MAXD>(s.q, K + jj * MAXD) - s.L);
-        s.dl += p * tfc_att_dot<MAXD>(s.g, V + jj * MAXD);
+        s.dl += p * (tfc_drop_f(mrow, (size_t)(j0 + jj), dscale) *
+                     tfc_att_dot<MAXD>(s.g, V + jj * MAXD));
     }
 }
 
 template <int MAXD>
 TFC_HD void tfc_att_dq_tile(tfc_att_dq<MAXD> &s, const float *K, const float *V, int j0, int n,
-                            int i, float scale)
+                            int i, float scale, const uint8_t *mrow = NULL, float dscale = 1.0f)
 {
     const int last = tfc_att_upto(i, j0, n);
     for (int jj = 0; jj < last; jj++) {
         const float *kj = K + jj * MAXD;
         const float p = expf(scale * tfc_att_dot<MAXD>(s.q, kj) - s.L);
-        const float ds = p * (tfc_att_dot<MAXD>(s.g, V + jj * MAXD) - s.dl);
+        const float ds = p * (tfc_drop_f(mrow, (size_t)(j0 + jj), dscale) *
+                                  tfc_att_dot<MAXD>(s.g, V + jj * MAXD) -
+                              s.dl);
         tfc_att_axpy<MAXD>(s.acc, ds, kj);
     }
 }
@@ -526,17 +609,24 @@ TFC_HD void tfc_att_dkv_begin(tfc_att_dkv<MAXD, DK> &s, const float *kj, const f
 }
 
 /* Queries i0 .. i0 + n − 1, staged (Q, G = dO, their lse L and Δ dl), those ≥ j. */
+/* With dropout, mcol: key j's column of the mask (query i at [i·T]). */
 template <int MAXD, bool DK>
 TFC_HD void tfc_att_dkv_tile(tfc_att_dkv<MAXD, DK> &s, const float *Q, const float *G,
-                             const float *L, const float *dl, int i0, int n, int j, float scale)
+                             const float *L, const float *dl, int i0, int n, int j, float scale,
+                             const uint8_t *mcol = NULL, int T = 0, float dscale = 1.0f)
 {
     for (int ii = j > i0 ? j - i0 : 0; ii < n; ii++) {
         const float p = expf(scale * tfc_att_dot<MAXD>(s.k, Q + ii * MAXD) - L[ii]);
+        const float f = tfc_drop_f(mcol, (size_t)(i0 + ii) * T, dscale);
         if (DK) {
+#if TFC_PLANTED == 10
             const float ds = p * (tfc_att_dot<MAXD>(s.v, G + ii * MAXD) - dl[ii]);
+#else
+            const float ds = p * (f * tfc_att_dot<MAXD>(s.v, G + ii * MAXD) - dl[ii]);
+#endif
             tfc_att_axpy<MAXD>(s.acc, ds, Q + ii * MAXD);
         } else {
-            tfc_att_axpy<MAXD>(s.acc, p, G + ii * MAXD);
+            tfc_att_axpy<MAXD>(s.acc, p * f, G + ii * MAXD);
         }
     }
 }
@@ -562,6 +652,92 @@ TFC_HD float *tfc_attn_delta_area(float *probs, const kernel_attention_dims *d)
 {
     const size_t rows = (size_t)d->batch * d->heads * d->seq;
     return d->seq >= 2 ? probs + rows : NULL;
+}
+
+/* ---- the vocabulary-parallel cross-entropy (Megatron's; src/cpu/stage_loss.c's
+ * sharded_loss, step by step) ----
+ * Each of the T ranks of a tensor group holds columns [first, first + Vr) of every row of
+ * the logits. Three per-row steps, with an all-gather of each one's output between them:
+ *   1. tfc_xs_max: the row's largest logit and its first index (as a float, exact below
+ *      2^24) on this rank;
+ *   2. tfc_xs_sums: from every rank's (rank order; a later rank's wins only when larger, so
+ *      the whole row's first argmax) the row's maximum M and argmax A, then this rank's
+ *      Σ exp(x − M) in double (columns in order, each exp kept in dlogits), sent as two
+ *      floats (the value and its rounding residual), and the target's logit (0 on the
+ *      ranks that do not hold it);
+ *   3. tfc_xs_finish: every rank's sums added in rank order in double, the row's loss
+ *      log Σ − (target − M) (NaN for a label outside [0, V)), whether A is the label, and
+ *      this rank's columns of the gradient (e/Σ − [label]) · grad_scale.
+ * One thread a row; the rows' losses are then added in row order. EXPF: the exponential
+ * (expf on the device; the CPU's fastmath_expf in the mock's twin). */
+TFC_HD void tfc_xs_max(float *mine, const float *x, int Vr, int first)
+{
+    int best = 0;
+    for (int j = 1; j < Vr; j++)
+        if (x[j] > x[best])
+            best = j;
+    mine[0] = x[best];
+    mine[1] = (float)(first + best);
+}
+
+/* all: T blocks of 2R floats (step 1's of every rank); row i; M and A out. */
+TFC_HD void tfc_xs_argmax(float *M, float *A, const float *all, size_t R, size_t i, int T)
+{
+    float m = all[2 * i], a = all[2 * i + 1];
+    for (int r = 1; r < T; r++)
+#if TFC_PLANTED == 12
+        if (all[(size_t)r * 2 * R + 2 * i] >= m) {
+#else
+        if (all[(size_t)r * 2 * R + 2 * i] > m) {
+#endif
+            m = all[(size_t)r * 2 * R + 2 * i];
+            a = all[(size_t)r * 2 * R + 2 * i + 1];
+        }
+    *M = m;
+    *A = a;
+}
+
+TFC_HD void tfc_xs_sums(float *mine, float *d, const float *x, int Vr, int first, float M,
+                        int32_t label)
+{
+    double sum = 0.0;
+    for (int j = 0; j < Vr; j++) {
+        const float e = expf(x[j] - M);
+        if (d)
+            d[j] = e;
+        sum += e;
+    }
+#if TFC_PLANTED == 11
+    sum *= 1.001;
+#endif
+    const int32_t k = label - first;
+    mine[0] = (float)sum;
+    mine[1] = (float)(sum - (double)(float)sum);
+    mine[2] = k >= 0 && k < Vr ? x[k] : 0.0f;
+}
+
+/* all: T blocks of 3R floats (step 2's); d: this rank's row of exponentials (NULL: no
+ * gradient), overwritten by the gradient. Returns the row's loss; *right 1 when A is the
+ * label. */
+TFC_HD double tfc_xs_finish(float *d, int *right, const float *all, size_t R, size_t i, int T,
+                            float M, float A, int32_t label, int first, int Vr, int V,
+                            float grad_scale)
+{
+    double sum = 0.0, target = 0.0;
+    for (int r = 0; r < T; r++) {
+        const float *q = all + (size_t)r * 3 * R + 3 * i;
+        sum += (double)q[0] + (double)q[1];
+        target += (double)q[2];
+    }
+    *right = (float)label == A;
+    if (d) {
+        const float inv = (float)(1.0 / sum);
+        for (int j = 0; j < Vr; j++)
+            d[j] = (d[j] * inv - (first + j == label ? 1.0f : 0.0f)) * grad_scale;
+    }
+    if (label < 0 || label >= V)
+        return NAN;
+    return log(sum) - (target - (double)M);
 }
 
 #endif

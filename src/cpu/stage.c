@@ -70,6 +70,23 @@ static stage_shape cpu_shape(const net_desc *net, int first, int last, int max_b
     return sh;
 }
 
+/* Whether a stage forms its gradient groups layer by layer (split_groups in stage.h): with
+ * tensor shards always (the carry is there already), else where the carried gradients
+ * (max_batch · widest floats) cost less than what the group buffers would hold beyond one
+ * layer each (min(used − 1, threads) of them). */
+static int groups_by_layer(const net_desc *net, int first, int last, size_t param_count,
+                           size_t widest, int max_batch, int threads, int used, int tp)
+{
+    if (used < 2) return 0;
+    if (tp) return 1;
+    size_t buffers = (size_t)(used - 1 < threads ? used - 1 : threads), largest = 0;
+    for (int l = first; l < last; l++) {
+        size_t n = net->layers[l].weight_count + net->layers[l].bias_count;
+        if (n > largest) largest = n;
+    }
+    return (size_t)max_batch * widest < buffers * (param_count - largest);
+}
+
 /* What a stage of these sizes allocates (stage_init_shard's blocks, one by one). */
 static stage_bytes bytes_of(const stage_sizes *z, int threads, int groups, int chunk,
                             int max_batch, int tp)
@@ -111,8 +128,27 @@ stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int m
     int chunk = chunk_of(chunk_max, chunk_min, groups, max_batch);
     stage_shape sh = cpu_shape(net, first, last, max_batch, chunk, tp, t);
     stage_sizes z = stage_plan_sizes(&sh);
-    stage_bytes b = bytes_of(&z, threads, groups, chunk, max_batch,
-                             tp && tp->T > 1 ? 1 + shard_sequence(tp) : 0);
+    int tpk = tp && tp->T > 1 ? 1 + shard_sequence(tp) : 0;
+    stage_bytes b = bytes_of(&z, threads, groups, chunk, max_batch, tpk);
+    int used = used_groups(groups, chunk, max_batch);
+    int split = groups_by_layer(net, first, last, z.param_count, z.widest, max_batch, threads,
+                                used, tpk > 0);
+    if (split && !tpk)
+        b.workers += stage_round_up((size_t)max_batch * z.widest * sizeof(float)); /* carry */
+    /* a buffer holds the runs being formed: one layer's (and the partial pages left at
+     * every layer's ends), or the whole array */
+    size_t page = 4096, unit = z.param_count * sizeof(float);
+    if (split) {
+        size_t largest = 0;
+        for (int l = first; l < last; l++) {
+            size_t n = net->layers[l].weight_count + net->layers[l].bias_count;
+            if (n > largest) largest = n;
+        }
+        unit = largest * sizeof(float) + (size_t)(last - first + 1) * page;
+    }
+    unit = (unit + page - 1) / page * page;
+    b.group_held = (size_t)(used - 1 < threads ? used - 1 : threads) * unit;
+    b.apart_held = unit;
     b.workers += stage_round_up(stage_loss_floats(net, last, max_batch, tp) * sizeof(float));
     return b;
 }
@@ -161,15 +197,27 @@ static int alloc_workers(stage *s, int chunk)
 
 /* Group 0 of the first micro-batch sums straight into the stage's gradients, of later ones
  * into mb_grads; the other groups need their own only when a micro-batch can have more
- * than one chunk. */
+ * than one chunk. Their pages (and mb_grads') wait in group_pool between the backward's
+ * runs, so that only the runs being formed are backed (stage.h). */
 static int alloc_groups(stage *s, int chunk)
 {
     s->group_grads = calloc((size_t)s->groups, sizeof *s->group_grads);
     s->mb_grads = pages_alloc(s->grads_bytes);
     if (!s->group_grads || !s->mb_grads) return -1;
     s->group_grads[0] = s->grads;
-    for (int g = 1; g < used_groups(s->groups, chunk, s->plan.max_batch); g++)
+    int used = used_groups(s->groups, chunk, s->plan.max_batch);
+    for (int g = 1; g < used; g++)
         if (!(s->group_grads[g] = pages_alloc(s->grads_bytes))) return -1;
+    if (pages_pool_init(&s->group_pool, (size_t)(s->threads + 1) * s->grads_bytes)) {
+        memset(&s->group_pool, 0, sizeof s->group_pool);
+        return -1;
+    }
+    const stage_plan *p = &s->plan;
+    s->split_groups = groups_by_layer(p->net, p->first, p->last, p->param_count, p->widest,
+                                      p->max_batch, s->threads, used, p->tp != NULL);
+    if (s->split_groups && !s->carry &&
+        !(s->carry = stage_alloc_zeroed((size_t)s->plan.max_batch * s->plan.widest * sizeof(float))))
+        return -1;
     return 0;
 }
 
@@ -495,11 +543,11 @@ static void reduce_worker(void *arg, int t)
     }
 }
 
-/* ZeRO-2 (release_zero): the group buffers' runs (and mb_grads', when the micro-batch was
- * formed apart and added) are dead once summed, so their pages wait in the stage's pool
- * for the next backward's runs instead of staying backed for the whole array: `put` 1 after
- * the sum, 0 before the first wave (the pool's pages move in; the workers zero them). The
- * groups then hold one range's gradients per buffer, not the whole array each. */
+/* The group buffers' runs (and mb_grads', when the micro-batch was formed apart and added)
+ * are dead once summed, so their pages wait in the stage's pool for the next backward's
+ * runs instead of staying backed for the whole array: `put` 1 after the sum, 0 before the
+ * first wave (the pool's pages move in; the workers zero them). The groups then hold one
+ * range's gradients per buffer (one layer's with split_groups), not the whole array each. */
 static void move_group_pages(stage *s, int buffers, float *apart, size_t (*runs)[2], int nr,
                              int put)
 {
@@ -531,6 +579,16 @@ static void backward_span_local(stage *s, int slot, int lo, int hi, int from, in
         pool_run(s->pool, backward_worker, &j);
         return;
     }
+    int used = used_groups(s->groups, j.chunk, sl->n);
+    /* several groups: one layer at a time through the carry (split_groups), so that the
+     * group buffers and mb_grads hold one layer's gradients each, not the range's; the
+     * ranges are the whole backward bit for bit (stage_backward_range) */
+    if (s->split_groups && used > 1 && hi - lo > 1 && !from && !to) {
+        for (int l = hi - 1; l >= lo; l--)
+            backward_span_local(s, slot, l, l + 1, 0, 0, l == hi - 1 ? dout : NULL,
+                                l == lo ? din : NULL, grads, parts);
+        return;
+    }
     size_t runs[MAX_RUNS][2];
     int nr = stage_plan_grad_runs(&s->plan, formed_from(&j), hi, runs, MAX_RUNS);
     stage_grad_target t = stage_plan_grad_target(&s->plan, s->grads, s->mb_grads, grads);
@@ -538,13 +596,12 @@ static void backward_span_local(stage *s, int slot, int lo, int hi, int from, in
         memset(t.form + runs[r][0], 0, (runs[r][1] - runs[r][0]) * sizeof(float));
     s->group_grads[0] = t.form;
     j.zero0 = t.add_to != NULL;
-    int used = used_groups(s->groups, j.chunk, sl->n);
-    /* ZeRO-2: the groups a wave of the threads at a time, summed after each wave, so that
-     * the threads' buffers are all the groups need (the same sums in the same order) */
-    j.width = s->release_zero && s->threads < used ? s->threads : s->groups;
+    /* the groups a wave of the threads at a time, summed after each wave, so that the
+     * threads' buffers are all the groups need (the same sums in the same order) */
+    j.width = s->threads < used ? s->threads : s->groups;
     int buffers = used - 1 < j.width ? used - 1 : j.width;
     float *apart = t.add_to ? t.form : NULL;
-    if (s->release_zero) move_group_pages(s, buffers, apart, runs, nr, 0);
+    move_group_pages(s, buffers, apart, runs, nr, 0);
     for (j.g_lo = 0; j.g_lo < used; j.g_lo += j.width) {
         j.g_hi = j.g_lo + j.width < used ? j.g_lo + j.width : used;
         pool_run(s->pool, backward_worker, &j);
@@ -556,7 +613,7 @@ static void backward_span_local(stage *s, int slot, int lo, int hi, int from, in
             pool_run(s->pool, reduce_worker, &r);
         }
     }
-    if (s->release_zero) move_group_pages(s, buffers, apart, runs, nr, 1);
+    move_group_pages(s, buffers, apart, runs, nr, 1);
     stage_plan_grads_formed(&s->plan, formed_from(&j), grads);
 }
 

@@ -65,15 +65,19 @@ typedef struct {
     float *mb_grads;        /* owned: a micro-batch's gradient after the first */
     /* The gradient arrays (grads, mb_grads, group_grads[1..]) are whole pages
      * (src/base/pages.h) of grads_bytes each, backed only where written: a run with one
-     * micro-batch per step never touches mb_grads. release_zero (ZeRO-2,
-     * stage_enable_release): stage_zero_grad gives the gradients' pages back instead of
-     * writing zeros, and the groups are formed a wave of `threads` at a time into
-     * group_grads[1..threads], whose pages (and mb_grads') move into group_pool once
-     * summed and back in at the next backward's runs: the groups hold one backward range
-     * per thread, not a whole array per group. */
+     * micro-batch per step never touches mb_grads. The groups are formed a wave of
+     * `threads` at a time into group_grads[1..threads], whose pages (and mb_grads') move
+     * into group_pool once summed and back in at the next backward's runs: the groups hold
+     * one backward range per thread (one layer with split_groups), not a whole array per
+     * group. release_zero (ZeRO-2, stage_enable_release): stage_zero_grad gives the
+     * gradients' pages back instead of writing zeros. */
     size_t grads_bytes;
     int release_zero;
     pages_pool group_pool;
+    /* a backward of several layers with several groups runs one layer at a time through the
+     * carry, so that the group buffers and mb_grads hold one layer's gradients each, when
+     * the carry costs less than the buffers held whole would (stage.c groups_by_layer) */
+    int split_groups;
     struct pool *pool;      /* owned */
     /* stage_backward_range: where each chunk's running gradient waits between ranges
      * (owned, max_batch · widest floats, allocated at the first range that needs it) */
@@ -125,6 +129,10 @@ int stage_init(stage *s, const net_desc *net, int first, int last, int max_batch
  * activations: total = state + groups + workers + n_slots · slot. */
 typedef struct {
     size_t state, groups, workers, slot;
+    /* of `groups`, what is backed at a backward's peak (the page pool moves the rest:
+     * src/cpu/stage.c move_group_pages): the group buffers of one wave (group_held), and
+     * mb_grads (apart_held) in the micro-batches after the first. The planner counts these. */
+    size_t group_held, apart_held;
 } stage_bytes;
 stage_bytes stage_estimate(const net_desc *net, int first, int last, int max_batch, int threads);
 /* The gradient groups that receive chunks of a micro-batch of max_batch samples (1: the

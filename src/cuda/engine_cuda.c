@@ -43,14 +43,42 @@ static void layout_slots(const engine *e, cuda_engine *c, arena *d)
         s->whole_out = stage_plan_carve_slot(p, arena_take(d, p->slot_bytes), s->layers);
         for (int i = 0; i < p->nl; i++) {
             const layer_desc *L = &p->loc[i];
-            /* B's output gradient for W (batched layers stash theirs); a block's: every
-             * inner gradient its W needs (layer_gout_floats) */
-            s->layers[i].gout = cfg->split_backward && L->weight_count && !stage_plan_batched(p, i)
+            /* B's output gradient for W (batched layers stash theirs in B, but a block
+             * stashes its products' rows in W); a block's: every inner gradient its W
+             * needs (layer_gout_floats) */
+            int keeps = !stage_plan_batched(p, i) || L->type == LAYER_BLOCK;
+            s->layers[i].gout = cfg->split_backward && L->weight_count && keeps
                                     ? arena_take(d, (size_t)cfg->max_batch *
                                                         layer_gout_floats(L) * sizeof(float))
                                     : NULL;
+            /* a layer in phases keeps its inner gradients between them (shared) */
+            if (!s->layers[i].gout && stage_plan_phases(p, i) > 1)
+                s->layers[i].gout = c->tp_inner;
         }
     }
+}
+
+/* The last stage of a language model whose head is cut by vocabulary computes the
+ * vocabulary-parallel loss (as stage_loss_sharded). */
+static int loss_sharded(const engine *e, const cuda_engine *c)
+{
+    const stage_plan *p = &c->plan;
+    return c->is_last && p->tp && p->tp->T > 1 && p->tp->loss_sharded &&
+           p->last == e->cfg.net->n_layers;
+}
+
+/* The vocabulary-parallel loss's buffers (loss_sharded): rows of the micro-batch. */
+static void layout_loss(const engine *e, cuda_engine *c, arena *d, arena *h, size_t rows)
+{
+    size_t T = loss_sharded(e, c) ? (size_t)c->plan.tp->T : 0, fl = sizeof(float);
+    if (!T) return;
+    c->xs_mine = arena_take(d, 3 * rows * fl);
+    c->xs_all = arena_take(d, 3 * rows * T * fl);
+    c->xs_ma = arena_take(d, 2 * rows * fl);
+    c->xs_loss = arena_take(d, rows * sizeof(double));
+    c->xs_right = arena_take(d, rows * sizeof(int));
+    c->h_xs_mine = c->dm ? NULL : arena_take(h, 3 * rows * fl);
+    c->h_xs_all = c->dm ? NULL : arena_take(h, 3 * rows * T * fl);
 }
 
 static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
@@ -66,7 +94,9 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
     size_t block = stage_round_up(e->param_count * fl);
     char *hg = arena_take(h, (size_t)c->pieces * block);
     c->h_grads = hg ? (float *)hg : NULL;
+    c->tp_inner = pl->tp ? arena_take(d, mbs * pl->phase_floats * fl) : NULL;
     layout_slots(e, c, d);
+    layout_loss(e, c, d, h, mbs * labels);
     if (pl->tp) {
         size_t wide = pl->widest * mbs * fl;
         c->tp_dout = arena_take(d, wide);
@@ -78,9 +108,13 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
     for (int i = 0; i < pl->nl; i++) {
         const layer_desc *L = &pl->loc[i];
         if (!stage_plan_batched(pl, i)) continue;
-        size_t rows = (size_t)pl->wgrad_rows;
-        c->stash_x[i] = arena_take(d, rows * layer_shape_count(L->in) * fl);
-        c->stash_g[i] = arena_take(d, rows * layer_shape_count(L->out) * fl);
+        /* every product's input rows, then every product's output-gradient rows (a dense
+         * layer or head: its one; a block: its four products' token rows) */
+        stage_wgrad_product pr[STAGE_WGRAD_MAX_PRODUCTS];
+        size_t rows = (size_t)pl->wgrad_rows, xs = 0, gs = 0;
+        (void)stage_wgrad_products(L, pr, &xs, &gs);
+        c->stash_x[i] = arena_take(d, rows * xs * fl);
+        c->stash_g[i] = arena_take(d, rows * gs * fl);
     }
     c->work = arena_take(d, pl->work_floats * fl);
     for (int k = 0; k < 2; k++) c->scratch[k] = arena_take(d, pl->widest * mbs * fl);
@@ -117,27 +151,17 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
 
 /* The shared layout of the stage (its local layers and sizes: src/engine/stage_plan.h) at
  * the whole micro-batch as one chunk, with the CUDA convolutions' workspace. */
-/* What the CUDA transformer kernels do not cover yet (issue 25) is refused here, before
- * anything runs: dropout inside a [block] (its attention dropout has no CUDA kernel), a
- * language model cut into tensor shards (the vocabulary-parallel loss has none) and batched
- * weight gradients (the CUDA stash holds dense layers' rows only). */
+/* What the CUDA engine does not cover yet for language models (issue 25) is refused here,
+ * before anything runs: sequence parallelism (the engine has no reduce-scatter). */
 static int lm_supported(const engine_config *cfg, const stage_plan *pl)
 {
+    (void)pl;
     if (!cfg->net->sequence) return 0;
-    if (cfg->shard && cfg->shard->T > 1)
-        return pt_error_set("CUDA engine: a language model in tensor shards (--tensor %d) "
-                            "does not run on the GPU yet; use --tensor 1 with --device cuda, "
-                            "or --device cpu", cfg->shard->T);
-    if (cfg->wgrad_rows)
-        return pt_error_set("CUDA engine: --wgrad batched with a language model does not run "
-                            "on the GPU yet (the blocks' and the head's stash); use --wgrad "
-                            "per-microbatch with --device cuda, or --device cpu");
-    for (int i = 0; i < pl->nl; i++)
-        if (layer_block_drops(&pl->loc[i]))
-            return pt_error_set("CUDA engine: layer %d ([block]) has dropout=%g, and dropout "
-                                "inside blocks does not run on the GPU yet; set dropout=0 "
-                                "for --device cuda, or use --device cpu", pl->first + i + 1,
-                                (double)pl->loc[i].u.block.p);
+    if (cfg->shard && cfg->shard->T > 1 && shard_sequence(cfg->shard))
+        return pt_error_set("CUDA engine: --sequence-parallel (the blocks of --tensor %d cut "
+                            "by positions) does not run on the GPU yet; leave it out with "
+                            "--device cuda (the blocks are then cut by heads), or use "
+                            "--device cpu", cfg->shard->T);
     return 0;
 }
 
@@ -153,7 +177,8 @@ static int create_plan(engine *e, cuda_engine *c)
     e->param_count = c->plan.param_count; /* this rank's with tensor shards */
     e->slot_bytes = c->plan.slot_bytes;
     for (int i = 0; i < c->plan.nl; i++)
-        if (layer_kind_of(c->plan.loc[i].type)->mask) c->has_dropout = 1;
+        if (layer_kind_of(c->plan.loc[i].type)->mask || layer_block_drops(&c->plan.loc[i]))
+            c->has_dropout = 1; /* [dropout] layers and blocks' dropouts: sample ids */
     return lm_supported(cfg, &c->plan);
 }
 

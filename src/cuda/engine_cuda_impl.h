@@ -1,5 +1,6 @@
 /* The CUDA engine's private state, shared by engine_cuda.c (memory, parameters, samples,
- * finish) and engine_cuda_run.c (forward, backward, messages). Not for other modules.
+ * finish), engine_cuda_run.c (forward, backward) and engine_cuda_msg.c (messages). Not
+ * for other modules.
  *
  * The CUDA engine (src/engine/engine.h) is one pipeline stage resident on one GPU.
  * Every slot's activations and every micro-batch buffer live in ONE device allocation, the
@@ -80,7 +81,12 @@
  * the compute stream, then calls the executor's MPI collective on pinned host copies (or
  * on the device buffers themselves with CUDA-aware MPI); what follows is queued after it.
  * So a forward or backward with shards returns once its last collective is done (the work
- * after it stays queued).
+ * after it stays queued). A transformer block cut by heads runs in phases between the
+ * all-reduces of its partial sums (forward_phases, backward_phases: the shared loop's from
+ * and to), its inner gradients kept in tp_inner between its backward phases; a language
+ * model's head cut by vocabulary leaves its logits sharded, and the last stage's loss is
+ * the vocabulary-parallel one (kernel_xent_shard_*, two all-gathers of a few floats a row),
+ * as the CPU stage's.
  *
  * The layer loop is the one both engines drive (src/engine/layer_ops.h; the CUDA kernel set
  * is in engine_cuda_layers.c), with the whole micro-batch as one chunk: a GPU kernel fills the chip,
@@ -251,6 +257,18 @@ typedef struct {
     float *tp_dout, *tp_din;   /* device: a gathered output's gradient sliced; a sliced
                                   input's gradient before its all-gather */
     float *h_tp, *h_tp_send;   /* pinned, host-staged: a collective's buffers */
+    float *tp_inner;           /* device: a block cut by heads' inner gradients between its
+                                  backward phases (layer_gout_floats; one backward at a
+                                  time, so every slot shares it; the split backward gives
+                                  each slot its own) */
+    /* the vocabulary-parallel loss (the last stage of a language model whose head is cut by
+     * vocabulary, shard_plan.loss_sharded; kernel_xent_shard_*): per row this rank's step
+     * output (3 floats), every rank's ([T][rows][3]), the maximum and argmax (2), each row's
+     * loss and hit; pinned copies of the first two when host-staged */
+    float *xs_mine, *xs_all, *xs_ma;
+    double *xs_loss;
+    int *xs_right;
+    float *h_xs_mine, *h_xs_all;
 } cuda_engine;
 
 static inline cuda_engine *engine_cuda_impl(engine *e) { return e->impl; }
@@ -308,7 +326,14 @@ int engine_cuda_zero3_step(engine *e, cuda_engine *c);
 int engine_cuda_zero3_read(engine *e, cuda_engine *c, float *host);
 int engine_cuda_zero3_write(engine *e, cuda_engine *c, const float *host);
 
-/* engine_cuda_run.c: the engine_ops entries of the same names. */
+/* The slot's output as the stage sends it: whole (gathered with tensor shards). */
+static inline const float *engine_cuda_slot_output(const cuda_engine *c, const cuda_slot *s)
+{
+    return s->whole_out ? s->whole_out : s->layers[c->plan.nl - 1].out;
+}
+
+/* engine_cuda_run.c (forward, backward) and engine_cuda_msg.c (messages): the engine_ops
+ * entries of the same names. */
 int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, int training,
                         int tick);
 int engine_cuda_backward(engine *e, int m, int tick);

@@ -1,5 +1,5 @@
-/* The CUDA engine's forward, backward, slot release and messages (state and stream
- * ordering: engine_cuda_impl.h). The layers run through the shared layer loop
+/* The CUDA engine's forward, backward and slot release (messages: engine_cuda_msg.c; state
+ * and stream ordering: engine_cuda_impl.h). The layers run through the shared layer loop
  * (src/engine/layer_ops.h) with the CUDA kernel set (engine_cuda.c) and the whole
  * micro-batch as one chunk, as src/cpu/stage.c runs it chunk by chunk with the CPU's; the
  * tensor runs and the gradient targets are src/engine/stage_plan.h's, shared with it. */
@@ -9,6 +9,7 @@
 #include "src/engine/layer_ops.h"
 #include "src/base/clock.h"
 #include "src/base/error.h"
+#include "src/model/shard.h"
 
 /* ------------------------------------------------------------ forward, backward ---- */
 
@@ -34,16 +35,14 @@ static int layer_io_of(void *self, int i, int phase, layer_io *io)
     cuda_slot *s = q->s;
     stage_plan_layer_io(p, s->layers, c->mb[q->m].in, c->params, q->grads, i, phase, 0, io);
     io->ids = c->mb[q->m].ids;
-    if (phase == LAYER_PHASE_BACKWARD && io->batched && p->loc[i].weight_count) {
-        const layer_desc *L = &p->loc[i];
-        size_t in = layer_shape_count(L->in), out = layer_shape_count(L->out);
+    /* a batched layer's rows of the step's stash (a block stashes in B, or in W when split) */
+    if (phase != LAYER_PHASE_FORWARD && io->batched && p->loc[i].weight_count) {
         size_t row = (size_t)engine_stash_row(e, q->m);
         if (row + (size_t)s->n > (size_t)p->wgrad_rows)
             return pt_error_set("CUDA engine, layer %d: rows [%zu, %zu) of micro-batch buffer "
                                 "%d outside the step's %d batched rows", p->first + i, row,
                                 row + (size_t)s->n, q->m, p->wgrad_rows);
-        io->stash_x = c->stash_x[i] + row * in;
-        io->stash_g = c->stash_g[i] + row * out;
+        stage_plan_stash_io(p, i, c->stash_x[i], c->stash_g[i], row, io);
     }
     return 0;
 }
@@ -70,6 +69,40 @@ static int layer_run_fail(const cuda_engine *c, const layer_run *r, int m)
  * on that stream (their next writer, the next collective, syncs first); with device
  * messages (CUDA-aware MPI) MPI reads and writes device memory itself. What follows a
  * collective is queued after it on the compute stream. */
+
+/* Layers [lo, hi) from phase `from` of the first to before phase `to` of the last (a block
+ * cut by heads between its all-reduces; 0 and 0: whole layers). */
+static int tp_forward_phases(void *self, int lo, int hi, int from, int to)
+{
+    cuda_pass *q = self;
+    cuda_engine *c = engine_cuda_impl(q->e);
+    layer_run r = cuda_layer_run(q);
+    r.from = from;
+    r.to = to;
+    if (layer_run_forward(&r, lo, hi)) return layer_run_fail(c, &r, q->m);
+    return 0;
+}
+
+/* The backward of [lo, hi) from phase `from` of hi − 1 to before phase `to` of lo, the
+ * running gradient kept between the calls as between backward ranges (c->range_g): a
+ * phase that stops inside a layer leaves its partial gradient in a scratch buffer, which
+ * tp_reduce_carry all-reduces. */
+static int tp_backward_phases(void *self, int lo, int hi, int from, int to, const float *dout,
+                              float *din)
+{
+    cuda_pass *q = self;
+    cuda_engine *c = engine_cuda_impl(q->e);
+    if (dout) {
+        c->range_g = dout;
+        c->range_gi = -1;
+    }
+    layer_run r = cuda_layer_run(q);
+    r.from = from;
+    r.to = to;
+    if (layer_run_backward(&r, lo, hi, &c->range_g, &c->range_gi, c->scratch, din, q->parts))
+        return layer_run_fail(c, &r, q->m);
+    return 0;
+}
 
 static int tp_forward_run(void *self, int lo, int hi)
 {
@@ -239,6 +272,8 @@ static const stage_tensor_ops tensor_ops_cuda = {
     .slice = tp_slice,
     .finish = tp_finish,
     .reduce_carry = tp_reduce_carry,
+    .forward_phases = tp_forward_phases,
+    .backward_phases = tp_backward_phases,
 };
 
 static stage_tensor_run cuda_tensor_run(engine *e, cuda_pass *q)
@@ -252,11 +287,6 @@ static stage_tensor_run cuda_tensor_run(engine *e, cuda_pass *q)
     return r;
 }
 
-/* The slot's output as the stage sends it: whole (gathered with tensor shards). */
-static const float *slot_output(const cuda_engine *c, const cuda_slot *s)
-{
-    return s->whole_out ? s->whole_out : s->layers[c->plan.nl - 1].out;
-}
 
 /* The forward of m's n samples into slot s (the shared runs between collectives). */
 static int forward_layers(engine *e, cuda_slot *s, int m, int n, uint64_t seed, uint64_t step)
@@ -266,6 +296,57 @@ static int forward_layers(engine *e, cuda_slot *s, int m, int n, uint64_t seed, 
     cuda_pass q = {.e = e, .s = s, .m = m, .n = n, .seed = seed, .step = step};
     stage_tensor_run r = cuda_tensor_run(e, &q);
     return stage_tensor_forward(&r);
+}
+
+/* ---- the vocabulary-parallel loss (the head cut by vocabulary, c->xs_*) ---- */
+
+/* `each` floats of every rank of the tensor group, rank by rank, from mine into all
+ * (device): host-staged through the pinned copies, or on the device buffers with
+ * CUDA-aware MPI; after the compute stream's work, and before what follows on it. */
+static int xs_gather(engine *e, const float *mine, float *all, size_t each)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    cudaStream_t cs = c->ctx.stream;
+    int T = c->plan.tp->T;
+    size_t count[T];
+    for (int r = 0; r < T; r++) count[r] = each;
+    if (!c->dm && each)
+        CUDA_CHECK(cudaMemcpyAsync(c->h_xs_mine, mine, each * sizeof(float),
+                                   cudaMemcpyDeviceToHost, cs));
+    CUDA_CHECK(cudaStreamSynchronize(cs));
+    double t0 = pt_now();
+    int rc = e->cfg.tensor_comm.allgather(e->cfg.tensor_comm.ctx, c->dm ? mine : c->h_xs_mine,
+                                          c->dm ? all : c->h_xs_all, count);
+    e->tensor_s += pt_now() - t0;
+    if (rc) return -1;
+    if (!c->dm && each)
+        CUDA_CHECK(cudaMemcpyAsync(all, c->h_xs_all, (size_t)T * each * sizeof(float),
+                                   cudaMemcpyHostToDevice, cs));
+    return 0;
+}
+
+/* Loss entry j of m's `rows` rows of this rank's logits (src/cpu/stage_loss.c's
+ * sharded_loss): each row's maximum and argmax gathered, then each rank's sum of
+ * exponentials and the target's logit, then every rank's loss, hits and its columns of the
+ * gradient (into GRAD_IN when training). */
+static int sharded_loss(engine *e, cuda_mb *b, const float *logits, int rows, int training,
+                        int j)
+{
+    cuda_engine *c = engine_cuda_impl(e);
+    const stage_plan *p = &c->plan;
+    int T = p->tp->T, V = p->net->classes, first, Vr;
+    shard_cut(V, T, p->tp_rank, &first, &Vr);
+    float *dl = training ? b->grad_in : NULL;
+    size_t R = (size_t)rows;
+    return kernel_xent_shard_max_cuda(c->xs_mine, logits, rows, Vr, first, &c->ctx) ||
+           xs_gather(e, c->xs_mine, c->xs_all, 2 * R) ||
+           kernel_xent_shard_sums_cuda(c->xs_mine, dl, c->xs_ma, c->xs_all, logits, b->labels,
+                                       rows, Vr, first, T, &c->ctx) ||
+           xs_gather(e, c->xs_mine, c->xs_all, 3 * R) ||
+           kernel_xent_shard_finish_cuda(dl, c->d_correct + j, c->d_loss + j, c->xs_all,
+                                         c->xs_ma, b->labels, rows, Vr, first, V, T,
+                                         engine_loss_scale(&e->cfg, training), c->xs_loss,
+                                         c->xs_right, &c->ctx);
 }
 
 /* A free slot for m's activations, or −1 with a message. */
@@ -339,14 +420,15 @@ int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, i
     if (c->is_last) {
         if (c->n_loss == LOSS_CAPACITY && engine_cuda_loss_drain(c)) return -1;
         int j = c->n_loss;
-        const float *logits = slot_output(c, s);
+        const float *logits = engine_cuda_slot_output(c, s);
         /* a row of scores per label: a language model's n·T positions */
         int rows = n * data_model_labels(c->plan.net);
-        if (kernel_softmax_xent_rows_cuda(training ? b->grad_in : NULL, c->d_correct + j,
-                                          c->d_loss + j, logits, b->labels, rows,
-                                          c->plan.net->classes,
-                                          engine_loss_scale(&e->cfg, training), c->xent_loss,
-                                          c->xent_right, &c->ctx))
+        if (c->xs_mine ? sharded_loss(e, b, logits, rows, training, j)
+                       : kernel_softmax_xent_rows_cuda(training ? b->grad_in : NULL,
+                                                       c->d_correct + j, c->d_loss + j, logits,
+                                                       b->labels, rows, c->plan.net->classes,
+                                                       engine_loss_scale(&e->cfg, training),
+                                                       c->xent_loss, c->xent_right, &c->ctx))
             return engine_cuda_layer_fail("loss", c->plan.last - 1, m);
         c->n_loss++;
     }
@@ -354,7 +436,7 @@ int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, i
      * the activations are dropped until recompute(m) */
     int drop = engine_drops_activations(&e->cfg, training);
     if (drop && b->act_out && n > 0)
-        CUDA_CHECK(cudaMemcpyAsync(b->act_out, slot_output(c, s),
+        CUDA_CHECK(cudaMemcpyAsync(b->act_out, engine_cuda_slot_output(c, s),
                                    (size_t)n * e->out_count * sizeof(float),
                                    cudaMemcpyDeviceToDevice, cs));
     CUDA_CHECK(cudaEventRecord(b->ev_fwd, cs));
@@ -618,174 +700,3 @@ int engine_cuda_release(engine *e, int m)
     b->slot = -1;
     return 0;
 }
-
-/* ----------------------------------------------------------------- messages ---- */
-
-static const char *msg_name(engine_msg k)
-{
-    switch (k) {
-    case ENGINE_MSG_ACT_IN: return "ACT_IN";
-    case ENGINE_MSG_GRAD_IN: return "GRAD_IN";
-    case ENGINE_MSG_ACT_OUT: return "ACT_OUT";
-    case ENGINE_MSG_GRAD_OUT: return "GRAD_OUT";
-    }
-    return "unknown message";
-}
-
-/* Whether this stage has message k: no ACT_IN or GRAD_OUT on stage 0 (its input is the
- * pixels), no GRAD_IN on the last stage (its gradient is the loss's). */
-static int msg_check(const engine *e, engine_msg k, int m, int incoming)
-{
-    const cuda_engine *c = e->impl;
-    if (engine_cuda_check_m(e, m, msg_name(k))) return -1;
-    int in = k == ENGINE_MSG_ACT_IN || k == ENGINE_MSG_GRAD_IN;
-    int ok = (k == ENGINE_MSG_ACT_IN && !c->is_first) ||
-             (k == ENGINE_MSG_GRAD_IN && !c->is_last) || k == ENGINE_MSG_ACT_OUT ||
-             (k == ENGINE_MSG_GRAD_OUT && !c->is_first);
-    if (!ok || (incoming >= 0 && in != incoming))
-        return pt_error_set("CUDA engine, layers %d..%d: no %s message %s", c->plan.first,
-                            c->plan.last - 1, msg_name(k),
-                            !ok ? "on this stage" : incoming ? "to receive" : "to send");
-    return 0;
-}
-
-void *engine_cuda_msg_buffer(engine *e, engine_msg k, int m)
-{
-    cuda_engine *c = engine_cuda_impl(e);
-    if (msg_check(e, k, m, -1)) return NULL;
-    cuda_mb *b = &c->mb[m];
-    cudaError_t r = cudaSuccess;
-    void *p = NULL;
-    if (k == ENGINE_MSG_ACT_OUT && c->dm) {
-        if (b->act_kept) return b->act_out;
-        if (b->slot < 0) {
-            pt_error_set("CUDA engine: ACT_OUT of micro-batch %d before its forward", m);
-            return NULL;
-        }
-        return (void *)slot_output(c, &c->slots[b->slot]);
-    }
-    switch (k) {
-    case ENGINE_MSG_ACT_IN:
-        /* MPI may write the buffer from now on: host-staged, the previous copy out of it
-         * must be over; device, the kernels that read m's input (forward and backward) */
-        if (c->dm) {
-            r = cudaEventSynchronize(b->ev_fwd);
-            if (r == cudaSuccess) r = cudaEventSynchronize(b->ev_bwd);
-            if (r == cudaSuccess) r = cudaEventSynchronize(b->ev_late);
-        } else {
-            r = cudaEventSynchronize(b->ev_act_in);
-        }
-        p = c->dm ? (void *)b->in : (void *)b->h_act_in;
-        break;
-    case ENGINE_MSG_GRAD_IN:
-        r = cudaEventSynchronize(c->dm ? b->ev_bwd : b->ev_grad_in);
-        p = c->dm ? (void *)b->grad_in : (void *)b->h_grad_in;
-        break;
-    case ENGINE_MSG_ACT_OUT: p = b->h_act_out; break;
-    case ENGINE_MSG_GRAD_OUT: p = c->dm ? (void *)b->grad_out : (void *)b->h_grad_out; break;
-    }
-    if (r != cudaSuccess) {
-        pt_error_set("CUDA engine: waiting to reuse %s of micro-batch %d: "
-                     "cudaEventSynchronize: %s", msg_name(k), m, cudaGetErrorString(r));
-        return NULL;
-    }
-    return p;
-}
-
-int engine_cuda_msg_received(engine *e, engine_msg k, int m)
-{
-    cuda_engine *c = engine_cuda_impl(e);
-    if (msg_check(e, k, m, 1)) return -1;
-    if (c->dm) return 0; /* MPI wrote the device buffer itself */
-    cuda_mb *b = &c->mb[m];
-    size_t mbs = (size_t)e->cfg.max_batch;
-    CUDA_CHECK(cudaSetDevice(c->device));
-    /* The device buffer is overwritten: the compute stream must be done reading it. The
-     * copy is the whole buffer, since the sender's count (≤ max_batch samples) is MPI's. */
-    if (k == ENGINE_MSG_ACT_IN) {
-        CUDA_CHECK(cudaStreamWaitEvent(c->h2d, b->ev_fwd, 0));
-        CUDA_CHECK(cudaStreamWaitEvent(c->h2d, b->ev_bwd, 0));
-        CUDA_CHECK(cudaStreamWaitEvent(c->h2d, b->ev_late, 0));
-        /* an all-identity stage's ACT_OUT is this very buffer */
-        CUDA_CHECK(cudaStreamWaitEvent(c->h2d, b->ev_act_out, 0));
-        CUDA_CHECK(cudaMemcpyAsync(b->in, b->h_act_in, mbs * e->in_count * sizeof(float),
-                                   cudaMemcpyHostToDevice, c->h2d));
-        CUDA_CHECK(cudaEventRecord(b->ev_act_in, c->h2d));
-    } else {
-        CUDA_CHECK(cudaStreamWaitEvent(c->h2d, b->ev_bwd, 0));
-        CUDA_CHECK(cudaMemcpyAsync(b->grad_in, b->h_grad_in,
-                                   mbs * e->out_count * sizeof(float), cudaMemcpyHostToDevice,
-                                   c->h2d));
-        CUDA_CHECK(cudaEventRecord(b->ev_grad_in, c->h2d));
-    }
-    return 0;
-}
-
-int engine_cuda_msg_prepare(engine *e, engine_msg k, int m)
-{
-    cuda_engine *c = engine_cuda_impl(e);
-    if (msg_check(e, k, m, 0)) return -1;
-    cuda_mb *b = &c->mb[m];
-    CUDA_CHECK(cudaSetDevice(c->device));
-    if (k == ENGINE_MSG_ACT_OUT) {
-        if (b->slot < 0 && !b->act_kept)
-            return pt_error_set("CUDA engine: ACT_OUT of micro-batch %d before its forward", m);
-        /* recompute: the kept copy of the output; else the slot's last layer */
-        cuda_slot *s = b->act_kept ? NULL : &c->slots[b->slot];
-        if (!c->dm) {
-            size_t bytes = (size_t)b->n * e->out_count * sizeof(float);
-            const float *src = s ? slot_output(c, s) : b->act_out;
-            CUDA_CHECK(cudaStreamWaitEvent(c->d2h, b->ev_fwd, 0));
-            if (bytes)
-                CUDA_CHECK(cudaMemcpyAsync(b->h_act_out, src, bytes, cudaMemcpyDeviceToHost,
-                                           c->d2h));
-            CUDA_CHECK(cudaEventRecord(b->ev_act_out, c->d2h));
-            if (s) CUDA_CHECK(cudaEventRecord(s->ev_read, c->d2h));
-        }
-        /* device messages: ready once the forward has run (msg_ready queries ev_fwd) */
-        b->act_out_prepared = 1;
-    } else {
-        if (!b->has_grad_out)
-            return pt_error_set("CUDA engine: GRAD_OUT of micro-batch %d before its backward",
-                                m);
-        if (!c->dm) {
-            size_t bytes = (size_t)b->n * e->in_count * sizeof(float);
-            CUDA_CHECK(cudaStreamWaitEvent(c->d2h, b->ev_bwd, 0));
-            if (bytes)
-                CUDA_CHECK(cudaMemcpyAsync(b->h_grad_out, b->grad_out, bytes,
-                                           cudaMemcpyDeviceToHost, c->d2h));
-            CUDA_CHECK(cudaEventRecord(b->ev_grad_out, c->d2h));
-        }
-        b->grad_out_prepared = 1;
-    }
-    return 0;
-}
-
-int engine_cuda_msg_ready(engine *e, engine_msg k, int m, int *ready)
-{
-    cuda_engine *c = engine_cuda_impl(e);
-    *ready = 0;
-    if (msg_check(e, k, m, 0)) return -1;
-    cuda_mb *b = &c->mb[m];
-    int act = k == ENGINE_MSG_ACT_OUT;
-    if (!(act ? b->act_out_prepared : b->grad_out_prepared))
-        return pt_error_set("CUDA engine: msg_ready of %s of micro-batch %d before "
-                            "msg_prepare", msg_name(k), m);
-    /* device messages: the kernels that wrote the buffer; host-staged: the copy out */
-    cudaEvent_t ev = c->dm ? (act ? b->ev_fwd : b->ev_bwd)
-                           : (act ? b->ev_act_out : b->ev_grad_out);
-    cudaError_t r = cudaEventQuery(ev);
-    if (r == cudaSuccess) {
-        *ready = 1;
-        return 0;
-    }
-    if (r == cudaErrorNotReady) {
-        /* not an error, but the runtime may keep it as the last error, where the next
-         * kernel launch's check would find it */
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return pt_error_set("CUDA engine: %s of micro-batch %d: cudaEventQuery: %s (%s)",
-                        msg_name(k), m, cudaGetErrorString(r), cudaGetErrorName(r));
-}
-

@@ -447,7 +447,9 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                                  : (double)layer_shape_count(net->layers[last - 1].out);
                 int slots = rep.peak_inflight_chunk[s * V + v];
                 if (slots < 1) slots = 1;
-                double bytes = (double)(b.state + b.groups + b.workers) + slots * (double)b.slot;
+                /* the gradient groups and mb_grads: what their pages hold at the peak */
+                double held = (double)b.group_held + (M > 1 ? (double)b.apart_held : 0);
+                double bytes = (double)b.state + held + (double)b.workers + slots * (double)b.slot;
                 if (split)
                     bytes += slots * (double)stage_split_slot_bytes(net, first, last,
                                                                     cfg->microbatch);
@@ -475,7 +477,7 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                     int scratch = (stage_estimate_groups(net, cfg->microbatch, 1) > 1) + (M > 1);
                     double g = zero2_grad_bytes(zn, first, last, cfg, scratch);
                     if (g < 0) failed = 1;
-                    bytes += g - (double)b.state / 4.0 - (double)b.groups;
+                    bytes += g - (double)b.state / 4.0 - held;
                 }
                 if (cfg->zero >= 3 && cfg->replicas > 1)
                     bytes += zero3_param_bytes(zn, first, last, cfg->replicas) -

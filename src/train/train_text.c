@@ -23,8 +23,8 @@ static int check_model(const train_run *run)
         return pt_error_set("%s is an image model (no [embedding] first), and %s is text "
                             "for a language model: give this model images (--data DIR, "
                             "--train-images FILE)", o->model, source_name(o));
-    /* --device cuda trains it (fp32); what the GPU lacks yet (dropout inside blocks, tensor
-     * shards) the CUDA engine refuses when it is made, on every rank */
+    /* --device cuda trains it; what the GPU lacks yet (--sequence-parallel) the CUDA
+     * engine refuses when it is made, on every rank */
     return 0;
 }
 

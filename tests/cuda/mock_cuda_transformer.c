@@ -144,42 +144,77 @@ static void m_attn_put(op *o, const kernel_attention_dims *d)
 {
     o->i[0] = d->batch; o->i[1] = d->seq; o->i[2] = d->heads; o->i[3] = d->head_dim; o->i[4] = d->qkv_stride;
 }
-static int m_attn_no_dropout(const kernel_attention_dropout *drop)
+/* The attention dropout into the op (p[4] its mask, p[5] the sample ids; f[0] = 0: none)
+ * and back out: the CPU kernel reads the ids and writes the mask when the op runs, as the
+ * device kernel would. */
+static void m_attn_drop_put(op *o, const kernel_attention_dropout *drop)
 {
-    if (drop && drop->p > 0.0f)
-        return pt_error_set("attention: attention dropout (p=%g) has no CUDA kernel yet; train "
-                            "with [block] dropout=0 on --device cuda", (double)drop->p);
+    int on = drop && drop->p > 0.0f;
+    o->f[0] = on ? drop->p : 0.0f;
+    o->p[4] = on ? drop->mask : NULL;
+    o->p[5] = on ? (void *)drop->sample_ids : NULL;
+    o->u[0] = on ? drop->seed : 0;
+    o->u[1] = on ? drop->stream : 0;
+    o->z[0] = on ? drop->elem_off : 0;
+}
+static const kernel_attention_dropout *m_attn_drop(const op *o, kernel_attention_dropout *dr)
+{
+    if (o->f[0] <= 0.0f) return NULL;
+    *dr = (kernel_attention_dropout){.p = o->f[0], .seed = o->u[0], .stream = o->u[1],
+                                     .sample_ids = o->p[5], .elem_off = o->z[0],
+                                     .mask = o->p[4]};
+    return dr;
+}
+static int m_attn_drop_check(const kernel_attention_dropout *drop, int forward)
+{
+    if (!drop || drop->p <= 0.0f) return 0;
+    need_dev(drop->mask, "attn dropout mask");
+    if (forward) need_dev(drop->sample_ids, "attn dropout ids");
+    if (!drop->mask || (forward && !drop->sample_ids)) die("attention dropout without mask or ids");
     return 0;
+}
+/* The CPU kernels' scratch is host memory of the op's own (the device kernels need none). */
+static float *m_attn_work(const kernel_attention_dims *d, int backward)
+{
+    size_t n = kernel_attention_dropout_floats(d) +
+               (backward ? kernel_attention_workspace_floats(d) : 0);
+    float *w = malloc(n * sizeof(float));
+    if (!w) die("attention scratch");
+    return w;
 }
 static void r_attf(op *o)
 {
     kernel_attention_dims d = m_attn_dims(o);
+    kernel_attention_dropout dr;
     size_t C = (size_t)d.heads * d.head_dim;
     const float *qkv = o->p[2];
-    kernel_attention_forward_cpu(o->p[0], o->p[1], qkv, qkv + C, qkv + 2 * C, &d);
+    float *work = m_attn_work(&d, 0);
+    kernel_attention_forward_dropout_cpu(o->p[0], o->p[1], work, qkv, qkv + C, qkv + 2 * C, &d,
+                                         m_attn_drop(o, &dr));
+    free(work);
 }
 int kernel_attention_forward_cuda(float *y, float *probs, const float *qkv,
                                   const kernel_attention_dims *d,
                                   const kernel_attention_dropout *drop,
                                   const kernel_cuda_ctx *ctx)
 {
-    if (m_attn_no_dropout(drop)) return -1;
+    if (m_attn_drop_check(drop, 1)) return -1;
     need_dev(y, "attn y"); need_dev(probs, "attn probs"); need_dev(qkv, "attn qkv");
     KOP(r_attf);
     o->p[0] = y; o->p[1] = probs; o->p[2] = (void *)qkv;
     m_attn_put(o, d);
+    m_attn_drop_put(o, drop);
     DONE();
 }
-/* The CPU backward's scratch is host memory of the op's own (the device kernel needs none). */
 static void r_attb(op *o)
 {
     kernel_attention_dims d = m_attn_dims(o);
+    kernel_attention_dropout dr;
     size_t C = (size_t)d.heads * d.head_dim;
-    float *dqkv = o->p[0], *work = malloc(kernel_attention_workspace_floats(&d) * sizeof(float));
+    float *dqkv = o->p[0], *work = m_attn_work(&d, 1);
     const float *qkv = o->p[2];
-    if (!work) die("attention backward scratch");
-    kernel_attention_backward_cpu(dqkv, dqkv + C, dqkv + 2 * C, work, o->p[3], qkv, qkv + C,
-                                  qkv + 2 * C, o->p[1], &d);
+    kernel_attention_backward_dropout_cpu(dqkv, dqkv + C, dqkv + 2 * C, work, o->p[3], qkv,
+                                          qkv + C, qkv + 2 * C, o->p[1], &d, m_attn_drop(o, &dr));
     free(work);
 }
 int kernel_attention_backward_cuda(float *dqkv, float *probs, const float *dy, const float *qkv,
@@ -187,11 +222,128 @@ int kernel_attention_backward_cuda(float *dqkv, float *probs, const float *dy, c
                                    const kernel_attention_dropout *drop,
                                    const kernel_cuda_ctx *ctx)
 {
-    if (m_attn_no_dropout(drop)) return -1;
+    if (m_attn_drop_check(drop, 0)) return -1;
     need_dev(dqkv, "attn dqkv"); need_dev(probs, "attn probs"); need_dev(dy, "attn dy");
     need_dev(qkv, "attn qkv");
     KOP(r_attb);
     o->p[0] = dqkv; o->p[1] = probs; o->p[2] = (void *)qkv; o->p[3] = (void *)dy;
     m_attn_put(o, d);
+    m_attn_drop_put(o, drop);
+    DONE();
+}
+/* ---- the vocabulary-parallel loss: src/cpu/stage_loss.c's sharded_loss, step by step,
+ * its arithmetic exactly (fastmath_expf, rows added in order from 0), so the mock engine's
+ * bits are the CPU engine's ---- */
+#include "kernels/fastmath.h"
+static void r_xsmax(op *o)
+{
+    float *mine = o->p[0];
+    const float *y = o->p[1];
+    int R = o->i[0], Vr = o->i[1], first = o->i[2];
+    for (int i = 0; i < R; i++) {
+        const float *x = y + (size_t)i * Vr;
+        int best = 0;
+        for (int j = 1; j < Vr; j++)
+            if (x[j] > x[best]) best = j;
+        mine[2 * i] = x[best];
+        mine[2 * i + 1] = (float)(first + best);
+    }
+}
+int kernel_xent_shard_max_cuda(float *mine, const float *logits, int rows, int Vr, int first,
+                               const kernel_cuda_ctx *ctx)
+{
+    need_dev(mine, "xs mine"); need_dev(logits, "xs logits");
+    if (rows < 0 || Vr < 1) return pt_error_set("vocabulary-parallel loss: invalid sizes");
+    KOP(r_xsmax);
+    o->p[0] = mine; o->p[1] = (void *)logits; o->i[0] = rows; o->i[1] = Vr; o->i[2] = first;
+    DONE();
+}
+static void r_xssums(op *o)
+{
+    float *mine = o->p[0], *dl = o->p[1], *ma = o->p[2];
+    const float *all = o->p[3], *y = o->p[4];
+    const int32_t *labels = o->p[5];
+    int R = o->i[0], Vr = o->i[1], first = o->i[2], T = o->i[3];
+    for (int i = 0; i < R; i++) {
+        float M = all[2 * i], A = all[2 * i + 1];
+        for (int r = 1; r < T; r++)
+            if (all[(size_t)r * 2 * R + 2 * i] > M) {
+                M = all[(size_t)r * 2 * R + 2 * i];
+                A = all[(size_t)r * 2 * R + 2 * i + 1];
+            }
+        ma[2 * i] = M;
+        ma[2 * i + 1] = A;
+        const float *x = y + (size_t)i * Vr;
+        float *d = dl ? dl + (size_t)i * Vr : NULL;
+        double sum = 0.0;
+        for (int j = 0; j < Vr; j++) {
+            float e = fastmath_expf(x[j] - M);
+            if (d) d[j] = e;
+            sum += e;
+        }
+        int32_t k = labels[i] - first;
+        mine[3 * i] = (float)sum;
+        mine[3 * i + 1] = (float)(sum - (double)(float)sum);
+        mine[3 * i + 2] = k >= 0 && k < Vr ? x[k] : 0.0f;
+    }
+}
+int kernel_xent_shard_sums_cuda(float *mine, float *dlogits, float *ma, const float *all,
+                                const float *logits, const int32_t *labels, int rows, int Vr,
+                                int first, int T, const kernel_cuda_ctx *ctx)
+{
+    need_dev(mine, "xs mine"); need_dev(dlogits, "xs dlogits"); need_dev(ma, "xs ma");
+    need_dev(all, "xs all"); need_dev(logits, "xs logits"); need_dev(labels, "xs labels");
+    if (dlogits && dlogits == logits) die("vocabulary-parallel loss: dlogits aliases the logits");
+    KOP(r_xssums);
+    o->p[0] = mine; o->p[1] = dlogits; o->p[2] = ma; o->p[3] = (void *)all;
+    o->p[4] = (void *)logits; o->p[5] = (void *)labels;
+    o->i[0] = rows; o->i[1] = Vr; o->i[2] = first; o->i[3] = T;
+    DONE();
+}
+static void r_xsfin(op *o)
+{
+    float *dl = o->p[0];
+    int *correct = o->p[1];
+    double *loss_sum = o->p[2];
+    const float *all = o->p[3], *ma = o->p[4];
+    const int32_t *labels = o->p[5];
+    int R = o->i[0], Vr = o->i[1], first = o->i[2], V = o->i[3], T = o->i[4];
+    float grad_scale = o->f[0];
+    double loss = 0.0;
+    int right = 0;
+    for (int i = 0; i < R; i++) {
+        double sum = 0.0, target = 0.0;
+        for (int r = 0; r < T; r++) {
+            const float *q = all + (size_t)r * 3 * R + 3 * i;
+            sum += (double)q[0] + (double)q[1];
+            target += (double)q[2];
+        }
+        int32_t label = labels[i];
+        right += (float)label == ma[2 * i + 1];
+        if (dl) {
+            float *d = dl + (size_t)i * Vr;
+            const float inv = (float)(1.0 / sum);
+            for (int j = 0; j < Vr; j++)
+                d[j] = (d[j] * inv - (first + j == label ? 1.0f : 0.0f)) * grad_scale;
+        }
+        if (label < 0 || label >= V) loss = NAN;
+        else loss += log(sum) - (target - (double)ma[2 * i]);
+    }
+    if (loss_sum) *loss_sum = loss;
+    if (correct) *correct = right;
+}
+int kernel_xent_shard_finish_cuda(float *dlogits, int *correct, double *loss_sum,
+                                  const float *all, const float *ma, const int32_t *labels,
+                                  int rows, int Vr, int first, int V, int T, float grad_scale,
+                                  double *row_loss, int *row_right, const kernel_cuda_ctx *ctx)
+{
+    need_dev(dlogits, "xs dlogits"); need_dev(correct, "xs correct"); need_dev(loss_sum, "xs loss");
+    need_dev(all, "xs all"); need_dev(ma, "xs ma"); need_dev(labels, "xs labels");
+    need_dev(row_loss, "xs row_loss"); need_dev(row_right, "xs row_right");
+    if (first + Vr > V) return pt_error_set("vocabulary-parallel loss: columns outside the vocabulary");
+    KOP(r_xsfin);
+    o->p[0] = dlogits; o->p[1] = correct; o->p[2] = loss_sum; o->p[3] = (void *)all;
+    o->p[4] = (void *)ma; o->p[5] = (void *)labels;
+    o->i[0] = rows; o->i[1] = Vr; o->i[2] = first; o->i[3] = V; o->i[4] = T; o->f[0] = grad_scale;
     DONE();
 }

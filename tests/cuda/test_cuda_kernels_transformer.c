@@ -1,7 +1,8 @@
 /* The transformer kernels (kernels/cuda/transformer.cu) and the many-block loss on a GPU,
  * against their CPU twins: layer norm, GELU, attention and the loss to float rounding
  * (normwise, REL_TOL), the embedding bit for bit (the same additions in the same order),
- * each run twice where a result must repeat bit for bit (no atomics). Shapes with
+ * each run twice where a result must repeat bit for bit (no atomics), the attention
+ * dropout's masks bit for bit (written without a GPU: not yet run on one). Shapes with
  * sequences and widths that are multiples of nothing, and of more than one tile. First run on
  * an H200 on 2026-11-26; their per-thread code is also checked on the host by
  * tests/cuda/test_transformer_host.cu, tile by tile.
@@ -139,6 +140,133 @@ static void test_attention_cuda(int B, int T, int H, int D)
     free_case();
 }
 
+/* The attention dropout (a block's attention probabilities): the mask bit for bit (j ≤ i,
+ * the part either side writes), the output and the gradients to rounding, the backward
+ * twice bit for bit; elem_off places the call's heads among a layer's (a tensor shard's). */
+static void test_attention_dropout_cuda(int B, int T, int H, int D, float p, size_t elem_off)
+{
+    char shape[80];
+    snprintf(shape, sizeof shape, "B=%d T=%d H=%d D=%d p=%g off=%zu", B, T, H, D, (double)p,
+             elem_off);
+    const int C = H * D, ld = 3 * C;
+    const kernel_attention_dims d = {B, T, H, D, ld};
+    const size_t rows = (size_t)B * T, fs = sizeof(float), np = kernel_attention_probs_floats(&d);
+    float *qkv = rand_f(rows * ld, -2, 2), *dy = rand_f(rows * C, -1, 1);
+    float *y = hmalloc(rows * C * fs), *probs = hmalloc(np * fs), *dqkv = hmalloc(rows * ld * fs);
+    float *work = hmalloc((kernel_attention_workspace_floats(&d) +
+                           kernel_attention_dropout_floats(&d)) * fs);
+    uint8_t *mask = hmalloc(np), *got_mask = hmalloc(np);
+    int64_t *ids = hmalloc((size_t)B * sizeof(int64_t));
+    for (int b = 0; b < B; b++) ids[b] = 1000 + 7 * b + (b % 2) * ((int64_t)1 << 33);
+    float *d_qkv = dcopy(qkv, rows * ld * fs), *d_dy = dcopy(dy, rows * C * fs);
+    float *d_y = dmalloc(rows * C * fs), *d_probs = dmalloc(np * fs);
+    float *d_dqkv = dmalloc(rows * ld * fs), *d_dqkv2 = dmalloc(rows * ld * fs);
+    uint8_t *d_mask = dmalloc(np);
+    int64_t *d_ids = dcopy(ids, (size_t)B * sizeof(int64_t));
+    const uint64_t seed = 0x1234567890abcdefULL, stream = kernel_block_dropout_stream(3, 0, 11);
+    kernel_attention_dropout cd = {p, seed, stream, ids, elem_off, mask};
+    kernel_attention_dropout gd = {p, seed, stream, d_ids, elem_off, d_mask};
+    kernel_attention_forward_dropout_cpu(y, probs, work, qkv, qkv + C, qkv + 2 * C, &d, &cd);
+    kernel_attention_backward_dropout_cpu(dqkv, dqkv + C, dqkv + 2 * C, work, dy, qkv, qkv + C,
+                                          qkv + 2 * C, probs, &d, &cd);
+    poison(d_y, rows * C * fs);
+    poison(d_dqkv, rows * ld * fs);
+    if (call_ok("attention_forward dropout", shape,
+                kernel_attention_forward_cuda(d_y, d_probs, d_qkv, &d, &gd, &ctx))) {
+        check_close("attention_forward dropout", shape, fetch_f(d_y, rows * C), y, rows * C);
+        download(got_mask, d_mask, np);
+        size_t bad = 0;
+        for (size_t bh = 0; bh < (size_t)B * H; bh++)
+            for (int i = 0; i < T; i++)
+                for (int j = 0; j <= i; j++) {
+                    const size_t at = (bh * T + i) * T + j;
+                    bad += got_mask[at] != mask[at];
+                }
+        record("attention dropout mask", shape, bad == 0, (double)bad, 1, "");
+    }
+    gd.sample_ids = NULL; /* the backward reads the mask alone */
+    if (call_ok("attention_backward dropout", shape,
+                kernel_attention_backward_cuda(d_dqkv, d_probs, d_dy, d_qkv, &d, &gd, &ctx)) &&
+        call_ok("attention_backward dropout", shape,
+                kernel_attention_backward_cuda(d_dqkv2, d_probs, d_dy, d_qkv, &d, &gd, &ctx))) {
+        float *got = fetch_f(d_dqkv, rows * ld);
+        check_close("attention_backward dropout dqkv", shape, got, dqkv, rows * ld);
+        check_exact("attention_backward dropout repeats", shape, fetch_f(d_dqkv2, rows * ld),
+                    got, rows * ld);
+    }
+    free_case();
+}
+
+/* The vocabulary-parallel loss: T ranks' shards of the logits through the three kernels,
+ * the all-gathers between them done on the host, against the whole row's
+ * kernel_softmax_xent_cpu: the loss and the gradient to rounding, the hits exactly, every
+ * rank's loss and hits the same bits (written without a GPU: not yet run on one). */
+static void test_xent_shard_cuda(int R, int V, int T)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "rows=%d V=%d T=%d", R, V, T);
+    const size_t fs = sizeof(float);
+    float *x = rand_f((size_t)R * V, -4, 4), *dl = hmalloc((size_t)R * V * fs);
+    int32_t *lab = hmalloc((size_t)R * sizeof(int32_t));
+    const float *u = rand_f((size_t)R, 0, 1);
+    for (int i = 0; i < R; i++) lab[i] = (int32_t)(u[i] * V);
+    int c_right = 0;
+    double c_loss = kernel_softmax_xent_cpu(dl, &c_right, x, lab, R, V, 0.5f);
+    float *all1 = hmalloc((size_t)T * 2 * R * fs), *all2 = hmalloc((size_t)T * 3 * R * fs);
+    float *got = hmalloc((size_t)R * V * fs);
+    int32_t *d_lab = dcopy(lab, (size_t)R * sizeof(int32_t));
+    float *d_x[8], *d_d[8], *d_mine = dmalloc(3 * (size_t)R * fs), *d_ma[8];
+    float *d_all = dmalloc((size_t)T * 3 * R * fs);
+    double *d_loss = dmalloc((size_t)T * sizeof(double)), *d_rl = dmalloc((size_t)R * 8);
+    int *d_right = dmalloc((size_t)T * sizeof(int)), *d_rr = dmalloc((size_t)R * sizeof(int));
+    int first[8], width[8], ok = 1;
+    for (int r = 0; r < T; r++) {
+        first[r] = (int)((long)V * r / T);
+        width[r] = (int)((long)V * (r + 1) / T) - first[r];
+        float *xr = hmalloc((size_t)R * width[r] * fs);
+        for (int i = 0; i < R; i++)
+            memcpy(xr + (size_t)i * width[r], x + (size_t)i * V + first[r], width[r] * fs);
+        d_x[r] = dcopy(xr, (size_t)R * width[r] * fs);
+        d_d[r] = dmalloc((size_t)R * width[r] * fs);
+        d_ma[r] = dmalloc(2 * (size_t)R * fs);
+        poison(d_d[r], (size_t)R * width[r] * fs);
+        ok = ok && call_ok("xent_shard_max", shape,
+                           kernel_xent_shard_max_cuda(d_mine, d_x[r], R, width[r], first[r], &ctx));
+        if (ok) download(all1 + (size_t)r * 2 * R, d_mine, 2 * (size_t)R * fs);
+    }
+    upload(d_all, all1, (size_t)T * 2 * R * fs);
+    for (int r = 0; r < T && ok; r++) {
+        ok = call_ok("xent_shard_sums", shape,
+                     kernel_xent_shard_sums_cuda(d_mine, d_d[r], d_ma[r], d_all, d_x[r], d_lab, R,
+                                                 width[r], first[r], T, &ctx));
+        if (ok) download(all2 + (size_t)r * 3 * R, d_mine, 3 * (size_t)R * fs);
+    }
+    upload(d_all, all2, (size_t)T * 3 * R * fs);
+    for (int r = 0; r < T && ok; r++)
+        ok = call_ok("xent_shard_finish", shape,
+                     kernel_xent_shard_finish_cuda(d_d[r], d_right + r, d_loss + r, d_all, d_ma[r],
+                                                   d_lab, R, width[r], first[r], V, T, 0.5f, d_rl,
+                                                   d_rr, &ctx));
+    if (!ok) { free_case(); return; }
+    double loss[8];
+    int right[8];
+    download(loss, d_loss, (size_t)T * sizeof(double));
+    download(right, d_right, (size_t)T * sizeof(int));
+    int same = 1;
+    for (int r = 0; r < T; r++) {
+        same = same && memcmp(&loss[r], &loss[0], sizeof(double)) == 0 && right[r] == right[0];
+        float *dr = fetch_f(d_d[r], (size_t)R * width[r]);
+        for (int i = 0; i < R; i++)
+            memcpy(got + (size_t)i * V + first[r], dr + (size_t)i * width[r], width[r] * fs);
+    }
+    record("xent_shard ranks agree", shape, same, 0, 1, "");
+    const double err = fabs(loss[0] - c_loss) / fabs(c_loss);
+    record("xent_shard loss", shape, err <= REL_TOL, err, 0, "");
+    record("xent_shard correct", shape, right[0] == c_right, right[0] - c_right, 1, "");
+    check_close("xent_shard dlogits", shape, got, dl, (size_t)R * V);
+    free_case();
+}
+
 /* Many rows (a language model's positions) through the many-block loss. */
 static void test_xent_rows_cuda(int n, int classes)
 {
@@ -197,6 +325,14 @@ static void run_transformer_cases(void)
     test_attention_cuda(2, 200, 3, 64);  /* 4 query blocks, 4 key tiles, causal edges */
     test_attention_cuda(1, 100, 2, 100); /* padded to 128, tiles of 32 */
     test_attention_cuda(3, 1, 2, 20);    /* seq 1: Δ recomputed while staging */
+    test_attention_dropout_cuda(1, 1, 1, 8, 0.5f, 0);
+    test_attention_dropout_cuda(2, 70, 2, 16, 0.1f, 0);
+    test_attention_dropout_cuda(2, 129, 3, 64, 0.2f, 0);
+    test_attention_dropout_cuda(1, 100, 2, 100, 0.3f, 2 * 100 * 100); /* a shard's heads */
+    test_xent_shard_cuda(1, 5, 1);
+    test_xent_shard_cuda(33, 256, 2);
+    test_xent_shard_cuda(1000, 1031, 3); /* uneven cuts, many blocks of rows */
+    test_xent_shard_cuda(64, 50257, 4);  /* GPT-2's vocabulary */
     test_xent_rows_cuda(7, 10);          /* one block: the one-block kernel */
     test_xent_rows_cuda(1000, 257);
     test_xent_rows_cuda(4099, 1031);

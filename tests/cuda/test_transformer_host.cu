@@ -212,12 +212,14 @@ static void test_embedding(int n, int seq, int width, int V, int first, int Vr, 
  * threads (tfc_att_stage, element by element), then each thread's step on it. */
 template <int MAXD>
 static void emu_att(float *y, float *dqkv, float *lse, float *delta, const float *dy,
-                    const float *qkv, const kernel_attention_dims &d, bool forward)
+                    const float *qkv, const kernel_attention_dims &d, bool forward,
+                    const tfc_drop &dr)
 {
     constexpr int BT = tfc_att_tile_rows<MAXD>(), R = TFC_ATT_ROWS;
     const tfc_attn a = tfc_attn_of(&d);
     alignas(16) static float t1[BT * MAXD], t2[BT * MAXD];
     static float L[BT], DL[BT];
+    auto mrow = [&](int b, int h, int i) { return tfc_drop_row(dr, a.T, a.H, b, h, i); };
     auto stage = [&](const float *v1, const float *v2, size_t ld, int r0, int n) {
         for (int e = 0; e < BT * MAXD; e++) {
             tfc_att_stage<MAXD>(t1, v1, ld, r0, n, a.D, e);
@@ -232,13 +234,17 @@ static void emu_att(float *y, float *dqkv, float *lse, float *delta, const float
                 const size_t rows = ((size_t)b * a.H + h) * a.T;
                 if (forward) {
                     std::vector<tfc_att_fwd<MAXD>> s(nr);
-                    for (int t = 0; t < nr; t++)
+                    std::vector<uint8_t *> mr(nr);
+                    for (int t = 0; t < nr; t++) {
                         tfc_att_fwd_begin<MAXD>(s[t], qv + (size_t)(r0 + t) * a.ld, a.D);
+                        if ((mr[t] = mrow(b, h, r0 + t))) tfc_drop_make_row(mr[t], dr, a.T, b, h, r0 + t);
+                    }
                     for (int j0 = 0; j0 < kend; j0 += BT) {
                         const int n = std::min(BT, kend - j0);
                         stage(kv, kv + a.C, a.ld, j0, n);
                         for (int t = 0; t < nr; t++)
-                            tfc_att_fwd_tile<MAXD>(s[t], t1, t2, j0, n, r0 + t, a.scale);
+                            tfc_att_fwd_tile<MAXD>(s[t], t1, t2, j0, n, r0 + t, a.scale, mr[t],
+                                                   dr.scale);
                     }
                     for (int t = 0; t < nr; t++)
                         tfc_att_fwd_end<MAXD>(s[t], y + ((size_t)b * a.T + r0 + t) * a.C + (size_t)h * a.D,
@@ -255,8 +261,8 @@ static void emu_att(float *y, float *dqkv, float *lse, float *delta, const float
                         const int n = std::min(BT, kend - j0);
                         stage(kv, kv + a.C, a.ld, j0, n);
                         for (int t = 0; t < nr; t++)
-                            if (pass == 0) tfc_att_dq_delta_tile<MAXD>(s[t], t1, t2, j0, n, r0 + t, a.scale);
-                            else tfc_att_dq_tile<MAXD>(s[t], t1, t2, j0, n, r0 + t, a.scale);
+                            if (pass == 0) tfc_att_dq_delta_tile<MAXD>(s[t], t1, t2, j0, n, r0 + t, a.scale, mrow(b, h, r0 + t), dr.scale);
+                            else tfc_att_dq_tile<MAXD>(s[t], t1, t2, j0, n, r0 + t, a.scale, mrow(b, h, r0 + t), dr.scale);
                     }
                 for (int t = 0; t < nr; t++)
                     tfc_att_dq_end<MAXD>(s[t], dqkv + ((size_t)b * a.T + r0 + t) * a.ld + (size_t)h * a.D,
@@ -289,11 +295,13 @@ static void emu_att(float *y, float *dqkv, float *lse, float *delta, const float
                         for (int r = 0; r < n; r++) {
                             L[r] = lse[rows + i0 + r];
                             DL[r] = delta ? delta[rows + i0 + r]
-                                          : tfc_attn_delta(dy, qkv, lse, a, b, h, i0 + r);
+                                          : tfc_attn_delta(dy, qkv, lse, a, b, h, i0 + r, mrow(b, h, i0 + r), dr.scale);
                         }
-                        for (int t = 0; t < nr; t++)
-                            if (dk) tfc_att_dkv_tile<MAXD, true>(sk[t], t1, t2, L, DL, i0, n, k0 + t, a.scale);
-                            else tfc_att_dkv_tile<MAXD, false>(sv[t], t1, t2, L, DL, i0, n, k0 + t, a.scale);
+                        for (int t = 0; t < nr; t++) {
+                            const uint8_t *mc = dr.mask ? mrow(b, h, 0) + k0 + t : NULL;
+                            if (dk) tfc_att_dkv_tile<MAXD, true>(sk[t], t1, t2, L, DL, i0, n, k0 + t, a.scale, mc, a.T, dr.scale);
+                            else tfc_att_dkv_tile<MAXD, false>(sv[t], t1, t2, L, DL, i0, n, k0 + t, a.scale, mc, a.T, dr.scale);
+                        }
                     }
                     for (int t = 0; t < nr; t++) {
                         float *o = dqkv + ((size_t)b * a.T + k0 + t) * a.ld + (dk ? a.C : 2 * a.C) + (size_t)h * a.D;
@@ -304,12 +312,13 @@ static void emu_att(float *y, float *dqkv, float *lse, float *delta, const float
 }
 
 static void emu_attention(float *y, float *dqkv, float *lse, float *delta, const float *dy,
-                          const float *qkv, const kernel_attention_dims &d, bool forward)
+                          const float *qkv, const kernel_attention_dims &d, bool forward,
+                          const tfc_drop &dr = tfc_drop{1.0f, 1.0f, 0, 0, 0, NULL, NULL})
 {
-    if (d.head_dim <= 16) emu_att<16>(y, dqkv, lse, delta, dy, qkv, d, forward);
-    else if (d.head_dim <= 32) emu_att<32>(y, dqkv, lse, delta, dy, qkv, d, forward);
-    else if (d.head_dim <= 64) emu_att<64>(y, dqkv, lse, delta, dy, qkv, d, forward);
-    else emu_att<128>(y, dqkv, lse, delta, dy, qkv, d, forward);
+    if (d.head_dim <= 16) emu_att<16>(y, dqkv, lse, delta, dy, qkv, d, forward, dr);
+    else if (d.head_dim <= 32) emu_att<32>(y, dqkv, lse, delta, dy, qkv, d, forward, dr);
+    else if (d.head_dim <= 64) emu_att<64>(y, dqkv, lse, delta, dy, qkv, d, forward, dr);
+    else emu_att<128>(y, dqkv, lse, delta, dy, qkv, d, forward, dr);
 }
 
 static void test_attention(int B, int T, int H, int D, bool keep_delta)
@@ -348,6 +357,152 @@ static void test_attention(int B, int T, int H, int D, bool keep_delta)
     }
 }
 
+/* With the attention dropout (kernel_attention_dropout): the masks bit for bit (j ≤ i;
+ * the rest is never written on either side), the output and the gradients to rounding.
+ * elem_off ≠ 0 places the call's heads among a layer's (a tensor shard's); the sample ids
+ * are not 0 .. B − 1, so the id's place in the counter is checked. */
+static void test_attention_dropout(int B, int T, int H, int D, float p, size_t elem_off,
+                                   bool keep_delta)
+{
+    char shape[96];
+    snprintf(shape, sizeof shape, "B=%d T=%d H=%d D=%d p=%g off=%zu%s", B, T, H, D, (double)p,
+             elem_off, keep_delta ? "" : " delta recomputed");
+    const int C = H * D, ld = 3 * C;
+    const kernel_attention_dims d = {B, T, H, D, ld};
+    const size_t rows = (size_t)B * T, np = kernel_attention_probs_floats(&d);
+    auto qkv = rand_v(rows * ld, -2, 2), dy = rand_v(rows * C, -1, 1);
+    std::vector<int64_t> ids(B);
+    for (int b = 0; b < B; b++) ids[b] = 1000 + 7 * b + (b % 2) * ((int64_t)1 << 33);
+    std::vector<uint8_t> mask(np, 7), c_mask(np, 7);
+    const uint64_t seed = 0x1234567890abcdefULL, stream = kernel_block_dropout_stream(3, 0, 11);
+    kernel_attention_dropout cd = {p, seed, stream, ids.data(), elem_off, c_mask.data()};
+    const tfc_drop dr = {1.0f - p, 1.0f / (1.0f - p), seed, stream, elem_off, ids.data(),
+                         mask.data()};
+    auto y = nan_v(rows * C), c_y = nan_v(rows * C);
+    std::vector<float> probs(np, NAN), c_probs = probs;
+    std::vector<float> work(kernel_attention_workspace_floats(&d) +
+                            kernel_attention_dropout_floats(&d));
+    kernel_attention_forward_dropout_cpu(c_y.data(), c_probs.data(), work.data(), qkv.data(),
+                                         qkv.data() + C, qkv.data() + 2 * C, &d, &cd);
+    emu_attention(y.data(), NULL, probs.data(), NULL, NULL, qkv.data(), d, true, dr);
+    size_t bad = 0, kept = 0, tri = 0;
+    for (size_t bh = 0; bh < (size_t)B * H; bh++)
+        for (int i = 0; i < T; i++)
+            for (int j = 0; j <= i; j++) {
+                const size_t at = (bh * T + i) * T + j;
+                bad += mask[at] != c_mask[at];
+                kept += c_mask[at] == 1;
+                tri++;
+            }
+    record("attention dropout mask", shape, bad == 0, (double)bad);
+    /* the masks drop some and keep some (a blind comparison would pass on all-ones) */
+    if (tri >= 4)
+        record("attention dropout mask mixed", shape, kept > 0 && kept < tri,
+               (double)kept / (double)tri);
+    check_close("attention_forward dropout", shape, y.data(), c_y.data(), y.size());
+
+    auto dqkv = nan_v(rows * ld), c_dqkv = nan_v(rows * ld);
+    cd.sample_ids = NULL; /* the backward reads the mask alone */
+    kernel_attention_backward_dropout_cpu(c_dqkv.data(), c_dqkv.data() + C,
+                                          c_dqkv.data() + 2 * C, work.data(), dy.data(),
+                                          qkv.data(), qkv.data() + C, qkv.data() + 2 * C,
+                                          c_probs.data(), &d, &cd);
+    float *delta = keep_delta ? tfc_attn_delta_area(probs.data(), &d) : NULL;
+    emu_attention(NULL, dqkv.data(), probs.data(), delta, dy.data(), qkv.data(), d, false, dr);
+    std::vector<float> part(rows * C), c_part(rows * C);
+    const char *names[3] = {"attention_backward dropout dq", "attention_backward dropout dk",
+                            "attention_backward dropout dv"};
+    for (int s = 0; s < 3; s++) {
+        for (size_t r = 0; r < rows; r++)
+            for (int k = 0; k < C; k++) {
+                part[r * C + k] = dqkv[r * ld + s * C + k];
+                c_part[r * C + k] = c_dqkv[r * ld + s * C + k];
+            }
+        check_close(names[s], shape, part.data(), c_part.data(), part.size());
+    }
+}
+
+/* ---- the vocabulary-parallel cross-entropy ----
+ * T ranks' shards of R rows of V logits through the three steps (the all-gathers between
+ * them as copies, rank by rank), against the whole row's kernel_softmax_xent_cpu: the loss
+ * and the gradient to rounding (the sums of exponentials are cut), the hits exactly, and
+ * every rank's loss and hits the same bits. Ties across ranks (the first rank's index
+ * wins, the whole row's first argmax) and a label outside the vocabulary (NaN) included. */
+static void test_xent_shard(int R, int V, int T, bool grad)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "rows=%d V=%d T=%d%s", R, V, T, grad ? "" : " no grad");
+    auto x = rand_v((size_t)R * V, -4, 4);
+    std::vector<int32_t> lab(R);
+    for (int i = 0; i < R; i++) lab[i] = (int32_t)urand(0, (float)V);
+    if (R > 3) { /* row 1: its largest value twice, on the first and the last rank */
+        x[(size_t)V + 0] = 9.0f;
+        x[(size_t)V + V - 1] = 9.0f;
+        lab[1] = V - 1; /* not the first argmax: a miss */
+        lab[2] = (int32_t)(x[2 * (size_t)V] = 9.5f, 0); /* a hit at column 0 */
+    }
+    std::vector<float> c_d((size_t)R * V, NAN);
+    int c_right = 0;
+    const double c_loss = kernel_softmax_xent_cpu(grad ? c_d.data() : NULL, &c_right, x.data(),
+                                                  lab.data(), R, V, 0.25f);
+    std::vector<int> first(T), width(T);
+    for (int r = 0; r < T; r++) {
+        first[r] = (int)((long)V * r / T);
+        width[r] = (int)((long)V * (r + 1) / T) - first[r];
+    }
+    std::vector<std::vector<float>> xs(T), ds(T), mas(T);
+    std::vector<float> all1((size_t)T * 2 * R), all2((size_t)T * 3 * R);
+    for (int r = 0; r < T; r++) {
+        xs[r].resize((size_t)R * width[r]);
+        ds[r].assign((size_t)R * width[r], NAN);
+        mas[r].resize(2 * (size_t)R);
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < width[r]; j++)
+                xs[r][(size_t)i * width[r] + j] = x[(size_t)i * V + first[r] + j];
+        for (int i = 0; i < R; i++) /* step 1, gathered into rank r's block */
+            tfc_xs_max(&all1[(size_t)r * 2 * R + 2 * i], &xs[r][(size_t)i * width[r]], width[r],
+                       first[r]);
+    }
+    for (int r = 0; r < T; r++)
+        for (int i = 0; i < R; i++) {
+            tfc_xs_argmax(&mas[r][2 * i], &mas[r][2 * i + 1], all1.data(), (size_t)R, (size_t)i, T);
+            tfc_xs_sums(&all2[(size_t)r * 3 * R + 3 * i],
+                        grad ? &ds[r][(size_t)i * width[r]] : NULL, &xs[r][(size_t)i * width[r]],
+                        width[r], first[r], mas[r][2 * i], lab[i]);
+        }
+    std::vector<double> loss(T, 0.0);
+    std::vector<int> right(T, 0);
+    for (int r = 0; r < T; r++)
+        for (int i = 0; i < R; i++) {
+            int h = 0;
+            loss[r] += tfc_xs_finish(grad ? &ds[r][(size_t)i * width[r]] : NULL, &h, all2.data(),
+                                     (size_t)R, (size_t)i, T, mas[r][2 * i], mas[r][2 * i + 1],
+                                     lab[i], first[r], width[r], V, 0.25f);
+            right[r] += h;
+        }
+    bool same = true;
+    for (int r = 1; r < T; r++)
+        same = same && memcmp(&loss[r], &loss[0], sizeof(double)) == 0 && right[r] == right[0];
+    record("xent_shard ranks agree", shape, same, 0);
+    const double err = fabs(loss[0] - c_loss) / fmax(fabs(c_loss), 1e-30);
+    record("xent_shard loss", shape, err <= 1e-5, err);
+    record("xent_shard correct", shape, right[0] == c_right, right[0] - c_right);
+    if (grad) {
+        std::vector<float> d((size_t)R * V);
+        for (int r = 0; r < T; r++)
+            for (int i = 0; i < R; i++)
+                for (int j = 0; j < width[r]; j++)
+                    d[(size_t)i * V + first[r] + j] = ds[r][(size_t)i * width[r] + j];
+        check_close("xent_shard dlogits", shape, d.data(), c_d.data(), d.size());
+    }
+    /* a label outside the vocabulary: the loss is NaN on every rank */
+    lab[0] = V;
+    int h;
+    const double bad = tfc_xs_finish(NULL, &h, all2.data(), (size_t)R, 0, T, mas[0][0],
+                                     mas[0][1], lab[0], first[0], width[0], V, 1.0f);
+    record("xent_shard bad label NaN", shape, isnan(bad), 0);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -377,6 +532,17 @@ int main(void)
     test_attention(2, 130, 2, 64, true);  /* three query blocks, key tiles of 64 */
     test_attention(1, 70, 1, 100, true);  /* D past 64: tiles of 32 rows, padded to 128 */
     test_attention(1, 65, 3, 20, false);  /* D 20 padded to 32; Δ recomputed while staging */
+    test_attention_dropout(1, 1, 1, 4, 0.5f, 0, false); /* seq 1: Δ recomputed */
+    test_attention_dropout(2, 5, 3, 4, 0.1f, 0, true);
+    test_attention_dropout(2, 33, 2, 16, 0.3f, 0, true);
+    test_attention_dropout(3, 70, 1, 7, 0.2f, 0, true);  /* crosses the CPU's blocks of 64 */
+    test_attention_dropout(2, 19, 2, 64, 0.1f, 2 * 19 * 19, false); /* heads 2, 3 of a shard */
+    test_attention_dropout(1, 130, 2, 20, 0.5f, 3 * 130 * 130, true); /* key tiles of 64 */
+    test_xent_shard(1, 5, 1, true);
+    test_xent_shard(7, 10, 2, true);
+    test_xent_shard(33, 256, 2, true);
+    test_xent_shard(40, 257, 3, true); /* uneven cuts */
+    test_xent_shard(9, 1031, 4, false);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
