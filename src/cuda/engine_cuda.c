@@ -44,10 +44,10 @@ static void layout_slots(const engine *e, cuda_engine *c, arena *d)
         for (int i = 0; i < p->nl; i++) {
             const layer_desc *L = &p->loc[i];
             /* B's output gradient for W (batched layers stash theirs); a block's: every
-             * inner gradient its W needs (layer_gout_floats) */
+             * inner gradient its W needs that has no home in the slot (layer_gout_kept_floats) */
             s->layers[i].gout = cfg->split_backward && L->weight_count && !stage_plan_batched(p, i)
                                     ? arena_take(d, (size_t)cfg->max_batch *
-                                                        layer_gout_floats(L) * sizeof(float))
+                                                        layer_gout_kept_floats(L) * sizeof(float))
                                     : NULL;
         }
     }

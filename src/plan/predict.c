@@ -449,8 +449,8 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                 if (slots < 1) slots = 1;
                 double bytes = (double)(b.state + b.groups + b.workers) + slots * (double)b.slot;
                 if (split)
-                    bytes += slots * (double)stage_split_slot_bytes(net, first, last,
-                                                                    cfg->microbatch);
+                    bytes += slots * (double)stage_split_slot_bytes_shard(
+                                         net, first, last, cfg->microbatch, sp, t);
                 /* inputs, gradients in, gradients out (not on chunk 0), labels and ids */
                 bytes += nb * mb * (4.0 * (in + outc + (first > 0 ? in : 0)) + 4 + 8);
                 /* recomputation: the outputs of the micro-batches between forward and
