@@ -36,24 +36,39 @@ size_t stage_split_slot_bytes_shard(const net_desc *net, int first, int last, in
     return bytes;
 }
 
+void stage_split_carve(stage *s, stage_slot *sl, char *mem)
+{
+    const stage_plan *p = &s->plan;
+    for (int i = 0; i < p->nl; i++) {
+        const layer_desc *L = &p->loc[i];
+        if (!L->weight_count) continue;
+        sl->layers[i].gout = (float *)mem;
+        mem += stage_round_up((size_t)p->max_batch * layer_gout_kept_floats(L) *
+                              sizeof(float));
+    }
+}
+
 int stage_enable_split(stage *s)
 {
     const stage_plan *p = &s->plan;
     if (s->split) return 0;
     size_t per = split_bytes(p->loc, p->nl, p->max_batch);
+    if (s->slot_pool) { /* each unit holds a slot's gradients after its activations */
+        if (stage_slot_pool_unit(s->slot_pool) < p->slot_bytes + per)
+            return pt_error_set("stage %d..%d: the rank's shared slots are smaller than a "
+                                "slot and its split backward's gradients, %zu bytes",
+                                p->first, p->last - 1, p->slot_bytes + per);
+        s->split = 1;
+        return 0;
+    }
     s->split_memory = stage_alloc_zeroed(per * (size_t)s->n_slots);
     if (!s->split_memory)
         return pt_error_set("stage %d..%d: out of memory for the output gradients of %d "
                             "micro-batches (split backward)", p->first, p->last - 1, s->n_slots);
     char *mem = s->split_memory;
     for (int k = 0; k < s->n_slots; k++) {
-        for (int i = 0; i < p->nl; i++) {
-            const layer_desc *L = &p->loc[i];
-            if (!L->weight_count) continue;
-            s->slots[k].layers[i].gout = (float *)mem;
-            mem += stage_round_up((size_t)p->max_batch * layer_gout_kept_floats(L) *
-                                  sizeof(float));
-        }
+        stage_split_carve(s, &s->slots[k], mem);
+        mem += per;
     }
     s->split = 1;
     return 0;
