@@ -49,13 +49,6 @@ static int shares_slots(int V, engine_device device, const engine_config *cfg,
     return V > 1 && device == ENGINE_CPU && rank_slots > 0 && rank_slots < sum;
 }
 
-size_t engine_shared_slot_bytes(int V, engine_device device, const engine_config *cfg,
-                                int rank_slots)
-{
-    if (!shares_slots(V, device, cfg, rank_slots)) return 0;
-    return (size_t)rank_slots * shared_unit(V, cfg);
-}
-
 int engine_create_chunks(engine **e, int V, engine_device device, const engine_config *cfg,
                          int rank_slots)
 {

@@ -14,13 +14,9 @@ int engine_create(engine **e, engine_device device, const engine_config *cfg);
  * chunks at once (the verifier's peak) and that is fewer than the chunks' slots together,
  * their slots come from one shared pool of rank_slots units, each as large as the largest
  * chunk's slot with its split backward's gradients (stage_slot_pool;
- * engine_shared_slot_bytes, which the planner prices). On failure the engines made so far
+ * plan_memory prices the same). On failure the engines made so far
  * are in e[] (NULL after them) for the caller to destroy. */
 int engine_create_chunks(engine **e, int V, engine_device device, const engine_config *cfg,
                          int rank_slots);
-/* The bytes of that pool, 0 when the chunks keep their own slots (V = 1, a GPU, or
- * rank_slots not below the sum). split: the chunks run the split backward. */
-size_t engine_shared_slot_bytes(int V, engine_device device, const engine_config *cfg,
-                                int rank_slots);
 
 #endif
