@@ -137,7 +137,9 @@ static void print_profile(const partition_profile *p, const net_desc *net, int m
     }
 }
 
-/* The largest rank's activation bytes: per chunk, its verifier peak × (slot + split). */
+/* The largest rank's activation bytes: per chunk, its verifier peak × (slot + split); with
+ * V > 1 the rank's peak × the largest chunk's where that is less (the chunks share their
+ * slots, src/runtime/engine_create.h). */
 static double activation_bytes(const plan_built *b, const net_desc *net, int mb, int *held)
 {
     const schedule *s = &b->pred.sched;
@@ -147,8 +149,8 @@ static double activation_bytes(const plan_built *b, const net_desc *net, int mb,
     double most = 0;
     *held = 0;
     for (int k = 0; k < s->stages; k++) {
-        double bytes = 0;
-        int split = 0; /* a split list keeps each slot's output gradients until its W */
+        double bytes = 0, unit = 0;
+        int split = 0, n_held = 0; /* a split list keeps each slot's output gradients until its W */
         for (int i = 0; i < s->lists[k].n_ops; i++)
             split |= s->lists[k].ops[i].kind == SCHED_OP_BACKWARD_INPUT;
         for (int v = 0; v < V; v++) {
@@ -158,7 +160,10 @@ static double activation_bytes(const plan_built *b, const net_desc *net, int mb,
             double slot = (double)sb.slot +
                           (split ? (double)stage_split_slot_bytes(net, first, last, mb) : 0);
             bytes += rep.peak_inflight_chunk[k * V + v] * slot;
+            n_held += rep.peak_inflight_chunk[k * V + v];
+            if (stage_round_up((size_t)slot) > unit) unit = stage_round_up((size_t)slot);
         }
+        if (V > 1 && rep.peak_inflight[k] < n_held) bytes = rep.peak_inflight[k] * unit;
         if (bytes > most) most = bytes;
         if (rep.peak_inflight[k] > *held) *held = rep.peak_inflight[k];
     }

@@ -113,7 +113,33 @@ Test(stage_gpt, every_tensor_matches_finite_differences)
     }
 }
 
-/* The parameter gradients of two micro-batches of n: whole backwards, or B then W. */
+/* Planted between B and W (split = PLANT + h): one float of micro-batch 0's first block
+ * changed in home h of its split backward's gradients for W (block_split_homes): c_attn's
+ * over qkv, c_fc's over the pre-GELU rows, ln_1's output's over the attention
+ * probabilities, and the MLP output's kept apart (io.gout), so that the bit comparisons
+ * with the whole backward are shown to see every home. */
+enum { PLANT = 2, PLANT_HOMES = 4 };
+
+static void plant(stage *s, int slot, int n, int h)
+{
+    const stage_plan *p = &s->plan;
+    int i = 0;
+    while (i < p->nl && p->loc[i].type != LAYER_BLOCK) i++;
+    cr_assert_lt(i, p->nl, "no block to plant in");
+    const layer_desc *L = &p->loc[i];
+    size_t T = (size_t)L->in.c, C = (size_t)L->in.w;
+    size_t nc = (size_t)(stage_chunk(s, n) < n ? stage_chunk(s, n) : n); /* chunk 0's */
+    size_t probs = layer_saved_floats(L) - (size_t)L->u.block.heads * T * T;
+    size_t at[PLANT_HOMES - 1] = {nc * T * C, nc * T * (7 * C), nc * probs};
+    cr_assert_eq(layer_block_split_fits(L), 1, "the tiny block's ln_1 gradient fits, the "
+                 "MLP output's does not");
+    stage_slot_layer *ly = &s->slots[slot].layers[i];
+    float *f = h < PLANT_HOMES - 1 ? ly->saved + at[h] : ly->gout + nc * T * 2 * C;
+    *f += 0.5f;
+}
+
+/* The parameter gradients of two micro-batches of n: whole backwards, or B then W (split
+ * 1, or PLANT + h: with a float of home h changed between them). */
 static float *grads_of(const net_desc *net, int first, int last, int threads, int n, int split,
                        size_t *count)
 {
@@ -145,6 +171,7 @@ static float *grads_of(const net_desc *net, int first, int last, int threads, in
         else
             stage_backward(&s, slot[m], g, NULL);
     }
+    if (split >= PLANT) plant(&s, slot[0], n, split - PLANT);
     for (int m = 0; m < 2; m++) {
         if (split)
             cr_assert_eq(stage_backward_weight(&s, slot[m], 0, last - first, NULL), 0, "%s",
@@ -181,6 +208,14 @@ Test(stage_gpt, split_backward_and_threads_are_bit_identical)
         size_t nz = 0;
         for (size_t i = 0; i < n1; i++) nz += whole[i] != 0;
         cr_assert_gt(nz, n1 / 2, "layers %d..%d: most gradients are zero", a, b - 1);
+        /* the comparison sees each home of W's gradients: a float changed in one
+         * between B and W changes the gradients */
+        for (int h = 0; c == 0 && h < PLANT_HOMES; h++) {
+            float *planted = grads_of(&net, a, b, 1, 4, PLANT + h, &n2);
+            cr_assert_gt(count_differences(whole, planted, n1), 0,
+                         "layers %d..%d: a float planted in home %d went unseen", a, b - 1, h);
+            free(planted);
+        }
         free(whole);
         free(split);
         free(two);

@@ -138,6 +138,75 @@ Test(stage_split, a_missing_w_differs)
     cr_assert_gt(split_vs_fused("seed-mlp.cfg", 0, -1, 1, 100, 3, NULL, 1), 0);
 }
 
+/* Two stages sharing one pool of slots (as a rank's model chunks do under a V schedule):
+ * the split backward's gradients and activations live in whichever unit a slot is bound
+ * to, after the other stage's micro-batch has written it; B then W stays the fused backward
+ * bit for bit (a transformer: W's gradients in the slot's used-up rows), and an acquire
+ * beyond the pool fails with a message. */
+Test(stage_split, stages_sharing_slots_are_bit_identical)
+{
+    openblas_set_num_threads(1);
+    net_desc net;
+    load_model(&net, "gpt-nano.cfg");
+    int nl = net.n_layers, n = 4, M = 3;
+    stage a, b, c;
+    cr_assert_eq(stage_init(&a, &net, 0, nl, n, M, 1), 0, "%s", pt_error_get());
+    size_t unit =
+        stage_estimate(&net, 0, nl, n, 1).slot + stage_split_slot_bytes(&net, 0, nl, n);
+    stage_slot_pool *pool = stage_slot_pool_new(M + 1, unit);
+    cr_assert_not_null(pool);
+    stage_slot_pool_use(pool);
+    cr_assert_eq(stage_init(&b, &net, 0, nl, n, M, 1), 0, "%s", pt_error_get());
+    cr_assert_eq(stage_init(&c, &net, 0, nl, n, 2, 1), 0, "%s", pt_error_get());
+    stage_slot_pool_use(NULL);
+    stage_slot_pool_drop(pool); /* the stages keep it */
+    cr_assert_null(b.slot_memory, "a stage of the pool has slot memory of its own");
+    cr_assert_eq(stage_enable_split(&b), 0, "%s", pt_error_get());
+    cr_assert_eq(stage_enable_split(&c), 0, "%s", pt_error_get());
+    stage_init_params(&a, 11);
+    stage_init_params(&b, 11);
+    stage_init_params(&c, 12);
+    mb_data d[M], o = make_data(&c, 50, n);
+    int slot[M];
+    /* c's micro-batch writes the first unit (forward and B), which b's first takes next */
+    int sc = stage_slot_acquire(&c);
+    cr_assert_geq(sc, 0, "%s", pt_error_get());
+    stage_forward(&c, sc, o.x, n, o.ids, 3, 5, 1);
+    cr_assert_eq(stage_backward_input(&c, sc, o.dy, NULL), 0, "%s", pt_error_get());
+    stage_slot_release(&c, sc);
+    for (int m = 0; m < M; m++) {
+        d[m] = make_data(&a, m * n, n);
+        int sa = stage_slot_acquire(&a);
+        stage_forward(&a, sa, d[m].x, n, d[m].ids, 3, 5, 1);
+        stage_backward(&a, sa, d[m].dy, NULL);
+        stage_slot_release(&a, sa);
+        slot[m] = stage_slot_acquire(&b);
+        cr_assert_geq(slot[m], 0, "%s", pt_error_get());
+        stage_forward(&b, slot[m], d[m].x, n, d[m].ids, 3, 5, 1);
+    }
+    /* c takes the last unit and writes it between b's forwards and B; then none is left */
+    sc = stage_slot_acquire(&c);
+    cr_assert_geq(sc, 0, "%s", pt_error_get());
+    stage_forward(&c, sc, o.x, n, o.ids, 3, 5, 1);
+    cr_assert_eq(stage_slot_acquire(&c), -1, "a fifth slot from a pool of four");
+    cr_assert(strstr(pt_error_get(), "rank's chunks"), "%s", pt_error_get());
+    stage_slot_release(&c, sc);
+    for (int m = 0; m < M; m++)
+        cr_assert_eq(stage_backward_input(&b, slot[m], d[m].dy, NULL), 0, "%s", pt_error_get());
+    for (int m = 0; m < M; m++) {
+        cr_assert_eq(stage_backward_weight(&b, slot[m], 0, nl, NULL), 0, "%s", pt_error_get());
+        stage_slot_release(&b, slot[m]);
+    }
+    cr_assert_eq(count_differences(a.grads, b.grads, a.plan.param_count), 0,
+                 "shared slots: B then W differs from the fused backward");
+    for (int m = 0; m < M; m++) free_data(&d[m]);
+    free_data(&o);
+    stage_free(&a);
+    stage_free(&b);
+    stage_free(&c);
+    net_desc_free(&net);
+}
+
 Test(stage_split, refused_without_enabling_or_out_of_range)
 {
     net_desc net;

@@ -227,13 +227,16 @@ static int alloc_slots(stage *s)
     const stage_plan *p = &s->plan;
     s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
     s->slot_layers = calloc((size_t)s->n_slots * (size_t)p->nl, sizeof *s->slot_layers);
-    s->slot_memory = stage_alloc_zeroed(p->slot_bytes * s->n_slots);
-    if (!s->slots || !s->slot_layers || !s->slot_memory) return -1;
+    /* a shared pool's units are carved when bound (stage_slot_acquire) */
+    s->slot_memory = s->slot_pool ? NULL : stage_alloc_zeroed(p->slot_bytes * s->n_slots);
+    if (!s->slots || !s->slot_layers || (!s->slot_pool && !s->slot_memory)) return -1;
     for (int k = 0; k < s->n_slots; k++) {
         stage_slot *sl = &s->slots[k];
         sl->layers = s->slot_layers + (size_t)k * p->nl;
-        sl->whole_out = stage_plan_carve_slot(p, (char *)s->slot_memory + k * p->slot_bytes,
-                                              sl->layers);
+        sl->unit = -1;
+        if (!s->slot_pool)
+            sl->whole_out = stage_plan_carve_slot(
+                p, (char *)s->slot_memory + k * p->slot_bytes, sl->layers);
         /* a layer in phases keeps its inner gradients between them: one backward runs at a
          * time, so every slot shares one store (the split backward gives each its own) */
         for (int i = 0; i < p->nl; i++)
@@ -266,6 +269,12 @@ int stage_init_shard(stage *s, const net_desc *net, int first, int last, int max
     stage_shape sh = cpu_shape(net, first, last, max_batch, chunk, tp, tp_rank);
     if (stage_plan_init(&s->plan, &sh, "stage")) return -1;
     if (s->plan.tp) s->tp_comm = *comm;
+    s->slot_pool = stage_slot_pool_adopt();
+    if (s->slot_pool && stage_slot_pool_unit(s->slot_pool) < s->plan.slot_bytes) {
+        stage_free(s);
+        return pt_error_set("stage: the rank's shared slots are smaller than layers "
+                            "%d..%d's %zu bytes", first, last - 1, s->plan.slot_bytes);
+    }
     if (alloc_state(s) || alloc_workers(s, chunk) || alloc_groups(s, chunk) || alloc_slots(s)) {
         stage_free(s);
         return pt_error_set("stage: out of memory for layers %d..%d (batch %d, %d slots)",
@@ -280,6 +289,9 @@ int stage_init_shard(stage *s, const net_desc *net, int first, int last, int max
 
 void stage_free(stage *s)
 {
+    for (int k = 0; s->slot_pool && s->slots && k < s->n_slots; k++)
+        if (s->slots[k].busy) stage_slot_pool_give(s->slot_pool, s->slots[k].unit);
+    stage_slot_pool_drop(s->slot_pool);
     free(s->slots);
     free(s->slot_layers);
     free(s->slot_memory);
@@ -335,10 +347,23 @@ size_t stage_out_count(const stage *s)
                  : layer_shape_count(p->net->layers[p->last - 1].out);
 }
 
+/* Binds a unit of the shared pool to slot k: its activations, then the split backward's
+ * gradients. */
+static int bind_unit(stage *s, stage_slot *sl)
+{
+    char *base;
+    sl->unit = stage_slot_pool_take(s->slot_pool, &base);
+    if (sl->unit < 0) return -1;
+    sl->whole_out = stage_plan_carve_slot(&s->plan, base, sl->layers);
+    if (s->split) stage_split_carve(s, sl, base + s->plan.slot_bytes);
+    return 0;
+}
+
 int stage_slot_acquire(stage *s)
 {
     for (int k = 0; k < s->n_slots; k++) {
         if (!s->slots[k].busy) {
+            if (s->slot_pool && bind_unit(s, &s->slots[k])) return -1;
             s->slots[k].busy = 1;
             return k;
         }
@@ -347,7 +372,14 @@ int stage_slot_acquire(stage *s)
                         s->plan.last - 1, s->n_slots);
 }
 
-void stage_slot_release(stage *s, int slot) { s->slots[slot].busy = 0; }
+void stage_slot_release(stage *s, int slot)
+{
+    stage_slot *sl = &s->slots[slot];
+    sl->busy = 0;
+    if (!s->slot_pool) return;
+    stage_slot_pool_give(s->slot_pool, sl->unit);
+    sl->unit = -1;
+}
 
 typedef struct {
     stage *s;

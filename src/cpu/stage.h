@@ -15,9 +15,23 @@
 #include "src/base/pages.h"
 #include "src/engine/stage_plan.h"
 
+/* One rank's activation slots shared by the stages of its model chunks: a V schedule's
+ * rank holds at most the verifier's peak of micro-batches over its chunks at once, fewer
+ * than the sum of each chunk's peaks. n units of `unit` bytes (zeroed); a stage created
+ * while the pool is in use (stage_slot_pool_use; the executor sets it around creating its
+ * chunks' engines, NULL after) allocates no slot memory of its own but binds a unit to a
+ * slot when the slot is acquired (its activations, then its split backward's gradients)
+ * and unbinds it at release. Reference counted: the creator's reference (dropped with
+ * stage_slot_pool_drop) and each stage's; the last frees it. NULL when out of memory. */
+typedef struct stage_slot_pool stage_slot_pool;
+stage_slot_pool *stage_slot_pool_new(int n, size_t unit);
+void stage_slot_pool_use(stage_slot_pool *pool);
+void stage_slot_pool_drop(stage_slot_pool *pool);
+
 /* Activations one micro-batch keeps between its forward and its backward. */
 typedef struct {
     int busy, n;
+    int unit;            /* a shared pool's unit bound to the slot while acquired (−1) */
     const float *input;  /* the stage's input for this micro-batch (caller keeps it alive) */
     stage_slot_layer *layers; /* per local layer: its storage and outputs, and the split
                                  backward's output gradient (src/engine/stage_plan.h) */
@@ -56,7 +70,8 @@ typedef struct {
     float *params, *grads, *opt_m, *opt_v;
     stage_slot *slots;      /* owned */
     stage_slot_layer *slot_layers; /* owned: [n_slots · nl], each slot's layers */
-    void *slot_memory;      /* owned: every slot's activations */
+    void *slot_memory;      /* owned: every slot's activations (NULL with slot_pool) */
+    stage_slot_pool *slot_pool; /* a reference: the rank's shared slots, or NULL */
     int threads, chunk_max; /* worker threads; samples per chunk (0: from the batch) */
     int chunk_min;          /* the least samples per chunk when chunk_max is 0 */
     int groups;             /* gradient groups, see STAGE_MIN_GROUPS */
@@ -208,7 +223,8 @@ static inline size_t stage_param_end(const stage *s, int i)
 
 /* Zero-bubble split of the backward into the input gradient (B) and the parameter
  * gradients (W). stage_enable_split allocates, per slot, the output gradient of every
- * layer with parameters (stage_split_slot_bytes). stage_backward_input runs B of the
+ * layer with parameters that has no home in the slot (stage_split_slot_bytes,
+ * layer_gout_kept_floats: a whole block's B leaves most of its in its own used-up rows). stage_backward_input runs B of the
  * slot's micro-batch (din may be NULL) and keeps those gradients; the slot must stay
  * acquired until its W. stage_backward_weight runs W for the local layers [lo, hi) (call
  * it for ranges from the top, hi = layer count first, down to lo = 0, as
@@ -216,6 +232,9 @@ static inline size_t stage_param_end(const stage *s, int i)
  * stage_backward_to bit for bit, whatever runs between them. */
 int stage_enable_split(stage *s);
 size_t stage_split_slot_bytes(const net_desc *net, int first, int last, int max_batch);
+/* The same as rank t of tensor shards `tp` runs the layers (tp NULL: whole layers). */
+size_t stage_split_slot_bytes_shard(const net_desc *net, int first, int last, int max_batch,
+                                    const shard_plan *tp, int t);
 int stage_backward_input(stage *s, int slot, const float *dout, float *din);
 int stage_backward_weight(stage *s, int slot, int lo, int hi, float *grads);
 

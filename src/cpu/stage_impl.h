@@ -12,6 +12,16 @@
  * out of memory */
 void *stage_alloc_zeroed(size_t bytes);
 
+/* The pool stages created now share (stage_slot_pool_use), with a reference for the
+ * caller; NULL: none. take: binds a free unit (its index, its memory at *base), −1 with a
+ * message when all are bound; give: unbinds it. */
+stage_slot_pool *stage_slot_pool_adopt(void);
+size_t stage_slot_pool_unit(const stage_slot_pool *pool);
+int stage_slot_pool_take(stage_slot_pool *pool, char **base);
+void stage_slot_pool_give(stage_slot_pool *pool, int u);
+/* The split backward's gradients of one slot (stage_split_slot_bytes) carved at mem. */
+void stage_split_carve(stage *s, stage_slot *sl, char *mem);
+
 /* One forward or backward of a slot's micro-batch as the tensor runs see it (the `self`
  * of the CPU's stage_tensor_ops). */
 typedef struct {

@@ -10,30 +10,65 @@
 
 size_t stage_split_slot_bytes(const net_desc *net, int first, int last, int max_batch)
 {
+    return stage_split_slot_bytes_shard(net, first, last, max_batch, NULL, 0);
+}
+
+/* One slot's B-to-W gradients of local layers `loc`[0, nl) (layer_gout_kept_floats). */
+static size_t split_bytes(const layer_desc *loc, int nl, int max_batch)
+{
     size_t bytes = 0;
-    for (int l = first; l < last; l++)
-        bytes += stage_round_up((size_t)max_batch * layer_gout_floats(&net->layers[l]) *
-                                sizeof(float));
+    for (int i = 0; i < nl; i++)
+        if (loc[i].weight_count)
+            bytes += stage_round_up((size_t)max_batch * layer_gout_kept_floats(&loc[i]) *
+                                    sizeof(float));
     return bytes;
+}
+
+size_t stage_split_slot_bytes_shard(const net_desc *net, int first, int last, int max_batch,
+                                    const shard_plan *tp, int t)
+{
+    size_t bytes = 0;
+    for (int l = first; l < last; l++) {
+        /* as rank t runs it: a block cut by heads keeps all its inner gradients apart */
+        layer_desc L = tp && tp->T > 1 ? shard_local_layer(tp, net, l, t) : net->layers[l];
+        bytes += split_bytes(&L, 1, max_batch);
+    }
+    return bytes;
+}
+
+void stage_split_carve(stage *s, stage_slot *sl, char *mem)
+{
+    const stage_plan *p = &s->plan;
+    for (int i = 0; i < p->nl; i++) {
+        const layer_desc *L = &p->loc[i];
+        if (!L->weight_count) continue;
+        sl->layers[i].gout = (float *)mem;
+        mem += stage_round_up((size_t)p->max_batch * layer_gout_kept_floats(L) *
+                              sizeof(float));
+    }
 }
 
 int stage_enable_split(stage *s)
 {
     const stage_plan *p = &s->plan;
     if (s->split) return 0;
-    size_t per = stage_split_slot_bytes(p->net, p->first, p->last, p->max_batch);
+    size_t per = split_bytes(p->loc, p->nl, p->max_batch);
+    if (s->slot_pool) { /* each unit holds a slot's gradients after its activations */
+        if (stage_slot_pool_unit(s->slot_pool) < p->slot_bytes + per)
+            return pt_error_set("stage %d..%d: the rank's shared slots are smaller than a "
+                                "slot and its split backward's gradients, %zu bytes",
+                                p->first, p->last - 1, p->slot_bytes + per);
+        s->split = 1;
+        return 0;
+    }
     s->split_memory = stage_alloc_zeroed(per * (size_t)s->n_slots);
     if (!s->split_memory)
         return pt_error_set("stage %d..%d: out of memory for the output gradients of %d "
                             "micro-batches (split backward)", p->first, p->last - 1, s->n_slots);
     char *mem = s->split_memory;
     for (int k = 0; k < s->n_slots; k++) {
-        for (int i = 0; i < p->nl; i++) {
-            const layer_desc *L = &p->loc[i];
-            if (!L->weight_count) continue;
-            s->slots[k].layers[i].gout = (float *)mem;
-            mem += stage_round_up((size_t)p->max_batch * layer_gout_floats(L) * sizeof(float));
-        }
+        stage_split_carve(s, &s->slots[k], mem);
+        mem += per;
     }
     s->split = 1;
     return 0;

@@ -45,11 +45,11 @@ static void layout_slots(const engine *e, cuda_engine *c, arena *d)
             const layer_desc *L = &p->loc[i];
             /* B's output gradient for W (batched layers stash theirs in B, but a block
              * stashes its products' rows in W); a block's: every inner gradient its W
-             * needs (layer_gout_floats) */
+             * needs that has no home in the slot (layer_gout_kept_floats) */
             int keeps = !stage_plan_batched(p, i) || L->type == LAYER_BLOCK;
             s->layers[i].gout = cfg->split_backward && L->weight_count && keeps
                                     ? arena_take(d, (size_t)cfg->max_batch *
-                                                        layer_gout_floats(L) * sizeof(float))
+                                                        layer_gout_kept_floats(L) * sizeof(float))
                                     : NULL;
             /* a layer in phases keeps its inner gradients between them (shared) */
             if (!s->layers[i].gout && stage_plan_phases(p, i) > 1)

@@ -133,6 +133,35 @@ static block_grads block_grads_at(float *set, const block_view *v)
     return g;
 }
 
+/* Where a whole block's split backward leaves W's gradients (layer_gout_kept_floats, the
+ * rule the planner counts): c_fc's over the pre-GELU rows and c_attn's over qkv, dead once
+ * B's GELU and attention backwards have read them; ln_1's output's and the MLP output's
+ * over the attention probabilities (dead after the attention's backward) as far as they
+ * fit; the rest in io->gout: ln_2's output's, the residual's, the two that did not fit, and
+ * with dropout attention c_proj's dropped. */
+static block_grads block_split_homes(const layer_call *c, const block_view *v)
+{
+    size_t NC = (size_t)v->N * (size_t)v->C;
+    int fits = layer_block_split_fits(c->L);
+    float *rest = c->io->gout;
+    block_grads g;
+    g.dfc = v->fc;
+    g.dqkv = v->qkv;
+    g.dln2 = rest;
+    g.dx1 = rest + NC;
+    rest += 2 * NC;
+    g.dln1 = fits >= 1 ? v->probs : rest;
+    rest += fits >= 1 ? 0 : NC;
+    g.dmp = fits >= 2 ? v->probs + NC : rest;
+    rest += fits >= 2 ? 0 : NC;
+    g.dap = v->drops ? rest : g.dx1;
+    g.dmpl = g.dmp;
+    g.dx1l = g.dx1;
+    g.ln1w = v->ln1;
+    g.ln2w = v->ln2;
+    return g;
+}
+
 /* The backward's scratch after the inner gradients in the chunk's workspace: attention's
  * output gradient (N·A), then the attention backward's. */
 static float *block_dy(const layer_call *c, const block_view *v)
@@ -461,26 +490,37 @@ int layer_block_backward(const layer_call *c, const float *g, float *dx, int wei
     const layer_kernels *k = c->k;
     void *kc = c->kc;
     block_view v = block_of(c);
-    /* B alone keeps its gradients for W in gout (where the loop already put g); else the
-     * chunk's workspace holds them until this call's W */
+    /* B alone leaves W's gradients where W finds them (H: block_split_homes), computing
+     * them as the whole backward does: in the chunk's workspace (G), but those whose homes
+     * are free from the start (in io->gout) and ln_1's output's (written after the
+     * attention's backward, which frees its home). c_fc's lands on the pre-GELU rows it is
+     * computed from (the GELU's backward reads each element before it writes it); c_attn's
+     * and the MLP output's are copied once the attention's backward has read qkv and the
+     * probabilities. The whole backward (H = G) runs the same kernels on the same values. */
     int keep = !weight_now && c->io->gout;
-    float *set = keep ? c->io->gout : c->work;
-    block_grads G = block_grads_at(set, &v);
+    block_grads G = block_grads_at(c->work, &v);
+    block_grads H = keep ? block_split_homes(c, &v) : G;
+    if (keep) {
+        G.dln2 = H.dln2;
+        G.dx1 = H.dx1;
+        G.dap = H.dap;
+        G.dln1 = H.dln1;
+    }
     size_t NC = (size_t)v.N * v.C, NH = (size_t)v.N * v.H;
     float *dy = block_dy(c, &v);
     float *attn_work = dy + (size_t)v.N * v.A;
     kernel_attention_dropout dr;
     const kernel_attention_dropout *drop = attn_drop(c, &v, &dr, 0, 0);
     /* g (the output's gradient) stays as it is: the residual's; the MLP's is g itself, or
-     * with dropout g ∘ M / (1 − p) (in G.dmp, where W finds it) */
+     * with dropout g ∘ M / (1 − p) (in G.dmp) */
     if (v.drops) {
-        if (drop_back(c, &v, G.dmp, keep ? G.dmp : g, v.mask_m)) return -1;
-    } else if (!keep) {
+        if (drop_back(c, &v, G.dmp, g, v.mask_m)) return -1;
+    } else {
         G.dmp = (float *)g; /* read only */
     }
     if (k->dense_backward_input(kc, G.dfc, G.dmp, v.Wmproj, v.N, v.H, v.C) ||
-        k->gelu_backward(kc, G.dfc, G.dfc, v.fc, NH) ||
-        k->dense_backward_input(kc, G.dln2, G.dfc, v.Wfc, v.N, v.C, v.H) ||
+        k->gelu_backward(kc, H.dfc, G.dfc, v.fc, NH) ||
+        k->dense_backward_input(kc, G.dln2, H.dfc, v.Wfc, v.N, v.C, v.H) ||
         k->layernorm_backward(kc, G.dx1, NULL, NULL, G.dln2, v.x1, v.mean2, v.rstd2, v.g2, v.N,
                               v.C) ||
         k->add(kc, G.dx1, g, NC) ||
@@ -489,18 +529,25 @@ int layer_block_backward(const layer_call *c, const float *g, float *dx, int wei
         k->attention_backward(kc, G.dqkv, attn_work, dy, v.qkv, v.probs, &v.d, drop) ||
         k->dense_backward_input(kc, G.dln1, G.dqkv, v.Wattn, v.N, v.C, 3 * v.A))
         return -1;
+    if (keep && (k->copy(kc, H.dqkv, G.dqkv, (size_t)v.N * 3 * v.A) ||
+                 k->copy(kc, H.dmp, G.dmp, NC)))
+        return -1;
     if (dx && (k->layernorm_backward(kc, dx, NULL, NULL, G.dln1, c->io->x, v.mean1, v.rstd1,
                                      v.g1, v.N, v.C) ||
                k->add(kc, dx, G.dx1, NC)))
         return -1;
-    return weight_now ? block_weight_from(c, &v, &G) : 0;
+    if (!weight_now) return 0;
+    H.dfc = G.dfc;
+    H.dmp = G.dmp;
+    return block_weight_from(c, &v, &H);
 }
 
 int layer_block_weight(const layer_call *c, const float *g)
 {
     if (need_transformer(c)) return -1;
     block_view v = block_of(c);
-    block_grads G = block_grads_at((float *)g, &v);
+    int whole = layer_phases(c->L) == 1;
+    block_grads G = whole ? block_split_homes(c, &v) : block_grads_at((float *)g, &v);
     return block_weight_from(c, &v, &G);
 }
 

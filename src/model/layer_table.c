@@ -402,6 +402,27 @@ size_t layer_gout_floats(const layer_desc *L)
     return layer_shape_count(L->out);
 }
 
+/* A whole block: its split backward keeps W's gradients in place (layer_table.h). */
+static int block_whole(const layer_desc *L)
+{
+    return L->type == LAYER_BLOCK && layer_block_shards(L) == 1 && layer_block_seq(L) == 1;
+}
+
+int layer_block_split_fits(const layer_desc *L)
+{
+    if (!block_whole(L)) return 0;
+    size_t T = (size_t)L->in.c, C = (size_t)L->in.w;
+    size_t fits = (size_t)L->u.block.heads * T * T / (T * C);
+    return fits > 2 ? 2 : (int)fits;
+}
+
+size_t layer_gout_kept_floats(const layer_desc *L)
+{
+    if (!L->weight_count || !block_whole(L)) return layer_gout_floats(L);
+    size_t T = (size_t)L->in.c, C = (size_t)L->in.w;
+    return T * C * (size_t)(4 - layer_block_split_fits(L) + (layer_block_drops(L) ? 1 : 0));
+}
+
 size_t layer_work_floats(const layer_desc *L, int n)
 {
     size_t T = (size_t)L->in.c, N = (size_t)n * T;

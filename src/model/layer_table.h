@@ -139,6 +139,17 @@ static inline int layer_block_drops(const layer_desc *L)
  * each of its inner products' and norms', and with dropout attention c_proj's output's
  * after its dropout); out_count for other parameter layers. */
 size_t layer_gout_floats(const layer_desc *L);
+/* The split backward of a whole block (not cut by heads, no sequence parallelism) leaves
+ * most of W's gradients in its own slot's storage that its B has used up
+ * (src/engine/layer_block.c, block_split_homes): c_fc's over the pre-GELU rows (fc, the
+ * GELU's backward in place), c_attn's over qkv (copied there after the attention's
+ * backward), and ln_1's output's, then the MLP output's, over the attention probabilities
+ * as far as they fit (layer_block_split_fits: how many of these two, C per token each, fit
+ * in heads·T² per sample). Floats per sample it keeps apart (io.gout): ln_2's output's
+ * and the residual's, the MLP output's and ln_1's output's where they do not fit, and with
+ * dropout attention c_proj's dropped; layer_gout_floats for every other layer. */
+int layer_block_split_fits(const layer_desc *L);
+size_t layer_gout_kept_floats(const layer_desc *L);
 /* Floats of scratch a chunk of n samples needs (a block's backward; an embedding's token
  * ids), beyond the convolution workspace. */
 size_t layer_work_floats(const layer_desc *L, int n);

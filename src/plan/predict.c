@@ -425,8 +425,8 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
         out[s] = 0;
         /* the tensor ranks of a stage may hold uneven shards: the largest */
         for (int t = 0; t < T; t++) {
-            double rank = 0;
-            int failed = 0;
+            double rank = 0, held = 0, unit = 0; /* the chunks' slots; the largest */
+            int failed = 0, n_held = 0;
             /* ZeRO-2 and 3 price the buckets and layers this tensor rank holds */
             net_desc local;
             const net_desc *zn = net;
@@ -448,11 +448,15 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                 int slots = rep.peak_inflight_chunk[s * V + v];
                 if (slots < 1) slots = 1;
                 /* the gradient groups and mb_grads: what their pages hold at the peak */
-                double held = (double)b.group_held + (M > 1 ? (double)b.apart_held : 0);
-                double bytes = (double)b.state + held + (double)b.workers + slots * (double)b.slot;
-                if (split)
-                    bytes += slots * (double)stage_split_slot_bytes(net, first, last,
-                                                                    cfg->microbatch);
+                double groups_held = (double)b.group_held + (M > 1 ? (double)b.apart_held : 0);
+                double slot = (double)b.slot +
+                              (split ? (double)stage_split_slot_bytes_shard(
+                                           net, first, last, cfg->microbatch, sp, t)
+                                     : 0);
+                double bytes = (double)b.state + groups_held + (double)b.workers + slots * slot;
+                held += slots * slot;
+                n_held += slots;
+                if (stage_round_up((size_t)slot) > unit) unit = stage_round_up((size_t)slot);
                 /* inputs, gradients in, gradients out (not on chunk 0), labels and ids */
                 bytes += nb * mb * (4.0 * (in + outc + (first > 0 ? in : 0)) + 4 + 8);
                 /* recomputation: the outputs of the micro-batches between forward and
@@ -477,13 +481,17 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                     int scratch = (stage_estimate_groups(net, cfg->microbatch, 1) > 1) + (M > 1);
                     double g = zero2_grad_bytes(zn, first, last, cfg, scratch);
                     if (g < 0) failed = 1;
-                    bytes += g - (double)b.state / 4.0 - held;
+                    bytes += g - (double)b.state / 4.0 - groups_held;
                 }
                 if (cfg->zero >= 3 && cfg->replicas > 1)
                     bytes += zero3_param_bytes(zn, first, last, cfg->replicas) -
                              (double)b.state / 4.0;
                 rank += bytes;
             }
+            /* the CPU executor's chunks share the rank's peak of slots when it is fewer
+             * (engine_create_chunks), each unit the largest chunk's slot */
+            if (V > 1 && rep.peak_inflight[s] > 0 && rep.peak_inflight[s] < n_held)
+                rank += rep.peak_inflight[s] * unit - held;
             if (zn != net) net_desc_free(&local);
             if (failed) {
                 schedule_report_free(&rep);

@@ -127,7 +127,9 @@ typedef struct {
 } plan_memory_config;
 
 /* Peak bytes each rank allocates (out: sched->stages entries), summed over its model
- * chunks c (part has K·V stages; each chunk is an engine of its own):
+ * chunks c (part has K·V stages; each chunk is an engine of its own; with V > 1 their
+ * slots, split backward's gradients included, are the rank's peak over its chunks of units
+ * the size of the largest chunk's, where that is fewer: src/runtime/engine_create.h):
  * - stage_estimate (stage_estimate_shard per tensor rank): parameters, gradients, both
  *   moment buffers, gradient groups, one thread's workspaces, and one activation slot per
  *   micro-batch the verifier finds the chunk holding at once (peak_inflight_chunk, at

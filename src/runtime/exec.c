@@ -121,11 +121,14 @@ static int check_layout(int size, int V, const net_desc *net, const partition *p
 }
 
 /* Verifies the schedule and reads, for each of the rank's V chunks, the most micro-batches
- * whose activations it holds at once (slots) and the most inputs it keeps (kept). */
-static int schedule_peaks(const schedule *sched, int rank, int V, int *slots, int *kept)
+ * whose activations it holds at once (slots) and the most inputs it keeps (kept), and the
+ * most it holds over all its chunks at once (*rank_slots). */
+static int schedule_peaks(const schedule *sched, int rank, int V, int *slots, int *kept,
+                          int *rank_slots)
 {
     schedule_report rep;
     if (schedule_verify(sched, &rep)) return -1;
+    *rank_slots = rep.peak_inflight[rank];
     for (int v = 0; v < V; v++) {
         slots[v] = rep.peak_inflight_chunk[rank * V + v];
         kept[v] = rep.peak_inputs_chunk[rank * V + v];
@@ -186,16 +189,19 @@ static int alloc_chunks(exec_t *e, const partition *part)
 }
 
 /* One engine per chunk on the configured device, its activation slots and kept inputs
- * sized from the schedule's peaks. */
-static int create_engines(exec_t *e, const partition *part, const int *slots, const int *kept)
+ * sized from the schedule's peaks (on the CPU the chunks' slots shared within the rank's
+ * peak, engine_create_chunks). */
+static int create_engines(exec_t *e, const partition *part, const int *slots, const int *kept,
+                          int rank_slots)
 {
     const exec_config *cfg = &e->cfg;
     const schedule_list *list = &e->sched->lists[e->rank];
     int M = cfg->microbatches, split = 0;
     for (int i = 0; i < list->n_ops; i++) split |= list->ops[i].kind == SCHED_OP_BACKWARD_INPUT;
+    engine_config ecs[e->V];
     for (int v = 0; v < e->V; v++) {
         int c = schedule_model_chunk(e->sched, e->rank, v);
-        engine_config ec = {
+        ecs[v] = (engine_config){
             .net = e->net, .first = part->first[c], .last = part->first[c + 1],
             /* two halves, see exec.half; evaluation cycles through 0, 1 and 2 */
             .buffers = 2 * M > EVAL_BUFFERS ? 2 * M : EVAL_BUFFERS,
@@ -212,8 +218,8 @@ static int create_engines(exec_t *e, const partition *part, const int *slots, co
                             .allgather = tensor_allgather,
                             .reduce_scatter = tensor_reduce_scatter},
         };
-        if (engine_create(&e->engs[v], cfg->device, &ec)) return -1;
     }
+    if (engine_create_chunks(e->engs, e->V, cfg->device, ecs, rank_slots)) return -1;
     e->eng = e->engs[0];
     e->in_count = e->eng->in_count;
     e->out_count = e->eng->out_count;
@@ -249,15 +255,16 @@ int exec_init(exec_t **out, MPI_Comm comm, const net_desc *net, const partition 
     PT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
     PT_MPI_CHECK(MPI_Comm_size(comm, &size));
     int V = sched->virtual_stages > 1 ? sched->virtual_stages : 1;
-    int slots[V], kept[V];
+    int slots[V], kept[V], rank_slots;
     if (check_layout(size, V, net, part, sched, cfg) ||
-        schedule_peaks(sched, rank, V, slots, kept))
+        schedule_peaks(sched, rank, V, slots, kept, &rank_slots))
         return -1;
     exec_t *e = alloc_exec(comm, rank, size, V, cfg);
     if (!e) return -1;
     e->net = net;
     e->sched = sched;
-    if (alloc_chunks(e, part) || create_engines(e, part, slots, kept) || alloc_requests(e)) {
+    if (alloc_chunks(e, part) || create_engines(e, part, slots, kept, rank_slots) ||
+        alloc_requests(e)) {
         exec_free(e);
         return -1;
     }
