@@ -1,5 +1,5 @@
-/* What the CPU stage's files (stage.c, stage_wgrad.c, stage_seq.c, stage_tp.c) share; not for
- * other modules. */
+/* What the CPU stage's files (stage.c, stage_sizes.c, stage_wgrad.c, stage_seq.c,
+ * stage_tp.c, stage_slot_pool.c) share; not for other modules. */
 #ifndef PT_STAGE_IMPL_H
 #define PT_STAGE_IMPL_H
 
@@ -11,6 +11,19 @@
 /* bytes zeroed, aligned to STAGE_ALIGN and rounded up to it (at least one block); NULL when
  * out of memory */
 void *stage_alloc_zeroed(size_t bytes);
+
+/* How a micro-batch is cut (stage_sizes.c): the gradient groups of `threads` threads, the
+ * chunk cap and the least chunk (the whole net decides, not the stage); the chunk size for
+ * n samples; the groups that receive chunks of n samples; the stage's shape for the
+ * shared layout; whether its groups are formed layer by layer (split_groups). */
+void stage_chunk_rules(const net_desc *net, int threads, int *groups, int *chunk_max,
+                       int *chunk_min);
+int stage_chunk_of(int chunk_max, int chunk_min, int groups, int n);
+int stage_used_groups(int groups, int chunk, int n);
+stage_shape stage_cpu_shape(const net_desc *net, int first, int last, int max_batch, int chunk,
+                            const shard_plan *tp, int t);
+int stage_groups_by_layer(const net_desc *net, int first, int last, size_t param_count,
+                          size_t widest, int max_batch, int threads, int used, int tp);
 
 /* The pool stages created now share (stage_slot_pool_use), with a reference for the
  * caller; NULL: none. take: binds a free unit (its index, its memory at *base), −1 with a

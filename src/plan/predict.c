@@ -370,9 +370,11 @@ int plan_predict(plan_prediction *out, const net_desc *net, const partition *par
  * max over buckets b of Σ_{k < b−1} B_k/R + B_{b−1} + B_b (B in bytes, the shards rounded
  * to nothing), as src/runtime/replicas.c gives memory back, plus `scratch` buffers of the
  * largest bucket (the CPU stage's gradient groups and mb_grads, which hold one backward
- * range each: src/cpu/stage.h, release_zero); −1 with a message. */
+ * range each: src/cpu/stage.h); with pieces (M > 1, ordered) the shards live in the earlier
+ * micro-batches' arrays, which stay whole, so the last piece adds its two buckets only:
+ * max_b B_{b−1} + B_b. −1 with a message. */
 static double zero2_grad_bytes(const net_desc *net, int first, int last,
-                               const plan_memory_config *cfg, int scratch)
+                               const plan_memory_config *cfg, int scratch, int pieces)
 {
     reduce_plan plan;
     if (replicas_plan(&plan, net, first, last, &cfg->rep)) return -1;
@@ -381,7 +383,7 @@ static double zero2_grad_bytes(const net_desc *net, int first, int last,
         double Bb = 4.0 * plan.buckets[b].count, prev = b ? 4.0 * plan.buckets[b - 1].count : 0;
         if (shards + prev + Bb > most) most = shards + prev + Bb;
         if (Bb > largest) largest = Bb;
-        shards += prev / R;
+        if (!pieces) shards += prev / R;
     }
     reduce_plan_free(&plan);
     return most + scratch * largest;
@@ -447,8 +449,10 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                                  : (double)layer_shape_count(net->layers[last - 1].out);
                 int slots = rep.peak_inflight_chunk[s * V + v];
                 if (slots < 1) slots = 1;
-                /* the gradient groups and mb_grads: what their pages hold at the peak */
-                double groups_held = (double)b.group_held + (M > 1 ? (double)b.apart_held : 0);
+                /* the gradient groups and mb_grads (the micro-batches after the first,
+                 * unless each has a piece of its own): what their pages hold at the peak */
+                double groups_held = (double)b.group_held +
+                                     (M > 1 && cfg->grad_pieces <= 1 ? (double)b.apart_held : 0);
                 double slot = (double)b.slot +
                               (split ? (double)stage_split_slot_bytes_shard(
                                            net, first, last, cfg->microbatch, sp, t)
@@ -471,15 +475,18 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                  * the wire are the unsharded ones (reduce-scatter + all-gather) */
                 if (cfg->zero > 0 && cfg->replicas > 1)
                     bytes -= (double)b.state / 2.0 * (1.0 - 1.0 / cfg->replicas);
-                /* ZeRO-2 (one piece): the gradients' peak is the shards of the buckets
-                 * reduced so far and two whole buckets (the one whose reduce-scatter the
-                 * next start waits for, and the one just formed), and in place of the
-                 * whole group arrays and mb_grads one bucket for each that is written (a
-                 * micro-batch of several chunks: a wave's group buffer, one thread here;
-                 * M > 1: mb_grads) */
-                if (cfg->zero >= 2 && cfg->replicas > 1 && cfg->grad_pieces <= 1) {
-                    int scratch = (stage_estimate_groups(net, cfg->microbatch, 1) > 1) + (M > 1);
-                    double g = zero2_grad_bytes(zn, first, last, cfg, scratch);
+                /* ZeRO-2: the gradients' peak is the shards of the buckets reduced so far
+                 * and two whole buckets (the one whose reduce-scatter the next start waits
+                 * for, and the one just formed), and in place of the whole group arrays
+                 * and mb_grads one bucket for each that is written (a micro-batch of
+                 * several chunks: a wave's group buffer, one thread here; M > 1 with one
+                 * piece: mb_grads); with pieces, the earlier ones whole (above) and the
+                 * last one's two buckets */
+                if (cfg->zero >= 2 && cfg->replicas > 1) {
+                    int pieces = cfg->grad_pieces > 1;
+                    int scratch = (stage_estimate_groups(net, cfg->microbatch, 1) > 1) +
+                                  (M > 1 && !pieces);
+                    double g = zero2_grad_bytes(zn, first, last, cfg, scratch, pieces);
                     if (g < 0) failed = 1;
                     bytes += g - (double)b.state / 4.0 - groups_held;
                 }
