@@ -506,7 +506,10 @@ static void backward_span_local(stage *s, int slot, int lo, int hi, int from, in
     j.width = s->threads < used ? s->threads : s->groups;
     int buffers = used - 1 < j.width ? used - 1 : j.width;
     float *apart = t.add_to ? t.form : NULL;
-    move_group_pages(s, buffers, apart, runs, nr, 0);
+    /* a whole backward of whole arrays would take back at once what it gave: only moved
+     * where the runs are a part (measured: 1.5% of seed-cnn's step for nothing) */
+    int moved = s->release_zero || s->split_groups || lo > 0 || hi < s->plan.nl;
+    if (moved) move_group_pages(s, buffers, apart, runs, nr, 0);
     for (j.g_lo = 0; j.g_lo < used; j.g_lo += j.width) {
         j.g_hi = j.g_lo + j.width < used ? j.g_lo + j.width : used;
         pool_run(s->pool, backward_worker, &j);
@@ -518,7 +521,7 @@ static void backward_span_local(stage *s, int slot, int lo, int hi, int from, in
             pool_run(s->pool, reduce_worker, &r);
         }
     }
-    move_group_pages(s, buffers, apart, runs, nr, 1);
+    if (moved) move_group_pages(s, buffers, apart, runs, nr, 1);
     stage_plan_grads_formed(&s->plan, formed_from(&j), grads);
 }
 
