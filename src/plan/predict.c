@@ -405,6 +405,45 @@ static double zero3_param_bytes(const net_desc *net, int first, int last, double
     return all / R + most;
 }
 
+/* A chunk's parameters, gradients and optimizer state at its peak (the gradient groups', the
+ * gradient pieces' and ZeRO's share of them); zn: the layers as this tensor rank holds them.
+ * *failed set when a bucket plan cannot be made. */
+static double state_bytes(const stage_bytes *bp, const net_desc *net, const net_desc *zn,
+                          int first, int last, const plan_memory_config *cfg, int M, int *failed)
+{
+    const stage_bytes b = *bp;
+    /* the gradient groups and mb_grads (the micro-batches after the first,
+     * unless each has a piece of its own): what their pages hold at the peak */
+    double groups_held = (double)b.group_held +
+                         (M > 1 && cfg->grad_pieces <= 1 ? (double)b.apart_held : 0);
+    double bytes = (double)b.state + groups_held;
+    if (cfg->grad_pieces > 1)
+        bytes += (cfg->grad_pieces - 1.0) * (double)b.state / 4.0;
+    /* ZeRO-1: m | v (half the state) sharded over the replicas; the bytes on
+     * the wire are the unsharded ones (reduce-scatter + all-gather) */
+    if (cfg->zero > 0 && cfg->replicas > 1)
+        bytes -= (double)b.state / 2.0 * (1.0 - 1.0 / cfg->replicas);
+    /* ZeRO-2: the gradients' peak is the shards of the buckets reduced so far
+     * and two whole buckets (the one whose reduce-scatter the next start waits
+     * for, and the one just formed), and in place of the whole group arrays
+     * and mb_grads one bucket for each that is written (a micro-batch of
+     * several chunks: a wave's group buffer, one thread here; M > 1 with one
+     * piece: mb_grads); with pieces, the earlier ones whole (above) and the
+     * last one's two buckets */
+    if (cfg->zero >= 2 && cfg->replicas > 1) {
+        int pieces = cfg->grad_pieces > 1;
+        int scratch = (stage_estimate_groups(net, cfg->microbatch, 1) > 1) +
+                      (M > 1 && !pieces);
+        double g = zero2_grad_bytes(zn, first, last, cfg, scratch, pieces);
+        if (g < 0) *failed = 1;
+        bytes += g - (double)b.state / 4.0 - groups_held;
+    }
+    if (cfg->zero >= 3 && cfg->replicas > 1)
+        bytes += zero3_param_bytes(zn, first, last, cfg->replicas) -
+                 (double)b.state / 4.0;
+    return bytes;
+}
+
 int plan_memory(double *out, const net_desc *net, const partition *part, const schedule *sched,
                 const plan_memory_config *cfg)
 {
@@ -449,15 +488,12 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                                  : (double)layer_shape_count(net->layers[last - 1].out);
                 int slots = rep.peak_inflight_chunk[s * V + v];
                 if (slots < 1) slots = 1;
-                /* the gradient groups and mb_grads (the micro-batches after the first,
-                 * unless each has a piece of its own): what their pages hold at the peak */
-                double groups_held = (double)b.group_held +
-                                     (M > 1 && cfg->grad_pieces <= 1 ? (double)b.apart_held : 0);
                 double slot = (double)b.slot +
                               (split ? (double)stage_split_slot_bytes_shard(
                                            net, first, last, cfg->microbatch, sp, t)
                                      : 0);
-                double bytes = (double)b.state + groups_held + (double)b.workers + slots * slot;
+                double bytes = state_bytes(&b, net, zn, first, last, cfg, M, &failed) +
+                               (double)b.workers + slots * slot;
                 held += slots * slot;
                 n_held += slots;
                 if (stage_round_up((size_t)slot) > unit) unit = stage_round_up((size_t)slot);
@@ -469,30 +505,6 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                     bytes += rep.peak_inputs_chunk[s * V + v] * mb * outc * 4.0;
                 if (cfg->wgrad_batched)
                     bytes += (double)stage_wgrad_row_bytes(net, first, last) * mb * M;
-                if (cfg->grad_pieces > 1)
-                    bytes += (cfg->grad_pieces - 1.0) * (double)b.state / 4.0;
-                /* ZeRO-1: m | v (half the state) sharded over the replicas; the bytes on
-                 * the wire are the unsharded ones (reduce-scatter + all-gather) */
-                if (cfg->zero > 0 && cfg->replicas > 1)
-                    bytes -= (double)b.state / 2.0 * (1.0 - 1.0 / cfg->replicas);
-                /* ZeRO-2: the gradients' peak is the shards of the buckets reduced so far
-                 * and two whole buckets (the one whose reduce-scatter the next start waits
-                 * for, and the one just formed), and in place of the whole group arrays
-                 * and mb_grads one bucket for each that is written (a micro-batch of
-                 * several chunks: a wave's group buffer, one thread here; M > 1 with one
-                 * piece: mb_grads); with pieces, the earlier ones whole (above) and the
-                 * last one's two buckets */
-                if (cfg->zero >= 2 && cfg->replicas > 1) {
-                    int pieces = cfg->grad_pieces > 1;
-                    int scratch = (stage_estimate_groups(net, cfg->microbatch, 1) > 1) +
-                                  (M > 1 && !pieces);
-                    double g = zero2_grad_bytes(zn, first, last, cfg, scratch, pieces);
-                    if (g < 0) failed = 1;
-                    bytes += g - (double)b.state / 4.0 - groups_held;
-                }
-                if (cfg->zero >= 3 && cfg->replicas > 1)
-                    bytes += zero3_param_bytes(zn, first, last, cfg->replicas) -
-                             (double)b.state / 4.0;
                 rank += bytes;
             }
             /* the CPU executor's chunks share the rank's peak of slots when it is fewer
