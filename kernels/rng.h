@@ -1,13 +1,20 @@
 /* Counter-based random numbers (Philox4x32-10, Salmon et al., SC'11): the value at a
  * given (seed, stream, index) is the same whatever order or process asks for it, so
  * initial weights and dropout masks do not depend on how a model is split or batched.
- * Inline because it sits inside element loops; the CUDA twin will share the arithmetic. */
+ * Inline because it sits inside element loops; the CUDA kernels share the arithmetic. */
 #ifndef PT_RNG_H
 #define PT_RNG_H
 
 #include <stdint.h>
 
-static inline void rng_philox4x32_10(uint32_t out[4], uint64_t seed, uint64_t stream,
+/* Compiled by nvcc too (kernels/cuda/transformer_math.cuh): one Philox for host and device. */
+#ifdef __CUDACC__
+#define RNG_HD __host__ __device__
+#else
+#define RNG_HD
+#endif
+
+RNG_HD static inline void rng_philox4x32_10(uint32_t out[4], uint64_t seed, uint64_t stream,
                                      uint64_t index)
 {
     uint32_t c0 = (uint32_t)index, c1 = (uint32_t)(index >> 32);
@@ -32,7 +39,7 @@ static inline void rng_philox4x32_10(uint32_t out[4], uint64_t seed, uint64_t st
 }
 
 /* A uniform float in [0, 1) with 24 random bits. */
-static inline float rng_u32_to_unit(uint32_t x) { return (float)(x >> 8) * 0x1p-24f; }
+RNG_HD static inline float rng_u32_to_unit(uint32_t x) { return (float)(x >> 8) * 0x1p-24f; }
 
 /* Element i of the uniform sequence (seed, stream): lane i%4 of block i/4. */
 static inline float rng_uniform_at(uint64_t seed, uint64_t stream, uint64_t i)

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "kernels/kernels.h"
+#include "kernels/rng.h"
 
 #define TFC_HD __host__ __device__ static inline
 /* Fully unrolled on the device (the per-row arrays then stay in registers); the host
@@ -270,29 +271,7 @@ TFC_HD void tfc_embed_tok_grad(float *dwte_row, const float *dout, const int32_t
  * Element e of a sample's whole numbering (e = elem_off + (h·T + i)·T + j) is kept when
  * uniform(seed, stream, (id << 32) | e) < 1 − p: lane e % 4 of Philox block ((id << 32) | e)
  * / 4, rng_u32_to_unit's 24 bits (kernel_dropout_forward_range_cpu's numbers). The Philox
- * rounds are rng_philox4x32_10's, written again here for both sides (rng.h's are C only). */
-TFC_HD void tfc_philox(uint32_t out[4], uint64_t seed, uint64_t stream, uint64_t index)
-{
-    uint32_t c0 = (uint32_t)index, c1 = (uint32_t)(index >> 32);
-    uint32_t c2 = (uint32_t)stream, c3 = (uint32_t)(stream >> 32);
-    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-    for (int round = 0; round < 10; round++) {
-        const uint64_t p0 = (uint64_t)0xD2511F53u * c0;
-        const uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
-        const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
-        const uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        c0 = n0;
-        c1 = (uint32_t)p1;
-        c2 = n2;
-        c3 = (uint32_t)p0;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
-}
+ * rounds are rng_philox4x32_10's (kernels/rng.h, compiled for both sides). */
 
 /* The dropout of one attention call as the kernels take it (by value): mask NULL, none. */
 typedef struct {
@@ -325,10 +304,10 @@ TFC_HD void tfc_drop_make_row(uint8_t *mrow, const tfc_drop &dr, int T, int b, i
         const uint64_t blk = c >> 2;
 #endif
         if (blk != have) {
-            tfc_philox(w, dr.seed, dr.stream, blk);
+            rng_philox4x32_10(w, dr.seed, dr.stream, blk);
             have = blk;
         }
-        const float u = (float)(w[c & 3] >> 8) * 0x1p-24f;
+        const float u = rng_u32_to_unit(w[c & 3]);
         mrow[j] = u < dr.keep ? 1 : 0;
     }
 }
