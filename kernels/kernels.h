@@ -120,6 +120,25 @@ void kernel_dropout_backward_cpu(float *din, const float *dout, const uint8_t *m
 double kernel_softmax_xent_cpu(float *dlogits, int *correct, const float *logits,
                                const int32_t *labels, int n, int classes, float grad_scale);
 
+/* The same loss over logits cut by vocabulary (Megatron's vocabulary-parallel
+ * cross-entropy): one rank holds columns [first, first + Vr) of each of `rows` rows, and the
+ * phases run around two all-gathers over the T ranks (rank by rank). max: mine[2i], [2i+1] =
+ * the row's largest logit here and its first column (global). sums: from all (every rank's
+ * pairs) the row's largest and its column into ma[2i], [2i+1] (the first rank's on a tie:
+ * the whole kernel's first argmax); mine[3i..3i+2] = the sum of exponentials against it (a
+ * double sent as two floats) and the target's logit (0 where another rank holds it);
+ * dlogits (may be NULL) gets the exponentials. finish: from all (every rank's triples) the
+ * loss summed over the rows (NaN for a label outside [0, V)), *correct, and dlogits' columns
+ * of the gradient times grad_scale. Not bit for bit the whole kernel (the sums are cut).
+ * The CPU stage (src/cpu/stage_loss.c) and the mock CUDA runtime run these. */
+void kernel_xent_shard_max_cpu(float *mine, const float *logits, int rows, int Vr, int first);
+void kernel_xent_shard_sums_cpu(float *mine, float *dlogits, float *ma, const float *all,
+                                const float *logits, const int32_t *labels, int rows, int Vr,
+                                int first, int T);
+double kernel_xent_shard_finish_cpu(float *dlogits, int *correct, const float *all,
+                                    const float *ma, const int32_t *labels, int rows, int Vr,
+                                    int first, int V, int T, float grad_scale);
+
 /* dst += src, element by element: a micro-batch's gradient added to the step's sum. */
 void kernel_add_cpu(float *dst, const float *src, size_t count);
 

@@ -231,23 +231,11 @@ int kernel_attention_backward_cuda(float *dqkv, float *probs, const float *dy, c
     m_attn_drop_put(o, drop);
     DONE();
 }
-/* ---- the vocabulary-parallel loss: src/cpu/stage_loss.c's sharded_loss, step by step,
- * its arithmetic exactly (fastmath_expf, rows added in order from 0), so the mock engine's
- * bits are the CPU engine's ---- */
-#include "kernels/fastmath.h"
+/* ---- the vocabulary-parallel loss: the CPU stage's phases (kernel_xent_shard_*_cpu), so
+ * the mock engine's bits are the CPU engine's ---- */
 static void r_xsmax(op *o)
 {
-    float *mine = o->p[0];
-    const float *y = o->p[1];
-    int R = o->i[0], Vr = o->i[1], first = o->i[2];
-    for (int i = 0; i < R; i++) {
-        const float *x = y + (size_t)i * Vr;
-        int best = 0;
-        for (int j = 1; j < Vr; j++)
-            if (x[j] > x[best]) best = j;
-        mine[2 * i] = x[best];
-        mine[2 * i + 1] = (float)(first + best);
-    }
+    kernel_xent_shard_max_cpu(o->p[0], o->p[1], o->i[0], o->i[1], o->i[2]);
 }
 int kernel_xent_shard_max_cuda(float *mine, const float *logits, int rows, int Vr, int first,
                                const kernel_cuda_ctx *ctx)
@@ -260,32 +248,8 @@ int kernel_xent_shard_max_cuda(float *mine, const float *logits, int rows, int V
 }
 static void r_xssums(op *o)
 {
-    float *mine = o->p[0], *dl = o->p[1], *ma = o->p[2];
-    const float *all = o->p[3], *y = o->p[4];
-    const int32_t *labels = o->p[5];
-    int R = o->i[0], Vr = o->i[1], first = o->i[2], T = o->i[3];
-    for (int i = 0; i < R; i++) {
-        float M = all[2 * i], A = all[2 * i + 1];
-        for (int r = 1; r < T; r++)
-            if (all[(size_t)r * 2 * R + 2 * i] > M) {
-                M = all[(size_t)r * 2 * R + 2 * i];
-                A = all[(size_t)r * 2 * R + 2 * i + 1];
-            }
-        ma[2 * i] = M;
-        ma[2 * i + 1] = A;
-        const float *x = y + (size_t)i * Vr;
-        float *d = dl ? dl + (size_t)i * Vr : NULL;
-        double sum = 0.0;
-        for (int j = 0; j < Vr; j++) {
-            float e = fastmath_expf(x[j] - M);
-            if (d) d[j] = e;
-            sum += e;
-        }
-        int32_t k = labels[i] - first;
-        mine[3 * i] = (float)sum;
-        mine[3 * i + 1] = (float)(sum - (double)(float)sum);
-        mine[3 * i + 2] = k >= 0 && k < Vr ? x[k] : 0.0f;
-    }
+    kernel_xent_shard_sums_cpu(o->p[0], o->p[1], o->p[2], o->p[3], o->p[4], o->p[5], o->i[0],
+                               o->i[1], o->i[2], o->i[3]);
 }
 int kernel_xent_shard_sums_cuda(float *mine, float *dlogits, float *ma, const float *all,
                                 const float *logits, const int32_t *labels, int rows, int Vr,
@@ -302,35 +266,10 @@ int kernel_xent_shard_sums_cuda(float *mine, float *dlogits, float *ma, const fl
 }
 static void r_xsfin(op *o)
 {
-    float *dl = o->p[0];
-    int *correct = o->p[1];
-    double *loss_sum = o->p[2];
-    const float *all = o->p[3], *ma = o->p[4];
-    const int32_t *labels = o->p[5];
-    int R = o->i[0], Vr = o->i[1], first = o->i[2], V = o->i[3], T = o->i[4];
-    float grad_scale = o->f[0];
-    double loss = 0.0;
-    int right = 0;
-    for (int i = 0; i < R; i++) {
-        double sum = 0.0, target = 0.0;
-        for (int r = 0; r < T; r++) {
-            const float *q = all + (size_t)r * 3 * R + 3 * i;
-            sum += (double)q[0] + (double)q[1];
-            target += (double)q[2];
-        }
-        int32_t label = labels[i];
-        right += (float)label == ma[2 * i + 1];
-        if (dl) {
-            float *d = dl + (size_t)i * Vr;
-            const float inv = (float)(1.0 / sum);
-            for (int j = 0; j < Vr; j++)
-                d[j] = (d[j] * inv - (first + j == label ? 1.0f : 0.0f)) * grad_scale;
-        }
-        if (label < 0 || label >= V) loss = NAN;
-        else loss += log(sum) - (target - (double)ma[2 * i]);
-    }
-    if (loss_sum) *loss_sum = loss;
-    if (correct) *correct = right;
+    double loss = kernel_xent_shard_finish_cpu(o->p[0], o->p[1], o->p[3], o->p[4], o->p[5],
+                                               o->i[0], o->i[1], o->i[2], o->i[3], o->i[4],
+                                               o->f[0]);
+    if (o->p[2]) *(double *)o->p[2] = loss;
 }
 int kernel_xent_shard_finish_cuda(float *dlogits, int *correct, double *loss_sum,
                                   const float *all, const float *ma, const int32_t *labels,
