@@ -131,17 +131,13 @@ static int tp_backward_run(void *self, int lo, int hi, const float *dout, float 
 {
     cuda_pass *q = self;
     cuda_engine *c = engine_cuda_impl(q->e);
+    /* with tensor shards the shared runs call the ZeRO-3 hook themselves (tp_layer) */
+    if (!c->zero3 || c->plan.tp) return tp_backward_phases(self, lo, hi, 0, 0, dout, din);
     if (dout) {
         c->range_g = dout;
         c->range_gi = -1;
     }
     layer_run r = cuda_layer_run(q);
-    if (!c->zero3 || c->plan.tp) { /* with tensor shards: tp_layer, as forward */
-        if (layer_run_backward(&r, lo, hi, &c->range_g, &c->range_gi, c->scratch, din,
-                               q->parts))
-            return layer_run_fail(c, &r, q->m);
-        return 0;
-    }
     /* ZeRO-3: layer by layer from the top, the running gradient left between them as
      * between backward ranges (the same kernel calls) */
     for (int l = hi - 1; l >= lo; l--) {
