@@ -509,7 +509,8 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
             }
             /* the CPU executor's chunks share the rank's peak of slots when it is fewer
              * (engine_create_chunks), each unit the largest chunk's slot */
-            if (V > 1 && rep.peak_inflight[s] > 0 && rep.peak_inflight[s] < n_held)
+            if (V > 1 && !cfg->slots_per_chunk && rep.peak_inflight[s] > 0 &&
+                rep.peak_inflight[s] < n_held)
                 rank += rep.peak_inflight[s] * unit - held;
             if (zn != net) net_desc_free(&local);
             if (failed) {
