@@ -63,6 +63,20 @@ static void check_close(const char *what, const char *shape, const float *dev, c
     const double err = bad ? INFINITY : den > 0 ? num / den : num;
     record(what, shape, err <= tol, err);
 }
+/* dq, dk and dv of rows interleaved as qkv (row stride ld, C each), each against the CPU's */
+static void check_dqkv(const char *const names[3], const char *shape, const float *dqkv,
+                       const float *c_dqkv, size_t rows, int C, size_t ld)
+{
+    std::vector<float> part(rows * C), c_part(rows * C);
+    for (int s = 0; s < 3; s++) {
+        for (size_t r = 0; r < rows; r++)
+            for (int k = 0; k < C; k++) {
+                part[r * C + k] = dqkv[r * ld + s * C + k];
+                c_part[r * C + k] = c_dqkv[r * ld + s * C + k];
+            }
+        check_close(names[s], shape, part.data(), c_part.data(), part.size());
+    }
+}
 static void exact(const char *what, const char *shape, const float *dev, const float *cpu,
                   size_t n)
 {
@@ -344,17 +358,9 @@ static void test_attention(int B, int T, int H, int D, bool keep_delta)
                                   qkv.data() + 2 * C, c_probs.data(), &d);
     float *delta = keep_delta ? tfc_attn_delta_area(probs.data(), &d) : NULL;
     emu_attention(NULL, dqkv.data(), probs.data(), delta, dy.data(), qkv.data(), d, false);
-    std::vector<float> part(rows * C), c_part(rows * C);
     const char *names[3] = {"attention_backward dq", "attention_backward dk",
                             "attention_backward dv"};
-    for (int s = 0; s < 3; s++) {
-        for (size_t r = 0; r < rows; r++)
-            for (int k = 0; k < C; k++) {
-                part[r * C + k] = dqkv[r * ld + s * C + k];
-                c_part[r * C + k] = c_dqkv[r * ld + s * C + k];
-            }
-        check_close(names[s], shape, part.data(), c_part.data(), part.size());
-    }
+    check_dqkv(names, shape, dqkv.data(), c_dqkv.data(), rows, C, ld);
 }
 
 /* With the attention dropout (kernel_attention_dropout): the masks bit for bit (j ≤ i;
@@ -409,17 +415,9 @@ static void test_attention_dropout(int B, int T, int H, int D, float p, size_t e
                                           c_probs.data(), &d, &cd);
     float *delta = keep_delta ? tfc_attn_delta_area(probs.data(), &d) : NULL;
     emu_attention(NULL, dqkv.data(), probs.data(), delta, dy.data(), qkv.data(), d, false, dr);
-    std::vector<float> part(rows * C), c_part(rows * C);
     const char *names[3] = {"attention_backward dropout dq", "attention_backward dropout dk",
                             "attention_backward dropout dv"};
-    for (int s = 0; s < 3; s++) {
-        for (size_t r = 0; r < rows; r++)
-            for (int k = 0; k < C; k++) {
-                part[r * C + k] = dqkv[r * ld + s * C + k];
-                c_part[r * C + k] = c_dqkv[r * ld + s * C + k];
-            }
-        check_close(names[s], shape, part.data(), c_part.data(), part.size());
-    }
+    check_dqkv(names, shape, dqkv.data(), c_dqkv.data(), rows, C, ld);
 }
 
 /* ---- the vocabulary-parallel cross-entropy ----
