@@ -165,7 +165,8 @@ import re, sys
 rows = [l.split() for l in open(sys.argv[1]) if re.match(r'^\s*\d+\s+\d+\s+\d+\s+(1|\d+:(megatron|gather))\s+\d+\s+\S+\s+\d+\s+(none|all)\s', l)]
 assert len(rows) > 3, rows
 # columns: # stages replicas tensor M schedule V recompute step(2 words) bubble MiB/rank partition
-assert all(float(r[11]) <= float(sys.argv[2]) for r in rows), [r[11] for r in rows]
+# (printed to 0.01 MiB: a layout of 6.146 fits a limit of 6.147 and prints as 6.15)
+assert all(float(r[11]) <= float(sys.argv[2]) + 0.005 for r in rows), [r[11] for r in rows]
 PYEOF
 P=("${PP[@]}") # the batch of 128 again: the single layouts below were sized for it
 

@@ -51,10 +51,12 @@ static void free_data(mb_data *d)
 /* M micro-batches of n through a stage of layers [first, last): fused backwards in order
  * (reference), against F0..F(M−1), B0..B(M−1), then W in micro-batch order (the W of the
  * last one by the ranges `bounds`, descending to 0, when not NULL); skip_w: leave one W out
- * (a control that must differ). Returns the number of differing gradient and input
+ * (a control that must differ); scribble: overwrite B's output gradients (dout) before
+ * the Ws, which the caller must keep (the stage's last layer's W reads it:
+ * stage_split_top_reads_dout). Returns the number of differing gradient and input
  * gradient values. */
-static size_t split_vs_fused(const char *model, int first, int last, int threads, int n, int M,
-                             const int *bounds, int skip_w)
+static size_t split_vs_fused_dout(const char *model, int first, int last, int threads, int n,
+                                  int M, const int *bounds, int skip_w, int scribble)
 {
     openblas_set_num_threads(1);
     net_desc net;
@@ -88,6 +90,8 @@ static size_t split_vs_fused(const char *model, int first, int last, int threads
                      "%s", pt_error_get());
         if (first) diff += count_differences(d[m].din, e[m].din, (size_t)n * in);
     }
+    for (int m = 0; scribble && m < M; m++)
+        for (size_t i = 0; i < (size_t)n * stage_out_count(&b); i++) e[m].dy[i] = 0.25f;
     int nl = last - first;
     for (int m = 0; m < M; m++) {
         if (m == skip_w) continue;
@@ -110,6 +114,12 @@ static size_t split_vs_fused(const char *model, int first, int last, int threads
     stage_free(&b);
     net_desc_free(&net);
     return diff;
+}
+
+static size_t split_vs_fused(const char *model, int first, int last, int threads, int n, int M,
+                             const int *bounds, int skip_w)
+{
+    return split_vs_fused_dout(model, first, last, threads, n, M, bounds, skip_w, 0);
 }
 
 Test(stage_split, b_then_w_is_the_fused_backward_bit_for_bit)
@@ -136,6 +146,16 @@ Test(stage_split, w_by_layer_ranges_is_the_whole_w)
 Test(stage_split, a_missing_w_differs)
 {
     cr_assert_gt(split_vs_fused("seed-mlp.cfg", 0, -1, 1, 100, 3, NULL, 1), 0);
+}
+
+/* The last layer's W reads the output gradient B was given, kept by the caller (no copy in
+ * the slot): the classifier of seed-mlp and of seed-cnn (linear dense layers); a stage
+ * ending in a sigmoid dense layer keeps a copy (the activation's gradient is not dout). */
+Test(stage_split, last_layer_w_reads_the_callers_dout)
+{
+    cr_assert_gt(split_vs_fused_dout("seed-mlp.cfg", 0, -1, 1, 100, 2, NULL, -1, 1), 0);
+    cr_assert_gt(split_vs_fused_dout("seed-cnn.cfg", 2, -1, 1, 40, 2, NULL, -1, 1), 0);
+    cr_assert_eq(split_vs_fused_dout("seed-mlp.cfg", 0, 2, 1, 100, 2, NULL, -1, 1), 0);
 }
 
 /* Two stages sharing one pool of slots (as a rank's model chunks do under a V schedule):

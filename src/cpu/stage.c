@@ -685,6 +685,10 @@ int stage_backward_input(stage *s, int slot, const float *dout, float *din)
         return pt_error_set("stage %d..%d: backward_input without stage_enable_split",
                             s->plan.first, s->plan.last - 1);
     if (stage_plan_range_idle(&s->plan, "backward_input")) return -1;
+    /* a last layer without a kept copy (stage_split_carve): W reads dout, which the caller
+     * keeps until then */
+    if (stage_split_top_reads_dout(&s->plan))
+        s->slots[slot].layers[s->plan.nl - 1].gout = (float *)dout;
     backward_span(s, slot, 0, s->plan.nl, dout, din, NULL, LAYER_BW_INPUT);
     return 0;
 }

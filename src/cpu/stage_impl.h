@@ -32,6 +32,9 @@ stage_slot_pool *stage_slot_pool_adopt(void);
 size_t stage_slot_pool_unit(const stage_slot_pool *pool);
 int stage_slot_pool_take(stage_slot_pool *pool, char **base);
 void stage_slot_pool_give(stage_slot_pool *pool, int u);
+/* Whether W of the stage's last layer reads the output gradient B was given (the caller
+ * keeps it until W: an engine's GRAD_IN or loss gradient) rather than a copy in the slot. */
+int stage_split_top_reads_dout(const stage_plan *p);
 /* The split backward's gradients of one slot (stage_split_slot_bytes) carved at mem. */
 void stage_split_carve(stage *s, stage_slot *sl, char *mem);
 

@@ -13,14 +13,27 @@ size_t stage_split_slot_bytes(const net_desc *net, int first, int last, int max_
     return stage_split_slot_bytes_shard(net, first, last, max_batch, NULL, 0);
 }
 
-/* One slot's B-to-W gradients of local layers `loc`[0, nl) (layer_gout_kept_floats). */
-static size_t split_bytes(const layer_desc *loc, int nl, int max_batch)
+/* Bytes of one slot's B-to-W gradients of local layer L (layer_gout_kept_floats), the
+ * stage's last when `last`: none where W reads the stage's output gradient (whole layers
+ * only: layer_w_reads_dout). */
+static size_t split_layer_bytes(const layer_desc *L, int last, int sharded, int max_batch)
+{
+    if (!L->weight_count || (last && !sharded && layer_w_reads_dout(L))) return 0;
+    return stage_round_up((size_t)max_batch * layer_gout_kept_floats(L) * sizeof(float));
+}
+
+static int stage_plan_sharded(const stage_plan *p) { return p->tp && p->tp->T > 1; }
+
+int stage_split_top_reads_dout(const stage_plan *p)
+{
+    return p->nl > 0 && !stage_plan_sharded(p) && layer_w_reads_dout(&p->loc[p->nl - 1]);
+}
+
+static size_t split_bytes(const stage_plan *p)
 {
     size_t bytes = 0;
-    for (int i = 0; i < nl; i++)
-        if (loc[i].weight_count)
-            bytes += stage_round_up((size_t)max_batch * layer_gout_kept_floats(&loc[i]) *
-                                    sizeof(float));
+    for (int i = 0; i < p->nl; i++)
+        bytes += split_layer_bytes(&p->loc[i], i == p->nl - 1, stage_plan_sharded(p), p->max_batch);
     return bytes;
 }
 
@@ -28,10 +41,11 @@ size_t stage_split_slot_bytes_shard(const net_desc *net, int first, int last, in
                                     const shard_plan *tp, int t)
 {
     size_t bytes = 0;
+    int sharded = tp && tp->T > 1;
     for (int l = first; l < last; l++) {
         /* as rank t runs it: a block cut by heads keeps all its inner gradients apart */
-        layer_desc L = tp && tp->T > 1 ? shard_local_layer(tp, net, l, t) : net->layers[l];
-        bytes += split_bytes(&L, 1, max_batch);
+        layer_desc L = sharded ? shard_local_layer(tp, net, l, t) : net->layers[l];
+        bytes += split_layer_bytes(&L, l == last - 1, sharded, max_batch);
     }
     return bytes;
 }
@@ -40,11 +54,10 @@ void stage_split_carve(stage *s, stage_slot *sl, char *mem)
 {
     const stage_plan *p = &s->plan;
     for (int i = 0; i < p->nl; i++) {
-        const layer_desc *L = &p->loc[i];
-        if (!L->weight_count) continue;
-        sl->layers[i].gout = (float *)mem;
-        mem += stage_round_up((size_t)p->max_batch * layer_gout_kept_floats(L) *
-                              sizeof(float));
+        size_t b = split_layer_bytes(&p->loc[i], i == p->nl - 1, stage_plan_sharded(p),
+                                     p->max_batch);
+        sl->layers[i].gout = b ? (float *)mem : NULL; /* NULL: B points it at its dout */
+        mem += b;
     }
 }
 
@@ -52,7 +65,7 @@ int stage_enable_split(stage *s)
 {
     const stage_plan *p = &s->plan;
     if (s->split) return 0;
-    size_t per = split_bytes(p->loc, p->nl, p->max_batch);
+    size_t per = split_bytes(p);
     if (s->slot_pool) { /* each unit holds a slot's gradients after its activations */
         if (stage_slot_pool_unit(s->slot_pool) < p->slot_bytes + per)
             return pt_error_set("stage %d..%d: the rank's shared slots are smaller than a "

@@ -308,8 +308,9 @@ int layer_run_backward(layer_run *r, int lo, int hi, const float **gp, int *gip,
             }
         } else if (L->weight_count && !(parts & LAYER_BW_WEIGHT) && begins &&
                    !(L->type == LAYER_BLOCK && layer_phases(L) == 1)) {
-            /* (a whole block's B places W's gradients itself: layer_block.c) */
-            if (r->k->copy(r->kctx, io.gout, g, (size_t)r->n * c.out_count)) {
+            /* (a whole block's B places W's gradients itself: layer_block.c; a stage's last
+             * layer may keep them where they came in: io.gout is then g) */
+            if (io.gout != g && r->k->copy(r->kctx, io.gout, g, (size_t)r->n * c.out_count)) {
                 rc = -1;
                 break;
             }

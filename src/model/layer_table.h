@@ -78,6 +78,16 @@ static inline int layer_is_identity(const layer_desc *L, int training)
     return k->identity && k->identity(L, training);
 }
 
+/* Whether W of L, a stage's last layer (whole, not cut into tensor shards), can read its
+ * output gradient where the stage received it (the engine's GRAD_IN, or the loss gradient:
+ * both live until the micro-batch's W) instead of a copy B keeps in the slot: the gradient
+ * reaches L's weight product unchanged (no activation between) and L is not a block (a
+ * block's B leaves W's gradients in rows of its own). */
+static inline int layer_w_reads_dout(const layer_desc *L)
+{
+    return L->weight_count && L->type != LAYER_BLOCK && L->activation == KERNEL_ACT_LINEAR;
+}
+
 /* Whether a training forward's output of L lives in storage of L's own that L's backward
  * never reads (only an activation's backward reads the output; the layers read their
  * input and what they saved): a net's last layer of this kind lets the loss gradient

@@ -444,6 +444,19 @@ static double state_bytes(const stage_bytes *bp, const net_desc *net, const net_
     return bytes;
 }
 
+/* A slot's split-backward gradients: the CPU stage's (its last layer's W may read the
+ * gradient where it came in); the CUDA engine keeps that one's copy too. */
+static double split_slot_bytes(const net_desc *net, int first, int last,
+                               const plan_memory_config *cfg, const shard_plan *sp, int t)
+{
+    const layer_desc *top = &net->layers[last - 1];
+    double b = (double)stage_split_slot_bytes_shard(net, first, last, cfg->microbatch, sp, t);
+    if (cfg->cuda_engine && !sp && layer_w_reads_dout(top))
+        b += (double)stage_round_up((size_t)cfg->microbatch * layer_gout_kept_floats(top) *
+                                    sizeof(float));
+    return b;
+}
+
 int plan_memory(double *out, const net_desc *net, const partition *part, const schedule *sched,
                 const plan_memory_config *cfg)
 {
@@ -489,9 +502,7 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                 int slots = rep.peak_inflight_chunk[s * V + v];
                 if (slots < 1) slots = 1;
                 double slot = (double)b.slot +
-                              (split ? (double)stage_split_slot_bytes_shard(
-                                           net, first, last, cfg->microbatch, sp, t)
-                                     : 0);
+                              (split ? split_slot_bytes(net, first, last, cfg, sp, t) : 0);
                 double bytes = state_bytes(&b, net, zn, first, last, cfg, M, &failed) +
                                (double)b.workers + slots * slot;
                 held += slots * slot;
