@@ -10,6 +10,7 @@
 #include "schedule/schedule.h"
 
 #include "src/base/error.h"
+#include "src/base/io.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -120,13 +121,20 @@ static int rejected(const schedule *s, const char *path, int **line_of)
 int schedule_read(schedule *s, const char *path)
 {
     memset(s, 0, sizeof *s);
-    FILE *f = fopen(path, "r");
-    if (!f) return pt_error_set("cannot open schedule file %s", path);
+    /* a FIFO or a directory is refused with what it is, never blocks the open */
+    FILE *f = pt_fopen_regular(path, "r");
+    if (!f) return -1;
     char buf[512];
     int line = 0, rc = 0, have = 0;
     int **line_of = NULL;
     while (!rc && fgets(buf, sizeof buf, f)) {
         line++;
+        /* a longer line would be read as two: its tail taken for an instruction of its own */
+        if (!strchr(buf, '\n') && !feof(f)) {
+            rc = pt_error_set("%s line %d: longer than %zu characters", path, line,
+                              sizeof buf - 2);
+            break;
+        }
         char *hash = strchr(buf, '#');
         if (hash) *hash = '\0';
         size_t len = strlen(buf);

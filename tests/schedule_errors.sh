@@ -29,4 +29,17 @@ expect_fail "interleaved x replicas, M not a multiple of K" "multiple" \
     "$MPIEXEC" -n 4 "$PIPETRAIN" "${A[@]}" --stages 2 --replicas 2 --schedule interleaved --virtual 2 --microbatches 1
 expect_fail "zb-h1 --device cuda without the CUDA plugin" "CUDA plugin" \
     env PIPETRAIN_CUDA_PLUGIN=/nonexistent "$PIPETRAIN" "${A[@]}" --schedule zb-h1 --device cuda
+# --schedule-file: a FIFO is refused (reading it blocked forever), and so is a line longer
+# than the reader's buffer (its tail was read as an instruction of its own)
+mkfifo "$WORK/fifo"
+expect_fail "--schedule-file a FIFO (schedule)" "fifo: is a FIFO" \
+    "$PIPETRAIN" schedule --schedule-file "$WORK/fifo"
+expect_fail "--schedule-file a FIFO (train)" "fifo: is a FIFO" \
+    "$PIPETRAIN" "${A[@]}" --schedule-file "$WORK/fifo"
+"$PIPETRAIN" schedule --stages 2 --microbatches 2 --save-schedule "$WORK/s.txt" >/dev/null
+# line 4: two instructions 600 blanks apart, which the old reader took as two lines
+{ head -n 3 "$WORK/s.txt"; printf '0 send_act 0 0 1 -1%600s0 F 1 0 -1 -1\n' ''
+  tail -n +6 "$WORK/s.txt"; } >"$WORK/long.txt"
+expect_fail "--schedule-file with a line of 632 characters" "long.txt line 4: longer than" \
+    "$PIPETRAIN" schedule --schedule-file "$WORK/long.txt"
 finish
