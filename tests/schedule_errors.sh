@@ -42,4 +42,21 @@ expect_fail "--schedule-file a FIFO (train)" "fifo: is a FIFO" \
   tail -n +6 "$WORK/s.txt"; } >"$WORK/long.txt"
 expect_fail "--schedule-file with a line of 632 characters" "long.txt line 4: longer than" \
     "$PIPETRAIN" schedule --schedule-file "$WORK/long.txt"
+# --save-schedule writes as train's outputs do (src/base/output.h): a FIFO there is refused
+# (the write blocked forever), a link there is replaced, never followed
+expect_fail "--save-schedule to a FIFO" "fifo: is a FIFO" \
+    "$PIPETRAIN" schedule --stages 2 --save-schedule "$WORK/fifo"
+ln -s "$WORK/elsewhere.txt" "$WORK/link.txt"
+if timeout 60 "$PIPETRAIN" schedule --stages 2 --save-schedule "$WORK/link.txt" >/dev/null &&
+    [ ! -e "$WORK/elsewhere.txt" ] && [ -f "$WORK/link.txt" ] && [ ! -L "$WORK/link.txt" ]; then
+    pass "--save-schedule over a link replaces the link"
+else failed "--save-schedule over a link: $(ls -l "$WORK" | grep -E 'link|elsewhere')"; fi
+# --virtual 1 given with a V schedule: refused (it was read as the default, 2, silently)
+expect_fail "schedule: zb-v --virtual 1" "even number of chunks per rank.*not --virtual 1" \
+    "$PIPETRAIN" schedule --stages 2 --microbatches 4 --schedule zb-v --virtual 1
+expect_fail "plan: v-half --virtual 1" "even number of chunks per rank.*not --virtual 1" \
+    "$PIPETRAIN" plan --model "$MODELS/seed-cnn.cfg" --stages 2 --microbatches 4 \
+    --schedule v-half --virtual 1
+expect_fail "train: dualpipev --virtual 1" "not --virtual 1" \
+    "$PIPETRAIN" "${A[@]}" --stages 2 --microbatches 4 --schedule dualpipev --virtual 1
 finish
