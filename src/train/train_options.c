@@ -574,6 +574,11 @@ static int check_schedule(train_options *o, const opt_parser *p)
         return opt_error(p, "--schedule-memory is the limit of --schedule search");
     /* the search runs once the layers are profiled (train_setup.c) */
     if (search) return 0;
+    /* 1 is --virtual's default, which the V schedules read as their 2: given, it is refused */
+    if (schedule_is_v(o->schedule) && opt_given(p, O_VIRTUAL) && o->virtual_stages == 1)
+        return opt_error(p, "schedule %s places model chunks in a V (down the ranks and "
+                         "back): it needs an even number of chunks per rank (2 unless "
+                         "--virtual says), not --virtual 1", o->schedule);
     /* the schedule's own rules (--virtual needs interleaved, which needs 2 stages and
      * micro-batches in multiples of them) before anything is cut, profiled or allocated */
     schedule s;
