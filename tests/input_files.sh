@@ -54,6 +54,12 @@ expect_fail "topology: directory (topo)" "dir: $DIR" "$PIPETRAIN" topo --topolog
 expect_fail "topology: FIFO (plan)" "fifo: $FIFO" \
     "$PIPETRAIN" plan --model "$MLP" --stages 2 --partition params --topology "$WORK/fifo"
 
+# plan's --costs-file (read, then written): the FIFO blocked the open
+expect_fail "costs file: FIFO (plan)" "fifo: $FIFO" \
+    "$PIPETRAIN" plan --model "$MLP" --stages 2 --costs-file "$WORK/fifo"
+expect_fail "costs file: directory (plan)" "dir: $DIR" \
+    "$PIPETRAIN" plan --model "$MLP" --stages 2 --costs-file "$WORK/dir"
+
 # what still works: a regular file through a symbolic link
 ln -s "$MLP" "$WORK/link.cfg"
 if timeout 60 "$PIPETRAIN" summary --model "$WORK/link.cfg" >"$WORK/out" 2>&1; then

@@ -6,9 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "src/base/error.h"
+#include "src/base/io.h"
 #include "src/plan/predict.h"
 
 #define COSTS_MAGIC "pipetrain-costs"
@@ -78,10 +80,14 @@ static int mode_of(const char *name, tensor_mode *m)
 static int costs_read(const char *path, unsigned long long digest, int n_layers,
                       const costs_key *want, partition_profile *prof)
 {
-    FILE *f = fopen(path, "r");
+    struct stat st;
+    if (stat(path, &st) != 0 && errno == ENOENT) return 0;
+    /* a FIFO, a device or a directory is refused with what it is (a FIFO blocked the open) */
+    FILE *f = pt_fopen_regular(path, "r");
     if (!f) {
-        if (errno == ENOENT) return 0;
-        return pt_error_set("--costs-file %s: cannot read: %s", path, strerror(errno));
+        char why[512];
+        snprintf(why, sizeof why, "%s", pt_error_get());
+        return pt_error_set("--costs-file %s", why);
     }
     char line[512], magic[32], host[128];
     unsigned long long got;
