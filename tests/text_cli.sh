@@ -142,4 +142,8 @@ expect2 "sample: another model's checkpoint" "mlp.st: no tensor layers.0.wte.wei
 expect2 "sample: a non-UTF-8 prompt" "\-\-prompt: not valid UTF-8 at byte offset 1" \
     "$PIPETRAIN" sample --model "$NANO" --load "$CK" --prompt $'a\xff'
 expect2 "sample: no --load" "\-\-load FILE|DIR is required" "$PIPETRAIN" sample --model "$NANO"
+mkdir "$WORK/nockpt"
+expect2 "sample: a directory without checkpoints (names --load, not --resume)" \
+    "^pipetrain: \-\-load .*nockpt: no checkpoint in this directory" \
+    "$PIPETRAIN" sample --model "$NANO" --load "$WORK/nockpt"
 finish
