@@ -57,6 +57,9 @@ expect_fail "schedule: zb-v --virtual 1" "even number of chunks per rank.*not --
 expect_fail "plan: v-half --virtual 1" "even number of chunks per rank.*not --virtual 1" \
     "$PIPETRAIN" plan --model "$MODELS/seed-cnn.cfg" --stages 2 --microbatches 4 \
     --schedule v-half --virtual 1
+# a bound in full (it read 1.04858e+06)
+expect_fail "--schedule-memory above its bound" "between 0 and 1048576" \
+    "$PIPETRAIN" schedule --stages 2 --schedule search --schedule-memory 2000000
 expect_fail "train: dualpipev --virtual 1" "not --virtual 1" \
     "$PIPETRAIN" "${A[@]}" --stages 2 --microbatches 4 --schedule dualpipev --virtual 1
 finish
