@@ -37,6 +37,8 @@ expect_status "plan: a topology hwloc crashes on" 2 "crashed" \
     "$PIPETRAIN" plan "${SEED[@]}" --stages 2 --topology "$WORK/bad.xml"
 expect_status "plan: a model that cannot be cut" 2 "cannot cut" \
     "$PIPETRAIN" plan "${SEED[@]}" --stages 40
+expect_status "plan --ranks: no layout fits --memory-mb (it exited 1)" 2 "no layout of 2 ranks fits" \
+    "$PIPETRAIN" plan "${SEED[@]}" --ranks 2 --memory-mb 0.001
 expect_status "topo: a topology hwloc crashes on" 2 "crashed" \
     "$PIPETRAIN" topo --topology "$WORK/bad.xml"
 expect_status "diff: a file that is no checkpoint" 2 "bad.st" \
