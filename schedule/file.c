@@ -154,6 +154,14 @@ int schedule_read(schedule *s, const char *path)
     if (!rc && ferror(f)) rc = pt_error_set("reading %s failed", path);
     if (!rc && !have) rc = pt_error_set("%s: no 'schedule ...' header line", path);
     fclose(f);
+    /* every stage runs a forward per micro-batch and chunk: a header whose counts its lists
+     * cannot hold is refused before those counts size the verifier's tables (a few header
+     * numbers asked it for terabytes) */
+    for (int st = 0; !rc && st < s->stages; st++)
+        if ((long long)s->lists[st].n_ops < (long long)s->microbatches * s->virtual_stages)
+            rc = pt_error_set("%s: stage %d has %d instructions, fewer than the forward passes "
+                              "of its %d micro-batches x %d chunks", path, st,
+                              s->lists[st].n_ops, s->microbatches, s->virtual_stages);
     if (!rc && schedule_verify(s, NULL)) rc = rejected(s, path, line_of);
     for (int st = 0; line_of && st < s->stages; st++) free(line_of[st]);
     free(line_of);

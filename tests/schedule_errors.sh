@@ -42,6 +42,13 @@ expect_fail "--schedule-file a FIFO (train)" "fifo: is a FIFO" \
   tail -n +6 "$WORK/s.txt"; } >"$WORK/long.txt"
 expect_fail "--schedule-file with a line of 632 characters" "long.txt line 4: longer than" \
     "$PIPETRAIN" schedule --schedule-file "$WORK/long.txt"
+# a header whose counts its lists cannot hold: refused before they size the verifier's tables
+# (it asked for 3298534883328 positions: an ASan abort, or gigabytes touched at lower counts)
+printf 'schedule x stages 4096 microbatches 1048576 virtual 64 placement interleaved\n0 F 0 0 -1 -1\n' \
+    >"$WORK/huge.txt"
+expect_fail "--schedule-file whose header's counts its lists cannot hold" \
+    "huge.txt: stage 0 has 1 instructions, fewer than the forward passes of its 1048576" \
+    "$PIPETRAIN" schedule --schedule-file "$WORK/huge.txt"
 # --save-schedule writes as train's outputs do (src/base/output.h): a FIFO there is refused
 # (the write blocked forever), a link there is replaced, never followed
 expect_fail "--save-schedule to a FIFO" "fifo: is a FIFO" \
