@@ -420,6 +420,7 @@ static int check_text_options(train_options *o, const opt_parser *p)
         return opt_error(p, "%s and another of --text, --tokens and --tokens-raw: give one "
                          "corpus", names[first]);
     int fortunes = !strcmp(o->data, TEXT_DATA_NAME);
+    o->data_given = opt_given(p, O_DATA);
     if (given && opt_given(p, O_DATA))
         return opt_error(p, "%s and --data %s both name the data: give one", names[first],
                          o->data);

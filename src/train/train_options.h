@@ -30,6 +30,8 @@ typedef struct {
     const char *text_file;
     double val_fraction;  /* the corpus's tail held out for validation (0: none) */
     int eval_windows;     /* evaluation windows spaced evenly over that tail */
+    int data_given; /* --data given (even as its default): a language model then takes no
+                       built-in corpus in its place */
     const char *text_option; /* --val-fraction or --eval-windows given with no corpus named:
                                 a language model's default corpus takes it (train_setup) */
     engine_device device;

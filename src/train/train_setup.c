@@ -713,12 +713,13 @@ static exec_config exec_config_of(const train_run *run)
 }
 
 /* A language model given no data options reads the built-in corpus (--data text), as an
- * image model reads Fashion-MNIST; image data options with it stay refused (load_data). */
+ * image model reads Fashion-MNIST; image data options with it stay refused (load_data), and
+ * so does --data DIR given as the default's own directory (it was taken for no option). */
 static void default_text(train_run *run)
 {
     train_options *o = &run->o;
     if (run->net.sequence && !o->text && !o->train_images && !o->test_images && !o->val &&
-        o->train_samples < 0 && o->test_samples < 0 && !strcmp(o->data, DEFAULT_DATA_DIR))
+        o->train_samples < 0 && o->test_samples < 0 && !o->data_given)
         o->text = TEXT_FORTUNES;
 }
 
