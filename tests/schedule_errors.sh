@@ -12,7 +12,8 @@ expect_fail "--virtual with a schedule that does not use it" "interleaved" \
 # checked before the cut: it read "cannot cut 3 layers into 4 stages"
 expect_fail "--virtual with 1f1b on a model too small for K·V chunks" "needs --schedule interleaved" \
     "$MPIEXEC" -n 2 "$PIPETRAIN" "${MLP[@]}" --stages 2 --schedule 1f1b --virtual 2
-expect_fail "K·V chunks beyond the layers" "layers" \
+# the message counts model chunks, not stages (it read "3 layers into 4 stages" of --stages 2)
+expect_fail "K·V chunks beyond the layers" "3 layers into 4 model chunks (--stages 2 x 2 chunks" \
     "$MPIEXEC" -n 2 "$PIPETRAIN" "${MLP[@]}" --stages 2 --schedule interleaved --virtual 2 --microbatches 2
 expect_fail "micro-batches interleaved does not take" "multiple" \
     "$MPIEXEC" -n 3 "$PIPETRAIN" "${A[@]}" --stages 3 --schedule interleaved --virtual 2 --microbatches 4

@@ -350,6 +350,10 @@ static int print_layout(const plan_args *a, const net_desc *net, const topo_mach
 static int plan_one(plan_args *a, const net_desc *net, const topo_machine *m,
                     const topo_cost_model *cm)
 {
+    if (a->virtual_stages > 1 && a->stages * a->virtual_stages > net->n_layers)
+        return pt_error_set("cannot cut %d layers into %d model chunks (--stages %d x %d "
+                            "chunks per rank): a chunk would be empty", net->n_layers,
+                            a->stages * a->virtual_stages, a->stages, a->virtual_stages);
     if (partition_check(net->n_layers, a->stages * a->virtual_stages) < 0) return -1;
     partition_profile prof = {0};
     if (profile_layers(&prof, a, net) < 0) return -1;

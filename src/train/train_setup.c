@@ -259,6 +259,10 @@ static int choose_partition(const train_options *o, const net_desc *net, partiti
     memset(prof, 0, sizeof *prof);
     /* interleaved schedules cut the layers into K·V model chunks */
     int parts = o->stages * o->virtual_stages;
+    if (o->virtual_stages > 1 && parts > net->n_layers) /* "4 stages" of --stages 2 misled */
+        return pt_error_set("cannot cut %d layers into %d model chunks (--stages %d x %d "
+                            "chunks per rank): a chunk would be empty", net->n_layers, parts,
+                            o->stages, o->virtual_stages);
     if (partition_check(net->n_layers, parts)) return -1;
     int search = !o->schedule_file && !strcmp(o->schedule, "search");
     /* One stage needs no cut, and so no profile, unless the search prices the schedules. */
