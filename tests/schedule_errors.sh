@@ -65,6 +65,9 @@ expect_fail "schedule: zb-v --virtual 1" "even number of chunks per rank.*not --
 expect_fail "plan: v-half --virtual 1" "even number of chunks per rank.*not --virtual 1" \
     "$PIPETRAIN" plan --model "$MODELS/seed-cnn.cfg" --stages 2 --microbatches 4 \
     --schedule v-half --virtual 1
+# a malformed cost named as such (it read "2 model chunks need 2 costs")
+expect_fail "--costs with four numbers for a chunk" "chunk 0: expected F or F/B/W" \
+    "$PIPETRAIN" schedule --stages 2 --microbatches 4 --schedule search --costs 1/2/3/4,1
 # a bound in full (it read 1.04858e+06)
 expect_fail "--schedule-memory above its bound" "between 0 and 1048576" \
     "$PIPETRAIN" schedule --stages 2 --schedule search --schedule-memory 2000000

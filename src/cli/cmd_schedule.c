@@ -78,8 +78,12 @@ static int parse_costs(const char *text, int n, double *f, double *b, double *w)
         }
         if (end == p || !(f[c] > 0 && b[c] > 0 && w[c] > 0) || !isfinite(f[c] + b[c] + w[c]))
             return pt_error_set("--costs %s: chunk %d: expected positive numbers", text, c);
+        if (*end && *end != ',') /* "1/2/3/4" read as "too few costs" */
+            return pt_error_set("--costs %s: chunk %d: expected F or F/B/W, then ',' or the "
+                                "end", text, c);
         if (c + 1 < n && *end != ',')
-            return pt_error_set("--costs %s: %d model chunks need %d costs", text, n, n);
+            return pt_error_set("--costs %s: %d model chunks need %d costs, %d given", text, n,
+                                n, c + 1);
         if (c + 1 == n && *end)
             return pt_error_set("--costs %s: more than the %d model chunks' costs", text, n);
         p = end + 1;
