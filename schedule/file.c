@@ -12,6 +12,8 @@
 #include "src/base/error.h"
 #include "src/base/io.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +43,28 @@ static int op_kind(const char *name)
     for (int k = 0; k < SCHED_OP_COUNT; k++)
         if (!strcmp(schedule_op_name((schedule_op_kind)k), name)) return k;
     return -1;
+}
+
+/* Whether every whole-number field of a line fits an int: sscanf's %d does not say when
+ * one does not (4294967296 read as 0, a valid micro-batch). 0, or −1 with a message naming
+ * the field. */
+static int numbers_fit(const char *path, int line, const char *text)
+{
+    for (const char *t = text; *t;) {
+        t += strspn(t, " \t");
+        size_t len = strcspn(t, " \t");
+        if (!len) break;
+        size_t digits = strspn(t + (*t == '-' || *t == '+'), "0123456789");
+        if (digits && digits + (*t == '-' || *t == '+') == len) {
+            errno = 0;
+            long long v = strtoll(t, NULL, 10);
+            if (errno || v < INT_MIN || v > INT_MAX)
+                return pt_error_set("%s line %d: the number %.*s is out of range", path, line,
+                                    (int)(len > 40 ? 40 : len), t);
+        }
+        t += len;
+    }
+    return 0;
 }
 
 /* The header line into an empty schedule. */
@@ -142,6 +166,7 @@ int schedule_read(schedule *s, const char *path)
             buf[--len] = '\0';
         char *text = buf + strspn(buf, " \t");
         if (!*text) continue;
+        if ((rc = numbers_fit(path, line, text))) break;
         if (!have) {
             rc = read_header(s, path, line, text);
             have = !rc;

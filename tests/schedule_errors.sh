@@ -43,6 +43,11 @@ expect_fail "--schedule-file a FIFO (train)" "fifo: is a FIFO" \
   tail -n +6 "$WORK/s.txt"; } >"$WORK/long.txt"
 expect_fail "--schedule-file with a line of 632 characters" "long.txt line 4: longer than" \
     "$PIPETRAIN" schedule --schedule-file "$WORK/long.txt"
+# a number beyond int: refused (sscanf wrapped 4294967296 to 0, a valid micro-batch, and the
+# file ran as if it said 0)
+sed 's/^0 F 0 0 -1 -1$/0 F 4294967296 0 -1 -1/' "$WORK/s.txt" >"$WORK/wrap.txt"
+expect_fail "--schedule-file with a micro-batch of 2^32" "wrap.txt line 3: the number 4294967296 is out of range" \
+    "$PIPETRAIN" schedule --schedule-file "$WORK/wrap.txt"
 # a header whose counts its lists cannot hold: refused before they size the verifier's tables
 # (it asked for 3298534883328 positions: an ASan abort, or gigabytes touched at lower counts)
 printf 'schedule x stages 4096 microbatches 1048576 virtual 64 placement interleaved\n0 F 0 0 -1 -1\n' \
