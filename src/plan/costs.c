@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,13 +112,16 @@ static int costs_read(const char *path, unsigned long long digest, int n_layers,
         lineno++;
         costs_key k;
         char mode[32];
-        if (sscanf(line, "profile microbatch %d tensor %d mode %31s split %d", &k.microbatch,
-                   &k.tensor, mode, &k.split) != 4 || mode_of(mode, &k.mode) ||
-            k.microbatch < 1 || k.tensor < 1) {
+        /* read wide and checked: %d wrapped 4294967328 to 32, another profile's key */
+        long long mb, t, sp;
+        if (sscanf(line, "profile microbatch %lld tensor %lld mode %31s split %lld", &mb, &t,
+                   mode, &sp) != 4 || mode_of(mode, &k.mode) || mb < 1 || mb > INT_MAX ||
+            t < 1 || t > INT_MAX || sp < 0 || sp > 1) {
             fclose(f);
             return pt_error_set("--costs-file %s:%d: expected 'profile microbatch M tensor T mode "
                                 "NAME split 0|1'", path, lineno);
         }
+        k.microbatch = (int)mb, k.tensor = (int)t, k.split = (int)sp;
         int take = !found && key_equal(&k, want);
         for (int l = 0; l < n_layers; l++) {
             double v[4];
