@@ -4,7 +4,9 @@
 
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "schedule/schedule.h"
 #include "src/base/error.h"
@@ -612,4 +614,55 @@ int train_options_parse(train_options *o, int argc, char **argv)
     }
     if (id == OPT_ERROR) return -1;
     return check_options(o, &p);
+}
+
+/* Where a write to `path` lands: its directory's real path and its last component (a link
+ * there is replaced, never followed: src/base/output.h). −1 when the directory does not
+ * resolve (train_setup's check_outputs has then said why). */
+static int output_place(const char *path, char *out, size_t size)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    const char *base = slash ? path + (slash - dir) + 1 : path;
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = '\0';
+    else *slash = '\0';
+    char *real = realpath(dir, NULL);
+    if (!real) return -1;
+    snprintf(out, size, "%s/%s", strcmp(real, "/") ? real : "", base);
+    free(real);
+    return 0;
+}
+
+/* Two outputs naming one file would overwrite each other, and an output over an input (the
+ * model file, the corpus, the images, the schedule) would destroy it when the run ends.
+ * --save over --load is allowed: the parameters are read at the start. */
+int train_options_check_clashes(const train_options *o)
+{
+    const char *outs[] = {o->save, o->trace, o->metrics};
+    const char *out_names[] = {"--save", "--trace", "--metrics"};
+    const char *ins[] = {o->model, o->text_file, o->schedule_file, o->train_images,
+                         o->train_labels, o->test_images, o->test_labels};
+    const char *in_names[] = {"model", "corpus", "schedule", "training images",
+                              "training labels", "test images", "test labels"};
+    char place[3][4200];
+    for (int i = 0; i < 3; i++) {
+        if (!outs[i] || output_place(outs[i], place[i], sizeof place[i])) {
+            place[i][0] = '\0';
+            continue;
+        }
+        for (int j = 0; j < i; j++)
+            if (place[j][0] && !strcmp(place[i], place[j]))
+                return pt_error_set("%s %s and %s %s name the same file: one would overwrite "
+                                    "the other", out_names[j], outs[j], out_names[i], outs[i]);
+        struct stat os, is;
+        if (lstat(outs[i], &os) != 0 || !S_ISREG(os.st_mode)) continue;
+        for (int k = 0; k < 7; k++)
+            if (ins[k] && stat(ins[k], &is) == 0 && is.st_dev == os.st_dev &&
+                is.st_ino == os.st_ino)
+                return pt_error_set("%s %s is the %s file %s: writing it would destroy that "
+                                    "input", out_names[i], outs[i], in_names[k], ins[k]);
+    }
+    return 0;
 }
