@@ -130,7 +130,8 @@ double kernel_softmax_xent_cpu(float *dlogits, int *correct, const float *logits
  * dlogits (may be NULL) gets the exponentials. finish: from all (every rank's triples) the
  * loss summed over the rows (NaN for a label outside [0, V)), *correct, and dlogits' columns
  * of the gradient times grad_scale. Not bit for bit the whole kernel (the sums are cut).
- * The CPU stage (src/cpu/stage_loss.c) and the mock CUDA runtime run these. */
+ * The CPU stage (src/cpu/stage_loss.c) and the mock CUDA runtime run these; dlogits may be
+ * the logits' own storage. */
 void kernel_xent_shard_max_cpu(float *mine, const float *logits, int rows, int Vr, int first);
 void kernel_xent_shard_sums_cpu(float *mine, float *dlogits, float *ma, const float *all,
                                 const float *logits, const int32_t *labels, int rows, int Vr,

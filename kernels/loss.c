@@ -79,16 +79,17 @@ void kernel_xent_shard_sums_cpu(float *mine, float *dlogits, float *ma, const fl
         ma[2 * i + 1] = A;
         const float *x = logits + (size_t)i * Vr;
         float *d = dlogits ? dlogits + (size_t)i * Vr : NULL;
+        /* read before dlogits is written, so dlogits may be the logits' own storage */
+        int32_t k = labels[i] - first;
+        mine[3 * i + 2] = k >= 0 && k < Vr ? x[k] : 0.0f;
         double sum = 0.0;
         for (int j = 0; j < Vr; j++) {
             float e = fastmath_expf(x[j] - M);
             if (d) d[j] = e;
             sum += e;
         }
-        int32_t k = labels[i] - first;
         mine[3 * i] = (float)sum;
         mine[3 * i + 1] = (float)(sum - (double)(float)sum);
-        mine[3 * i + 2] = k >= 0 && k < Vr ? x[k] : 0.0f;
     }
 }
 

@@ -168,3 +168,79 @@ Test(engine_cpu, misuse_is_refused_with_a_message)
     data_free(&d);
     net_desc_free(&net);
 }
+
+/* The samples keep one buffer per micro-batch of both steps' halves; the messages one per
+ * micro-batch (engine_config.message_buffers): buffer b and b + M share their messages,
+ * never their samples. A stage after the first: its input is a message too. */
+Test(engine_cpu, messages_take_one_buffer_per_microbatch)
+{
+    net_desc net;
+    load_model(&net, "seed-mlp.cfg");
+    for (int first = 0; first < 2; first++) {
+        engine_config c = {.net = &net, .first = first, .last = net.n_layers - 1,
+                           .buffers = 2 * M, .message_buffers = M, .max_batch = MB,
+                           .n_slots = M, .batch = MB * M, .threads = 1, .max_ticks = 1};
+        engine *e;
+        cr_assert_eq(engine_create(&e, ENGINE_CPU, &c), 0, "%s", pt_error_get());
+        for (int b = 0; b < M; b++) {
+            void *in = engine_msg_buffer(e, ENGINE_MSG_ACT_IN, b);
+            void *in2 = engine_msg_buffer(e, ENGINE_MSG_ACT_IN, b + M);
+            cr_assert(first ? in == in2 : in != in2, "first %d buffer %d", first, b);
+            cr_assert_eq(engine_msg_buffer(e, ENGINE_MSG_GRAD_IN, b),
+                         engine_msg_buffer(e, ENGINE_MSG_GRAD_IN, b + M));
+            if (first)
+                cr_assert_eq(engine_msg_buffer(e, ENGINE_MSG_GRAD_OUT, b),
+                             engine_msg_buffer(e, ENGINE_MSG_GRAD_OUT, b + M));
+            for (int b2 = 0; b2 < b; b2++)
+                cr_assert_neq(engine_msg_buffer(e, ENGINE_MSG_GRAD_IN, b),
+                              engine_msg_buffer(e, ENGINE_MSG_GRAD_IN, b2));
+        }
+        engine_destroy(e);
+    }
+    net_desc_free(&net);
+}
+
+/* On the last stage the loss gradient takes the logits' place in the micro-batch's slot
+ * (the dense classifier's backward reads its input, not its output), and the gradients
+ * are those of an engine that keeps it apart (recomputation: the slot goes between the
+ * forward and the backward, so the gradient has a buffer of its own). */
+Test(engine_cpu, loss_gradient_in_the_logits_place)
+{
+    openblas_set_num_threads(1);
+    net_desc net;
+    load_model(&net, "seed-mlp.cfg");
+    dataset d = make_data(M * MB, 9);
+    engine *e[2];
+    for (int r = 0; r < 2; r++) {
+        engine_config c = {.net = &net, .first = 0, .last = net.n_layers, .buffers = M,
+                           .max_batch = MB, .n_slots = M, .batch = MB * M, .threads = 1,
+                           .max_ticks = 1, .microbatches = M, .recompute = r};
+        cr_assert_eq(engine_create(&e[r], ENGINE_CPU, &c), 0, "%s", pt_error_get());
+        cr_assert_eq(engine_init_params(e[r], 3), 0);
+    }
+    int64_t ids[MB];
+    for (int j = 0; j < MB; j++) ids[j] = j;
+    cr_assert_eq(engine_load(e[0], 0, &d, ids, MB), 0);
+    cr_assert_eq(engine_forward(e[0], 0, MB, 1, 0, 1, -1), 0, "%s", pt_error_get());
+    cr_assert_eq(engine_msg_buffer(e[0], ENGINE_MSG_GRAD_IN, 0),
+                 engine_msg_buffer(e[0], ENGINE_MSG_ACT_OUT, 0));
+    cr_assert_eq(engine_backward(e[0], 0, -1), 0);
+    /* kept apart (the slot is dropped after the forward and rebuilt): the same bits */
+    cr_assert_eq(engine_load(e[1], 0, &d, ids, MB), 0);
+    cr_assert_eq(engine_forward(e[1], 0, MB, 1, 0, 1, -1), 0, "%s", pt_error_get());
+    cr_assert_eq(engine_recompute(e[1], 0, 1, 0, -1), 0, "%s", pt_error_get());
+    cr_assert_neq(engine_msg_buffer(e[1], ENGINE_MSG_GRAD_IN, 0),
+                  engine_msg_buffer(e[1], ENGINE_MSG_ACT_OUT, 0));
+    cr_assert_eq(engine_backward(e[1], 0, -1), 0);
+    size_t P = e[0]->param_count;
+    float *g0, *g1 = malloc(P * sizeof(float));
+    cr_assert(g1);
+    cr_assert_eq(engine_grads_host(e[1], 0, 0, P, &g0), 0);
+    memcpy(g1, g0, P * sizeof(float));
+    cr_assert_eq(engine_grads_host(e[0], 0, 0, P, &g0), 0);
+    cr_assert(memcmp(g0, g1, P * sizeof(float)) == 0, "in place and apart differ");
+    free(g1);
+    for (int r = 0; r < 2; r++) engine_destroy(e[r]);
+    data_free(&d);
+    net_desc_free(&net);
+}

@@ -12,12 +12,15 @@
 #include "src/base/error.h"
 #include "src/base/pages.h"
 #include "src/engine/stage_plan.h"
+#include "src/model/layer_table.h"
 
 typedef struct {
     stage st;
-    float **in;        /* [buffers] the stage's input: pixels (stage 0) or ACT_IN */
-    float **grad_in;   /* [buffers] GRAD_IN; on the last stage the loss gradient */
-    float **grad_out;  /* [buffers] GRAD_OUT (not on stage 0) */
+    float **in;        /* [n_in] the stage's input: pixels (stage 0, [buffers]) or ACT_IN */
+    float **grad_in;   /* [n_msg] GRAD_IN; on the last stage the loss gradient (NULL where
+                          it overwrites the logits in the slot: loss_in_place) */
+    float **grad_out;  /* [n_msg] GRAD_OUT (not on stage 0) */
+    int n_in, n_msg;   /* message buffer b's entry is b mod n_msg (msg_index) */
     int32_t **labels;  /* [buffers][max_batch] (last stage) */
     int64_t **ids;     /* [buffers][max_batch] */
     int *slot_of;      /* [buffers] the slot holding m's activations, −1 for none */
@@ -29,6 +32,8 @@ typedef struct {
     int *n_of;         /* [buffers] samples of m's last forward */
     int *polls[2];     /* [buffers]: msg_ready polls of ACT_OUT and GRAD_OUT since prepare */
     int first_stage, last_stage;
+    int loss_in_place; /* the last layer's backward never reads its output (and no
+                          recomputation drops the slot between the forward and backward) */
     int pieces;        /* grad_pieces, at least 1 */
     float **piece;     /* [pieces]: [0] the stage's gradients, the others owned */
     engine_result sums;
@@ -52,6 +57,22 @@ typedef struct {
 } cpu_engine;
 
 static cpu_engine *impl(engine *e) { return e->impl; }
+
+/* Buffer m's input (stage 0: its samples, one per buffer), received gradient and gradient
+ * to send (messages: m mod n_msg). */
+static float *input_of(const cpu_engine *c, int m)
+{
+    return c->in[c->first_stage ? m : m % c->n_msg];
+}
+static float *grad_in_of(const cpu_engine *c, int m)
+{
+    if (!c->loss_in_place) return c->grad_in[m % c->n_msg];
+    return c->slot_of[m] < 0 ? NULL : (float *)stage_output(&c->st, c->slot_of[m]);
+}
+static float *grad_out_of(const cpu_engine *c, int m)
+{
+    return c->first_stage ? NULL : c->grad_out[m % c->n_msg];
+}
 
 static void *alloc_array(size_t bytes)
 {
@@ -85,9 +106,9 @@ static void cpu_destroy(engine *e)
     if (c) {
         int n = e->cfg.buffers;
         stage_free(&c->st);
-        free_arrays((void **)c->in, n);
-        free_arrays((void **)c->grad_in, n);
-        free_arrays((void **)c->grad_out, n);
+        free_arrays((void **)c->in, c->n_in);
+        free_arrays((void **)c->grad_in, c->n_msg);
+        free_arrays((void **)c->grad_out, c->n_msg);
         free_arrays((void **)c->labels, n);
         free_arrays((void **)c->ids, n);
         free(c->slot_of);
@@ -407,7 +428,7 @@ static const float *forward_slot(engine *e, int m, int n, uint64_t seed, uint64_
     c->n_of[m] = n;
     if (e->cfg.wgrad_rows)
         stage_slot_set_row(&c->st, slot, engine_stash_row(e, m));
-    return stage_forward(&c->st, slot, c->in[m], n, c->ids[m], seed, step, training);
+    return stage_forward(&c->st, slot, input_of(c, m), n, c->ids[m], seed, step, training);
 }
 
 static int cpu_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, int training,
@@ -421,7 +442,7 @@ static int cpu_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, in
         int ok = 0;
         /* a row of scores per label: a language model's n·T positions (with tensor shards
          * perhaps this rank's tokens of each: the stage computes the loss with its group) */
-        double l = stage_loss(&c->st, y, training ? c->grad_in[m] : NULL, &ok, c->labels[m],
+        double l = stage_loss(&c->st, y, training ? grad_in_of(c, m) : NULL, &ok, c->labels[m],
                               n * data_model_labels(e->cfg.net),
                               engine_loss_scale(&e->cfg, training));
         if (stage_tensor_failed(&c->st)) return -1;
@@ -475,8 +496,8 @@ static int cpu_backward(engine *e, int m, int t)
     cpu_engine *c = impl(e);
     double t0 = pt_now();
     if (stage_plan_range_idle(&c->st.plan, "backward")) return -1;
-    stage_backward_to(&c->st, c->slot_of[m], c->grad_in[m],
-                      c->first_stage ? NULL : c->grad_out[m], grads_of(e, m));
+    stage_backward_to(&c->st, c->slot_of[m], grad_in_of(c, m), grad_out_of(c, m),
+                      grads_of(e, m));
     if (stage_tensor_failed(&c->st)) return -1;
     if (e->cfg.wgrad_rows && engine_last_microbatch(e, m))
         stage_wgrad_flush(&c->st, 0, c->st.plan.nl);
@@ -488,8 +509,7 @@ static int cpu_backward_input(engine *e, int m, int t)
 {
     cpu_engine *c = impl(e);
     double t0 = pt_now();
-    if (stage_backward_input(&c->st, c->slot_of[m], c->grad_in[m],
-                             c->first_stage ? NULL : c->grad_out[m]) ||
+    if (stage_backward_input(&c->st, c->slot_of[m], grad_in_of(c, m), grad_out_of(c, m)) ||
         stage_tensor_failed(&c->st))
         return -1;
     tick(e, t, t0);
@@ -513,8 +533,8 @@ static int cpu_backward_range(engine *e, int m, int lo, int hi, int t)
     if (m < 0 || m >= e->cfg.buffers)
         return pt_error_set("CPU engine: backward of micro-batch buffer %d, outside 0..%d", m,
                             e->cfg.buffers - 1);
-    if (stage_backward_range(&c->st, c->slot_of[m], lo, hi, c->grad_in[m],
-                             c->first_stage ? NULL : c->grad_out[m], grads_of(e, m)) ||
+    if (stage_backward_range(&c->st, c->slot_of[m], lo, hi, grad_in_of(c, m),
+                             grad_out_of(c, m), grads_of(e, m)) ||
         stage_tensor_failed(&c->st))
         return -1;
     if (e->cfg.wgrad_rows && engine_last_microbatch(e, m)) stage_wgrad_flush(&c->st, lo, hi);
@@ -603,13 +623,13 @@ static void *cpu_msg_buffer(engine *e, engine_msg k, int m)
 {
     cpu_engine *c = impl(e);
     switch (k) {
-    case ENGINE_MSG_ACT_IN: return c->in[m];
-    case ENGINE_MSG_GRAD_IN: return c->grad_in[m];
+    case ENGINE_MSG_ACT_IN: return input_of(c, m);
+    case ENGINE_MSG_GRAD_IN: return grad_in_of(c, m);
     case ENGINE_MSG_ACT_OUT:
         if (c->kept_of && c->kept_of[m] >= 0) return c->act_out[c->kept_of[m]];
         /* the last layer's output, which may alias the input (an all-identity stage) */
         return (void *)stage_output(&c->st, c->slot_of[m]);
-    case ENGINE_MSG_GRAD_OUT: return c->grad_out[m];
+    case ENGINE_MSG_GRAD_OUT: return grad_out_of(c, m);
     }
     return NULL;
 }
@@ -704,10 +724,18 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
     c->last_stage = cfg->last == cfg->net->n_layers;
     int nb = cfg->buffers;
     size_t mb = (size_t)cfg->max_batch;
-    c->in = (float **)alloc_arrays(nb, mb * e->in_count * sizeof(float));
-    c->grad_in = (float **)alloc_arrays(nb, mb * e->out_count * sizeof(float));
-    c->grad_out = c->first_stage ? NULL
-                                 : (float **)alloc_arrays(nb, mb * e->in_count * sizeof(float));
+    c->n_msg = cfg->message_buffers > 0 && cfg->message_buffers < nb ? cfg->message_buffers : nb;
+    c->n_in = c->first_stage ? nb : c->n_msg;
+    c->in = (float **)alloc_arrays(c->n_in, mb * e->in_count * sizeof(float));
+    /* on the last stage the loss gradient may take the logits' place in the slot: a
+     * language model's logits are its largest activation (GPT-2's 50,257 per token) */
+    c->loss_in_place = c->last_stage && !cfg->recompute &&
+                       layer_output_unread_by_backward(&cfg->net->layers[cfg->last - 1]);
+    c->grad_in = c->loss_in_place
+                     ? NULL
+                     : (float **)alloc_arrays(c->n_msg, mb * e->out_count * sizeof(float));
+    c->grad_out = c->first_stage ? NULL : (float **)alloc_arrays(c->n_msg, mb * e->in_count *
+                                                                                sizeof(float));
     c->labels = (int32_t **)alloc_arrays(nb, mb * data_model_labels(cfg->net) * sizeof(int32_t));
     c->ids = (int64_t **)alloc_arrays(nb, mb * sizeof(int64_t));
     c->slot_of = malloc((size_t)nb * sizeof *c->slot_of);
@@ -732,7 +760,8 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
         if (!(c->piece[p] = pages_alloc(c->st.grads_bytes))) pieces_ok = 0;
     }
     if (c->piece) c->piece[0] = c->st.grads;
-    if (!extras_ok || !pieces_ok || !c->in || !c->grad_in || (!c->first_stage && !c->grad_out) || !c->labels ||
+    if (!extras_ok || !pieces_ok || !c->in || (!c->loss_in_place && !c->grad_in) ||
+        (!c->first_stage && !c->grad_out) || !c->labels ||
         !c->ids || !c->slot_of || !c->polls[0] || !c->polls[1]) {
         cpu_destroy(e);
         return pt_error_set("out of memory for %d micro-batch buffers of %d samples", nb,

@@ -78,6 +78,16 @@ static inline int layer_is_identity(const layer_desc *L, int training)
     return k->identity && k->identity(L, training);
 }
 
+/* Whether a training forward's output of L lives in storage of L's own that L's backward
+ * never reads (only an activation's backward reads the output; the layers read their
+ * input and what they saved): a net's last layer of this kind lets the loss gradient
+ * overwrite the logits (the engines' loss_in_place). */
+static inline int layer_output_unread_by_backward(const layer_desc *L)
+{
+    return layer_kind_of(L->type)->own_output && !layer_is_identity(L, 1) &&
+           L->activation == KERNEL_ACT_LINEAR;
+}
+
 /* ---- parameters as named tensors, and what a layer keeps for its backward ----
  * A layer's parameters are weight_count + bias_count floats: its tensors, in the order
  * layer_tensors lists them (PyTorch's layout: a linear map is [out, in]). The transformer

@@ -320,7 +320,7 @@ int plan_price(plan_built *b, const plan_args *a, const net_desc *net,
                              .grad_pieces = replicas_grad_pieces(&rep),
                              .zero = a->replicas > 1 ? a->zero : 0, .replicas = a->replicas,
                              .shard = a->tensor > 1 ? &b->shard : NULL,
-                             .slots_per_chunk = a->device == TOPO_DEVICE_CUDA, .rep = rep};
+                             .cuda_engine = a->device == TOPO_DEVICE_CUDA, .rep = rep};
     double bucket = a->bucket_mb * 1048576.0;
     mc.rep.bucket_bytes = bucket < 1 ? 1 : bucket > 1e18 ? (size_t)1e18 : (size_t)bucket;
     if (plan_memory(b->stage_bytes, net, &b->part, &sched, &mc) < 0) goto out;

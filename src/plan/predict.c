@@ -455,9 +455,9 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                             net->n_layers);
     schedule_report rep;
     if (schedule_verify(sched, &rep)) return -1;
-    /* as src/runtime/exec.c sizes each chunk's engine: 2M micro-batch buffers (two steps), at
-     * least 3 (evaluation) */
-    double nb = 2.0 * M > 3 ? 2.0 * M : 3;
+    /* as src/runtime/exec.c sizes each chunk's engine: 2M micro-batch buffers of samples
+     * (two steps), at least 3 (evaluation); M of each message (two steps' on CUDA) */
+    double nb = 2.0 * M > 3 ? 2.0 * M : 3, nm = cfg->cuda_engine ? nb : M > 3 ? M : 3;
     double mb = cfg->microbatch;
     const shard_plan *sp = cfg->shard && cfg->shard->T > 1 ? cfg->shard : NULL;
     int T = sp ? sp->T : 1;
@@ -497,8 +497,13 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                 held += slots * slot;
                 n_held += slots;
                 if (stage_round_up((size_t)slot) > unit) unit = stage_round_up((size_t)slot);
-                /* inputs, gradients in, gradients out (not on chunk 0), labels and ids */
-                bytes += nb * mb * (4.0 * (in + outc + (first > 0 ? in : 0)) + 4 + 8);
+                /* inputs (samples on chunk 0, else messages), gradients in (on the CPU's
+                 * last chunk perhaps in the logits' place), gradients out (not on chunk
+                 * 0), labels and ids */
+                int loss_in_place = !cfg->cuda_engine && last == net->n_layers && !recompute &&
+                                    layer_output_unread_by_backward(&net->layers[last - 1]);
+                bytes += (first > 0 ? nm * 8.0 * in : nb * 4.0 * in) * mb +
+                         (loss_in_place ? 0 : nm * mb * 4.0 * outc) + nb * mb * (4 + 8);
                 /* recomputation: the outputs of the micro-batches between forward and
                  * backward stay until sent (the engine's pool, sized by the verifier) */
                 if (recompute && last < net->n_layers)
@@ -509,7 +514,7 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
             }
             /* the CPU executor's chunks share the rank's peak of slots when it is fewer
              * (engine_create_chunks), each unit the largest chunk's slot */
-            if (V > 1 && !cfg->slots_per_chunk && rep.peak_inflight[s] > 0 &&
+            if (V > 1 && !cfg->cuda_engine && rep.peak_inflight[s] > 0 &&
                 rep.peak_inflight[s] < n_held)
                 rank += rep.peak_inflight[s] * unit - held;
             if (zn != net) net_desc_free(&local);

@@ -124,8 +124,10 @@ typedef struct {
     replicas_config rep; /* --zero 2: the bucket plan (method, bucket bytes) */
     const shard_plan *shard; /* tensor shards: the largest over the T ranks of a stage
                               * (NULL or T = 1: none) */
-    int slots_per_chunk; /* the chunks of a V schedule keep their own slots (the CUDA
-                            engine); 0: they share the rank's peak (the CPU engine) */
+    int cuda_engine;   /* the CUDA engine's sizes: the chunks of a V schedule keep their own
+                          slots, every message buffer two per micro-batch; 0: the CPU
+                          engine's (the chunks share the rank's peak of slots, messages
+                          one buffer per micro-batch) */
 } plan_memory_config;
 
 /* Peak bytes each rank allocates (out: sched->stages entries), summed over its model

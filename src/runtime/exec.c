@@ -205,6 +205,8 @@ static int create_engines(exec_t *e, const partition *part, const int *slots, co
             .net = e->net, .first = part->first[c], .last = part->first[c + 1],
             /* two halves, see exec.half; evaluation cycles through 0, 1 and 2 */
             .buffers = 2 * M > EVAL_BUFFERS ? 2 * M : EVAL_BUFFERS,
+            /* a step's messages are over by its end: one buffer per micro-batch */
+            .message_buffers = M > EVAL_BUFFERS ? M : EVAL_BUFFERS,
             .max_batch = e->mb, .n_slots = slots[v] > 0 ? slots[v] : 1, .batch = cfg->batch,
             .threads = cfg->threads > 0 ? cfg->threads : 1, .device = cfg->gpu,
             .device_messages = cfg->device_messages, .precision = cfg->precision,
