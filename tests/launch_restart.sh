@@ -160,6 +160,10 @@ expect_fail "--min-ranks without a rank count" "needs a launcher with a rank cou
 expect_fail "unreadable --hostfile" "cannot read" \
     "$PIPETRAIN" launch --hostfile "$WORK/nohosts" -- "$MPIEXEC" -n 2 "$PIPETRAIN" train \
     "${MLP[@]}" --checkpoint-dir "$WORK/x"
+# --log naming the job's status record: refused (the record replaced the log, then was removed)
+expect_fail "--log the job's status record" "a file of the job's checkpoint directory" \
+    "$PIPETRAIN" launch --log "$WORK/x/.pipetrain-launch-status" -- "$PIPETRAIN" train \
+    "${MLP[@]}" --checkpoint-dir "$WORK/x"
 # a FIFO blocked launch; bad slots counted 1 each; a file of no host read as "nothing says"
 mkfifo "$WORK/hostfifo"
 printf 'localhost:0\n' >"$WORK/hosts0"

@@ -532,6 +532,21 @@ static int read_job(launch_options *o, launch_job *j, int argc, char **argv, cha
 static int open_log(launch_options *o)
 {
     if (pt_output_check("--log", o->log)) return -1;
+    /* not one of the files train and launch keep in the checkpoint directory: the status
+     * record replaced the log and was then removed, a checkpoint got JSON appended */
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", o->log);
+    char *slash = strrchr(dir, '/');
+    const char *base = slash ? o->log + (slash - dir) + 1 : o->log;
+    if (slash == dir) dir[1] = '\0'; /* "/x": the root */
+    else if (slash) *slash = '\0';
+    char *real = realpath(slash ? dir : ".", NULL);
+    int own = real && o->ckpt_dir && !strcmp(real, o->ckpt_dir) &&
+              (!strncmp(base, ".pipetrain-", 11) || ckpt_dir_name_step(base) >= 0);
+    free(real);
+    if (own)
+        return pt_error_set("--log %s: a file of the job's checkpoint directory (its "
+                            "checkpoints and .pipetrain-* records): give another name", o->log);
     int fd = open(o->log, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd < 0 || !(o->logf = fdopen(fd, "a"))) {
         int e = errno;
