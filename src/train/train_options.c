@@ -13,6 +13,7 @@
 #include "src/base/mpi_wait.h"
 #include "src/runtime/exec.h"
 #include "src/base/options.h"
+#include "src/io/checkpoint_dir.h"
 #include "src/io/text_data.h"
 
 enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS, O_STEPS,
@@ -638,6 +639,22 @@ static int output_place(const char *path, char *out, size_t size)
 /* Two outputs naming one file would overwrite each other, and an output over an input (the
  * model file, the corpus, the images, the schedule) would destroy it when the run ends.
  * --save over --load is allowed: the parameters are read at the start. */
+/* Whether a write landing at `place` (output_place) is one of --checkpoint-dir's own files:
+ * a checkpoint's name (--save there replaced the step's checkpoint with a file --resume
+ * refuses) or a .pipetrain-* record (the lock, launch's status). */
+static int names_checkpoint_file(const train_options *o, const char *place)
+{
+    char *real = o->ckpt_dir && *o->ckpt_dir ? realpath(o->ckpt_dir, NULL) : NULL;
+    if (!real) return 0;
+    const char *dir = strcmp(real, "/") ? real : "";
+    size_t n = strlen(dir);
+    const char *base = place + n + 1;
+    int own = !strncmp(place, dir, n) && place[n] == '/' && !strchr(base, '/') &&
+              (ckpt_dir_name_step(base) >= 0 || !strncmp(base, ".pipetrain-", 11));
+    free(real);
+    return own;
+}
+
 int train_options_check_clashes(const train_options *o)
 {
     const char *outs[] = {o->save, o->trace, o->metrics};
@@ -652,6 +669,10 @@ int train_options_check_clashes(const train_options *o)
             place[i][0] = '\0';
             continue;
         }
+        if (names_checkpoint_file(o, place[i]))
+            return pt_error_set("%s %s: a file of --checkpoint-dir %s (its checkpoints and "
+                                ".pipetrain-* records): give another name", out_names[i],
+                                outs[i], o->ckpt_dir);
         for (int j = 0; j < i; j++)
             if (place[j][0] && !strcmp(place[i], place[j]))
                 return pt_error_set("%s %s and %s %s name the same file: one would overwrite "

@@ -81,8 +81,9 @@ typedef struct {
 /* Fills o from argv (defaults first). Returns 0, 1 for --help, or −1 with a message. */
 int train_options_parse(train_options *o, int argc, char **argv);
 void train_options_usage(FILE *f);
-/* Two of --save, --trace, --metrics naming one file, or one of them an input (the model,
- * the corpus, the IDX files, the schedule file): −1 with a message (rank 0 at start). */
+/* Two of --save, --trace, --metrics naming one file, one of them an input (the model, the
+ * corpus, the IDX files, the schedule file) or a file of --checkpoint-dir's own (a
+ * checkpoint's name, a .pipetrain-* record): −1 with a message (rank 0 at start). */
 int train_options_check_clashes(const train_options *o);
 
 #endif
