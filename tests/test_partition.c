@@ -563,26 +563,33 @@ void openblas_set_num_threads(int);
 /* B and W measured per layer: both positive where the layer has parameters (W is zero
  * work elsewhere), and together about the fused backward: within 50% over the model and
  * over its convolutions. The two are timed apart, on a machine ctest shares among several
- * tests, so a profile whose sums disagree is measured again, up to three times: the same
- * work cannot disagree three times running, a split that does other work does. */
-static int split_close(const net_desc *net, int attempt, int last)
+ * tests (or other work loads), so each layer's least time over the profiles taken so far
+ * counts, and a profile whose sums disagree is followed by another, up to five: load only
+ * lengthens times, so the least ones converge on the work, and a split that does other
+ * work keeps disagreeing. */
+static int split_close(const net_desc *net, int attempt, int last, double *least)
 {
+    int n = net->n_layers;
     partition_profile prof;
     cr_assert_eq(partition_profile_measure(&prof, net, 16, 2, 7), 0, "%s", pt_error_get());
     cr_assert(prof.bwd_input_s && prof.bwd_weight_s, "the CPU profile measures B and W");
     double fused = 0, split = 0, conv_fused = 0, conv_split = 0;
-    for (int l = 0; l < net->n_layers; l++) {
+    for (int l = 0; l < n; l++) {
         const layer_desc *L = &net->layers[l];
-        double b = prof.bwd_input_s[l], w = prof.bwd_weight_s[l];
+        double b = prof.bwd_input_s[l], w = prof.bwd_weight_s[l], f = prof.bwd_s[l];
         cr_assert(b >= 0 && w >= 0 && isfinite(b) && isfinite(w), "layer %d: B %g, W %g", l, b,
                   w);
         if (L->weight_count + L->bias_count > 0)
             cr_assert(b > 0 && w > 0, "layer %d (%s) has parameters: B %g and W %g must be > 0",
                       l, layer_type_name(L->type), b, w);
-        fused += prof.bwd_s[l];
+        double now[3] = {f, b, w};
+        for (int k = 0; k < 3; k++)
+            if (attempt == 1 || now[k] < least[3 * l + k]) least[3 * l + k] = now[k];
+        f = least[3 * l], b = least[3 * l + 1], w = least[3 * l + 2];
+        fused += f;
         split += b + w;
         if (L->type == LAYER_CONV) {
-            conv_fused += prof.bwd_s[l];
+            conv_fused += f;
             conv_split += b + w;
         }
     }
@@ -593,8 +600,9 @@ static int split_close(const net_desc *net, int attempt, int last)
     int close = fabs(split - fused) <= 0.5 * fused &&
                 fabs(conv_split - conv_fused) <= 0.5 * conv_fused;
     if (!close && last)
-        cr_assert_fail("attempt %d: B + W = %g s/sample against the fused %g; convolutions: %g "
-                       "against %g", attempt, split, fused, conv_split, conv_fused);
+        cr_assert_fail("after %d profiles: B + W = %g s/sample against the fused %g; "
+                       "convolutions: %g against %g", attempt, split, fused, conv_split,
+                       conv_fused);
     return close;
 }
 
@@ -603,7 +611,9 @@ Test(profile, split_backward_close_to_fused)
     openblas_set_num_threads(1);
     net_desc net;
     load_model(&net, "seed-cnn.cfg");
-    for (int attempt = 1; attempt <= 3 && !split_close(&net, attempt, attempt == 3); attempt++)
+    double least[3 * net.n_layers];
+    for (int attempt = 1;
+         attempt <= 5 && !split_close(&net, attempt, attempt == 5, least); attempt++)
         ;
     net_desc_free(&net);
 }

@@ -679,6 +679,9 @@ TFC_HD void tfc_xs_argmax(float *M, float *A, const float *all, size_t R, size_t
 TFC_HD void tfc_xs_sums(float *mine, float *d, const float *x, int Vr, int first, float M,
                         int32_t label)
 {
+    /* the target's logit before d is written: d may be the logits' own storage */
+    const int32_t k = label - first;
+    mine[2] = k >= 0 && k < Vr ? x[k] : 0.0f;
     double sum = 0.0;
     for (int j = 0; j < Vr; j++) {
         const float e = expf(x[j] - M);
@@ -689,10 +692,8 @@ TFC_HD void tfc_xs_sums(float *mine, float *d, const float *x, int Vr, int first
 #if TFC_PLANTED == 11
     sum *= 1.001;
 #endif
-    const int32_t k = label - first;
     mine[0] = (float)sum;
     mine[1] = (float)(sum - (double)(float)sum);
-    mine[2] = k >= 0 && k < Vr ? x[k] : 0.0f;
 }
 
 /* all: T blocks of 3R floats (step 2's); d: this rank's row of exponentials (NULL: no

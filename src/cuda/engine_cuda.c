@@ -13,6 +13,7 @@
 #include "kernels/cuda/kernels_cuda.h"
 #include "src/base/clock.h"
 #include "src/cuda/engine_cuda_impl.h"
+#include "src/model/layer_table.h"
 #include "src/base/error.h"
 
 /* ---------------------------------------------------------------- memory layout ---- */
@@ -121,7 +122,7 @@ static void layout(const engine *e, cuda_engine *c, arena *d, arena *h)
     for (int m = 0; m < cfg->buffers; m++) {
         cuda_mb *b = &c->mb[m];
         b->in = arena_take(d, mbs * e->in_count * fl);
-        b->grad_in = arena_take(d, mbs * e->out_count * fl);
+        b->grad_in = c->loss_in_place ? NULL : arena_take(d, mbs * e->out_count * fl);
         b->grad_out = c->is_first ? NULL : arena_take(d, mbs * e->in_count * fl);
         b->pixels = c->is_first && !lm ? arena_take(d, mbs * e->in_count) : NULL;
         b->labels = c->is_last ? arena_take(d, mbs * labels * sizeof(int32_t)) : NULL;
@@ -760,6 +761,8 @@ static int create_parts(engine *e, cuda_engine *c)
     c->device = cfg->device;
     c->is_first = cfg->first == 0;
     c->is_last = cfg->last == cfg->net->n_layers;
+    c->loss_in_place = c->is_last && !cfg->recompute &&
+                       layer_output_unread_by_backward(&cfg->net->layers[cfg->last - 1]);
     c->dm = cfg->device_messages != 0;
     e->msg_on_device = c->dm;
     if (kernel_cuda_ctx_init(&c->ctx, cfg->device)) return -1;

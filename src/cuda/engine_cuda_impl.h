@@ -162,7 +162,8 @@ typedef struct {
 typedef struct {
     /* device */
     float *in;       /* the stage's input: converted pixels (stage 0) or ACT_IN */
-    float *grad_in;  /* GRAD_IN; on the last stage the loss gradient */
+    float *grad_in;  /* GRAD_IN; on the last stage the loss gradient (with loss_in_place the
+                        logits' storage in m's slot, set by each training forward) */
     float *grad_out; /* GRAD_OUT (not on stage 0) */
     uint8_t *pixels;
     int32_t *labels;
@@ -193,6 +194,8 @@ typedef struct {
     stage_plan plan;   /* the stage's layout and shared rules: net, layers [first, last),
                           local layers, parameter offsets, gradient targets, ranges */
     int is_first, is_last, has_dropout, needs_load;
+    int loss_in_place; /* the last stage's loss gradient overwrites the logits (as the
+                          CPU engine's: layer_output_unread_by_backward, no recompute) */
     int dm; /* device messages (CUDA-aware MPI) */
     void *dmem, *hmem; /* the device and the pinned allocations */
     size_t dmem_bytes, hmem_bytes;

@@ -417,6 +417,8 @@ int engine_cuda_forward(engine *e, int m, int n, uint64_t seed, uint64_t step, i
         if (c->n_loss == LOSS_CAPACITY && engine_cuda_loss_drain(c)) return -1;
         int j = c->n_loss;
         const float *logits = engine_cuda_slot_output(c, s);
+        /* the gradient overwrites the logits (the kernels read each row's before writing) */
+        if (c->loss_in_place && training) b->grad_in = (float *)logits;
         /* a row of scores per label: a language model's n·T positions */
         int rows = n * data_model_labels(c->plan.net);
         if (c->xs_mine ? sharded_loss(e, b, logits, rows, training, j)

@@ -497,10 +497,10 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                 held += slots * slot;
                 n_held += slots;
                 if (stage_round_up((size_t)slot) > unit) unit = stage_round_up((size_t)slot);
-                /* inputs (samples on chunk 0, else messages), gradients in (on the CPU's
-                 * last chunk perhaps in the logits' place), gradients out (not on chunk
-                 * 0), labels and ids */
-                int loss_in_place = !cfg->cuda_engine && last == net->n_layers && !recompute &&
+                /* inputs (samples on chunk 0, else messages), gradients in (on the last
+                 * chunk perhaps in the logits' place), gradients out (not on chunk 0),
+                 * labels and ids */
+                int loss_in_place = last == net->n_layers && !recompute &&
                                     layer_output_unread_by_backward(&net->layers[last - 1]);
                 bytes += (first > 0 ? nm * 8.0 * in : nb * 4.0 * in) * mb +
                          (loss_in_place ? 0 : nm * mb * 4.0 * outc) + nb * mb * (4 + 8);

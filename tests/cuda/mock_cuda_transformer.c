@@ -257,7 +257,8 @@ int kernel_xent_shard_sums_cuda(float *mine, float *dlogits, float *ma, const fl
 {
     need_dev(mine, "xs mine"); need_dev(dlogits, "xs dlogits"); need_dev(ma, "xs ma");
     need_dev(all, "xs all"); need_dev(logits, "xs logits"); need_dev(labels, "xs labels");
-    if (dlogits && dlogits == logits) die("vocabulary-parallel loss: dlogits aliases the logits");
+    /* dlogits may be the logits (the last stage's loss gradient in their place): every row's
+     * target logit is read before the row is written, as in tfc_xs_sums */
     KOP(r_xssums);
     o->p[0] = mine; o->p[1] = dlogits; o->p[2] = ma; o->p[3] = (void *)all;
     o->p[4] = (void *)logits; o->p[5] = (void *)labels;
