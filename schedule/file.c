@@ -10,7 +10,10 @@
 #include "schedule/schedule.h"
 
 #include "src/base/error.h"
+#include "src/base/io.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +43,28 @@ static int op_kind(const char *name)
     for (int k = 0; k < SCHED_OP_COUNT; k++)
         if (!strcmp(schedule_op_name((schedule_op_kind)k), name)) return k;
     return -1;
+}
+
+/* Whether every whole-number field of a line fits an int: sscanf's %d does not say when
+ * one does not (4294967296 read as 0, a valid micro-batch). 0, or −1 with a message naming
+ * the field. */
+static int numbers_fit(const char *path, int line, const char *text)
+{
+    for (const char *t = text; *t;) {
+        t += strspn(t, " \t");
+        size_t len = strcspn(t, " \t");
+        if (!len) break;
+        size_t digits = strspn(t + (*t == '-' || *t == '+'), "0123456789");
+        if (digits && digits + (*t == '-' || *t == '+') == len) {
+            errno = 0;
+            long long v = strtoll(t, NULL, 10);
+            if (errno || v < INT_MIN || v > INT_MAX)
+                return pt_error_set("%s line %d: the number %.*s is out of range", path, line,
+                                    (int)(len > 40 ? 40 : len), t);
+        }
+        t += len;
+    }
+    return 0;
 }
 
 /* The header line into an empty schedule. */
@@ -120,13 +145,20 @@ static int rejected(const schedule *s, const char *path, int **line_of)
 int schedule_read(schedule *s, const char *path)
 {
     memset(s, 0, sizeof *s);
-    FILE *f = fopen(path, "r");
-    if (!f) return pt_error_set("cannot open schedule file %s", path);
+    /* a FIFO or a directory is refused with what it is, never blocks the open */
+    FILE *f = pt_fopen_regular(path, "r");
+    if (!f) return -1;
     char buf[512];
     int line = 0, rc = 0, have = 0;
     int **line_of = NULL;
     while (!rc && fgets(buf, sizeof buf, f)) {
         line++;
+        /* a longer line would be read as two: its tail taken for an instruction of its own */
+        if (!strchr(buf, '\n') && !feof(f)) {
+            rc = pt_error_set("%s line %d: longer than %zu characters", path, line,
+                              sizeof buf - 2);
+            break;
+        }
         char *hash = strchr(buf, '#');
         if (hash) *hash = '\0';
         size_t len = strlen(buf);
@@ -134,6 +166,7 @@ int schedule_read(schedule *s, const char *path)
             buf[--len] = '\0';
         char *text = buf + strspn(buf, " \t");
         if (!*text) continue;
+        if ((rc = numbers_fit(path, line, text))) break;
         if (!have) {
             rc = read_header(s, path, line, text);
             have = !rc;
@@ -146,6 +179,14 @@ int schedule_read(schedule *s, const char *path)
     if (!rc && ferror(f)) rc = pt_error_set("reading %s failed", path);
     if (!rc && !have) rc = pt_error_set("%s: no 'schedule ...' header line", path);
     fclose(f);
+    /* every stage runs a forward per micro-batch and chunk: a header whose counts its lists
+     * cannot hold is refused before those counts size the verifier's tables (a few header
+     * numbers asked it for terabytes) */
+    for (int st = 0; !rc && st < s->stages; st++)
+        if ((long long)s->lists[st].n_ops < (long long)s->microbatches * s->virtual_stages)
+            rc = pt_error_set("%s: stage %d has %d instructions, fewer than the forward passes "
+                              "of its %d micro-batches x %d chunks", path, st,
+                              s->lists[st].n_ops, s->microbatches, s->virtual_stages);
     if (!rc && schedule_verify(s, NULL)) rc = rejected(s, path, line_of);
     for (int st = 0; line_of && st < s->stages; st++) free(line_of[st]);
     free(line_of);

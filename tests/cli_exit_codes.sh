@@ -37,6 +37,8 @@ expect_status "plan: a topology hwloc crashes on" 2 "crashed" \
     "$PIPETRAIN" plan "${SEED[@]}" --stages 2 --topology "$WORK/bad.xml"
 expect_status "plan: a model that cannot be cut" 2 "cannot cut" \
     "$PIPETRAIN" plan "${SEED[@]}" --stages 40
+expect_status "plan --ranks: no layout fits --memory-mb (it exited 1)" 2 "no layout of 2 ranks fits" \
+    "$PIPETRAIN" plan "${SEED[@]}" --ranks 2 --memory-mb 0.001
 expect_status "topo: a topology hwloc crashes on" 2 "crashed" \
     "$PIPETRAIN" topo --topology "$WORK/bad.xml"
 expect_status "diff: a file that is no checkpoint" 2 "bad.st" \
@@ -50,6 +52,13 @@ printf '[net]\n[dense]\nunits=12\n[dense]\nunits=16\n[dense]\nunits=10\n' >"$WOR
 printf '[net]\n[dense]\nunits=14\n[dense]\nunits=10\n' >"$WORK/b.cfg"
 "$PIPETRAIN" train --model "$WORK/a.cfg" "${T[@]}" --save "$WORK/a.st" >/dev/null
 "$PIPETRAIN" train --model "$WORK/b.cfg" "${T[@]}" --save "$WORK/b.st" >/dev/null
+# a --save file carries its CRC-32s as a checkpoint does: a flipped bit is refused at --load
+# (it loaded silently when --save wrote no metadata)
+cp "$WORK/a.st" "$WORK/flip.st"
+printf '\x5a' | dd of="$WORK/flip.st" bs=1 seek=$(($(stat -c %s "$WORK/a.st") - 20)) \
+    conv=notrunc 2>/dev/null
+expect_status "train --load: a --save file with a flipped bit" 2 "flip.st: corrupt: tensor 'layers.2" \
+    "$PIPETRAIN" train --model "$WORK/a.cfg" "${T[@]}" --load "$WORK/flip.st"
 rc=0
 "$PIPETRAIN" diff "$WORK/a.st" "$WORK/b.st" >"$WORK/out" 2>&1 || rc=$?
 if [ "$rc" -eq 1 ] && grep -q "^DIFFERENT: no tensor of the same name and shape" "$WORK/out" &&

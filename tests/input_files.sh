@@ -54,6 +54,19 @@ expect_fail "topology: directory (topo)" "dir: $DIR" "$PIPETRAIN" topo --topolog
 expect_fail "topology: FIFO (plan)" "fifo: $FIFO" \
     "$PIPETRAIN" plan --model "$MLP" --stages 2 --partition params --topology "$WORK/fifo"
 
+# plan's --costs-file (read, then written): the FIFO blocked the open
+expect_fail "costs file: FIFO (plan)" "fifo: $FIFO" \
+    "$PIPETRAIN" plan --model "$MLP" --stages 2 --costs-file "$WORK/fifo"
+expect_fail "costs file: directory (plan)" "dir: $DIR" \
+    "$PIPETRAIN" plan --model "$MLP" --stages 2 --costs-file "$WORK/dir"
+
+# a key beyond int: refused (%d wrapped micro-batch 4294967424 to 128, and the profile
+# was taken for that key's)
+"$PIPETRAIN" plan --model "$MLP" --stages 2 --costs-file "$WORK/mlp.costs" >/dev/null
+sed 's/^profile microbatch 128 /profile microbatch 4294967424 /' "$WORK/mlp.costs" >"$WORK/wrap.costs"
+expect_fail "costs file: a micro-batch of 2^32 + 128" "wrap.costs:2: expected 'profile microbatch" \
+    "$PIPETRAIN" plan --model "$MLP" --stages 2 --costs-file "$WORK/wrap.costs"
+
 # what still works: a regular file through a symbolic link
 ln -s "$MLP" "$WORK/link.cfg"
 if timeout 60 "$PIPETRAIN" summary --model "$WORK/link.cfg" >"$WORK/out" 2>&1; then

@@ -160,4 +160,18 @@ expect_fail "--min-ranks without a rank count" "needs a launcher with a rank cou
 expect_fail "unreadable --hostfile" "cannot read" \
     "$PIPETRAIN" launch --hostfile "$WORK/nohosts" -- "$MPIEXEC" -n 2 "$PIPETRAIN" train \
     "${MLP[@]}" --checkpoint-dir "$WORK/x"
+# --log naming the job's status record: refused (the record replaced the log, then was removed)
+expect_fail "--log the job's status record" "a file of the job's checkpoint directory" \
+    "$PIPETRAIN" launch --log "$WORK/x/.pipetrain-launch-status" -- "$PIPETRAIN" train \
+    "${MLP[@]}" --checkpoint-dir "$WORK/x"
+# a FIFO blocked launch; bad slots counted 1 each; a file of no host read as "nothing says"
+mkfifo "$WORK/hostfifo"
+printf 'localhost:0\n' >"$WORK/hosts0"
+printf '# none\n' >"$WORK/hostsnone"
+for hf in "hostfifo:is a FIFO" "hosts0:hosts0 line 1: expected 'host' or 'host:slots'" \
+          "hostsnone:names no host"; do
+    expect_fail "--hostfile ${hf%%:*}" "${hf#*:}" \
+        "$PIPETRAIN" launch --hostfile "$WORK/${hf%%:*}" --min-ranks 1 -- "$MPIEXEC" -n 2 \
+        "$PIPETRAIN" train "${MLP[@]}" --checkpoint-dir "$WORK/x"
+done
 finish

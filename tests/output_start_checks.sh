@@ -40,6 +40,17 @@ start_refused "--checkpoint-dir a FIFO" "not a directory" --checkpoint-dir fifo
 start_refused "--checkpoint-dir a file" "not a directory" --checkpoint-dir err
 start_refused "--checkpoint-dir empty" "empty path" --checkpoint-dir ""
 [ -p fifo ] && pass "the FIFO is still a FIFO" || failed "the FIFO was replaced"
+# two outputs in one file, or an output over an input: refused (one overwrote the other, and
+# --save over the model file destroyed it at the end)
+start_refused "--save and --trace one file" "name the same file" --save same.out --trace ./same.out
+cp "$MODELS/seed-mlp.cfg" model.cfg
+start_refused "--save over the model file" "is the model file" --model model.cfg --save model.cfg
+grep -q '^\[dense\]' model.cfg && pass "the model file is intact" || failed "the model file was written"
+# --save at a checkpoint's name in --checkpoint-dir: refused (it replaced that checkpoint with
+# a file --resume refuses)
+mkdir ck
+start_refused "--save as a checkpoint of --checkpoint-dir" "a file of --checkpoint-dir" \
+    --checkpoint-dir ck --save ck/ckpt-0000000002.safetensors
 
 # planted links are replaced, never written through; an existing file keeps its mode
 echo precious > victim

@@ -142,4 +142,12 @@ expect2 "sample: another model's checkpoint" "mlp.st: no tensor layers.0.wte.wei
 expect2 "sample: a non-UTF-8 prompt" "\-\-prompt: not valid UTF-8 at byte offset 1" \
     "$PIPETRAIN" sample --model "$NANO" --load "$CK" --prompt $'a\xff'
 expect2 "sample: no --load" "\-\-load FILE|DIR is required" "$PIPETRAIN" sample --model "$NANO"
+# --data DIR given as its default's directory is still --data DIR: refused for a language
+# model like any other directory (it was taken for no option: the fortunes, silently)
+expect2 "--data (the default directory) with a language model" "is a language model: give it text" \
+    "$PIPETRAIN" train --model "$NANO" --data /usr/share/datasets/fashion-mnist "${Q[@]}"
+mkdir "$WORK/nockpt"
+expect2 "sample: a directory without checkpoints (names --load, not --resume)" \
+    "^pipetrain: \-\-load .*nockpt: no checkpoint in this directory" \
+    "$PIPETRAIN" sample --model "$NANO" --load "$WORK/nockpt"
 finish

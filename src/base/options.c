@@ -38,7 +38,8 @@ int opt_parse_double(const char *name, const char *text, double min, double max,
     if (end == text || *end || errno || !isfinite(v))
         return pt_error_set("%s %s: not a number", name, text);
     if (v < min || v > max)
-        return pt_error_set("%s %s: must be between %g and %g", name, text, min, max);
+        /* %.12g: a bound like 1048576 in full, not %g's 1.04858e+06 */
+        return pt_error_set("%s %s: must be between %.12g and %.12g", name, text, min, max);
     *out = v;
     return 0;
 }

@@ -48,6 +48,7 @@
 #include <unistd.h>
 
 #include "src/base/error.h"
+#include "src/base/io.h"
 #include "src/base/options.h"
 #include "src/base/output.h"
 #include "src/cli/commands.h"
@@ -150,21 +151,42 @@ static void event(launch_options *o, json_t *ev, const char *fmt, ...)
 
 /* ---- what is available, and the new layout ---- */
 
-/* Slots in an MPICH host file ("host[:slots]", # comments): −1 with a message. */
+/* Slots in an MPICH host file ("host[:slots]", # comments): −1 with a message. A FIFO or
+ * a directory is refused (a FIFO blocked launch), and so are slots that are no positive
+ * number (each such line counted 1) and a file naming no host (it read as "nothing says",
+ * and the job kept its count). */
 static long hostfile_slots(const char *path)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return pt_error_set("--hostfile %s: cannot read: %s", path, strerror(errno));
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return pt_error_set("--hostfile %s: cannot read: %s", path, strerror(errno));
+    FILE *f = pt_fopen_regular(path, "r");
+    if (!f) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", pt_error_get());
+        return pt_error_set("--hostfile %s", why);
+    }
     char line[1024];
     long n = 0;
+    int lineno = 0;
     while (fgets(line, sizeof line, f)) {
+        lineno++;
         char *h = line + strspn(line, " \t");
-        if (*h == '#' || *h == '\n' || !*h) continue;
-        char *colon = strchr(h, ':');
-        long s = colon ? strtol(colon + 1, NULL, 10) : 1;
-        n += s > 0 ? s : 1;
+        if (*h == '#' || *h == '\n' || *h == '\r' || !*h) continue;
+        char *colon = strchr(h, ':'), *end = NULL;
+        long s = colon ? strtol(colon + 1, &end, 10) : 1;
+        if (colon && (end == colon + 1 || s < 1 || s > 1 << 20 ||
+                      (*end && !strchr(" \t\r\n", *end)))) {
+            fclose(f);
+            return pt_error_set("--hostfile %s line %d: expected 'host' or 'host:slots' with "
+                                "slots a positive number", path, lineno);
+        }
+        n += s;
     }
+    int bad = ferror(f);
     fclose(f);
+    if (bad) return pt_error_set("--hostfile %s: cannot read: %s", path, strerror(errno));
+    if (n == 0) return pt_error_set("--hostfile %s: names no host", path);
     return n;
 }
 
@@ -510,6 +532,21 @@ static int read_job(launch_options *o, launch_job *j, int argc, char **argv, cha
 static int open_log(launch_options *o)
 {
     if (pt_output_check("--log", o->log)) return -1;
+    /* not one of the files train and launch keep in the checkpoint directory: the status
+     * record replaced the log and was then removed, a checkpoint got JSON appended */
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", o->log);
+    char *slash = strrchr(dir, '/');
+    const char *base = slash ? o->log + (slash - dir) + 1 : o->log;
+    if (slash == dir) dir[1] = '\0'; /* "/x": the root */
+    else if (slash) *slash = '\0';
+    char *real = realpath(slash ? dir : ".", NULL);
+    int own = real && o->ckpt_dir && !strcmp(real, o->ckpt_dir) &&
+              (!strncmp(base, ".pipetrain-", 11) || ckpt_dir_name_step(base) >= 0);
+    free(real);
+    if (own)
+        return pt_error_set("--log %s: a file of the job's checkpoint directory (its "
+                            "checkpoints and .pipetrain-* records): give another name", o->log);
     int fd = open(o->log, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd < 0 || !(o->logf = fdopen(fd, "a"))) {
         int e = errno;

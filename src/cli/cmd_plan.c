@@ -265,7 +265,11 @@ static int plan_parse(plan_args *a, int argc, char **argv)
     if (a->virtual_stages < 1) a->virtual_stages = 1;
     if (!a->recompute) a->recompute = "none";
     if (!a->schedule) a->schedule = "1f1b";
-    /* the V schedules' default: two model chunks per rank */
+    /* the V schedules' default: two model chunks per rank (a --virtual 1 given is refused) */
+    if (schedule_is_v(a->schedule) && opt_given(&p, O_VIRTUAL) && a->virtual_stages == 1)
+        return opt_error(&p, "schedule %s places model chunks in a V (down the ranks and "
+                         "back): it needs an even number of chunks per rank (2 unless "
+                         "--virtual says), not --virtual 1", a->schedule);
     if (schedule_is_v(a->schedule) && a->virtual_stages == 1) a->virtual_stages = 2;
     if (a->schedule_memory > 0 && strcmp(a->schedule, "search"))
         return opt_error(&p, "--schedule-memory is the limit of --schedule search");
@@ -346,6 +350,10 @@ static int print_layout(const plan_args *a, const net_desc *net, const topo_mach
 static int plan_one(plan_args *a, const net_desc *net, const topo_machine *m,
                     const topo_cost_model *cm)
 {
+    if (a->virtual_stages > 1 && a->stages * a->virtual_stages > net->n_layers)
+        return pt_error_set("cannot cut %d layers into %d model chunks (--stages %d x %d "
+                            "chunks per rank): a chunk would be empty", net->n_layers,
+                            a->stages * a->virtual_stages, a->stages, a->virtual_stages);
     if (partition_check(net->n_layers, a->stages * a->virtual_stages) < 0) return -1;
     partition_profile prof = {0};
     if (profile_layers(&prof, a, net) < 0) return -1;

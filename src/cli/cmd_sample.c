@@ -103,7 +103,13 @@ static int load_params(sampler *s, const char *load)
     char path[4096];
     struct stat st;
     if (stat(load, &st) == 0 && S_ISDIR(st.st_mode)) {
-        if (ckpt_find_latest(load, NULL, NULL, path, sizeof path)) return -1;
+        if (ckpt_find_latest(load, NULL, NULL, path, sizeof path)) {
+            /* its messages name train's --resume; here the option is --load */
+            char why[1024];
+            const char *e = pt_error_get();
+            snprintf(why, sizeof why, "%s", strncmp(e, "--resume ", 9) ? e : e + 9);
+            return pt_error_set("--load %s", why);
+        }
     } else {
         snprintf(path, sizeof path, "%s", load);
     }

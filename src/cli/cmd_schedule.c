@@ -1,12 +1,14 @@
 /* `pipetrain schedule`: a pipeline schedule's instruction lists and timeline, verified. */
 #include <math.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "schedule/schedule.h"
 #include "src/base/error.h"
 #include "src/base/options.h"
+#include "src/base/output.h"
 #include "src/cli/commands.h"
 
 enum { O_STAGES = 1, O_MICRO, O_SCHED, O_BUCKETS, O_OVERLAP, O_VIRTUAL, O_RECOMPUTE, O_SAVE,
@@ -76,8 +78,12 @@ static int parse_costs(const char *text, int n, double *f, double *b, double *w)
         }
         if (end == p || !(f[c] > 0 && b[c] > 0 && w[c] > 0) || !isfinite(f[c] + b[c] + w[c]))
             return pt_error_set("--costs %s: chunk %d: expected positive numbers", text, c);
+        if (*end && *end != ',') /* "1/2/3/4" read as "too few costs" */
+            return pt_error_set("--costs %s: chunk %d: expected F or F/B/W, then ',' or the "
+                                "end", text, c);
         if (c + 1 < n && *end != ',')
-            return pt_error_set("--costs %s: %d model chunks need %d costs", text, n, n);
+            return pt_error_set("--costs %s: %d model chunks need %d costs, %d given", text, n,
+                                n, c + 1);
         if (c + 1 == n && *end)
             return pt_error_set("--costs %s: more than the %d model chunks' costs", text, n);
         p = end + 1;
@@ -107,6 +113,26 @@ static int search_schedule(schedule *s, int stages, int virt, int micro, const c
                r.best_named);
     printf(" (%d candidates verified, %d within the limit)\n", r.tried, r.kept);
     return 0;
+}
+
+/* --save-schedule FILE through src/base/output.h, as train writes its files: a FIFO, a
+ * device or a directory there is refused (a FIFO blocked the write forever), a link there
+ * is replaced, never followed, and a failed write leaves what was there. −1 with a message
+ * naming the path. */
+static int save_schedule(const schedule *s, const char *path)
+{
+    pt_output out;
+    if (pt_output_begin(&out, path)) return -1;
+    int fd = dup(out.fd);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f && fd >= 0) close(fd);
+    int bad = !f || schedule_write(s, f);
+    if (f && fclose(f)) bad = 1;
+    if (bad) {
+        pt_output_abort(&out);
+        return pt_error_set("--save-schedule %s: the write failed", path);
+    }
+    return pt_output_commit(&out);
 }
 
 /* What the printer can show in a terminal's worth of text. */
@@ -158,6 +184,13 @@ int cmd_schedule(int argc, char **argv)
         opt_error(&p, "--costs and --schedule-memory are for --schedule search");
         return cli_usage_fail();
     }
+    /* 1 is --virtual's default, which the V schedules read as their 2: given, it is refused */
+    if (name && schedule_is_v(name) && opt_given(&p, O_VIRTUAL) && virt == 1) {
+        opt_error(&p, "schedule %s places model chunks in a V (down the ranks and back): it "
+                  "needs an even number of chunks per rank (2 unless --virtual says), not "
+                  "--virtual 1", name);
+        return cli_usage_fail();
+    }
     int any_recompute = 0;
     for (int k = 0; k < stages; k++) any_recompute |= flags[k];
     schedule s;
@@ -177,15 +210,9 @@ int cmd_schedule(int argc, char **argv)
             return cli_input_fail();
         }
     }
-    if (save) {
-        FILE *f = fopen(save, "w");
-        int bad = !f || schedule_write(&s, f);
-        if (f && fclose(f)) bad = 1;
-        if (bad) {
-            schedule_free(&s);
-            pt_error_set("cannot write the schedule to %s", save);
-            return cli_input_fail();
-        }
+    if (save && save_schedule(&s, save)) {
+        schedule_free(&s);
+        return cli_input_fail();
     }
     schedule_report rep;
     if (schedule_verify(&s, &rep)) {

@@ -87,7 +87,10 @@ static void add_tensors(st_tensor *t, int *n, const net_desc *net, const float *
 
 int checkpoint_save(const char *path, const net_desc *net, const float *all)
 {
-    return checkpoint_save_full(path, net, all, NULL, NULL, NULL);
+    /* an empty metadata list, not none: the file then carries its CRC-32s (st_write_meta),
+     * and a flipped bit in a --save file is refused at --load as in a checkpoint */
+    static const char *const no_keys[] = {NULL};
+    return checkpoint_save_full(path, net, all, NULL, NULL, no_keys);
 }
 
 int checkpoint_save_full(const char *path, const net_desc *net, const float *params,

@@ -7,7 +7,7 @@
 #include "src/model/net.h"
 
 /* Writes the whole model from `all` (every parameter in layer order, as a stage holding
- * every layer stores them). */
+ * every layer stores them), with a CRC-32 of each tensor in its metadata. */
 int checkpoint_save(const char *path, const net_desc *net, const float *all);
 /* Fills the parameters of layers [first, last) in stage order (per layer its weight, then
  * its bias) from a file; a missing tensor or a wrong shape is an error. */

@@ -3,12 +3,15 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "src/base/error.h"
+#include "src/base/io.h"
 #include "src/plan/predict.h"
 
 #define COSTS_MAGIC "pipetrain-costs"
@@ -78,10 +81,14 @@ static int mode_of(const char *name, tensor_mode *m)
 static int costs_read(const char *path, unsigned long long digest, int n_layers,
                       const costs_key *want, partition_profile *prof)
 {
-    FILE *f = fopen(path, "r");
+    struct stat st;
+    if (stat(path, &st) != 0 && errno == ENOENT) return 0;
+    /* a FIFO, a device or a directory is refused with what it is (a FIFO blocked the open) */
+    FILE *f = pt_fopen_regular(path, "r");
     if (!f) {
-        if (errno == ENOENT) return 0;
-        return pt_error_set("--costs-file %s: cannot read: %s", path, strerror(errno));
+        char why[512];
+        snprintf(why, sizeof why, "%s", pt_error_get());
+        return pt_error_set("--costs-file %s", why);
     }
     char line[512], magic[32], host[128];
     unsigned long long got;
@@ -105,13 +112,16 @@ static int costs_read(const char *path, unsigned long long digest, int n_layers,
         lineno++;
         costs_key k;
         char mode[32];
-        if (sscanf(line, "profile microbatch %d tensor %d mode %31s split %d", &k.microbatch,
-                   &k.tensor, mode, &k.split) != 4 || mode_of(mode, &k.mode) ||
-            k.microbatch < 1 || k.tensor < 1) {
+        /* read wide and checked: %d wrapped 4294967328 to 32, another profile's key */
+        long long mb, t, sp;
+        if (sscanf(line, "profile microbatch %lld tensor %lld mode %31s split %lld", &mb, &t,
+                   mode, &sp) != 4 || mode_of(mode, &k.mode) || mb < 1 || mb > INT_MAX ||
+            t < 1 || t > INT_MAX || sp < 0 || sp > 1) {
             fclose(f);
             return pt_error_set("--costs-file %s:%d: expected 'profile microbatch M tensor T mode "
                                 "NAME split 0|1'", path, lineno);
         }
+        k.microbatch = (int)mb, k.tensor = (int)t, k.split = (int)sp;
         int take = !found && key_equal(&k, want);
         for (int l = 0; l < n_layers; l++) {
             double v[4];

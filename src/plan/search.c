@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "src/base/error.h"
+#include "src/base/options.h"
 #include "src/plan/costs.h"
 #include "src/plan/search.h"
 
@@ -557,7 +558,9 @@ int plan_search(const plan_args *base, const net_desc *net, const topo_machine *
     cap *= 7 * N_KINDS * 2;
     candidate *c = calloc((size_t)cap, sizeof *c);
     profile_cache pc = {.costs = base->costs};
-    int n = 0, rc = 1;
+    /* what is found wanting in the request (no layout can be, none fits) is the input's
+     * fault: exit 2, as plan --stages answers a layout that cannot be; else 1 */
+    int n = 0, rc = 1, input_fault = 0;
     char skipped[512] = "";
     if (!c) {
         fprintf(stderr, "pipetrain: out of memory\n");
@@ -596,6 +599,7 @@ int plan_search(const plan_args *base, const net_desc *net, const topo_machine *
             }
         }
     }
+    input_fault = 1;
     if (n == 0 && base->tensor_given && skipped[0]) {
         pt_error_set("%s", skipped);
         goto out;
@@ -617,6 +621,7 @@ int plan_search(const plan_args *base, const net_desc *net, const topo_machine *
                      "per rank (%s)", base->memory_mb, N, smallest->peak_bytes / 1048576.0, lay);
         goto out;
     }
+    input_fault = 0;
     int fitting = 0;
     while (fitting < n && c[fitting].fits) fitting++;
     int shown = fitting < base->top ? fitting : base->top;
@@ -629,7 +634,7 @@ int plan_search(const plan_args *base, const net_desc *net, const topo_machine *
     goto done;
 out:
     fprintf(stderr, "pipetrain: %s\n", pt_error_get());
-    rc = 1;
+    rc = input_fault ? PT_EXIT_USAGE : PT_EXIT_FAIL;
 done:
     for (int i = 0; i < n; i++) {
         free(c[i].stage_bytes);

@@ -4,13 +4,16 @@
 
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "schedule/schedule.h"
 #include "src/base/error.h"
 #include "src/base/mpi_wait.h"
 #include "src/runtime/exec.h"
 #include "src/base/options.h"
+#include "src/io/checkpoint_dir.h"
 #include "src/io/text_data.h"
 
 enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS, O_STEPS,
@@ -420,6 +423,7 @@ static int check_text_options(train_options *o, const opt_parser *p)
         return opt_error(p, "%s and another of --text, --tokens and --tokens-raw: give one "
                          "corpus", names[first]);
     int fortunes = !strcmp(o->data, TEXT_DATA_NAME);
+    o->data_given = opt_given(p, O_DATA);
     if (given && opt_given(p, O_DATA))
         return opt_error(p, "%s and --data %s both name the data: give one", names[first],
                          o->data);
@@ -574,6 +578,11 @@ static int check_schedule(train_options *o, const opt_parser *p)
         return opt_error(p, "--schedule-memory is the limit of --schedule search");
     /* the search runs once the layers are profiled (train_setup.c) */
     if (search) return 0;
+    /* 1 is --virtual's default, which the V schedules read as their 2: given, it is refused */
+    if (schedule_is_v(o->schedule) && opt_given(p, O_VIRTUAL) && o->virtual_stages == 1)
+        return opt_error(p, "schedule %s places model chunks in a V (down the ranks and "
+                         "back): it needs an even number of chunks per rank (2 unless "
+                         "--virtual says), not --virtual 1", o->schedule);
     /* the schedule's own rules (--virtual needs interleaved, which needs 2 stages and
      * micro-batches in multiples of them) before anything is cut, profiled or allocated */
     schedule s;
@@ -606,4 +615,75 @@ int train_options_parse(train_options *o, int argc, char **argv)
     }
     if (id == OPT_ERROR) return -1;
     return check_options(o, &p);
+}
+
+/* Where a write to `path` lands: its directory's real path and its last component (a link
+ * there is replaced, never followed: src/base/output.h). −1 when the directory does not
+ * resolve (train_setup's check_outputs has then said why). */
+static int output_place(const char *path, char *out, size_t size)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    const char *base = slash ? path + (slash - dir) + 1 : path;
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = '\0';
+    else *slash = '\0';
+    char *real = realpath(dir, NULL);
+    if (!real) return -1;
+    snprintf(out, size, "%s/%s", strcmp(real, "/") ? real : "", base);
+    free(real);
+    return 0;
+}
+
+/* Two outputs naming one file would overwrite each other, and an output over an input (the
+ * model file, the corpus, the images, the schedule) would destroy it when the run ends.
+ * --save over --load is allowed: the parameters are read at the start. */
+/* Whether a write landing at `place` (output_place) is one of --checkpoint-dir's own files:
+ * a checkpoint's name (--save there replaced the step's checkpoint with a file --resume
+ * refuses) or a .pipetrain-* record (the lock, launch's status). */
+static int names_checkpoint_file(const train_options *o, const char *place)
+{
+    char *real = o->ckpt_dir && *o->ckpt_dir ? realpath(o->ckpt_dir, NULL) : NULL;
+    if (!real) return 0;
+    const char *dir = strcmp(real, "/") ? real : "";
+    size_t n = strlen(dir);
+    const char *base = place + n + 1;
+    int own = !strncmp(place, dir, n) && place[n] == '/' && !strchr(base, '/') &&
+              (ckpt_dir_name_step(base) >= 0 || !strncmp(base, ".pipetrain-", 11));
+    free(real);
+    return own;
+}
+
+int train_options_check_clashes(const train_options *o)
+{
+    const char *outs[] = {o->save, o->trace, o->metrics};
+    const char *out_names[] = {"--save", "--trace", "--metrics"};
+    const char *ins[] = {o->model, o->text_file, o->schedule_file, o->train_images,
+                         o->train_labels, o->test_images, o->test_labels};
+    const char *in_names[] = {"model", "corpus", "schedule", "training images",
+                              "training labels", "test images", "test labels"};
+    char place[3][4200];
+    for (int i = 0; i < 3; i++) {
+        if (!outs[i] || output_place(outs[i], place[i], sizeof place[i])) {
+            place[i][0] = '\0';
+            continue;
+        }
+        if (names_checkpoint_file(o, place[i]))
+            return pt_error_set("%s %s: a file of --checkpoint-dir %s (its checkpoints and "
+                                ".pipetrain-* records): give another name", out_names[i],
+                                outs[i], o->ckpt_dir);
+        for (int j = 0; j < i; j++)
+            if (place[j][0] && !strcmp(place[i], place[j]))
+                return pt_error_set("%s %s and %s %s name the same file: one would overwrite "
+                                    "the other", out_names[j], outs[j], out_names[i], outs[i]);
+        struct stat os, is;
+        if (lstat(outs[i], &os) != 0 || !S_ISREG(os.st_mode)) continue;
+        for (int k = 0; k < 7; k++)
+            if (ins[k] && stat(ins[k], &is) == 0 && is.st_dev == os.st_dev &&
+                is.st_ino == os.st_ino)
+                return pt_error_set("%s %s is the %s file %s: writing it would destroy that "
+                                    "input", out_names[i], outs[i], in_names[k], ins[k]);
+    }
+    return 0;
 }

@@ -30,6 +30,8 @@ typedef struct {
     const char *text_file;
     double val_fraction;  /* the corpus's tail held out for validation (0: none) */
     int eval_windows;     /* evaluation windows spaced evenly over that tail */
+    int data_given; /* --data given (even as its default): a language model then takes no
+                       built-in corpus in its place */
     const char *text_option; /* --val-fraction or --eval-windows given with no corpus named:
                                 a language model's default corpus takes it (train_setup) */
     engine_device device;
@@ -79,5 +81,9 @@ typedef struct {
 /* Fills o from argv (defaults first). Returns 0, 1 for --help, or −1 with a message. */
 int train_options_parse(train_options *o, int argc, char **argv);
 void train_options_usage(FILE *f);
+/* Two of --save, --trace, --metrics naming one file, one of them an input (the model, the
+ * corpus, the IDX files, the schedule file) or a file of --checkpoint-dir's own (a
+ * checkpoint's name, a .pipetrain-* record): −1 with a message (rank 0 at start). */
+int train_options_check_clashes(const train_options *o);
 
 #endif

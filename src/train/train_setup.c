@@ -259,6 +259,10 @@ static int choose_partition(const train_options *o, const net_desc *net, partiti
     memset(prof, 0, sizeof *prof);
     /* interleaved schedules cut the layers into K·V model chunks */
     int parts = o->stages * o->virtual_stages;
+    if (o->virtual_stages > 1 && parts > net->n_layers) /* "4 stages" of --stages 2 misled */
+        return pt_error_set("cannot cut %d layers into %d model chunks (--stages %d x %d "
+                            "chunks per rank): a chunk would be empty", net->n_layers, parts,
+                            o->stages, o->virtual_stages);
     if (partition_check(net->n_layers, parts)) return -1;
     int search = !o->schedule_file && !strcmp(o->schedule, "search");
     /* One stage needs no cut, and so no profile, unless the search prices the schedules. */
@@ -623,6 +627,7 @@ static int check_outputs(const train_options *o, int rank)
                                 paths[i], in_dev ? "under /dev" : "a link to something "
                                 "other than a regular file");
     }
+    if (rank == 0 && train_options_check_clashes(o)) return -1;
     if (rank != 0 || !o->ckpt_dir) return 0;
     if (!o->ckpt_dir[0]) return pt_error_set("--checkpoint-dir: an empty path names no directory");
     /* created, probed and locked now, before any work (src/io/checkpoint_dir.h) */
@@ -661,12 +666,13 @@ static exec_config exec_config_of(const train_run *run)
 }
 
 /* A language model given no data options reads the built-in corpus (--data text), as an
- * image model reads Fashion-MNIST; image data options with it stay refused (load_data). */
+ * image model reads Fashion-MNIST; image data options with it stay refused (load_data), and
+ * so does --data DIR given as the default's own directory (it was taken for no option). */
 static void default_text(train_run *run)
 {
     train_options *o = &run->o;
     if (run->net.sequence && !o->text && !o->train_images && !o->test_images && !o->val &&
-        o->train_samples < 0 && o->test_samples < 0 && !strcmp(o->data, DEFAULT_DATA_DIR))
+        o->train_samples < 0 && o->test_samples < 0 && !o->data_given)
         o->text = TEXT_FORTUNES;
 }
 
