@@ -11,14 +11,30 @@ COMMON=(--model "$MODELS/seed-cnn.cfg" --batch $B --steps 3 --train-samples 256
 # One starting point for every run.
 "$PIPETRAIN" train "${COMMON[@]}" --steps 1 --optimizer sgd --lr 0 --save "$WORK/init.st" >/dev/null
 
-run() { # run OUT K ARGS...
+run() { # run OUT K ARGS...: the checkpoint OUT and the run's JSON report OUT.json
     local out=$1 k=$2
     shift 2
     if [ "$k" -eq 1 ]; then
-        "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st" --save "$out" "$@" >/dev/null
+        "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st" --save "$out" "$@" >"$out.json"
     else
         "$MPIEXEC" -n "$k" "$PIPETRAIN" train "${COMMON[@]}" --load "$WORK/init.st" \
-            --save "$out" --stages "$k" "$@" >/dev/null
+            --save "$out" --stages "$k" "$@" >"$out.json"
+    fi
+}
+
+# A difference seen once under load was never reproduced (an intermittent one would be a race
+# or a timing-dependent path): print the cut (`time` measures it anew each run) and every
+# tensor that differs, and keep both checkpoints, the reports and the whole diff under
+# $PT_BUILD_DIR/failed/ to be studied after the test's $WORK is gone.
+keep_difference() { # keep_difference OUT REF
+    local out=$1 ref=$2 dir
+    dir=${PT_BUILD_DIR:-$WORK}/failed/pipeline_equivalence.$(date +%Y%m%d-%H%M%S).$$
+    echo "  layers per stage: $(json_field stage_layers <"$out.json" 2>/dev/null || echo '?')"
+    { grep -v 'max |a-b| 0\.000e+00' "$WORK/diff" || true; } | sed 's/^/  /'
+    if mkdir -p "$dir" && cp "$out" "$out.json" "$ref" "$ref.json" "$WORK/diff" "$dir/"; then
+        echo "  kept in $dir"
+    else
+        echo "  could not keep them in $dir"
     fi
 }
 
@@ -49,7 +65,7 @@ for K in 2 3 4; do
                 pass "K=$K M=$M $sched $part $opt: bit-identical to sequential M=$M"
             else
                 failed "K=$K M=$M $sched $part $opt: differs from sequential M=$M"
-                tail -n 3 "$WORK/diff"
+                keep_difference "$out" "$WORK/ref_${opt}_$M.st"
             fi
         done
     done
