@@ -20,7 +20,7 @@ typedef struct {
     float **grad_in;   /* [n_msg] GRAD_IN; on the last stage the loss gradient (NULL where
                           it overwrites the logits in the slot: loss_in_place) */
     float **grad_out;  /* [n_msg] GRAD_OUT (not on stage 0) */
-    int n_in, n_msg;   /* message buffer b's entry is b mod n_msg (msg_index) */
+    int n_in, n_msg;   /* message buffer b's entry is b mod n_msg (input_of, grad_in_of) */
     int32_t **labels;  /* [buffers][max_batch] (last stage) */
     int64_t **ids;     /* [buffers][max_batch] */
     int *slot_of;      /* [buffers] the slot holding m's activations, −1 for none */

@@ -33,7 +33,8 @@ static size_t split_bytes(const stage_plan *p)
 {
     size_t bytes = 0;
     for (int i = 0; i < p->nl; i++)
-        bytes += split_layer_bytes(&p->loc[i], i == p->nl - 1, stage_plan_sharded(p), p->max_batch);
+        bytes += split_layer_bytes(&p->loc[i], i == p->nl - 1, stage_plan_sharded(p),
+                                   p->max_batch);
     return bytes;
 }
 
