@@ -489,5 +489,18 @@ int partition_by_method_placed(partition *p, const char *method, const net_desc 
         if (p) *p = (partition){0};
         return pt_error_set("the number of pipeline stages must be at least 1 (got %d)", ranks);
     }
+    if (V > 1 && method && method_is_counts(method)) {
+        /* one count per model chunk: say so, not "K·V stages were asked for" */
+        int entries = 1;
+        for (const char *c = method; *c; c++) entries += *c == ',';
+        if (entries != ranks * V) {
+            if (p) *p = (partition){0};
+            return pt_error_set("partition list %.*s has %d entr%s but %d stage%s × %d model "
+                                "chunks per rank make %d chunks: give one layer count per "
+                                "chunk", LIST_SHOWN, method, entries,
+                                entries == 1 ? "y" : "ies", ranks, ranks == 1 ? "" : "s", V,
+                                ranks * V);
+        }
+    }
     return by_method(p, method, net, profile, ranks * V, v_placement && V == 2 ? ranks : 0);
 }
