@@ -729,8 +729,7 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
     c->in = (float **)alloc_arrays(c->n_in, mb * e->in_count * sizeof(float));
     /* on the last stage the loss gradient may take the logits' place in the slot: a
      * language model's logits are its largest activation (GPT-2's 50,257 per token) */
-    c->loss_in_place = c->last_stage && !cfg->recompute &&
-                       layer_output_unread_by_backward(&cfg->net->layers[cfg->last - 1]);
+    c->loss_in_place = layer_loss_in_place(cfg->net, cfg->last, cfg->recompute);
     c->grad_in = c->loss_in_place
                      ? NULL
                      : (float **)alloc_arrays(c->n_msg, mb * e->out_count * sizeof(float));

@@ -761,8 +761,7 @@ static int create_parts(engine *e, cuda_engine *c)
     c->device = cfg->device;
     c->is_first = cfg->first == 0;
     c->is_last = cfg->last == cfg->net->n_layers;
-    c->loss_in_place = c->is_last && !cfg->recompute &&
-                       layer_output_unread_by_backward(&cfg->net->layers[cfg->last - 1]);
+    c->loss_in_place = layer_loss_in_place(cfg->net, cfg->last, cfg->recompute);
     c->dm = cfg->device_messages != 0;
     e->msg_on_device = c->dm;
     if (kernel_cuda_ctx_init(&c->ctx, cfg->device)) return -1;

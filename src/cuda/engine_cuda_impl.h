@@ -195,7 +195,7 @@ typedef struct {
                           local layers, parameter offsets, gradient targets, ranges */
     int is_first, is_last, has_dropout, needs_load;
     int loss_in_place; /* the last stage's loss gradient overwrites the logits (as the
-                          CPU engine's: layer_output_unread_by_backward, no recompute) */
+                          CPU engine's: layer_loss_in_place) */
     int dm; /* device messages (CUDA-aware MPI) */
     void *dmem, *hmem; /* the device and the pinned allocations */
     size_t dmem_bytes, hmem_bytes;

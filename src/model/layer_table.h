@@ -88,14 +88,16 @@ static inline int layer_w_reads_dout(const layer_desc *L)
     return L->weight_count && L->type != LAYER_BLOCK && L->activation == KERNEL_ACT_LINEAR;
 }
 
-/* Whether a training forward's output of L lives in storage of L's own that L's backward
- * never reads (only an activation's backward reads the output; the layers read their
- * input and what they saved): a net's last layer of this kind lets the loss gradient
- * overwrite the logits (the engines' loss_in_place). */
-static inline int layer_output_unread_by_backward(const layer_desc *L)
+/* Whether the loss gradient of a stage of layers [.., last) overwrites its logits in the
+ * micro-batch's slot (both engines, and the planner's price): the stage ends the net, its
+ * last layer's training output lives in storage of its own that its backward never reads
+ * (only an activation's backward reads the output; the layers read their input and what
+ * they saved), and no recomputation gives the slot back between forward and backward. */
+static inline int layer_loss_in_place(const net_desc *net, int last, int recompute)
 {
-    return layer_kind_of(L->type)->own_output && !layer_is_identity(L, 1) &&
-           L->activation == KERNEL_ACT_LINEAR;
+    const layer_desc *L = &net->layers[last - 1];
+    return last == net->n_layers && !recompute && layer_kind_of(L->type)->own_output &&
+           !layer_is_identity(L, 1) && L->activation == KERNEL_ACT_LINEAR;
 }
 
 /* ---- parameters as named tensors, and what a layer keeps for its backward ----

@@ -511,8 +511,7 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                 /* inputs (samples on chunk 0, else messages), gradients in (on the last
                  * chunk perhaps in the logits' place), gradients out (not on chunk 0),
                  * labels and ids */
-                int loss_in_place = last == net->n_layers && !recompute &&
-                                    layer_output_unread_by_backward(&net->layers[last - 1]);
+                int loss_in_place = layer_loss_in_place(net, last, recompute);
                 bytes += (first > 0 ? nm * 8.0 * in : nb * 4.0 * in) * mb +
                          (loss_in_place ? 0 : nm * mb * 4.0 * outc) + nb * mb * (4 + 8);
                 /* recomputation: the outputs of the micro-batches between forward and
