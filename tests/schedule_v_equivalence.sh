@@ -82,6 +82,23 @@ rc=0; "$PIPETRAIN" schedule --schedule-file "$WORK/bad.txt" >/dev/null 2>"$WORK/
     && pass "a schedule file the verifier rejects: exit 2, its line named" \
     || { failed "bad schedule file: exit $rc"; cat "$WORK/bad.err"; }
 
+# a rank's chunks share their gradient groups' pages (stage_rank_pool): gpt-deep's zb-v
+# over 2 ranks forms each micro-batch in 4 groups, a block (3,159,040 bytes) at a time; the
+# gradient arrays beyond the rank's own hold one chunk's group buffer and mb_grads (2 blocks
+# and a few pages), not each chunk's (4 blocks)
+"$MPIEXEC" -n 2 "$PIPETRAIN" train --model "$MODELS/gpt-deep.cfg" --text "$PT_SOURCE_DIR/README.md" \
+    --batch 8 --steps 1 --eval-windows 1 --stages 2 --microbatches 2 --threads 1 \
+    --schedule zb-v --json >"$WORK/zbv-mem.json" 2>"$WORK/zbv-mem.err"
+python3 - "$WORK/zbv-mem.json" <<'PY' && pass "zb-v: each rank's gradient groups hold one chunk's at a time" || failed "zb-v: gradient group memory"
+import json, sys
+d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+block = 789760 * 4
+for r, (p, g) in enumerate(zip(d["rank_params_bytes"], d["rank_grads_bytes"])):
+    print(f"  rank {r}: gradients {g} bytes, parameters {p}, beyond them {(g - p) / block:.2f} blocks")
+    if g - p > 2.5 * block:
+        sys.exit(1)
+PY
+
 run "$WORK/other.st" 2 --stages 2 --schedule zb-v --microbatches 4 --seed 8
 if "$PIPETRAIN" diff "$WORK/other.st" "$WORK/ref_4.st" >/dev/null 2>&1; then
     failed "a different seed gave the same parameters: the comparison cannot fail"

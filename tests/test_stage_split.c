@@ -173,13 +173,13 @@ Test(stage_split, stages_sharing_slots_are_bit_identical)
     cr_assert_eq(stage_init(&a, &net, 0, nl, n, M, 1), 0, "%s", pt_error_get());
     size_t unit =
         stage_estimate(&net, 0, nl, n, 1).slot + stage_split_slot_bytes(&net, 0, nl, n);
-    stage_slot_pool *pool = stage_slot_pool_new(M + 1, unit);
+    stage_rank_pool *pool = stage_rank_pool_new(M + 1, unit, 1 << 20);
     cr_assert_not_null(pool);
-    stage_slot_pool_use(pool);
+    stage_rank_pool_use(pool);
     cr_assert_eq(stage_init(&b, &net, 0, nl, n, M, 1), 0, "%s", pt_error_get());
     cr_assert_eq(stage_init(&c, &net, 0, nl, n, 2, 1), 0, "%s", pt_error_get());
-    stage_slot_pool_use(NULL);
-    stage_slot_pool_drop(pool); /* the stages keep it */
+    stage_rank_pool_use(NULL);
+    stage_rank_pool_drop(pool); /* the stages keep it */
     cr_assert_null(b.slot_memory, "a stage of the pool has slot memory of its own");
     cr_assert_eq(stage_enable_split(&b), 0, "%s", pt_error_get());
     cr_assert_eq(stage_enable_split(&c), 0, "%s", pt_error_get());

@@ -41,17 +41,25 @@ static int alloc_state(stage *s)
     return 0;
 }
 
-/* Each thread's workspace and scratch; with tensor shards the collectives' buffers. */
+/* Each thread's workspace and scratch (the rank pool's where the stage shares one); with
+ * tensor shards the collectives' buffers. */
 static int alloc_workers(stage *s, int chunk)
 {
     const stage_plan *p = &s->plan;
-    s->workers = calloc((size_t)s->threads, sizeof *s->workers);
-    if (!s->workers) return -1;
-    for (int t = 0; t < s->threads; t++) {
-        stage_worker *wk = &s->workers[t];
-        wk->work = stage_alloc_zeroed(p->work_floats * sizeof(float));
-        for (int k = 0; k < 2; k++) wk->scratch[k] = stage_alloc_zeroed(p->widest * chunk * sizeof(float));
-        if (!wk->work || !wk->scratch[0] || !wk->scratch[1]) return -1;
+    size_t scratch = p->widest * (size_t)chunk;
+    if (s->rank_pool) {
+        s->workers = stage_rank_pool_workers(s->rank_pool, s->threads, p->work_floats, scratch);
+        if (!s->workers) return -1;
+    } else {
+        s->workers = calloc((size_t)s->threads, sizeof *s->workers);
+        if (!s->workers) return -1;
+        s->own_workers = 1;
+        for (int t = 0; t < s->threads; t++) {
+            stage_worker *wk = &s->workers[t];
+            wk->work = stage_alloc_zeroed(p->work_floats * sizeof(float));
+            for (int k = 0; k < 2; k++) wk->scratch[k] = stage_alloc_zeroed(scratch * sizeof(float));
+            if (!wk->work || !wk->scratch[0] || !wk->scratch[1]) return -1;
+        }
     }
     if (!p->tp) return 0;
     size_t bytes = (size_t)p->max_batch * p->widest * sizeof(float);
@@ -81,9 +89,15 @@ static int alloc_groups(stage *s, int chunk)
     int used = stage_used_groups(s->groups, chunk, s->plan.max_batch);
     for (int g = 1; g < used; g++)
         if (!(s->group_grads[g] = pages_alloc(s->grads_bytes))) return -1;
-    if (pages_pool_init(&s->group_pool, (size_t)(s->threads + 1) * s->grads_bytes)) {
-        memset(&s->group_pool, 0, sizeof s->group_pool);
-        return -1;
+    if (s->rank_pool) {
+        s->group_pool = stage_rank_pool_groups(s->rank_pool, &s->counts_groups);
+    } else {
+        if (pages_pool_init(&s->own_groups, (size_t)(s->threads + 1) * s->grads_bytes)) {
+            memset(&s->own_groups, 0, sizeof s->own_groups);
+            return -1;
+        }
+        s->group_pool = &s->own_groups;
+        s->counts_groups = 1;
     }
     const stage_plan *p = &s->plan;
     s->split_groups = stage_groups_by_layer(p->net, p->first, p->last, p->param_count, p->widest,
@@ -101,13 +115,13 @@ static int alloc_slots(stage *s)
     s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
     s->slot_layers = calloc((size_t)s->n_slots * (size_t)p->nl, sizeof *s->slot_layers);
     /* a shared pool's units are carved when bound (stage_slot_acquire) */
-    s->slot_memory = s->slot_pool ? NULL : stage_alloc_zeroed(p->slot_bytes * s->n_slots);
-    if (!s->slots || !s->slot_layers || (!s->slot_pool && !s->slot_memory)) return -1;
+    s->slot_memory = s->shared_slots ? NULL : stage_alloc_zeroed(p->slot_bytes * s->n_slots);
+    if (!s->slots || !s->slot_layers || (!s->shared_slots && !s->slot_memory)) return -1;
     for (int k = 0; k < s->n_slots; k++) {
         stage_slot *sl = &s->slots[k];
         sl->layers = s->slot_layers + (size_t)k * p->nl;
         sl->unit = -1;
-        if (!s->slot_pool)
+        if (!s->shared_slots)
             sl->whole_out = stage_plan_carve_slot(
                 p, (char *)s->slot_memory + k * p->slot_bytes, sl->layers);
         /* a layer in phases keeps its inner gradients between them: one backward runs at a
@@ -142,8 +156,9 @@ int stage_init_shard(stage *s, const net_desc *net, int first, int last, int max
     stage_shape sh = stage_cpu_shape(net, first, last, max_batch, chunk, tp, tp_rank);
     if (stage_plan_init(&s->plan, &sh, "stage")) return -1;
     if (s->plan.tp) s->tp_comm = *comm;
-    s->slot_pool = stage_slot_pool_adopt();
-    if (s->slot_pool && stage_slot_pool_unit(s->slot_pool) < s->plan.slot_bytes) {
+    s->rank_pool = stage_rank_pool_adopt();
+    s->shared_slots = s->rank_pool && stage_rank_pool_slots(s->rank_pool) > 0;
+    if (s->shared_slots && stage_rank_pool_unit(s->rank_pool) < s->plan.slot_bytes) {
         stage_free(s);
         return pt_error_set("stage: the rank's shared slots are smaller than layers "
                             "%d..%d's %zu bytes", first, last - 1, s->plan.slot_bytes);
@@ -162,9 +177,8 @@ int stage_init_shard(stage *s, const net_desc *net, int first, int last, int max
 
 void stage_free(stage *s)
 {
-    for (int k = 0; s->slot_pool && s->slots && k < s->n_slots; k++)
-        if (s->slots[k].busy) stage_slot_pool_give(s->slot_pool, s->slots[k].unit);
-    stage_slot_pool_drop(s->slot_pool);
+    for (int k = 0; s->shared_slots && s->slots && k < s->n_slots; k++)
+        if (s->slots[k].busy) stage_rank_pool_give(s->rank_pool, s->slots[k].unit);
     free(s->slots);
     free(s->slot_layers);
     free(s->slot_memory);
@@ -174,7 +188,7 @@ void stage_free(stage *s)
     free(s->stash_memory);
     pages_free(s->memory, s->grads_bytes);
     free(s->opt_memory);
-    if (s->workers) {
+    if (s->workers && s->own_workers) {
         for (int t = 0; t < s->threads; t++) {
             free(s->workers[t].work);
             free(s->workers[t].scratch[0]);
@@ -187,7 +201,7 @@ void stage_free(stage *s)
     pages_free(s->grads, s->grads_bytes);
     free(s->carry);
     free(s->group_grads);
-    free(s->workers);
+    if (s->own_workers) free(s->workers);
     free(s->tp_buf);
     free(s->tp_din);
     free(s->tp_dout);
@@ -195,7 +209,8 @@ void stage_free(stage *s)
     free(s->tp_seq);
     free(s->tp_loss);
     pool_free(s->pool);
-    pages_pool_free(&s->group_pool);
+    pages_pool_free(&s->own_groups);
+    stage_rank_pool_drop(s->rank_pool);
     stage_plan_free(&s->plan);
     memset(s, 0, sizeof *s);
 }
@@ -225,7 +240,7 @@ size_t stage_out_count(const stage *s)
 static int bind_unit(stage *s, stage_slot *sl)
 {
     char *base;
-    sl->unit = stage_slot_pool_take(s->slot_pool, &base);
+    sl->unit = stage_rank_pool_take(s->rank_pool, &base);
     if (sl->unit < 0) return -1;
     sl->whole_out = stage_plan_carve_slot(&s->plan, base, sl->layers);
     if (s->split) stage_split_carve(s, sl, base + s->plan.slot_bytes);
@@ -236,7 +251,7 @@ int stage_slot_acquire(stage *s)
 {
     for (int k = 0; k < s->n_slots; k++) {
         if (!s->slots[k].busy) {
-            if (s->slot_pool && bind_unit(s, &s->slots[k])) return -1;
+            if (s->shared_slots && bind_unit(s, &s->slots[k])) return -1;
             s->slots[k].busy = 1;
             return k;
         }
@@ -249,8 +264,8 @@ void stage_slot_release(stage *s, int slot)
 {
     stage_slot *sl = &s->slots[slot];
     sl->busy = 0;
-    if (!s->slot_pool) return;
-    stage_slot_pool_give(s->slot_pool, sl->unit);
+    if (!s->shared_slots) return;
+    stage_rank_pool_give(s->rank_pool, sl->unit);
     sl->unit = -1;
 }
 
@@ -463,8 +478,8 @@ static void move_group_pages(stage *s, int buffers, float *apart, size_t (*runs)
             size_t bytes = (runs[r][1] - runs[r][0]) * sizeof(float);
             char *at;
             size_t moved;
-            if (put) (void)pages_pool_put(&s->group_pool, p, bytes);
-            else (void)pages_pool_take(&s->group_pool, p, bytes, &at, &moved);
+            if (put) (void)pages_pool_put(s->group_pool, p, bytes);
+            else (void)pages_pool_take(s->group_pool, p, bytes, &at, &moved);
         }
     }
 }
@@ -507,8 +522,9 @@ static void backward_span_local(stage *s, int slot, int lo, int hi, int from, in
     int buffers = used - 1 < j.width ? used - 1 : j.width;
     float *apart = t.add_to ? t.form : NULL;
     /* a whole backward of whole arrays would take back at once what it gave: only moved
-     * where the runs are a part (measured: 1.5% of seed-cnn's step for nothing) */
-    int moved = s->release_zero || s->split_groups || lo > 0 || hi < s->plan.nl;
+     * where the runs are a part (measured: 1.5% of seed-cnn's step for nothing), or where
+     * the rank's chunks share the pages */
+    int moved = s->release_zero || s->split_groups || lo > 0 || hi < s->plan.nl || s->rank_pool;
     if (moved) move_group_pages(s, buffers, apart, runs, nr, 0);
     for (j.g_lo = 0; j.g_lo < used; j.g_lo += j.width) {
         j.g_hi = j.g_lo + j.width < used ? j.g_lo + j.width : used;

@@ -15,18 +15,24 @@
 #include "src/base/pages.h"
 #include "src/engine/stage_plan.h"
 
-/* One rank's activation slots shared by the stages of its model chunks: a V schedule's
- * rank holds at most the verifier's peak of micro-batches over its chunks at once, fewer
- * than the sum of each chunk's peaks. n units of `unit` bytes (zeroed); a stage created
- * while the pool is in use (stage_slot_pool_use; the executor sets it around creating its
- * chunks' engines, NULL after) allocates no slot memory of its own but binds a unit to a
- * slot when the slot is acquired (its activations, then its split backward's gradients)
- * and unbinds it at release. Reference counted: the creator's reference (dropped with
- * stage_slot_pool_drop) and each stage's; the last frees it. NULL when out of memory. */
-typedef struct stage_slot_pool stage_slot_pool;
-stage_slot_pool *stage_slot_pool_new(int n, size_t unit);
-void stage_slot_pool_use(stage_slot_pool *pool);
-void stage_slot_pool_drop(stage_slot_pool *pool);
+/* One rank's memory shared by the stages of its model chunks, which run one at a time:
+ * - activation slots (n > 0): a V schedule's rank holds at most the verifier's peak of
+ *   micro-batches over its chunks at once, fewer than the sum of each chunk's peaks. n units
+ *   of `unit` bytes (zeroed); a stage allocates no slot memory of its own but binds a unit
+ *   to a slot when the slot is acquired (its activations, then its split backward's
+ *   gradients) and unbinds it at release. n = 0: each stage has its own slots.
+ * - the gradient groups' page pool (group_bytes of addresses): the pages one chunk's groups
+ *   and mb_grads give back after a backward are the next chunk's, so the rank's groups hold
+ *   one chunk's at a time, not each chunk's;
+ * - the worker threads' scratch, as large as the largest chunk's.
+ * A stage created while the pool is in use (stage_rank_pool_use; the executor sets it
+ * around creating its chunks' engines, NULL after) adopts it. Reference counted: the
+ * creator's reference (dropped with stage_rank_pool_drop) and each stage's; the last frees
+ * it. NULL when out of memory. */
+typedef struct stage_rank_pool stage_rank_pool;
+stage_rank_pool *stage_rank_pool_new(int n, size_t unit, size_t group_bytes);
+void stage_rank_pool_use(stage_rank_pool *pool);
+void stage_rank_pool_drop(stage_rank_pool *pool);
 
 /* Activations one micro-batch keeps between its forward and its backward. */
 typedef struct {
@@ -70,12 +76,14 @@ typedef struct {
     float *params, *grads, *opt_m, *opt_v;
     stage_slot *slots;      /* owned */
     stage_slot_layer *slot_layers; /* owned: [n_slots · nl], each slot's layers */
-    void *slot_memory;      /* owned: every slot's activations (NULL with slot_pool) */
-    stage_slot_pool *slot_pool; /* a reference: the rank's shared slots, or NULL */
+    void *slot_memory;      /* owned: every slot's activations (NULL with shared slots) */
+    stage_rank_pool *rank_pool; /* a reference: the rank's shared memory, or NULL */
+    int shared_slots;       /* the slots are rank_pool's units */
     int threads, chunk_max; /* worker threads; samples per chunk (0: from the batch) */
     int chunk_min;          /* the least samples per chunk when chunk_max is 0 */
     int groups;             /* gradient groups, see STAGE_MIN_GROUPS */
-    stage_worker *workers;  /* owned, one per thread */
+    stage_worker *workers;  /* one per thread: owned (own_workers), or rank_pool's */
+    int own_workers;
     float **group_grads;    /* owned (but [0] may be the stage's grads): one per group */
     float *mb_grads;        /* owned: a micro-batch's gradient after the first */
     /* The gradient arrays (grads, mb_grads, group_grads[1..]) are whole pages
@@ -88,7 +96,10 @@ typedef struct {
      * gradients' pages back instead of writing zeros. */
     size_t grads_bytes;
     int release_zero;
-    pages_pool group_pool;
+    pages_pool *group_pool; /* own_groups, or rank_pool's */
+    pages_pool own_groups;
+    int counts_groups;      /* stage_grads_resident counts group_pool's pages (one stage of
+                               those sharing it) */
     /* a backward of several layers with several groups runs one layer at a time through the
      * carry, so that the group buffers and mb_grads hold one layer's gradients each, when
      * the carry costs less than the buffers held whole would (stage.c groups_by_layer) */
@@ -148,6 +159,9 @@ typedef struct {
      * src/cpu/stage.c move_group_pages): the group buffers of one wave (group_held), and
      * mb_grads (apart_held) in the micro-batches after the first. The planner counts these. */
     size_t group_held, apart_held;
+    /* of `workers`, the threads' workspace and scratch (a rank's chunks share the largest:
+     * stage_rank_pool) */
+    size_t thread_scratch;
 } stage_bytes;
 stage_bytes stage_estimate(const net_desc *net, int first, int last, int max_batch, int threads);
 /* The gradient groups that receive chunks of a micro-batch of max_batch samples (1: the

@@ -1,5 +1,5 @@
 /* What the CPU stage's files (stage.c, stage_sizes.c, stage_wgrad.c, stage_seq.c,
- * stage_tp.c, stage_slot_pool.c) share; not for other modules. */
+ * stage_tp.c, stage_rank_pool.c) share; not for other modules. */
 #ifndef PT_STAGE_IMPL_H
 #define PT_STAGE_IMPL_H
 
@@ -25,13 +25,20 @@ stage_shape stage_cpu_shape(const net_desc *net, int first, int last, int max_ba
 int stage_groups_by_layer(const net_desc *net, int first, int last, size_t param_count,
                           size_t widest, int max_batch, int threads, int used, int tp);
 
-/* The pool stages created now share (stage_slot_pool_use), with a reference for the
- * caller; NULL: none. take: binds a free unit (its index, its memory at *base), −1 with a
- * message when all are bound; give: unbinds it. */
-stage_slot_pool *stage_slot_pool_adopt(void);
-size_t stage_slot_pool_unit(const stage_slot_pool *pool);
-int stage_slot_pool_take(stage_slot_pool *pool, char **base);
-void stage_slot_pool_give(stage_slot_pool *pool, int u);
+/* The pool stages created now share (stage_rank_pool_use), with a reference for the
+ * caller; NULL: none. slots: its units (0: none); take: binds a free unit (its index, its
+ * memory at *base), −1 with a message when all are bound; give: unbinds it. groups: the
+ * shared page pool, *counts 1 for the first stage that asks (it reports the pool's pages).
+ * workers: `threads` workers whose buffers hold at least these floats (grown for a larger
+ * chunk: the entries change, the array stays), NULL when out of memory. */
+stage_rank_pool *stage_rank_pool_adopt(void);
+int stage_rank_pool_slots(const stage_rank_pool *pool);
+size_t stage_rank_pool_unit(const stage_rank_pool *pool);
+int stage_rank_pool_take(stage_rank_pool *pool, char **base);
+void stage_rank_pool_give(stage_rank_pool *pool, int u);
+pages_pool *stage_rank_pool_groups(stage_rank_pool *pool, int *counts);
+stage_worker *stage_rank_pool_workers(stage_rank_pool *pool, int threads, size_t work_floats,
+                                      size_t scratch_floats);
 /* Whether W of the stage's last layer reads the output gradient B was given (the caller
  * keeps it until W: an engine's GRAD_IN or loss gradient) rather than a copy in the slot. */
 int stage_split_top_reads_dout(const stage_plan *p);

@@ -74,12 +74,13 @@ static stage_bytes bytes_of(const stage_sizes *z, int threads, int groups, int c
 {
     size_t block = stage_round_up(z->param_count * sizeof(float));
     size_t wide = stage_round_up((size_t)max_batch * z->widest * sizeof(float));
+    size_t scratch = (size_t)threads * (stage_round_up(z->work_floats * sizeof(float)) +
+                                        2 * stage_round_up(z->widest * chunk * sizeof(float)));
     stage_bytes b = {
         .state = 4 * block,
         .groups = (size_t)stage_used_groups(groups, chunk, max_batch) * block, /* mb_grads, 1.. */
-        .workers = (size_t)threads *
-                   (stage_round_up(z->work_floats * sizeof(float)) +
-                    2 * stage_round_up(z->widest * chunk * sizeof(float))) +
+        .thread_scratch = scratch,
+        .workers = scratch +
                    (tp ? (4 + (tp > 1)) * wide + /* tp_buf, tp_din, tp_dout, carry,
                                                         tp_seq; tp_inner */
                              stage_round_up((size_t)max_batch * z->phase_floats * sizeof(float))

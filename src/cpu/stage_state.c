@@ -58,8 +58,8 @@ int stage_enable_release(stage *s)
     /* addresses for every buffer a backward range can give back at once: the threads'
      * group buffers and mb_grads */
     size_t bytes = (size_t)(s->threads + 1) * s->grads_bytes;
-    if (s->group_pool.cap || !pages_pool_init(&s->group_pool, bytes)) return 0;
-    memset(&s->group_pool, 0, sizeof s->group_pool);
+    if (s->group_pool->cap || !pages_pool_init(s->group_pool, bytes)) return 0;
+    memset(s->group_pool, 0, sizeof *s->group_pool);
     return pt_error_set("stage %d..%d: no addresses for the gradient groups' page pool "
                         "(%zu bytes)", s->plan.first, s->plan.last - 1, bytes);
 }
@@ -68,7 +68,7 @@ size_t stage_grads_resident(const stage *s)
 {
     size_t n = pages_resident(s->grads, s->grads_bytes) +
                pages_resident(s->mb_grads, s->grads_bytes) +
-               pages_pool_resident(&s->group_pool);
+               (s->counts_groups ? pages_pool_resident(s->group_pool) : 0);
     for (int g = 1; s->group_grads && g < s->groups; g++)
         n += pages_resident(s->group_grads[g], s->grads_bytes);
     return n;

@@ -67,8 +67,8 @@ int stage_enable_split(stage *s)
     const stage_plan *p = &s->plan;
     if (s->split) return 0;
     size_t per = split_bytes(p);
-    if (s->slot_pool) { /* each unit holds a slot's gradients after its activations */
-        if (stage_slot_pool_unit(s->slot_pool) < p->slot_bytes + per)
+    if (s->shared_slots) { /* each unit holds a slot's gradients after its activations */
+        if (stage_rank_pool_unit(s->rank_pool) < p->slot_bytes + per)
             return pt_error_set("stage %d..%d: the rank's shared slots are smaller than a "
                                 "slot and its split backward's gradients, %zu bytes",
                                 p->first, p->last - 1, p->slot_bytes + per);

@@ -405,6 +405,14 @@ static double zero3_param_bytes(const net_desc *net, int first, int last, double
     return all / R + most;
 }
 
+/* The gradient groups and mb_grads (the micro-batches after the first, unless each has a
+ * piece of its own): what their pages hold at the peak. */
+static double held_groups(const stage_bytes *b, const plan_memory_config *cfg, int M)
+{
+    return (double)b->group_held +
+           (M > 1 && cfg->grad_pieces <= 1 ? (double)b->apart_held : 0);
+}
+
 /* A chunk's parameters, gradients and optimizer state at its peak (the gradient groups', the
  * gradient pieces' and ZeRO's share of them); zn: the layers as this tensor rank holds them.
  * *failed set when a bucket plan cannot be made. */
@@ -412,10 +420,7 @@ static double state_bytes(const stage_bytes *bp, const net_desc *net, const net_
                           int first, int last, const plan_memory_config *cfg, int M, int *failed)
 {
     const stage_bytes b = *bp;
-    /* the gradient groups and mb_grads (the micro-batches after the first,
-     * unless each has a piece of its own): what their pages hold at the peak */
-    double groups_held = (double)b.group_held +
-                         (M > 1 && cfg->grad_pieces <= 1 ? (double)b.apart_held : 0);
+    double groups_held = held_groups(&b, cfg, M);
     double bytes = (double)b.state + groups_held;
     if (cfg->grad_pieces > 1)
         bytes += (cfg->grad_pieces - 1.0) * (double)b.state / 4.0;
@@ -480,6 +485,7 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
         /* the tensor ranks of a stage may hold uneven shards: the largest */
         for (int t = 0; t < T; t++) {
             double rank = 0, held = 0, unit = 0; /* the chunks' slots; the largest */
+            double groups_sum = 0, groups_most = 0, scratch_sum = 0, scratch_most = 0;
             int failed = 0, n_held = 0;
             /* ZeRO-2 and 3 price the buckets and layers this tensor rank holds */
             net_desc local;
@@ -507,6 +513,11 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                                (double)b.workers + slots * slot;
                 held += slots * slot;
                 n_held += slots;
+                double g = held_groups(&b, cfg, M);
+                groups_sum += g;
+                if (g > groups_most) groups_most = g;
+                scratch_sum += (double)b.thread_scratch;
+                if ((double)b.thread_scratch > scratch_most) scratch_most = (double)b.thread_scratch;
                 if (stage_round_up((size_t)slot) > unit) unit = stage_round_up((size_t)slot);
                 /* inputs (samples on chunk 0, else messages), gradients in (on the last
                  * chunk perhaps in the logits' place), gradients out (not on chunk 0),
@@ -522,11 +533,16 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                     bytes += (double)stage_wgrad_row_bytes(net, first, last) * mb * M;
                 rank += bytes;
             }
-            /* the CPU executor's chunks share the rank's peak of slots when it is fewer
-             * (engine_create_chunks), each unit the largest chunk's slot */
-            if (V > 1 && !cfg->cuda_engine && rep.peak_inflight[s] > 0 &&
-                rep.peak_inflight[s] < n_held)
-                rank += rep.peak_inflight[s] * unit - held;
+            /* the CPU executor's chunks share the rank's peak of slots when it is fewer,
+             * each unit the largest chunk's slot, and always the gradient groups' pages
+             * and the threads' scratch, the largest chunk's (engine_create_chunks; ZeRO-2
+             * prices its gradients its own way) */
+            if (V > 1 && !cfg->cuda_engine) {
+                if (rep.peak_inflight[s] > 0 && rep.peak_inflight[s] < n_held)
+                    rank += rep.peak_inflight[s] * unit - held;
+                rank += scratch_most - scratch_sum;
+                if (!(cfg->zero >= 2 && cfg->replicas > 1)) rank += groups_most - groups_sum;
+            }
             if (zn != net) net_desc_free(&local);
             if (failed) {
                 schedule_report_free(&rep);

@@ -40,31 +40,48 @@ static size_t shared_unit(int V, const engine_config *cfg)
     return stage_round_up(unit);
 }
 
-/* The rank's chunks share one pool of slots (engine_create_chunks). */
-static int shares_slots(int V, engine_device device, const engine_config *cfg,
-                        int rank_slots)
+/* The rank's chunks share its slots when they hold fewer at once than their own together. */
+static int shares_slots(int V, const engine_config *cfg, int rank_slots)
 {
     int sum = 0;
     for (int v = 0; v < V; v++) sum += cfg[v].n_slots;
-    return V > 1 && device == ENGINE_CPU && rank_slots > 0 && rank_slots < sum;
+    return rank_slots > 0 && rank_slots < sum;
+}
+
+/* Addresses for the group pages the chunks may leave in the shared pool at once: each
+ * chunk's threads' group buffers and mb_grads. */
+static size_t group_pool_bytes(int V, const engine_config *cfg)
+{
+    size_t bytes = 0;
+    for (int v = 0; v < V; v++) {
+        const engine_config *c = &cfg[v];
+        int threads = c->threads > 0 ? c->threads : 1;
+        size_t state = stage_estimate_shard(c->net, c->first, c->last, c->max_batch, threads,
+                                            c->shard, c->shard_rank)
+                           .state;
+        bytes += (size_t)(threads + 1) * (state / 4 + 4096);
+    }
+    return bytes;
 }
 
 int engine_create_chunks(engine **e, int V, engine_device device, const engine_config *cfg,
                          int rank_slots)
 {
     for (int v = 0; v < V; v++) e[v] = NULL;
-    stage_slot_pool *pool = NULL;
-    if (shares_slots(V, device, cfg, rank_slots)) {
-        pool = stage_slot_pool_new(rank_slots, shared_unit(V, cfg));
+    stage_rank_pool *pool = NULL;
+    if (V > 1 && device == ENGINE_CPU) {
+        int slots = shares_slots(V, cfg, rank_slots) ? rank_slots : 0;
+        pool = stage_rank_pool_new(slots, slots ? shared_unit(V, cfg) : 0,
+                                   group_pool_bytes(V, cfg));
         if (!pool)
-            return pt_error_set("out of memory for the %d activation slots the rank's %d "
-                                "chunks share", rank_slots, V);
+            return pt_error_set("out of memory for the %d activation slots and the gradient "
+                                "pages the rank's %d chunks share", slots, V);
     }
     /* the stages created now adopt the pool; it lives as long as the last of them */
-    stage_slot_pool_use(pool);
+    stage_rank_pool_use(pool);
     int rc = 0;
     for (int v = 0; v < V && rc == 0; v++) rc = engine_create(&e[v], device, &cfg[v]);
-    stage_slot_pool_use(NULL);
-    stage_slot_pool_drop(pool);
+    stage_rank_pool_use(NULL);
+    stage_rank_pool_drop(pool);
     return rc;
 }

@@ -10,12 +10,12 @@
 int engine_create(engine **e, engine_device device, const engine_config *cfg);
 
 /* The engines of one rank's V model chunks (cfg[v], each with its own chunk's peak of
- * slots). On the CPU, when the rank holds at most rank_slots micro-batches over its
- * chunks at once (the verifier's peak) and that is fewer than the chunks' slots together,
- * their slots come from one shared pool of rank_slots units, each as large as the largest
- * chunk's slot with its split backward's gradients (stage_slot_pool;
- * plan_memory prices the same). On failure the engines made so far
- * are in e[] (NULL after them) for the caller to destroy. */
+ * slots). On the CPU with V > 1 the chunks' stages share one stage_rank_pool: the
+ * gradient groups' pages and the workers' scratch always, and, when the rank holds at most
+ * rank_slots micro-batches over its chunks at once (the verifier's peak) and that is fewer
+ * than the chunks' slots together, rank_slots slot units, each as large as the largest
+ * chunk's slot with its split backward's gradients (plan_memory prices the same). On
+ * failure the engines made so far are in e[] (NULL after them) for the caller to destroy. */
 int engine_create_chunks(engine **e, int V, engine_device device, const engine_config *cfg,
                          int rank_slots);
 
