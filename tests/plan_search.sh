@@ -34,10 +34,10 @@ def check(path, N, L, batch=128):
                     kinds = [('1f1b', 1)] if K == 1 else [('1f1b', 1), ('gpipe', 1), ('zb-h1', 1),
                                                           ('zb-h2', 1), ('search', 1)]
                     kinds += [('interleaved', V) for V in (2, 3, 4)
-                              if T == 1 and K >= 2 and R == 1 and M % K == 0 and K * V <= L]
+                              if T == 1 and K >= 2 and M % K == 0 and K * V <= L]
                     # the V schedules and the search with two chunks per rank, where
                     # interleaving with V = 2 runs; dualpipev with M >= 2K
-                    if T == 1 and K >= 2 and R == 1 and M % K == 0 and K * 2 <= L:
+                    if T == 1 and K >= 2 and M % K == 0 and K * 2 <= L:
                         kinds += [('zb-v', 2), ('v-half', 2), ('v-min', 2), ('search', 2)]
                         kinds += [('dualpipev', 2)] if M >= 2 * K else []
                     for s, V in kinds:
@@ -382,8 +382,16 @@ expect_fail "--virtual without interleaved" "needs --schedule interleaved" \
     "$PIPETRAIN" plan "${P[@]}" --stages 2 --microbatches 4 --virtual 2
 expect_fail "--virtual with one stage" "at least 2 stages" \
     "$PIPETRAIN" plan "${P[@]}" --stages 1 --microbatches 4 --schedule interleaved --virtual 2
-expect_fail "--virtual with replicas" "not supported yet" \
-    "$PIPETRAIN" plan "${P[@]}" --stages 2 --replicas 2 --microbatches 4 --schedule interleaved --virtual 2
+# replicas of a rank's chunks (train runs them): each rank's buckets, its two chunks' one
+# after the other, reduced among its replicas
+"$PIPETRAIN" plan "${P[@]}" --stages 2 --replicas 2 --microbatches 4 --schedule interleaved \
+    --virtual 2 --json 2>"$WORK/ilr.err" | tail -n 1 >"$WORK/ilr.json"
+python3 - "$WORK/ilr.json" <<'PY' && pass "--virtual 2 with 2 replicas: priced, every rank's reductions" || { failed "--virtual with replicas"; cat "$WORK/ilr.err"; }
+import json, sys
+p = json.loads(open(sys.argv[1]).read())["predicted"]
+print("  reductions per rank (s):", p["stage_reduce_s"], "step", p["step_s"])
+sys.exit(0 if len(p["stage_reduce_s"]) == 2 and min(p["stage_reduce_s"]) > 0 and p["step_s"] > 0 else 1)
+PY
 expect_fail "--virtual, M not a multiple of K" "multiple of --stages 2" \
     "$PIPETRAIN" plan "${P[@]}" --stages 2 --microbatches 3 --batch 96 --schedule interleaved --virtual 2
 expect_fail "--virtual, more chunks than layers" "cannot cut" \

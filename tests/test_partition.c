@@ -699,9 +699,26 @@ Test(plan, predict_prices_split_recompute_and_chunks)
     plan_predict_config cfg = {.schedule = "interleaved", .virtual_stages = 3,
                                .microbatch = 1, .rep = {.replicas = 1, .microbatches = M}};
     expect_error(plan_predict(&bad, &net, &p8, &prof, &cfg), "per rank", "8 chunks, V = 3");
+    /* replicas with V = 2: each rank reduces its two chunks' buckets (2 replicas: the
+     * ring all-reduce sends each byte once, at beta bytes/s) */
+    double alpha[4] = {0}, beta[4] = {1e9, 1e9, 1e9, 1e9};
     cfg.virtual_stages = 2;
-    cfg.rep.replicas = 2;
-    expect_error(plan_predict(&bad, &net, &p8, &prof, &cfg), "not supported", "V 2, R 2");
+    cfg.rep = (replicas_config){.replicas = 2, .microbatches = M, .bucket_bytes = 1 << 20,
+                                .skip_bucket = -1};
+    cfg.alpha = alpha;
+    cfg.beta = beta;
+    plan_prediction rv;
+    cr_assert_eq(plan_predict(&rv, &net, &p8, &prof, &cfg), 0, "V 2, R 2: %s", pt_error_get());
+    for (int s = 0; s < K; s++) {
+        double bytes = 0;
+        for (int c = s; c < 2 * K; c += K) /* rank s holds chunks s and s + K */
+            for (int j = p8.first[c]; j < p8.first[c + 1]; j++)
+                bytes += 4.0 * (double)(net.layers[j].weight_count + net.layers[j].bias_count);
+        double t = bytes / 1e9;
+        CHECK_CLOSE("V 2, R 2: a rank's reductions, both its chunks", &rv.reduce_s[s], &t, 1,
+                    1e-9, 1e-15);
+    }
+    plan_prediction_free(&rv);
     plan_prediction_free(&a), plan_prediction_free(&z), plan_prediction_free(&r);
     plan_prediction_free(&v), plan_prediction_free(&h);
     partition_free(&p4), partition_free(&p8);

@@ -206,9 +206,6 @@ static int check_schedule(const plan_args *a, const opt_parser *p)
         return opt_error(p, "%s", why);
     }
     schedule_free(&s);
-    if (V > 1 && a->replicas > 1)
-        return opt_error(p, "--replicas with interleaved schedules (--virtual %d) is not "
-                            "supported yet: use --replicas 1 or --virtual 1", V);
     if (V > 1 && a->microbatches % a->stages)
         return opt_error(p, "--microbatches %d: interleaved schedules need a multiple of "
                             "--stages %d", a->microbatches, a->stages);

@@ -137,12 +137,13 @@ static int tensor_traffic(topo_traffic *tr, const plan_args *a, const net_desc *
 
 /* The traffic per step between ranks: V = 1 as topologies/ prices a pipeline; V > 1 (one
  * replica) every boundary between model chunks c and c + 1 crosses from rank c mod K to
- * rank (c + 1) mod K, activations one way and gradients the other; with tensor shards,
- * tensor_traffic. */
+ * rank (c + 1) mod K, activations one way and gradients the other; with tensor shards, or
+ * replicas of V > 1 chunks, tensor_traffic. */
 static int plan_traffic(topo_traffic *tr, const plan_args *a, const net_desc *net,
                         const partition *part, const shard_plan *sp)
 {
-    if (a->tensor > 1) return tensor_traffic(tr, a, net, part, sp, 1);
+    if (a->tensor > 1 || (a->virtual_stages > 1 && a->replicas > 1))
+        return tensor_traffic(tr, a, net, part, sp, 1);
     if (a->virtual_stages <= 1)
         return topo_traffic_from_partition(tr, net, part, a->replicas, a->replica_batch,
                                            a->microbatches);

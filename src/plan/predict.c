@@ -127,10 +127,10 @@ static void chunk_costs_free(chunk_costs *c, int K)
     free(c->fwd);
 }
 
-/* ZeRO-3 (V = 1, so chunk s is stage s): each pass's gathers where they are not hidden,
- * added to the forward (and so to a recomputation, priced as the forward), the backward,
- * and B and W each (a split backward gathers before both). */
-static void zero3_costs(chunk_costs *c, int s, const net_desc *net, int first, int last,
+/* ZeRO-3: chunk k's gathers (on stage s's link) where they are not hidden, added to its
+ * forward (and so to a recomputation, priced as the forward), backward, and B and W each
+ * (a split backward gathers before both). */
+static void zero3_costs(chunk_costs *c, int k, int s, const net_desc *net, int first, int last,
                         const partition_profile *prof, const plan_predict_config *cfg,
                         double share, int split)
 {
@@ -141,17 +141,45 @@ static void zero3_costs(chunk_costs *c, int s, const net_desc *net, int first, i
     int R = cfg->rep.replicas, w = cfg->reduce_in_waits;
     double a = cfg->alpha ? cfg->alpha[s] : 0, b = cfg->beta ? cfg->beta[s] : 1e300;
     double f = plan_zero3_pass_s(net, first, last, prof->fwd_s, mb, share, R, a, b, w, 0);
-    c->fwd[s] += f;
-    c->zfwd[s] = f;
+    c->fwd[k] += f;
+    c->zfwd[k] = f;
     double g = plan_zero3_pass_s(net, first, last, prof->bwd_s, mb, share, R, a, b, w, 1);
-    c->bwd[s] += g;
-    c->zbwd[s] = g;
+    c->bwd[k] += g;
+    c->zbwd[k] = g;
     if (split) {
-        c->bin[s] += plan_zero3_pass_s(net, first, last, prof->bwd_input_s, mb, share, R, a, b,
+        c->bin[k] += plan_zero3_pass_s(net, first, last, prof->bwd_input_s, mb, share, R, a, b,
                                        w, 1);
-        c->bw[s] += plan_zero3_pass_s(net, first, last, prof->bwd_weight_s, mb, share, R, a,
+        c->bw[k] += plan_zero3_pass_s(net, first, last, prof->bwd_weight_s, mb, share, R, a,
                                       b, w, 1);
     }
+}
+
+/* V > 1: each rank's buckets, its chunks' one after the other (replicas_schedule's order),
+ * each chunk's bytes its tensor rank's share; the backwards stay whole, so no part shares;
+ * ZeRO-3's gathers on each chunk's passes. */
+static int chunk_buckets(chunk_costs *c, const net_desc *net, const partition *part,
+                         const partition_profile *prof, const plan_predict_config *cfg,
+                         const schedule *sched, int split)
+{
+    const shard_plan *sp = cfg->shard && cfg->shard->T > 1 ? cfg->shard : NULL;
+    int K = sched->stages, V = sched->virtual_stages;
+    for (int s = 0; s < K; s++) {
+        int n, *chunk_of;
+        if (replicas_rank_bucket_bytes(sched, net, part, &cfg->rep, s, &c->bytes[s], &n,
+                                       &chunk_of))
+            return -1;
+        for (int b = 0; b < n; b++) {
+            int k = schedule_model_chunk(sched, s, chunk_of[b]);
+            c->bytes[s][b] *= param_share(sp, net, part->first[k], part->first[k + 1]);
+        }
+        free(chunk_of);
+        for (int v = 0; cfg->zero >= 3 && v < V; v++) {
+            int k = schedule_model_chunk(sched, s, v);
+            zero3_costs(c, k, s, net, part->first[k], part->first[k + 1], prof, cfg,
+                        param_share(sp, net, part->first[k], part->first[k + 1]), split);
+        }
+    }
+    return 0;
 }
 
 static int chunk_costs_init(chunk_costs *c, const net_desc *net, const partition *part,
@@ -201,6 +229,7 @@ static int chunk_costs_init(chunk_costs *c, const net_desc *net, const partition
         if (split) c->bin[k] += c->tbwd[k];
     }
     if (cfg->rep.replicas < 2) return 0;
+    if (sched->virtual_stages > 1) return chunk_buckets(c, net, part, prof, cfg, sched, split);
     for (int s = 0; s < K; s++) {
         int first = part->first[s], last = part->first[s + 1];
         /* a split list's parts are W's: their shares are of the weight gradients */
@@ -233,7 +262,7 @@ static int chunk_costs_init(chunk_costs *c, const net_desc *net, const partition
         for (int b = 0; b + 1 < B; b++) sum += c->share[s][b];
         if (B) c->share[s][B - 1] = sum < 1 ? 1 - sum : 0;
         reduce_plan_free(&plan);
-        if (cfg->zero >= 3) zero3_costs(c, s, net, first, last, prof, cfg, share, split);
+        if (cfg->zero >= 3) zero3_costs(c, s, s, net, first, last, prof, cfg, share, split);
     }
     return 0;
 }
@@ -292,9 +321,6 @@ int plan_predict(plan_prediction *out, const net_desc *net, const partition *par
                             prof->n_layers, net->n_layers);
     if (C % V)
         return pt_error_set("plan_predict: %d model chunks do not make %d per rank", C, V);
-    if (V > 1 && cfg->rep.replicas > 1)
-        return pt_error_set("plan_predict: replicas with interleaved schedules (--virtual %d) "
-                            "are not supported", V);
     schedule sched;
     int search = !strcmp(cfg->schedule, "search");
     /* a search needs the chunks' costs first: priced under a schedule of its placement */

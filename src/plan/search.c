@@ -587,7 +587,7 @@ int plan_search(const plan_args *base, const net_desc *net, const topo_machine *
                     const partition_profile *prof = profile_for(&pc, net, rb / M, T, tm);
                     if (!prof) goto out;
                     for (int V = 1; V <= 4; V++) {
-                        if (V > 1 && (T > 1 || K < 2 || R > 1 || M % K || K * V > net->n_layers))
+                        if (V > 1 && (T > 1 || K < 2 || M % K || K * V > net->n_layers))
                             continue;
                         plan_args a = *base;
                         a.stages = K, a.replicas = R, a.microbatches = M, a.replica_batch = rb;

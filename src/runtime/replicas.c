@@ -77,6 +77,44 @@ int replicas_schedule(schedule *s, const net_desc *net, const partition *part,
     return rc;
 }
 
+int replicas_rank_bucket_bytes(const schedule *s, const net_desc *net, const partition *part,
+                               const replicas_config *cfg, int k, double **bytes, int *n,
+                               int **chunk_of)
+{
+    int V = s->virtual_stages > 1 ? s->virtual_stages : 1;
+    *bytes = NULL;
+    *n = 0;
+    int *of = NULL;
+    for (int v = 0; v < V; v++) {
+        int c = schedule_model_chunk(s, k, v);
+        reduce_plan plan;
+        if (replicas_plan(&plan, net, part->first[c], part->first[c + 1], cfg)) goto fail;
+        size_t room = (size_t)*n + (size_t)plan.n_buckets + 1;
+        double *grown = realloc(*bytes, room * sizeof **bytes);
+        if (grown) *bytes = grown;
+        int *grown_of = chunk_of ? realloc(of, room * sizeof *of) : NULL;
+        if (grown_of) of = grown_of;
+        if (!grown || (chunk_of && !grown_of)) {
+            reduce_plan_free(&plan);
+            pt_error_set("out of memory");
+            goto fail;
+        }
+        for (int b = 0; b < plan.n_buckets; b++) {
+            if (of) of[*n] = v;
+            (*bytes)[(*n)++] = (double)plan.buckets[b].count * sizeof(float);
+        }
+        reduce_plan_free(&plan);
+    }
+    if (chunk_of) *chunk_of = of;
+    return 0;
+fail:
+    free(*bytes);
+    free(of);
+    *bytes = NULL;
+    *n = 0;
+    return -1;
+}
+
 /* ---- run time ----------------------------------------------------------------------- */
 
 struct replicas {

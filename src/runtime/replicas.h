@@ -65,6 +65,15 @@ void replicas_plan_part_range(const reduce_plan *plan, int n_layers, int b, int 
  * M > 1 and R > 1, else 0. */
 int replicas_grad_pieces(const replicas_config *cfg);
 
+/* The bytes of rank k's buckets (float32 counts × 4) in the order replicas_schedule numbers
+ * them: chunk by chunk (model chunk schedule_model_chunk(s, k, v) for v = 0, 1, ...), each
+ * chunk's as replicas_plan cuts it. *bytes: malloc'd, *n entries (0: none, *bytes may still
+ * be set); *chunk_of (where chunk_of is not NULL; malloc'd as *bytes): each bucket's chunk
+ * v. −1 with a message. */
+int replicas_rank_bucket_bytes(const schedule *s, const net_desc *net, const partition *part,
+                               const replicas_config *cfg, int k, double **bytes, int *n,
+                               int **chunk_of);
+
 /* With R > 1: adds each stage's reductions (its bucket count from replicas_plan, the same
  * on every rank) to a generated schedule, then checks that every replica of every stage
  * issues its collectives in the same order. Nothing to do for R = 1. */

@@ -308,16 +308,13 @@ static void reduce_figures_init(reduce_figures *rf, const train_run *run,
     double *costs = measured_costs(f, M, &c, &step);
     double **bytes = calloc((size_t)K, sizeof *bytes);
     int ok = costs && bytes;
-    for (int s = 0; ok && s < K; s++) {
-        reduce_plan plan;
-        if (R < 2 || replicas_plan(&plan, &run->net, run->part.first[s], run->part.first[s + 1],
-                                   &run->rep))
-            continue;
-        bytes[s] = malloc(((size_t)plan.n_buckets + 1) * sizeof **bytes);
-        if (!bytes[s]) ok = 0;
-        for (int b = 0; ok && b < plan.n_buckets; b++)
-            bytes[s][b] = (double)plan.buckets[b].count * sizeof(float);
-        reduce_plan_free(&plan);
+    /* each rank's buckets as its list numbers them (with V > 1 its chunks' one after the
+     * other) */
+    for (int s = 0; ok && s < K && R >= 2; s++) {
+        int n;
+        if (replicas_rank_bucket_bytes(&run->sched, &run->net, &run->part, &run->rep, s,
+                                       &bytes[s], &n, NULL))
+            ok = 0;
     }
     /* The reductions priced with the α–β figures measured on each group at the start
      * (exec_start); the cost model's link where a stage has none. -bcast methods: the
