@@ -441,6 +441,11 @@ expect_fail "--costs-file malformed" "bad.costs:1: not a pipetrain costs file" \
 head -3 "$WORK/cnn.costs" >"$WORK/cut.costs"
 expect_fail "--costs-file cut short" "cut.costs:4: expected layer 1's four costs" \
     "$PIPETRAIN" plan "${P[@]/$WORK\/cnn.costs/$WORK/cut.costs}" --stages 2
+# a line longer than the reader's buffer is named, not read as two lines (layer 0's costs
+# followed by 600 spaces used to end up as layer 1's line)
+awk 'NR == 3 { printf "%s%600s\n", $0, ""; next } { print }' "$WORK/cnn.costs" >"$WORK/long.costs"
+expect_fail "--costs-file with a line too long" "long.costs:3: longer than 510 characters" \
+    "$PIPETRAIN" plan "${P[@]/$WORK\/cnn.costs/$WORK/long.costs}" --stages 2
 expect_fail "--costs-file in a directory that is not there" "is not writable" \
     "$PIPETRAIN" plan --model "$MODELS/seed-mlp.cfg" --ranks 2 --costs-file "$WORK/none/x.costs"
 finish

@@ -76,6 +76,20 @@ static int mode_of(const char *name, tensor_mode *m)
     return -1;
 }
 
+/* The next line of f into line (size bytes): 1, 0 at the end, −1 with a message naming
+ * the line when it is longer than the buffer (else its rest would be read as the next). */
+static int costs_line(char *line, size_t size, FILE *f, const char *path, int lineno)
+{
+    if (!fgets(line, (int)size, f)) return 0;
+    size_t n = strlen(line);
+    if (n + 1 < size || line[n - 1] == '\n') return 1;
+    int c = getc(f);
+    if (c == EOF) return 1;
+    ungetc(c, f);
+    return pt_error_set("--costs-file %s:%d: longer than %zu characters", path, lineno,
+                        size - 2);
+}
+
 /* Reads the file's profile for `want` into prof (1), or finds none (0); −1 with a message
  * when the file is of another model or malformed. A missing file holds nothing. */
 static int costs_read(const char *path, unsigned long long digest, int n_layers,
@@ -93,7 +107,12 @@ static int costs_read(const char *path, unsigned long long digest, int n_layers,
     char line[512], magic[32], host[128];
     unsigned long long got;
     int version, layers, found = 0, lineno = 1;
-    if (!fgets(line, sizeof line, f) ||
+    int rd = costs_line(line, sizeof line, f, path, 1);
+    if (rd < 0) {
+        fclose(f);
+        return -1;
+    }
+    if (!rd ||
         sscanf(line, "%31s %d model %llx layers %d host %127s", magic, &version, &got, &layers,
                host) != 5 ||
         strcmp(magic, COSTS_MAGIC) || version != COSTS_VERSION) {
@@ -108,7 +127,7 @@ static int costs_read(const char *path, unsigned long long digest, int n_layers,
                             "this model: %016llx, %d layers): give another file",
                             path, got, layers, digest, n_layers);
     }
-    while (fgets(line, sizeof line, f)) {
+    while ((rd = costs_line(line, sizeof line, f, path, lineno + 1)) > 0) {
         lineno++;
         costs_key k;
         char mode[32];
@@ -126,8 +145,11 @@ static int costs_read(const char *path, unsigned long long digest, int n_layers,
         for (int l = 0; l < n_layers; l++) {
             double v[4];
             lineno++;
-            if (!fgets(line, sizeof line, f) ||
-                sscanf(line, "%lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3]) != 4 ||
+            if ((rd = costs_line(line, sizeof line, f, path, lineno)) < 0) {
+                fclose(f);
+                return -1;
+            }
+            if (!rd || sscanf(line, "%lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3]) != 4 ||
                 !(v[0] >= 0) || !(v[1] >= 0) || !(v[2] >= (k.split ? 0 : -1)) ||
                 !(v[3] >= (k.split ? 0 : -1))) {
                 fclose(f);
@@ -141,7 +163,7 @@ static int costs_read(const char *path, unsigned long long digest, int n_layers,
         found |= take;
     }
     fclose(f);
-    return found;
+    return rd < 0 ? -1 : found;
 }
 
 /* Appends prof as `k`'s block, writing the whole file again (a temporary renamed). */
