@@ -321,7 +321,7 @@ for line in open(sys.argv[1]).read().splitlines():
 open(sys.argv[2], 'w').write('\n'.join(out) + '\n')
 PYEOF
 zb_same_work() {
-    "$PIPETRAIN" plan "${P[@]/$WORK\/cnn.costs/$WORK/split.costs}" --ranks 4 --top 400 --json \
+    "$PIPETRAIN" plan "${P[@]/$WORK\/cnn.costs/$WORK/split.costs}" --ranks 4 --top 1000 --json \
         >"$WORK/zb.json" || return 1
     python3 - "$WORK/zb.json" <<'PYEOF'
 import json, sys

@@ -63,23 +63,6 @@ Test(partition, uniform_splits)
     partition_free(&p);
 }
 
-/* A list of layer counts with several model chunks per rank: one count per chunk, and the
- * message says so (not "4 stages were asked for" of a run of --stages 2). */
-Test(partition, counts_per_model_chunk)
-{
-    net_desc net;
-    load_model(&net, "seed-cnn.cfg");
-    partition p;
-    expect_error(partition_by_method_placed(&p, "5,6", &net, NULL, 2, 2, 0),
-                 "2 stages × 2 model chunks per rank make 4 chunks", "V = 2");
-    cr_assert_null(p.first);
-    cr_assert_eq(partition_by_method_placed(&p, "3,3,3,2", &net, NULL, 2, 2, 0), 0, "%s",
-                 pt_error_get());
-    cr_assert_eq(p.stages, 4);
-    partition_free(&p);
-    net_desc_free(&net);
-}
-
 Test(partition, too_many_stages_is_an_error)
 {
     partition p;
@@ -699,26 +682,18 @@ Test(plan, predict_prices_split_recompute_and_chunks)
     plan_predict_config cfg = {.schedule = "interleaved", .virtual_stages = 3,
                                .microbatch = 1, .rep = {.replicas = 1, .microbatches = M}};
     expect_error(plan_predict(&bad, &net, &p8, &prof, &cfg), "per rank", "8 chunks, V = 3");
-    /* replicas with V = 2: each rank reduces its two chunks' buckets (2 replicas: the
-     * ring all-reduce sends each byte once, at beta bytes/s) */
-    double alpha[4] = {0}, beta[4] = {1e9, 1e9, 1e9, 1e9};
-    cfg.virtual_stages = 2;
-    cfg.rep = (replicas_config){.replicas = 2, .microbatches = M, .bucket_bytes = 1 << 20,
-                                .skip_bucket = -1};
-    cfg.alpha = alpha;
-    cfg.beta = beta;
-    plan_prediction rv;
-    cr_assert_eq(plan_predict(&rv, &net, &p8, &prof, &cfg), 0, "V 2, R 2: %s", pt_error_get());
-    for (int s = 0; s < K; s++) {
-        double bytes = 0;
-        for (int c = s; c < 2 * K; c += K) /* rank s holds chunks s and s + K */
-            for (int j = p8.first[c]; j < p8.first[c + 1]; j++)
-                bytes += 4.0 * (double)(net.layers[j].weight_count + net.layers[j].bias_count);
-        double t = bytes / 1e9;
-        CHECK_CLOSE("V 2, R 2: a rank's reductions, both its chunks", &rv.reduce_s[s], &t, 1,
-                    1e-9, 1e-15);
-    }
-    plan_prediction_free(&rv);
+    /* replicas with V = 2: rank s reduces its chunks s and s + K (R = 2: each byte once) */
+    double alpha[4] = {0}, beta[4] = {1e9, 1e9, 1e9, 1e9}, bytes[4] = {0};
+    cfg = (plan_predict_config){.schedule = "interleaved", .virtual_stages = 2, .microbatch = 1,
+                                .alpha = alpha, .beta = beta,
+                                .rep = {.replicas = 2, .microbatches = M, .bucket_bytes = 1 << 20,
+                                        .skip_bucket = -1}};
+    for (int c = 0; c < 2 * K; c++)
+        for (int j = p8.first[c]; j < p8.first[c + 1]; j++)
+            bytes[c % K] += 4e-9 * (double)(net.layers[j].weight_count + net.layers[j].bias_count);
+    cr_assert_eq(plan_predict(&bad, &net, &p8, &prof, &cfg), 0, "V 2, R 2: %s", pt_error_get());
+    CHECK_CLOSE("V 2, R 2: each rank's reductions", bad.reduce_s, bytes, K, 1e-9, 1e-15);
+    plan_prediction_free(&bad);
     plan_prediction_free(&a), plan_prediction_free(&z), plan_prediction_free(&r);
     plan_prediction_free(&v), plan_prediction_free(&h);
     partition_free(&p4), partition_free(&p8);

@@ -150,3 +150,20 @@ Test(partition, min_max_v_balances_a_language_model)
     partition_free(&chunks);
     partition_free(&pairs);
 }
+
+/* A list of layer counts with several model chunks per rank: one count per chunk, and the
+ * message says so (not "4 stages were asked for" of a run of --stages 2). */
+Test(partition, counts_per_model_chunk)
+{
+    net_desc net;
+    load_model(&net, "seed-cnn.cfg");
+    partition p;
+    expect_error(partition_by_method_placed(&p, "5,6", &net, NULL, 2, 2, 0),
+                 "2 stages × 2 model chunks per rank make 4 chunks", "V = 2");
+    cr_assert_null(p.first);
+    cr_assert_eq(partition_by_method_placed(&p, "3,3,3,2", &net, NULL, 2, 2, 0), 0, "%s",
+                 pt_error_get());
+    cr_assert_eq(p.stages, 4);
+    partition_free(&p);
+    net_desc_free(&net);
+}

@@ -22,16 +22,22 @@ int engine_create(engine **e, engine_device device, const engine_config *cfg)
     return p->engine_create(e, cfg);
 }
 
+static int threads_of(const engine_config *c) { return c->threads > 0 ? c->threads : 1; }
+
+/* What the CPU stage of chunk c allocates (stage_estimate_shard). */
+static stage_bytes chunk_bytes(const engine_config *c)
+{
+    return stage_estimate_shard(c->net, c->first, c->last, c->max_batch, threads_of(c),
+                                c->shard, c->shard_rank);
+}
+
 /* One unit of the shared pool: the largest chunk's slot and split backward's gradients. */
 static size_t shared_unit(int V, const engine_config *cfg)
 {
     size_t unit = 0;
     for (int v = 0; v < V; v++) {
         const engine_config *c = &cfg[v];
-        int threads = c->threads > 0 ? c->threads : 1;
-        size_t b = stage_estimate_shard(c->net, c->first, c->last, c->max_batch, threads,
-                                        c->shard, c->shard_rank)
-                       .slot;
+        size_t b = chunk_bytes(c).slot;
         if (c->split_backward)
             b += stage_split_slot_bytes_shard(c->net, c->first, c->last, c->max_batch,
                                               c->shard, c->shard_rank);
@@ -49,18 +55,12 @@ static int shares_slots(int V, const engine_config *cfg, int rank_slots)
 }
 
 /* Addresses for the group pages the chunks may leave in the shared pool at once: each
- * chunk's threads' group buffers and mb_grads. */
+ * chunk's threads' group buffers and mb_grads (a gradient array each, state / 4). */
 static size_t group_pool_bytes(int V, const engine_config *cfg)
 {
     size_t bytes = 0;
-    for (int v = 0; v < V; v++) {
-        const engine_config *c = &cfg[v];
-        int threads = c->threads > 0 ? c->threads : 1;
-        size_t state = stage_estimate_shard(c->net, c->first, c->last, c->max_batch, threads,
-                                            c->shard, c->shard_rank)
-                           .state;
-        bytes += (size_t)(threads + 1) * (state / 4 + 4096);
-    }
+    for (int v = 0; v < V; v++)
+        bytes += (size_t)(threads_of(&cfg[v]) + 1) * (chunk_bytes(&cfg[v]).state / 4 + 4096);
     return bytes;
 }
 
