@@ -49,7 +49,7 @@ static int may_split(schedule_op_kind kind)
     return kind == SCHED_OP_BACKWARD || kind == SCHED_OP_BACKWARD_WEIGHT;
 }
 
-void verify_describe(const verify_ctx *c, const schedule_op *op, char *buf, size_t n)
+const char *verify_describe(const verify_ctx *c, const schedule_op *op, char *buf, size_t n)
 {
     const char *name = schedule_op_name(op->kind);
     char mb[48];
@@ -90,6 +90,7 @@ void verify_describe(const verify_ctx *c, const schedule_op *op, char *buf, size
         snprintf(buf, n, "unknown op kind %d", (int)op->kind);
         break;
     }
+    return buf;
 }
 
 schedule_op_kind verify_matching_kind(schedule_op_kind kind)
@@ -129,36 +130,42 @@ static int expected_peer(const verify_ctx *c, schedule_op_kind kind, int stage, 
     return ok ? ps : -2;
 }
 
+/* The op's words in an error message ("forward m=3 chunk 1"), formatted only when an error
+ * is reported: these checks run on every op of every candidate the planner and the schedule
+ * search price. The functions below hold the buffer d. */
+#define OP_TEXT verify_describe(c, op, d, sizeof d)
+
 /* The bucket field of one op: a bucket of the stage for reductions, −1 or a bucket for a
  * backward or weight backward (a part), −1 for everything else. */
-static int check_bucket(const verify_ctx *c, int st, int i, const schedule_op *op,
-                        const char *d)
+static int check_bucket(const verify_ctx *c, int st, int i, const schedule_op *op)
 {
+    char d[96];
     const schedule *s = c->s;
     int B = s->lists[st].buckets;
     int splits = may_split(op->kind);
     if (!is_reduction(op->kind) && !splits) {
         if (op->bucket != -1)
             return pt_error_set("schedule '%s' stage %d op %d (%s): bucket must be -1, got "
-                                "%d", s->name, st, i, d, op->bucket);
+                                "%d", s->name, st, i, OP_TEXT, op->bucket);
         return 0;
     }
     if (splits && op->bucket == -1)
         return 0;
     if (B == 0)
         return pt_error_set("schedule '%s' stage %d op %d (%s): the stage has no buckets "
-                            "(its list's buckets is 0), so no %s", s->name, st, i, d,
+                            "(its list's buckets is 0), so no %s", s->name, st, i, OP_TEXT,
                             splits ? "backward parts" : "reductions");
     if (op->bucket < 0 || op->bucket >= B)
         return pt_error_set("schedule '%s' stage %d op %d (%s): bucket %d out of range "
-                            "[0, %d)", s->name, st, i, d, op->bucket, B);
+                            "[0, %d)", s->name, st, i, OP_TEXT, op->bucket, B);
     return 0;
 }
 
 /* A BACKWARD or BACKWARD_WEIGHT of m, whole or part b: the only one of m, or the next of
  * its parts. */
-static int note_split(verify_ctx *c, int st, int i, const schedule_op *op, const char *d)
+static int note_split(verify_ctx *c, int st, int i, const schedule_op *op)
 {
+    char d[96];
     const schedule *s = c->s;
     int split = op->kind == SCHED_OP_BACKWARD ? VERIFY_SPLIT_BACKWARD : VERIFY_SPLIT_WEIGHT;
     size_t k = split_index(c, st, op->chunk, split, op->microbatch);
@@ -167,19 +174,19 @@ static int note_split(verify_ctx *c, int st, int i, const schedule_op *op, const
     const char *what = split == VERIFY_SPLIT_BACKWARD ? "backward" : "weight backward";
     if (op->bucket == -1 && *first >= 0)
         return pt_error_set("schedule '%s' stage %d op %d: duplicate %s (first at op %d)",
-                            s->name, st, i, d, *first);
+                            s->name, st, i, OP_TEXT, *first);
     if (op->bucket != -1 && parts < 0)
         return pt_error_set("schedule '%s' stage %d op %d (%s): micro-batch %d was "
                             "%sed whole at op %d; a %s is either whole or split into parts "
-                            "0..%d", s->name, st, i, d, op->microbatch,
+                            "0..%d", s->name, st, i, OP_TEXT, op->microbatch,
                             split == VERIFY_SPLIT_BACKWARD ? "backward" : "weight-backward",
                             *first, what, s->lists[st].buckets - 1);
     if (op->bucket != -1 && op->bucket < parts)
-        return pt_error_set("schedule '%s' stage %d op %d: duplicate %s", s->name, st, i, d);
+        return pt_error_set("schedule '%s' stage %d op %d: duplicate %s", s->name, st, i, OP_TEXT);
     if (op->bucket != -1 && op->bucket > parts)
         return pt_error_set("schedule '%s' stage %d op %d (%s): part %d is due first; the "
                             "parts of a %s run in order 0..%d (bucket 0 holds the stage's "
-                            "last layers)", s->name, st, i, d, parts, what,
+                            "last layers)", s->name, st, i, OP_TEXT, parts, what,
                             s->lists[st].buckets - 1);
     if (*first < 0)
         *first = i;
@@ -190,9 +197,9 @@ static int note_split(verify_ctx *c, int st, int i, const schedule_op *op, const
 
 /* Why a message op has no neighbour there: "the first stage has no stage to receive
  * activations from" (V = 1) or "... model chunk 0 ..." (V > 1). */
-static int no_neighbour(const verify_ctx *c, int st, int i, const schedule_op *op,
-                        const char *d)
+static int no_neighbour(const verify_ctx *c, int st, int i, const schedule_op *op)
 {
+    char d[96];
     const schedule *s = c->s;
     int prev = towards_prev(op->kind);
     const char *what = op->kind == SCHED_OP_RECV_ACT    ? "receive activations from"
@@ -201,9 +208,9 @@ static int no_neighbour(const verify_ctx *c, int st, int i, const schedule_op *o
                                                         : "receive gradients from";
     if (c->V == 1)
         return pt_error_set("schedule '%s' stage %d op %d (%s): the %s stage has no stage to "
-                            "%s", s->name, st, i, d, prev ? "first" : "last", what);
+                            "%s", s->name, st, i, OP_TEXT, prev ? "first" : "last", what);
     return pt_error_set("schedule '%s' stage %d op %d (%s): chunk %d of stage %d is the %s "
-                        "model chunk, it has no chunk to %s", s->name, st, i, d, op->chunk,
+                        "model chunk, it has no chunk to %s", s->name, st, i, OP_TEXT, op->chunk,
                         st, prev ? "first" : "last", what);
 }
 
@@ -216,69 +223,70 @@ static int check_one(verify_ctx *c, int st, int i, int step)
     if ((int)op->kind < 0 || op->kind >= SCHED_OP_COUNT)
         return pt_error_set("schedule '%s' stage %d op %d: unknown op kind %d", s->name, st,
                             i, (int)op->kind);
-    verify_describe(c, op, d, sizeof d);
     if (step >= 0 && op->kind == SCHED_OP_REDUCE_WAIT)
         return pt_error_set("schedule '%s' stage %d op %d (%s): comes after the "
                             "optimizer_step at op %d, which needs every bucket reduced",
-                            s->name, st, i, d, step);
+                            s->name, st, i, OP_TEXT, step);
     if (step >= 0)
         return pt_error_set("schedule '%s' stage %d op %d (%s): comes after the "
                             "optimizer_step at op %d; the list must end with it", s->name, st,
-                            i, d, step);
+                            i, OP_TEXT, step);
     if (has_microbatch(op->kind)) {
         if (op->microbatch < 0 || op->microbatch >= s->microbatches)
             return pt_error_set("schedule '%s' stage %d op %d (%s): micro-batch %d out of "
-                                "range [0, %d)", s->name, st, i, d, op->microbatch,
+                                "range [0, %d)", s->name, st, i, OP_TEXT, op->microbatch,
                                 s->microbatches);
         if (op->chunk < 0 || op->chunk >= c->V)
             return pt_error_set("schedule '%s' stage %d op %d (%s): chunk %d out of range "
                                 "[0, %d) (the schedule has %d virtual stages per rank)",
-                                s->name, st, i, d, op->chunk, c->V, c->V);
+                                s->name, st, i, OP_TEXT, op->chunk, c->V, c->V);
     } else if (op->microbatch != -1) {
         return pt_error_set("schedule '%s' stage %d op %d (%s): micro-batch must be -1, got "
-                            "%d", s->name, st, i, d, op->microbatch);
+                            "%d", s->name, st, i, OP_TEXT, op->microbatch);
     } else if (is_reduction(op->kind)) {
         /* a reduction belongs to the chunk whose bucket it reduces */
         if (op->chunk < 0 || op->chunk >= c->V)
             return pt_error_set("schedule '%s' stage %d op %d (%s): chunk must be one of the "
-                                "rank's %d, got %d", s->name, st, i, d, c->V, op->chunk);
+                                "rank's %d, got %d", s->name, st, i, OP_TEXT, c->V, op->chunk);
     } else if (op->chunk != 0) {
         return pt_error_set("schedule '%s' stage %d op %d (%s): chunk must be 0, got %d (the "
-                            "op belongs to the whole rank)", s->name, st, i, d, op->chunk);
+                            "op belongs to the whole rank)", s->name, st, i, OP_TEXT, op->chunk);
     }
     int want = expected_peer(c, op->kind, st, op->chunk);
     if (want == -2)
-        return no_neighbour(c, st, i, op, d);
+        return no_neighbour(c, st, i, op);
     if (op->peer != want) {
         if (want == -1)
             return pt_error_set("schedule '%s' stage %d op %d (%s): wrong peer %d, a local op "
-                                "must have peer -1", s->name, st, i, d, op->peer);
+                                "must have peer -1", s->name, st, i, OP_TEXT, op->peer);
         return pt_error_set("schedule '%s' stage %d op %d (%s): wrong peer %d, expected stage "
                             "%d (activations flow from s-1 to s%s, gradients back)", s->name,
-                            st, i, d, op->peer, want,
+                            st, i, OP_TEXT, op->peer, want,
                             c->V > 1 ? " and from the last stage's chunk v to stage 0's "
                                        "chunk v+1"
                                      : "");
     }
-    if (check_bucket(c, st, i, op, d))
+    if (check_bucket(c, st, i, op))
         return -1;
     if (is_reduction(op->kind)) {
         int *p = &(op->kind == SCHED_OP_ALLREDUCE ? c->ar : c->wait)[c->boff[st] + op->bucket];
         if (*p >= 0)
             return pt_error_set("schedule '%s' stage %d op %d: duplicate %s (first at op %d); "
-                                "a bucket is reduced exactly once", s->name, st, i, d, *p);
+                                "a bucket is reduced exactly once", s->name, st, i, OP_TEXT, *p);
         *p = i;
     } else if (may_split(op->kind)) {
-        return note_split(c, st, i, op, d);
+        return note_split(c, st, i, op);
     } else if (op->kind != SCHED_OP_OPTIMIZER_STEP) {
         int *p = verify_pos(c, st, op->chunk, op->kind, op->microbatch);
         if (*p >= 0)
             return pt_error_set("schedule '%s' stage %d op %d: duplicate %s (first at op %d)",
-                                s->name, st, i, d, *p);
+                                s->name, st, i, OP_TEXT, *p);
         *p = i;
     }
     return 0;
 }
+
+#undef OP_TEXT
 
 /* Pass 1: each op on its own; every list ends with its step. */
 static int check_ops(verify_ctx *c)

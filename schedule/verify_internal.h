@@ -26,7 +26,7 @@ typedef struct {
 
 int *verify_pos(const verify_ctx *c, int stage, int chunk, schedule_op_kind kind, int m);
 /* "send_act m=3 to stage 2", "F m=0", "w m=1 chunk 1 part 0": what messages call an op. */
-void verify_describe(const verify_ctx *c, const schedule_op *op, char *buf, size_t n);
+const char *verify_describe(const verify_ctx *c, const schedule_op *op, char *buf, size_t n);
 /* The kind that completes a message: SEND_ACT <-> RECV_ACT, SEND_GRAD <-> RECV_GRAD;
  * SCHED_OP_COUNT for other ops. */
 schedule_op_kind verify_matching_kind(schedule_op_kind kind);
