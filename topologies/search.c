@@ -477,13 +477,27 @@ static int place_realise(topo_placement *pl, const topo_machine *m, const topo_p
     return rc;
 }
 
+int topo_place_check(const topo_machine *m, int n_ranks, const topo_place_options *opt)
+{
+    if (n_ranks < 1 || opt->nodes < 1)
+        return pt_error_set("placement: %d ranks on %d nodes", n_ranks, opt->nodes);
+    int S = place_count(m, n_ranks, opt);
+    if (S < 0)
+        return -1;
+    topo_place *slots = make_slots(m, n_ranks, S, opt);
+    if (!slots)
+        return -1;
+    places_free(slots, S);
+    return 0;
+}
+
 int topo_place_ranks(topo_placement *pl, const topo_machine *m, const topo_traffic *tr,
                      const topo_cost_model *cm, const topo_place_options *opt)
 {
     memset(pl, 0, sizeof *pl);
     int n = tr->n_ranks;
-    if (n < 1 || opt->nodes < 1)
-        return pt_error_set("placement: %d ranks on %d nodes", n, opt->nodes);
+    if (topo_place_check(m, n, opt) < 0)
+        return -1;
     int S = place_count(m, n, opt);
     if (S < 0)
         return -1;

@@ -205,6 +205,9 @@ typedef struct {
  * rank order when that is not worse. */
 int topo_place_ranks(topo_placement *pl, const topo_machine *m, const topo_traffic *tr,
                      const topo_cost_model *cm, const topo_place_options *opt);
+/* Whether n_ranks can be placed at all (enough GPUs, cores for --exclusive): the errors
+ * topo_place_ranks would give, found before the work that precedes it (plan's profile). */
+int topo_place_check(const topo_machine *m, int n_ranks, const topo_place_options *opt);
 void topo_placement_free(topo_placement *pl);
 
 /* The link between two places and its bandwidth (bytes/s) and latency under `cm`. */
@@ -235,12 +238,13 @@ int topo_bind_cores(topo_t *t, const int *cores, int n);
 int topo_affinity_read(char *buf, size_t size);
 
 /* Called by every rank of a training job right after MPI_Init: finds the ranks on this
- * node (MPI_Comm_split_type SHARED), loads this machine's topology, gives this rank its
+ * node (mpi_wait_split_node), loads this machine's topology, gives this rank its
  * cores (see topo_local_cores) and binds to them. *blas_threads_out receives the number of
  * cores (0 for "none"): the caller sets OpenBLAS's threads to it. With verbose, every rank
  * prints one line (rank, host, cores, affinity read back) to stdout, in rank order.
- * Collective over comm. */
-int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, int *blas_threads_out);
+ * Collective over comm; a rank that waits timeout_s for the others fails with a message. */
+int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, double timeout_s,
+                   int *blas_threads_out);
 
 /* ---- command line ------------------------------------------------------------------- */
 

@@ -352,6 +352,9 @@ static int plan_one(plan_args *a, const net_desc *net, const topo_machine *m,
                             "chunks per rank): a chunk would be empty", net->n_layers,
                             a->stages * a->virtual_stages, a->stages, a->virtual_stages);
     if (partition_check(net->n_layers, a->stages * a->virtual_stages) < 0) return -1;
+    /* a layout the machine cannot hold is refused before the seconds of profiling */
+    topo_place_options po = {.device = a->device, .nodes = a->nodes, .exclusive = a->exclusive};
+    if (topo_place_check(m, a->stages * a->replicas * a->tensor, &po) < 0) return -1;
     partition_profile prof = {0};
     if (profile_layers(&prof, a, net) < 0) return -1;
     plan_built b = {0};
