@@ -550,6 +550,42 @@ static int run_timeout(const char *method_name)
     return 1;
 }
 
+/* The polite split (src/base/mpi_wait.h) gives each rank the communicator MPI_Comm_split
+ * gives, in every shape it treats apart: a duplicate, each rank alone, ranks without a
+ * color, keys out of rank order, several groups; and keeps comm's error handler. */
+static void test_splits(void)
+{
+    const int R = world_rank, N = world_size;
+    const int shapes[][2] = {
+        {0, R}, {0, 0}, {R, 0}, {R % 2 ? MPI_UNDEFINED : R, 0}, {0, N - R},
+        {R / 2, R}, {R % 2, N - R}, {R == 0 ? MPI_UNDEFINED : 1, R},
+    };
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+        MPI_Comm mine, ref;
+        OK(mpi_wait_split(MPI_COMM_WORLD, shapes[k][0], shapes[k][1], TIMEOUT, &mine));
+        MPI_Comm_split(MPI_COMM_WORLD, shapes[k][0], shapes[k][1], &ref);
+        CHECK((mine == MPI_COMM_NULL) == (ref == MPI_COMM_NULL), "split %zu: null differs", k);
+        if (mine == MPI_COMM_NULL || ref == MPI_COMM_NULL) continue;
+        int result = MPI_UNEQUAL;
+        MPI_Comm_compare(mine, ref, &result);
+        CHECK(result == MPI_CONGRUENT, "split %zu (color %d key %d): %d, not congruent", k,
+              shapes[k][0], shapes[k][1], result);
+        MPI_Errhandler eh;
+        MPI_Comm_get_errhandler(mine, &eh);
+        CHECK(eh == MPI_ERRORS_RETURN, "split %zu: the error handler is not world's", k);
+        MPI_Errhandler_free(&eh);
+        MPI_Comm_free(&mine);
+        MPI_Comm_free(&ref);
+    }
+    MPI_Comm node;
+    OK(mpi_wait_split_node(MPI_COMM_WORLD, N - R, TIMEOUT, &node));
+    int size = 0, rank = -1;
+    MPI_Comm_size(node, &size);
+    MPI_Comm_rank(node, &rank);
+    CHECK(size == N && rank == N - 1 - R, "node split: rank %d of %d", rank, size);
+    MPI_Comm_free(&node);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -574,6 +610,7 @@ int main(int argc, char **argv)
     test_misuse(&world);
     test_pieces(&world);
     test_layouts();
+    test_splits();
     int totals[2] = {checks, failures};
     OK(mpi_wait_allreduce(totals, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD, TIMEOUT));
     if (world_rank == 0) {

@@ -1,5 +1,5 @@
 /* Binding the ranks of a training job: the only MPI code of the module. The ranks of one
- * node find each other with MPI_Comm_split_type, each takes its cores (topo_local_cores)
+ * node find each other (mpi_wait_split_node: by host name, politely), each takes its cores (topo_local_cores)
  * and binds the whole process to them with hwloc. */
 #include <mpi.h>
 #include <stdlib.h>
@@ -8,20 +8,20 @@
 
 #include "src/base/error.h"
 #include "src/base/mpi_check.h"
+#include "src/base/mpi_wait.h"
 #include "topologies/topo.h"
 
 /* Every rank must learn whether any rank failed, or the ones that succeeded would go on
  * into a job that the others have left. 1: all ok, 0: not, −1: the collective failed. */
-static int agree(MPI_Comm comm, int ok)
+static int agree(MPI_Comm comm, int ok, double timeout_s)
 {
-    int all = 0;
-    PT_MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_LAND, comm));
-    return all;
+    /* polite: the ranks arrive as their topologies load, seconds apart on a loaded node */
+    return mpi_wait_allreduce(&ok, 1, MPI_INT, MPI_LAND, comm, timeout_s) ? -1 : ok;
 }
 
 /* Prints one line per rank, in rank order, from rank 0 (lines from several processes on
  * one terminal interleave otherwise). */
-static int print_lines(MPI_Comm comm, const char *line)
+static int print_lines(MPI_Comm comm, const char *line, double timeout_s)
 {
     enum { LEN = 1024 };
     int rank, size;
@@ -30,7 +30,7 @@ static int print_lines(MPI_Comm comm, const char *line)
     char mine[LEN];
     snprintf(mine, sizeof mine, "%s", line);
     char *all = rank == 0 ? malloc((size_t)size * LEN) : NULL;
-    int have = agree(comm, rank != 0 || all);
+    int have = agree(comm, rank != 0 || all, timeout_s);
     if (have <= 0) {
         free(all);
         return have ? -1 : pt_error_set("rank %d: out of memory for the binding report", rank);
@@ -48,7 +48,8 @@ static int print_lines(MPI_Comm comm, const char *line)
     return 0;
 }
 
-int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, int *blas_threads_out)
+int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, double timeout_s,
+                   int *blas_threads_out)
 {
     *blas_threads_out = 0;
     int rank, local_rank, local_size;
@@ -56,7 +57,7 @@ int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, int *blas_threa
     char host[64] = "?";
     gethostname(host, sizeof host - 1);
     MPI_Comm local;
-    PT_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));
+    if (mpi_wait_split_node(comm, rank, timeout_s, &local)) return -1;
     PT_MPI_CHECK(MPI_Comm_rank(local, &local_rank));
     PT_MPI_CHECK(MPI_Comm_size(local, &local_size));
     PT_MPI_CHECK(MPI_Comm_free(&local));
@@ -71,7 +72,7 @@ int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, int *blas_threa
         ok = 0;
     }
     /* every rank takes part in the collectives below, failed or not */
-    int all_ok = agree(comm, ok);
+    int all_ok = agree(comm, ok, timeout_s);
     if (all_ok < 0) {
         free(cores);
         topo_free(t);
@@ -90,7 +91,7 @@ int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, int *blas_threa
                      "(%d worker thread%s); affinity read back: cpus %s%s", rank, host, local_rank,
                      local_size, n > 1 ? "s" : "", list, n, n > 1 ? "s" : "", aff,
                      shared ? "; oversubscribed: cores shared with other ranks" : "");
-        if (print_lines(comm, line) < 0) {
+        if (print_lines(comm, line, timeout_s) < 0) {
             snprintf(err, sizeof err, "%s", pt_error_get());
             ok = all_ok = 0;
         }

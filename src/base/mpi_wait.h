@@ -39,5 +39,14 @@ int mpi_wait_collective(MPI_Request *req, MPI_Comm comm, double timeout_s);
 /* A polite in-place all-reduce: MPI_Iallreduce waited for as above. */
 int mpi_wait_allreduce(void *buf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
                        double timeout_s);
+/* MPI_Comm_split(comm, color, key) without its spinning: the blocking split takes tens of
+ * milliseconds of CPU per rank where ranks outnumber cores. The pairs are gathered politely
+ * first; a split that is a duplicate of comm (one color, keys in rank order) is a polite
+ * MPI_Comm_idup, one where every rank is alone a duplicate of MPI_COMM_SELF; any other is
+ * MPI_Comm_split itself, once the ranks have met. Collective over comm. */
+int mpi_wait_split(MPI_Comm comm, int color, int key, double timeout_s, MPI_Comm *out);
+/* The ranks of comm on this host (MPI_Get_processor_name), ordered by key, as
+ * mpi_wait_split: MPI_Comm_split_type(SHARED) without its spinning. */
+int mpi_wait_split_node(MPI_Comm comm, int key, double timeout_s, MPI_Comm *out);
 
 #endif

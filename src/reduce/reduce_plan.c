@@ -140,8 +140,8 @@ int reduce_comms_init(reduce_comms *c, MPI_Comm world, int stages, int replicas,
     free(seen);
     free(pairs);
     if (rc) return -1;
-    if (PT_MPI_CALL(MPI_Comm_split(world, my_replica, my_stage, &c->pipeline)) ||
-        PT_MPI_CALL(MPI_Comm_split(world, my_stage, my_replica, &c->group))) {
+    if (mpi_wait_split(world, my_replica, my_stage, timeout_s, &c->pipeline) ||
+        mpi_wait_split(world, my_stage, my_replica, timeout_s, &c->group)) {
         reduce_comms_free(c);
         return -1;
     }

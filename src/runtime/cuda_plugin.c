@@ -19,6 +19,7 @@
 
 #include "src/base/error.h"
 #include "src/base/mpi_check.h"
+#include "src/base/mpi_wait.h"
 #include "topologies/topo.h"
 
 /* The outcome of the one load attempt: a second call gets the same plugin or message. */
@@ -197,8 +198,8 @@ static int bit_count(unsigned m)
     return c;
 }
 
-int cuda_pick_device(MPI_Comm comm, const cuda_plugin *p, int verbose, int *device,
-                     cuda_device_info *info)
+int cuda_pick_device(MPI_Comm comm, const cuda_plugin *p, int verbose, double timeout_s,
+                     int *device, cuda_device_info *info)
 {
     *device = -1;
     int rank, size, lrank, lsize, n = 0, ok = 1, pos = 0, sharing = 0;
@@ -207,7 +208,7 @@ int cuda_pick_device(MPI_Comm comm, const cuda_plugin *p, int verbose, int *devi
     char host[64] = "?", err[512] = "", why[512] = "", cores[128] = "", how[1024] = "";
     gethostname(host, sizeof host - 1);
     MPI_Comm local, group;
-    PT_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));
+    if (mpi_wait_split_node(comm, rank, timeout_s, &local)) return -1;
     PT_MPI_CHECK(MPI_Comm_rank(local, &lrank));
     PT_MPI_CHECK(MPI_Comm_size(local, &lsize));
     const int rc = p->device_count(&n);
@@ -219,7 +220,10 @@ int cuda_pick_device(MPI_Comm comm, const cuda_plugin *p, int verbose, int *devi
     /* Whatever happened, every rank takes part in the same collectives below. The ranks
      * with the same nearest GPUs take them in turn, in local rank order. */
     unsigned mask = ok ? near_devices(p, n, why, sizeof why, cores, sizeof cores) : 0;
-    PT_MPI_CHECK(MPI_Comm_split(local, mask ? (int)mask : MPI_UNDEFINED, lrank, &group));
+    if (mpi_wait_split(local, mask ? (int)mask : MPI_UNDEFINED, lrank, timeout_s, &group)) {
+        MPI_Comm_free(&local);
+        return -1;
+    }
     if (group != MPI_COMM_NULL) {
         PT_MPI_CHECK(MPI_Comm_rank(group, &pos));
         PT_MPI_CHECK(MPI_Comm_size(group, &sharing));

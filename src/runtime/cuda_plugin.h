@@ -22,7 +22,7 @@ int cuda_mpi_aware(void);
  * share a GPU). When the rank is bound to cores (--bind) and the machine's topology places
  * GPUs (topologies/), the GPUs nearest to those cores come first. Collective over comm
  * (it splits off the node's ranks). Fills *device and, if info != NULL, its description. */
-int cuda_pick_device(MPI_Comm comm, const cuda_plugin *p, int verbose, int *device,
-                     cuda_device_info *info);
+int cuda_pick_device(MPI_Comm comm, const cuda_plugin *p, int verbose, double timeout_s,
+                     int *device, cuda_device_info *info);
 
 #endif

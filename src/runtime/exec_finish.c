@@ -203,7 +203,8 @@ static int tie_start(exec_t *e, struct exec_finish *f)
     /* the two ranks holding the layers (every rank of the pipeline takes part in the split) */
     int mine = f->wte_eng || f->head_eng;
     MPI_Comm pair = MPI_COMM_NULL;
-    PT_MPI_CHECK(MPI_Comm_split(e->comm, mine ? 0 : MPI_UNDEFINED, e->rank, &pair));
+    if (mpi_wait_split(e->comm, mine ? 0 : MPI_UNDEFINED, e->rank, e->cfg.timeout_s, &pair))
+        return -1;
     int size = 0;
     if (pair != MPI_COMM_NULL) PT_MPI_CHECK(MPI_Comm_size(pair, &size));
     if (size == 2) f->pair = pair;

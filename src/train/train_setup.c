@@ -441,8 +441,8 @@ static int setup_layout(train_run *run)
      * world rank = t + T × (stage × replicas + replica) */
     int T = o->tensor, rest = run->rank / T;
     run->tensor_rank = run->rank % T;
-    if (PT_MPI_CALL(MPI_Comm_split(run->comm, rest, run->tensor_rank, &run->tensor)) ||
-        PT_MPI_CALL(MPI_Comm_split(run->comm, run->tensor_rank, rest, &run->tensor_world)))
+    if (mpi_wait_split(run->comm, rest, run->tensor_rank, o->timeout, &run->tensor) ||
+        mpi_wait_split(run->comm, run->tensor_rank, rest, o->timeout, &run->tensor_world))
         return -1;
     if (reduce_layout_default(rest, o->stages, o->replicas, &run->stage, &run->replica))
         return -1;
@@ -452,9 +452,7 @@ static int setup_layout(train_run *run)
     /* the group on one host: shared memory; else the network */
     MPI_Comm node;
     int local = 0, size = 0;
-    if (PT_MPI_CALL(MPI_Comm_split_type(run->comms.group, MPI_COMM_TYPE_SHARED, 0,
-                                        MPI_INFO_NULL, &node)))
-        return -1;
+    if (mpi_wait_split_node(run->comms.group, 0, o->timeout, &node)) return -1;
     int rc = PT_MPI_CALL(MPI_Comm_size(node, &local)) ||
              PT_MPI_CALL(MPI_Comm_size(run->comms.group, &size)) ||
              PT_MPI_CALL(MPI_Comm_free(&node));
@@ -476,11 +474,11 @@ static int setup_threads(train_run *run)
                                                              : sysconf(_SC_NPROCESSORS_ONLN);
     MPI_Comm node;
     int local = 1;
-    if (PT_MPI_CALL(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, run->rank, MPI_INFO_NULL,
-                                        &node)) ||
+    if (mpi_wait_split_node(comm, run->rank, o->timeout, &node) ||
         PT_MPI_CALL(MPI_Comm_size(node, &local)) || PT_MPI_CALL(MPI_Comm_free(&node)))
         train_abort_job(comm);
-    if (train_agree(topo_bind_rank(comm, o->bind, o->verbose, &blas_threads), comm, o->timeout))
+    if (train_agree(topo_bind_rank(comm, o->bind, o->verbose, o->timeout, &blas_threads), comm,
+                    o->timeout))
         return -1;
     if (!o->threads) {
         if (blas_threads > 0)
@@ -505,7 +503,8 @@ static int setup_gpu(train_run *run)
     if (run->o.device != ENGINE_CUDA) return 0;
     const cuda_plugin *cp = NULL;
     if (train_agree(cuda_plugin_load(&cp), run->comm, run->o.timeout)) return -1;
-    if (train_agree(cuda_pick_device(run->comm, cp, run->o.verbose, &run->gpu, &run->gpu_info),
+    if (train_agree(cuda_pick_device(run->comm, cp, run->o.verbose, run->o.timeout, &run->gpu,
+                                     &run->gpu_info),
                     run->comm, run->o.timeout))
         return -1;
     run->device_messages = cuda_mpi_aware();

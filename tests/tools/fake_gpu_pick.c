@@ -57,7 +57,7 @@ int main(int argc, char **argv)
     int rank, device = -1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     cuda_device_info info;
-    int rc = cuda_pick_device(MPI_COMM_WORLD, &p, 1, &device, &info);
+    int rc = cuda_pick_device(MPI_COMM_WORLD, &p, 1, 60, &device, &info);
     char path[4096];
     snprintf(path, sizeof path, "%s.%d", getenv("RESULT_PREFIX") ? getenv("RESULT_PREFIX")
                                                                  : "gpu_pick", rank);
