@@ -69,6 +69,9 @@ class Context:
             except OSError as e:
                 raise StudyError('cannot create %s: %s' % (d, e.strerror))
         self.log_path = os.path.join(self.results, 'runs.jsonl')
+        for f in os.listdir(self.results):  # a profile of an earlier run is not reused
+            if f.startswith('costs-') and f.endswith('.txt'):
+                os.remove(os.path.join(self.results, f))
         try:
             self.log = open(self.log_path, 'w')
         except OSError as e:
@@ -106,7 +109,14 @@ class Context:
 
     def plan(self, label, args):
         """One `pipetrain plan ... --json`: a prediction, not a measurement."""
-        cmd = [self.pipetrain, 'plan', *[str(a) for a in args], '--json']
+        args = [str(a) for a in args]
+        if '--model' in args and '--costs-file' not in args:
+            # one profile of each model and micro-batch per study run, kept beside its runs:
+            # every plan of the study prices from the same figures (and the seconds each
+            # profile takes are spent once)
+            stem = os.path.basename(args[args.index('--model') + 1]).rsplit('.', 1)[0]
+            args += ['--costs-file', os.path.join(self.results, 'costs-%s.txt' % stem)]
+        cmd = [self.pipetrain, 'plan', *args, '--json']
         t0 = time.perf_counter()
         r = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True)
         if r.returncode:

@@ -36,7 +36,7 @@ def gpu_here(ctx):
 
 def measure(ctx, gpu):
     """pipetrain on every core and on the GPU of this machine; the table and the points."""
-    steps, warmup, samples = common.sizes(ctx.quick, (40, 5, 60000), (3, 1, 2048))
+    steps, warmup, samples = common.sizes(ctx.quick, (40, 5, 60000), (1, 1, 2048))
     rows, pts = [], []
     source = ('measured on this machine: %s, %s (%d cores)' % (gpu, ctx.machine['cpu'] or 'CPU',
                                                                ctx.cores),

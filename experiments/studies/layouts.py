@@ -42,7 +42,7 @@ LAYOUTS = [
 
 
 def run(ctx):
-    steps, warmup, samples = common.sizes(ctx.quick, (60, 10, 60000), (3, 1, 512))
+    steps, warmup, samples = common.sizes(ctx.quick, (60, 10, 60000), (1, 1, 512))
     layouts = list(LAYOUTS)
     rows, bars, skipped = [], {}, []
     # --quick (a smoke test): seed-cnn only, whose 11 layers take every layout

@@ -26,7 +26,7 @@ def run(ctx):
             rows.append([m, k, 'predicted', per_stage, imb,
                          pr['step_s'] * 1e3, p['cost_s'] * 1e6, p['rank_order_cost_s'] * 1e6])
             pts.setdefault(m, []).append((k, imb, pr['step_s']))
-    steps, warmup, samples = common.sizes(ctx.quick, (30, 5, 60000), (3, 1, 512))
+    steps, warmup, samples = common.sizes(ctx.quick, (30, 5, 60000), (1, 1, 512))
     measured = {}
     for m in METHODS:
         r = ctx.train('%s K=2 measured' % m, ['--model', MODEL, '--stages', 2, '--partition', m,

@@ -42,7 +42,7 @@ def runnable(ctx):
 
 
 def run(ctx):
-    steps, warmup, samples = common.sizes(ctx.quick, (40, 5, 60000), (3, 1, 512))
+    steps, warmup, samples = common.sizes(ctx.quick, (40, 5, 60000), (1, 1, 512))
     micro = [4] if ctx.quick else [2, 4, 8, 16]
     scheds = runnable(ctx)
     rows, lines = [], {}
