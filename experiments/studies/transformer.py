@@ -191,7 +191,7 @@ def draw_partition(ctx, bars):
 def schedules(ctx, small):
     spec = spec_of(small)
     ts, tu = steps(ctx.quick)
-    micro = [2, 4] if ctx.quick else [2, 4, 8]
+    micro = [4] if ctx.quick else [2, 4, 8]
     rows, lines = [], {}
     K = 2
     for s, extra in SCHEDULES:

@@ -223,7 +223,11 @@ int zero3_init(zero3_t **out, MPI_Comm group, engine *eng, const net_desc *net, 
             rc = cut_layer(z, l, plan, red, reduce_group_rank(red), skip_bucket);
     }
     if (!rc) rc = eng->ops->params_host(eng, &z->params);
-    if (!rc) rc = PT_MPI_CALL(MPI_Comm_dup(group, &z->comm));
+    if (!rc) { /* polite: a blocking dup spins where ranks outnumber cores */
+        MPI_Request req;
+        rc = PT_MPI_CALL(MPI_Comm_idup(group, &z->comm, &req));
+        if (!rc) rc = mpi_wait_collective(&req, group, timeout_s);
+    }
     /* what the engine may keep between a release and the next gather: the layer given back
      * and the one prefetched, the two largest layers' parts outside the shard */
     size_t big[2] = {0, 0};
