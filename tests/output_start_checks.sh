@@ -36,6 +36,9 @@ for opt in --save --trace --metrics; do
     start_refused "$opt a trailing /" "ends in '/'" "$opt" adir/
     start_refused "$opt empty" "empty path" "$opt" ""
 done
+# a directory that takes no new file whatever its permission bits say (root may "write" in
+# /proc): the creation itself is tried at start
+[ -d /proc ] && start_refused "--save in /proc" "cannot create files in /proc" --save /proc/x.st
 start_refused "--checkpoint-dir a FIFO" "not a directory" --checkpoint-dir fifo
 start_refused "--checkpoint-dir a file" "not a directory" --checkpoint-dir err
 start_refused "--checkpoint-dir empty" "empty path" --checkpoint-dir ""

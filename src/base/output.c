@@ -92,8 +92,16 @@ int pt_output_check(const char *what, const char *path)
     int dirfd = open_dir(what, path, dir);
     if (dirfd < 0) return -1;
     int rc = replaceable(what, path, dirfd, name, NULL);
-    if (!rc && faccessat(dirfd, ".", W_OK, AT_EACCESS) != 0)
+    /* the temporary the write will make, made and removed now: permission bits do not
+     * stop root, and /proc or a full or read-only file system say no only to a creation */
+    char tmp[4200];
+    int fd = rc ? -1 : create_temporary(dirfd, name, tmp, sizeof tmp, 0600);
+    if (!rc && fd < 0)
         rc = pt_error_set("%s %s: cannot create files in %s: %s", what, path, dir, strerror(errno));
+    if (fd >= 0) {
+        close(fd);
+        unlinkat(dirfd, tmp, 0);
+    }
     close(dirfd);
     return rc;
 }

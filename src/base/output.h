@@ -13,7 +13,8 @@
 /* Checks, before any work is done, that `path` can be written as an output file: it names
  * a file (not "", not ending in '/'), what is there now is a regular file, a symbolic link
  * (which a write replaces, never follows) or nothing, and its directory exists and takes
- * a new file. −1 with "WHAT PATH: reason" (what: "--save", "--trace", ...). */
+ * a new file (its temporary is created and removed). −1 with "WHAT PATH: reason" (what:
+ * "--save", "--trace", ...). */
 int pt_output_check(const char *what, const char *path);
 
 /* A file written whole and then put in place atomically (write, fsync, rename, fsync of
