@@ -74,7 +74,8 @@ for i in 1 2 3; do
     # the job ends on the SIGTERM the kernel gives mpiexec: at once when idle, once past 5 s
     # in a fresh-machine run under the loaded suite; the job alone would run for minutes
     t0=$SECONDS
-    gone_within "$d" 20 && pass "launch killed by SIGKILL (try $i): the job ended with it ($((SECONDS - t0)) s)" \
+    gone_within "$d" 20 \
+        && pass "launch killed by SIGKILL (try $i): the job ended with it ($((SECONDS - t0)) s)" \
         || { failed "launch killed by SIGKILL (try $i): the job runs on unsupervised"; pkill -KILL -f -- "--checkpoint-dir $d( |\$)"; }
 done
 tmp_after=$(ls -a /tmp | grep pipetrain-launch || true)

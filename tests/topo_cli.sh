@@ -85,32 +85,32 @@ expect 0 "GPUs: 4 \(4 NVIDIA\)" "$PIPETRAIN" topo --topology "$SRC/topologies/ws
 
 # ---- plan ---------------------------------------------------------------------------
 # the layers profiled once (the first plan), every later plan priced from the same figures
-COSTS=(--costs-file "$TMP/cnn.costs")
+PLAN=("$PIPETRAIN" plan --model "$MODEL" --costs-file "$TMP/cnn.costs")
 expect 0 "usage: pipetrain plan" "$PIPETRAIN" plan --help
 expect 0 "Stage boundaries by link: gpu-link 7" \
-    "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 8 --device cuda --topology "$GPU8"
-expect 0 "better\)" "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 8 --device cuda --topology "$GPU8"
-expect 0 "rank order" "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 8 --nodes 2 --topology "$GPU8"
+    "${PLAN[@]}" --stages 8 --device cuda --topology "$GPU8"
+expect 0 "better\)" "${PLAN[@]}" --stages 8 --device cuda --topology "$GPU8"
+expect 0 "rank order" "${PLAN[@]}" --stages 8 --nodes 2 --topology "$GPU8"
 # --partition params: the cut, and so the links crossed, must not depend on timings
-expect 0 "cross-node 1" "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 4 --nodes 2 --topology "$GPU8" \
+expect 0 "cross-node 1" "${PLAN[@]}" --stages 4 --nodes 2 --topology "$GPU8" \
     --partition params
-expect 0 "msg/ubatch" "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 2 --microbatches 4 \
+expect 0 "msg/ubatch" "${PLAN[@]}" --stages 2 --microbatches 4 \
     --bandwidth same-package=20e9,cross-package=10e9,cross-node=12.5e9 --topology "$GPU8"
 
-"$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 8 --nodes 2 --device cuda --topology "$GPU8" --json \
+"${PLAN[@]}" --stages 8 --nodes 2 --device cuda --topology "$GPU8" --json \
     >"$TMP/plan.json"
 json_check "$TMP/plan.json" "len(d['placement']) == 8 and d['cost_s'] <= d['rank_order_cost_s'] and \
 len({(p['node'], p['gpu']) for p in d['placement']}) == 8 and \
 all(p['next_link'] in ('gpu-link', None) for p in d['placement'])"
-"$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 4 --gpus-per-stage 2 --topology "$GPU8" --json \
+"${PLAN[@]}" --stages 4 --gpus-per-stage 2 --topology "$GPU8" --json \
     >"$TMP/dp.json"
 json_check "$TMP/dp.json" "d['ranks'] == 8 and d['replicas'] == 2 and \
 {p['replica'] for p in d['placement']} == {0, 1}"
 # bytes per step do not depend on the number of micro-batches; the message size does (a
 # cut by parameters: a cut by measured time may move between two runs on a busy machine)
-"$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 2 --microbatches 1 --partition params \
+"${PLAN[@]}" --stages 2 --microbatches 1 --partition params \
     --topology "$TWO" --json >"$TMP/m1.json"
-"$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 2 --microbatches 8 --partition params \
+"${PLAN[@]}" --stages 2 --microbatches 8 --partition params \
     --topology "$TWO" --json >"$TMP/m8.json"
 checks=$((checks + 1))
 python3 - "$TMP/m1.json" "$TMP/m8.json" <<'EOF' || fail "micro-batches changed the bytes per step"
@@ -123,9 +123,9 @@ EOF
 
 # --batch is samples per optimizer step, as in train: with R replicas each gets batch / R,
 # so 2 replicas of batch 128 send the messages of one replica of batch 64.
-"$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 2 --replicas 2 --batch 128 --partition params \
+"${PLAN[@]}" --stages 2 --replicas 2 --batch 128 --partition params \
     --topology "$GPU8" --json >"$TMP/r2.json"
-"$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 2 --batch 64 --partition params \
+"${PLAN[@]}" --stages 2 --batch 64 --partition params \
     --topology "$GPU8" --json >"$TMP/r1.json"
 json_check "$TMP/r2.json" "d['batch'] == 128 and d['replicas'] == 2"
 checks=$((checks + 1))
@@ -138,12 +138,12 @@ m1 = [p["message_bytes"] for p in r1["placement"]]
 assert m2 == [m1[0], m1[0], m1[1], m1[1]] and m1[0] > 0, (m2, m1)
 EOF
 expect 0 "Batch 128 per step \(64 per replica\) in 1 micro-batches" \
-    "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 2 --replicas 2 --partition params --topology "$GPU8"
+    "${PLAN[@]}" --stages 2 --replicas 2 --partition params --topology "$GPU8"
 # The predicted step: a slower link between the replicas (--bandwidth) makes their
 # reductions slower; one replica reduces nothing.
 SLOW=same-core=1e8,same-l3=1e8,same-numa=1e8,same-package=1e8,cross-package=1e8
 for bw in "" "--bandwidth $SLOW"; do
-    "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 1 --replicas 2 --microbatches 2 \
+    "${PLAN[@]}" --stages 1 --replicas 2 --microbatches 2 \
         --overlap off --topology "$TWO" $bw --json >"$TMP/pred${bw:+_slow}.json"
 done
 json_check "$TMP/r1.json" "d['predicted']['step_s'] > 0 and d['predicted']['stage_reduce_s'] == [0, 0]"
@@ -160,10 +160,10 @@ assert slow["stage_reduce_exposed_s"][0] > 5e-3 > fast["stage_reduce_exposed_s"]
 assert slow["step_s"] >= slow["stage_compute_s"][0] + slow["stage_reduce_exposed_s"][0] - 1e-9
 EOF
 expect 2 "--bucket-mb 0: must be positive" \
-    "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 2 --replicas 2 --bucket-mb 0
-expect 2 "unknown schedule" "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 2 --schedule nope
+    "${PLAN[@]}" --stages 2 --replicas 2 --bucket-mb 0
+expect 2 "unknown schedule" "${PLAN[@]}" --stages 2 --schedule nope
 # --partition defaults to time, as in train
-"$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 2 --topology "$GPU8" --json >"$TMP/default.json"
+"${PLAN[@]}" --stages 2 --topology "$GPU8" --json >"$TMP/default.json"
 json_check "$TMP/default.json" "d['partition']['method'] == 'time' and d['microbatches'] == 1"
 
 # ---- JSON of odd paths ----------------------------------------------------------------
@@ -208,7 +208,7 @@ printf '<?xml version="1.0"?>\n<topology version="2.0">\n<object type="Machine"\
 expect 2 "^pipetrain: .*bad.xml: not a valid hwloc XML topology" \
     "$PIPETRAIN" topo --topology "$TMP/bad.xml"
 expect 2 "not a valid hwloc XML topology" \
-    "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 2 --topology "$TMP/bad.xml"
+    "${PLAN[@]}" --stages 2 --topology "$TMP/bad.xml"
 # hwloc without its libxml2 reader (Debian's libhwloc-plugins) rejects every hand-written
 # file: the message must name the package, not blame the file.
 mkdir -p "$TMP/no-plugins"
@@ -216,20 +216,20 @@ expect 2 "hwloc cannot read XML topologies on this machine.*apt-get install libh
     env HWLOC_PLUGINS_PATH="$TMP/no-plugins" "$PIPETRAIN" topo --topology "$TWO"
 expect 2 "missing.xml: cannot open: No such file" "$PIPETRAIN" topo --topology "$TMP/missing.xml"
 expect 2 "no NVIDIA GPU in .*local-2core.xml" \
-    "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 2 --device cuda --topology "$TWO"
+    "${PLAN[@]}" --stages 2 --device cuda --topology "$TWO"
 expect 2 "9 ranks need a GPU each, but 1 node of .* has 8 NVIDIA GPUs" \
-    "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 9 --device cuda --topology "$GPU8"
-expect 2 "11 layers into 12 stages" "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 12 --topology "$GPU8"
-expect 2 "exclusive" "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 3 --exclusive --topology "$TWO"
-expect 0 "oversubscribed" "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 3 --topology "$TWO"
-expect 2 "unknown link \"fast\"" "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 2 --bandwidth fast=1e9
+    "${PLAN[@]}" --stages 9 --device cuda --topology "$GPU8"
+expect 2 "11 layers into 12 stages" "${PLAN[@]}" --stages 12 --topology "$GPU8"
+expect 2 "exclusive" "${PLAN[@]}" --stages 3 --exclusive --topology "$TWO"
+expect 0 "oversubscribed" "${PLAN[@]}" --stages 3 --topology "$TWO"
+expect 2 "unknown link \"fast\"" "${PLAN[@]}" --stages 2 --bandwidth fast=1e9
 expect 2 "--model FILE is required" "$PIPETRAIN" plan --stages 2
-expect 2 "--stages 0: must be between 1 and 4096" "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 0
-expect 2 "give --stages K" "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}"
+expect 2 "--stages 0: must be between 1 and 4096" "${PLAN[@]}" --stages 0
+expect 2 "give --stages K" "${PLAN[@]}"
 expect 2 "--batch 128 does not split evenly over 3 replicas" \
-    "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 2 --replicas 3 --topology "$GPU8"
+    "${PLAN[@]}" --stages 2 --replicas 3 --topology "$GPU8"
 expect 2 "--microbatches 3 does not divide the 64 samples per replica" \
-    "$PIPETRAIN" plan --model "$MODEL" "${COSTS[@]}" --stages 2 --replicas 2 --microbatches 3 --topology "$GPU8"
+    "${PLAN[@]}" --stages 2 --replicas 2 --microbatches 3 --topology "$GPU8"
 expect 2 "unknown option --frobnicate" "$PIPETRAIN" topo --frobnicate
 
 if [[ $failures -ne 0 ]]; then

@@ -1,6 +1,6 @@
 /* Binding the ranks of a training job: the only MPI code of the module. The ranks of one
- * node find each other (mpi_wait_split_node: by host name, politely), each takes its cores (topo_local_cores)
- * and binds the whole process to them with hwloc. */
+ * node find each other (mpi_wait_split_node: by host name, politely), each takes its cores
+ * (topo_local_cores) and binds the whole process to them with hwloc. */
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>

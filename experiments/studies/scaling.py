@@ -28,7 +28,8 @@ def predicted(ctx, label, procs, batch, nodes=1):
 
 def run(ctx):
     if ctx.quick:
-        epochs_args = ['--steps', 2, '--untimed-steps', 1, '--train-samples', 1024, '--test-samples', 256]
+        epochs_args = ['--steps', 2, '--untimed-steps', 1, '--train-samples', 1024,
+                       '--test-samples', 256]
     else:
         epochs_args = ['--epochs', 1, '--untimed-steps', 5]
     max_real = max(1, ctx.cores)
