@@ -477,14 +477,22 @@ static int place_realise(topo_placement *pl, const topo_machine *m, const topo_p
     return rc;
 }
 
+/* The places n ranks can take (*S of them), NULL with the reason they cannot. */
+static topo_place *place_slots(const topo_machine *m, int n, const topo_place_options *opt,
+                               int *S)
+{
+    if (n < 1 || opt->nodes < 1) {
+        pt_error_set("placement: %d ranks on %d nodes", n, opt->nodes);
+        return NULL;
+    }
+    *S = place_count(m, n, opt);
+    return *S < 0 ? NULL : make_slots(m, n, *S, opt);
+}
+
 int topo_place_check(const topo_machine *m, int n_ranks, const topo_place_options *opt)
 {
-    if (n_ranks < 1 || opt->nodes < 1)
-        return pt_error_set("placement: %d ranks on %d nodes", n_ranks, opt->nodes);
-    int S = place_count(m, n_ranks, opt);
-    if (S < 0)
-        return -1;
-    topo_place *slots = make_slots(m, n_ranks, S, opt);
+    int S = 0;
+    topo_place *slots = place_slots(m, n_ranks, opt, &S);
     if (!slots)
         return -1;
     places_free(slots, S);
@@ -495,13 +503,8 @@ int topo_place_ranks(topo_placement *pl, const topo_machine *m, const topo_traff
                      const topo_cost_model *cm, const topo_place_options *opt)
 {
     memset(pl, 0, sizeof *pl);
-    int n = tr->n_ranks;
-    if (topo_place_check(m, n, opt) < 0)
-        return -1;
-    int S = place_count(m, n, opt);
-    if (S < 0)
-        return -1;
-    topo_place *slots = make_slots(m, n, S, opt);
+    int n = tr->n_ranks, S = 0;
+    topo_place *slots = place_slots(m, n, opt, &S);
     if (!slots)
         return -1;
     search s;
