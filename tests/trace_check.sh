@@ -242,8 +242,8 @@ bad_trace() {
 }
 bad_trace "trace in a missing directory" \
     "--trace $WORK/missing/t.json: cannot write in $WORK/missing: No such file or directory" "$WORK/missing/t.json"
-bad_trace "trace under /proc" "cannot write trace /proc/pipetrain-trace.json: " \
-    /proc/pipetrain-trace.json
+bad_trace "trace under /proc (no new files, whatever the permission bits say)" \
+    "--trace /proc/pipetrain-trace.json: cannot create files in /proc" /proc/pipetrain-trace.json
 mkdir "$WORK/adir"
 bad_trace "trace onto a directory" "--trace $WORK/adir: is a directory" "$WORK/adir"
 # A full disk (a 4 KiB tmpfs in a private mount namespace, where one can be made): the

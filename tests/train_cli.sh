@@ -155,8 +155,12 @@ ok_run "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 20 --test-samples 0 -
     || { failed "--json printed more than its line"; cat "$WORK/j.txt"; }
 
 # --- a failed output costs no other output ---
-# outputs that fail only when written, after training (/proc takes no new files; a directory
-# is refused at start: tests/output_start_checks.sh)
+# outputs that fail only when written, after training: on a full disk (a 4 KiB tmpfs at
+# $FULL in a private mount namespace, where one can be made; a file that cannot be created
+# at all is refused at start: tests/output_start_checks.sh)
+FULL=$WORK/full
+mkdir "$FULL"
+IN_FULL=(unshare -m sh -c "mount -t tmpfs -o size=4k tmpfs '$FULL' && exec \"\$@\"" sh)
 # run_outputs NAME STAGES ARGS...: must exit non-zero (no hang) and write what it can.
 run_outputs() {
     local name=$1 k=$2 rc=0
@@ -164,15 +168,18 @@ run_outputs() {
     local launch=("$PIPETRAIN")
     [ "$k" -gt 1 ] && launch=("$MPIEXEC" -n "$k" "$PIPETRAIN")
     rm -f "$WORK"/keep*.st
-    timeout 120 "${launch[@]}" train --model "$MLP" "${T[@]}" --steps 20 --test-samples 0 \
-        --stages "$k" "$@" >"$WORK/out" 2>"$WORK/err" || rc=$?
+    timeout 120 "${IN_FULL[@]}" "${launch[@]}" train --model "$MLP" "${T[@]}" --steps 20 \
+        --test-samples 0 --stages "$k" "$@" >"$WORK/out" 2>"$WORK/err" || rc=$?
     if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then
         failed "$name: exit $rc"; cat "$WORK/err"; return 1
     fi
     pass "$name: exit $rc"
 }
-if run_outputs "unwritable --trace" 1 --trace /proc/pipetrain-trace.json --save "$WORK/keep.st"; then
-    grep -q "trace.*/proc/pipetrain-trace" "$WORK/err" && pass "the trace failure is reported" \
+if ! "${IN_FULL[@]}" true 2>/dev/null; then
+    echo "skip: outputs that fail when written (cannot mount a tmpfs in a private mount namespace)"
+else
+if run_outputs "unwritable --trace" 1 --trace "$FULL/pipetrain-trace.json" --save "$WORK/keep.st"; then
+    grep -q "trace.*$FULL/pipetrain-trace" "$WORK/err" && pass "the trace failure is reported" \
         || { failed "the trace failure is not reported"; cat "$WORK/err"; }
     [ -s "$WORK/keep.st" ] && "$PIPETRAIN" diff "$WORK/keep.st" "$WORK/keep.st" >/dev/null \
         && pass "the checkpoint is still written" || failed "no checkpoint after a failed trace"
@@ -180,22 +187,23 @@ if run_outputs "unwritable --trace" 1 --trace /proc/pipetrain-trace.json --save 
         && pass "the report names the checkpoint, not the trace" \
         || { failed "the report claims the wrong outputs"; cat "$WORK/out"; }
 fi
-if run_outputs "unwritable --trace and --save" 1 --trace /proc/pipetrain-trace.json \
-        --save /proc/pipetrain-save.st --json; then
-    [ "$(grep -c "/proc/pipetrain-" "$WORK/err")" -ge 2 ] && pass "both failures are reported" \
+if run_outputs "unwritable --trace and --save" 1 --trace "$FULL/pipetrain-trace.json" \
+        --save "$FULL/pipetrain-save.st" --json; then
+    [ "$(grep -c "$FULL/pipetrain-" "$WORK/err")" -ge 2 ] && pass "both failures are reported" \
         || { failed "not every failure is reported"; cat "$WORK/err"; }
     check "the results are still printed, with no outputs" "$WORK/out" '
 assert r["steps"] == 20 and r["checkpoint"] is None and r["trace"] is None, r'
 fi
-if run_outputs "unwritable --save, writable --trace" 1 --save /proc/pipetrain-save.st \
+if run_outputs "unwritable --save, writable --trace" 1 --save "$FULL/pipetrain-save.st" \
         --trace "$WORK/t.json"; then
     python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$WORK/t.json" \
         && pass "the trace is still written" || failed "no trace after a failed checkpoint"
 fi
 if run_outputs "two stages, unwritable --trace" 2 --microbatches 2 \
-        --trace /proc/pipetrain-trace.json --save "$WORK/keep2.st"; then
+        --trace "$FULL/pipetrain-trace.json" --save "$WORK/keep2.st"; then
     [ -s "$WORK/keep2.st" ] && pass "two stages: the checkpoint is still written" \
         || failed "two stages: no checkpoint after a failed trace"
+fi
 fi
 # a missing directory is found before training, not after it
 rc=0
