@@ -286,6 +286,17 @@ int schedule_parse_recompute(const char *spec, int stages, int *flags);
 
 const char *schedule_op_name(schedule_op_kind kind); /* "F", "B", "send_act", ... */
 
+/* Receive buffers by liveness (schedule/buffers.c). Chunk `chunk` of `stage` receives
+ * micro-batch m's activations and gradients into buffer m mod n; each holds m from its
+ * receive to m's last op on the chunk (the stage reads its input and the output gradient
+ * until m's W). Each chunk runs F, B and W in micro-batch order (schedule_verify), so n
+ * buffers suffice when, for every m ≥ n, m − n's last op precedes m's receives: the
+ * smallest such n ≥ least (at most M), or −1 with a message. post_after[m] (M entries, may
+ * be NULL): the op after which m's receives may be posted (−1: at the step's start). A
+ * message may arrive before it is posted; its send completes once it is. */
+int schedule_receive_buffers(const schedule *s, int stage, int chunk, int least,
+                             int *post_after);
+
 /* Schedules as text (schedule/file.c): a header "schedule NAME stages K microbatches M
  * virtual V placement interleaved|v", "list S buckets B recompute 0|1" where not 0, then one
  * line "STAGE OP MICROBATCH CHUNK PEER BUCKET" per instruction ('#' comments). Reading

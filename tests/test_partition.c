@@ -748,12 +748,15 @@ Test(plan, memory_counts_what_train_allocates)
         double kept = last < n ? r3.peak_inputs_chunk[s] * mb * 4.0 *
                                      (double)layer_shape_count(net.layers[last - 1].out)
                                : 0;
-        /* the last stage's loss gradient: in the logits' place unless recomputation drops
-         * the slot between the forward and the backward (then a buffer per micro-batch) */
-        double loss = last == n ? M * mb * 4.0 *
-                                      (double)layer_shape_count(net.layers[n - 1].out)
-                                : 0;
-        want = base[s] + kept + loss +
+        /* the messages received (and the last stage's loss gradient, in the logits' place
+         * unless recomputation drops the slot between the forward and the backward) into
+         * as many buffers as liveness needs: recomputation moves their last uses */
+        int n1 = schedule_receive_buffers(&s1, s, 0, 3, NULL);
+        int n3 = schedule_receive_buffers(&s3, s, 0, 3, NULL);
+        double in_b = first > 0 ? mb * 4.0 * (double)layer_shape_count(net.layers[first].in) : 0;
+        double out_b = mb * 4.0 * (double)layer_shape_count(net.layers[last - 1].out);
+        double recv = (n3 - n1) * in_b + (last < n ? n3 - n1 : n3) * out_b;
+        want = base[s] + kept + recv +
                (r3.peak_inflight_chunk[s] - r1.peak_inflight_chunk[s]) * (double)sb.slot;
         CHECK_CLOSE("recompute memory", &rc[s], &want, 1, 0.5, 0.0);
         want = base[s] + (double)stage_wgrad_row_bytes(&net, first, last) * mb * M;

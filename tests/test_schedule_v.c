@@ -260,3 +260,76 @@ Test(schedule_v, greedy_uneven_costs)
     schedule_report_free(&r);
     schedule_free(&s);
 }
+
+/* Receive buffers by liveness (schedule_receive_buffers): m's receives are posted after
+ * m − n's last op and before m's own receive op, and no fewer buffers would do; GPipe
+ * receives every activation before its first backward (one buffer per micro-batch), 1F1B's
+ * last stage uses each at once, and every V schedule needs fewer than M. */
+static int last_use(const schedule_list *l, int v, int m)
+{
+    int last = -1;
+    for (int i = 0; i < l->n_ops; i++) {
+        const schedule_op *op = &l->ops[i];
+        if (op->chunk == v && op->microbatch == m && op->kind != SCHED_OP_SEND_ACT &&
+            op->kind != SCHED_OP_SEND_GRAD)
+            last = i;
+    }
+    return last;
+}
+
+static int receive_of(const schedule_list *l, int v, int m)
+{
+    for (int i = 0; i < l->n_ops; i++)
+        if (l->ops[i].chunk == v && l->ops[i].microbatch == m &&
+            (l->ops[i].kind == SCHED_OP_RECV_ACT || l->ops[i].kind == SCHED_OP_RECV_GRAD))
+            return i;
+    return -1;
+}
+
+static int receive_buffers_hold(const schedule *s, int st, int v, int n)
+{
+    const schedule_list *l = &s->lists[st];
+    for (int m = n; m < s->microbatches; m++) {
+        int r = receive_of(l, v, m);
+        if (r >= 0 && last_use(l, v, m - n) >= r) return 0;
+    }
+    return 1;
+}
+
+Test(schedule_v, receive_buffers_by_liveness)
+{
+    const char *names[] = {"gpipe", "1f1b", "zb-h1", "interleaved", "zb-h2", "zb-v",
+                           "v-half", "v-min", "dualpipev"};
+    int K = 4, M = 8, after[8];
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+        schedule s;
+        int V = !strcmp(names[k], "interleaved") || schedule_is_v(names[k]) ? 2 : 1;
+        cr_assert_eq(schedule_init_named(&s, names[k], K, V, M), 0, "%s", pt_error_get());
+        int most_v = 0;
+        for (int st = 0; st < K; st++)
+            for (int v = 0; v < V; v++) {
+                int n = schedule_receive_buffers(&s, st, v, 3, after);
+                cr_assert(n >= 3 && n <= M, "%s (%d, %d): %d", names[k], st, v, n);
+                cr_assert(receive_buffers_hold(&s, st, v, n), "%s (%d, %d): %d buffers "
+                          "overlap", names[k], st, v, n);
+                cr_assert(n == 3 || !receive_buffers_hold(&s, st, v, n - 1),
+                          "%s (%d, %d): %d buffers would do, not %d", names[k], st, v, n - 1, n);
+                for (int m = 0; m < M; m++) {
+                    int r = receive_of(&s.lists[st], v, m);
+                    cr_assert(m < n ? after[m] == -1
+                                    : after[m] == last_use(&s.lists[st], v, m - n) &&
+                                          (r < 0 || after[m] < r),
+                              "%s (%d, %d): m=%d posted after op %d", names[k], st, v, m,
+                              after[m]);
+                }
+                most_v = n > most_v ? n : most_v;
+            }
+        if (!strcmp(names[k], "gpipe"))
+            cr_assert_eq(schedule_receive_buffers(&s, 1, 0, 3, NULL), M);
+        if (!strcmp(names[k], "1f1b"))
+            cr_assert_eq(schedule_receive_buffers(&s, K - 1, 0, 3, NULL), 3);
+        if (V == 2 && strcmp(names[k], "interleaved"))
+            cr_assert(most_v < M, "%s: %d receive buffers somewhere", names[k], most_v);
+        schedule_free(&s);
+    }
+}

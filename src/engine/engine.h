@@ -42,10 +42,13 @@ typedef struct {
     int first, last;      /* layers [first, last) */
     int buffers;          /* micro-batch buffers: m in [0, buffers) (the executor uses
                              two per micro-batch, and at least 3 to evaluate) */
-    int message_buffers;  /* CPU engine: buffers of ACT_IN, GRAD_IN and GRAD_OUT, m's being
-                             m mod message_buffers (0: buffers). Only the samples need two
-                             per micro-batch (the next step's are loaded while this one
-                             runs); a step's messages are all waited for by its end */
+    int message_buffers;  /* CPU engine: buffers of GRAD_OUT, m's being m mod
+                             message_buffers (0: buffers). Only the samples need two per
+                             micro-batch (the next step's are loaded while this one runs); a
+                             step's messages are all waited for by its end */
+    int receive_buffers;  /* CPU engine: buffers of ACT_IN and GRAD_IN the same way (0:
+                             message_buffers): fewer where the executor posts each receive
+                             once its buffer is free (schedule_receive_buffers) */
     int max_batch;        /* samples per micro-batch */
     int n_slots;          /* micro-batches whose activations are held at once */
     int batch;            /* samples per optimizer step: the loss gradient is scaled 1/batch */

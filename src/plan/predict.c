@@ -547,10 +547,17 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                 if (stage_round_up((size_t)slot) > unit) unit = stage_round_up((size_t)slot);
                 /* inputs (samples on chunk 0, else messages), gradients in (on the last
                  * chunk perhaps in the logits' place), gradients out (not on chunk 0),
-                 * labels and ids */
+                 * labels and ids; the CPU executor receives into as few buffers as
+                 * liveness allows (src/runtime/exec_msg.c) */
+                double nr = nm;
+                if (!cfg->cuda_engine) {
+                    int n = schedule_receive_buffers(sched, s, v, 3, NULL);
+                    if (n < 0) failed = 1;
+                    else if (n < nr) nr = n;
+                }
                 int loss_in_place = layer_loss_in_place(net, last, recompute);
-                bytes += (first > 0 ? nm * 8.0 * in : nb * 4.0 * in) * mb +
-                         (loss_in_place ? 0 : nm * mb * 4.0 * outc) + nb * mb * (4 + 8);
+                bytes += (first > 0 ? (nr + nm) * 4.0 * in : nb * 4.0 * in) * mb +
+                         (loss_in_place ? 0 : nr * mb * 4.0 * outc) + nb * mb * (4 + 8);
                 /* recomputation: the outputs of the micro-batches between forward and
                  * backward stay until sent (the engine's pool, sized by the verifier) */
                 if (recompute && last < net->n_layers)

@@ -196,8 +196,9 @@ static int create_engines(exec_t *e, const partition *part, const int *slots, co
 {
     const exec_config *cfg = &e->cfg;
     const schedule_list *list = &e->sched->lists[e->rank];
-    int M = cfg->microbatches, split = 0;
+    int M = cfg->microbatches, split = 0, n_recv[e->V];
     for (int i = 0; i < list->n_ops; i++) split |= list->ops[i].kind == SCHED_OP_BACKWARD_INPUT;
+    if (exec_plan_receives(e, n_recv)) return -1;
     engine_config ecs[e->V];
     for (int v = 0; v < e->V; v++) {
         int c = schedule_model_chunk(e->sched, e->rank, v);
@@ -205,8 +206,10 @@ static int create_engines(exec_t *e, const partition *part, const int *slots, co
             .net = e->net, .first = part->first[c], .last = part->first[c + 1],
             /* two halves, see exec.half; evaluation cycles through 0, 1 and 2 */
             .buffers = 2 * M > EVAL_BUFFERS ? 2 * M : EVAL_BUFFERS,
-            /* a step's messages are over by its end: one buffer per micro-batch */
+            /* a step's messages are over by its end: one buffer per micro-batch sent, the
+             * fewer received that liveness allows */
             .message_buffers = M > EVAL_BUFFERS ? M : EVAL_BUFFERS,
+            .receive_buffers = n_recv[v],
             .max_batch = e->mb, .n_slots = slots[v] > 0 ? slots[v] : 1, .batch = cfg->batch,
             .threads = cfg->threads > 0 ? cfg->threads : 1, .device = cfg->gpu,
             .device_messages = cfg->device_messages, .precision = cfg->precision,
@@ -332,6 +335,8 @@ void exec_free(exec_t *e)
     free(e->req_grad);
     free(e->req_send_act);
     free(e->req_send_grad);
+    free(e->recv_at);
+    free(e->recv_ops);
     free(e->pending);
     trace_free(&e->trace);
     free(e);
@@ -483,26 +488,6 @@ static int part_range(exec_t *e, int v, int bucket, int m, int *lo, int *hi)
     return replicas_part_begins(r, local, m); /* ZeRO-2: the part's gradient memory back */
 }
 
-/* Posts every receive of the step up front: a message may arrive before we wait. */
-static int post_receives(exec_t *e, const step_run *s)
-{
-    int M = e->cfg.microbatches, V = e->V;
-    for (int i = 0; i < s->list->n_ops; i++) {
-        const schedule_op *op = &s->list->ops[i];
-        int m = op->microbatch, b = s->base + m, v = op->chunk, k = v * M + m;
-        engine *gv = e->engs[v];
-        if (op->kind == SCHED_OP_RECV_ACT &&
-            exec_post_recv(e, gv, ENGINE_MSG_ACT_IN, b, (int)(e->mb * gv->in_count), op->peer,
-                           chunk_tag(TAG_ACT, m, v, V), &e->req_act[k]))
-            return -1;
-        if (op->kind == SCHED_OP_RECV_GRAD &&
-            exec_post_recv(e, gv, ENGINE_MSG_GRAD_IN, b, (int)(e->mb * gv->out_count), op->peer,
-                           chunk_tag(TAG_GRAD, m, v, V), &e->req_grad[k]))
-            return -1;
-    }
-    return 0;
-}
-
 /* This replica's micro-batches of the step whose samples are data's `indices` (the whole
  * batch's: global sample ids index it), into the buffers from `base` of every chunk: pixels
  * or token ids on stage 0, labels on the last stage. */
@@ -517,7 +502,7 @@ static int load_samples(exec_t *e, int base, const dataset *data, const int64_t 
     return 0;
 }
 
-/* RECV_ACT, RECV_GRAD: waits for the message posted by post_receives; the engine takes it. */
+/* RECV_ACT, RECV_GRAD: waits for the message exec_post_receives posted; the engine takes it. */
 static int op_receive(exec_t *e, const step_run *s, const schedule_op *op)
 {
     int grad = op->kind == SCHED_OP_RECV_GRAD;
@@ -716,13 +701,15 @@ int exec_train_step(exec_t *e, const dataset *data, const int64_t *indices,
                 fault_armed();
     if (fault && e->cfg.stall_kills != EXEC_STALL_MPI_ERROR)
         stall_forever(e->cfg.stall_kills == EXEC_STALL_KILL);
-    if (post_receives(e, &s)) return -1;
+    if (exec_post_receives(e, s.base, 0)) return -1;
     if (fault && post_invalid_send(e)) return -1;
     /* this step's samples, unless the previous step loaded them (below) */
     if (!e->prefetched && load_samples(e, s.base, data, indices)) return -1;
     for (int i = 0; i < s.list->n_ops; i++) {
         s.t0 = pt_now();
-        if (exec_progress_reductions(e) || run_op(e, &s, &s.list->ops[i], i)) return -1;
+        if (exec_progress_reductions(e) || run_op(e, &s, &s.list->ops[i], i) ||
+            exec_post_receives(e, s.base, i + 1))
+            return -1;
     }
     /* Everything of this step is queued (on a GPU it is still running): load the next
      * step's samples into the other half now. */

@@ -57,6 +57,10 @@ struct exec {
     double *chunk_s;       /* [V · EXEC_TIMES]: compute time per chunk and kind of op */
     MPI_Request *req_act, *req_grad, *req_send_act, *req_send_grad; /* [V·M], v·M + m */
     MPI_Request eval_send, eval_recv[EVAL_BUFFERS];
+    /* the step's receives, each posted once its buffer is free (exec_plan_receives): the
+     * RECV ops at recv_ops[recv_at[0] .. recv_at[1]) at the step's start, those at
+     * [recv_at[i + 1] .. recv_at[i + 2]) right after op i */
+    int *recv_at, *recv_ops;
     /* sends whose buffers are not filled yet, posted in order as they become ready */
     pending_send *pending;
     int n_pending, pending_cap;
@@ -137,6 +141,13 @@ void exec_postval_free(exec_t *e);
 int exec_progress_reductions(exec_t *e);
 /* Waits for *req (a receive, or a send already posted); MPI_REQUEST_NULL is done. */
 int exec_wait_request(exec_t *e, MPI_Request *req, const char *what, int m, int peer);
+/* Where each receive of the step is posted, and each chunk's receive buffers (n_recv[V];
+ * 0: one per micro-batch): on the CPU engine a receive is posted once its buffer is free
+ * (schedule_receive_buffers); on a GPU all at the step's start. */
+int exec_plan_receives(exec_t *e, int *n_recv);
+/* Posts the receives of slot 0 (the step's start) or i + 1 (after op i), into the buffers
+ * from `base`. */
+int exec_post_receives(exec_t *e, int base, int slot);
 /* MPI_Irecv into the engine's buffer for message `kind` of buffer b (NULL: the engine
  * failed, its message is set). */
 int exec_post_recv(exec_t *e, engine *g, engine_msg kind, int b, int count, int peer, int tag,

@@ -3,6 +3,7 @@
  * during which the rank keeps its own sends and its replicas' reductions moving. */
 #include "src/runtime/exec_impl.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "src/base/clock.h"
@@ -79,6 +80,64 @@ int exec_post_recv(exec_t *e, engine *g, engine_msg kind, int b, int count, int 
     void *buf = engine_msg_buffer(g, kind, b);
     if (!buf) return -1;
     PT_MPI_CHECK(MPI_Irecv(buf, count, MPI_FLOAT, peer, tag, e->comm, req));
+    return 0;
+}
+
+static int is_receive(schedule_op_kind k)
+{
+    return k == SCHED_OP_RECV_ACT || k == SCHED_OP_RECV_GRAD;
+}
+
+int exec_plan_receives(exec_t *e, int *n_recv)
+{
+    const schedule_list *l = &e->sched->lists[e->rank];
+    int M = e->cfg.microbatches, V = e->V, n = l->n_ops;
+    int lazy = e->cfg.device != ENGINE_CUDA;
+    int *after = malloc((size_t)V * M * sizeof *after);
+    e->recv_at = calloc((size_t)n + 2, sizeof *e->recv_at);
+    e->recv_ops = malloc(((size_t)n + 1) * sizeof *e->recv_ops);
+    if (!after || !e->recv_at || !e->recv_ops) {
+        free(after);
+        return pt_error_set("out of memory");
+    }
+    for (int v = 0; v < V; v++) {
+        n_recv[v] = 0;
+        for (int m = 0; m < M; m++) after[v * M + m] = -1;
+        if (lazy && (n_recv[v] = schedule_receive_buffers(e->sched, e->rank, v, EVAL_BUFFERS,
+                                                          after + v * M)) < 0) {
+            free(after);
+            return -1;
+        }
+    }
+    /* counting sort of the RECV ops by the slot they are posted in */
+    for (int i = 0; i < n; i++)
+        if (is_receive(l->ops[i].kind))
+            e->recv_at[after[l->ops[i].chunk * M + l->ops[i].microbatch] + 2]++;
+    for (int k = 1; k < n + 2; k++) e->recv_at[k] += e->recv_at[k - 1];
+    for (int i = 0; i < n; i++)
+        if (is_receive(l->ops[i].kind))
+            e->recv_ops[e->recv_at[after[l->ops[i].chunk * M + l->ops[i].microbatch] + 1]++] = i;
+    /* the fill advanced each slot's start to the next one's: back by one slot */
+    for (int k = n + 1; k > 0; k--) e->recv_at[k] = e->recv_at[k - 1];
+    e->recv_at[0] = 0;
+    free(after);
+    return 0;
+}
+
+int exec_post_receives(exec_t *e, int base, int slot)
+{
+    const schedule_list *l = &e->sched->lists[e->rank];
+    int M = e->cfg.microbatches, V = e->V;
+    for (int k = e->recv_at[slot]; k < e->recv_at[slot + 1]; k++) {
+        const schedule_op *op = &l->ops[e->recv_ops[k]];
+        int m = op->microbatch, v = op->chunk, grad = op->kind == SCHED_OP_RECV_GRAD;
+        engine *g = e->engs[v];
+        if (exec_post_recv(e, g, grad ? ENGINE_MSG_GRAD_IN : ENGINE_MSG_ACT_IN, base + m,
+                           (int)(e->mb * (grad ? g->out_count : g->in_count)), op->peer,
+                           chunk_tag(grad ? TAG_GRAD : TAG_ACT, m, v, V),
+                           grad ? &e->req_grad[v * M + m] : &e->req_act[v * M + m]))
+            return -1;
+    }
     return 0;
 }
 
