@@ -49,7 +49,7 @@ static int print_lines(MPI_Comm comm, const char *line, double timeout_s)
 }
 
 int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, double timeout_s,
-                   int *blas_threads_out)
+                   int *blas_threads_out, int *local_size_out)
 {
     *blas_threads_out = 0;
     int rank, local_rank, local_size;
@@ -61,6 +61,7 @@ int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, double timeout_
     PT_MPI_CHECK(MPI_Comm_rank(local, &local_rank));
     PT_MPI_CHECK(MPI_Comm_size(local, &local_size));
     PT_MPI_CHECK(MPI_Comm_free(&local));
+    *local_size_out = local_size;
 
     topo_t *t = NULL;
     int *cores = NULL, n = 0, shared = 0, ok = 1;

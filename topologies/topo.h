@@ -240,11 +240,12 @@ int topo_affinity_read(char *buf, size_t size);
 /* Called by every rank of a training job right after MPI_Init: finds the ranks on this
  * node (mpi_wait_split_node), loads this machine's topology, gives this rank its
  * cores (see topo_local_cores) and binds to them. *blas_threads_out receives the number of
- * cores (0 for "none"): the caller sets OpenBLAS's threads to it. With verbose, every rank
+ * cores (0 for "none"): the caller sets OpenBLAS's threads to it; *local_size_out the
+ * number of ranks on this node (set once they are found). With verbose, every rank
  * prints one line (rank, host, cores, affinity read back) to stdout, in rank order.
  * Collective over comm; a rank that waits timeout_s for the others fails with a message. */
 int topo_bind_rank(MPI_Comm comm, const char *mode, int verbose, double timeout_s,
-                   int *blas_threads_out);
+                   int *blas_threads_out, int *local_size_out);
 
 /* ---- command line ------------------------------------------------------------------- */
 

@@ -472,13 +472,10 @@ static int setup_threads(train_run *run)
     cpu_set_t set;
     long cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
                                                              : sysconf(_SC_NPROCESSORS_ONLN);
-    MPI_Comm node;
-    int local = 1;
-    if (mpi_wait_split_node(comm, run->rank, o->timeout, &node) ||
-        PT_MPI_CALL(MPI_Comm_size(node, &local)) || PT_MPI_CALL(MPI_Comm_free(&node)))
-        train_abort_job(comm);
-    if (train_agree(topo_bind_rank(comm, o->bind, o->verbose, o->timeout, &blas_threads), comm,
-                    o->timeout))
+    int local = 1; /* the ranks on this node, which binding finds */
+    if (train_agree(topo_bind_rank(comm, o->bind, o->verbose, o->timeout, &blas_threads,
+                                   &local),
+                    comm, o->timeout))
         return -1;
     if (!o->threads) {
         if (blas_threads > 0)
