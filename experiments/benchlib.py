@@ -4,7 +4,9 @@ under, running one measurement as a fresh process, and finding pipetrain and PyT
 A fair comparison (see docs/PERFORMANCE.md):
 - the same environment for pipetrain and PyTorch, set before each process starts (OpenBLAS
   and glibc read it when they load). `tuned` unsets OPENBLAS_CORETYPE, which these machines
-  set to Haswell (AVX2 kernels; unset, OpenBLAS picks its AVX-512 ones), and raises glibc's
+  set to Haswell (AVX2 kernels; unset, OpenBLAS picks its AVX-512 ones) and then names the
+  kernels pipetrain itself would choose where OpenBLAS falls back to old ones on a CPU it
+  does not know (kernels/blas_core.c), so that both sides load the same; it raises glibc's
   malloc thresholds, without which PyTorch gives large activations back to the kernel every
   step and spends its time in page faults. `default` is the environment as inherited.
 - every measurement in a fresh process, pipetrain and PyTorch alternating, so slow phases
@@ -26,10 +28,26 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 NOISY = 0.05  # other processes' share of the machine above which a figure is suspect
 
 
+def blas_core_chosen(env):
+    """The OpenBLAS kernels pipetrain chooses in env where OpenBLAS's own choice was an old
+    fallback (`pipetrain devices --json`), else None."""
+    exe = os.path.join(ROOT, 'build', 'pipetrain')
+    try:
+        out = subprocess.run([exe, 'devices', '--json'], env=env, capture_output=True,
+                             text=True, timeout=60).stdout
+        blas = json.loads(out)['blas']
+    except (OSError, ValueError, KeyError, subprocess.SubprocessError):
+        return None
+    return blas['core'] if blas.get('core_detected') else None
+
+
 def environment(kind, **extra):
     env = dict(os.environ)
     if kind == 'tuned':
         env.pop('OPENBLAS_CORETYPE', None)
+        core = blas_core_chosen(env)
+        if core:
+            env['OPENBLAS_CORETYPE'] = core
         env['MALLOC_MMAP_THRESHOLD_'] = '33554432'
         env['MALLOC_TRIM_THRESHOLD_'] = '17179869184'
     env.update(extra)

@@ -32,6 +32,12 @@ typedef enum {
  * train, and every profile of layer times, multiplies on one thread (its workers split the
  * micro-batch instead); OpenBLAS's threads would otherwise spin on the cores they share. */
 int kernel_blas_threads(int n);
+/* The name of the kernels OpenBLAS chose when it loaded ("SkylakeX", "Prescott", ...). */
+const char *kernel_blas_core(void);
+/* The OPENBLAS_CORETYPE that would run faster kernels than the ones chosen, NULL where the
+ * choice stands: only a fallback or pre-AVX2 core on a CPU with AVX2 or AVX-512 is replaced
+ * (kernels/blas_core.c). It takes effect in a new image of the process. */
+const char *kernel_blas_core_upgrade(void);
 
 void kernel_dense_forward_cpu(float *out, const float *in, const float *w, const float *b,
                               int n, int in_f, int out_f);

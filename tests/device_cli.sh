@@ -76,6 +76,7 @@ d = json.loads(open(sys.argv[1]).read())
 gpu = sys.argv[2] == "1" and os.path.exists(sys.argv[3])
 assert d["cpu"]["cores"] >= 1, d["cpu"]
 assert isinstance(d["mpi"]["cuda_aware"], bool), d["mpi"]
+assert d["blas"]["core"] and d["blas"]["core"] != d["blas"]["core_detected"], d["blas"]
 c = d["cuda"]
 if gpu:
     assert c["available"] is True and len(c["devices"]) >= 1, c

@@ -212,6 +212,24 @@ timeout 60 "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 100000 --test-sam
 [ $rc = 2 ] && grep -q "cannot write in $WORK/nodir" "$WORK/err" && ! grep -q "step" "$WORK/out" \
     && pass "--save into a missing directory: exit 2 before training" \
     || { failed "--save into a missing directory: exit $rc"; cat "$WORK/err"; }
+# --- OpenBLAS's kernels: a fallback to pre-AVX2 ones on a CPU with AVX2 is replaced (OpenBLAS
+# 0.3.21 takes an Emerald Rapids Xeon for a Prescott); a user's OPENBLAS_CORETYPE stands ---
+env -u OPENBLAS_CORETYPE -u PIPETRAIN_BLAS_DETECTED "$PIPETRAIN" train --model "$MLP" "${T[@]}" \
+    --steps 1 --test-samples 0 --json >"$WORK/blas.json" || failed "run without OPENBLAS_CORETYPE"
+check "AVX2 or AVX-512 kernels where the CPU has them" "$WORK/blas.json" '
+flags = next(l for l in open("/proc/cpuinfo") if l.startswith("flags")).split()
+old = {"Unknown", "Katmai", "Coppermine", "Northwood", "Prescott", "Banias", "Atom", "Core2",
+       "Penryn", "Dunnington", "Nehalem", "Athlon", "Opteron", "Opteron(SSE3)", "Barcelona",
+       "Nano", "Sandybridge", "Bobcat", "Bulldozer", "Piledriver", "Steamroller"}
+if "avx2" in flags and "fma" in flags:
+    assert r["blas_core"] not in old, r["blas_core"]
+assert (r["blas_core_detected"] is None) == (r["blas_core_detected"] not in old), r'
+env -u PIPETRAIN_BLAS_DETECTED OPENBLAS_CORETYPE=PRESCOTT "$PIPETRAIN" train --model "$MLP" \
+    "${T[@]}" --steps 1 --test-samples 0 --json >"$WORK/blas_user.json" \
+    || failed "run with OPENBLAS_CORETYPE=PRESCOTT"
+check "OPENBLAS_CORETYPE=PRESCOTT stands" "$WORK/blas_user.json" '
+assert r["blas_core"] == "Prescott" and r["blas_core_detected"] is None, r'
+
 # --- issue 23 items 16, 17, 10: the layout line, untimed steps, checks before profiling ---
 layout() { grep -m1 "^layout:" "$WORK/lay.out" || true; }
 "$MPIEXEC" -n 2 "$PIPETRAIN" train --model "$MLP" "${T[@]}" --steps 1 --test-samples 0 \

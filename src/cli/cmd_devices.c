@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "src/runtime/cuda_plugin.h"
 #include "src/base/error.h"
 #include "src/base/io.h"
@@ -105,6 +106,10 @@ static void print_text(const topo_machine *m, const char *topo_err, const cuda_l
                g->pci_bus_id, g->peak_fp32_flops / 1e12, estimate ? " (estimate)" : "");
     }
     printf("MPI: %s; CUDA-aware: %s\n", mpi_lib, aware ? "yes" : "no");
+    const char *detected = getenv("PIPETRAIN_BLAS_DETECTED");
+    printf("BLAS: OpenBLAS, %s kernels", kernel_blas_core());
+    if (detected) printf(" (OpenBLAS chose %s for this CPU; pipetrain chose again)", detected);
+    printf("\n");
 }
 
 /* Builders of the JSON tree: jansson's setters take ownership of the value (and free it
@@ -175,6 +180,11 @@ static int print_json(const topo_machine *m, const char *topo_err, const cuda_li
     put(mpi, "library", topo_json_text(mpi_lib), &ok);
     put(mpi, "cuda_aware", json_boolean(aware), &ok);
     put(o, "mpi", mpi, &ok);
+    json_t *blas = json_object();
+    const char *detected = getenv("PIPETRAIN_BLAS_DETECTED");
+    put(blas, "core", topo_json_text(kernel_blas_core()), &ok);
+    put(blas, "core_detected", detected ? topo_json_text(detected) : json_null(), &ok);
+    put(o, "blas", blas, &ok);
     if (!ok) {
         json_decref(o);
         o = NULL;

@@ -4,11 +4,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "src/base/error.h"
 #include "src/base/io.h"
 #include "src/base/mpi_check.h"
 #include "src/base/options.h"
+#include "kernels/kernels.h"
 #include "src/cli/commands.h"
 
 static void usage(FILE *f)
@@ -76,8 +78,22 @@ static int run_with_mpi(int (*run)(int, char **), int argc, char **argv)
     return rc;
 }
 
+/* OpenBLAS chose its kernels as it loaded. Where it fell back to old ones on a CPU it did not
+ * know (kernels/blas_core.c: 4.5× slower products), the process starts again with the
+ * better ones, once: the variable is set then, and a user's own OPENBLAS_CORETYPE stands.
+ * PIPETRAIN_BLAS_DETECTED keeps OpenBLAS's choice for the report. */
+static void blas_core_restart(char **argv)
+{
+    const char *better = getenv("OPENBLAS_CORETYPE") ? NULL : kernel_blas_core_upgrade();
+    if (!better) return;
+    setenv("PIPETRAIN_BLAS_DETECTED", kernel_blas_core(), 1);
+    setenv("OPENBLAS_CORETYPE", better, 1);
+    execv("/proc/self/exe", argv); /* returns only where it failed: the old kernels, then */
+}
+
 int main(int argc, char **argv)
 {
+    blas_core_restart(argv);
     pt_stdio_whole_lines(); /* mpiexec -prepend-rank: one prefix per line */
     /* MPICH's MPI_Init runs hwloc too, whose GL plugin (libhwloc-plugins) opens X displays
      * :0, :1, ... and may wait seconds for DNS on each; unless the user chose components,

@@ -12,6 +12,7 @@
 
 #include "src/base/clock.h"
 #include "src/base/error.h"
+#include "kernels/kernels.h"
 #include "src/base/mpi_wait.h"
 #include "src/plan/predict.h"
 #include "src/train/train_text.h"
@@ -591,6 +592,11 @@ static json_t *run_json(const train_run *run)
         {"wait", json_string(mpi_wait_mode_name(o->wait))},
         {"device", json_string(cuda ? "cuda" : "cpu")},
         {"precision", json_string(precision_name(o->precision))},
+        /* OpenBLAS's kernels, and what it had chosen where pipetrain chose better (main.c) */
+        {"blas_core", json_text(kernel_blas_core())},
+        {"blas_core_detected", getenv("PIPETRAIN_BLAS_DETECTED")
+                                   ? json_text(getenv("PIPETRAIN_BLAS_DETECTED"))
+                                   : json_null()},
         {"gpu", cuda ? json_integer(run->gpu) : json_null()},
         {"gpu_name", cuda ? json_text(run->gpu_info.name) : json_null()},
         /* the layout */
