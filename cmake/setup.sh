@@ -2,7 +2,7 @@
 # Sourced, not run: defines pt_setup_packages and pt_build.
 
 PT_PACKAGES=(build-essential cmake pkg-config mpich libmpich-dev hwloc libhwloc-dev
-             libopenblas-dev zlib1g-dev libinih-dev libjansson-dev libhwloc-plugins libcriterion-dev dataset-fashion-mnist fortunes-min
+             libopenblas-dev zlib1g-dev libinih-dev libjansson-dev libdnnl-dev libhwloc-plugins libcriterion-dev dataset-fashion-mnist fortunes-min
              python3 python3-matplotlib clang libclang-rt-14-dev
              slurmctld slurmd slurm-client munge)
 

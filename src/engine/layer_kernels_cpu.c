@@ -1,8 +1,14 @@
 /* The CPU's layer_kernels (src/engine/layer_ops.h): kernels/kernels.h's, which cannot fail,
  * behind the device-neutral wrappers the shared layer loop calls. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "src/engine/layer_ops.h"
+
+#include "kernels/bf16.h"
+#include "src/base/error.h"
 
 static int cpu_dense_forward(void *ctx, float *out, const float *in, const float *w,
                              const float *b, int n, int in_f, int out_f)
@@ -241,3 +247,52 @@ const layer_kernels layer_kernels_cpu = {
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
 };
+
+/* ---- the dense products in bf16 ---- */
+
+static int bf16_done(int rc)
+{
+    if (rc) {
+        fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+        exit(1);
+    }
+    return 0;
+}
+static int bf16_dense_forward(void *ctx, float *out, const float *in, const float *w,
+                              const float *b, int n, int in_f, int out_f)
+{
+    return bf16_done(kernel_dense_forward_bf16(out, in, w, b, n, in_f, out_f));
+}
+static int bf16_dense_backward(void *ctx, float *din, float *dw, float *db, const float *dout,
+                               const float *in, const float *w, int n, int in_f, int out_f)
+{
+    return bf16_done(kernel_dense_backward_bf16(din, dw, db, dout, in, w, n, in_f, out_f));
+}
+static int bf16_dense_backward_weight(void *ctx, float *dw, float *db, const float *dout,
+                                      const float *in, int n, int in_f, int out_f)
+{
+    return bf16_done(kernel_dense_backward_weight_bf16(dw, db, dout, in, n, in_f, out_f));
+}
+static int bf16_dense_backward_input(void *ctx, float *din, const float *dout, const float *w,
+                                     int n, int in_f, int out_f)
+{
+    return bf16_done(kernel_dense_backward_input_bf16(din, dout, w, n, in_f, out_f));
+}
+
+static layer_kernels bf16_set;
+static pthread_once_t bf16_once = PTHREAD_ONCE_INIT;
+
+static void bf16_init(void)
+{
+    bf16_set = layer_kernels_cpu;
+    bf16_set.dense_forward = bf16_dense_forward;
+    bf16_set.dense_backward = bf16_dense_backward;
+    bf16_set.dense_backward_weight = bf16_dense_backward_weight;
+    bf16_set.dense_backward_input = bf16_dense_backward_input;
+}
+
+const layer_kernels *layer_kernels_cpu_bf16(void)
+{
+    pthread_once(&bf16_once, bf16_init);
+    return &bf16_set;
+}

@@ -101,6 +101,9 @@ typedef struct {
 } layer_kernels;
 
 extern const layer_kernels layer_kernels_cpu; /* src/engine/layer_kernels_cpu.c */
+/* The CPU set with the dense products in bf16 (kernels/bf16.h; --precision bf16). A product
+ * oneDNN fails (out of memory) ends the process with the reason: the CPU's loop cannot fail. */
+const layer_kernels *layer_kernels_cpu_bf16(void);
 
 /* Where local layer i's data lives for one chunk of n samples (rows already offset to the
  * chunk). Filled by the engine's callback; fields a phase does not use may be left 0. */

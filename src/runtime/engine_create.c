@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/bf16.h"
 #include "src/base/error.h"
 #include "src/cpu/engine_cpu.h"
 #include "src/cpu/stage.h"
@@ -13,9 +14,10 @@ int engine_create(engine **e, engine_device device, const engine_config *cfg)
     *e = NULL;
     if (engine_config_check(cfg)) return -1; /* before the CUDA plugin is loaded */
     /* train refuses these first (train_options.c); this guards every other caller */
-    if (device == ENGINE_CPU && cfg->precision != ENGINE_FP32)
-        return pt_error_set("the CPU engine multiplies in fp32 only (precision %d asked)",
-                            (int)cfg->precision);
+    if (device == ENGINE_CPU && cfg->precision == ENGINE_TF32)
+        return pt_error_set("the CPU engine has no tf32 products (fp32 or bf16)");
+    if (device == ENGINE_CPU && cfg->precision == ENGINE_BF16 && !kernel_bf16_available())
+        return -1;
     if (device == ENGINE_CPU) return engine_cpu_create(e, cfg);
     const cuda_plugin *p;
     if (cuda_plugin_load(&p)) return -1;

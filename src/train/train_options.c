@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "kernels/bf16.h"
 #include "schedule/schedule.h"
 #include "src/base/error.h"
 #include "src/base/mpi_wait.h"
@@ -182,7 +183,8 @@ static const opt_spec train_opts[] = {
              "10-bit mantissa, float32 sums); bf16: operands rounded to bfloat16, float32 "
              "accumulation (as torch.autocast). Weights, gradients, optimizer state, norms, "
              "softmax, loss, pipeline messages, reductions and checkpoints stay float32. "
-             "--device cpu: fp32 only"},
+             "--device cpu: fp32, or bf16 where the CPU has AVX512_BF16 (the dense layers' "
+             "and blocks' products, through oneDNN; convolutions and attention stay fp32)"},
     {.id = O_TIMEOUT, .name = "timeout", .kind = OPT_REAL, .arg = "S", .min = 0.001,
      .max = 1e9, .def = "300", .help = "give up when a rank waits longer than S seconds"},
     {.section = "output"},
@@ -469,17 +471,20 @@ static int check_zero(const train_options *o, const opt_parser *p)
     return 0;
 }
 
-/* --precision tf32|bf16: the CUDA engine's. The CPU engine multiplies through OpenBLAS's
- * sgemm: Debian's OpenBLAS has no bf16 GEMM (sbgemm), and the development machine's CPU
- * (Zen 3) has no AVX512_BF16 nor any TF32 unit, so a reduced precision would only be
- * emulated there (the mock CUDA plugin's tests do that, tests/cuda/mock_cuda.c). */
+/* --precision tf32|bf16 on the CPU: bf16 products through oneDNN where the CPU has
+ * AVX512_BF16 (kernels/bf16.h); no CPU has a TF32 unit. The step's batched weight gradients
+ * (--wgrad batched) multiply through OpenBLAS in fp32 only. */
 static int check_precision(const train_options *o, const opt_parser *p)
 {
     if (o->precision == ENGINE_FP32 || o->device == ENGINE_CUDA) return 0;
-    return opt_error(p, "--precision %s is for --device cuda: the CPU engine multiplies in "
-                     "fp32 only, through OpenBLAS's sgemm (Debian's OpenBLAS has no bf16 "
-                     "GEMM, and a CPU without AVX512_BF16 would only emulate one)",
-                     o->precision == ENGINE_TF32 ? "tf32" : "bf16");
+    if (o->precision == ENGINE_TF32)
+        return opt_error(p, "--precision tf32 is for --device cuda: a CPU has no TF32 unit "
+                         "(--precision fp32 or bf16)");
+    if (o->wgrad_batched)
+        return opt_error(p, "--wgrad batched multiplies in fp32 only on the CPU: not with "
+                         "--precision bf16");
+    if (!kernel_bf16_available()) return opt_error(p, "%s", pt_error_get());
+    return 0;
 }
 
 static int check_schedule(train_options *o, const opt_parser *p);

@@ -96,7 +96,8 @@ void train_report_banner(const train_run *run)
                run->gpu_info.name, run->device_messages ? "device-memory" : "host-staged",
                precision_name(o->precision));
     else
-        printf("%d thread%s per rank", o->threads, o->threads > 1 ? "s" : "");
+        printf("%d thread%s per rank%s", o->threads, o->threads > 1 ? "s" : "",
+               o->precision == ENGINE_BF16 ? ", bf16 products" : "");
     printf("; %s lr %g", optimizer_name(o->opt.kind), (double)o->opt.lr);
     if (o->lr_sched.kind != LR_CONSTANT || o->lr_sched.warmup)
         printf(" (%s, warm-up %ld, min %g)", lr_schedule_name(o->lr_sched.kind),

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# bf16 products on the CPU (train --precision bf16 --device cpu; kernels/bf16.h): the dense
+# layers' and blocks' products with operands rounded to bfloat16 and float32 sums, through
+# oneDNN. gpt-nano for 6 steps of SGD: within 2e-2 of fp32 but not its bits (the products
+# rounded: the comparison can fail); with the same micro-batches 2 stages (1f1b, zb-h1),
+# 2 replicas (--reduce ordered) and 2 threads are bit-identical to one process in bf16, as
+# in fp32; a seed MLP learns in bf16 as in fp32 (losses within
+# 2%); after 4 SGD steps bf16 is within the tolerance of torch's bf16-operand products
+# (tests/golden/gpt_autocast.json's "operands" run) and fp32 is not. Refused with exit 2 and the reason (every rank ends): tf32 on the CPU (no such unit),
+# bf16 with --wgrad batched (fp32 products only). Skipped (77) where the CPU has no
+# AVX512_BF16.
+source "$(dirname "$0")/lib/common.bash"
+export OPENBLAS_NUM_THREADS=1
+NANO=$MODELS/gpt-nano.cfg
+if ! "$PIPETRAIN" train --model "$NANO" --data text --batch 4 --steps 1 --threads 1 \
+        --precision bf16 >"$WORK/probe.out" 2>&1; then
+    grep -q "AVX512_BF16" "$WORK/probe.out" && { cat "$WORK/probe.out"; exit 77; }
+    failed "--precision bf16 on the CPU: $(tail -n 2 "$WORK/probe.out")"
+    finish
+fi
+COMMON=(--data text --batch 16 --seed 5 --optimizer sgd --lr 0.5 --steps 6 --eval-windows 1)
+
+# run NAME RANKS ARGS...: $WORK/NAME.st (parameters), .out, .err
+run() {
+    local name=$1 n=$2
+    shift 2
+    local cmd=("$PIPETRAIN" train --model "$NANO" "${COMMON[@]}" --save "$WORK/$name.st" "$@")
+    [ "$n" -gt 1 ] && cmd=("$MPIEXEC" -n "$n" "${cmd[@]}")
+    if ! timeout 120 "${cmd[@]}" >"$WORK/$name.out" 2>"$WORK/$name.err"; then
+        failed "$name: exit non-zero: $(tail -n 3 "$WORK/$name.err")"
+        return 1
+    fi
+}
+# same WHAT A B [RTOL]: A's parameters bit-identical to B's (or within RTOL)
+same() {
+    local what=$1 a=$2 b=$3 rtol=${4:-}
+    local args=("$WORK/$a.st" "$WORK/$b.st")
+    [ -n "$rtol" ] && args+=(--rtol "$rtol")
+    if "$PIPETRAIN" diff "${args[@]}" >"$WORK/diff" 2>&1; then
+        pass "$what ($(tail -n 1 "$WORK/diff" | grep -o 'difference [^ ]*' || true))"
+    else
+        failed "$what"; tail -n 1 "$WORK/diff"
+    fi
+}
+
+run fp32 1 --microbatches 2 --threads 1
+run bf16 1 --microbatches 2 --threads 1 --precision bf16
+same "bf16 within 2e-2 of fp32" bf16 fp32 2e-2
+if "$PIPETRAIN" diff "$WORK/bf16.st" "$WORK/fp32.st" >/dev/null 2>&1; then
+    failed "bf16 is fp32 bit for bit: nothing was rounded"
+else
+    pass "bf16 rounds otherwise than fp32 (the products in bf16)"
+fi
+run bf16-t2 1 --microbatches 2 --threads 2 --precision bf16 &&
+    same "2 threads: the bits of one" bf16-t2 bf16
+for s in 1f1b zb-h1; do
+    run "bf16-$s" 2 --microbatches 2 --threads 1 --precision bf16 --stages 2 --schedule "$s" &&
+        same "2 stages, $s: the bits of one process" "bf16-$s" bf16
+done
+run bf16-r2 2 --microbatches 1 --threads 1 --precision bf16 --replicas 2 --reduce ordered &&
+    same "2 replicas, ordered: the bits of one process" bf16-r2 bf16
+
+# a seed MLP learns the same in bf16
+for pr in fp32 bf16; do
+    "$PIPETRAIN" train --model "$MODELS/seed-mlp.cfg" --train-samples 2048 --test-samples 0 \
+        --batch 64 --steps 32 --threads 1 --seed 2 --precision "$pr" --json \
+        >"$WORK/mlp-$pr.json" 2>"$WORK/mlp-$pr.err" || failed "seed-mlp $pr: $(tail -n 2 "$WORK/mlp-$pr.err")"
+done
+if python3 - "$WORK/mlp-fp32.json" "$WORK/mlp-bf16.json" <<'PY'
+import json, sys
+a, b = (json.loads(open(f).read().splitlines()[-1]) for f in sys.argv[1:])
+assert b["precision"] == "bf16" and a["precision"] == "fp32", (a["precision"], b["precision"])
+assert abs(a["train_loss"] - b["train_loss"]) <= 0.02 * a["train_loss"], (a["train_loss"], b["train_loss"])
+assert a["train_loss"] != b["train_loss"]
+PY
+then pass "seed-mlp: bf16's loss within 2% of fp32's"; else failed "seed-mlp: bf16's loss"; fi
+
+# against PyTorch: the golden runs of tests/gpt_autocast.sh (torch 1.13 from pipetrain's
+# initial parameters), 4 SGD steps; bf16 within the "operands" reference (torch with every
+# linear's operands rounded to bf16 and float32 sums) at its tolerance, fp32 beyond it
+G=$PT_SOURCE_DIR/tests/golden
+read -r model seed batch steps optimizer lr < <(python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(d["model"], d["seed"], d["batch"], d["steps"], d["optimizer"], d["lr"])' "$G/gpt_autocast.json")
+for pr in bf16 fp32; do
+    "$PIPETRAIN" train --model "$PT_SOURCE_DIR/$model" --text "$G/corpus.txt" --seed "$seed" \
+        --batch "$batch" --steps "$steps" --optimizer "$optimizer" --lr "$lr" --threads 1 \
+        --eval-windows 1 --metrics "$WORK/torch-$pr.jsonl" --log-every 1 \
+        --save "$WORK/torch-$pr.st" --precision "$pr" >"$WORK/torch-$pr.log" 2>&1 ||
+        failed "the golden's run in $pr: $(tail -n 2 "$WORK/torch-$pr.log")"
+done
+mode() { [ "$1" = bf16 ] && echo --within || echo --beyond; }
+for pr in bf16 fp32; do
+    if python3 "$PT_SOURCE_DIR/tests/lib/autocast_check.py" "$G/gpt_autocast.json" operands \
+        "$WORK/torch-$pr.st" "$WORK/torch-$pr.jsonl" "$(mode $pr)" >"$WORK/check.out" 2>&1; then
+        pass "$pr against torch's bf16-operand products ($(mode $pr)): $(cat "$WORK/check.out")"
+    else
+        failed "$pr against torch's bf16-operand products ($(mode $pr)): $(cat "$WORK/check.out")"
+    fi
+done
+
+# refused: every rank ends with 2 (option errors are said once)
+refused() {
+    local what=$1 want=$2
+    shift 2
+    local rc=0
+    "$MPIEXEC" -n 2 "$PIPETRAIN" train --model "$NANO" --data text --batch 8 --steps 1 \
+        --stages 2 "$@" >"$WORK/bad.out" 2>"$WORK/bad.err" || rc=$?
+    if [ "$rc" -eq 2 ] && grep -q -- "$want" "$WORK/bad.err"; then
+        pass "$what: exit 2 with the reason"
+    else
+        failed "$what: exit $rc"; cat "$WORK/bad.err"
+    fi
+}
+refused "tf32 on the CPU" "a CPU has no TF32 unit" --precision tf32
+refused "bf16 with --wgrad batched" "fp32 only on the CPU" --precision bf16 --wgrad batched
+finish
