@@ -43,12 +43,13 @@ static void fill_random(void *buf, size_t n, uint64_t stream)
 #define PROFILE_LONG_S 1.0
 
 static int profile_layer(const net_desc *net, int l, int batch, int warmup, int repeats,
-                         engine_device device, int gpu, const dataset *fake,
-                         const int64_t *ids, double *tf, double *tb, int *measured)
+                         engine_device device, int gpu, engine_precision precision,
+                         const dataset *fake, const int64_t *ids, double *tf, double *tb,
+                         int *measured)
 {
     engine_config cfg = {.net = net, .first = l, .last = l + 1, .buffers = 2,
                          .max_batch = batch, .n_slots = 1, .batch = batch, .threads = 1,
-                         .device = gpu, .max_ticks = 2};
+                         .device = gpu, .max_ticks = 2, .precision = precision};
     engine *g;
     if (engine_create(&g, device, &cfg)) return -1;
     /* a language model's layers are timed on zero parameters: drawing GPT-2's normals for
@@ -86,11 +87,13 @@ static int profile_layer(const net_desc *net, int l, int batch, int warmup, int 
 /* One layer alone as a split-backward stage (CPU, one thread, as profile_layer): random
  * input and output gradient; times of stage_backward_input and stage_backward_weight. */
 static int profile_split(const net_desc *net, int l, int batch, int warmup, int repeats,
-                         const int64_t *ids, double *ti, double *tw, int *measured)
+                         engine_precision precision, const int64_t *ids, double *ti,
+                         double *tw, int *measured)
 {
     *measured = 0;
     stage st;
     if (stage_init(&st, net, l, l + 1, batch, 1, 1)) return -1;
+    if (precision == ENGINE_BF16) st.kernels = layer_kernels_cpu_bf16();
     size_t in = stage_in_count(&st), out = stage_out_count(&st);
     float *x = malloc((size_t)batch * in * sizeof *x);
     float *dy = malloc((size_t)batch * out * sizeof *dy);
@@ -186,13 +189,15 @@ int partition_profile_measure_with(partition_profile *prof, const net_desc *net,
             }
             continue;
         }
-        if (profile_layer(net, l, batch, warmup, repeats, (engine_device)device, gpu, &fake, ids,
-                          tf, tb, &measured))
+        if (profile_layer(net, l, batch, warmup, repeats, (engine_device)device, gpu,
+                          opt->precision, &fake, ids, tf, tb, &measured))
             goto fail_blas;
         prof->fwd_s[l] = median(tf, measured) / batch;
         prof->bwd_s[l] = median(tb, measured) / batch;
         if (!split) continue;
-        if (profile_split(net, l, batch, warmup, repeats, ids, tf, tb, &measured)) goto fail_blas;
+        if (profile_split(net, l, batch, warmup, repeats, opt->precision, ids, tf, tb,
+                          &measured))
+            goto fail_blas;
         prof->bwd_input_s[l] = median(tf, measured) / batch;
         prof->bwd_weight_s[l] = median(tb, measured) / batch;
     }

@@ -4,6 +4,7 @@
 #define PT_PROFILE_H
 
 #include "partition/partition.h"
+#include "src/engine/engine.h"
 
 typedef struct {
     int batch;           /* samples per run */
@@ -11,6 +12,7 @@ typedef struct {
     int device, gpu;     /* src/engine/engine.h: ENGINE_CPU, or ENGINE_CUDA on GPU `gpu` */
     int split;           /* also the split backward (bwd_input_s, bwd_weight_s): CPU only,
                           * ignored elsewhere (they stay NULL) */
+    engine_precision precision; /* the products' (--precision; 0: fp32) */
 } profile_options;
 
 /* Measures each layer of `net`, in seconds per sample. −1 with a message. */

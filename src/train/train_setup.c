@@ -136,7 +136,7 @@ static int share_profile(const train_options *o, const net_desc *net, partition_
     if (rank == 0) {
         int mb = o->batch / o->microbatches;
         profile_options po = {.batch = mb, .warmup = 2, .repeats = 5, .device = o->device,
-                              .gpu = gpu, .split = split};
+                              .gpu = gpu, .split = split, .precision = o->precision};
         if (partition_profile_measure_with(prof, net, &po)) {
             ok = 0;
         } else {
