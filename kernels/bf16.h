@@ -1,10 +1,10 @@
 /* bf16 matrix products on the CPU (--precision bf16 with --device cpu): the dense layers'
- * products (forward and both backward halves, and so a transformer block's four) with their
- * operands rounded to bfloat16 and their sums in float32, as torch.autocast and the CUDA
- * engine's bf16 do. Debian's OpenBLAS has no bf16 GEMM; oneDNN's matmul runs them on AMX
- * tiles or AVX512_BF16 dot products (docs/PERFORMANCE.md, "bf16 on the CPU"). Everything
- * else (weights, gradients, optimizer state, biases, norms, attention, convolutions, the loss,
- * messages, checkpoints) stays float32.
+ * products (forward and both backward halves, and so a transformer block's four) and a
+ * convolution's three (kernel_conv2d_dims.bf16) with their operands rounded to bfloat16 and
+ * their sums in float32, as the CUDA engine's bf16 does. Debian's OpenBLAS has no bf16 GEMM;
+ * oneDNN's matmul runs them on AMX tiles or AVX512_BF16 dot products (docs/PERFORMANCE.md,
+ * "bf16 products on the CPU"). Everything else (weights, gradients, optimizer state, biases,
+ * norms, attention, the loss, messages, checkpoints) stays float32.
  *
  * Rounding: to nearest even, with denormal inputs flushed to zero, as VCVTNEPS2BF16 does.
  * The results are the same bits for the same shapes and values on one machine (oneDNN picks
@@ -17,6 +17,10 @@
  * saying why. */
 int kernel_bf16_available(void);
 
+/* C[m, n] = bf16(A) · bf16(B) (+ bias row, + C where acc), A stored transposed (k rows of
+ * m) where ta and B (n rows of k) where tb, all contiguous (the convolutions' products). */
+int kernel_gemm_bf16(int ta, int tb, int m, int n, int k, const float *A, const float *B,
+                     float *C, const float *bias, int acc);
 /* out[n, out_f] = bf16(in) · bf16(w)^T + b (b may be NULL). */
 int kernel_dense_forward_bf16(float *out, const float *in, const float *w, const float *b,
                               int n, int in_f, int out_f);

@@ -23,6 +23,8 @@
  * once dw has been formed, and the repacked input's space receives the padded din. */
 #include "kernels/kernels.h"
 
+#include "kernels/bf16.h"
+
 #include <cblas.h>
 #include <string.h>
 
@@ -332,8 +334,19 @@ static void conv_col2im_bm(float *dxp, const float *col, const kernel_conv2d_dim
 
 /* ---------------- the kernels ---------------- */
 
-void kernel_conv2d_forward_cpu(float *out, float *work, const float *in, const float *w,
-                               const float *b, const kernel_conv2d_dims *d)
+/* C[m, n] = A · B (+ C where acc), A stored transposed (k rows of m) where ta and B (n rows
+ * of k) where tb, all contiguous: sgemm in fp32, or bf16 operands (kernels/bf16.h). */
+static int conv_gemm(const kernel_conv2d_dims *d, int ta, int tb, int m, int n, int k,
+                     const float *A, const float *B, float *C, int acc)
+{
+    if (d->bf16) return kernel_gemm_bf16(ta, tb, m, n, k, A, B, C, NULL, acc);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                m, n, k, 1.0f, A, ta ? m : k, B, tb ? k : n, acc ? 1.0f : 0.0f, C, n);
+    return 0;
+}
+
+int kernel_conv2d_forward_cpu(float *out, float *work, const float *in, const float *w,
+                              const float *b, const kernel_conv2d_dims *d)
 {
     conv_geom g;
     conv_geom_init(&g, d);
@@ -348,8 +361,7 @@ void kernel_conv2d_forward_cpu(float *out, float *work, const float *in, const f
     } else {
         conv_im2col(col, in, d, &g);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, d->filters, (int)g.cols, g.kk,
-                1.0f, w, g.kk, col, (int)g.cols, 0.0f, y, (int)g.cols);
+    if (conv_gemm(d, 0, 0, d->filters, (int)g.cols, g.kk, w, col, y, 0)) return -1;
     /* y[f][columns] → out[n][f][pixel], adding the bias on the way. */
     for (int f = 0; f < d->filters; f++) {
         const float bias = b ? b[f] : 0.0f;
@@ -366,13 +378,14 @@ void kernel_conv2d_forward_cpu(float *out, float *work, const float *in, const f
                 dst[i] = src[i] + bias;
         }
     }
+    return 0;
 }
 
 /* The backward's two halves share the dout → dy transpose; each computes exactly what the
  * fused call does for its outputs, so B and W apart give the fused call's bits. */
 enum { CONV_WEIGHT = 1, CONV_INPUT = 2 };
 
-static void conv_backward(float *din, float *dw, float *db, float *work, const float *dout,
+static int conv_backward(float *din, float *dw, float *db, float *work, const float *dout,
                           const float *in, const float *w, const kernel_conv2d_dims *d,
                           int parts)
 {
@@ -405,36 +418,35 @@ static void conv_backward(float *din, float *dw, float *db, float *work, const f
         } else {
             conv_im2col(col, in, d, &g);
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d->filters, g.kk, (int)g.cols,
-                    1.0f, dy, (int)g.cols, col, (int)g.cols, 1.0f, dw, g.kk);
+        if (conv_gemm(d, 0, 1, d->filters, g.kk, (int)g.cols, dy, col, dw, 1)) return -1;
     }
     if (!din || !(parts & CONV_INPUT))
-        return;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g.kk, (int)g.cols, d->filters, 1.0f,
-                w, g.kk, dy, (int)g.cols, 0.0f, col, (int)g.cols);
+        return 0;
+    if (conv_gemm(d, 1, 0, g.kk, (int)g.cols, d->filters, w, dy, col, 0)) return -1;
     if (g.batch_minor) {
         conv_col2im_bm(xp, col, d, &g);
         conv_unpack_input(din, xp, d, &g);
     } else {
         conv_col2im(din, col, d, &g);
     }
+    return 0;
 }
 
-void kernel_conv2d_backward_cpu(float *din, float *dw, float *db, float *work,
-                                const float *dout, const float *in, const float *w,
-                                const kernel_conv2d_dims *d)
+int kernel_conv2d_backward_cpu(float *din, float *dw, float *db, float *work,
+                               const float *dout, const float *in, const float *w,
+                               const kernel_conv2d_dims *d)
 {
-    conv_backward(din, dw, db, work, dout, in, w, d, CONV_WEIGHT | CONV_INPUT);
+    return conv_backward(din, dw, db, work, dout, in, w, d, CONV_WEIGHT | CONV_INPUT);
 }
 
-void kernel_conv2d_backward_weight_cpu(float *dw, float *db, float *work, const float *dout,
-                                       const float *in, const kernel_conv2d_dims *d)
+int kernel_conv2d_backward_weight_cpu(float *dw, float *db, float *work, const float *dout,
+                                      const float *in, const kernel_conv2d_dims *d)
 {
-    conv_backward(NULL, dw, db, work, dout, in, NULL, d, CONV_WEIGHT);
+    return conv_backward(NULL, dw, db, work, dout, in, NULL, d, CONV_WEIGHT);
 }
 
-void kernel_conv2d_backward_input_cpu(float *din, float *work, const float *dout,
-                                      const float *w, const kernel_conv2d_dims *d)
+int kernel_conv2d_backward_input_cpu(float *din, float *work, const float *dout,
+                                     const float *w, const kernel_conv2d_dims *d)
 {
-    conv_backward(din, NULL, NULL, work, dout, NULL, w, d, CONV_INPUT);
+    return conv_backward(din, NULL, NULL, work, dout, NULL, w, d, CONV_INPUT);
 }

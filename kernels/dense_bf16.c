@@ -225,15 +225,20 @@ static int matmul(thread_state *t, product key, const uint16_t *a, const uint16_
     return 0;
 }
 
+int kernel_gemm_bf16(int ta, int tb, int m, int n, int k, const float *A, const float *B,
+                     float *C, const float *bias, int acc)
+{
+    thread_state *t = state();
+    const uint16_t *a = t ? rounded(t, 0, A, (size_t)m * k) : NULL,
+                   *b = a ? rounded(t, 1, B, (size_t)k * n) : NULL;
+    product key = {.ta = ta, .tb = tb, .m = m, .n = n, .k = k, .acc = acc};
+    return b ? matmul(t, key, a, b, C, bias) : -1;
+}
+
 int kernel_dense_forward_bf16(float *out, const float *in, const float *w, const float *b,
                               int n, int in_f, int out_f)
 {
-    thread_state *t = state();
-    if (!t) return -1;
-    const uint16_t *x = rounded(t, 0, in, (size_t)n * in_f),
-                   *wr = x ? rounded(t, 1, w, (size_t)out_f * in_f) : NULL;
-    product key = {.ta = 0, .tb = 1, .m = n, .n = out_f, .k = in_f};
-    return wr ? matmul(t, key, x, wr, out, b) : -1;
+    return kernel_gemm_bf16(0, 1, n, out_f, in_f, in, w, out, b, 0);
 }
 
 /* dw += bf16(dout)^T · bf16(in) from dout already rounded in buffer 0. */

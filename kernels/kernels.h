@@ -62,6 +62,7 @@ typedef struct {
     int n, c, h, w;          /* input batch, channels, height, width */
     int filters, size;       /* output channels, kernel size */
     int stride, pad;         /* zero padding on every side */
+    int bf16;                /* the products in bf16 (kernels/bf16.h), else fp32 (sgemm) */
 } kernel_conv2d_dims;
 
 /* Output height/width: (h + 2·pad − size) / stride + 1. */
@@ -69,16 +70,17 @@ int kernel_conv2d_out_h(const kernel_conv2d_dims *d);
 int kernel_conv2d_out_w(const kernel_conv2d_dims *d);
 /* Floats of scratch the forward and backward calls need for these dims. */
 size_t kernel_conv2d_workspace_floats(const kernel_conv2d_dims *d);
-void kernel_conv2d_forward_cpu(float *out, float *work, const float *in, const float *w,
-                               const float *b, const kernel_conv2d_dims *d);
-void kernel_conv2d_backward_cpu(float *din, float *dw, float *db, float *work,
+/* The four return 0, or −1 with pt_error where a bf16 product failed (d->bf16). */
+int kernel_conv2d_forward_cpu(float *out, float *work, const float *in, const float *w,
+                              const float *b, const kernel_conv2d_dims *d);
+int kernel_conv2d_backward_cpu(float *din, float *dw, float *db, float *work,
                                 const float *dout, const float *in, const float *w,
                                 const kernel_conv2d_dims *d);
 /* Its two halves, each bit for bit what the call above computes for its outputs (the
  * weight half rebuilds im2col, as the fused call does). */
-void kernel_conv2d_backward_weight_cpu(float *dw, float *db, float *work, const float *dout,
+int kernel_conv2d_backward_weight_cpu(float *dw, float *db, float *work, const float *dout,
                                        const float *in, const kernel_conv2d_dims *d);
-void kernel_conv2d_backward_input_cpu(float *din, float *work, const float *dout,
+int kernel_conv2d_backward_input_cpu(float *din, float *work, const float *dout,
                                       const float *w, const kernel_conv2d_dims *d);
 
 /* ---- pooling, no padding, output (h − size) / stride + 1 (floor), as torch ---- */

@@ -4,7 +4,7 @@
 # oneDNN. gpt-nano for 6 steps of SGD: within 2e-2 of fp32 but not its bits (the products
 # rounded: the comparison can fail); with the same micro-batches 2 stages (1f1b, zb-h1),
 # 2 replicas (--reduce ordered) and 2 threads are bit-identical to one process in bf16, as
-# in fp32; a seed MLP learns in bf16 as in fp32 (losses within
+# in fp32; seed-cnn (its convolutions' products in bf16 as well) likewise as 2 stages; a seed MLP learns in bf16 as in fp32 (losses within
 # 2%); after 4 SGD steps bf16 is within the tolerance of torch's bf16-operand products
 # (tests/golden/gpt_autocast.json's "operands" run) and fp32 is not. Refused with exit 2 and the reason (every rank ends): tf32 on the CPU (no such unit),
 # bf16 with --wgrad batched (fp32 products only). Skipped (77) where the CPU has no
@@ -59,6 +59,20 @@ for s in 1f1b zb-h1; do
 done
 run bf16-r2 2 --microbatches 1 --threads 1 --precision bf16 --replicas 2 --reduce ordered &&
     same "2 replicas, ordered: the bits of one process" bf16-r2 bf16
+
+# seed-cnn: its convolutions' products in bf16 too; 2 stages give one process's bits
+CNN=(--model "$MODELS/seed-cnn.cfg" --train-samples 256 --test-samples 0 --batch 32 --steps 4
+     --threads 1 --seed 4 --microbatches 2 --optimizer sgd --lr 0.1)
+for v in "fp32 1" "bf16 1" "bf16 2"; do
+    read -r pr n <<<"$v"
+    cmd=("$PIPETRAIN" train "${CNN[@]}" --precision "$pr" --stages "$n" --save "$WORK/cnn-$pr-$n.st")
+    [ "$n" -gt 1 ] && cmd=("$MPIEXEC" -n "$n" "${cmd[@]}")
+    timeout 120 "${cmd[@]}" >"$WORK/cnn.out" 2>&1 || failed "seed-cnn $pr on $n: $(tail -n 2 "$WORK/cnn.out")"
+done
+same "seed-cnn bf16 within 2e-2 of fp32" cnn-bf16-1 cnn-fp32-1 2e-2
+"$PIPETRAIN" diff "$WORK/cnn-bf16-1.st" "$WORK/cnn-fp32-1.st" >/dev/null 2>&1 &&
+    failed "seed-cnn: bf16 is fp32 bit for bit" || pass "seed-cnn: bf16 rounds otherwise than fp32"
+same "seed-cnn bf16, 2 stages: the bits of one process" cnn-bf16-2 cnn-bf16-1
 
 # a seed MLP learns the same in bf16
 for pr in fp32 bf16; do

@@ -3,7 +3,8 @@
  * bound (k + 2)·2⁻²⁴·Σ|a·b| (+ 2⁻²⁴ of a bias or an accumulated old value), on shapes that
  * are not multiples of any tile; the same check against unrounded operands fails (the
  * operands are rounded); both backward halves at once give the bits of each alone; every
- * call and every thread gives the same bits. Skipped where the CPU has no AVX512_BF16. */
+ * call and every thread gives the same bits. Convolutions in bf16 against fp32 ones of the
+ * rounded operands and of the unrounded ones. Skipped where the CPU has no AVX512_BF16. */
 #include "kernels/bf16.h"
 #include "tests/check.h"
 #include "tests/kernels_fd.h"
@@ -167,4 +168,74 @@ Test(kernels_bf16, same_bits_every_call_and_thread)
     cr_assert(!memcmp(c[1].out, c[0].out, no * 4), "a second call");
     for (int i = 0; i < 3; i++) free(c[i].out);
     free(in), free(w);
+}
+
+/* ---- convolutions (kernel_conv2d_dims.bf16): their three products in bf16 ---- */
+
+static void round_all(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n, double *scale)
+{
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        s = fmax(s, fabs((double)b[i]));
+    }
+    *scale = s;
+    return d;
+}
+
+/* got (bf16) against fp32 of the rounded operands: within float32's summation differences
+ * (1e-5 of the largest element; measured at most 3.8e-7 on the shapes below); against fp32
+ * of the unrounded operands: beyond them (1e-4; measured at least 1.6e-3). */
+static void conv_pair(const char *what, const float *got, const float *rounded_ref,
+                      const float *plain_ref, size_t n)
+{
+    double scale, near = max_abs_diff(got, rounded_ref, n, &scale);
+    cr_assert(near <= 1e-5 * scale, "%s: %.3g of max|ref| from fp32 of rounded operands", what,
+              near / scale);
+    double far = max_abs_diff(got, plain_ref, n, &scale);
+    cr_assert(far > 1e-4 * scale, "%s: only %.3g of max|ref| from unrounded fp32: not bf16",
+              what, far / scale);
+}
+
+static void conv_check(kernel_conv2d_dims d, uint64_t seed)
+{
+    const size_t ni = (size_t)d.n * d.c * d.h * d.w, nw = (size_t)d.filters * d.c * d.size * d.size;
+    const size_t no = (size_t)d.n * d.filters * kernel_conv2d_out_h(&d) * kernel_conv2d_out_w(&d);
+    float *work = malloc(kernel_conv2d_workspace_floats(&d) * sizeof(float));
+    float *in = rand_array(ni, 1, seed), *w = rand_array(nw, 0.5f, seed + 1),
+          *dout = rand_array(no, 1, seed + 2), *b = rand_array(d.filters, 1, seed + 3);
+    float *in_r = malloc(ni * 4), *w_r = malloc(nw * 4), *dout_r = malloc(no * 4);
+    memcpy(in_r, in, ni * 4), memcpy(w_r, w, nw * 4), memcpy(dout_r, dout, no * 4);
+    round_all(in_r, ni), round_all(w_r, nw), round_all(dout_r, no);
+    float *out[3], *dw[3], *din[3], *db[3];
+    for (int v = 0; v < 3; v++) { /* 0: bf16, 1: fp32 of rounded operands, 2: fp32 */
+        out[v] = malloc(no * 4), din[v] = malloc(ni * 4);
+        dw[v] = calloc(nw, 4), db[v] = calloc(d.filters, 4);
+        kernel_conv2d_dims e = d;
+        e.bf16 = v == 0;
+        const float *x = v == 1 ? in_r : in, *k = v == 1 ? w_r : w, *g = v == 1 ? dout_r : dout;
+        cr_assert(!kernel_conv2d_forward_cpu(out[v], work, x, k, b, &e));
+        cr_assert(!kernel_conv2d_backward_cpu(din[v], dw[v], db[v], work, g, x, k, &e));
+    }
+    conv_pair("conv forward", out[0], out[1], out[2], no);
+    conv_pair("conv weight half", dw[0], dw[1], dw[2], nw);
+    conv_pair("conv input half", din[0], din[1], din[2], ni);
+    /* the bias gradient sums the unrounded dout in float32 */
+    cr_assert(!memcmp(db[0], db[2], d.filters * 4), "the bias gradient differs from fp32's");
+    for (int v = 0; v < 3; v++) free(out[v]), free(din[v]), free(dw[v]), free(db[v]);
+    free(work), free(in), free(w), free(dout), free(b), free(in_r), free(w_r), free(dout_r);
+}
+
+Test(kernels_bf16, convolutions_round_their_products)
+{
+    need_bf16();
+    conv_check((kernel_conv2d_dims){.n = 16, .c = 32, .h = 13, .w = 13, .filters = 128,
+                                    .size = 3, .stride = 1}, 31);
+    conv_check((kernel_conv2d_dims){.n = 3, .c = 3, .h = 11, .w = 9, .filters = 5, .size = 3,
+                                    .stride = 2, .pad = 1}, 41);
 }

@@ -248,7 +248,7 @@ const layer_kernels layer_kernels_cpu = {
     .attention_backward = cpu_attention_backward,
 };
 
-/* ---- the dense products in bf16 ---- */
+/* ---- the dense and convolutions' products in bf16 ---- */
 
 static int bf16_done(int rc)
 {
@@ -279,6 +279,40 @@ static int bf16_dense_backward_input(void *ctx, float *din, const float *dout, c
     return bf16_done(kernel_dense_backward_input_bf16(din, dout, w, n, in_f, out_f));
 }
 
+/* a convolution's three products in bf16, its im2col and sums as in fp32 */
+static kernel_conv2d_dims bf16_dims(const kernel_conv2d_dims *d)
+{
+    kernel_conv2d_dims b = *d;
+    b.bf16 = 1;
+    return b;
+}
+static int bf16_conv_forward(void *ctx, float *out, float *work, const float *in,
+                             const float *w, const float *b, const kernel_conv2d_dims *d)
+{
+    kernel_conv2d_dims e = bf16_dims(d);
+    return bf16_done(kernel_conv2d_forward_cpu(out, work, in, w, b, &e));
+}
+static int bf16_conv_backward(void *ctx, float *din, float *dw, float *db, float *work,
+                              const float *dout, const float *in, const float *w,
+                              const kernel_conv2d_dims *d)
+{
+    kernel_conv2d_dims e = bf16_dims(d);
+    return bf16_done(kernel_conv2d_backward_cpu(din, dw, db, work, dout, in, w, &e));
+}
+static int bf16_conv_backward_weight(void *ctx, float *dw, float *db, float *work,
+                                     const float *dout, const float *in,
+                                     const kernel_conv2d_dims *d)
+{
+    kernel_conv2d_dims e = bf16_dims(d);
+    return bf16_done(kernel_conv2d_backward_weight_cpu(dw, db, work, dout, in, &e));
+}
+static int bf16_conv_backward_input(void *ctx, float *din, float *work, const float *dout,
+                                    const float *w, const kernel_conv2d_dims *d)
+{
+    kernel_conv2d_dims e = bf16_dims(d);
+    return bf16_done(kernel_conv2d_backward_input_cpu(din, work, dout, w, &e));
+}
+
 static layer_kernels bf16_set;
 static pthread_once_t bf16_once = PTHREAD_ONCE_INIT;
 
@@ -289,6 +323,10 @@ static void bf16_init(void)
     bf16_set.dense_backward = bf16_dense_backward;
     bf16_set.dense_backward_weight = bf16_dense_backward_weight;
     bf16_set.dense_backward_input = bf16_dense_backward_input;
+    bf16_set.conv_forward = bf16_conv_forward;
+    bf16_set.conv_backward = bf16_conv_backward;
+    bf16_set.conv_backward_weight = bf16_conv_backward_weight;
+    bf16_set.conv_backward_input = bf16_conv_backward_input;
 }
 
 const layer_kernels *layer_kernels_cpu_bf16(void)

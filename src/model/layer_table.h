@@ -180,7 +180,7 @@ size_t layer_work_floats(const layer_desc *L, int n);
 static inline kernel_conv2d_dims layer_conv_dims(const layer_desc *L, int n)
 {
     kernel_conv2d_dims d = {n, L->in.c, L->in.h, L->in.w, L->u.conv.filters, L->u.conv.size,
-                            L->u.conv.stride, L->u.conv.pad};
+                            L->u.conv.stride, L->u.conv.pad, 0};
     return d;
 }
 

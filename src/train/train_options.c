@@ -183,8 +183,8 @@ static const opt_spec train_opts[] = {
              "10-bit mantissa, float32 sums); bf16: operands rounded to bfloat16, float32 "
              "accumulation (as torch.autocast). Weights, gradients, optimizer state, norms, "
              "softmax, loss, pipeline messages, reductions and checkpoints stay float32. "
-             "--device cpu: fp32, or bf16 where the CPU has AVX512_BF16 (the dense layers' "
-             "and blocks' products, through oneDNN; convolutions and attention stay fp32)"},
+             "--device cpu: fp32, or bf16 where the CPU has AVX512_BF16 (the dense, conv and "
+             "blocks' products, through oneDNN; attention stays fp32)"},
     {.id = O_TIMEOUT, .name = "timeout", .kind = OPT_REAL, .arg = "S", .min = 0.001,
      .max = 1e9, .def = "300", .help = "give up when a rank waits longer than S seconds"},
     {.section = "output"},

@@ -587,14 +587,14 @@ static void run_gpu_cases(int devices)
     test_dense(7, 13, 5, 0);
     test_dense(1, 1, 1, 1);
     /* seed-cnn's convolutions, then odd sizes, stride 2, padding. */
-    test_conv((kernel_conv2d_dims){16, 1, 28, 28, 32, 3, 1, 0}, 1);
-    test_conv((kernel_conv2d_dims){16, 32, 13, 13, 128, 3, 1, 0}, 1);
-    test_conv((kernel_conv2d_dims){16, 128, 5, 5, 256, 3, 1, 0}, 1);
-    test_conv((kernel_conv2d_dims){3, 3, 11, 9, 5, 3, 2, 1}, 1);
-    test_conv((kernel_conv2d_dims){2, 4, 7, 7, 6, 5, 1, 2}, 0);
-    test_conv((kernel_conv2d_dims){5, 2, 10, 10, 3, 1, 1, 0}, 1);
-    test_conv((kernel_conv2d_dims){2, 3, 9, 8, 4, 3, 2, 0}, 1);
-    test_conv((kernel_conv2d_dims){1, 2, 6, 5, 3, 4, 3, 1}, 1);
+    test_conv((kernel_conv2d_dims){16, 1, 28, 28, 32, 3, 1, 0, 0}, 1);
+    test_conv((kernel_conv2d_dims){16, 32, 13, 13, 128, 3, 1, 0, 0}, 1);
+    test_conv((kernel_conv2d_dims){16, 128, 5, 5, 256, 3, 1, 0, 0}, 1);
+    test_conv((kernel_conv2d_dims){3, 3, 11, 9, 5, 3, 2, 1, 0}, 1);
+    test_conv((kernel_conv2d_dims){2, 4, 7, 7, 6, 5, 1, 2, 0}, 0);
+    test_conv((kernel_conv2d_dims){5, 2, 10, 10, 3, 1, 1, 0, 0}, 1);
+    test_conv((kernel_conv2d_dims){2, 3, 9, 8, 4, 3, 2, 0, 0}, 1);
+    test_conv((kernel_conv2d_dims){1, 2, 6, 5, 3, 4, 3, 1, 0}, 1);
     /* seed-cnn's pools (26, 11 odd, 3), overlapping windows, stride > size. */
     test_pool(16, 32, 26, 26, 2, 2, 0);
     test_pool(16, 128, 11, 11, 2, 2, 0);

@@ -162,7 +162,7 @@ static void run_split_cases(void)
     test_dense_units(33, 100, 1100, 512);
     test_dense_units(7, 13, 5, 2);
     test_dense_units(0, 4, 6, 4);         /* no rows: zeros */
-    test_conv_halves((kernel_conv2d_dims){16, 32, 13, 13, 128, 3, 1, 0});
-    test_conv_halves((kernel_conv2d_dims){3, 3, 11, 9, 5, 3, 2, 1});
-    test_conv_halves((kernel_conv2d_dims){2, 4, 7, 7, 6, 5, 1, 2});
+    test_conv_halves((kernel_conv2d_dims){16, 32, 13, 13, 128, 3, 1, 0, 0});
+    test_conv_halves((kernel_conv2d_dims){3, 3, 11, 9, 5, 3, 2, 1, 0});
+    test_conv_halves((kernel_conv2d_dims){2, 4, 7, 7, 6, 5, 1, 2, 0});
 }
