@@ -30,6 +30,11 @@ int kernel_dense_backward_weight_bf16(float *dw, float *db, const float *dout, c
 /* din = bf16(dout) · bf16(w). */
 int kernel_dense_backward_input_bf16(float *din, const float *dout, const float *w, int n,
                                      int in_f, int out_f);
+/* The weight gradient of output units [u0, u0 + units) alone, written (not added), as
+ * kernel_dense_weight_grad_units_cpu: dw[u0.., :] = bf16(dout[:, u0..])^T · bf16(in), db[u0..]
+ * float32 column sums of dout (the batched weight gradients, --wgrad batched). */
+int kernel_dense_weight_grad_units_bf16(float *dw, float *db, const float *dout, const float *in,
+                                        int n, int in_f, int out_f, int u0, int units);
 /* Both halves, dout rounded once (din may be NULL). */
 int kernel_dense_backward_bf16(float *din, float *dw, float *db, const float *dout,
                                const float *in, const float *w, int n, int in_f, int out_f);

@@ -127,7 +127,7 @@ round_rows(uint16_t *dst, const float *src, size_t n)
     }
 }
 
-/* The thread's buffer `which`, holding src rounded (n floats). */
+/* The thread's buffer `which`, holding src rounded (n floats; src NULL: only sized). */
 static const uint16_t *rounded(thread_state *t, int which, const float *src, size_t n)
 {
     if (t->cap[which] < n) {
@@ -139,7 +139,7 @@ static const uint16_t *rounded(thread_state *t, int which, const float *src, siz
         t->buf[which] = p;
         t->cap[which] = n;
     }
-    round_rows(t->buf[which], src, n);
+    if (src) round_rows(t->buf[which], src, n);
     return t->buf[which];
 }
 
@@ -278,6 +278,32 @@ int kernel_dense_backward_input_bf16(float *din, const float *dout, const float 
     thread_state *t = state();
     const uint16_t *g = t ? rounded(t, 0, dout, (size_t)n * out_f) : NULL;
     return g ? input_half(t, din, g, w, n, in_f, out_f) : -1;
+}
+
+int kernel_dense_weight_grad_units_bf16(float *dw, float *db, const float *dout, const float *in,
+                                        int n, int in_f, int out_f, int u0, int units)
+{
+    if (n == 0) { /* no rows: zeros, as sgemm gives */
+        memset(dw + (size_t)u0 * in_f, 0, (size_t)units * in_f * sizeof *dw);
+        if (db) memset(db + u0, 0, (size_t)units * sizeof *db);
+        return 0;
+    }
+    thread_state *t = state();
+    /* the tile's columns of dout, rounded into n rows of `units` */
+    const uint16_t *g = t ? rounded(t, 0, NULL, (size_t)n * units) : NULL;
+    if (!g) return -1;
+    for (int i = 0; i < n; i++)
+        round_rows(t->buf[0] + (size_t)i * units, dout + (size_t)i * out_f + u0, (size_t)units);
+    const uint16_t *x = rounded(t, 1, in, (size_t)n * in_f);
+    product key = {.ta = 1, .tb = 0, .m = units, .n = in_f, .k = n};
+    if (!x || matmul(t, key, g, x, dw + (size_t)u0 * in_f, NULL)) return -1;
+    if (!db) return 0;
+    memset(db + u0, 0, (size_t)units * sizeof *db); /* float32 sums, rows in order */
+    for (int i = 0; i < n; i++) {
+        const float *row = dout + (size_t)i * out_f + u0;
+        for (int j = 0; j < units; j++) db[u0 + j] += row[j];
+    }
+    return 0;
 }
 
 int kernel_dense_backward_bf16(float *din, float *dw, float *db, const float *dout,

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# bf16 products on the CPU (train --precision bf16 --device cpu; kernels/bf16.h): the dense
-# layers' and blocks' products with operands rounded to bfloat16 and float32 sums, through
+# bf16 products on the CPU (train --precision bf16 --device cpu; kernels/bf16.h): the dense,
+# conv and blocks' products with operands rounded to bfloat16 and float32 sums, through
 # oneDNN. gpt-nano for 6 steps of SGD: within 2e-2 of fp32 but not its bits (the products
 # rounded: the comparison can fail); with the same micro-batches 2 stages (1f1b, zb-h1),
 # 2 replicas (--reduce ordered) and 2 threads are bit-identical to one process in bf16, as
-# in fp32; seed-cnn (its convolutions' products in bf16 as well) likewise as 2 stages; a seed MLP learns in bf16 as in fp32 (losses within
+# in fp32; --wgrad batched within 1e-4 of per-micro-batch (but not its bits) and, as 2
+# stages under zb-h1, bit-identical to one process; seed-cnn within 2e-2 of fp32, as 2
+# stages bit-identical to one process; a seed MLP learns in bf16 as in fp32 (losses within
 # 2%); after 4 SGD steps bf16 is within the tolerance of torch's bf16-operand products
-# (tests/golden/gpt_autocast.json's "operands" run) and fp32 is not. Refused with exit 2 and the reason (every rank ends): tf32 on the CPU (no such unit),
-# bf16 with --wgrad batched (fp32 products only). Skipped (77) where the CPU has no
+# (tests/golden/gpt_autocast.json's "operands" run) and fp32 is not. tf32 on the CPU (no
+# such unit): exit 2 and the reason (every rank ends). Skipped (77) where the CPU has no
 # AVX512_BF16.
 source "$(dirname "$0")/lib/common.bash"
 export OPENBLAS_NUM_THREADS=1
@@ -59,6 +61,19 @@ for s in 1f1b zb-h1; do
 done
 run bf16-r2 2 --microbatches 1 --threads 1 --precision bf16 --replicas 2 --reduce ordered &&
     same "2 replicas, ordered: the bits of one process" bf16-r2 bf16
+
+# --wgrad batched: the step's weight gradients in one bf16 product per tile of units; close
+# to per-micro-batch but not its bits (the rows summed in one product), and 2 stages under
+# zb-h1 give one process's bits. Closeness: 1e-4 (measured 3.2e-5; fp32 4.6e-7: a last-bit
+# difference in a weight can move an operand by a bf16 step, 2^-9, in the next product)
+run bf16-wb 1 --microbatches 2 --threads 1 --precision bf16 --wgrad batched &&
+    same "--wgrad batched within 1e-4 of per-micro-batch" bf16-wb bf16 1e-4
+"$PIPETRAIN" diff "$WORK/bf16-wb.st" "$WORK/bf16.st" >/dev/null 2>&1 &&
+    failed "--wgrad batched: per-micro-batch's bits (nothing batched)" ||
+    pass "--wgrad batched rounds otherwise than per-micro-batch"
+run bf16-wb-zb 2 --microbatches 2 --threads 1 --precision bf16 --wgrad batched --stages 2 \
+    --schedule zb-h1 && same "--wgrad batched, 2 stages zb-h1: the bits of one process" \
+    bf16-wb-zb bf16-wb
 
 # seed-cnn: its convolutions' products in bf16 too; 2 stages give one process's bits
 CNN=(--model "$MODELS/seed-cnn.cfg" --train-samples 256 --test-samples 0 --batch 32 --steps 4
@@ -128,5 +143,4 @@ refused() {
     fi
 }
 refused "tf32 on the CPU" "a CPU has no TF32 unit" --precision tf32
-refused "bf16 with --wgrad batched" "fp32 only on the CPU" --precision bf16 --wgrad batched
 finish

@@ -239,3 +239,33 @@ Test(kernels_bf16, convolutions_round_their_products)
     conv_check((kernel_conv2d_dims){.n = 3, .c = 3, .h = 11, .w = 9, .filters = 5, .size = 3,
                                     .stride = 2, .pad = 1}, 41);
 }
+
+/* The batched weight gradient's tiles (--wgrad batched): units [u0, u0 + units) written, the
+ * rest untouched; no rows: zeros. */
+Test(kernels_bf16, weight_gradient_tiles)
+{
+    need_bf16();
+    const int n = 37, in_f = 65, out_f = 300, u0 = 128, units = 100;
+    size_t nw = (size_t)out_f * in_f;
+    float *in = rand_array((size_t)n * in_f, 1, 51), *dout = rand_array((size_t)n * out_f, 1, 52);
+    float *dw = malloc(nw * 4), *db = malloc(out_f * 4);
+    for (size_t i = 0; i < nw; i++) dw[i] = 7;
+    for (int j = 0; j < out_f; j++) db[j] = 7;
+    double *ref = malloc((size_t)units * in_f * 8), *abs = malloc((size_t)units * in_f * 8);
+    operands o = {dout + u0, in, 1, out_f, in_f, 1};
+    reference(&o, units, in_f, n, 1, ref, abs);
+    cr_assert(!kernel_dense_weight_grad_units_bf16(dw, db, dout, in, n, in_f, out_f, u0, units),
+              "%s", pt_error_get());
+    cr_assert(excess(dw + (size_t)u0 * in_f, ref, abs, NULL, 0, units, in_f, n) <= 0, "tile");
+    for (size_t i = 0; i < nw; i++)
+        if (i < (size_t)u0 * in_f || i >= (size_t)(u0 + units) * in_f)
+            cr_assert(dw[i] == 7, "dw[%zu] outside the tile was written", i);
+    for (int j = 0; j < out_f; j++) {
+        float sum = 0;
+        for (int i = 0; i < n && j >= u0 && j < u0 + units; i++) sum += dout[(size_t)i * out_f + j];
+        cr_assert(db[j] == (j >= u0 && j < u0 + units ? sum : 7), "db[%d]", j);
+    }
+    cr_assert(!kernel_dense_weight_grad_units_bf16(dw, db, dout, in, 0, in_f, out_f, u0, units));
+    for (int j = u0; j < u0 + units; j++) cr_assert(db[j] == 0 && dw[(size_t)j * in_f] == 0);
+    free(in), free(dout), free(dw), free(db), free(ref), free(abs);
+}

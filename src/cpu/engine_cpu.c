@@ -718,7 +718,7 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
         cpu_destroy(e);
         return -1;
     }
-    if (cfg->precision == ENGINE_BF16) c->st.kernels = layer_kernels_cpu_bf16();
+    c->st.bf16 = cfg->precision == ENGINE_BF16;
     e->param_count = c->st.plan.param_count; /* this rank's shards with tensor shards */
     e->slot_bytes = c->st.plan.slot_bytes;
     c->first_stage = cfg->first == 0;

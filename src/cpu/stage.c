@@ -313,7 +313,8 @@ static int chunk_io(void *self, int i, int phase, layer_io *io)
 
 static layer_run chunk_run(const stage *s, stage_worker *wk, stage_chunk_io *io, int n)
 {
-    layer_run r = {.k = s->kernels ? s->kernels : &layer_kernels_cpu, .layers = s->plan.loc, .first = s->plan.first,
+    layer_run r = {.k = s->bf16 ? layer_kernels_cpu_bf16() : &layer_kernels_cpu,
+                   .layers = s->plan.loc, .first = s->plan.first,
                    .n = n, .work = wk->work, .io = chunk_io, .self = io};
     return r;
 }

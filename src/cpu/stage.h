@@ -82,8 +82,9 @@ typedef struct {
     int threads, chunk_max; /* worker threads; samples per chunk (0: from the batch) */
     int chunk_min;          /* the least samples per chunk when chunk_max is 0 */
     int groups;             /* gradient groups, see STAGE_MIN_GROUPS */
-    const layer_kernels *kernels; /* the layers' kernels: NULL for layer_kernels_cpu, or
-                                     layer_kernels_cpu_bf16() (--precision bf16) */
+    int bf16;               /* the products in bf16 (--precision bf16): the layers run
+                               layer_kernels_cpu_bf16(), the batched weight gradients
+                               kernel_dense_weight_grad_units_bf16 */
     stage_worker *workers;  /* one per thread: owned (own_workers), or rank_pool's */
     int own_workers;
     float **group_grads;    /* owned (but [0] may be the stage's grads): one per group */

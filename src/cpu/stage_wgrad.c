@@ -1,8 +1,10 @@
 /* The CPU stage's zero-bubble split backward and batched weight gradients
  * (src/cpu/stage.h): their storage, and the flush of the batched products. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/bf16.h"
 #include "src/base/error.h"
 #include "src/cpu/pool.h"
 #include "src/cpu/stage.h"
@@ -148,6 +150,17 @@ static int units_cpu(void *ctx, float *dw, float *db, const float *dout, const f
     return 0;
 }
 
+/* A failed bf16 product ends the process with the reason, as the layers' do. */
+static int units_bf16(void *ctx, float *dw, float *db, const float *dout, const float *in,
+                      int rows, int in_f, int out_f, int u0, int units)
+{
+    if (kernel_dense_weight_grad_units_bf16(dw, db, dout, in, rows, in_f, out_f, u0, units)) {
+        fprintf(stderr, "pipetrain: %s\n", pt_error_get());
+        exit(1);
+    }
+    return 0;
+}
+
 typedef struct {
     stage *s;
     int lo, hi;
@@ -161,7 +174,7 @@ static void flush_worker(void *arg, int t)
     stage *s = j->s;
     int failed;
     (void)stage_plan_wgrad_flush(&s->plan, s->grads, s->stash_x, s->stash_g, j->lo, j->hi, t,
-                                 s->threads, units_cpu, NULL, &failed);
+                                 s->threads, s->bf16 ? units_bf16 : units_cpu, NULL, &failed);
 }
 
 void stage_wgrad_flush(stage *s, int lo, int hi)

@@ -93,7 +93,7 @@ static int profile_split(const net_desc *net, int l, int batch, int warmup, int 
     *measured = 0;
     stage st;
     if (stage_init(&st, net, l, l + 1, batch, 1, 1)) return -1;
-    if (precision == ENGINE_BF16) st.kernels = layer_kernels_cpu_bf16();
+    st.bf16 = precision == ENGINE_BF16;
     size_t in = stage_in_count(&st), out = stage_out_count(&st);
     float *x = malloc((size_t)batch * in * sizeof *x);
     float *dy = malloc((size_t)batch * out * sizeof *dy);

@@ -472,17 +472,13 @@ static int check_zero(const train_options *o, const opt_parser *p)
 }
 
 /* --precision tf32|bf16 on the CPU: bf16 products through oneDNN where the CPU has
- * AVX512_BF16 (kernels/bf16.h); no CPU has a TF32 unit. The step's batched weight gradients
- * (--wgrad batched) multiply through OpenBLAS in fp32 only. */
+ * AVX512_BF16 (kernels/bf16.h); no CPU has a TF32 unit. */
 static int check_precision(const train_options *o, const opt_parser *p)
 {
     if (o->precision == ENGINE_FP32 || o->device == ENGINE_CUDA) return 0;
     if (o->precision == ENGINE_TF32)
         return opt_error(p, "--precision tf32 is for --device cuda: a CPU has no TF32 unit "
                          "(--precision fp32 or bf16)");
-    if (o->wgrad_batched)
-        return opt_error(p, "--wgrad batched multiplies in fp32 only on the CPU: not with "
-                         "--precision bf16");
     if (!kernel_bf16_available()) return opt_error(p, "%s", pt_error_get());
     return 0;
 }
