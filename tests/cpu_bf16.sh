@@ -8,7 +8,8 @@
 # stages under zb-h1, bit-identical to one process; seed-cnn within 2e-2 of fp32, as 2
 # stages bit-identical to one process; a seed MLP learns in bf16 as in fp32 (losses within
 # 2%); after 4 SGD steps bf16 is within the tolerance of torch's bf16-operand products
-# (tests/golden/gpt_autocast.json's "operands" run) and fp32 is not. tf32 on the CPU (no
+# (tests/golden/gpt_autocast.json's "operands" run) and fp32 is not; plan --precision bf16
+# keeps its own profile in a costs file. tf32 on the CPU (no
 # such unit): exit 2 and the reason (every rank ends). Skipped (77) where the CPU has no
 # AVX512_BF16.
 source "$(dirname "$0")/lib/common.bash"
@@ -128,6 +129,19 @@ for pr in bf16 fp32; do
         failed "$pr against torch's bf16-operand products ($(mode $pr)): $(cat "$WORK/check.out")"
     fi
 done
+
+# plan --precision bf16 profiles in bf16: its own block in a costs file, read back the next
+# time (and fp32's apart)
+for pr in bf16 bf16 fp32; do
+    "$PIPETRAIN" plan --model "$NANO" --stages 2 --batch 16 --microbatches 2 --precision "$pr" \
+        --costs-file "$WORK/nano.costs" >"$WORK/plan.out" 2>&1 || failed "plan --precision $pr: $(tail -n 2 "$WORK/plan.out")"
+done
+if [ "$(grep -c '^profile .* precision bf16$' "$WORK/nano.costs")" = 1 ] &&
+   [ "$(grep -c '^profile ' "$WORK/nano.costs")" = 2 ]; then
+    pass "plan --precision bf16: one bf16 profile, read again, beside fp32's"
+else
+    failed "plan --precision bf16's costs file:"; grep '^profile' "$WORK/nano.costs"
+fi
 
 # refused: every rank ends with 2 (option errors are said once)
 refused() {

@@ -67,6 +67,14 @@ sed 's/^profile microbatch 128 /profile microbatch 4294967424 /' "$WORK/mlp.cost
 expect_fail "costs file: a micro-batch of 2^32 + 128" "wrap.costs:2: expected 'profile microbatch" \
     "$PIPETRAIN" plan --model "$MLP" --stages 2 --costs-file "$WORK/wrap.costs"
 
+# a profile's precision other than fp32|bf16, or words after it: refused by line
+sed '2s/$/ precision bf17/' "$WORK/mlp.costs" >"$WORK/prec.costs"
+expect_fail "costs file: precision bf17" "prec.costs:2: expected 'profile microbatch" \
+    "$PIPETRAIN" plan --model "$MLP" --stages 2 --costs-file "$WORK/prec.costs"
+sed '2s/$/ precision bf16 more/' "$WORK/mlp.costs" >"$WORK/prec2.costs"
+expect_fail "costs file: words after the precision" "prec2.costs:2: expected 'profile microbatch" \
+    "$PIPETRAIN" plan --model "$MLP" --stages 2 --costs-file "$WORK/prec2.costs"
+
 # what still works: a regular file through a symbolic link
 ln -s "$MLP" "$WORK/link.cfg"
 if timeout 60 "$PIPETRAIN" summary --model "$WORK/link.cfg" >"$WORK/out" 2>&1; then

@@ -124,6 +124,14 @@ static const opt_spec opt_shared[] = {
              "--virtual 2 tries that cut and the chunks' one"},
     {.name = "device", .letter = 'd', .kind = OPT_CHOICE, .choices = "cpu|cuda", .def = "cpu",
      .help = "where each rank runs its stage: CPU cores, or one CUDA GPU"},
+    {.name = "precision", .kind = OPT_CHOICE, .choices = "fp32|tf32|bf16", .def = "fp32",
+     .help = "the dense, conv and blocks' matrix products (forward and both backward "
+             "halves): fp32; tf32 (--device cuda: tensor cores, operands with a 10-bit "
+             "mantissa, float32 sums); bf16: operands rounded to bfloat16, float32 sums (as "
+             "torch.autocast's products; on the CPU where it has AVX512_BF16, through "
+             "oneDNN). Weights, gradients, optimizer state, norms, attention, softmax, loss, "
+             "pipeline messages, reductions and checkpoints stay float32; plan profiles the "
+             "layers in it"},
     {.name = "topology", .letter = 't', .kind = OPT_TEXT, .arg = "FILE",
      .help = "hwloc XML file (see topologies/*.xml) instead of this machine"},
     {.name = "json", .letter = 'j', .kind = OPT_FLAG, .help = "print the results as JSON"},

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/bf16.h"
 #include "partition/partition.h"
 #include "src/base/error.h"
 #include "src/base/options.h"
@@ -24,7 +25,8 @@
 enum { O_TOPOLOGY = 1, O_JSON, O_HELP, O_MODEL, O_STAGES, O_REPLICAS, O_NODES, O_PARTITION,
        O_BATCH, O_MICRO, O_DEVICE, O_GPUS, O_EXCLUSIVE, O_BANDWIDTH, O_LATENCY, O_SCHED,
        O_REDUCE, O_BUCKET_MB, O_OVERLAP, O_EMIT, O_RANKS, O_MEMORY, O_TOP, O_VIRTUAL,
-       O_RECOMPUTE, O_WGRAD, O_TENSOR, O_TENSOR_MODE, O_ZERO, O_SCHED_MEM, O_COSTS };
+       O_RECOMPUTE, O_WGRAD, O_TENSOR, O_TENSOR_MODE, O_ZERO, O_SCHED_MEM, O_COSTS,
+       O_PRECISION };
 
 static const opt_spec plan_opts[] = {
     {.id = O_MODEL, .name = "model", .shared = 1},
@@ -40,6 +42,7 @@ static const opt_spec plan_opts[] = {
      .help = "the layer costs: read from FILE where it holds them, measured and added to it "
              "where not (plans made one after another, or on another machine, then price "
              "from the same figures; a file of another model is refused)"},
+    {.id = O_PRECISION, .name = "precision", .shared = 1},
     {.id = O_TOP, .name = "top", .kind = OPT_INT, .arg = "K", .min = 1, .max = 1000,
      .def = "5", .help = "with --ranks: the best K layouts printed"},
     {.id = O_REPLICAS, .name = "replicas", .shared = 1},
@@ -119,6 +122,7 @@ static int read_options(plan_args *a, opt_parser *p)
         case O_MEMORY: a->memory_mb = p->real; break;
         case O_TOP: a->top = (int)p->num; break;
         case O_COSTS: a->costs = p->arg; break;
+        case O_PRECISION: a->precision = (engine_precision)p->choice; break;
         case O_REPLICAS: a->replicas = (int)p->num; break;
         case O_NODES: a->nodes = (int)p->num; break;
         case O_BATCH: a->batch = (int)p->num; break;
@@ -271,6 +275,12 @@ static int plan_parse(plan_args *a, int argc, char **argv)
     if (a->schedule_memory > 0 && strcmp(a->schedule, "search"))
         return opt_error(&p, "--schedule-memory is the limit of --schedule search");
     if (check_zero(a, &p) || (!a->ranks && check_schedule(a, &p))) return -1;
+    /* the layers are profiled on this CPU */
+    if (a->precision == ENGINE_TF32)
+        return opt_error(&p, "--precision tf32: plan profiles the layers on this CPU, which "
+                         "has no TF32 unit (fp32 or bf16)");
+    if (a->precision == ENGINE_BF16 && !kernel_bf16_available())
+        return opt_error(&p, "%s", pt_error_get());
     if (a->exclusive && a->device == TOPO_DEVICE_CUDA)
         a->exclusive = 0; /* GPUs are never shared anyway */
     return split_batch(a, &p);
@@ -284,7 +294,8 @@ static int profile_layers(partition_profile *prof, plan_args *a, const net_desc 
     /* the split backward only where it is priced */
     profile_options po = {.batch = a->replica_batch / a->microbatches, .warmup = 1,
                           .repeats = 3, .device = ENGINE_CPU,
-                          .split = schedule_splits_backward(a->schedule)};
+                          .split = schedule_splits_backward(a->schedule),
+                          .precision = a->precision};
     if (a->tensor == 1) return plan_costs_profile(prof, net, NULL, &po, a->costs);
     shard_plan sp;
     if (shard_plan_init(&sp, net, a->tensor, a->tensor_mode) < 0) return -1;

@@ -49,6 +49,7 @@ typedef struct {
     int search_runs;        /* the search's greedy orders at most (0: its default) */
     const char *costs;      /* --costs-file FILE: profiles read from it, measured ones added
                                (src/plan/costs.h); NULL: measured every time */
+    engine_precision precision; /* --precision: the products the layers are profiled in */
 } plan_args;
 
 /* The rank of tensor shard t of stage s in replica r. */

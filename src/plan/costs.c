@@ -17,10 +17,12 @@
 #define COSTS_MAGIC "pipetrain-costs"
 #define COSTS_VERSION 1
 
-/* What makes two profiles comparable: the model, the micro-batch, the cut, the split. */
+/* What makes two profiles comparable: the model, the micro-batch, the cut, the split, the
+ * products' precision. */
 typedef struct {
     int microbatch, tensor, split;
     tensor_mode mode;
+    engine_precision precision;
 } costs_key;
 
 static unsigned long long fnv(unsigned long long h, const void *p, size_t n)
@@ -66,7 +68,7 @@ unsigned long long plan_costs_model_digest(const net_desc *net)
 static int key_equal(const costs_key *a, const costs_key *b)
 {
     return a->microbatch == b->microbatch && a->tensor == b->tensor && a->split == b->split &&
-           (a->tensor == 1 || a->mode == b->mode);
+           (a->tensor == 1 || a->mode == b->mode) && a->precision == b->precision;
 }
 
 static int mode_of(const char *name, tensor_mode *m)
@@ -133,13 +135,20 @@ static int costs_read(const char *path, unsigned long long digest, int n_layers,
         char mode[32];
         /* read wide and checked: %d wrapped 4294967328 to 32, another profile's key */
         long long mb, t, sp;
-        if (sscanf(line, "profile microbatch %lld tensor %lld mode %31s split %lld", &mb, &t,
-                   mode, &sp) != 4 || mode_of(mode, &k.mode) || mb < 1 || mb > INT_MAX ||
-            t < 1 || t > INT_MAX || sp < 0 || sp > 1) {
+        int end = 0;
+        char prec[16] = "fp32", rest[2];
+        /* " precision bf16" follows where the profile is not fp32's (files before it have none) */
+        if (sscanf(line, "profile microbatch %lld tensor %lld mode %31s split %lld%n", &mb, &t,
+                   mode, &sp, &end) != 4 || mode_of(mode, &k.mode) || mb < 1 || mb > INT_MAX ||
+            t < 1 || t > INT_MAX || sp < 0 || sp > 1 ||
+            (sscanf(line + end, " %1s", rest) == 1 &&
+             (sscanf(line + end, " precision %15s %1s", prec, rest) != 1 ||
+              (strcmp(prec, "fp32") && strcmp(prec, "bf16"))))) {
             fclose(f);
             return pt_error_set("--costs-file %s:%d: expected 'profile microbatch M tensor T mode "
-                                "NAME split 0|1'", path, lineno);
+                                "NAME split 0|1 [precision fp32|bf16]'", path, lineno);
         }
+        k.precision = strcmp(prec, "bf16") ? ENGINE_FP32 : ENGINE_BF16;
         k.microbatch = (int)mb, k.tensor = (int)t, k.split = (int)sp;
         int take = !found && key_equal(&k, want);
         for (int l = 0; l < n_layers; l++) {
@@ -197,8 +206,9 @@ static int costs_add(const char *path, unsigned long long digest, const net_desc
         fprintf(out, "%s %d model %016llx layers %d host %s\n", COSTS_MAGIC, COSTS_VERSION, digest,
                 net->n_layers, host);
     }
-    fprintf(out, "profile microbatch %d tensor %d mode %s split %d\n", k->microbatch, k->tensor,
-            tensor_mode_name(k->tensor > 1 ? k->mode : TENSOR_MEGATRON), k->split);
+    fprintf(out, "profile microbatch %d tensor %d mode %s split %d%s\n", k->microbatch,
+            k->tensor, tensor_mode_name(k->tensor > 1 ? k->mode : TENSOR_MEGATRON), k->split,
+            k->precision == ENGINE_BF16 ? " precision bf16" : "");
     for (int l = 0; l < net->n_layers; l++)
         fprintf(out, "%.9e %.9e %.9e %.9e\n", prof->fwd_s[l], prof->bwd_s[l],
                 prof->bwd_input_s ? prof->bwd_input_s[l] : -1.0,
@@ -246,7 +256,8 @@ int plan_costs_profile(partition_profile *prof, const net_desc *net, const shard
     if (!path) return measure(prof, net, sp, po);
     int split = po->split && po->device == ENGINE_CPU;
     costs_key k = {.microbatch = net->sequence ? 1 : po->batch, .tensor = sp ? sp->T : 1,
-                   .split = split, .mode = sp ? sp->mode : TENSOR_MEGATRON};
+                   .split = split, .mode = sp ? sp->mode : TENSOR_MEGATRON,
+                   .precision = po->precision};
     unsigned long long digest = plan_costs_model_digest(net);
     memset(prof, 0, sizeof *prof);
     int n = net->n_layers;

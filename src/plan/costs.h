@@ -10,7 +10,8 @@
  * The file is text, one profile per block, keyed by what changes the figures:
  *
  *   pipetrain-costs 1 model 9c0f...e1 layers 11 host node17
- *   profile microbatch 64 tensor 1 mode megatron split 1
+ *   profile microbatch 64 tensor 1 mode megatron split 1      (+ " precision bf16" for
+ *                                                             plan --precision bf16's)
  *   <forward s> <backward s> <input-gradient s> <weight-gradient s>    one line per layer,
  *   ...                                                                 seconds per sample,
  *                                                                       −1: not measured

@@ -93,6 +93,7 @@ typedef struct {
     cached_profile *c;
     int n, cap;
     const char *costs; /* --costs FILE, or NULL */
+    engine_precision precision; /* --precision: the products' */
 } profile_cache;
 
 static const partition_profile *profile_for(profile_cache *pc, const net_desc *net,
@@ -117,13 +118,13 @@ static const partition_profile *profile_for(profile_cache *pc, const net_desc *n
         shard_plan sp;
         if (shard_plan_init(&sp, net, T, mode) < 0) return NULL;
         profile_options po = {.batch = microbatch, .warmup = 1, .repeats = 3,
-                              .device = ENGINE_CPU};
+                              .device = ENGINE_CPU, .precision = pc->precision};
         int rc = plan_costs_profile(&c->prof, net, &sp, &po, pc->costs);
         shard_plan_free(&sp);
         if (rc < 0) return NULL;
     } else {
         profile_options po = {.batch = microbatch, .warmup = 1, .repeats = 3,
-                              .device = ENGINE_CPU, .split = 1};
+                              .device = ENGINE_CPU, .split = 1, .precision = pc->precision};
         if (plan_costs_profile(&c->prof, net, NULL, &po, pc->costs) < 0) return NULL;
     }
     c->microbatch = microbatch;
@@ -557,7 +558,7 @@ int plan_search(const plan_args *base, const net_desc *net, const topo_machine *
         for (int K = 1; N % T == 0 && K <= N / T; K++) cap += (N / T) % K == 0 ? 2 : 0;
     cap *= 7 * N_KINDS * 2;
     candidate *c = calloc((size_t)cap, sizeof *c);
-    profile_cache pc = {.costs = base->costs};
+    profile_cache pc = {.costs = base->costs, .precision = base->precision};
     /* what is found wanting in the request (no layout can be, none fits) is the input's
      * fault: exit 2, as plan --stages answers a layout that cannot be; else 1 */
     int n = 0, rc = 1, input_fault = 0;

@@ -176,15 +176,7 @@ static const opt_spec train_opts[] = {
                             "core (spin) or sleep 50 us (sleep, for more ranks than cores); "
                             "auto: spin unless a node's ranks × threads outnumber its cores"},
     {.id = O_DEVICE, .name = "device", .shared = 1},
-    {.id = O_PRECISION, .name = "precision", .kind = OPT_CHOICE, .choices = "fp32|tf32|bf16",
-     .def = "fp32",
-     .help = "--device cuda: the dense and conv layers' matrix products (forward and both "
-             "backward halves): fp32 on CUDA cores; tf32 on tensor cores (operands with a "
-             "10-bit mantissa, float32 sums); bf16: operands rounded to bfloat16, float32 "
-             "accumulation (as torch.autocast). Weights, gradients, optimizer state, norms, "
-             "softmax, loss, pipeline messages, reductions and checkpoints stay float32. "
-             "--device cpu: fp32, or bf16 where the CPU has AVX512_BF16 (the dense, conv and "
-             "blocks' products, through oneDNN; attention stays fp32)"},
+    {.id = O_PRECISION, .name = "precision", .shared = 1},
     {.id = O_TIMEOUT, .name = "timeout", .kind = OPT_REAL, .arg = "S", .min = 0.001,
      .max = 1e9, .def = "300", .help = "give up when a rank waits longer than S seconds"},
     {.section = "output"},
