@@ -34,46 +34,35 @@ run() {
         return 1
     fi
 }
-# same WHAT A B [RTOL]: A's parameters bit-identical to B's (or within RTOL)
-same() {
-    local what=$1 a=$2 b=$3 rtol=${4:-}
-    local args=("$WORK/$a.st" "$WORK/$b.st")
-    [ -n "$rtol" ] && args+=(--rtol "$rtol")
-    if "$PIPETRAIN" diff "${args[@]}" >"$WORK/diff" 2>&1; then
-        pass "$what ($(tail -n 1 "$WORK/diff" | grep -o 'difference [^ ]*' || true))"
-    else
-        failed "$what"; tail -n 1 "$WORK/diff"
-    fi
-}
 
 run fp32 1 --microbatches 2 --threads 1
 run bf16 1 --microbatches 2 --threads 1 --precision bf16
-same "bf16 within 2e-2 of fp32" bf16 fp32 2e-2
+same_params "bf16 within 2e-2 of fp32" bf16 fp32 2e-2
 if "$PIPETRAIN" diff "$WORK/bf16.st" "$WORK/fp32.st" >/dev/null 2>&1; then
     failed "bf16 is fp32 bit for bit: nothing was rounded"
 else
     pass "bf16 rounds otherwise than fp32 (the products in bf16)"
 fi
 run bf16-t2 1 --microbatches 2 --threads 2 --precision bf16 &&
-    same "2 threads: the bits of one" bf16-t2 bf16
+    same_params "2 threads: the bits of one" bf16-t2 bf16
 for s in 1f1b zb-h1; do
     run "bf16-$s" 2 --microbatches 2 --threads 1 --precision bf16 --stages 2 --schedule "$s" &&
-        same "2 stages, $s: the bits of one process" "bf16-$s" bf16
+        same_params "2 stages, $s: the bits of one process" "bf16-$s" bf16
 done
 run bf16-r2 2 --microbatches 1 --threads 1 --precision bf16 --replicas 2 --reduce ordered &&
-    same "2 replicas, ordered: the bits of one process" bf16-r2 bf16
+    same_params "2 replicas, ordered: the bits of one process" bf16-r2 bf16
 
 # --wgrad batched: the step's weight gradients in one bf16 product per tile of units; close
 # to per-micro-batch but not its bits (the rows summed in one product), and 2 stages under
 # zb-h1 give one process's bits. Closeness: 1e-4 (measured 3.2e-5; fp32 4.6e-7: a last-bit
 # difference in a weight can move an operand by a bf16 step, 2^-9, in the next product)
 run bf16-wb 1 --microbatches 2 --threads 1 --precision bf16 --wgrad batched &&
-    same "--wgrad batched within 1e-4 of per-micro-batch" bf16-wb bf16 1e-4
+    same_params "--wgrad batched within 1e-4 of per-micro-batch" bf16-wb bf16 1e-4
 "$PIPETRAIN" diff "$WORK/bf16-wb.st" "$WORK/bf16.st" >/dev/null 2>&1 &&
     failed "--wgrad batched: per-micro-batch's bits (nothing batched)" ||
     pass "--wgrad batched rounds otherwise than per-micro-batch"
 run bf16-wb-zb 2 --microbatches 2 --threads 1 --precision bf16 --wgrad batched --stages 2 \
-    --schedule zb-h1 && same "--wgrad batched, 2 stages zb-h1: the bits of one process" \
+    --schedule zb-h1 && same_params "--wgrad batched, 2 stages zb-h1: the bits of one process" \
     bf16-wb-zb bf16-wb
 
 # seed-cnn: its convolutions' products in bf16 too; 2 stages give one process's bits
@@ -85,10 +74,10 @@ for v in "fp32 1" "bf16 1" "bf16 2"; do
     [ "$n" -gt 1 ] && cmd=("$MPIEXEC" -n "$n" "${cmd[@]}")
     timeout 120 "${cmd[@]}" >"$WORK/cnn.out" 2>&1 || failed "seed-cnn $pr on $n: $(tail -n 2 "$WORK/cnn.out")"
 done
-same "seed-cnn bf16 within 2e-2 of fp32" cnn-bf16-1 cnn-fp32-1 2e-2
+same_params "seed-cnn bf16 within 2e-2 of fp32" cnn-bf16-1 cnn-fp32-1 2e-2
 "$PIPETRAIN" diff "$WORK/cnn-bf16-1.st" "$WORK/cnn-fp32-1.st" >/dev/null 2>&1 &&
     failed "seed-cnn: bf16 is fp32 bit for bit" || pass "seed-cnn: bf16 rounds otherwise than fp32"
-same "seed-cnn bf16, 2 stages: the bits of one process" cnn-bf16-2 cnn-bf16-1
+same_params "seed-cnn bf16, 2 stages: the bits of one process" cnn-bf16-2 cnn-bf16-1
 
 # a seed MLP learns the same in bf16
 for pr in fp32 bf16; do

@@ -32,23 +32,12 @@ run() {
         return 1
     fi
 }
-# same WHAT A B [RTOL]: A's parameters bit-identical to B's (or within RTOL)
-same() {
-    local what=$1 a=$2 b=$3 rtol=${4:-}
-    local args=("$WORK/$a.st" "$WORK/$b.st")
-    [ -n "$rtol" ] && args+=(--rtol "$rtol")
-    if "$PIPETRAIN" diff "${args[@]}" >"$WORK/diff" 2>&1; then
-        pass "$what ($(tail -n 1 "$WORK/diff" | grep -o 'difference [^ ]*' || true))"
-    else
-        failed "$what"; tail -n 1 "$WORK/diff"
-    fi
-}
 
 for m in nano:"$NANO" tied:"$WORK/tied.cfg" drop:"$WORK/drop.cfg"; do
     IFS=: read -r tag model <<<"$m"
     run "$tag-pm" 1 "$model" --microbatches 4 || continue
     run "$tag-b1" 1 "$model" --microbatches 4 --wgrad batched || continue
-    same "$tag: batched within 1e-5 of per-micro-batch" "$tag-b1" "$tag-pm" 1e-5
+    same_params "$tag: batched within 1e-5 of per-micro-batch" "$tag-b1" "$tag-pm" 1e-5
     if "$PIPETRAIN" diff "$WORK/$tag-b1.st" "$WORK/$tag-pm.st" >/dev/null 2>&1; then
         failed "$tag: batched is per-micro-batch bit for bit: nothing was batched"
     else
@@ -58,15 +47,15 @@ for m in nano:"$NANO" tied:"$WORK/tied.cfg" drop:"$WORK/drop.cfg"; do
         read -r -a words <<<"$s"
         name=$tag-${words[0]}
         run "$name" 2 "$model" --microbatches 4 --wgrad batched --stages 2 --schedule "${words[@]}" &&
-            same "$tag: 2 stages $s batched bit-identical to one process batched" "$name" "$tag-b1"
+            same_params "$tag: 2 stages $s batched bit-identical to one process batched" "$name" "$tag-b1"
     done
 done
 run t2 2 "$NANO" --microbatches 4 --wgrad batched --tensor 2 &&
-    same "2 tensor shards batched within 1e-5 of one process batched" t2 nano-b1 1e-5
+    same_params "2 tensor shards batched within 1e-5 of one process batched" t2 nano-b1 1e-5
 run dt2 4 "$WORK/drop.cfg" --microbatches 4 --wgrad batched --tensor 2 --stages 2 --schedule zb-h1 &&
-    same "dropout: 2 stages x 2 shards zb-h1 batched within 1e-5 of one process batched" dt2 drop-b1 1e-5
+    same_params "dropout: 2 stages x 2 shards zb-h1 batched within 1e-5 of one process batched" dt2 drop-b1 1e-5
 run r2 2 "$NANO" --microbatches 2 --wgrad batched --replicas 2 --reduce allreduce &&
-    same "2 replicas batched (allreduce) within 1e-5 of one process batched" r2 nano-b1 1e-5
+    same_params "2 replicas batched (allreduce) within 1e-5 of one process batched" r2 nano-b1 1e-5
 expect_fail "2 replicas, --reduce ordered, batched" "--reduce ordered needs each micro-batch's" \
     "$MPIEXEC" -n 2 "$PIPETRAIN" train --model "$NANO" "${COMMON[@]}" --microbatches 2 \
     --wgrad batched --replicas 2 --reduce ordered

@@ -6,11 +6,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/kernels.h"
 #include "src/base/error.h"
 #include "src/base/io.h"
 #include "src/base/mpi_check.h"
 #include "src/base/options.h"
-#include "kernels/kernels.h"
 #include "src/cli/commands.h"
 
 static void usage(FILE *f)

@@ -69,3 +69,16 @@ readme_corpus() {
     [ -f "$WORK/readme-corpus.txt" ] || cp "$PT_SOURCE_DIR/README.md" "$WORK/readme-corpus.txt"
     echo "$WORK/readme-corpus.txt"
 }
+
+# same_params WHAT A B [RTOL]: $WORK/A.st's parameters bit-identical to $WORK/B.st's (or within
+# RTOL, pipetrain diff's relative tolerance), the largest difference shown.
+same_params() {
+    local what=$1 a=$2 b=$3 rtol=${4:-}
+    local args=("$WORK/$a.st" "$WORK/$b.st")
+    [ -n "$rtol" ] && args+=(--rtol "$rtol")
+    if "$PIPETRAIN" diff "${args[@]}" >"$WORK/diff" 2>&1; then
+        pass "$what ($(tail -n 1 "$WORK/diff" | grep -o 'difference [^ ]*' || true))"
+    else
+        failed "$what"; tail -n 1 "$WORK/diff"
+    fi
+}
