@@ -111,9 +111,11 @@ int kernel_bf16_available(void)
     return 1;
 }
 
-/* dst = bf16(src), to nearest even (VCVTNEPS2BF16; it flushes denormals). */
+/* dst = bf16(src), to nearest even (VCVTNEPS2BF16; it flushes denormals). Called only with
+ * a thread state, which exists only where the CPU has AVX512_BF16 (init_once): the one
+ * AVX-512 function of a portable build (experiments/cuda/bundle.sh checks that). */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void
-round_rows(uint16_t *dst, const float *src, size_t n)
+round_rows_avx512bf16(uint16_t *dst, const float *src, size_t n)
 {
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -139,7 +141,7 @@ static const uint16_t *rounded(thread_state *t, int which, const float *src, siz
         t->buf[which] = p;
         t->cap[which] = n;
     }
-    if (src) round_rows(t->buf[which], src, n);
+    if (src) round_rows_avx512bf16(t->buf[which], src, n);
     return t->buf[which];
 }
 
@@ -293,7 +295,8 @@ int kernel_dense_weight_grad_units_bf16(float *dw, float *db, const float *dout,
     const uint16_t *g = t ? rounded(t, 0, NULL, (size_t)n * units) : NULL;
     if (!g) return -1;
     for (int i = 0; i < n; i++)
-        round_rows(t->buf[0] + (size_t)i * units, dout + (size_t)i * out_f + u0, (size_t)units);
+        round_rows_avx512bf16(t->buf[0] + (size_t)i * units, dout + (size_t)i * out_f + u0,
+                              (size_t)units);
     const uint16_t *x = rounded(t, 1, in, (size_t)n * in_f);
     product key = {.ta = 1, .tb = 0, .m = units, .n = in_f, .k = n};
     if (!x || matmul(t, key, g, x, dw + (size_t)u0 * in_f, NULL)) return -1;

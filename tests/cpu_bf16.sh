@@ -70,9 +70,11 @@ CNN=(--model "$MODELS/seed-cnn.cfg" --train-samples 256 --test-samples 0 --batch
      --threads 1 --seed 4 --microbatches 2 --optimizer sgd --lr 0.1)
 for v in "fp32 1" "bf16 1" "bf16 2"; do
     read -r pr n <<<"$v"
-    cmd=("$PIPETRAIN" train "${CNN[@]}" --precision "$pr" --stages "$n" --save "$WORK/cnn-$pr-$n.st")
+    cmd=("$PIPETRAIN" train "${CNN[@]}" --precision "$pr" --stages "$n"
+         --save "$WORK/cnn-$pr-$n.st")
     [ "$n" -gt 1 ] && cmd=("$MPIEXEC" -n "$n" "${cmd[@]}")
-    timeout 120 "${cmd[@]}" >"$WORK/cnn.out" 2>&1 || failed "seed-cnn $pr on $n: $(tail -n 2 "$WORK/cnn.out")"
+    timeout 120 "${cmd[@]}" >"$WORK/cnn.out" 2>&1 ||
+        failed "seed-cnn $pr on $n: $(tail -n 2 "$WORK/cnn.out")"
 done
 same_params "seed-cnn bf16 within 2e-2 of fp32" cnn-bf16-1 cnn-fp32-1 2e-2
 "$PIPETRAIN" diff "$WORK/cnn-bf16-1.st" "$WORK/cnn-fp32-1.st" >/dev/null 2>&1 &&
@@ -83,13 +85,15 @@ same_params "seed-cnn bf16, 2 stages: the bits of one process" cnn-bf16-2 cnn-bf
 for pr in fp32 bf16; do
     "$PIPETRAIN" train --model "$MODELS/seed-mlp.cfg" --train-samples 2048 --test-samples 0 \
         --batch 64 --steps 32 --threads 1 --seed 2 --precision "$pr" --json \
-        >"$WORK/mlp-$pr.json" 2>"$WORK/mlp-$pr.err" || failed "seed-mlp $pr: $(tail -n 2 "$WORK/mlp-$pr.err")"
+        >"$WORK/mlp-$pr.json" 2>"$WORK/mlp-$pr.err" ||
+        failed "seed-mlp $pr: $(tail -n 2 "$WORK/mlp-$pr.err")"
 done
 if python3 - "$WORK/mlp-fp32.json" "$WORK/mlp-bf16.json" <<'PY'
 import json, sys
 a, b = (json.loads(open(f).read().splitlines()[-1]) for f in sys.argv[1:])
 assert b["precision"] == "bf16" and a["precision"] == "fp32", (a["precision"], b["precision"])
-assert abs(a["train_loss"] - b["train_loss"]) <= 0.02 * a["train_loss"], (a["train_loss"], b["train_loss"])
+la, lb = a["train_loss"], b["train_loss"]
+assert abs(la - lb) <= 0.02 * la, (la, lb)
 assert a["train_loss"] != b["train_loss"]
 PY
 then pass "seed-mlp: bf16's loss within 2% of fp32's"; else failed "seed-mlp: bf16's loss"; fi
@@ -123,7 +127,8 @@ done
 # time (and fp32's apart)
 for pr in bf16 bf16 fp32; do
     "$PIPETRAIN" plan --model "$NANO" --stages 2 --batch 16 --microbatches 2 --precision "$pr" \
-        --costs-file "$WORK/nano.costs" >"$WORK/plan.out" 2>&1 || failed "plan --precision $pr: $(tail -n 2 "$WORK/plan.out")"
+        --costs-file "$WORK/nano.costs" >"$WORK/plan.out" 2>&1 ||
+        failed "plan --precision $pr: $(tail -n 2 "$WORK/plan.out")"
 done
 if [ "$(grep -c '^profile .* precision bf16$' "$WORK/nano.costs")" = 1 ] &&
    [ "$(grep -c '^profile ' "$WORK/nano.costs")" = 2 ]; then
