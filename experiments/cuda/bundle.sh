@@ -34,7 +34,8 @@
 # Self-test (default): unpacks the bundle and, as root, runs its binaries in a chroot that
 # holds nothing but glibc, so a library the bundle forgot shows here and not on the GPU
 # machine: pipetrain summary, a 2-step CPU training run, the same as a 2-rank pipeline
-# through the bundled mpiexec (must match bit for bit), `pipetrain devices`, --device cuda
+# through the bundled mpiexec (must match bit for bit), `pipetrain devices`, a bf16 run
+# where this CPU has AVX512_BF16 (oneDNN, bundled like the rest), --device cuda
 # failing with a message, and every bundled file's NEEDED libraries (only CUDA's may be
 # absent). Without root it runs the same outside a chroot.
 #
@@ -406,6 +407,11 @@ check "train, 2 ranks (mpiexec -launcher fork)" $BD/bin/mpiexec -launcher fork -
     $P train $common --stages 2 --save $W/two.safetensors
 check "2 ranks = 1 rank, bit for bit" $P diff $W/two.safetensors $W/one.safetensors
 check "pipetrain devices (no CUDA here: says why, exits 0)" $P devices
+# bf16 products through the bundled oneDNN, where this CPU has AVX512_BF16 (kernels/bf16.h)
+if grep -qw avx512_bf16 /proc/cpuinfo; then
+    # shellcheck disable=SC2086
+    check "train --precision bf16, 1 rank, CPU (oneDNN)" $P train $common --precision bf16
+fi
 # Every library any bundled file names (NEEDED) is in the bundle, glibc's, or CUDA's
 # (cuda-needed.txt); the loader stops at the first missing one, so this is checked on the
 # names rather than by loading the plugin, whose CUDA libraries are absent here.
