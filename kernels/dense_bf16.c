@@ -12,7 +12,6 @@
 
 #include "src/base/error.h"
 
-
 /* One product C[m, n] (+)= A[m, k] · B[k, n] of bf16 operands into float32: A stored
  * transposed (k rows of m) when ta, B when tb; a float32 bias row added, or C's old values
  * (acc, oneDNN's sum post-op). */
