@@ -16,7 +16,6 @@ Configurations (batch 128, 4,096 training samples, no test pass):
 """
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -69,15 +68,9 @@ for name, ranks, threads, extra in CONFIGS:
                                                   args.warmup + args.steps, untimed[side],
                                                   args.warmup], noise)
             runs[side].append(j['samples_per_s'])
-    a, b = benchlib.summary(runs['a']), benchlib.summary(runs['b'])
-    ratio = b['median'] / a['median']
-    # runs i of A and B are neighbours in time: their ratio cancels the machine's slow
-    # phases, which move both alike
-    paired = statistics.median(y / x for x, y in zip(runs['a'], runs['b']))
-    out['configs'][name] = {'a': a, 'b': b, 'ratio': ratio, 'paired_ratio': paired}
+    c = out['configs'][name] = benchlib.ab_compare(runs['a'], runs['b'])
     fmt = lambda s: '%.0f (%.0f-%.0f)' % (s['median'], s['min'], s['max'])
-    print('%-24s %22s %22s %7.3f %7.3f' % (name, fmt(a), fmt(b), ratio, paired))
-out['noise_max'] = max(noise) if noise else 0
-print('other processes used up to %.0f%% of the machine during a run%s'
-      % (100 * out['noise_max'], ' (suspect)' if out['noise_max'] > benchlib.NOISY else ''))
+    print('%-24s %22s %22s %7.3f %7.3f' % (name, fmt(c['a']), fmt(c['b']), c['ratio'],
+                                            c['paired_ratio']))
+benchlib.noise_report(out, noise)
 benchlib.write_json(args.json, out)

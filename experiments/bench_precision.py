@@ -16,7 +16,6 @@ M = 8, batch 32, 2 ranks x 1 thread), wide-mlp and seed-cnn on 2 threads (batch 
 """
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -74,14 +73,10 @@ for name, ranks, threads, extra in CONFIGS:
                                                   args.warmup], noise)
             runs[s].append(j['samples_per_s'])
             losses[s] = j['train_loss']
-    a, b = benchlib.summary(runs['a']), benchlib.summary(runs['b'])
-    ratio = b['median'] / a['median']
-    paired = statistics.median(y / x for x, y in zip(runs['a'], runs['b']))
-    out['configs'][name] = {'a': a, 'b': b, 'ratio': ratio, 'paired_ratio': paired,
-                            'train_loss': losses}
+    c = benchlib.ab_compare(runs['a'], runs['b'])
+    out['configs'][name] = dict(c, train_loss=losses)
     fmt = lambda v: '%.1f (%.1f-%.1f)' % (v['median'], v['min'], v['max'])
-    print('%-22s %22s %22s %7.2f %7.2f' % (name, fmt(a), fmt(b), ratio, paired))
-out['noise_max'] = max(noise) if noise else 0
-print('other processes used up to %.0f%% of the machine during a run%s'
-      % (100 * out['noise_max'], ' (suspect)' if out['noise_max'] > benchlib.NOISY else ''))
+    print('%-22s %22s %22s %7.2f %7.2f' % (name, fmt(c['a']), fmt(c['b']), c['ratio'],
+                                            c['paired_ratio']))
+benchlib.noise_report(out, noise)
 benchlib.write_json(args.json, out)

@@ -142,6 +142,22 @@ def summary(values):
             'runs': values}
 
 
+def ab_compare(runs_a, runs_b):
+    """Two sides measured in alternating rounds: each side's summary, the ratio B/A of the
+    medians and the median of the ratios of neighbouring runs (paired: it cancels the
+    machine's slow phases, which move both alike)."""
+    a, b = summary(runs_a), summary(runs_b)
+    paired = statistics.median(y / x for x, y in zip(runs_a, runs_b))
+    return {'a': a, 'b': b, 'ratio': b['median'] / a['median'], 'paired_ratio': paired}
+
+
+def noise_report(out, noise):
+    """Records the largest noise figure in out and prints it."""
+    out['noise_max'] = max(noise) if noise else 0
+    print('other processes used up to %.0f%% of the machine during a run%s'
+          % (100 * out['noise_max'], ' (suspect)' if out['noise_max'] > NOISY else ''))
+
+
 def write_json(path, data):
     if path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
