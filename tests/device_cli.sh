@@ -77,6 +77,10 @@ gpu = sys.argv[2] == "1" and os.path.exists(sys.argv[3])
 assert d["cpu"]["cores"] >= 1, d["cpu"]
 assert isinstance(d["mpi"]["cuda_aware"], bool), d["mpi"]
 assert d["blas"]["core"] and d["blas"]["core"] != d["blas"]["core_detected"], d["blas"]
+# bf16 products where the CPU has AVX512_BF16, else the reason
+flags = next(l for l in open("/proc/cpuinfo") if l.startswith("flags")).split()
+assert d["cpu"]["bf16_products"] == ("avx512_bf16" in flags), d["cpu"]
+assert (d["cpu"]["bf16_products_why_not"] is None) == d["cpu"]["bf16_products"], d["cpu"]
 c = d["cuda"]
 if gpu:
     assert c["available"] is True and len(c["devices"]) >= 1, c

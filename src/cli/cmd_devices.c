@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/bf16.h"
 #include "kernels/kernels.h"
 #include "src/runtime/cuda_plugin.h"
 #include "src/base/error.h"
@@ -110,6 +111,10 @@ static void print_text(const topo_machine *m, const char *topo_err, const cuda_l
     printf("BLAS: OpenBLAS, %s kernels", kernel_blas_core());
     if (detected) printf(" (OpenBLAS chose %s for this CPU; pipetrain chose again)", detected);
     printf("\n");
+    if (kernel_bf16_available())
+        printf("bf16 products on the CPU (--precision bf16): yes, through oneDNN\n");
+    else
+        printf("bf16 products on the CPU (--precision bf16): no: %s\n", pt_error_get());
 }
 
 /* Builders of the JSON tree: jansson's setters take ownership of the value (and free it
@@ -163,6 +168,10 @@ static int print_json(const topo_machine *m, const char *topo_err, const cuda_li
     } else {
         put(cpu, "error", topo_json_text(topo_err), &ok);
     }
+    /* --precision bf16 on the CPU (kernels/bf16.h), or why not */
+    int bf16 = kernel_bf16_available();
+    put(cpu, "bf16_products", json_boolean(bf16), &ok);
+    put(cpu, "bf16_products_why_not", bf16 ? json_null() : topo_json_text(pt_error_get()), &ok);
     put(o, "cpu", cpu, &ok);
     put(cuda, "available", json_boolean(l->ok), &ok);
     if (*l->versions)
