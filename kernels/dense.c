@@ -34,13 +34,16 @@ void kernel_dense_backward_weight_cpu(float *dw, float *db, const float *dout, c
     /* dw[out_f, in_f] += dout^T · in. */
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out_f, in_f, n, 1.0f, dout, out_f,
                 in, in_f, 1.0f, dw, in_f);
+    if (db) kernel_dense_bias_grad_cpu(db, dout, n, out_f, 0, out_f);
+}
+
+void kernel_dense_bias_grad_cpu(float *db, const float *dout, int n, int out_f, int u0,
+                                int units)
+{
     /* Column sums row by row: the inner loop runs along contiguous memory and vectorises. */
-    if (db) {
-        for (int i = 0; i < n; i++) {
-            const float *row = dout + (size_t)i * out_f;
-            for (int j = 0; j < out_f; j++)
-                db[j] += row[j];
-        }
+    for (int i = 0; i < n; i++) {
+        const float *row = dout + (size_t)i * out_f + u0;
+        for (int j = 0; j < units; j++) db[u0 + j] += row[j];
     }
 }
 
@@ -65,8 +68,5 @@ void kernel_dense_weight_grad_units_cpu(float *dw, float *db, const float *dout,
                 in, in_f, 0.0f, dw + (size_t)u0 * in_f, in_f);
     if (!db) return;
     memset(db + u0, 0, (size_t)units * sizeof *db);
-    for (int i = 0; i < n; i++) {
-        const float *row = dout + (size_t)i * out_f + u0;
-        for (int j = 0; j < units; j++) db[u0 + j] += row[j];
-    }
+    kernel_dense_bias_grad_cpu(db, dout, n, out_f, u0, units);
 }

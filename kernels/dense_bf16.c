@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "src/base/error.h"
 
 /* One product C[m, n] (+)= A[m, k] · B[k, n] of bf16 operands into float32: A stored
@@ -249,11 +250,7 @@ static int weight_half(thread_state *t, float *dw, float *db, const uint16_t *g,
     const uint16_t *x = rounded(t, 1, in, (size_t)n * in_f);
     product key = {.ta = 1, .tb = 0, .m = out_f, .n = in_f, .k = n, .acc = 1};
     if (!x || matmul(t, key, g, x, dw, NULL)) return -1;
-    if (db) /* float32, row by row, as the fp32 kernel sums */
-        for (int i = 0; i < n; i++) {
-            const float *row = dout + (size_t)i * out_f;
-            for (int j = 0; j < out_f; j++) db[j] += row[j];
-        }
+    if (db) kernel_dense_bias_grad_cpu(db, dout, n, out_f, 0, out_f); /* of the unrounded dout */
     return 0;
 }
 
@@ -300,11 +297,8 @@ int kernel_dense_weight_grad_units_bf16(float *dw, float *db, const float *dout,
     product key = {.ta = 1, .tb = 0, .m = units, .n = in_f, .k = n};
     if (!x || matmul(t, key, g, x, dw + (size_t)u0 * in_f, NULL)) return -1;
     if (!db) return 0;
-    memset(db + u0, 0, (size_t)units * sizeof *db); /* float32 sums, rows in order */
-    for (int i = 0; i < n; i++) {
-        const float *row = dout + (size_t)i * out_f + u0;
-        for (int j = 0; j < units; j++) db[u0 + j] += row[j];
-    }
+    memset(db + u0, 0, (size_t)units * sizeof *db);
+    kernel_dense_bias_grad_cpu(db, dout, n, out_f, u0, units);
     return 0;
 }
 

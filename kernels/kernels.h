@@ -51,6 +51,10 @@ void kernel_dense_backward_weight_cpu(float *dw, float *db, const float *dout, c
                                       int n, int in_f, int out_f);
 void kernel_dense_backward_input_cpu(float *din, const float *dout, const float *w, int n,
                                      int in_f, int out_f);
+/* db[u0 + j] += Σ_i dout[i, u0 + j] for j < units, in float32 with the rows in order: the
+ * bias gradient of every dense kernel, fp32 and bf16 (kernels/bf16.h) alike. */
+void kernel_dense_bias_grad_cpu(float *db, const float *dout, int n, int out_f, int u0,
+                                int units);
 /* The weight gradient of output units [u0, u0 + units) alone, written (not added):
  * dw[u0.., :] = dout[:, u0..]^T · in, db[u0..] = column sums of dout (rows in order). The
  * batched weight gradient forms a layer's in fixed tiles of units this way. */
