@@ -78,6 +78,19 @@ static int mode_of(const char *name, tensor_mode *m)
     return -1;
 }
 
+/* A profile line's end after its split: nothing (fp32's, as files before the precision
+ * have it) or "precision fp32|bf16", spaces and the newline aside. −1 for anything else. */
+static int precision_of(const char *rest, engine_precision *p)
+{
+    char word[16], name[16], more[2];
+    int n = sscanf(rest, "%15s %15s %1s", word, name, more);
+    *p = ENGINE_FP32;
+    if (n <= 0) return 0;
+    if (n != 2 || strcmp(word, "precision")) return -1;
+    if (!strcmp(name, "bf16")) *p = ENGINE_BF16;
+    return strcmp(name, "bf16") && strcmp(name, "fp32") ? -1 : 0;
+}
+
 /* The next line of f into line (size bytes): 1, 0 at the end, −1 with a message naming
  * the line when it is longer than the buffer (else its rest would be read as the next). */
 static int costs_line(char *line, size_t size, FILE *f, const char *path, int lineno)
@@ -136,19 +149,13 @@ static int costs_read(const char *path, unsigned long long digest, int n_layers,
         /* read wide and checked: %d wrapped 4294967328 to 32, another profile's key */
         long long mb, t, sp;
         int end = 0;
-        char prec[16] = "fp32", rest[2];
-        /* " precision bf16" follows where the profile is not fp32's (files before it have none) */
         if (sscanf(line, "profile microbatch %lld tensor %lld mode %31s split %lld%n", &mb, &t,
                    mode, &sp, &end) != 4 || mode_of(mode, &k.mode) || mb < 1 || mb > INT_MAX ||
-            t < 1 || t > INT_MAX || sp < 0 || sp > 1 ||
-            (sscanf(line + end, " %1s", rest) == 1 &&
-             (sscanf(line + end, " precision %15s %1s", prec, rest) != 1 ||
-              (strcmp(prec, "fp32") && strcmp(prec, "bf16"))))) {
+            t < 1 || t > INT_MAX || sp < 0 || sp > 1 || precision_of(line + end, &k.precision)) {
             fclose(f);
             return pt_error_set("--costs-file %s:%d: expected 'profile microbatch M tensor T mode "
                                 "NAME split 0|1 [precision fp32|bf16]'", path, lineno);
         }
-        k.precision = strcmp(prec, "bf16") ? ENGINE_FP32 : ENGINE_BF16;
         k.microbatch = (int)mb, k.tensor = (int)t, k.split = (int)sp;
         int take = !found && key_equal(&k, want);
         for (int l = 0; l < n_layers; l++) {
