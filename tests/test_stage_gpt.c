@@ -115,10 +115,11 @@ Test(stage_gpt, every_tensor_matches_finite_differences)
 
 /* Planted between B and W (split = PLANT + h): one float of micro-batch 0's first block
  * changed in home h of its split backward's gradients for W (block_split_homes): c_attn's
- * over qkv, c_fc's over the pre-GELU rows, ln_1's output's over the attention
- * probabilities, and the MLP output's kept apart (io.gout), so that the bit comparisons
- * with the whole backward are shown to see every home. */
-enum { PLANT = 2, PLANT_HOMES = 4 };
+ * over qkv, c_fc's over the pre-GELU rows, the MLP output's over the attention
+ * probabilities, the residual's over the residual x1, and the layer norms' sums of B
+ * (ln_1's γ, group 0), so that the bit comparisons with the whole backward are shown to
+ * see every home. */
+enum { PLANT = 2, PLANT_HOMES = 5 };
 
 static void plant(stage *s, int slot, int n, int h)
 {
@@ -130,11 +131,12 @@ static void plant(stage *s, int slot, int n, int h)
     size_t T = (size_t)L->in.c, C = (size_t)L->in.w;
     size_t nc = (size_t)(stage_chunk(s, n) < n ? stage_chunk(s, n) : n); /* chunk 0's */
     size_t probs = layer_saved_floats(L) - (size_t)L->u.block.heads * T * T;
-    size_t at[PLANT_HOMES - 1] = {nc * T * C, nc * T * (7 * C), nc * probs};
-    cr_assert_eq(layer_block_split_fits(L), 1, "the tiny block's ln_1 gradient fits, the "
-                 "MLP output's does not");
+    size_t at[PLANT_HOMES - 1] = {nc * T * C, nc * T * (7 * C), nc * probs, nc * T * 5 * C};
+    cr_assert_eq(layer_block_split_fits(L), 1, "the tiny block's MLP output gradient fits "
+                 "over its probabilities");
     stage_slot_layer *ly = &s->slots[slot].layers[i];
-    float *f = h < PLANT_HOMES - 1 ? ly->saved + at[h] : ly->gout + nc * T * 2 * C;
+    cr_assert_null(ly->gout, "the tiny block keeps nothing apart for W");
+    float *f = h < PLANT_HOMES - 1 ? ly->saved + at[h] : ly->sums;
     *f += 0.5f;
 }
 

@@ -289,6 +289,7 @@ typedef struct {
     const stage *s;
     const stage_slot *sl;
     size_t off;          /* the chunk's first sample */
+    int chunk;           /* backward, weight: the micro-batch's chunk size (its groups) */
     const int64_t *ids;  /* forward: the micro-batch's sample ids */
     float *grads;        /* backward, weight: where parameter gradients go */
 } stage_chunk_io;
@@ -303,6 +304,13 @@ static int chunk_io(void *self, int i, int phase, layer_io *io)
     stage_plan_layer_io(&s->plan, sl->layers, sl->input, s->params, c->grads, i, phase, c->off,
                         io);
     io->ids = c->ids ? c->ids + c->off : NULL;
+    if (sl->layers[i].sums && phase != LAYER_PHASE_FORWARD) {
+        /* the chunk's gradient group (backward_worker's dealing): its layer-norm sums */
+        size_t k = c->off / (size_t)c->chunk;
+        io->norm_sums = sl->layers[i].sums +
+                        k % (size_t)s->groups * layer_norm_sum_floats(&s->plan.loc[i]);
+        io->norm_sums_first = k < (size_t)s->groups;
+    }
     if (s->tp_seq && layer_block_seq(&s->plan.loc[i]) > 1) /* the whole sequence's rows */
         io->seq = s->tp_seq + c->off * layer_shape_count(s->plan.net->layers[s->plan.first + i].in);
     if (io->batched && phase != LAYER_PHASE_FORWARD) /* a block stashes in W as well */
@@ -345,9 +353,9 @@ static void forward_worker(void *arg, int t)
 
 /* W alone for local layers [lo, hi) of one chunk, from the output gradients B kept. */
 static void weight_chunk(const stage *s, stage_worker *wk, float *grads, const stage_slot *sl,
-                         int off, int n, int lo, int hi)
+                         int off, int n, int chunk, int lo, int hi)
 {
-    stage_chunk_io io = {.s = s, .sl = sl, .off = (size_t)off, .grads = grads};
+    stage_chunk_io io = {.s = s, .sl = sl, .off = (size_t)off, .chunk = chunk, .grads = grads};
     layer_run r = chunk_run(s, wk, &io, n);
     (void)layer_run_weight(&r, lo, hi);
 }
@@ -364,12 +372,13 @@ static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const
 {
     int lo = j->lo, hi = j->hi;
     if (j->parts == LAYER_BW_WEIGHT) {
-        weight_chunk(s, wk, grads, j->sl, off, n, lo, hi);
+        weight_chunk(s, wk, grads, j->sl, off, n, j->chunk, lo, hi);
         return;
     }
     const float *g = dout;
     int gi = -1; /* which scratch buffer g lives in, −1 for the caller's */
-    stage_chunk_io io = {.s = s, .sl = j->sl, .off = (size_t)off, .grads = grads};
+    stage_chunk_io io = {.s = s, .sl = j->sl, .off = (size_t)off, .chunk = j->chunk,
+                         .grads = grads};
     layer_run r = chunk_run(s, wk, &io, n);
     r.from = j->from;
     r.to = j->to;
@@ -706,6 +715,7 @@ int stage_backward_input(stage *s, int slot, const float *dout, float *din)
      * keeps until then */
     if (stage_split_top_reads_dout(&s->plan))
         s->slots[slot].layers[s->plan.nl - 1].gout = (float *)dout;
+    stage_split_zero_sums(s, slot);
     backward_span(s, slot, 0, s->plan.nl, dout, din, NULL, LAYER_BW_INPUT);
     return 0;
 }

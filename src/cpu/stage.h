@@ -241,7 +241,9 @@ static inline size_t stage_param_end(const stage *s, int i)
 /* Zero-bubble split of the backward into the input gradient (B) and the parameter
  * gradients (W). stage_enable_split allocates, per slot, the output gradient of every
  * layer with parameters that has no home in the slot (stage_split_slot_bytes,
- * layer_gout_kept_floats: a whole block's B leaves most of its in its own used-up rows). stage_backward_input runs B of the
+ * layer_gout_kept_floats: a whole block's B leaves most of its in its own used-up rows),
+ * and the layer norms' weight-gradient sums of each gradient group, which B forms
+ * (layer_norm_sum_floats; W adds them). stage_backward_input runs B of the
  * slot's micro-batch (din may be NULL) and keeps those gradients; the slot must stay
  * acquired until its W. stage_backward_weight runs W for the local layers [lo, hi) (call
  * it for ranges from the top, hi = layer count first, down to lo = 0, as
@@ -249,9 +251,11 @@ static inline size_t stage_param_end(const stage *s, int i)
  * stage_backward_to bit for bit, whatever runs between them. */
 int stage_enable_split(stage *s);
 size_t stage_split_slot_bytes(const net_desc *net, int first, int last, int max_batch);
-/* The same as rank t of tensor shards `tp` runs the layers (tp NULL: whole layers). */
+/* The same at `threads` threads (their gradient groups' layer-norm sums; 0: the rule
+ * without them, the CUDA engine's) as rank t of tensor shards `tp` runs the layers (tp
+ * NULL: whole layers). */
 size_t stage_split_slot_bytes_shard(const net_desc *net, int first, int last, int max_batch,
-                                    const shard_plan *tp, int t);
+                                    int threads, const shard_plan *tp, int t);
 int stage_backward_input(stage *s, int slot, const float *dout, float *din);
 int stage_backward_weight(stage *s, int slot, int lo, int hi, float *grads);
 

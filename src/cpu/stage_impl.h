@@ -44,6 +44,8 @@ stage_worker *stage_rank_pool_workers(stage_rank_pool *pool, int threads, size_t
 int stage_split_top_reads_dout(const stage_plan *p);
 /* The split backward's gradients of one slot (stage_split_slot_bytes) carved at mem. */
 void stage_split_carve(stage *s, stage_slot *sl, char *mem);
+/* Zeroes slot's layer-norm sums (stage_slot_layer.sums) before its B adds to them. */
+void stage_split_zero_sums(stage *s, int slot);
 
 /* One forward or backward of a slot's micro-batch as the tensor runs see it (the `self`
  * of the CPU's stage_tensor_ops). */

@@ -12,16 +12,24 @@
 
 size_t stage_split_slot_bytes(const net_desc *net, int first, int last, int max_batch)
 {
-    return stage_split_slot_bytes_shard(net, first, last, max_batch, NULL, 0);
+    return stage_split_slot_bytes_shard(net, first, last, max_batch, 1, NULL, 0);
 }
 
 /* Bytes of one slot's B-to-W gradients of local layer L (layer_gout_kept_floats), the
  * stage's last when `last`: none where W reads the stage's output gradient (whole layers
- * only: layer_w_reads_dout). */
-static size_t split_layer_bytes(const layer_desc *L, int last, int sharded, int max_batch)
+ * only: layer_w_reads_dout); *sums: the layer norms' sums of `groups` gradient groups
+ * (groups 0: none, W forms them from the gradients kept; tensor shards keep those). */
+static size_t split_layer_bytes(const layer_desc *L, int last, int sharded, int max_batch,
+                                int groups, size_t *sums)
 {
-    if (!L->weight_count || (last && !sharded && layer_w_reads_dout(L))) return 0;
-    return stage_round_up((size_t)max_batch * layer_gout_kept_floats(L) * sizeof(float));
+    *sums = 0;
+    if (!L->weight_count) return 0;
+    int norm_sums = groups > 0 && !sharded;
+    if (norm_sums)
+        *sums = stage_round_up((size_t)groups * layer_norm_sum_floats(L) * sizeof(float));
+    if (last && !sharded && layer_w_reads_dout(L)) return 0;
+    return stage_round_up((size_t)max_batch * layer_gout_kept_floats(L, norm_sums) *
+                          sizeof(float));
 }
 
 static int stage_plan_sharded(const stage_plan *p) { return p->tp && p->tp->T > 1; }
@@ -31,24 +39,27 @@ int stage_split_top_reads_dout(const stage_plan *p)
     return p->nl > 0 && !stage_plan_sharded(p) && layer_w_reads_dout(&p->loc[p->nl - 1]);
 }
 
-static size_t split_bytes(const stage_plan *p)
+static size_t split_bytes(const stage *s)
 {
-    size_t bytes = 0;
+    const stage_plan *p = &s->plan;
+    size_t bytes = 0, sums;
     for (int i = 0; i < p->nl; i++)
         bytes += split_layer_bytes(&p->loc[i], i == p->nl - 1, stage_plan_sharded(p),
-                                   p->max_batch);
+                                   p->max_batch, s->groups, &sums) +
+                 sums;
     return bytes;
 }
 
 size_t stage_split_slot_bytes_shard(const net_desc *net, int first, int last, int max_batch,
-                                    const shard_plan *tp, int t)
+                                    int threads, const shard_plan *tp, int t)
 {
-    size_t bytes = 0;
-    int sharded = tp && tp->T > 1;
+    size_t bytes = 0, sums;
+    int sharded = tp && tp->T > 1, groups = 0, chunk_max, chunk_min;
+    if (threads > 0) stage_chunk_rules(net, threads, &groups, &chunk_max, &chunk_min);
     for (int l = first; l < last; l++) {
         /* as rank t runs it: a block cut by heads keeps all its inner gradients apart */
         layer_desc L = sharded ? shard_local_layer(tp, net, l, t) : net->layers[l];
-        bytes += split_layer_bytes(&L, l == last - 1, sharded, max_batch);
+        bytes += split_layer_bytes(&L, l == last - 1, sharded, max_batch, groups, &sums) + sums;
     }
     return bytes;
 }
@@ -57,18 +68,29 @@ void stage_split_carve(stage *s, stage_slot *sl, char *mem)
 {
     const stage_plan *p = &s->plan;
     for (int i = 0; i < p->nl; i++) {
-        size_t b = split_layer_bytes(&p->loc[i], i == p->nl - 1, stage_plan_sharded(p),
-                                     p->max_batch);
+        size_t sums, b = split_layer_bytes(&p->loc[i], i == p->nl - 1, stage_plan_sharded(p),
+                                           p->max_batch, s->groups, &sums);
         sl->layers[i].gout = b ? (float *)mem : NULL; /* NULL: B points it at its dout */
-        mem += b;
+        sl->layers[i].sums = sums ? (float *)(mem + b) : NULL;
+        mem += b + sums;
     }
+}
+
+void stage_split_zero_sums(stage *s, int slot)
+{
+    const stage_plan *p = &s->plan;
+    for (int i = 0; i < p->nl; i++)
+        if (s->slots[slot].layers[i].sums)
+            memset(s->slots[slot].layers[i].sums, 0,
+                   (size_t)s->groups * layer_norm_sum_floats(&p->loc[i]) * sizeof(float));
 }
 
 int stage_enable_split(stage *s)
 {
-    const stage_plan *p = &s->plan;
+    stage_plan *p = &s->plan;
     if (s->split) return 0;
-    size_t per = split_bytes(p);
+    p->norm_sums = !stage_plan_sharded(p);
+    size_t per = split_bytes(s);
     if (s->shared_slots) { /* each unit holds a slot's gradients after its activations */
         if (stage_rank_pool_unit(s->rank_pool) < p->slot_bytes + per)
             return pt_error_set("stage %d..%d: the rank's shared slots are smaller than a "

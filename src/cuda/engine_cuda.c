@@ -50,7 +50,7 @@ static void layout_slots(const engine *e, cuda_engine *c, arena *d)
             int keeps = !stage_plan_batched(p, i) || L->type == LAYER_BLOCK;
             s->layers[i].gout = cfg->split_backward && L->weight_count && keeps
                                     ? arena_take(d, (size_t)cfg->max_batch *
-                                                        layer_gout_kept_floats(L) * sizeof(float))
+                                                        layer_gout_kept_floats(L, 0) * sizeof(float))
                                     : NULL;
             /* a layer in phases keeps its inner gradients between them (shared) */
             if (!s->layers[i].gout && stage_plan_phases(p, i) > 1)

@@ -135,10 +135,15 @@ static block_grads block_grads_at(float *set, const block_view *v)
 
 /* Where a whole block's split backward leaves W's gradients (layer_gout_kept_floats, the
  * rule the planner counts): c_fc's over the pre-GELU rows and c_attn's over qkv, dead once
- * B's GELU and attention backwards have read them; ln_1's output's and the MLP output's
- * over the attention probabilities (dead after the attention's backward) as far as they
- * fit; the rest in io->gout: ln_2's output's, the residual's, the two that did not fit, and
- * with dropout attention c_proj's dropped. */
+ * B's GELU and attention backwards have read them; the rest over the attention
+ * probabilities (dead after the attention's backward) as far as they fit, then in
+ * io->gout. With the layer norms' sums (io->norm_sums) W needs neither ln_1's nor ln_2's
+ * output gradient, and the residual's lands on the residual x1 (ln_2's backward reads each
+ * element before it writes it; W no longer reads x1): the MLP output's over the
+ * probabilities, and with dropout attention c_proj's dropped in io->gout. Without them
+ * (the CUDA engine): ln_1's output's and the MLP output's over the probabilities; ln_2's
+ * output's, the residual's, the two that did not fit, and attention c_proj's dropped in
+ * io->gout. */
 static block_grads block_split_homes(const layer_call *c, const block_view *v)
 {
     size_t NC = (size_t)v->N * (size_t)v->C;
@@ -147,6 +152,20 @@ static block_grads block_split_homes(const layer_call *c, const block_view *v)
     block_grads g;
     g.dfc = v->fc;
     g.dqkv = v->qkv;
+    g.dmpl = NULL;
+    g.dx1l = NULL;
+    g.ln1w = v->ln1;
+    g.ln2w = v->ln2;
+    if (c->io->norm_sums) {
+        g.dln2 = g.dln1 = NULL;
+        g.dx1 = v->x1;
+        g.dmp = fits >= 1 ? v->probs : rest;
+        rest += fits >= 1 ? 0 : NC;
+        g.dap = v->drops ? rest : g.dx1;
+        g.dmpl = g.dmp;
+        g.dx1l = g.dx1;
+        return g;
+    }
     g.dln2 = rest;
     g.dx1 = rest + NC;
     rest += 2 * NC;
@@ -157,8 +176,6 @@ static block_grads block_split_homes(const layer_call *c, const block_view *v)
     g.dap = v->drops ? rest : g.dx1;
     g.dmpl = g.dmp;
     g.dx1l = g.dx1;
-    g.ln1w = v->ln1;
-    g.ln2w = v->ln2;
     return g;
 }
 
@@ -294,12 +311,31 @@ int layer_block_forward(const layer_call *c, uint64_t seed, uint64_t step)
            block_drop(c, &v, out, 2, seed, step) || k->add(kc, out, v.x1, NC);
 }
 
+/* The layer norms' weight gradients: from their output gradients, or (sums, the split
+ * backward on the CPU) B's sums of the chunk's gradient group [γ1 | β1 | γ2 | β2], which
+ * the group's first chunk adds (the group's gradients start at zero: the bits of forming
+ * them here, row after row, chunk after chunk). */
+static int block_norm_grads(const layer_call *c, const block_view *v, const block_grads *g,
+                            const float *sums, float *dg1, float *db1, float *dg2, float *db2)
+{
+    const layer_kernels *k = c->k;
+    size_t C = (size_t)v->C;
+    if (sums)
+        return c->io->norm_sums_first &&
+               (k->add(c->kc, dg1, sums, C) || k->add(c->kc, db1, sums + C, C) ||
+                k->add(c->kc, dg2, sums + 2 * C, C) || k->add(c->kc, db2, sums + 3 * C, C));
+    return k->layernorm_backward(c->kc, NULL, dg2, db2, g->dln2, v->x1, v->mean2, v->rstd2,
+                                 v->g2, v->M, v->C) ||
+           k->layernorm_backward(c->kc, NULL, dg1, db1, g->dln1, c->io->x, v->mean1, v->rstd1,
+                                 v->g1, v->M, v->C);
+}
+
 /* A batched block (the step's weight gradients, src/engine/stage_plan.h): its four
  * products' input rows X and output-gradient rows G of the chunk into the step's stash,
  * product by product (stage_wgrad_products' order and places), and its layer norms'
  * gradients now, as every micro-batch forms them. */
 static int block_stash(const layer_call *c, const block_view *v, const block_grads *g,
-                       float *dg1, float *db1, float *dg2, float *db2)
+                       const float *sums, float *dg1, float *db1, float *dg2, float *db2)
 {
     const layer_kernels *k = c->k;
     const layer_io *io = c->io;
@@ -318,14 +354,13 @@ static int block_stash(const layer_call *c, const block_view *v, const block_gra
         xo += T * (size_t)in[q];
         go += T * (size_t)out[q];
     }
-    return k->layernorm_backward(c->kc, NULL, dg2, db2, g->dln2, v->x1, v->mean2, v->rstd2,
-                                 v->g2, v->M, v->C) ||
-           k->layernorm_backward(c->kc, NULL, dg1, db1, g->dln1, io->x, v->mean1, v->rstd1,
-                                 v->g1, v->M, v->C);
+    return block_norm_grads(c, v, g, sums, dg1, db1, dg2, db2);
 }
 
-/* W: every parameter gradient of the block from its inner gradients. */
-static int block_weight_from(const layer_call *c, const block_view *v, const block_grads *g)
+/* W: every parameter gradient of the block from its inner gradients (and the layer norms'
+ * from B's sums, where given: block_norm_grads). */
+static int block_weight_from(const layer_call *c, const block_view *v, const block_grads *g,
+                             const float *sums)
 {
     const layer_kernels *k = c->k;
     void *kc = c->kc;
@@ -335,15 +370,12 @@ static int block_weight_from(const layer_call *c, const block_view *v, const blo
           *dWmproj = dWfc + H * C, *dg1 = dWmproj + C * H, *db1 = dg1 + C,
           *dbattn = db1 + C, *dbaproj = dbattn + 3 * A, *dg2 = dbaproj + C, *db2 = dg2 + C,
           *dbfc = db2 + C, *dbmproj = dbfc + H;
-    if (c->io->batched) return block_stash(c, v, g, dg1, db1, dg2, db2);
+    if (c->io->batched) return block_stash(c, v, g, sums, dg1, db1, dg2, db2);
     return k->dense_backward_weight(kc, dWmproj, dbmproj, g->dmp, v->gel, v->N, v->H, v->C) ||
            k->dense_backward_weight(kc, dWfc, dbfc, g->dfc, g->ln2w, v->N, v->C, v->H) ||
-           k->layernorm_backward(kc, NULL, dg2, db2, g->dln2, v->x1, v->mean2, v->rstd2, v->g2,
-                                 v->M, v->C) ||
            k->dense_backward_weight(kc, dWaproj, dbaproj, g->dap, v->y, v->N, v->A, v->C) ||
            k->dense_backward_weight(kc, dWattn, dbattn, g->dqkv, g->ln1w, v->N, v->C, 3 * v->A) ||
-           k->layernorm_backward(kc, NULL, dg1, db1, g->dln1, c->io->x, v->mean1, v->rstd1,
-                                 v->g1, v->M, v->C);
+           block_norm_grads(c, v, g, sums, dg1, db1, dg2, db2);
 }
 
 /* The backward phases [ph0, ph1) of a block cut by heads from the running gradient g (the
@@ -407,7 +439,7 @@ static int block_backward_shard(const layer_call *c, const float *g, float *dx, 
         if (rc) return -1;
         in = to;
     }
-    return weight_now && c->ph1 == LAYER_BLOCK_PHASES ? block_weight_from(c, &v, &G) : 0;
+    return weight_now && c->ph1 == LAYER_BLOCK_PHASES ? block_weight_from(c, &v, &G, NULL) : 0;
 }
 
 /* Rows of 2C: each of `rows` rows of a, then the same row of b (the gradient and a layer
@@ -479,7 +511,8 @@ static int block_backward_seq(const layer_call *c, const float *g, float *dx, in
                          k->add(kc, to, G.dx1l, MC)));
         if (rc) return -1;
     }
-    return weight_now && c->ph1 == LAYER_BLOCK_SEQ_PHASES ? block_weight_from(c, &v, &G) : 0;
+    return weight_now && c->ph1 == LAYER_BLOCK_SEQ_PHASES ? block_weight_from(c, &v, &G, NULL)
+                                                          : 0;
 }
 
 int layer_block_backward(const layer_call *c, const float *g, float *dx, int weight_now)
@@ -497,14 +530,19 @@ int layer_block_backward(const layer_call *c, const float *g, float *dx, int wei
      * computed from (the GELU's backward reads each element before it writes it); c_attn's
      * and the MLP output's are copied once the attention's backward has read qkv and the
      * probabilities. The whole backward (H = G) runs the same kernels on the same values. */
-    int keep = !weight_now && c->io->gout;
+    int keep = !weight_now && (c->io->gout || c->io->norm_sums);
     block_grads G = block_grads_at(c->work, &v);
     block_grads H = keep ? block_split_homes(c, &v) : G;
+    /* B with the sums: the layer norms' weight gradients now, in the same calls as their
+     * input gradients (bit for bit what the halves compute apart) */
+    float *S = keep ? c->io->norm_sums : NULL;
     if (keep) {
-        G.dln2 = H.dln2;
         G.dx1 = H.dx1;
         G.dap = H.dap;
-        G.dln1 = H.dln1;
+        if (!S) {
+            G.dln2 = H.dln2;
+            G.dln1 = H.dln1;
+        }
     }
     size_t NC = (size_t)v.N * v.C, NH = (size_t)v.N * v.H;
     float *dy = block_dy(c, &v);
@@ -521,8 +559,8 @@ int layer_block_backward(const layer_call *c, const float *g, float *dx, int wei
     if (k->dense_backward_input(kc, G.dfc, G.dmp, v.Wmproj, v.N, v.H, v.C) ||
         k->gelu_backward(kc, H.dfc, G.dfc, v.fc, NH) ||
         k->dense_backward_input(kc, G.dln2, H.dfc, v.Wfc, v.N, v.C, v.H) ||
-        k->layernorm_backward(kc, G.dx1, NULL, NULL, G.dln2, v.x1, v.mean2, v.rstd2, v.g2, v.N,
-                              v.C) ||
+        k->layernorm_backward(kc, G.dx1, S ? S + 2 * v.C : NULL, S ? S + 3 * v.C : NULL,
+                              G.dln2, v.x1, v.mean2, v.rstd2, v.g2, v.N, v.C) ||
         k->add(kc, G.dx1, g, NC) ||
         (v.drops && drop_back(c, &v, G.dap, G.dx1, v.mask_a)) ||
         k->dense_backward_input(kc, dy, G.dap, v.Waproj, v.N, v.A, v.C) ||
@@ -532,14 +570,14 @@ int layer_block_backward(const layer_call *c, const float *g, float *dx, int wei
     if (keep && (k->copy(kc, H.dqkv, G.dqkv, (size_t)v.N * 3 * v.A) ||
                  k->copy(kc, H.dmp, G.dmp, NC)))
         return -1;
-    if (dx && (k->layernorm_backward(kc, dx, NULL, NULL, G.dln1, c->io->x, v.mean1, v.rstd1,
-                                     v.g1, v.N, v.C) ||
-               k->add(kc, dx, G.dx1, NC)))
+    if ((dx || S) && k->layernorm_backward(kc, dx, S, S ? S + v.C : NULL, G.dln1, c->io->x,
+                                           v.mean1, v.rstd1, v.g1, v.N, v.C))
         return -1;
+    if (dx && k->add(kc, dx, G.dx1, NC)) return -1;
     if (!weight_now) return 0;
     H.dfc = G.dfc;
     H.dmp = G.dmp;
-    return block_weight_from(c, &v, &H);
+    return block_weight_from(c, &v, &H, NULL);
 }
 
 int layer_block_weight(const layer_call *c, const float *g)
@@ -548,6 +586,6 @@ int layer_block_weight(const layer_call *c, const float *g)
     block_view v = block_of(c);
     int whole = layer_phases(c->L) == 1;
     block_grads G = whole ? block_split_homes(c, &v) : block_grads_at((float *)g, &v);
-    return block_weight_from(c, &v, &G);
+    return block_weight_from(c, &v, &G, whole ? c->io->norm_sums : NULL);
 }
 

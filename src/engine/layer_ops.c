@@ -177,23 +177,38 @@ static int layernorm_forward(const layer_call *c, uint64_t seed, uint64_t step)
     return c->k->layernorm_forward(c->kc, c->io->y, mean, rstd, c->io->x, c->io->w, c->io->b, N,
                                    C);
 }
-static int layernorm_weight(const layer_call *c, const float *g)
+static int layernorm_weight_from(const layer_call *c, const float *g)
 {
-    if (need_transformer(c)) return -1;
     int N = seq_rows(c), C = c->L->in.w;
     const float *mean = c->io->saved, *rstd = mean + N;
     return c->k->layernorm_backward(c->kc, NULL, c->io->dw, c->io->db, g, c->io->x, mean, rstd,
                                     c->io->w, N, C);
 }
+/* W: from the output gradient B kept, or the group's sums B formed (added once, by the
+ * group's first chunk: the group's gradients start at zero, so the bits are those of
+ * forming them here row by row, chunk after chunk) */
+static int layernorm_weight(const layer_call *c, const float *g)
+{
+    if (need_transformer(c)) return -1;
+    const layer_io *io = c->io;
+    if (!io->norm_sums) return layernorm_weight_from(c, g);
+    size_t C = (size_t)c->L->in.w;
+    return io->norm_sums_first && (c->k->add(c->kc, io->dw, io->norm_sums, C) ||
+                                   c->k->add(c->kc, io->db, io->norm_sums + C, C));
+}
 static int layernorm_backward(const layer_call *c, const float *g, float *dx, int weight_now)
 {
     if (need_transformer(c)) return -1;
+    const layer_io *io = c->io;
     int N = seq_rows(c), C = c->L->in.w;
-    const float *mean = c->io->saved, *rstd = mean + N;
-    if (dx && c->k->layernorm_backward(c->kc, dx, NULL, NULL, g, c->io->x, mean, rstd, c->io->w,
-                                       N, C))
+    const float *mean = io->saved, *rstd = mean + N;
+    /* B with the group's sums: the weight gradients now, in the same call (bit for bit
+     * what the halves compute apart) */
+    float *sg = !weight_now && io->norm_sums ? io->norm_sums : NULL;
+    if ((dx || sg) && c->k->layernorm_backward(c->kc, dx, sg, sg ? sg + C : NULL, g, io->x,
+                                               mean, rstd, io->w, N, C))
         return -1;
-    return weight_now ? layernorm_weight(c, g) : 0;
+    return weight_now ? layernorm_weight_from(c, g) : 0;
 }
 
 /* The output head: each position's vector onto the vocabulary, no bias. */
@@ -306,7 +321,7 @@ int layer_run_backward(layer_run *r, int lo, int hi, const float **gp, int *gip,
                 rc = -1;
                 break;
             }
-        } else if (L->weight_count && !(parts & LAYER_BW_WEIGHT) && begins &&
+        } else if (L->weight_count && !(parts & LAYER_BW_WEIGHT) && begins && !io.norm_sums &&
                    !(L->type == LAYER_BLOCK && layer_phases(L) == 1)) {
             /* (a whole block's B places W's gradients itself: layer_block.c; a stage's last
              * layer may keep them where they came in: io.gout is then g) */

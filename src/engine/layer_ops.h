@@ -120,6 +120,13 @@ typedef struct {
     float *dw, *db;          /* backward, weight: where its parameter gradients are added */
     float *gout;             /* split backward: the output gradient B keeps for W (a block:
                                 every inner gradient W needs, layer_gout_floats) */
+    float *norm_sums;        /* split backward on the CPU: the layer norms' weight gradients
+                                of the chunk's gradient group, added up by B over the
+                                group's chunks in order into sums the engine zeroed
+                                (layer_norm_sum_floats); NULL: W forms them from what B
+                                kept (layer_gout_kept_floats) */
+    int norm_sums_first;     /* W: the chunk is its group's first, which adds the sums to
+                                the group's gradients */
     int batched;             /* its weight half is the step's (rows go to the stash) */
     float *stash_x, *stash_g; /* batched, backward: where this chunk's rows go (a block:
                                  its stash's bases, stage_plan_stash_io) */

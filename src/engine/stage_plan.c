@@ -185,7 +185,7 @@ void stage_plan_layer_io(const stage_plan *p, const stage_slot_layer *layers,
     io->argmax = ly->argmax ? ly->argmax + off * out_count : NULL;
     io->mask = ly->mask ? ly->mask + off * layer_mask_bytes(L) : NULL;
     if (L->type == LAYER_BLOCK && !ly->trained) io->mask = NULL; /* no dropout (eval) */
-    io->gout = ly->gout ? ly->gout + off * layer_gout_kept_floats(L) : NULL;
+    io->gout = ly->gout ? ly->gout + off * layer_gout_kept_floats(L, p->norm_sums) : NULL;
     io->saved = ly->saved ? ly->saved + off * layer_saved_floats(L) : NULL;
     io->batched = stage_plan_batched(p, i);
     if (L->weight_count) {

@@ -108,6 +108,8 @@ typedef struct {
                                bias follows) */
     size_t param_count, widest, work_floats, phase_floats, slot_bytes; /* as stage_sizes */
     int wgrad_rows;         /* batched weight gradients: rows of the step (0: off) */
+    int norm_sums;          /* the split backward's B forms the layer norms' weight
+                               gradients (layer_gout_kept_floats; the CPU stage's) */
     int accumulated;        /* the stage's gradients hold a micro-batch's since zeroing */
     /* a backward by layer ranges under way (range_hi > 0: its next range ends there), of
      * micro-batch range_mb (the engine's index), into range_grads */
@@ -182,6 +184,8 @@ typedef struct {
     const float *out;    /* its output of the last forward: buf, or its input when the
                             layer was the identity (flatten; dropout when not training) */
     float *gout;         /* split backward: the output gradient B keeps for W (engine's) */
+    float *sums;         /* split backward with norm_sums: the layer norms' weight-gradient
+                            sums of each gradient group (layer_norm_sum_floats each) */
     int trained;         /* the last forward trained: a block's dropout masks are valid */
 } stage_slot_layer;
 

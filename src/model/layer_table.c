@@ -416,11 +416,22 @@ int layer_block_split_fits(const layer_desc *L)
     return fits > 2 ? 2 : (int)fits;
 }
 
-size_t layer_gout_kept_floats(const layer_desc *L)
+size_t layer_gout_kept_floats(const layer_desc *L, int norm_sums)
 {
+    if (norm_sums && L->type == LAYER_LAYERNORM) return 0;
     if (!L->weight_count || !block_whole(L)) return layer_gout_floats(L);
     size_t T = (size_t)L->in.c, C = (size_t)L->in.w;
-    return T * C * (size_t)(4 - layer_block_split_fits(L) + (layer_block_drops(L) ? 1 : 0));
+    int fits = layer_block_split_fits(L), drops = layer_block_drops(L) ? 1 : 0;
+    if (!norm_sums) return T * C * (size_t)(4 - fits + drops);
+    /* the MLP output's over the probabilities where it fits; attention c_proj's dropped
+     * never there (B writes it before the attention's backward has read them) */
+    return T * C * (size_t)((fits < 1) + drops);
+}
+
+size_t layer_norm_sum_floats(const layer_desc *L)
+{
+    if (L->type == LAYER_LAYERNORM) return 2 * (size_t)L->in.w;
+    return block_whole(L) ? 4 * (size_t)L->in.w : 0;
 }
 
 size_t layer_work_floats(const layer_desc *L, int n)

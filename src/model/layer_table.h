@@ -165,13 +165,23 @@ size_t layer_gout_floats(const layer_desc *L);
  * most of W's gradients in its own slot's storage that its B has used up
  * (src/engine/layer_block.c, block_split_homes): c_fc's over the pre-GELU rows (fc, the
  * GELU's backward in place), c_attn's over qkv (copied there after the attention's
- * backward), and ln_1's output's, then the MLP output's, over the attention probabilities
- * as far as they fit (layer_block_split_fits: how many of these two, C per token each, fit
- * in heads·T² per sample). Floats per sample it keeps apart (io.gout): ln_2's output's
- * and the residual's, the MLP output's and ln_1's output's where they do not fit, and with
- * dropout attention c_proj's dropped; layer_gout_floats for every other layer. */
+ * backward), and the rest over the attention probabilities as far as they fit
+ * (layer_block_split_fits: how many gradients of C per token fit in heads·T² per sample).
+ * Floats per sample it keeps apart (io.gout), layer_gout_floats for every other layer:
+ * - norm_sums 0 (the CUDA engine): ln_2's output's and the residual's, and ln_1's output's
+ *   and the MLP output's where they do not fit (those two go first over the
+ *   probabilities), and with dropout attention c_proj's dropped;
+ * - norm_sums 1 (the CPU engine): B forms the layer norms' weight gradients itself, into
+ *   sums of the chunk's gradient group (layer_norm_sum_floats; W adds them), so W needs
+ *   neither ln_1's nor ln_2's output gradient nor the residual before ln_2, over which B
+ *   writes the residual's gradient; the MLP output's where it does not fit, and with
+ *   dropout attention c_proj's dropped. A standalone layer norm keeps nothing. */
 int layer_block_split_fits(const layer_desc *L);
-size_t layer_gout_kept_floats(const layer_desc *L);
+size_t layer_gout_kept_floats(const layer_desc *L, int norm_sums);
+/* Floats of the layer norms' weight-gradient sums a split backward with norm_sums forms in
+ * B per gradient group: a whole block's ln_1 γ, β, ln_2 γ, β (C each), a layer norm's γ, β;
+ * 0 for every other layer. */
+size_t layer_norm_sum_floats(const layer_desc *L);
 /* Floats of scratch a chunk of n samples needs (a block's backward; an embedding's token
  * ids), beyond the convolution workspace. */
 size_t layer_work_floats(const layer_desc *L, int n);

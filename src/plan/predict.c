@@ -481,9 +481,10 @@ static double split_slot_bytes(const net_desc *net, int first, int last,
                                const plan_memory_config *cfg, const shard_plan *sp, int t)
 {
     const layer_desc *top = &net->layers[last - 1];
-    double b = (double)stage_split_slot_bytes_shard(net, first, last, cfg->microbatch, sp, t);
+    double b = (double)stage_split_slot_bytes_shard(net, first, last, cfg->microbatch,
+                                                    cfg->cuda_engine ? 0 : 1, sp, t);
     if (cfg->cuda_engine && !sp && layer_w_reads_dout(top))
-        b += (double)stage_round_up((size_t)cfg->microbatch * layer_gout_kept_floats(top) *
+        b += (double)stage_round_up((size_t)cfg->microbatch * layer_gout_kept_floats(top, 0) *
                                     sizeof(float));
     return b;
 }

@@ -42,7 +42,7 @@ static size_t shared_unit(int V, const engine_config *cfg)
         size_t b = chunk_bytes(c).slot;
         if (c->split_backward)
             b += stage_split_slot_bytes_shard(c->net, c->first, c->last, c->max_batch,
-                                              c->shard, c->shard_rank);
+                                              threads_of(c), c->shard, c->shard_rank);
         if (b > unit) unit = b;
     }
     return stage_round_up(unit);
