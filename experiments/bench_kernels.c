@@ -110,7 +110,7 @@ int main(int argc, char **argv)
                 st[gemm_only] = bench_summarise(times, repeats);
             }
             const double flops = gemm_flops * (pass == PASS_FORWARD ? 1 : 1 + need_din);
-            char name[32];
+            char name[48];
             snprintf(name, sizeof name, "conv%d %s", l + 1,
                      pass == PASS_FORWARD ? "forward" : need_din ? "backward" : "backward (no din)");
             printf("%-22s %9.3f %9.3f %9.3f %9.1f %12.3f\n", name, 1e3 * st[0].median,
