@@ -45,3 +45,129 @@ int schedule_receive_buffers(const schedule *s, int stage, int chunk, int least,
     free(last);
     return n;
 }
+
+/* ---- gradient send buffers (schedule_send_buffers) ---- */
+
+typedef struct {
+    const schedule *s;
+    int K, V, M;
+    int *first;  /* [kind][K][V][M] index of the first SEND_ACT, SEND_GRAD, RECV_GRAD and
+                    backward (whole or B) of (stage, chunk, m); −1: none */
+    int **hb;    /* [K] per op, K entries: the last op of each stage that happens before it
+                    (program order, and each receive after its send); −1: none */
+} send_ctx;
+
+enum { SEND_ACT_AT, SEND_GRAD_AT, RECV_GRAD_AT, BACKWARD_AT, N_AT };
+
+static int *first_at(const send_ctx *c, int what, int st, int v, int m)
+{
+    return c->first + (((size_t)what * c->K + st) * c->V + v) * c->M + m;
+}
+
+static int index_ops(send_ctx *c)
+{
+    for (int st = 0; st < c->K; st++) {
+        const schedule_list *l = &c->s->lists[st];
+        for (int i = l->n_ops - 1; i >= 0; i--) {
+            const schedule_op *op = &l->ops[i];
+            int m = op->microbatch, v = op->chunk, what = -1;
+            if (m < 0 || m >= c->M || v < 0 || v >= c->V) continue;
+            switch (op->kind) {
+            case SCHED_OP_SEND_ACT: what = SEND_ACT_AT; break;
+            case SCHED_OP_SEND_GRAD: what = SEND_GRAD_AT; break;
+            case SCHED_OP_RECV_GRAD: what = RECV_GRAD_AT; break;
+            case SCHED_OP_BACKWARD:
+            case SCHED_OP_BACKWARD_INPUT: what = BACKWARD_AT; break;
+            default: break;
+            }
+            if (what >= 0) *first_at(c, what, st, v, m) = i;
+        }
+    }
+    return 0;
+}
+
+/* The send a receive op waits for: its index on the sending stage, −1 when none. */
+static int send_of(const send_ctx *c, int st, const schedule_op *op, int *from)
+{
+    int grad = op->kind == SCHED_OP_RECV_GRAD, pv = -1;
+    *from = -1;
+    if (grad ? !schedule_route_next(c->s, st, op->chunk, from, &pv)
+             : !schedule_route_prev(c->s, st, op->chunk, from, &pv))
+        return -1;
+    return *from < 0 ? -1 : *first_at(c, grad ? SEND_GRAD_AT : SEND_ACT_AT, *from, pv,
+                                      op->microbatch);
+}
+
+/* Fills c->hb by running the lists as the verifier does (a receive passes once its send
+ * has run). */
+static int happens_before(send_ctx *c)
+{
+    int K = c->K, *pc = calloc((size_t)K, sizeof *pc), rc = 0;
+    if (!pc) return pt_error_set("out of memory");
+    for (int st = 0; st < K && !rc; st++)
+        if (!(c->hb[st] = malloc(((size_t)c->s->lists[st].n_ops + 1) * K * sizeof **c->hb)))
+            rc = pt_error_set("out of memory");
+    for (int progress = 1; progress && !rc;) {
+        progress = 0;
+        for (int st = 0; st < K; st++) {
+            const schedule_list *l = &c->s->lists[st];
+            while (pc[st] < l->n_ops) {
+                int i = pc[st], *v = c->hb[st] + (size_t)i * K, from = -1, sent = -1;
+                const schedule_op *op = &l->ops[i];
+                if (op->kind == SCHED_OP_RECV_ACT || op->kind == SCHED_OP_RECV_GRAD) {
+                    sent = send_of(c, st, op, &from);
+                    if (sent >= 0 && pc[from] <= sent) break;
+                }
+                for (int q = 0; q < K; q++) v[q] = i ? v[q - K] : -1;
+                for (int q = 0; sent >= 0 && q < K; q++) {
+                    int w = c->hb[from][(size_t)sent * K + q];
+                    if (w > v[q]) v[q] = w;
+                }
+                v[st] = i;
+                pc[st]++;
+                progress = 1;
+            }
+        }
+    }
+    for (int st = 0; st < K && !rc; st++)
+        if (pc[st] < c->s->lists[st].n_ops)
+            rc = pt_error_set("schedule '%s': stage %d cannot run past op %d", c->s->name, st,
+                              pc[st]);
+    free(pc);
+    return rc;
+}
+
+/* Whether chunk v of stage st may send its gradients from n buffers: for every m ≥ n the
+ * receiver's RECV of m − n happens before st's first backward of m. */
+static int sends_fit(const send_ctx *c, int st, int v, int to, int tv, int n)
+{
+    for (int m = n; m < c->M; m++) {
+        int b = *first_at(c, BACKWARD_AT, st, v, m);
+        int r = *first_at(c, RECV_GRAD_AT, to, tv, m - n);
+        if (b >= 0 && r >= 0 && c->hb[st][(size_t)b * c->K + to] < r) return 0;
+    }
+    return 1;
+}
+
+int schedule_send_buffers(const schedule *s, int least, int *n_out)
+{
+    int K = s->stages, V = s->virtual_stages > 1 ? s->virtual_stages : 1, M = s->microbatches;
+    send_ctx c = {.s = s, .K = K, .V = V, .M = M};
+    size_t n_first = (size_t)N_AT * K * V * M;
+    c.first = malloc(n_first * sizeof *c.first);
+    c.hb = calloc((size_t)K, sizeof *c.hb);
+    int rc = c.first && c.hb ? 0 : pt_error_set("out of memory");
+    for (size_t k = 0; !rc && k < n_first; k++) c.first[k] = -1;
+    rc = rc || index_ops(&c) || happens_before(&c);
+    for (int st = 0; st < K && !rc; st++)
+        for (int v = 0; v < V; v++) {
+            int to, tv, n = least < 1 ? 1 : least;
+            if (schedule_route_prev(s, st, v, &to, &tv) && to != st)
+                while (n < M && !sends_fit(&c, st, v, to, tv, n)) n++;
+            n_out[st * V + v] = n < M ? n : M;
+        }
+    for (int st = 0; c.hb && st < K; st++) free(c.hb[st]);
+    free(c.hb);
+    free(c.first);
+    return rc ? -1 : 0;
+}

@@ -333,3 +333,99 @@ Test(schedule_v, receive_buffers_by_liveness)
         schedule_free(&s);
     }
 }
+
+/* Gradient send buffers by liveness (schedule_send_buffers): with n buffers, the
+ * receiver's RECV of m − n must happen before the sender's first backward of m (then that
+ * send is over when its buffer is written again). Checked here by a search over the
+ * events (program order, and each receive after its send; another method than the
+ * function's clocks), for n and, where n > 1, against n − 1; 1F1B's stage s needs K − s + 1
+ * (its micro-batches in flight, and one more), GPipe M, and ZB-V fewer than M. */
+static int grad_op(const schedule_list *l, int v, int m, int backward)
+{
+    for (int i = 0; i < l->n_ops; i++) {
+        const schedule_op *op = &l->ops[i];
+        int is = backward ? op->kind == SCHED_OP_BACKWARD || op->kind == SCHED_OP_BACKWARD_INPUT
+                          : op->kind == SCHED_OP_RECV_GRAD;
+        if (is && op->chunk == v && op->microbatch == m) return i;
+    }
+    return -1;
+}
+
+/* Whether op (st, i) is reached from op (from, j) over program order and messages. */
+static int reaches(const schedule *s, int from, int j, int st, int i)
+{
+    int K = s->stages, total = 0;
+    for (int q = 0; q < K; q++) total += s->lists[q].n_ops;
+    char *seen = calloc((size_t)total, 1);
+    int *base = calloc((size_t)K + 1, sizeof *base);
+    int *stack = malloc((size_t)total * 2 * sizeof *stack);
+    for (int q = 0; q < K; q++) base[q + 1] = base[q] + s->lists[q].n_ops;
+    int top = 0, found = 0;
+    stack[top++] = from, stack[top++] = j;
+    while (top && !found) {
+        int ci = stack[--top], cs = stack[--top];
+        if (seen[base[cs] + ci]) continue;
+        seen[base[cs] + ci] = 1;
+        if (cs == st && ci <= i) found = 1; /* program order from there */
+        const schedule_op *op = &s->lists[cs].ops[ci];
+        if (ci + 1 < s->lists[cs].n_ops) stack[top++] = cs, stack[top++] = ci + 1;
+        int act = op->kind == SCHED_OP_SEND_ACT, ps = -1, pv = -1;
+        if (act || op->kind == SCHED_OP_SEND_GRAD) {
+            /* the receiving chunk, as the routing names it (two chunks of a rank may send
+             * the same kind and micro-batch to one peer rank) */
+            if (act) schedule_route_next(s, cs, op->chunk, &ps, &pv);
+            else schedule_route_prev(s, cs, op->chunk, &ps, &pv);
+            schedule_op_kind want = act ? SCHED_OP_RECV_ACT : SCHED_OP_RECV_GRAD;
+            const schedule_list *pl = &s->lists[ps];
+            for (int k = 0; k < pl->n_ops; k++)
+                if (pl->ops[k].kind == want && pl->ops[k].microbatch == op->microbatch &&
+                    pl->ops[k].chunk == pv && !seen[base[ps] + k])
+                    stack[top++] = ps, stack[top++] = k;
+        }
+    }
+    free(seen);
+    free(base);
+    free(stack);
+    return found;
+}
+
+static int sends_free(const schedule *s, int st, int v, int n)
+{
+    int to, tv;
+    if (!schedule_route_prev(s, st, v, &to, &tv) || to == st) return 1;
+    for (int m = n; m < s->microbatches; m++) {
+        int b = grad_op(&s->lists[st], v, m, 1), r = grad_op(&s->lists[to], tv, m - n, 0);
+        if (b >= 0 && r >= 0 && !reaches(s, to, r, st, b)) return 0;
+    }
+    return 1;
+}
+
+Test(schedule_v, send_buffers_by_liveness)
+{
+    const char *names[] = {"gpipe", "1f1b", "zb-h1", "interleaved", "zb-h2", "zb-v",
+                           "v-half", "v-min", "dualpipev"};
+    int K = 4, M = 8, n[16];
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+        schedule s;
+        int V = !strcmp(names[k], "interleaved") || schedule_is_v(names[k]) ? 2 : 1;
+        cr_assert_eq(schedule_init_named(&s, names[k], K, V, M), 0, "%s", pt_error_get());
+        cr_assert_eq(schedule_send_buffers(&s, 1, n), 0, "%s", pt_error_get());
+        int most = 0;
+        for (int st = 0; st < K; st++)
+            for (int v = 0; v < V; v++) {
+                int c = n[st * V + v];
+                cr_assert(c >= 1 && c <= M, "%s (%d, %d): %d", names[k], st, v, c);
+                cr_assert(sends_free(&s, st, v, c), "%s (%d, %d): %d buffers overlap",
+                          names[k], st, v, c);
+                cr_assert(c == 1 || !sends_free(&s, st, v, c - 1),
+                          "%s (%d, %d): %d buffers would do, not %d", names[k], st, v, c - 1, c);
+                most = c > most ? c : most;
+            }
+        for (int st = 1; !strcmp(names[k], "1f1b") && st < K; st++)
+            cr_assert_eq(n[st], K - st + 1, "1f1b stage %d: %d", st, n[st]);
+        for (int st = 1; !strcmp(names[k], "gpipe") && st < K; st++)
+            cr_assert_eq(n[st], M, "gpipe stage %d: %d", st, n[st]);
+        if (!strcmp(names[k], "zb-v")) cr_assert(most < M, "zb-v: %d send buffers", most);
+        schedule_free(&s);
+    }
+}

@@ -19,8 +19,8 @@ typedef struct {
     float **in;        /* [n_in] the stage's input: pixels (stage 0, [buffers]) or ACT_IN */
     float **grad_in;   /* [n_recv] GRAD_IN; on the last stage the loss gradient (NULL where
                           it overwrites the logits in the slot: loss_in_place) */
-    float **grad_out;  /* [n_msg] GRAD_OUT (not on stage 0) */
-    int n_in, n_recv, n_msg; /* message b's entry: b mod n_recv received, mod n_msg sent */
+    float **grad_out;  /* [n_send] GRAD_OUT (not on stage 0) */
+    int n_in, n_recv, n_send; /* message b's entry: b mod n_recv received, mod n_send sent */
     int32_t **labels;  /* [buffers][max_batch] (last stage) */
     int64_t **ids;     /* [buffers][max_batch] */
     int *slot_of;      /* [buffers] the slot holding m's activations, −1 for none */
@@ -59,7 +59,7 @@ typedef struct {
 static cpu_engine *impl(engine *e) { return e->impl; }
 
 /* Buffer m's input (stage 0: its samples, one per buffer), received gradient and gradient
- * to send (messages: m mod n_recv received, m mod n_msg sent). */
+ * to send (messages: m mod n_recv received, m mod n_send sent). */
 static float *input_of(const cpu_engine *c, int m)
 {
     return c->in[c->first_stage ? m : m % c->n_recv];
@@ -71,7 +71,7 @@ static float *grad_in_of(const cpu_engine *c, int m)
 }
 static float *grad_out_of(const cpu_engine *c, int m)
 {
-    return c->first_stage ? NULL : c->grad_out[m % c->n_msg];
+    return c->first_stage ? NULL : c->grad_out[m % c->n_send];
 }
 
 static void *alloc_array(size_t bytes)
@@ -108,7 +108,7 @@ static void cpu_destroy(engine *e)
         stage_free(&c->st);
         free_arrays((void **)c->in, c->n_in);
         free_arrays((void **)c->grad_in, c->n_recv);
-        free_arrays((void **)c->grad_out, c->n_msg);
+        free_arrays((void **)c->grad_out, c->n_send);
         free_arrays((void **)c->labels, n);
         free_arrays((void **)c->ids, n);
         free(c->slot_of);
@@ -725,9 +725,11 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
     c->last_stage = cfg->last == cfg->net->n_layers;
     int nb = cfg->buffers;
     size_t mb = (size_t)cfg->max_batch;
-    c->n_msg = cfg->message_buffers > 0 && cfg->message_buffers < nb ? cfg->message_buffers : nb;
-    c->n_recv = cfg->receive_buffers > 0 && cfg->receive_buffers < c->n_msg
-                    ? cfg->receive_buffers : c->n_msg;
+    int n_msg = cfg->message_buffers > 0 && cfg->message_buffers < nb ? cfg->message_buffers
+                                                                       : nb;
+    c->n_recv = cfg->receive_buffers > 0 && cfg->receive_buffers < n_msg ? cfg->receive_buffers
+                                                                           : n_msg;
+    c->n_send = cfg->send_buffers > 0 && cfg->send_buffers < n_msg ? cfg->send_buffers : n_msg;
     c->n_in = c->first_stage ? nb : c->n_recv;
     c->in = (float **)alloc_arrays(c->n_in, mb * e->in_count * sizeof(float));
     /* on the last stage the loss gradient may take the logits' place in the slot: a
@@ -736,8 +738,8 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
     c->grad_in = c->loss_in_place
                      ? NULL
                      : (float **)alloc_arrays(c->n_recv, mb * e->out_count * sizeof(float));
-    c->grad_out = c->first_stage ? NULL : (float **)alloc_arrays(c->n_msg, mb * e->in_count *
-                                                                                sizeof(float));
+    c->grad_out = c->first_stage ? NULL : (float **)alloc_arrays(c->n_send, mb * e->in_count *
+                                                                                 sizeof(float));
     c->labels = (int32_t **)alloc_arrays(nb, mb * data_model_labels(cfg->net) * sizeof(int32_t));
     c->ids = (int64_t **)alloc_arrays(nb, mb * sizeof(int64_t));
     c->slot_of = malloc((size_t)nb * sizeof *c->slot_of);

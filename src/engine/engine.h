@@ -49,6 +49,9 @@ typedef struct {
     int receive_buffers;  /* CPU engine: buffers of ACT_IN and GRAD_IN the same way (0:
                              message_buffers): fewer where the executor posts each receive
                              once its buffer is free (schedule_receive_buffers) */
+    int send_buffers;     /* CPU engine: buffers of GRAD_OUT the same way (0:
+                             message_buffers): fewer where the executor waits for m − n's
+                             send before m's backward (schedule_send_buffers) */
     int max_batch;        /* samples per micro-batch */
     int n_slots;          /* micro-batches whose activations are held at once */
     int batch;            /* samples per optimizer step: the loss gradient is scaled 1/batch */

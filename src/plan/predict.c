@@ -475,6 +475,30 @@ static double state_bytes(const stage_bytes *bp, const net_desc *net, const net_
     return bytes;
 }
 
+/* Chunk v of stage s's message and sample buffers, as src/runtime/exec.c sizes its engine:
+ * 2M micro-batch buffers of samples (two steps; at least 3, for evaluation) with their
+ * labels and ids; M of each message (two steps' on CUDA), the CPU executor's as few as
+ * liveness allows (src/runtime/exec_msg.c: receives, and n_send gradients sent). The
+ * inputs are samples on chunk 0, else messages; the gradients received may take the
+ * logits' place on the last chunk. */
+static double buffer_bytes(const schedule *sched, const net_desc *net, int s, int v,
+                           int first, int last, double in, double outc,
+                           const plan_memory_config *cfg, int n_send, int *failed)
+{
+    int M = sched->microbatches;
+    double nb = 2.0 * M > 3 ? 2.0 * M : 3, nm = cfg->cuda_engine ? nb : M > 3 ? M : 3;
+    double nr = nm, ns = nm, mb = cfg->microbatch;
+    if (!cfg->cuda_engine) {
+        int n = schedule_receive_buffers(sched, s, v, 3, NULL);
+        if (n < 0) *failed = 1;
+        else if (n < nr) nr = n;
+        if (n_send < ns) ns = n_send;
+    }
+    int in_place = layer_loss_in_place(net, last, sched->lists[s].recompute);
+    return (first > 0 ? (nr + ns) * 4.0 * in : nb * 4.0 * in) * mb +
+           (in_place ? 0 : nr * mb * 4.0 * outc) + nb * mb * (4 + 8);
+}
+
 /* A slot's split-backward gradients: the CPU stage's (its last layer's W may read the
  * gradient where it came in); the CUDA engine keeps that one's copy too. */
 static double split_slot_bytes(const net_desc *net, int first, int last,
@@ -500,9 +524,12 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                             net->n_layers);
     schedule_report rep;
     if (schedule_verify(sched, &rep)) return -1;
-    /* as src/runtime/exec.c sizes each chunk's engine: 2M micro-batch buffers of samples
-     * (two steps), at least 3 (evaluation); M of each message (two steps' on CUDA) */
-    double nb = 2.0 * M > 3 ? 2.0 * M : 3, nm = cfg->cuda_engine ? nb : M > 3 ? M : 3;
+    int *n_send = calloc((size_t)K * V, sizeof *n_send); /* (buffer_bytes) */
+    if (!n_send || (!cfg->cuda_engine && schedule_send_buffers(sched, 1, n_send))) {
+        free(n_send);
+        schedule_report_free(&rep);
+        return n_send ? -1 : pt_error_set("out of memory");
+    }
     double mb = cfg->microbatch;
     const shard_plan *sp = cfg->shard && cfg->shard->T > 1 ? cfg->shard : NULL;
     int T = sp ? sp->T : 1;
@@ -520,6 +547,7 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
             if (sp && cfg->zero >= 2 && cfg->replicas > 1) {
                 if (shard_local_net(&local, sp, net, t)) {
                     schedule_report_free(&rep);
+                    free(n_send);
                     return -1;
                 }
                 zn = &local;
@@ -546,19 +574,8 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
                 scratch_sum += (double)b.thread_scratch;
                 if ((double)b.thread_scratch > scratch_most) scratch_most = (double)b.thread_scratch;
                 if (stage_round_up((size_t)slot) > unit) unit = stage_round_up((size_t)slot);
-                /* inputs (samples on chunk 0, else messages), gradients in (on the last
-                 * chunk perhaps in the logits' place), gradients out (not on chunk 0),
-                 * labels and ids; the CPU executor receives into as few buffers as
-                 * liveness allows (src/runtime/exec_msg.c) */
-                double nr = nm;
-                if (!cfg->cuda_engine) {
-                    int n = schedule_receive_buffers(sched, s, v, 3, NULL);
-                    if (n < 0) failed = 1;
-                    else if (n < nr) nr = n;
-                }
-                int loss_in_place = layer_loss_in_place(net, last, recompute);
-                bytes += (first > 0 ? (nr + nm) * 4.0 * in : nb * 4.0 * in) * mb +
-                         (loss_in_place ? 0 : nr * mb * 4.0 * outc) + nb * mb * (4 + 8);
+                bytes += buffer_bytes(sched, net, s, v, first, last, in, outc, cfg,
+                                      n_send[s * V + v], &failed);
                 /* recomputation: the outputs of the micro-batches between forward and
                  * backward stay until sent (the engine's pool, sized by the verifier) */
                 if (recompute && last < net->n_layers)
@@ -580,12 +597,14 @@ int plan_memory(double *out, const net_desc *net, const partition *part, const s
             if (zn != net) net_desc_free(&local);
             if (failed) {
                 schedule_report_free(&rep);
+                free(n_send);
                 return -1;
             }
             if (rank > out[s]) out[s] = rank;
         }
     }
     schedule_report_free(&rep);
+    free(n_send);
     return 0;
 }
 

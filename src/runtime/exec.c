@@ -198,7 +198,7 @@ static int create_engines(exec_t *e, const partition *part, const int *slots, co
     const schedule_list *list = &e->sched->lists[e->rank];
     int M = cfg->microbatches, split = 0, n_recv[e->V];
     for (int i = 0; i < list->n_ops; i++) split |= list->ops[i].kind == SCHED_OP_BACKWARD_INPUT;
-    if (exec_plan_receives(e, n_recv)) return -1;
+    if (exec_plan_receives(e, n_recv) || exec_plan_sends(e)) return -1;
     engine_config ecs[e->V];
     for (int v = 0; v < e->V; v++) {
         int c = schedule_model_chunk(e->sched, e->rank, v);
@@ -206,10 +206,10 @@ static int create_engines(exec_t *e, const partition *part, const int *slots, co
             .net = e->net, .first = part->first[c], .last = part->first[c + 1],
             /* two halves, see exec.half; evaluation cycles through 0, 1 and 2 */
             .buffers = 2 * M > EVAL_BUFFERS ? 2 * M : EVAL_BUFFERS,
-            /* a step's messages are over by its end: one buffer per micro-batch sent, the
-             * fewer received that liveness allows */
+            /* a step's messages are over by its end: one buffer per micro-batch (the
+             * CPU's gradients sent and messages received: as few as liveness allows) */
             .message_buffers = M > EVAL_BUFFERS ? M : EVAL_BUFFERS,
-            .receive_buffers = n_recv[v],
+            .receive_buffers = n_recv[v], .send_buffers = e->send_n[v],
             .max_batch = e->mb, .n_slots = slots[v] > 0 ? slots[v] : 1, .batch = cfg->batch,
             .threads = cfg->threads > 0 ? cfg->threads : 1, .device = cfg->gpu,
             .device_messages = cfg->device_messages, .precision = cfg->precision,
@@ -337,6 +337,7 @@ void exec_free(exec_t *e)
     free(e->req_send_grad);
     free(e->recv_at);
     free(e->recv_ops);
+    free(e->send_n);
     free(e->pending);
     trace_free(&e->trace);
     free(e);
@@ -564,6 +565,7 @@ static int op_backward(exec_t *e, const step_run *s, const schedule_op *op, int 
 {
     int m = op->microbatch, b = s->base + m, v = op->chunk, lo, hi;
     engine *g = e->engs[v];
+    if (exec_wait_send_buffer(e, v, m)) return -1;
     if (op->bucket >= 0) {
         if (part_range(e, v, op->bucket, b, &lo, &hi) || engine_backward_range(g, b, lo, hi, i))
             return -1;
@@ -581,7 +583,8 @@ static int op_backward_input(exec_t *e, const step_run *s, const schedule_op *op
     if (!g->ops->backward_input)
         return pt_error_set("rank %d: the %s engine has no split backward", e->world_rank,
                             g->ops->name);
-    return engine_backward_input(g, s->base + op->microbatch, i);
+    return exec_wait_send_buffer(e, op->chunk, op->microbatch) ||
+           engine_backward_input(g, s->base + op->microbatch, i);
 }
 
 /* "W" of a split backward: m's parameter gradients (or bucket b's part of them). */

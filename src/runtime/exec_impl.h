@@ -61,6 +61,9 @@ struct exec {
      * RECV ops at recv_ops[recv_at[0] .. recv_at[1]) at the step's start, those at
      * [recv_at[i + 1] .. recv_at[i + 2]) right after op i */
     int *recv_at, *recv_ops;
+    /* [V] each chunk's gradient send buffers (schedule_send_buffers; M on a GPU): m's
+     * backward first waits for the send of m − send_n[v] from its buffer */
+    int *send_n;
     /* sends whose buffers are not filled yet, posted in order as they become ready */
     pending_send *pending;
     int n_pending, pending_cap;
@@ -145,6 +148,13 @@ int exec_wait_request(exec_t *e, MPI_Request *req, const char *what, int m, int 
  * 0: one per micro-batch): on the CPU engine a receive is posted once its buffer is free
  * (schedule_receive_buffers); on a GPU all at the step's start. */
 int exec_plan_receives(exec_t *e, int *n_recv);
+/* Each chunk's gradient send buffers (e->send_n): on the CPU engine as few as
+ * schedule_send_buffers proves free in time; on a GPU one per micro-batch. */
+int exec_plan_sends(exec_t *e);
+/* Before chunk v's backward of m writes its gradient to send: the send of m − send_n[v]
+ * from the same buffer is over (it is by then: schedule_send_buffers; the wait makes
+ * sure). */
+int exec_wait_send_buffer(exec_t *e, int v, int m);
 /* Posts the receives of slot 0 (the step's start) or i + 1 (after op i), into the buffers
  * from `base`. */
 int exec_post_receives(exec_t *e, int base, int slot);

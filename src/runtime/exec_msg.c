@@ -124,6 +124,27 @@ int exec_plan_receives(exec_t *e, int *n_recv)
     return 0;
 }
 
+int exec_plan_sends(exec_t *e)
+{
+    int K = e->sched->stages, V = e->V, M = e->cfg.microbatches;
+    e->send_n = malloc((size_t)V * sizeof *e->send_n);
+    int *all = malloc((size_t)K * V * sizeof *all);
+    int rc = e->send_n && all ? 0 : pt_error_set("out of memory");
+    if (!rc && e->cfg.device != ENGINE_CUDA) rc = schedule_send_buffers(e->sched, 1, all);
+    for (int v = 0; !rc && v < V; v++)
+        e->send_n[v] = e->cfg.device == ENGINE_CUDA ? M : all[e->rank * V + v];
+    free(all);
+    return rc;
+}
+
+int exec_wait_send_buffer(exec_t *e, int v, int m)
+{
+    int n = e->send_n[v], to;
+    if (m < n || !schedule_route_prev(e->sched, e->rank, v, &to, NULL)) return 0;
+    return exec_wait_send(e, &e->req_send_grad[v * e->cfg.microbatches + m - n],
+                          "send of the gradient", m - n, to);
+}
+
 int exec_post_receives(exec_t *e, int base, int slot)
 {
     const schedule_list *l = &e->sched->lists[e->rank];
