@@ -261,6 +261,19 @@ Test(schedule_v, greedy_uneven_costs)
     schedule_free(&s);
 }
 
+/* The nine named schedules the buffer tests run, at V = 2 where they take chunks. */
+static const char *const buffer_names[] = {"gpipe", "1f1b",  "zb-h1",  "interleaved",
+                                           "zb-h2", "zb-v",  "v-half", "v-min",
+                                           "dualpipev"};
+enum { N_NAMES = sizeof buffer_names / sizeof *buffer_names };
+
+static int init_named(schedule *s, size_t k, int K, int M)
+{
+    int V = !strcmp(buffer_names[k], "interleaved") || schedule_is_v(buffer_names[k]) ? 2 : 1;
+    cr_assert_eq(schedule_init_named(s, buffer_names[k], K, V, M), 0, "%s", pt_error_get());
+    return V;
+}
+
 /* Receive buffers by liveness (schedule_receive_buffers): m's receives are posted after
  * m − n's last op and before m's own receive op, and no fewer buffers would do; GPipe
  * receives every activation before its first backward (one buffer per micro-batch), 1F1B's
@@ -298,38 +311,35 @@ static int receive_buffers_hold(const schedule *s, int st, int v, int n)
 
 Test(schedule_v, receive_buffers_by_liveness)
 {
-    const char *names[] = {"gpipe", "1f1b", "zb-h1", "interleaved", "zb-h2", "zb-v",
-                           "v-half", "v-min", "dualpipev"};
     int K = 4, M = 8, after[8];
-    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+    for (size_t k = 0; k < N_NAMES; k++) {
         schedule s;
-        int V = !strcmp(names[k], "interleaved") || schedule_is_v(names[k]) ? 2 : 1;
-        cr_assert_eq(schedule_init_named(&s, names[k], K, V, M), 0, "%s", pt_error_get());
+        int V = init_named(&s, k, K, M);
         int most_v = 0;
         for (int st = 0; st < K; st++)
             for (int v = 0; v < V; v++) {
                 int n = schedule_receive_buffers(&s, st, v, 3, after);
-                cr_assert(n >= 3 && n <= M, "%s (%d, %d): %d", names[k], st, v, n);
+                cr_assert(n >= 3 && n <= M, "%s (%d, %d): %d", buffer_names[k], st, v, n);
                 cr_assert(receive_buffers_hold(&s, st, v, n), "%s (%d, %d): %d buffers "
-                          "overlap", names[k], st, v, n);
+                          "overlap", buffer_names[k], st, v, n);
                 cr_assert(n == 3 || !receive_buffers_hold(&s, st, v, n - 1),
-                          "%s (%d, %d): %d buffers would do, not %d", names[k], st, v, n - 1, n);
+                          "%s (%d, %d): %d buffers would do, not %d", buffer_names[k], st, v, n - 1, n);
                 for (int m = 0; m < M; m++) {
                     int r = receive_of(&s.lists[st], v, m);
                     cr_assert(m < n ? after[m] == -1
                                     : after[m] == last_use(&s.lists[st], v, m - n) &&
                                           (r < 0 || after[m] < r),
-                              "%s (%d, %d): m=%d posted after op %d", names[k], st, v, m,
+                              "%s (%d, %d): m=%d posted after op %d", buffer_names[k], st, v, m,
                               after[m]);
                 }
                 most_v = n > most_v ? n : most_v;
             }
-        if (!strcmp(names[k], "gpipe"))
+        if (!strcmp(buffer_names[k], "gpipe"))
             cr_assert_eq(schedule_receive_buffers(&s, 1, 0, 3, NULL), M);
-        if (!strcmp(names[k], "1f1b"))
+        if (!strcmp(buffer_names[k], "1f1b"))
             cr_assert_eq(schedule_receive_buffers(&s, K - 1, 0, 3, NULL), 3);
-        if (V == 2 && strcmp(names[k], "interleaved"))
-            cr_assert(most_v < M, "%s: %d receive buffers somewhere", names[k], most_v);
+        if (V == 2 && strcmp(buffer_names[k], "interleaved"))
+            cr_assert(most_v < M, "%s: %d receive buffers somewhere", buffer_names[k], most_v);
         schedule_free(&s);
     }
 }
@@ -402,30 +412,27 @@ static int sends_free(const schedule *s, int st, int v, int n)
 
 Test(schedule_v, send_buffers_by_liveness)
 {
-    const char *names[] = {"gpipe", "1f1b", "zb-h1", "interleaved", "zb-h2", "zb-v",
-                           "v-half", "v-min", "dualpipev"};
     int K = 4, M = 8, n[16];
-    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+    for (size_t k = 0; k < N_NAMES; k++) {
         schedule s;
-        int V = !strcmp(names[k], "interleaved") || schedule_is_v(names[k]) ? 2 : 1;
-        cr_assert_eq(schedule_init_named(&s, names[k], K, V, M), 0, "%s", pt_error_get());
+        int V = init_named(&s, k, K, M);
         cr_assert_eq(schedule_send_buffers(&s, 1, n), 0, "%s", pt_error_get());
         int most = 0;
         for (int st = 0; st < K; st++)
             for (int v = 0; v < V; v++) {
                 int c = n[st * V + v];
-                cr_assert(c >= 1 && c <= M, "%s (%d, %d): %d", names[k], st, v, c);
+                cr_assert(c >= 1 && c <= M, "%s (%d, %d): %d", buffer_names[k], st, v, c);
                 cr_assert(sends_free(&s, st, v, c), "%s (%d, %d): %d buffers overlap",
-                          names[k], st, v, c);
+                          buffer_names[k], st, v, c);
                 cr_assert(c == 1 || !sends_free(&s, st, v, c - 1),
-                          "%s (%d, %d): %d buffers would do, not %d", names[k], st, v, c - 1, c);
+                          "%s (%d, %d): %d buffers would do, not %d", buffer_names[k], st, v, c - 1, c);
                 most = c > most ? c : most;
             }
-        for (int st = 1; !strcmp(names[k], "1f1b") && st < K; st++)
+        for (int st = 1; !strcmp(buffer_names[k], "1f1b") && st < K; st++)
             cr_assert_eq(n[st], K - st + 1, "1f1b stage %d: %d", st, n[st]);
-        for (int st = 1; !strcmp(names[k], "gpipe") && st < K; st++)
+        for (int st = 1; !strcmp(buffer_names[k], "gpipe") && st < K; st++)
             cr_assert_eq(n[st], M, "gpipe stage %d: %d", st, n[st]);
-        if (!strcmp(names[k], "zb-v")) cr_assert(most < M, "zb-v: %d send buffers", most);
+        if (!strcmp(buffer_names[k], "zb-v")) cr_assert(most < M, "zb-v: %d send buffers", most);
         schedule_free(&s);
     }
 }
