@@ -64,7 +64,7 @@ static int *first_at(const send_ctx *c, int what, int st, int v, int m)
     return c->first + (((size_t)what * c->K + st) * c->V + v) * c->M + m;
 }
 
-static int index_ops(send_ctx *c)
+static void index_ops(send_ctx *c)
 {
     for (int st = 0; st < c->K; st++) {
         const schedule_list *l = &c->s->lists[st];
@@ -83,7 +83,6 @@ static int index_ops(send_ctx *c)
             if (what >= 0) *first_at(c, what, st, v, m) = i;
         }
     }
-    return 0;
 }
 
 /* The send a receive op waits for: its index on the sending stage, −1 when none. */
@@ -158,7 +157,8 @@ int schedule_send_buffers(const schedule *s, int least, int *n_out)
     c.hb = calloc((size_t)K, sizeof *c.hb);
     int rc = c.first && c.hb ? 0 : pt_error_set("out of memory");
     for (size_t k = 0; !rc && k < n_first; k++) c.first[k] = -1;
-    rc = rc || index_ops(&c) || happens_before(&c);
+    if (!rc) index_ops(&c);
+    rc = rc || happens_before(&c);
     for (int st = 0; st < K && !rc; st++)
         for (int v = 0; v < V; v++) {
             int to, tv, n = least < 1 ? 1 : least;
