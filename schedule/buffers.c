@@ -101,8 +101,9 @@ static int send_of(const send_ctx *c, int st, const schedule_op *op, int *from)
  * has run). */
 static int happens_before(send_ctx *c)
 {
-    int K = c->K, *pc = calloc((size_t)K, sizeof *pc), rc = 0;
-    if (!pc) return pt_error_set("out of memory");
+    int K = c->K, rc = 0;
+    int *pc = K > 0 ? calloc((size_t)K, sizeof *pc) : NULL;
+    if (!pc) return pt_error_set("schedule: out of memory (or no stages)");
     for (int st = 0; st < K && !rc; st++)
         if (!(c->hb[st] = malloc(((size_t)c->s->lists[st].n_ops + 1) * K * sizeof **c->hb)))
             rc = pt_error_set("out of memory");
