@@ -71,6 +71,14 @@ bad() { # bad NAME PATTERN ARGS...
 bad "zb-v with 3 chunks per rank" "even number of chunks" --stages 2 --schedule zb-v --virtual 3 --microbatches 4
 bad "dualpipev with M < 2K" "at least 2 micro-batches per stage" --stages 2 --schedule dualpipev --microbatches 2 --batch 16
 
+# the CPU engine's message buffers by liveness, as `schedule` prints them (ZB-V at K = 4,
+# M = 8: schedule_send_buffers' counts, which test_schedule_v checks against the events)
+if "$PIPETRAIN" schedule --schedule zb-v --stages 4 --microbatches 8 >"$WORK/buf.out" &&
+    grep -q "gradients are sent from per stage (per chunk): 2 (0+2) 6 (4+2) 5 (3+2) 2 (2+0)$" \
+        "$WORK/buf.out"
+then pass "schedule: zb-v's gradient send buffers per chunk"
+else failed "schedule: zb-v's send buffers: $(grep 'sent from' "$WORK/buf.out")"; fi
+
 # schedules as text: saved, loaded back identical; a broken line is named
 "$PIPETRAIN" schedule --schedule zb-v --stages 2 --microbatches 4 --save-schedule "$WORK/zbv.txt" >"$WORK/a.out"
 "$PIPETRAIN" schedule --schedule-file "$WORK/zbv.txt" --save-schedule "$WORK/zbv2.txt" >"$WORK/b.out"

@@ -45,8 +45,10 @@ static const opt_command schedule_command = {
              "pipetrain schedule --stages K ... --schedule search [--costs LIST]\n"
              "pipetrain schedule --schedule-file FILE",
     .about = "Prints each stage's instruction list and a unit-time timeline of the schedule, "
-             "verifies it (no deadlock) and reports the bubble and the peak micro-batches each "
-             "stage holds (per chunk with --virtual, and the inputs kept with --recompute).",
+             "verifies it (no deadlock) and reports the bubble, the peak micro-batches each "
+             "stage holds (per chunk with --virtual, and the inputs kept with --recompute) "
+             "and the message buffers the CPU engine needs (received into, and gradients "
+             "sent from, by liveness).",
     .opts = schedule_opts,
 };
 
@@ -61,6 +63,36 @@ static void print_peaks(const char *what, const int *per_stage, const int *per_c
             printf("%s%d%s", v ? "+" : " (", per_chunk[k * V + v], v == V - 1 ? ")" : "");
     }
     printf("\n");
+}
+
+/* The CPU engine's message buffers by liveness (schedule/buffers.c): what each chunk
+ * receives into and what it sends its gradients from (0: it sends none to another rank). */
+static int print_buffers(const schedule *s, int V)
+{
+    int K = s->stages, n = K * V;
+    int *recv = malloc(2 * (size_t)n * sizeof *recv), *sum = malloc(2 * (size_t)K * sizeof *sum);
+    int rc = recv && sum ? 0 : pt_error_set("out of memory");
+    int *send = rc ? NULL : recv + n;
+    if (!rc) rc = schedule_send_buffers(s, 1, send);
+    for (int k = 0; k < K && !rc; k++) {
+        sum[k] = sum[K + k] = 0;
+        for (int v = 0; v < V && !rc; v++) {
+            int to, i = k * V + v;
+            if ((recv[i] = schedule_receive_buffers(s, k, v, 3, NULL)) < 0) rc = -1;
+            if (!schedule_route_prev(s, k, v, &to, NULL) || to == k) send[i] = 0;
+            sum[k] += recv[i];
+            sum[K + k] += send[i];
+        }
+    }
+    if (!rc) {
+        print_peaks("CPU engine's buffers received into per stage (per chunk), of activations "
+                    "and of gradients each", sum, recv, K, V);
+        print_peaks("CPU engine's buffers gradients are sent from per stage (per chunk)",
+                    sum + K, send, K, V);
+    }
+    free(recv);
+    free(sum);
+    return rc ? -1 : 0;
 }
 
 /* --costs: n model chunks' F, b, w ("F" or "F/B/W" each, comma-separated). */
@@ -228,6 +260,7 @@ int cmd_schedule(int argc, char **argv)
         print_peaks("inputs kept per stage (recomputation keeps only these between F and R)",
                     rep.peak_inputs, rep.peak_inputs_chunk, rep.stages, V);
     schedule_report_free(&rep);
+    int rc = print_buffers(&s, V > 1 ? V : 1);
     schedule_free(&s);
-    return PT_EXIT_OK;
+    return rc ? cli_fail(pt_error_get()) : PT_EXIT_OK;
 }
