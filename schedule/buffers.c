@@ -163,7 +163,9 @@ int schedule_send_buffers(const schedule *s, int least, int *n_out)
     for (int st = 0; st < K && !rc; st++)
         for (int v = 0; v < V; v++) {
             int to, tv, n = least < 1 ? 1 : least;
-            if (schedule_route_prev(s, st, v, &to, &tv) && to != st)
+            /* (a chunk's gradient to the chunk before on the same rank is a message too:
+             * its receive must then come earlier in the rank's own list) */
+            if (schedule_route_prev(s, st, v, &to, &tv))
                 while (n < M && !sends_fit(&c, st, v, to, tv, n)) n++;
             n_out[st * V + v] = n < M ? n : M;
         }

@@ -296,15 +296,15 @@ const char *schedule_op_name(schedule_op_kind kind); /* "F", "B", "send_act", ..
  * message may arrive before it is posted; its send completes once it is. */
 int schedule_receive_buffers(const schedule *s, int stage, int chunk, int least,
                              int *post_after);
-/* Gradient send buffers by liveness (schedule/buffers.c): a chunk that sends gradients to
- * another rank writes micro-batch m's into buffer m mod n in its first backward of m, and
- * waits first for the send of m − n from that buffer to complete. n_out[stage·V + chunk]
- * (V = virtual stages): for each chunk the smallest n ≥ least (at most M) for which that
- * wait never waits: the receiving chunk's RECV of m − n happens before (program order and
- * messages) the sender's first backward of m, so that receive, and with it the send, is
- * over by then; no rank then waits on a peer's progress that it did not wait on before
- * (no deadlock, no stall). least where the chunk sends no gradient to another rank. 0, or
- * −1 with a message. */
+/* Gradient send buffers by liveness (schedule/buffers.c): a chunk that sends gradients (to
+ * another rank, or to its rank's chunk before it: a message too) writes micro-batch m's
+ * into buffer m mod n in its first backward of m, and waits first for the send of m − n
+ * from that buffer to complete. n_out[stage·V + chunk] (V = virtual stages): for each
+ * chunk the smallest n ≥ least (at most M) for which that wait never waits: the receiving
+ * chunk's RECV of m − n happens before (program order and messages) the sender's first
+ * backward of m, so that receive, and with it the send, is over by then; no rank then
+ * waits on a peer's progress that it did not wait on before (no deadlock, no stall).
+ * least where the chunk sends no gradient. 0, or −1 with a message. */
 int schedule_send_buffers(const schedule *s, int least, int *n_out);
 
 /* Schedules as text (schedule/file.c): a header "schedule NAME stages K microbatches M

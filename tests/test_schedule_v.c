@@ -402,7 +402,7 @@ static int reaches(const schedule *s, int from, int j, int st, int i)
 static int sends_free(const schedule *s, int st, int v, int n)
 {
     int to, tv;
-    if (!schedule_route_prev(s, st, v, &to, &tv) || to == st) return 1;
+    if (!schedule_route_prev(s, st, v, &to, &tv)) return 1;
     for (int m = n; m < s->microbatches; m++) {
         int b = grad_op(&s->lists[st], v, m, 1), r = grad_op(&s->lists[to], tv, m - n, 0);
         if (b >= 0 && r >= 0 && !reaches(s, to, r, st, b)) return 0;

@@ -66,7 +66,7 @@ static void print_peaks(const char *what, const int *per_stage, const int *per_c
 }
 
 /* The CPU engine's message buffers by liveness (schedule/buffers.c): what each chunk
- * receives into and what it sends its gradients from (0: it sends none to another rank). */
+ * receives into and what it sends its gradients from (0: it sends none). */
 static int print_buffers(const schedule *s, int V)
 {
     int K = s->stages, n = K * V;
@@ -79,7 +79,7 @@ static int print_buffers(const schedule *s, int V)
         for (int v = 0; v < V && !rc; v++) {
             int to, i = k * V + v;
             if ((recv[i] = schedule_receive_buffers(s, k, v, 3, NULL)) < 0) rc = -1;
-            if (!schedule_route_prev(s, k, v, &to, NULL) || to == k) send[i] = 0;
+            if (!schedule_route_prev(s, k, v, &to, NULL)) send[i] = 0;
             sum[k] += recv[i];
             sum[K + k] += send[i];
         }
