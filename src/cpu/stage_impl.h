@@ -24,6 +24,11 @@ stage_shape stage_cpu_shape(const net_desc *net, int first, int last, int max_ba
                             const shard_plan *tp, int t);
 int stage_groups_by_layer(const net_desc *net, int first, int last, size_t param_count,
                           size_t widest, int max_batch, int threads, int used, int tp);
+/* Whether one thread adds each gradient group to group 0's product by product as it forms
+ * it (stage.c fold_group: one chunk per group, no tensor shards), and the floats of the
+ * part it forms them in (layer_fold_floats, the largest of layers [first, last)). */
+int stage_folds(int threads, int groups, int chunk, int max_batch, int tp);
+size_t stage_fold_floats(const net_desc *net, int first, int last);
 
 /* The pool stages created now share (stage_rank_pool_use), with a reference for the
  * caller; NULL: none. slots: its units (0: none); take: binds a free unit (its index, its
@@ -39,6 +44,11 @@ void stage_rank_pool_give(stage_rank_pool *pool, int u);
 pages_pool *stage_rank_pool_groups(stage_rank_pool *pool, int *counts);
 stage_worker *stage_rank_pool_workers(stage_rank_pool *pool, int threads, size_t work_floats,
                                       size_t scratch_floats);
+/* The part the stages fold their gradient groups in (zeros between folds), grown to at
+ * least `floats` (0: as it is; the stages register theirs when made, nothing runs then);
+ * NULL when out of memory. Its bytes backed now (the group pages' reporter counts them). */
+float *stage_rank_pool_part(stage_rank_pool *pool, size_t floats);
+size_t stage_rank_pool_part_resident(const stage_rank_pool *pool);
 /* Whether W of the stage's last layer reads the output gradient B was given (the caller
  * keeps it until W: an engine's GRAD_IN or loss gradient) rather than a copy in the slot. */
 int stage_split_top_reads_dout(const stage_plan *p);

@@ -18,6 +18,8 @@ struct stage_rank_pool {
     stage_worker *workers;
     int threads;
     size_t work_floats, scratch_floats; /* what each worker's buffers hold */
+    float *part; /* the fold's (stage_rank_pool_part), part_floats, whole pages */
+    size_t part_floats;
 };
 
 /* The pool stages created now adopt (stage_rank_pool_use); one executor per process
@@ -63,6 +65,7 @@ void stage_rank_pool_drop(stage_rank_pool *pool)
     free(pool->memory);
     free(pool->busy);
     pages_pool_free(&pool->groups);
+    pages_free(pool->part, pool->part_floats * sizeof(float));
     free_workers(pool);
     free(pool);
 }
@@ -134,4 +137,20 @@ stage_worker *stage_rank_pool_workers(stage_rank_pool *pool, int threads, size_t
     pool->work_floats = work_floats;
     pool->scratch_floats = scratch_floats;
     return pool->workers;
+}
+
+float *stage_rank_pool_part(stage_rank_pool *pool, size_t floats)
+{
+    if (floats > pool->part_floats) {
+        pages_free(pool->part, pool->part_floats * sizeof(float));
+        pool->part_floats = 0;
+        if (!(pool->part = pages_alloc(floats * sizeof(float)))) return NULL;
+        pool->part_floats = floats;
+    }
+    return pool->part;
+}
+
+size_t stage_rank_pool_part_resident(const stage_rank_pool *pool)
+{
+    return pool->part ? pages_resident(pool->part, pool->part_floats * sizeof(float)) : 0;
 }

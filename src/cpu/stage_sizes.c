@@ -68,6 +68,21 @@ int stage_groups_by_layer(const net_desc *net, int first, int last, size_t param
     return (size_t)max_batch * widest < buffers * (param_count - largest);
 }
 
+int stage_folds(int threads, int groups, int chunk, int max_batch, int tp)
+{
+    int chunks = (max_batch + chunk - 1) / chunk;
+    return threads == 1 && !tp && chunks > 1 && chunks <= groups;
+}
+
+size_t stage_fold_floats(const net_desc *net, int first, int last)
+{
+    size_t most = 0;
+    for (int l = first; l < last; l++)
+        if (net->layers[l].weight_count && layer_fold_floats(&net->layers[l]) > most)
+            most = layer_fold_floats(&net->layers[l]);
+    return most;
+}
+
 /* What a stage of these sizes allocates (stage_init_shard's blocks, one by one). */
 static stage_bytes bytes_of(const stage_sizes *z, int threads, int groups, int chunk,
                             int max_batch, int tp)
@@ -131,6 +146,12 @@ stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int m
     unit = (unit + page - 1) / page * page;
     b.group_held = (size_t)(used - 1 < threads ? used - 1 : threads) * unit;
     b.apart_held = unit;
+    if (stage_folds(threads, groups, chunk, max_batch, tpk) && stage_fold_floats(net, first, last)) {
+        /* the part, not the buffers */
+        size_t part = (stage_fold_floats(net, first, last) * sizeof(float) + page - 1) / page * page;
+        b.groups += part;
+        b.group_held = b.fold_part = part;
+    }
     b.workers += stage_round_up(stage_loss_floats(net, last, max_batch, tp) * sizeof(float));
     return b;
 }

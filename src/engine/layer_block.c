@@ -311,6 +311,12 @@ int layer_block_forward(const layer_call *c, uint64_t seed, uint64_t step)
            block_drop(c, &v, out, 2, seed, step) || k->add(kc, out, v.x1, NC);
 }
 
+/* Folds part[0, count) in at dw_at (layer_io.fold). */
+static int fold_at(const layer_call *c, float *dw_at, float *part, size_t count)
+{
+    return c->io->fold(c->io->fold_self, dw_at, part, count);
+}
+
 /* The layer norms' weight gradients: from their output gradients, or (sums, the split
  * backward on the CPU) B's sums of the chunk's gradient group [γ1 | β1 | γ2 | β2], which
  * the group's first chunk adds (the group's gradients start at zero: the bits of forming
@@ -330,12 +336,24 @@ static int block_norm_grads(const layer_call *c, const block_view *v, const bloc
                                  v->g1, v->M, v->C);
 }
 
+/* The layer norms' gradients at dg1 (ln_1's γ, then β) and dg2 (ln_2's), or through io->part
+ * and a fold (two folds: each norm's γ and β stand together in the parameters). */
+static int block_norms(const layer_call *c, const block_view *v, const block_grads *g,
+                       const float *sums, float *dg1, float *dg2)
+{
+    size_t C = (size_t)v->C;
+    float *p = c->io->fold ? c->io->part : NULL;
+    if (!p) return block_norm_grads(c, v, g, sums, dg1, dg1 + C, dg2, dg2 + C);
+    return block_norm_grads(c, v, g, sums, p, p + C, p + 2 * C, p + 3 * C) ||
+           fold_at(c, dg1, p, 2 * C) || fold_at(c, dg2, p + 2 * C, 2 * C);
+}
+
 /* A batched block (the step's weight gradients, src/engine/stage_plan.h): its four
  * products' input rows X and output-gradient rows G of the chunk into the step's stash,
  * product by product (stage_wgrad_products' order and places), and its layer norms'
  * gradients now, as every micro-batch forms them. */
 static int block_stash(const layer_call *c, const block_view *v, const block_grads *g,
-                       const float *sums, float *dg1, float *db1, float *dg2, float *db2)
+                       const float *sums, float *dg1, float *dg2)
 {
     const layer_kernels *k = c->k;
     const layer_io *io = c->io;
@@ -354,7 +372,7 @@ static int block_stash(const layer_call *c, const block_view *v, const block_gra
         xo += T * (size_t)in[q];
         go += T * (size_t)out[q];
     }
-    return block_norm_grads(c, v, g, sums, dg1, db1, dg2, db2);
+    return block_norms(c, v, g, sums, dg1, dg2);
 }
 
 /* W: every parameter gradient of the block from its inner gradients (and the layer norms'
@@ -370,12 +388,33 @@ static int block_weight_from(const layer_call *c, const block_view *v, const blo
           *dWmproj = dWfc + H * C, *dg1 = dWmproj + C * H, *db1 = dg1 + C,
           *dbattn = db1 + C, *dbaproj = dbattn + 3 * A, *dg2 = dbaproj + C, *db2 = dg2 + C,
           *dbfc = db2 + C, *dbmproj = dbfc + H;
-    if (c->io->batched) return block_stash(c, v, g, sums, dg1, db1, dg2, db2);
-    return k->dense_backward_weight(kc, dWmproj, dbmproj, g->dmp, v->gel, v->N, v->H, v->C) ||
-           k->dense_backward_weight(kc, dWfc, dbfc, g->dfc, g->ln2w, v->N, v->C, v->H) ||
-           k->dense_backward_weight(kc, dWaproj, dbaproj, g->dap, v->y, v->N, v->A, v->C) ||
-           k->dense_backward_weight(kc, dWattn, dbattn, g->dqkv, g->ln1w, v->N, v->C, 3 * v->A) ||
-           block_norm_grads(c, v, g, sums, dg1, db1, dg2, db2);
+    if (c->io->batched) return block_stash(c, v, g, sums, dg1, dg2);
+    struct {
+        float *dw, *db;
+        const float *dout, *in;
+        int in_f, out_f;
+    } q[4] = {{dWmproj, dbmproj, g->dmp, v->gel, v->H, v->C},
+              {dWfc, dbfc, g->dfc, g->ln2w, v->C, v->H},
+              {dWaproj, dbaproj, g->dap, v->y, v->A, v->C},
+              {dWattn, dbattn, g->dqkv, g->ln1w, v->C, 3 * v->A}};
+    float *p = c->io->fold ? c->io->part : NULL; /* with a fold: each product's in part */
+    for (int i = 0; i < 4; i++) {
+        size_t w = (size_t)q[i].in_f * (size_t)q[i].out_f;
+        if (k->dense_backward_weight(kc, p ? p : q[i].dw, p ? p + w : q[i].db, q[i].dout,
+                                     q[i].in, v->N, q[i].in_f, q[i].out_f) ||
+            (p && (fold_at(c, q[i].dw, p, w) || fold_at(c, q[i].db, p + w, (size_t)q[i].out_f))))
+            return -1;
+    }
+    return block_norms(c, v, g, sums, dg1, dg2);
+}
+
+size_t layer_block_fold_floats(const layer_desc *L)
+{
+    size_t C = (size_t)L->in.w, A = layer_block_attn_width(L), H = (size_t)L->u.block.hidden;
+    size_t sizes[5] = {3 * A * C + 3 * A, C * A + C, H * C + H, C * H + C, 4 * C}, most = 0;
+    for (int i = 0; i < 5; i++)
+        if (sizes[i] > most) most = sizes[i];
+    return most;
 }
 
 /* The backward phases [ph0, ph1) of a block cut by heads from the running gradient g (the

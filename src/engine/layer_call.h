@@ -40,5 +40,7 @@ static inline int need_transformer(const layer_call *c)
 int layer_block_forward(const layer_call *c, uint64_t seed, uint64_t step);
 int layer_block_backward(const layer_call *c, const float *g, float *dx, int weight_now);
 int layer_block_weight(const layer_call *c, const float *g);
+/* layer_fold_floats of a whole block. */
+size_t layer_block_fold_floats(const layer_desc *L);
 
 #endif

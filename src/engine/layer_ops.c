@@ -244,6 +244,32 @@ static const layer_ops layer_ops_table[LAYER_TYPE_COUNT] = {
 
 /* ---- the loop ---- */
 
+size_t layer_fold_floats(const layer_desc *L)
+{
+    if (L->type == LAYER_BLOCK) return layer_block_fold_floats(L);
+    return L->weight_count + L->bias_count;
+}
+
+/* With a fold, a layer other than a block forms its gradients whole in io->part (dw, then
+ * db), and they are folded in where they stand (layer_io.fold). */
+static int folds_whole(const layer_desc *L, const layer_io *io)
+{
+    return io->fold && L->weight_count && L->type != LAYER_BLOCK;
+}
+
+static void into_part(layer_io *io, const layer_desc *L)
+{
+    io->dw = io->part;
+    io->db = io->part + L->weight_count;
+}
+
+static int fold_whole(const layer_io *io, const layer_desc *L, float *dw, float *db)
+{
+    return io->fold(io->fold_self, dw, io->part, L->weight_count) ||
+           (L->bias_count &&
+            io->fold(io->fold_self, db, io->part + L->weight_count, L->bias_count));
+}
+
 /* Local layer i of a run whose first layer reached is `head` and last `tail` (forward: lo
  * and hi − 1; backward: hi − 1 and lo), with the phases of it the run covers. */
 static layer_call call_of(const layer_run *r, int i, const layer_io *io, int head, int tail)
@@ -330,7 +356,11 @@ int layer_run_backward(layer_run *r, int lo, int hi, const float **gp, int *gip,
                 break;
             }
         }
-        if (layer_ops_table[L->type].backward(&c, g, dx, weight_now)) {
+        float *dw = io.dw, *db = io.db;
+        int whole = weight_now && folds_whole(L, &io);
+        if (whole) into_part(&io, L);
+        if (layer_ops_table[L->type].backward(&c, g, dx, weight_now) ||
+            (whole && fold_whole(&io, L, dw, db))) {
             rc = fail(r, "backward", i);
             break;
         }
@@ -356,7 +386,11 @@ int layer_run_weight(layer_run *r, int lo, int hi)
         if (r->io(r->self, i, LAYER_PHASE_WEIGHT, &io)) return -1;
         if (io.batched && L->type != LAYER_BLOCK) continue; /* a block stashes in W */
         layer_call c = call_of(r, i, &io, hi - 1, lo);
-        if (weight(&c, io.gout)) return fail(r, "weight gradient", i);
+        float *dw = io.dw, *db = io.db;
+        int whole = folds_whole(L, &io);
+        if (whole) into_part(&io, L);
+        if (weight(&c, io.gout) || (whole && fold_whole(&io, L, dw, db)))
+            return fail(r, "weight gradient", i);
     }
     return 0;
 }

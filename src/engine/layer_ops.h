@@ -140,6 +140,14 @@ typedef struct {
     float *seq;              /* a block with sequence parallelism, forward: the chunk's rows
                                 of the whole sequence [n·T, C] the engine exchanges with the
                                 group between phases (gathered in, reduce-scattered out) */
+    /* The CPU stage adding a gradient group to group 0's as it forms it (NULL: none): the
+     * weight half forms its gradients in `part` (zeros, layer_fold_floats) instead of at
+     * dw and db, one product at a time where the layer has several (a block), and hands
+     * each to fold with the place it stands for in dw or db; fold adds it there and leaves
+     * part zeroed again. */
+    float *part;
+    int (*fold)(void *self, float *dw_at, float *part, size_t count);
+    void *fold_self;
 } layer_io;
 
 enum { LAYER_PHASE_FORWARD = 0, LAYER_PHASE_BACKWARD, LAYER_PHASE_WEIGHT };
@@ -201,6 +209,11 @@ typedef struct {
     const char *what;
     int failed;
 } layer_run;
+
+/* Floats of layer_io.part a layer's weight half needs: its largest product's gradients and
+ * bias (a whole block: its four products' and its layer norms' apart), else all of its
+ * parameters'. */
+size_t layer_fold_floats(const layer_desc *L);
 
 /* Forward of local layers [lo, hi), identity layers skipped. 0, or −1 (see r->what). */
 int layer_run_forward(layer_run *r, int lo, int hi);

@@ -458,16 +458,16 @@ static double state_bytes(const stage_bytes *bp, const net_desc *net, const net_
      * and two whole buckets (the one whose reduce-scatter the next start waits
      * for, and the one just formed), and in place of the whole group arrays
      * and mb_grads one bucket for each that is written (a micro-batch of
-     * several chunks: a wave's group buffer, one thread here; M > 1 with one
-     * piece: mb_grads); with pieces, the earlier ones whole (above) and the
-     * last one's two buckets */
+     * several chunks: a wave's group buffer, one thread here, or the part it
+     * folds the groups in; M > 1 with one piece: mb_grads); with pieces, the
+     * earlier ones whole (above) and the last one's two buckets */
     if (cfg->zero >= 2 && cfg->replicas > 1) {
         int pieces = cfg->grad_pieces > 1;
-        int scratch = (stage_estimate_groups(net, cfg->microbatch, 1) > 1) +
+        int scratch = (stage_estimate_groups(net, cfg->microbatch, 1) > 1 && !b.fold_part) +
                       (M > 1 && !pieces);
         double g = zero2_grad_bytes(zn, first, last, cfg, scratch, pieces);
         if (g < 0) *failed = 1;
-        bytes += g - (double)b.state / 4.0 - groups_held;
+        bytes += g + (double)b.fold_part - (double)b.state / 4.0 - groups_held;
     }
     if (cfg->zero >= 3 && cfg->replicas > 1)
         bytes += zero3_param_bytes(zn, first, last, cfg->replicas) -
