@@ -149,51 +149,67 @@ else failed "plan --zero 3 --tensor 2: $msg"; fi
 # engine's page pool at the end of each layer's pass, before it goes back) of an MLP of nine
 # layers (each its own bucket): the shards 4Ψ/R plus two adjacent layers whole (the one that
 # ran, the next one's prefetched gather; the pool keeps what the next gather takes), within
-# 5%, and below --zero 2's 4Ψ
+# 5%, and below --zero 2's 4Ψ; with --zero3-prefetch off one layer whole (the same bits)
 deep_mlp # $WORK/deep.cfg and its runs' options W (lib/zero_runs.bash)
 for r in 2 4; do
-    for z in 2 3; do
-        "$MPIEXEC" -n $r "$PIPETRAIN" train "${W[@]}" --replicas $r --zero $z >"$WORK/mem$r$z.json"
+    for z in 2 3 "3 --zero3-prefetch off"; do
+        # shellcheck disable=SC2086 # z carries the prefetch option
+        "$MPIEXEC" -n $r "$PIPETRAIN" train "${W[@]}" --replicas $r --zero $z \
+            --save "$WORK/mem$r${z// /}.st" >"$WORK/mem$r${z// /}.json"
     done
     if msg=$(python3 -c '
 import json, sys
 R = int(sys.argv[1])
-z2, z3 = (json.loads(open(f).read().splitlines()[-1]) for f in sys.argv[2:4])
+z2, z3, z3n = (json.loads(open(f).read().splitlines()[-1]) for f in sys.argv[2:5])
 L = [4 * (784 * 512 + 512)] + [4 * (512 * 512 + 512)] * 7 + [4 * (512 * 10 + 10)]
 psi = z3["stage_params"][0]
 assert sum(L) == 4 * psi, (sum(L), psi)
 want = 4 * psi / R + max(L[i] - L[i] / R + (L[i + 1] - L[i + 1] / R if i + 1 < len(L) else 0)
                          for i in range(len(L)))
-p3, p2 = z3["rank_params_bytes"], z2["rank_params_bytes"]
+one = 4 * psi / R + max(l - l / R for l in L)
+p3, p2, p3n = z3["rank_params_bytes"], z2["rank_params_bytes"], z3n["rank_params_bytes"]
 ok = all(abs(p - want) <= 0.05 * want and p < q for p, q in zip(p3, p2))
-print(f"parameters {p3} vs 4Ψ/R + two layers whole {want:.0f} "
-      f"(4Ψ/R = {4 * psi / R:.0f}; zero 2: {p2})")
-sys.exit(0 if ok else 1)' $r "$WORK/mem${r}2.json" "$WORK/mem${r}3.json"); then
+ok = ok and all(abs(p - one) <= 0.05 * one and p < q for p, q in zip(p3n, p3))
+print(f"parameters {p3} vs 4Ψ/R + two layers whole {want:.0f}, without prefetch {p3n} vs "
+      f"one layer {one:.0f} (4Ψ/R = {4 * psi / R:.0f}; zero 2: {p2})")
+sys.exit(0 if ok else 1)' $r "$WORK/mem${r}2.json" "$WORK/mem${r}3.json" \
+            "$WORK/mem${r}3--zero3-prefetchoff.json"); then
         pass "memory R=$r zero 3: $msg"
     else failed "memory R=$r zero 3: $msg"; fi
+    same "R=$r zero 3 without prefetch vs with" "$WORK/mem${r}3--zero3-prefetchoff.st" \
+        "$WORK/mem${r}3.st" 0
 done
+rc=0
+"$MPIEXEC" -n 2 "$PIPETRAIN" train "${W[@]}" --replicas 2 --zero 2 --zero3-prefetch off \
+    >/dev/null 2>"$WORK/pf.err" || rc=$?
+if [ $rc -eq 2 ] && grep -q 'zero3-prefetch is how --zero 3' "$WORK/pf.err"; then
+    pass "--zero3-prefetch without --zero 3: exit 2, $(head -n 1 "$WORK/pf.err")"
+else failed "--zero3-prefetch with --zero 2: exit $rc, $(head -c 300 "$WORK/pf.err")"; fi
 
 # plan --zero 3 prices the same: memory per rank drops by 4Ψ less the shards and two layers
 # whole (zero3_param_bytes), and the gathers' bytes per step are 2·M·(R−1)/R·4Ψ; on links of
 # 1 GB/s without latency the CPU waits for all of them (plan_zero3_pass_s): 4Ψ / 1e9 s
 LINKS=same-core,same-l3,same-numa,same-package,cross-package
-if msg=$(for z in 2 3; do "$PIPETRAIN" plan --model "$WORK/deep.cfg" --stages 1 --replicas 2 \
+if msg=$(for z in 2 3 "3 --zero3-prefetch off"; do
+        # shellcheck disable=SC2086 # z carries the prefetch option
+        "$PIPETRAIN" plan --model "$WORK/deep.cfg" --stages 1 --replicas 2 \
             --batch 16 --microbatches 1 --bucket-mb 1 --zero $z --json \
             --bandwidth "$(sed 's/,/=1e9,/g; s/$/=1e9/' <<<"$LINKS")" \
             --latency "$(sed 's/,/=0,/g; s/$/=0/' <<<"$LINKS")" | tail -n 1; done | python3 -c '
 import json, sys
-z2, z3 = (json.loads(l)["predicted"] for l in sys.stdin.read().splitlines())
+z2, z3, z3n = (json.loads(l)["predicted"] for l in sys.stdin.read().splitlines())
 L = [4 * (784 * 512 + 512)] + [4 * (512 * 512 + 512)] * 7 + [4 * (512 * 10 + 10)]
 psi4 = sum(L)
 drop = psi4 - (psi4 / 2 + L[0] / 2 + L[1] / 2)
-m2, m3 = z2["stage_memory_bytes"][0], z3["stage_memory_bytes"][0]
+m2, m3, m3n = (z["stage_memory_bytes"][0] for z in (z2, z3, z3n))
 got, g = m2 - m3, z3["stage_zero3_gather_bytes"][0]
 w, w2 = z3["stage_zero3_gather_s"][0], z2["stage_zero3_gather_s"][0]
-print(f"memory {m3:.0f} (zero 2 {m2:.0f}, drop {got:.0f} vs {drop:.0f}), "
+print(f"memory {m3:.0f} (zero 2 {m2:.0f}, drop {got:.0f} vs {drop:.0f}; without prefetch "
+      f"{m3n:.0f}, {m3 - m3n:.0f} less vs L1/2 = {L[1] / 2:.0f}), "
       f"gathers {g:.0f} B/step vs 2·M·(R−1)/R·4Ψ = {psi4:.0f}, waited {w:.6f} s vs {psi4 / 1e9:.6f}")
 sys.exit(0 if abs(got - drop) < 1e-5 * psi4 and abs(g - psi4) < 1 and
          z2["stage_zero3_gather_bytes"][0] == 0 and abs(w - psi4 / 1e9) < 1e-9 and
-         w2 == 0 else 1)'); then
+         w2 == 0 and abs(m3 - m3n - L[1] / 2) < 1e-5 * psi4 else 1)'); then
     pass "plan --zero 3: $msg"
 else failed "plan --zero 3: $msg"; fi
 finish

@@ -91,26 +91,29 @@ def transformers(ctx):
     rows = []
     for blocks in (6, 12, 24):
         model = gpt(os.path.join(ctx.results, 'gpt-%d.cfg' % blocks), blocks)
-        for zero in (0, 1, 2, 3):
+        for zero, prefetch in ((0, 1), (1, 1), (2, 1), (3, 1), (3, 0)):
             args = ['--model', model, '--data', 'text', '--val-fraction', 0, '--batch', 16,
                     '--replicas', 2, '--microbatches', 1, '--steps', 2, '--seed', 5,
                     '--threads', 1, '--optimizer', 'adamw', '--reduce', 'ordered',
-                    '--zero', zero]
-            res = ctx.train('gpt-%d R=2 zero %d' % (blocks, zero), args, 2)
+                    '--zero', zero] + ([] if prefetch else ['--zero3-prefetch', 'off'])
+            label = '%d' % zero + ('' if prefetch else ', no prefetch')
+            res = ctx.train('gpt-%d R=2 zero %s' % (blocks, label), args, 2)
             mb = lambda k: max(res[k]) / 2**20 if res.get(k) else None  # noqa: E731
             psi = res.get('params')
             total = sum(mb(k) or 0 for k in ('rank_params_bytes', 'rank_grads_bytes',
                                              'rank_optimizer_bytes'))
             want = formula(psi, 2, zero) / 2**20 if psi else None
-            rows.append([blocks, zero, mb('rank_params_bytes'), mb('rank_grads_bytes'),
+            rows.append([blocks, label, mb('rank_params_bytes'), mb('rank_grads_bytes'),
                          mb('rank_optimizer_bytes'), total, want,
                          total / want if want else None, mb('rank_peak_rss_bytes')])
     md = ('Language models of gpt-deep\'s kind (context 128, width 256, 4 heads; a block is '
           '0.79 M parameters) with 6, 12 and 24 blocks, batch 16 windows (8 per replica: 4 '
-          'gradient groups of 2), AdamW, R = 2, `--reduce ordered`, 2 steps (memory only). '
-          'Beyond the formula ZeRO-2 holds two buckets (a block each) and one group buffer '
-          '(a block) whole, ZeRO-3 also about one block of parameters: a constant, so its '
-          'share falls as 1/blocks.\n\n')
+          'gradient groups of 2, folded into group 0 a product at a time), AdamW, R = 2, '
+          '`--reduce ordered`, 2 steps (memory only). Beyond the formula every `--zero` holds '
+          'the part the groups are folded in (the largest product, c_fc\'s: a third of a '
+          'block), ZeRO-2 two buckets (a block each) whole, ZeRO-3 also the running block\'s '
+          'and the prefetched one\'s parameters beyond their shards (one block; half of it '
+          'with `--zero3-prefetch off`): a constant, so its share falls as 1/blocks.\n\n')
     md += common.table(['blocks', '--zero', 'params MB', 'grads MB', 'optimizer MB',
                         'sum MB', 'formula MB', 'sum / formula', 'peak RSS MB'], rows)
     return md

@@ -117,6 +117,11 @@ static const opt_spec opt_shared[] = {
              "unmap the device memory per granule (2 MiB on a GPU); plan "
              "prices 1 to 3 (memory per rank, and ZeRO-3's gathers in the step) and, with "
              "--ranks, tries 1, 2, then 3 where a layout does not fit --memory-mb"},
+    {.name = "zero3-prefetch", .kind = OPT_CHOICE, .choices = "on|off", .def = "on",
+     .help = "with --zero 3: gather the next layer's parameters while a layer runs (two "
+             "layers whole beyond the shards at a time; the gather hidden where the link "
+             "progresses it alone), or each layer's when it begins (one layer whole: less "
+             "memory, every gather waited for)"},
     {.name = "partition", .letter = 'p', .kind = OPT_TEXT, .arg = "METHOD", .def = "time",
      .help = "how the layers are cut into stages: uniform | params | time (layer times "
              "measured on this machine) | counts like 4,3,4; params and time balance "

@@ -70,7 +70,7 @@ static int predict_step(plan_prediction *out, const plan_args *a, const net_desc
         .shard = T > 1 ? &b->shard : NULL, .shard_profile = T > 1 && a->shard_profile,
         .tensor_alpha = b->tensor_alpha,
         .tensor_beta = b->tensor_beta,
-        .zero = R > 1 ? a->zero : 0,
+        .zero = R > 1 ? a->zero : 0, .zero3_prefetch = a->zero3_prefetch,
         .reduce_in_waits = a->device != TOPO_DEVICE_CUDA,
         .schedule_memory = a->schedule_memory, .search_runs = a->search_runs,
     };
@@ -320,6 +320,7 @@ int plan_price(plan_built *b, const plan_args *a, const net_desc *net,
                              .wgrad_batched = a->wgrad_batched,
                              .grad_pieces = replicas_grad_pieces(&rep),
                              .zero = a->replicas > 1 ? a->zero : 0, .replicas = a->replicas,
+                             .zero3_prefetch = a->zero3_prefetch,
                              .shard = a->tensor > 1 ? &b->shard : NULL,
                              .cuda_engine = a->device == TOPO_DEVICE_CUDA, .rep = rep};
     double bucket = a->bucket_mb * 1048576.0;

@@ -138,7 +138,7 @@ static void zero3_costs(chunk_costs *c, int k, int s, const net_desc *net, int f
     /* the profile's per-sample times, as chunk_costs_init scales them (the tensor share
      * of each layer left out: a layer's compute hides its neighbour's gather roughly) */
     double mb = cfg->microbatch / (sp && !cfg->shard_profile ? (double)sp->T : 1.0);
-    int R = cfg->rep.replicas, w = cfg->reduce_in_waits;
+    int R = cfg->rep.replicas, w = cfg->reduce_in_waits || !cfg->zero3_prefetch;
     double a = cfg->alpha ? cfg->alpha[s] : 0, b = cfg->beta ? cfg->beta[s] : 1e300;
     double f = plan_zero3_pass_s(net, first, last, prof->fwd_s, mb, share, R, a, b, w, 0);
     c->fwd[k] += f;
@@ -417,15 +417,17 @@ static double zero2_grad_bytes(const net_desc *net, int first, int last,
 
 /* ZeRO-3: the parameters' peak bytes on a replica: its shards 4Ψ/R and two adjacent layers
  * whole (the one that ran, the next one's prefetched gather, whose pages the released one's
- * pool gives), as src/runtime/replicas_zero3.c holds them (shards of a layer ≈ 1/R of it). */
-static double zero3_param_bytes(const net_desc *net, int first, int last, double R)
+ * pool gives), or one without prefetch, as src/runtime/replicas_zero3.c holds them (shards
+ * of a layer ≈ 1/R of it). */
+static double zero3_param_bytes(const net_desc *net, int first, int last, double R,
+                                int prefetch)
 {
     double all = 0, most = 0, prev = 0;
     for (int l = first; l < last; l++) {
         double n = 4.0 * (double)(net->layers[l].weight_count + net->layers[l].bias_count);
         double rest = n - n / R;
         all += n;
-        if (prev + rest > most) most = prev + rest;
+        if ((prefetch ? prev : 0) + rest > most) most = (prefetch ? prev : 0) + rest;
         if (rest > 0) prev = rest;
     }
     return all / R + most;
@@ -470,7 +472,7 @@ static double state_bytes(const stage_bytes *bp, const net_desc *net, const net_
         bytes += g + (double)b.fold_part - (double)b.state / 4.0 - groups_held;
     }
     if (cfg->zero >= 3 && cfg->replicas > 1)
-        bytes += zero3_param_bytes(zn, first, last, cfg->replicas) -
+        bytes += zero3_param_bytes(zn, first, last, cfg->replicas, cfg->zero3_prefetch) -
                  (double)b.state / 4.0;
     return bytes;
 }

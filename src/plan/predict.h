@@ -54,6 +54,8 @@ typedef struct {
                                 * group's link (alpha, beta) and added to the passes where
                                 * the previous layers' compute does not hide them
                                 * (plan_zero3_pass_s) */
+    int zero3_prefetch;        /* --zero3-prefetch on: a layer's compute may hide the next
+                                * layer's gather; off: every gather is waited for */
     int reduce_in_waits;       /* CPU ranks: reductions progress only while a rank waits
                                 * for them (schedule_costs.reduce_in_waits) */
     /* schedule "search": schedule_search at these chunks' costs (F, B, W; the slowest
@@ -121,6 +123,8 @@ typedef struct {
     int zero, replicas; /* train --zero: with 1, each replica holds 1/replicas of the
                            optimizer's moments (the rest of the state whole); with 2 also of
                            the gradients, plus the whole buckets in flight */
+    int zero3_prefetch; /* --zero 3: two layers whole beyond the shards (the running one and
+                           the next one's gather), else one */
     replicas_config rep; /* --zero 2: the bucket plan (method, bucket bytes) */
     const shard_plan *shard; /* tensor shards: the largest over the T ranks of a stage
                               * (NULL or T = 1: none) */

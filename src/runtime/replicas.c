@@ -296,7 +296,7 @@ int replicas_init(replicas_t **out, MPI_Comm group, engine *eng, const net_desc 
     if (reduce_init(&r->red, group, &r->plan, &rc) ||
         (cfg->zero && (keep_tied_whole(r, net, first) || shard_engine(r))) ||
         (cfg->zero >= 3 && zero3_init(&r->z3, group, eng, net, first, last, &r->plan, r->red,
-                                      cfg->timeout_s, cfg->skip_bucket))) {
+                                      cfg->timeout_s, cfg->skip_bucket, cfg->zero3_prefetch))) {
         replicas_free(r);
         return -1;
     }

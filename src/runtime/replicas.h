@@ -44,6 +44,7 @@ typedef struct {
                              3 also keeps only its shard of the parameters: each layer's are
                              all-gathered before each pass and given back after
                              (src/runtime/replicas_zero3.h), none after the step */
+    int zero3_prefetch;   /* ZeRO-3: the next layer's gather starts as a layer begins */
 } replicas_config;
 
 /* The -bcast methods reduce a stage's gradients at once after the backward pass, as the

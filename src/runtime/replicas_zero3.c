@@ -23,6 +23,7 @@ struct zero3 {
     MPI_Request *req;   /* [n_layers] */
     unsigned char *skipped; /* [n_layers] testing: never gathered before a pass */
     int fresh;          /* nothing given back yet: the first hook gives back every layer */
+    int prefetch;       /* a layer's beginning starts the next one's gather */
     double timeout_s;
     long gathers;
     size_t bytes;
@@ -99,7 +100,7 @@ static int hook(void *ctx, int l, int backward, int begins)
     if (!has_params(z, l) || z->skipped[l]) return 0; /* skipped: the stale values stay */
     if (!begins) return give_back(z, l);
     if ((z->state[l] == GIVEN_BACK && start(z, l)) || wait_layer(z, l)) return -1;
-    int k = next_layer(z, l, backward); /* prefetch: its gather runs during this layer */
+    int k = z->prefetch ? next_layer(z, l, backward) : -1; /* its gather runs during l */
     return k >= 0 && z->state[k] == GIVEN_BACK ? start(z, k) : 0;
 }
 
@@ -185,7 +186,7 @@ static int cut_layer(zero3_t *z, int l, const reduce_plan *plan, const reduce_t 
 
 int zero3_init(zero3_t **out, MPI_Comm group, engine *eng, const net_desc *net, int first,
                int last, const reduce_plan *plan, const reduce_t *red, double timeout_s,
-               int skip_bucket)
+               int skip_bucket, int prefetch)
 {
     *out = NULL;
     if (!eng->ops->params_shard || !eng->ops->params_release || !eng->ops->params_host)
@@ -198,6 +199,7 @@ int zero3_init(zero3_t **out, MPI_Comm group, engine *eng, const net_desc *net, 
     z->n_layers = last - first;
     z->R = reduce_group_size(red);
     z->timeout_s = timeout_s;
+    z->prefetch = prefetch;
     z->fresh = 1;
     size_t L = (size_t)z->n_layers, LR = L * (size_t)z->R;
     z->lo = calloc(L, sizeof *z->lo);
@@ -229,14 +231,15 @@ int zero3_init(zero3_t **out, MPI_Comm group, engine *eng, const net_desc *net, 
         if (!rc) rc = mpi_wait_collective(&req, group, timeout_s);
     }
     /* what the engine may keep between a release and the next gather: the layer given back
-     * and the one prefetched, the two largest layers' parts outside the shard */
+     * and the one prefetched, the two largest layers' parts outside the shard (one without
+     * prefetch) */
     size_t big[2] = {0, 0};
     for (int l = 0; l < z->n_layers && !rc; l++) {
         size_t n = (z->hi[l] - z->lo[l] - (z->mine_hi[l] - z->mine_lo[l])) * sizeof(float);
         if (n > big[0]) big[1] = big[0], big[0] = n;
         else if (n > big[1]) big[1] = n;
     }
-    if (!rc) rc = eng->ops->params_shard(eng, hook, z, big[0] + big[1]);
+    if (!rc) rc = eng->ops->params_shard(eng, hook, z, big[0] + (prefetch ? big[1] : 0));
     if (rc) {
         zero3_free(z);
         return -1;

@@ -3,7 +3,8 @@
  * shard of each bucket, src/reduce/reduce.h) backed; each layer's parameters are
  * all-gathered from their owners into their place before each of its passes (forward,
  * recompute, backward), the next layer's gather started when a layer begins (prefetch, one
- * layer ahead in the pass's direction), and the layer's pages outside the shard go back
+ * layer ahead in the pass's direction; without it, each layer's when it begins, so that one
+ * layer at a time is whole), and the layer's pages outside the shard go back
  * after the pass. The engine calls the hook (engine_ops.params_shard); every replica runs
  * the same schedule, so every replica issues the same gathers in the same order, on a
  * communicator of their own. */
@@ -24,7 +25,7 @@ typedef struct zero3 zero3_t;
  * layers of bucket skip_bucket (−1: none) are never gathered (the run must differ). */
 int zero3_init(zero3_t **z, MPI_Comm group, engine *eng, const net_desc *net, int first,
                int last, const reduce_plan *plan, const reduce_t *red, double timeout_s,
-               int skip_bucket);
+               int skip_bucket, int prefetch);
 void zero3_free(zero3_t *z);
 /* Before the step: waits for the gathers in flight (they would carry the old values). */
 int zero3_settle(zero3_t *z);

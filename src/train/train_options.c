@@ -26,7 +26,8 @@ enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS
        O_VIRTUAL, O_RECOMPUTE, O_WGRAD, O_WARMUP, O_TRAIN_IMG, O_TRAIN_LAB, O_TEST_IMG,
        O_TEST_LAB, O_BETA1, O_BETA2, O_EPS, O_LR_SCHED, O_LR_WARMUP, O_LR_MIN, O_CLIP, O_POSTVAL,
        /* a language model's text */
-       O_TEXT, O_TOKENS, O_TOKENS_RAW, O_VAL_FRACTION, O_EVAL_WINDOWS, O_ZERO, O_SCHED_FILE,
+       O_TEXT, O_TOKENS, O_TOKENS_RAW, O_VAL_FRACTION, O_EVAL_WINDOWS, O_ZERO, O_ZERO3_PREFETCH,
+       O_SCHED_FILE,
        O_SCHED_MEM, O_PRECISION };
 
 /* The largest step count, sample count or seed we take: far beyond any run, exact in a
@@ -167,6 +168,7 @@ static const opt_spec train_opts[] = {
     {.id = O_BUCKET_MB, .name = "bucket-mb", .shared = 1},
     {.id = O_OVERLAP, .name = "overlap", .shared = 1},
     {.id = O_ZERO, .name = "zero", .shared = 1},
+    {.id = O_ZERO3_PREFETCH, .name = "zero3-prefetch", .shared = 1},
     {.id = O_THREADS, .name = "threads", .kind = OPT_INT, .arg = "N", .min = 1, .max = 1024,
      .help = "worker threads per rank (default: the node's cores / its ranks)"},
     {.id = O_BIND, .name = "bind", .kind = OPT_CHOICE, .choices = "auto|core|none",
@@ -352,6 +354,7 @@ static int read_option(train_options *o, const opt_parser *p, int id)
     case O_BUCKET_MB: o->bucket_mb = p->real; break;
     case O_OVERLAP: o->overlap = p->choice == 0; break;
     case O_ZERO: o->zero = (int)p->num; break;
+    case O_ZERO3_PREFETCH: o->zero3_prefetch = p->choice == 0; break;
     case O_THREADS: o->threads = (int)p->num; break;
     case O_BIND: o->bind = binds[p->choice]; break;
     case O_WAIT: o->wait = (mpi_wait_mode)p->choice; break;
@@ -451,6 +454,9 @@ static int check_text_options(train_options *o, const opt_parser *p)
  * steps alone: nothing to shard). */
 static int check_zero(const train_options *o, const opt_parser *p)
 {
+    if (opt_given(p, O_ZERO3_PREFETCH) && o->zero < 3)
+        return opt_error(p, "--zero3-prefetch is how --zero 3 gathers the parameters; this run "
+                         "has --zero %d", o->zero);
     if (!o->zero) return 0;
     if (o->replicas < 2)
         return opt_error(p, "--zero %d shards the state across a stage's replicas: it needs "
