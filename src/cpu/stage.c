@@ -585,7 +585,7 @@ static void backward_span_local(stage *s, int slot, int lo, int hi, int from, in
      * the rank's chunks share the pages */
     int moved = s->release_zero || s->split_groups || lo > 0 || hi < s->plan.nl || s->rank_pool;
     /* one thread, one chunk per group: each group folded into group 0 as it is formed */
-    if (s->fold_floats && used > 1 && j.width == 1) {
+    if (s->fold_floats && used > 1 && j.width == 1 && (sl->n + j.chunk - 1) / j.chunk == used) {
         j.fold_part = s->rank_pool ? stage_rank_pool_part(s->rank_pool, 0) : s->fold_part;
         j.fold_add_to = t.add_to;
         j.fold_last = used - 1;
