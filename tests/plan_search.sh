@@ -154,7 +154,8 @@ PYEOF
 "$PIPETRAIN" plan "${P[@]}" --ranks 8 --top 1000 --memory-mb "$limit" >"$WORK/lim.txt"
 # (which layout is fastest depends on the profile of the moment: the line about the
 # excluded one appears when the limit excluded a faster layout)
-grep -q "^Choice: --stages .* --recompute \(none\|all\)\( --zero [123]\)\?$" "$WORK/lim.txt" \
+grep -q "^Choice: --stages .* --recompute \(none\|all\)\( --zero [123]\( --zero3-prefetch off\)\?\)\?$" \
+    "$WORK/lim.txt" \
     && grep -q "^Runner-up lost: predicted step" "$WORK/lim.txt" \
     && { ! grep -q "^Excluded" "$WORK/lim.txt" || grep -q "^Excluded by the memory limit: --stages .* MiB per rank, more than" "$WORK/lim.txt"; } \
     && pass "text: the choice, why the runner-up lost (and what the limit excluded)" \
@@ -310,6 +311,17 @@ c = json.load(open(sys.argv[1]))['choices']
 assert all(x['fits'] for x in c)
 r4 = {x['zero'] for x in c if x['replicas'] == 4 and x['tensor'] == 1}
 assert r4 == {3}, r4
+assert all(x['zero3_prefetch'] for x in c), c
+PYEOF
+# and then ZeRO-3 without prefetch (one layer whole, not two): 2 replicas of it at batch 16
+# take 19.9 MiB with prefetch, 19.4 without; under 19.6 only the latter is offered
+"$PIPETRAIN" plan --model "$WORK/deep.cfg" --ranks 2 --batch 16 --bucket-mb 1 --reduce ordered \
+    --memory-mb 19.6 --top 1000 --json >"$WORK/z3n.json"
+python3 - "$WORK/z3n.json" <<'PYEOF' && pass "--memory-mb 19.6: 2 replicas offered with --zero 3 --zero3-prefetch off only" || failed "ZeRO-3 without prefetch in the search"
+import json, sys
+c = json.load(open(sys.argv[1]))['choices']
+r2 = {(x['zero'], x['zero3_prefetch']) for x in c if x['replicas'] == 2 and x['tensor'] == 1}
+assert r2 == {(3, False)}, r2
 PYEOF
 
 # zb-h1 prices the same work as 1f1b and holds more. The profile's split backward (B, W)

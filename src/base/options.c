@@ -116,7 +116,8 @@ static const opt_spec opt_shared[] = {
              "shard-local parameters around its phases); with --device cuda 2 and 3 map and "
              "unmap the device memory per granule (2 MiB on a GPU); plan "
              "prices 1 to 3 (memory per rank, and ZeRO-3's gathers in the step) and, with "
-             "--ranks, tries 1, 2, then 3 where a layout does not fit --memory-mb"},
+             "--ranks, tries 1, 2, 3, then 3 without prefetch where a layout does not fit "
+             "--memory-mb"},
     {.name = "zero3-prefetch", .kind = OPT_CHOICE, .choices = "on|off", .def = "on",
      .help = "with --zero 3: gather the next layer's parameters while a layer runs (two "
              "layers whole beyond the shards at a time; the gather hidden where the link "

@@ -68,6 +68,8 @@ enum { N_KINDS = sizeof kinds / sizeof kinds[0] };
 typedef struct {
     int stages, replicas, microbatches, virtual_stages, recompute;
     int zero;                   /* --zero priced (1: where unsharded did not fit) */
+    int zero3_prefetch;         /* with --zero 3: --zero3-prefetch on (off: where on did
+                                 * not fit) */
     int tensor;                 /* shards per stage, 1: none */
     tensor_mode mode;
     double tensor_s;            /* the largest stage's tensor collectives per step */
@@ -163,17 +165,20 @@ static void describe(char *buf, size_t size, const candidate *c)
     char mem[48] = "";
     if (c->schedule_memory > 0)
         snprintf(mem, sizeof mem, " --schedule-memory %g", c->schedule_memory);
-    char zero[16] = "";
-    if (c->zero) snprintf(zero, sizeof zero, " --zero %d", c->zero);
+    char zero[40] = "";
+    if (c->zero)
+        snprintf(zero, sizeof zero, " --zero %d%s", c->zero,
+                 c->zero == 3 && !c->zero3_prefetch ? " --zero3-prefetch off" : "");
     snprintf(buf, size, "--stages %d --replicas %d%s --microbatches %d --schedule %s%s%s "
              "--recompute %s%s", c->stages, c->replicas, ten, c->microbatches, c->schedule, virt,
              mem, c->recompute ? "all" : "none",
              zero);
 }
 
-static const char *zero_note(int z)
+static const char *zero_note(const candidate *c)
 {
-    return z == 3 ? "  (--zero 3)" : z == 2 ? "  (--zero 2)" : "  (--zero 1)";
+    if (c->zero == 3) return c->zero3_prefetch ? "  (--zero 3)" : "  (--zero 3, no prefetch)";
+    return c->zero == 2 ? "  (--zero 2)" : "  (--zero 1)";
 }
 
 /* Why `b` ranks below `a` (both fit), in words. */
@@ -263,6 +268,8 @@ static int print_json(const plan_args *a, const candidate *c, int n, int shown,
         ok = ok && !json_object_set_new(j, "partition_first", first) &&
              !json_object_set_new(j, "stage_memory_bytes", mem) &&
              !json_object_set_new(j, "zero", json_integer(c[i].zero)) &&
+             !json_object_set_new(j, "zero3_prefetch",
+                                  json_boolean(c[i].zero != 3 || c[i].zero3_prefetch)) &&
              !json_object_set_new(j, "schedule_memory", json_real(c[i].schedule_memory)) &&
              !json_object_set_new(j, "schedule_origin", c[i].origin[0]
                                                             ? json_string(c[i].origin)
@@ -367,7 +374,7 @@ static void print_text(const plan_args *base, const topo_machine *m, const candi
                c[i].stages, c[i].replicas, ten, c[i].microbatches, c[i].schedule,
                c[i].virtual_stages,
                c[i].recompute ? "all" : "none", st, c[i].bubble, c[i].peak_bytes / 1048576.0,
-               cut, c[i].zero ? zero_note(c[i].zero) : "");
+               cut, c[i].zero ? zero_note(&c[i]) : "");
     }
     char lay[192], why[512];
     describe(lay, sizeof lay, &c[0]);
@@ -448,7 +455,7 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
                          const partition_profile *prof, const topo_machine *m,
                          const topo_cost_model *cm, int v_cut)
 {
-    int K = a->stages, V = a->virtual_stages;
+    int K = a->stages, V = a->virtual_stages, prefetch = a->zero3_prefetch;
     for (int k = 0; k < N_KINDS; k++) {
         if (kinds[k].virtual_stages != V) continue;
         plan_args own = *a;
@@ -464,18 +471,21 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
             a->schedule = kinds[k].name;
             a->recompute = rc ? "all" : "none";
             a->zero = 0;
+            a->zero3_prefetch = prefetch;
             a->search_runs = PLAN_SEARCH_RUNS;
             if (search ? price_search(b, a, net, prof, m, cm)
                        : plan_price(b, a, net, prof, m, cm) < 0)
                 return -1;
             /* ZeRO-1 where the replicas' moments do not fit whole (same step: the same
              * bytes cross the wire), then each further stage where the last does not fit
-             * either, as far as train takes it: ZeRO-2 (the gradients too) and ZeRO-3 (the
-             * parameters, gathered layer by layer), on either device */
+             * either, as far as train takes it: ZeRO-2 (the gradients too), ZeRO-3 (the
+             * parameters, gathered layer by layer), then ZeRO-3 without prefetch (one layer
+             * whole, not two), on either device; step 4 is that last one */
             if (a->replicas > 1 && !reduce_method_root_steps(a->reduce))
-                for (int z = 1; z <= 3 && a->memory_mb > 0 &&
+                for (int z = 1; z <= 3 + prefetch && a->memory_mb > 0 &&
                                 b->peak_bytes > a->memory_mb * 1048576.0; z++) {
-                    a->zero = z;
+                    a->zero = z < 4 ? z : 3;
+                    a->zero3_prefetch = z < 4 && prefetch;
                     if (plan_price(b, a, net, prof, m, cm) < 0) return -1;
                 }
             int chunks = K * V;
@@ -486,6 +496,7 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
             *x = (candidate){.stages = K, .replicas = a->replicas,
                              .microbatches = a->microbatches, .virtual_stages = V,
                              .recompute = rc, .schedule = kinds[k].name, .zero = a->zero,
+                             .zero3_prefetch = a->zero3_prefetch,
                              .schedule_memory = search ? a->schedule_memory : 0,
                              .step_s = b->pred.step_s, .bubble = b->pred.bubble,
                              .peak_bytes = b->peak_bytes, .stage_bytes = b->stage_bytes,
@@ -520,6 +531,7 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
             b->stage_bytes = NULL; /* kept by the candidate */
         }
     }
+    a->zero3_prefetch = prefetch;
     return 0;
 }
 
