@@ -309,7 +309,7 @@ static void check_estimate(const char *model, int first, int last, int batch, in
     cr_expect_eq(b.state, 4 * block, "%s: state %zu, expected %zu", model, b.state, 4 * block);
     size_t groups = 1; /* mb_grads */
     for (int g = 1; g < s.groups; g++) groups += s.group_grads[g] != NULL;
-    size_t part = (s.fold_floats * sizeof(float) + 4095) / 4096 * 4096; /* the fold's */
+    size_t part = (size_t)threads * s.fold_floats * sizeof(float); /* the fold's parts */
     cr_expect_eq(b.groups, groups * block + part,
                  "%s batch %d threads %d: groups %zu, expected %zu", model, batch, threads,
                  b.groups, groups * block + part);

@@ -102,13 +102,7 @@ static int alloc_groups(stage *s, int chunk)
     const stage_plan *p = &s->plan;
     s->split_groups = stage_groups_by_layer(p->net, p->first, p->last, p->param_count, p->widest,
                                       p->max_batch, s->threads, used, p->tp != NULL);
-    if (stage_folds(s->threads, s->groups, chunk, p->max_batch, p->tp != NULL)) {
-        s->fold_floats = stage_fold_floats(p->net, p->first, p->last); /* 0: no parameters */
-        if (s->fold_floats &&
-            (s->rank_pool ? !stage_rank_pool_part(s->rank_pool, s->fold_floats)
-                          : !(s->fold_part = pages_alloc(s->fold_floats * sizeof(float)))))
-            return -1;
-    }
+    if (stage_fold_alloc(s, chunk)) return -1;
     if (s->split_groups && !s->carry &&
         !(s->carry = stage_alloc_zeroed((size_t)s->plan.max_batch * s->plan.widest * sizeof(float))))
         return -1;
@@ -205,7 +199,8 @@ void stage_free(stage *s)
     if (s->group_grads)
         for (int g = 1; g < s->groups; g++) pages_free(s->group_grads[g], s->grads_bytes);
     pages_free(s->mb_grads, s->grads_bytes);
-    pages_free(s->fold_part, s->fold_floats * sizeof(float));
+    pages_free(s->fold_part, (size_t)s->threads * s->fold_floats * sizeof(float));
+    free((void *)s->fold_done);
     pages_free(s->grads, s->grads_bytes);
     free(s->carry);
     free(s->group_grads);
@@ -290,7 +285,9 @@ typedef struct {
     int parts;  /* backward: LAYER_BW_INPUT and/or LAYER_BW_WEIGHT */
     int zero0;  /* backward: group 0 (mb_grads) is zeroed by its worker first */
     int g_lo, g_hi, width; /* backward: this wave's groups [g_lo, g_hi) (group_buf) */
-    float *fold_part;      /* backward with a fold (fold_group): groups 1.. fold in it */
+    float *fold_part;      /* backward with a fold (fold_group): thread t's part at
+                              fold_part + t · fold_floats; groups 1.. fold (every group with
+                              several threads) */
     float *fold_add_to;    /* ... and the last group (fold_last) adds to it, not group 0 */
     int fold_last;
 } chunk_job;
@@ -303,34 +300,8 @@ typedef struct {
     int chunk;           /* backward, weight: the micro-batch's chunk size (its groups) */
     const int64_t *ids;  /* forward: the micro-batch's sample ids */
     float *grads;        /* backward, weight: where parameter gradients go */
-    const struct stage_fold *fold; /* backward, weight: a group folded as formed, or NULL */
+    struct stage_fold *fold; /* backward, weight: a group folded as formed, or NULL */
 } stage_chunk_io;
-
-/* Group g ≥ 1 of a micro-batch added to group 0's gradient as each of its layers' products
- * is formed (layer_io.fold), when one thread forms the groups one after another and each
- * group has one chunk: the additions reduce_worker makes, element by element in group
- * order, so the same bits; the group's buffer (base) is addressed, never written. */
-typedef struct stage_fold {
-    float *base, *form; /* the group's buffer; group 0's gradient (group_grads[0]) */
-    float *add_to;      /* the last group of a micro-batch formed apart: where the sum goes */
-    float *part;        /* where the layers form each product (zeros between folds) */
-} stage_fold;
-
-static int fold_group(void *self, float *dw_at, float *part, size_t count)
-{
-    const stage_fold *f = self;
-    size_t off = (size_t)(dw_at - f->base);
-    float *restrict form = f->form + off;
-    const float *restrict src = part;
-    if (f->add_to) { /* reduce_worker's blocked sum: dst += (g0 + g) */
-        float *restrict to = f->add_to + off;
-        for (size_t i = 0; i < count; i++) to[i] += form[i] + src[i];
-    } else {
-        for (size_t i = 0; i < count; i++) form[i] += src[i];
-    }
-    memset(part, 0, count * sizeof *part);
-    return 0;
-}
 
 /* Where local layer i's data lives for the chunk: the shared rule, the chunk's sample ids
  * and a batched layer's rows of the step's stash. */
@@ -344,8 +315,8 @@ static int chunk_io(void *self, int i, int phase, layer_io *io)
     io->ids = c->ids ? c->ids + c->off : NULL;
     if (c->fold && phase != LAYER_PHASE_FORWARD) {
         io->part = c->fold->part;
-        io->fold = fold_group;
-        io->fold_self = (void *)c->fold;
+        io->fold = stage_fold_group;
+        io->fold_self = c->fold;
     }
     if (sl->layers[i].sums && phase != LAYER_PHASE_FORWARD) {
         /* the chunk's gradient group (backward_worker's dealing): its layer-norm sums */
@@ -396,7 +367,7 @@ static void forward_worker(void *arg, int t)
 
 /* W alone for local layers [lo, hi) of one chunk, from the output gradients B kept. */
 static void weight_chunk(const stage *s, stage_worker *wk, float *grads, const stage_slot *sl,
-                         int off, int n, int chunk, int lo, int hi, const stage_fold *fold)
+                         int off, int n, int chunk, int lo, int hi, stage_fold *fold)
 {
     stage_chunk_io io = {.s = s, .sl = sl, .off = (size_t)off, .chunk = chunk, .grads = grads,
                          .fold = fold};
@@ -412,7 +383,7 @@ static void weight_chunk(const stage *s, stage_worker *wk, float *grads, const s
  * parameter layer's output gradient in the slot for W). Batched dense layers stash their
  * rows. */
 static void backward_chunk(const stage *s, stage_worker *wk, float *grads, const chunk_job *j,
-                           int off, int n, const float *dout, float *din, const stage_fold *fold)
+                           int off, int n, const float *dout, float *din, stage_fold *fold)
 {
     int lo = j->lo, hi = j->hi;
     if (j->parts == LAYER_BW_WEIGHT) {
@@ -466,9 +437,12 @@ static void backward_worker(void *arg, int t)
     for (int g = j->g_lo + t; g < j->g_hi && g * j->chunk < j->n; g += s->threads) {
         float *buf = group_buf(s, g, j->width);
         /* folded: the buffer is only addressed (its pages stay in the pool) */
-        stage_fold fold = {.base = buf, .form = s->group_grads[0], .part = j->fold_part,
-                           .add_to = g == j->fold_last ? j->fold_add_to : NULL};
-        int folds = j->fold_part && g > 0;
+        int several = j->width > 1, folds = j->fold_part && (g > 0 || several);
+        stage_fold fold = {.base = buf, .form = s->group_grads[0],
+                           .part = j->fold_part + (size_t)t * s->fold_floats,
+                           .add_to = g == j->fold_last ? j->fold_add_to : NULL,
+                           .wait = several && g > j->g_lo ? &s->fold_done[g - 1] : NULL,
+                           .done = several ? &s->fold_done[g] : NULL};
         if (g > 0 ? !folds : j->zero0)
             for (int r = 0; r < nr; r++)
                 memset(buf + runs[r][0], 0, (runs[r][1] - runs[r][0]) * sizeof(float));
@@ -584,8 +558,8 @@ static void backward_span_local(stage *s, int slot, int lo, int hi, int from, in
      * where the runs are a part (measured: 1.5% of seed-cnn's step for nothing), or where
      * the rank's chunks share the pages */
     int moved = s->release_zero || s->split_groups || lo > 0 || hi < s->plan.nl || s->rank_pool;
-    /* one thread, one chunk per group: each group folded into group 0 as it is formed */
-    if (s->fold_floats && used > 1 && j.width == 1 && (sl->n + j.chunk - 1) / j.chunk == used) {
+    /* one chunk per group: each group folded into group 0 as it is formed */
+    if (s->fold_floats && used > 1 && (sl->n + j.chunk - 1) / j.chunk == used) {
         j.fold_part = s->rank_pool ? stage_rank_pool_part(s->rank_pool, 0) : s->fold_part;
         j.fold_add_to = t.add_to;
         j.fold_last = used - 1;
@@ -594,8 +568,9 @@ static void backward_span_local(stage *s, int slot, int lo, int hi, int from, in
     if (moved) move_group_pages(s, buffers, apart, runs, nr, 0);
     for (j.g_lo = 0; j.g_lo < used; j.g_lo += j.width) {
         j.g_hi = j.g_lo + j.width < used ? j.g_lo + j.width : used;
+        for (int g = j.g_lo; s->fold_done && g < j.g_hi; g++) atomic_init(&s->fold_done[g], 0);
         pool_run(s->pool, backward_worker, &j);
-        if (j.fold_part) continue; /* (wave 0 is group 0 alone: nothing to sum) */
+        if (j.fold_part) continue; /* folded as formed: nothing to sum */
         int last = j.g_hi == used;
         for (int k = 0; k < nr && (j.g_hi > 1 || (last && t.add_to)); k++) {
             reduce_job r = {.s = s, .lo = j.g_lo > 1 ? j.g_lo : 1, .hi = j.g_hi,

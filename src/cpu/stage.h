@@ -107,11 +107,12 @@ typedef struct {
      * carry, so that the group buffers and mb_grads hold one layer's gradients each, when
      * the carry costs less than the buffers held whole would (stage.c groups_by_layer) */
     int split_groups;
-    /* one thread, one chunk per group (stage_folds): groups 1.. are added to group 0 product
-     * by product as they are formed (stage.c fold_group), in fold_part, not the group
-     * buffers; fold_floats (0: no fold); fold_part owned, or the rank pool's part */
-    size_t fold_floats;
+    /* one chunk per group (stage_folds): the groups are added to group 0 product by product
+     * as they are formed (stage.c fold_group), in a part per thread, not the group buffers;
+     * fold_floats (0: no fold); fold_part owned, or the rank pool's part */
+    size_t fold_floats;     /* a part's floats (whole pages), one part per thread */
     float *fold_part;
+    _Atomic int *fold_done; /* owned, several threads: each group's folds in the wave */
     struct pool *pool;      /* owned */
     /* stage_backward_range: where each chunk's running gradient waits between ranges
      * (owned, max_batch · widest floats, allocated at the first range that needs it) */
@@ -167,7 +168,7 @@ typedef struct {
      * src/cpu/stage.c move_group_pages): the group buffers of one wave (group_held), and
      * mb_grads (apart_held) in the micro-batches after the first. The planner counts these. */
     size_t group_held, apart_held;
-    /* of group_held, the part one thread folds the groups in (stage_folds; 0: none) */
+    /* of group_held, the parts the threads fold the groups in (stage_folds; 0: none) */
     size_t fold_part;
     /* of `workers`, the threads' workspace and scratch (a rank's chunks share the largest:
      * stage_rank_pool) */

@@ -1,8 +1,9 @@
-/* What the CPU stage's files (stage.c, stage_sizes.c, stage_wgrad.c, stage_seq.c,
+/* What the CPU stage's files (stage.c, stage_sizes.c, stage_wgrad.c, stage_seq.c, stage_fold.c,
  * stage_tp.c, stage_rank_pool.c) share; not for other modules. */
 #ifndef PT_STAGE_IMPL_H
 #define PT_STAGE_IMPL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,11 +25,33 @@ stage_shape stage_cpu_shape(const net_desc *net, int first, int last, int max_ba
                             const shard_plan *tp, int t);
 int stage_groups_by_layer(const net_desc *net, int first, int last, size_t param_count,
                           size_t widest, int max_batch, int threads, int used, int tp);
-/* Whether one thread adds each gradient group to group 0's product by product as it forms
- * it (stage.c fold_group: one chunk per group, no tensor shards), and the floats of the
- * part it forms them in (layer_fold_floats, the largest of layers [first, last)). */
-int stage_folds(int threads, int groups, int chunk, int max_batch, int tp);
-size_t stage_fold_floats(const net_desc *net, int first, int last);
+/* Whether the gradient groups are added to group 0's product by product as they are formed
+ * (stage.c fold_group: one chunk per group, no tensor shards), and the floats of the part
+ * each thread forms them in (layer_fold_floats, the largest of layers [first, last), rounded
+ * up to whole pages; 0: no parameters). */
+int stage_folds(int groups, int chunk, int max_batch, int tp);
+size_t stage_fold_part_floats(const net_desc *net, int first, int last);
+
+/* Group g ≥ 1 of a micro-batch added to group 0's gradient as each of its layers' products
+ * is formed (layer_io.fold), where each group has one chunk: the additions reduce_worker
+ * makes, element by element in group order, so the same bits; the group's buffer (base) is
+ * addressed, never written. One thread forms the groups one after another. Several form
+ * a wave's groups at once, group 0 folding into its zeroed gradient too (0 + x is x), and
+ * group g's k-th fold waits for group g − 1's k-th (each group folds the same products in
+ * the same order), so the sums keep their order. */
+typedef struct stage_fold {
+    float *base, *form; /* the group's buffer; group 0's gradient (group_grads[0]) */
+    float *add_to;      /* the last group of a micro-batch formed apart: where the sum goes */
+    float *part;        /* where the layers form each product (zeros between folds) */
+    atomic_int *wait, *done; /* several threads: group g − 1's folds in this wave (NULL: none
+                                to wait for), group g's */
+    int n;              /* folds made */
+} stage_fold;
+/* The stage's parts (and, with several threads, its fold counters) where its groups fold;
+ * 0, or −1 out of memory. */
+int stage_fold_alloc(stage *s, int chunk);
+/* layer_io.fold of a stage_fold (self). */
+int stage_fold_group(void *self, float *dw_at, float *part, size_t count);
 
 /* The pool stages created now share (stage_rank_pool_use), with a reference for the
  * caller; NULL: none. slots: its units (0: none); take: binds a free unit (its index, its

@@ -68,19 +68,19 @@ int stage_groups_by_layer(const net_desc *net, int first, int last, size_t param
     return (size_t)max_batch * widest < buffers * (param_count - largest);
 }
 
-int stage_folds(int threads, int groups, int chunk, int max_batch, int tp)
+int stage_folds(int groups, int chunk, int max_batch, int tp)
 {
     int chunks = (max_batch + chunk - 1) / chunk;
-    return threads == 1 && !tp && chunks > 1 && chunks <= groups;
+    return !tp && chunks > 1 && chunks <= groups;
 }
 
-size_t stage_fold_floats(const net_desc *net, int first, int last)
+size_t stage_fold_part_floats(const net_desc *net, int first, int last)
 {
-    size_t most = 0;
+    size_t most = 0, page = 4096 / sizeof(float);
     for (int l = first; l < last; l++)
         if (net->layers[l].weight_count && layer_fold_floats(&net->layers[l]) > most)
             most = layer_fold_floats(&net->layers[l]);
-    return most;
+    return (most + page - 1) / page * page;
 }
 
 /* What a stage of these sizes allocates (stage_init_shard's blocks, one by one). */
@@ -146,11 +146,12 @@ stage_bytes stage_estimate_shard(const net_desc *net, int first, int last, int m
     unit = (unit + page - 1) / page * page;
     b.group_held = (size_t)(used - 1 < threads ? used - 1 : threads) * unit;
     b.apart_held = unit;
-    if (stage_folds(threads, groups, chunk, max_batch, tpk) && stage_fold_floats(net, first, last)) {
-        /* the part, not the buffers */
-        size_t part = (stage_fold_floats(net, first, last) * sizeof(float) + page - 1) / page * page;
-        b.groups += part;
-        b.group_held = b.fold_part = part;
+    size_t part = stage_fold_part_floats(net, first, last) * sizeof(float);
+    if (stage_folds(groups, chunk, max_batch, tpk) && part) {
+        /* a part per thread, not the buffers: one thread's, or each that forms a group */
+        int forming = threads == 1 ? 1 : threads < used ? threads : used;
+        b.groups += (size_t)threads * part;
+        b.group_held = b.fold_part = (size_t)forming * part;
     }
     b.workers += stage_round_up(stage_loss_floats(net, last, max_batch, tp) * sizeof(float));
     return b;

@@ -69,7 +69,7 @@ size_t stage_grads_resident(const stage *s)
     size_t n = pages_resident(s->grads, s->grads_bytes) +
                pages_resident(s->mb_grads, s->grads_bytes) +
                (s->counts_groups ? pages_pool_resident(s->group_pool) : 0) +
-               pages_resident(s->fold_part, s->fold_floats * sizeof(float)) +
+               pages_resident(s->fold_part, (size_t)s->threads * s->fold_floats * sizeof(float)) +
                (s->counts_groups && s->rank_pool ? stage_rank_pool_part_resident(s->rank_pool)
                                                   : 0);
     for (int g = 1; s->group_grads && g < s->groups; g++)
