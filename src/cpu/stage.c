@@ -285,7 +285,7 @@ typedef struct {
     int parts;  /* backward: LAYER_BW_INPUT and/or LAYER_BW_WEIGHT */
     int zero0;  /* backward: group 0 (mb_grads) is zeroed by its worker first */
     int g_lo, g_hi, width; /* backward: this wave's groups [g_lo, g_hi) (group_buf) */
-    float *fold_part;      /* backward with a fold (fold_group): thread t's part at
+    float *fold_part;      /* backward with a fold (stage_fold_group): thread t's part at
                               fold_part + t · fold_floats; groups 1.. fold (every group with
                               several threads) */
     float *fold_add_to;    /* ... and the last group (fold_last) adds to it, not group 0 */

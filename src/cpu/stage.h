@@ -108,7 +108,7 @@ typedef struct {
      * the carry costs less than the buffers held whole would (stage.c groups_by_layer) */
     int split_groups;
     /* one chunk per group (stage_folds): the groups are added to group 0 product by product
-     * as they are formed (stage.c fold_group), in a part per thread, not the group buffers;
+     * as they are formed (stage_fold_group), in a part per thread, not the group buffers;
      * fold_floats (0: no fold); fold_part owned, or the rank pool's part */
     size_t fold_floats;     /* a part's floats (whole pages), one part per thread */
     float *fold_part;

@@ -26,7 +26,7 @@ stage_shape stage_cpu_shape(const net_desc *net, int first, int last, int max_ba
 int stage_groups_by_layer(const net_desc *net, int first, int last, size_t param_count,
                           size_t widest, int max_batch, int threads, int used, int tp);
 /* Whether the gradient groups are added to group 0's product by product as they are formed
- * (stage.c fold_group: one chunk per group, no tensor shards), and the floats of the part
+ * (stage_fold_group: one chunk per group, no tensor shards), and the floats of the part
  * each thread forms them in (layer_fold_floats, the largest of layers [first, last), rounded
  * up to whole pages; 0: no parameters). */
 int stage_folds(int groups, int chunk, int max_batch, int tp);
@@ -67,8 +67,9 @@ void stage_rank_pool_give(stage_rank_pool *pool, int u);
 pages_pool *stage_rank_pool_groups(stage_rank_pool *pool, int *counts);
 stage_worker *stage_rank_pool_workers(stage_rank_pool *pool, int threads, size_t work_floats,
                                       size_t scratch_floats);
-/* The part the stages fold their gradient groups in (zeros between folds), grown to at
- * least `floats` (0: as it is; the stages register theirs when made, nothing runs then);
+/* The parts the stages fold their gradient groups in (one per thread, zeros between
+ * folds), grown to at least `floats` in all (0: as they are; the stages register theirs
+ * when made, nothing runs then);
  * NULL when out of memory. Its bytes backed now (the group pages' reporter counts them). */
 float *stage_rank_pool_part(stage_rank_pool *pool, size_t floats);
 size_t stage_rank_pool_part_resident(const stage_rank_pool *pool);
