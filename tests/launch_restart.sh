@@ -75,14 +75,14 @@ same "$WORK/inwrite.st" "$WORK/full.st" "killed while writing, restarted: bit-id
 ls "$WORK/inwrite" | grep -q tmp && failed "a temporary was left: $(ls "$WORK/inwrite")" \
     || pass "no temporary left behind ($(ls "$WORK/inwrite" | tr '\n' ' '))"
 
-# 4. a node lost: 4 slots, 2 stages × 2 replicas (ordered reduction); the host file shrinks
-# to 2 slots before the kill, the restart runs 2 ranks as 2 stages × 1 replica with 4
-# micro-batches: the same arithmetic, bit for bit
+# 4. a node lost: 4 slots, 2 stages × 2 replicas (ordered reduction, ZeRO-1); the host file
+# shrinks to 2 slots before the kill, the restart runs 2 ranks as 2 stages × 1 replica with 4
+# micro-batches, and without ZeRO (it needs two replicas): the same arithmetic, bit for bit
 "$PIPETRAIN" train "${MLP[@]}" --microbatches 4 --steps $STEPS --save "$WORK/full4.st" >/dev/null
 echo "localhost:4" >"$WORK/hosts"
 LAUNCHER_ARGS=(-n 4 -f "$WORK/hosts")
 launch_job lost --min-ranks 2 --hostfile "$WORK/hosts" -- --stages 2 --replicas 2 --reduce ordered \
-    --debug-stall 1:$FAULT_STEP
+    --zero 1 --debug-stall 1:$FAULT_STEP
 wait_for_stall lost && echo "localhost:2" >"$WORK/hosts" && kill -KILL "$(rank_pid "$WORK/lost")"
 wait $JOB_PID && rc=0 || rc=$?
 [ $rc = 0 ] && grep -q '"event":"replan","ranks":2,"stages":2,"replicas":1,"microbatches":4' "$WORK/lost.jsonl" \

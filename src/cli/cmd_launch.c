@@ -30,7 +30,8 @@
  * else the largest stage count that does and is not larger; micro-batches per replica
  * scaled so that replicas × micro-batches stays what it was (with --reduce ordered the
  * arithmetic is then the same), else the largest count that divides the samples per
- * replica. The checkpoints are layout-independent, so the job resumes in the new layout. */
+ * replica; with one replica left, --zero 0 (ZeRO needs two). The checkpoints are
+ * layout-independent, so the job resumes in the new layout. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>

@@ -13,6 +13,7 @@ typedef struct {
     int pt;       /* index of the pipetrain binary ("train" follows) */
     char *resume; /* the checkpoint directory, once the job resumes from it (owned) */
     long stages, replicas, microbatches; /* a re-planned layout (0: the job's own) */
+    int unshard;  /* the re-planned layout has one replica: --zero 0 (ZeRO needs two) */
 } launch_job;
 
 /* Copies the command and finds its parts; −1 with a message (then launch_job_free). */

@@ -121,7 +121,7 @@ static int rebuild(launch_job *j)
     job_remove(j, j->fixed, j->argc - j->fixed);
     j->fixed = j->argc;
     char buf[3][32];
-    const char *add[8];
+    const char *add[10];
     int n = 0;
     if (j->resume) add[n++] = "--resume", add[n++] = j->resume;
     if (j->stages) {
@@ -131,6 +131,7 @@ static int rebuild(launch_job *j)
         add[n++] = "--stages", add[n++] = buf[0], add[n++] = "--replicas", add[n++] = buf[1];
         add[n++] = "--microbatches", add[n++] = buf[2];
     }
+    if (j->unshard) add[n++] = "--zero", add[n++] = "0";
     int fixed = j->fixed;
     for (int i = 0; i < n; i++)
         if (job_insert(j, j->argc, add[i])) return -1;
@@ -194,6 +195,9 @@ int launch_job_replan(launch_job *j, long n, long *k, long *r, long *m)
     free(j->argv[at]);
     j->argv[at] = s;
     j->stages = *k = K2, j->replicas = *r = R2, j->microbatches = *m = M2;
+    /* one replica left: the state is whole (a checkpoint holds whole tensors either way);
+     * o already reads an earlier re-plan's --zero 0 */
+    j->unshard = R2 < 2 && (o.zero > 0 || j->unshard);
     return rebuild(j);
 }
 

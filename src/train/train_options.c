@@ -454,7 +454,9 @@ static int check_text_options(train_options *o, const opt_parser *p)
  * steps alone: nothing to shard). */
 static int check_zero(const train_options *o, const opt_parser *p)
 {
-    if (opt_given(p, O_ZERO3_PREFETCH) && o->zero < 3)
+    /* (with --zero 0 nothing is sharded and it changes nothing: launch re-plans a ZeRO-3
+     * job that lost its replicas with --zero 0 added) */
+    if (opt_given(p, O_ZERO3_PREFETCH) && (o->zero == 1 || o->zero == 2))
         return opt_error(p, "--zero3-prefetch is how --zero 3 gathers the parameters; this run "
                          "has --zero %d", o->zero);
     if (!o->zero) return 0;
