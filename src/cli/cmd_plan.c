@@ -186,7 +186,7 @@ static int apply_gpus_per_stage(plan_args *a, const opt_parser *p)
 /* --zero 1 as train takes it: replicas, a method whose every replica steps its shard. */
 static int check_zero(const plan_args *a, const opt_parser *p)
 {
-    if (opt_given(p, O_ZERO3_PREFETCH) && !a->ranks && a->zero < 3)
+    if (opt_given(p, O_ZERO3_PREFETCH) && (a->zero == 1 || a->zero == 2))
         return opt_error(p, "--zero3-prefetch is how --zero 3 gathers the parameters; this plan "
                          "has --zero %d", a->zero);
     if (!a->zero) return 0;

@@ -438,11 +438,13 @@ static void backward_worker(void *arg, int t)
         float *buf = group_buf(s, g, j->width);
         /* folded: the buffer is only addressed (its pages stay in the pool) */
         int several = j->width > 1, folds = j->fold_part && (g > 0 || several);
-        stage_fold fold = {.base = buf, .form = s->group_grads[0],
-                           .part = j->fold_part + (size_t)t * s->fold_floats,
-                           .add_to = g == j->fold_last ? j->fold_add_to : NULL,
-                           .wait = several && g > j->g_lo ? &s->fold_done[g - 1] : NULL,
-                           .done = several ? &s->fold_done[g] : NULL};
+        stage_fold fold = {0};
+        if (folds)
+            fold = (stage_fold){.base = buf, .form = s->group_grads[0],
+                                .part = j->fold_part + (size_t)t * s->fold_floats,
+                                .add_to = g == j->fold_last ? j->fold_add_to : NULL,
+                                .wait = several && g > j->g_lo ? &s->fold_done[g - 1] : NULL,
+                                .done = several ? &s->fold_done[g] : NULL};
         if (g > 0 ? !folds : j->zero0)
             for (int r = 0; r < nr; r++)
                 memset(buf + runs[r][0], 0, (runs[r][1] - runs[r][0]) * sizeof(float));
