@@ -4,46 +4,65 @@
 #include "schedule/schedule.h"
 #include "src/base/error.h"
 
-static int uses_input(schedule_op_kind k)
+/* Whether op reads the buffer an activation (act) or a gradient (!act) was received into:
+ * its receive, and what computes with it; W only where w_reads says so. */
+static int reads_buffer(schedule_op_kind k, int act, int w_reads)
 {
-    return k == SCHED_OP_RECV_ACT || k == SCHED_OP_RECV_GRAD || k == SCHED_OP_FORWARD ||
-           k == SCHED_OP_RECOMPUTE || k == SCHED_OP_BACKWARD ||
-           k == SCHED_OP_BACKWARD_INPUT || k == SCHED_OP_BACKWARD_WEIGHT;
+    switch (k) {
+    case SCHED_OP_RECV_ACT: return act;
+    case SCHED_OP_RECV_GRAD: return !act;
+    case SCHED_OP_FORWARD:
+    case SCHED_OP_RECOMPUTE: return act;
+    case SCHED_OP_BACKWARD:
+    case SCHED_OP_BACKWARD_INPUT: return 1;
+    case SCHED_OP_BACKWARD_WEIGHT:
+        return (w_reads & (act ? SCHED_W_READS_ACT : SCHED_W_READS_GRAD)) != 0;
+    default: return 0;
+    }
 }
 
-/* Whether n buffers suffice: for every m ≥ n, m − n's last op comes before m's receive. */
-static int enough(const int *last, const int *recv_act, const int *recv_grad, int M, int n)
+/* Whether n buffers of kind k suffice: for every m ≥ n, m − n's last read comes before m's
+ * receive. */
+static int enough(const int *last, const int *recv, int M, int n)
 {
-    for (int m = n; m < M; m++) {
-        if (recv_act[m] >= 0 && last[m - n] >= recv_act[m]) return 0;
-        if (recv_grad[m] >= 0 && last[m - n] >= recv_grad[m]) return 0;
-    }
+    for (int m = n; m < M; m++)
+        if (recv[m] >= 0 && last[m - n] >= recv[m]) return 0;
     return 1;
 }
 
-int schedule_receive_buffers(const schedule *s, int stage, int chunk, int least, int *post_after)
+int schedule_receive_buffers(const schedule *s, int stage, int chunk, int least, int w_reads,
+                             int *n, int *post_after)
 {
     const schedule_list *l = &s->lists[stage];
     int M = s->microbatches;
-    int *last = malloc((size_t)M * 3 * sizeof *last);
+    int *last = malloc((size_t)M * 4 * sizeof *last); /* [act | grad] each */
     if (!last) return pt_error_set("out of memory");
-    int *recv_act = last + M, *recv_grad = last + 2 * M;
-    for (int m = 0; m < M; m++) last[m] = recv_act[m] = recv_grad[m] = -1;
+    int *recv = last + 2 * M;
+    for (int m = 0; m < 2 * M; m++) last[m] = recv[m] = -1;
+    /* the net's last chunk: its forward writes the loss gradient where a gradient is received */
+    int V = s->virtual_stages > 1 ? s->virtual_stages : 1;
+    int ends = schedule_model_chunk(s, stage, chunk) == s->stages * V - 1;
     for (int i = 0; i < l->n_ops; i++) {
         const schedule_op *op = &l->ops[i];
-        if (op->chunk != chunk || op->microbatch < 0 || op->microbatch >= M ||
-            !uses_input(op->kind))
-            continue;
-        int m = op->microbatch;
-        if (i > last[m]) last[m] = i;
-        if (op->kind == SCHED_OP_RECV_ACT) recv_act[m] = i;
-        if (op->kind == SCHED_OP_RECV_GRAD) recv_grad[m] = i;
+        if (op->chunk != chunk || op->microbatch < 0 || op->microbatch >= M) continue;
+        for (int k = 0; k < 2; k++) {
+            int m = k * M + op->microbatch;
+            if (reads_buffer(op->kind, !k, w_reads) && i > last[m]) last[m] = i;
+        }
+        if (op->kind == SCHED_OP_RECV_ACT) recv[op->microbatch] = i;
+        if (op->kind == SCHED_OP_RECV_GRAD || (op->kind == SCHED_OP_FORWARD && ends &&
+                                               recv[M + op->microbatch] < 0))
+            recv[M + op->microbatch] = i;
     }
-    int n = least < 1 ? 1 : least;
-    while (n < M && !enough(last, recv_act, recv_grad, M, n)) n++;
-    for (int m = 0; post_after && m < M; m++) post_after[m] = m < n ? -1 : last[m - n];
+    for (int k = 0; k < 2; k++) {
+        int nk = k == 0 && least > 1 ? least : 1;
+        while (nk < M && !enough(last + k * M, recv + k * M, M, nk)) nk++;
+        n[k] = nk;
+        for (int m = 0; post_after && m < M; m++)
+            post_after[k * M + m] = m < nk ? -1 : last[k * M + m - nk];
+    }
     free(last);
-    return n;
+    return 0;
 }
 
 /* ---- gradient send buffers (schedule_send_buffers) ---- */

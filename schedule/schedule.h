@@ -286,16 +286,30 @@ int schedule_parse_recompute(const char *spec, int stages, int *flags);
 
 const char *schedule_op_name(schedule_op_kind kind); /* "F", "B", "send_act", ... */
 
+/* What W reads of a chunk's received buffers (schedule_receive_buffers' w_reads). */
+enum { SCHED_W_READS_ACT = 1, SCHED_W_READS_GRAD = 2 };
+/* The least activation receive buffers of a chunk: the executor's evaluation through one
+ * chunk per rank cycles through 3 (the next input's receive posted before this forward);
+ * through V > 1 chunks it receives each input just before the forward that reads it. */
+static inline int schedule_least_receive_buffers(const schedule *s)
+{
+    return s->virtual_stages > 1 ? 1 : 3;
+}
 /* Receive buffers by liveness (schedule/buffers.c). Chunk `chunk` of `stage` receives
- * micro-batch m's activations and gradients into buffer m mod n; each holds m from its
- * receive to m's last op on the chunk (the stage reads its input and the output gradient
- * until m's W). Each chunk runs F, B and W in micro-batch order (schedule_verify), so n
- * buffers suffice when, for every m ≥ n, m − n's last op precedes m's receives: the
- * smallest such n ≥ least (at most M), or −1 with a message. post_after[m] (M entries, may
- * be NULL): the op after which m's receives may be posted (−1: at the step's start). A
- * message may arrive before it is posted; its send completes once it is. */
-int schedule_receive_buffers(const schedule *s, int stage, int chunk, int least,
-                             int *post_after);
+ * micro-batch m's activation into buffer m mod n[0] and its gradient into m mod n[1]; each
+ * holds m from its receive (on the net's last chunk the gradient from m's forward, which
+ * writes the loss gradient there) to m's last op that reads it: F, R and B read the
+ * activation (the stage's input), B the gradient, and W each only where w_reads says (the CPU stage's
+ * W reads its input unless its first layer is a whole block, its output gradient where its
+ * last layer's W takes it where it came in: layer_w_reads_input, layer_w_reads_dout). Each
+ * chunk runs F, B and W in micro-batch order (schedule_verify), so n buffers of a kind
+ * suffice when, for every m ≥ n, m − n's last read precedes m's receive: n[0] the smallest
+ * such n ≥ least, n[1] ≥ 1 (each at most M). post_after (2M entries, may be NULL): [m] the
+ * op after which m's activation receive may be posted, [M + m] its gradient's (−1: at the
+ * step's start). A message may arrive before it is posted; its send completes once it is.
+ * 0, or −1 with a message. */
+int schedule_receive_buffers(const schedule *s, int stage, int chunk, int least, int w_reads,
+                             int *n, int *post_after);
 /* Gradient send buffers by liveness (schedule/buffers.c): a chunk that sends gradients (to
  * another rank, or to its rank's chunk before it: a message too) writes micro-batch m's
  * into buffer m mod n in its first backward of m, and waits first for the send of m − n

@@ -75,9 +75,13 @@ bad "dualpipev with M < 2K" "at least 2 micro-batches per stage" --stages 2 --sc
 # M = 8: schedule_send_buffers' counts, which test_schedule_v checks against the events)
 if "$PIPETRAIN" schedule --schedule zb-v --stages 4 --microbatches 8 >"$WORK/buf.out" &&
     grep -q "gradients are sent from per stage (per chunk): 2 (0+2) 6 (4+2) 5 (3+2) 3 (2+1)$" \
+        "$WORK/buf.out" &&
+    grep -q "activations are received into per stage (per chunk): 4 (0+4) 9 (5+4) " \
+        "$WORK/buf.out" &&
+    grep -q "gradients are received into per stage (per chunk): 4 (4+0) 8 (4+4) " \
         "$WORK/buf.out"
-then pass "schedule: zb-v's gradient send buffers per chunk"
-else failed "schedule: zb-v's send buffers: $(grep 'sent from' "$WORK/buf.out")"; fi
+then pass "schedule: zb-v's message buffers per chunk (received into, gradients sent from)"
+else failed "schedule: zb-v's buffers: $(grep 'buffers' "$WORK/buf.out")"; fi
 
 # schedules as text: saved, loaded back identical; a broken line is named
 "$PIPETRAIN" schedule --schedule zb-v --stages 2 --microbatches 4 --save-schedule "$WORK/zbv.txt" >"$WORK/a.out"

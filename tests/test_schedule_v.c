@@ -274,72 +274,107 @@ static int init_named(schedule *s, size_t k, int K, int M)
     return V;
 }
 
-/* Receive buffers by liveness (schedule_receive_buffers): m's receives are posted after
- * m − n's last op and before m's own receive op, and no fewer buffers would do; GPipe
- * receives every activation before its first backward (one buffer per micro-batch), 1F1B's
- * last stage uses each at once, and every V schedule needs fewer than M. */
-static int last_use(const schedule_list *l, int v, int m)
+/* Receive buffers by liveness (schedule_receive_buffers): m's receive of each kind is posted
+ * after m − n's last read of that kind and before m's own receive op, and no fewer buffers
+ * would do; W reads each kind only where w_reads says, and the net's last chunk's forward
+ * writes the loss gradient where a gradient is received. GPipe receives every activation
+ * before its first backward (one buffer per micro-batch), 1F1B's last stage uses each at once,
+ * and every V schedule needs fewer than M, fewer still where W reads neither buffer. */
+static int arrival(const schedule *s, int st, int v, int m, int grad)
+{
+    const schedule_list *l = &s->lists[st];
+    int V = s->virtual_stages, ends = schedule_model_chunk(s, st, v) == s->stages * V - 1;
+    for (int i = 0; i < l->n_ops; i++) {
+        schedule_op_kind k = l->ops[i].kind;
+        if (l->ops[i].chunk == v && l->ops[i].microbatch == m &&
+            (k == (grad ? SCHED_OP_RECV_GRAD : SCHED_OP_RECV_ACT) ||
+             (grad && ends && k == SCHED_OP_FORWARD)))
+            return i;
+    }
+    return -1;
+}
+
+static int last_use(const schedule_list *l, int v, int m, int grad, int w_reads)
 {
     int last = -1;
     for (int i = 0; i < l->n_ops; i++) {
         const schedule_op *op = &l->ops[i];
-        if (op->chunk == v && op->microbatch == m && op->kind != SCHED_OP_SEND_ACT &&
-            op->kind != SCHED_OP_SEND_GRAD)
-            last = i;
+        schedule_op_kind k = op->kind;
+        if (op->chunk != v || op->microbatch != m || k == SCHED_OP_SEND_ACT ||
+            k == SCHED_OP_SEND_GRAD || k == (grad ? SCHED_OP_RECV_ACT : SCHED_OP_RECV_GRAD))
+            continue;
+        if (grad && (k == SCHED_OP_FORWARD || k == SCHED_OP_RECOMPUTE)) continue;
+        if (k == SCHED_OP_BACKWARD_WEIGHT &&
+            !(w_reads & (grad ? SCHED_W_READS_GRAD : SCHED_W_READS_ACT)))
+            continue;
+        last = i;
     }
     return last;
 }
 
-static int receive_of(const schedule_list *l, int v, int m)
+static int receive_buffers_hold(const schedule *s, int st, int v, int n, int grad, int w_reads)
 {
-    for (int i = 0; i < l->n_ops; i++)
-        if (l->ops[i].chunk == v && l->ops[i].microbatch == m &&
-            (l->ops[i].kind == SCHED_OP_RECV_ACT || l->ops[i].kind == SCHED_OP_RECV_GRAD))
-            return i;
-    return -1;
-}
-
-static int receive_buffers_hold(const schedule *s, int st, int v, int n)
-{
-    const schedule_list *l = &s->lists[st];
     for (int m = n; m < s->microbatches; m++) {
-        int r = receive_of(l, v, m);
-        if (r >= 0 && last_use(l, v, m - n) >= r) return 0;
+        int r = arrival(s, st, v, m, grad);
+        if (r >= 0 && last_use(&s->lists[st], v, m - n, grad, w_reads) >= r) return 0;
     }
     return 1;
 }
 
 Test(schedule_v, receive_buffers_by_liveness)
 {
-    int K = 4, M = 8, after[8];
+    int K = 4, M = 8, after[16];
+    const int reads[2] = {SCHED_W_READS_ACT | SCHED_W_READS_GRAD, 0};
     for (size_t k = 0; k < N_NAMES; k++) {
         schedule s;
-        int V = init_named(&s, k, K, M);
-        int most_v = 0;
-        for (int st = 0; st < K; st++)
-            for (int v = 0; v < V; v++) {
-                int n = schedule_receive_buffers(&s, st, v, 3, after);
-                cr_assert(n >= 3 && n <= M, "%s (%d, %d): %d", buffer_names[k], st, v, n);
-                cr_assert(receive_buffers_hold(&s, st, v, n), "%s (%d, %d): %d buffers "
-                          "overlap", buffer_names[k], st, v, n);
-                cr_assert(n == 3 || !receive_buffers_hold(&s, st, v, n - 1),
-                          "%s (%d, %d): %d buffers would do, not %d", buffer_names[k], st, v, n - 1, n);
-                for (int m = 0; m < M; m++) {
-                    int r = receive_of(&s.lists[st], v, m);
-                    cr_assert(m < n ? after[m] == -1
-                                    : after[m] == last_use(&s.lists[st], v, m - n) &&
-                                          (r < 0 || after[m] < r),
-                              "%s (%d, %d): m=%d posted after op %d", buffer_names[k], st, v, m,
-                              after[m]);
+        int V = init_named(&s, k, K, M), least = schedule_least_receive_buffers(&s), n[2];
+        int most = 0, sum[2] = {0, 0};
+        cr_assert_eq(least, V > 1 ? 1 : 3);
+        for (int w = 0; w < 2; w++)
+            for (int st = 0; st < K; st++)
+                for (int v = 0; v < V; v++) {
+                    cr_assert_eq(schedule_receive_buffers(&s, st, v, least, reads[w], n, after), 0);
+                    for (int grad = 0; grad < 2; grad++) {
+                        int nk = n[grad], lk = grad ? 1 : least;
+                        cr_assert(nk >= lk && nk <= M, "%s (%d, %d): %d", buffer_names[k], st, v,
+                                  nk);
+                        cr_assert(receive_buffers_hold(&s, st, v, nk, grad, reads[w]),
+                                  "%s (%d, %d) kind %d w_reads %d: %d buffers overlap",
+                                  buffer_names[k], st, v, grad, reads[w], nk);
+                        cr_assert(nk == lk ||
+                                      !receive_buffers_hold(&s, st, v, nk - 1, grad, reads[w]),
+                                  "%s (%d, %d) kind %d w_reads %d: %d buffers would do, not %d",
+                                  buffer_names[k], st, v, grad, reads[w], nk - 1, nk);
+                        for (int m = 0; m < M; m++) {
+                            int r = arrival(&s, st, v, m, grad), a = after[grad * M + m];
+                            cr_assert(m < nk ? a == -1
+                                             : a == last_use(&s.lists[st], v, m - nk, grad,
+                                                             reads[w]) &&
+                                                   (r < 0 || a < r),
+                                      "%s (%d, %d): m=%d's kind %d posted after op %d",
+                                      buffer_names[k], st, v, m, grad, a);
+                        }
+                        if (w == 0) most = nk > most ? nk : most;
+                        sum[w] += nk;
+                    }
                 }
-                most_v = n > most_v ? n : most_v;
-            }
-        if (!strcmp(buffer_names[k], "gpipe"))
-            cr_assert_eq(schedule_receive_buffers(&s, 1, 0, 3, NULL), M);
-        if (!strcmp(buffer_names[k], "1f1b"))
-            cr_assert_eq(schedule_receive_buffers(&s, K - 1, 0, 3, NULL), 3);
+        int both = SCHED_W_READS_ACT | SCHED_W_READS_GRAD;
+        if (!strcmp(buffer_names[k], "gpipe")) {
+            cr_assert_eq(schedule_receive_buffers(&s, 1, 0, least, both, n, NULL), 0);
+            cr_assert_eq(n[0], M);
+        }
+        if (!strcmp(buffer_names[k], "1f1b")) {
+            cr_assert_eq(schedule_receive_buffers(&s, K - 1, 0, least, both, n, NULL), 0);
+            cr_assert_eq(n[0], 3);
+            cr_assert_eq(n[1], 1, "1f1b's last stage computes each loss gradient just before "
+                         "its backward: %d buffers", n[1]);
+        }
         if (V == 2 && strcmp(buffer_names[k], "interleaved"))
-            cr_assert(most_v < M, "%s: %d receive buffers somewhere", buffer_names[k], most_v);
+            cr_assert(most < M, "%s: %d receive buffers somewhere", buffer_names[k], most);
+        /* where W reads neither buffer, ZB-V's receive buffers end at B: fewer */
+        if (!strcmp(buffer_names[k], "zb-v"))
+            cr_assert(sum[1] < sum[0], "zb-v: %d receive buffers with W reading none, %d with "
+                      "W reading both", sum[1], sum[0]);
         schedule_free(&s);
     }
 }

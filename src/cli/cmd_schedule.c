@@ -66,31 +66,39 @@ static void print_peaks(const char *what, const int *per_stage, const int *per_c
 }
 
 /* The CPU engine's message buffers by liveness (schedule/buffers.c): what each chunk
- * receives into and what it sends its gradients from (0: it sends none). */
+ * receives its activations and its gradients into (at most: where W reads both its input
+ * and its output gradient; a model whose chunks start with a block needs fewer) and what it
+ * sends its gradients from; 0 where it receives or sends none. */
 static int print_buffers(const schedule *s, int V)
 {
     int K = s->stages, n = K * V;
-    int *recv = malloc(2 * (size_t)n * sizeof *recv), *sum = malloc(2 * (size_t)K * sizeof *sum);
-    int rc = recv && sum ? 0 : pt_error_set("out of memory");
-    int *send = rc ? NULL : recv + n;
+    int *per = malloc(3 * (size_t)n * sizeof *per), *sum = malloc(3 * (size_t)K * sizeof *sum);
+    int rc = per && sum ? 0 : pt_error_set("out of memory");
+    int *send = rc ? NULL : per + 2 * n;
     if (!rc) rc = schedule_send_buffers(s, 1, send);
     for (int k = 0; k < K && !rc; k++) {
-        sum[k] = sum[K + k] = 0;
+        sum[k] = sum[K + k] = sum[2 * K + k] = 0;
         for (int v = 0; v < V && !rc; v++) {
-            int to, i = k * V + v;
-            if ((recv[i] = schedule_receive_buffers(s, k, v, 3, NULL)) < 0) rc = -1;
-            if (!schedule_route_prev(s, k, v, &to, NULL)) send[i] = 0;
-            sum[k] += recv[i];
-            sum[K + k] += send[i];
+            int to, i = k * V + v, nr[2];
+            if (schedule_receive_buffers(s, k, v, schedule_least_receive_buffers(s),
+                                         SCHED_W_READS_ACT | SCHED_W_READS_GRAD, nr, NULL))
+                rc = -1;
+            int from_prev = schedule_route_prev(s, k, v, &to, NULL);
+            per[i] = from_prev ? nr[0] : 0;
+            per[n + i] = schedule_route_next(s, k, v, &to, NULL) ? nr[1] : 0;
+            if (!from_prev) send[i] = 0;
+            for (int j = 0; j < 3; j++) sum[j * K + k] += per[j * n + i];
         }
     }
     if (!rc) {
-        print_peaks("CPU engine's buffers received into per stage (per chunk), of activations "
-                    "and of gradients each", sum, recv, K, V);
+        print_peaks("CPU engine's buffers activations are received into per stage (per chunk)",
+                    sum, per, K, V);
+        print_peaks("CPU engine's buffers gradients are received into per stage (per chunk)",
+                    sum + K, per + n, K, V);
         print_peaks("CPU engine's buffers gradients are sent from per stage (per chunk)",
-                    sum + K, send, K, V);
+                    sum + 2 * K, send, K, V);
     }
-    free(recv);
+    free(per);
     free(sum);
     return rc ? -1 : 0;
 }

@@ -17,10 +17,11 @@
 typedef struct {
     stage st;
     float **in;        /* [n_in] the stage's input: pixels (stage 0, [buffers]) or ACT_IN */
-    float **grad_in;   /* [n_recv] GRAD_IN; on the last stage the loss gradient (NULL where
+    float **grad_in;   /* [n_recv_grad] GRAD_IN; on the last stage the loss gradient (NULL where
                           it overwrites the logits in the slot: loss_in_place) */
     float **grad_out;  /* [n_send] GRAD_OUT (not on stage 0) */
-    int n_in, n_recv, n_send; /* message b's entry: b mod n_recv received, mod n_send sent */
+    int n_in, n_recv, n_recv_grad, n_send; /* message b's entry: b mod n_recv (activations)
+                                               or n_recv_grad received, mod n_send sent */
     int32_t **labels;  /* [buffers][max_batch] (last stage) */
     int64_t **ids;     /* [buffers][max_batch] */
     int *slot_of;      /* [buffers] the slot holding m's activations, −1 for none */
@@ -59,14 +60,14 @@ typedef struct {
 static cpu_engine *impl(engine *e) { return e->impl; }
 
 /* Buffer m's input (stage 0: its samples, one per buffer), received gradient and gradient
- * to send (messages: m mod n_recv received, m mod n_send sent). */
+ * to send (messages: m mod n_recv or n_recv_grad received, m mod n_send sent). */
 static float *input_of(const cpu_engine *c, int m)
 {
     return c->in[c->first_stage ? m : m % c->n_recv];
 }
 static float *grad_in_of(const cpu_engine *c, int m)
 {
-    if (!c->loss_in_place) return c->grad_in[m % c->n_recv];
+    if (!c->loss_in_place) return c->grad_in[m % c->n_recv_grad];
     return c->slot_of[m] < 0 ? NULL : (float *)stage_output(&c->st, c->slot_of[m]);
 }
 static float *grad_out_of(const cpu_engine *c, int m)
@@ -107,7 +108,7 @@ static void cpu_destroy(engine *e)
         int n = e->cfg.buffers;
         stage_free(&c->st);
         free_arrays((void **)c->in, c->n_in);
-        free_arrays((void **)c->grad_in, c->n_recv);
+        free_arrays((void **)c->grad_in, c->n_recv_grad);
         free_arrays((void **)c->grad_out, c->n_send);
         free_arrays((void **)c->labels, n);
         free_arrays((void **)c->ids, n);
@@ -729,6 +730,9 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
                                                                        : nb;
     c->n_recv = cfg->receive_buffers > 0 && cfg->receive_buffers < n_msg ? cfg->receive_buffers
                                                                            : n_msg;
+    c->n_recv_grad = cfg->receive_grad_buffers <= 0 ? c->n_recv
+                     : cfg->receive_grad_buffers < n_msg ? cfg->receive_grad_buffers
+                                                         : n_msg;
     c->n_send = cfg->send_buffers > 0 && cfg->send_buffers < n_msg ? cfg->send_buffers : n_msg;
     c->n_in = c->first_stage ? nb : c->n_recv;
     c->in = (float **)alloc_arrays(c->n_in, mb * e->in_count * sizeof(float));
@@ -737,7 +741,7 @@ int engine_cpu_create(engine **out, const engine_config *cfg)
     c->loss_in_place = layer_loss_in_place(cfg->net, cfg->last, cfg->recompute);
     c->grad_in = c->loss_in_place
                      ? NULL
-                     : (float **)alloc_arrays(c->n_recv, mb * e->out_count * sizeof(float));
+                     : (float **)alloc_arrays(c->n_recv_grad, mb * e->out_count * sizeof(float));
     c->grad_out = c->first_stage ? NULL : (float **)alloc_arrays(c->n_send, mb * e->in_count *
                                                                                  sizeof(float));
     c->labels = (int32_t **)alloc_arrays(nb, mb * data_model_labels(cfg->net) * sizeof(int32_t));

@@ -46,9 +46,10 @@ typedef struct {
                              message_buffers (0: buffers). Only the samples need two per
                              micro-batch (the next step's are loaded while this one runs); a
                              step's messages are all waited for by its end */
-    int receive_buffers;  /* CPU engine: buffers of ACT_IN and GRAD_IN the same way (0:
+    int receive_buffers;  /* CPU engine: buffers of ACT_IN the same way (0:
                              message_buffers): fewer where the executor posts each receive
                              once its buffer is free (schedule_receive_buffers) */
+    int receive_grad_buffers; /* CPU engine: buffers of GRAD_IN so (0: receive_buffers) */
     int send_buffers;     /* CPU engine: buffers of GRAD_OUT the same way (0:
                              message_buffers): fewer where the executor waits for m − n's
                              send before m's backward (schedule_send_buffers) */

@@ -88,6 +88,15 @@ static inline int layer_w_reads_dout(const layer_desc *L)
     return L->weight_count && L->type != LAYER_BLOCK && L->activation == KERNEL_ACT_LINEAR;
 }
 
+/* Whether W of a stage whose first layer is L may read the stage's input where it was
+ * received (the engine's ACT_IN), so that the buffer lives until the micro-batch's W: every
+ * layer but a whole block, whose W reads only rows of its slot (its layer norms' weight
+ * gradients are formed in B; a block cut into tensor shards forms ln_1's in W, from x). */
+static inline int layer_w_reads_input(const layer_desc *L, int sharded)
+{
+    return sharded || L->type != LAYER_BLOCK;
+}
+
 /* Whether the loss gradient of a stage of layers [.., last) overwrites its logits in the
  * micro-batch's slot (both engines, and the planner's price): the stage ends the net, its
  * last layer's training output lives in storage of its own that its backward never reads

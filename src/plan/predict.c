@@ -480,25 +480,33 @@ static double state_bytes(const stage_bytes *bp, const net_desc *net, const net_
 /* Chunk v of stage s's message and sample buffers, as src/runtime/exec.c sizes its engine:
  * 2M micro-batch buffers of samples (two steps; at least 3, for evaluation) with their
  * labels and ids; M of each message (two steps' on CUDA), the CPU executor's as few as
- * liveness allows (src/runtime/exec_msg.c: receives, and n_send gradients sent). The
- * inputs are samples on chunk 0, else messages; the gradients received may take the
- * logits' place on the last chunk. */
+ * liveness allows (src/runtime/exec_msg.c: activations and gradients received, with what
+ * the chunk's W reads, and n_send gradients sent). The inputs are samples on chunk 0, else
+ * messages; the gradients received may take the logits' place on the last chunk. */
 static double buffer_bytes(const schedule *sched, const net_desc *net, int s, int v,
                            int first, int last, double in, double outc,
                            const plan_memory_config *cfg, int n_send, int *failed)
 {
     int M = sched->microbatches;
     double nb = 2.0 * M > 3 ? 2.0 * M : 3, nm = cfg->cuda_engine ? nb : M > 3 ? M : 3;
-    double nr = nm, ns = nm, mb = cfg->microbatch;
+    double nr = nm, ng = nm, ns = nm, mb = cfg->microbatch;
     if (!cfg->cuda_engine) {
-        int n = schedule_receive_buffers(sched, s, v, 3, NULL);
-        if (n < 0) *failed = 1;
-        else if (n < nr) nr = n;
+        int sharded = cfg->shard && cfg->shard->T > 1, n[2];
+        int w_reads =
+            (layer_w_reads_input(&net->layers[first], sharded) ? SCHED_W_READS_ACT : 0) |
+            (layer_w_reads_dout(&net->layers[last - 1]) ? SCHED_W_READS_GRAD : 0);
+        if (schedule_receive_buffers(sched, s, v, schedule_least_receive_buffers(sched),
+                                     w_reads, n, NULL)) {
+            *failed = 1;
+        } else {
+            if (n[0] < nr) nr = n[0];
+            if (n[1] < ng) ng = n[1];
+        }
         if (n_send < ns) ns = n_send;
     }
     int in_place = layer_loss_in_place(net, last, sched->lists[s].recompute);
     return (first > 0 ? (nr + ns) * 4.0 * in : nb * 4.0 * in) * mb +
-           (in_place ? 0 : nr * mb * 4.0 * outc) + nb * mb * (4 + 8);
+           (in_place ? 0 : ng * mb * 4.0 * outc) + nb * mb * (4 + 8);
 }
 
 /* A slot's split-backward gradients: the CPU stage's (its last layer's W may read the

@@ -196,9 +196,9 @@ static int create_engines(exec_t *e, const partition *part, const int *slots, co
 {
     const exec_config *cfg = &e->cfg;
     const schedule_list *list = &e->sched->lists[e->rank];
-    int M = cfg->microbatches, split = 0, n_recv[e->V];
+    int M = cfg->microbatches, split = 0, n_recv[2 * e->V];
     for (int i = 0; i < list->n_ops; i++) split |= list->ops[i].kind == SCHED_OP_BACKWARD_INPUT;
-    if (exec_plan_receives(e, n_recv) || exec_plan_sends(e)) return -1;
+    if (exec_plan_receives(e, part, n_recv) || exec_plan_sends(e)) return -1;
     engine_config ecs[e->V];
     for (int v = 0; v < e->V; v++) {
         int c = schedule_model_chunk(e->sched, e->rank, v);
@@ -209,7 +209,8 @@ static int create_engines(exec_t *e, const partition *part, const int *slots, co
             /* a step's messages are over by its end: one buffer per micro-batch (the
              * CPU's gradients sent and messages received: as few as liveness allows) */
             .message_buffers = M > EVAL_BUFFERS ? M : EVAL_BUFFERS,
-            .receive_buffers = n_recv[v], .send_buffers = e->send_n[v],
+            .receive_buffers = n_recv[2 * v], .receive_grad_buffers = n_recv[2 * v + 1],
+            .send_buffers = e->send_n[v],
             .max_batch = e->mb, .n_slots = slots[v] > 0 ? slots[v] : 1, .batch = cfg->batch,
             .threads = cfg->threads > 0 ? cfg->threads : 1, .device = cfg->gpu,
             .device_messages = cfg->device_messages, .precision = cfg->precision,

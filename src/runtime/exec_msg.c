@@ -88,12 +88,19 @@ static int is_receive(schedule_op_kind k)
     return k == SCHED_OP_RECV_ACT || k == SCHED_OP_RECV_GRAD;
 }
 
-int exec_plan_receives(exec_t *e, int *n_recv)
+/* The op after which receive op is posted: after[v][act | grad][m] (−1: the step's start). */
+static int posted_after(const schedule_op *op, const int *after, int M)
+{
+    return after[(op->chunk * 2 + (op->kind == SCHED_OP_RECV_GRAD)) * M + op->microbatch];
+}
+
+int exec_plan_receives(exec_t *e, const partition *part, int *n_recv)
 {
     const schedule_list *l = &e->sched->lists[e->rank];
     int M = e->cfg.microbatches, V = e->V, n = l->n_ops;
     int lazy = e->cfg.device != ENGINE_CUDA;
-    int *after = malloc((size_t)V * M * sizeof *after);
+    int sharded = e->cfg.shard && e->cfg.shard->T > 1;
+    int *after = malloc((size_t)V * 2 * M * sizeof *after); /* [v][act | grad][m] */
     e->recv_at = calloc((size_t)n + 2, sizeof *e->recv_at);
     e->recv_ops = malloc(((size_t)n + 1) * sizeof *e->recv_ops);
     if (!after || !e->recv_at || !e->recv_ops) {
@@ -101,22 +108,27 @@ int exec_plan_receives(exec_t *e, int *n_recv)
         return pt_error_set("out of memory");
     }
     for (int v = 0; v < V; v++) {
-        n_recv[v] = 0;
-        for (int m = 0; m < M; m++) after[v * M + m] = -1;
-        if (lazy && (n_recv[v] = schedule_receive_buffers(e->sched, e->rank, v, EVAL_BUFFERS,
-                                                          after + v * M)) < 0) {
+        int c = schedule_model_chunk(e->sched, e->rank, v);
+        const layer_desc *L = e->net->layers;
+        int first = part->first[c], last = part->first[c + 1];
+        int w_reads = (layer_w_reads_input(&L[first], sharded) ? SCHED_W_READS_ACT : 0) |
+                      (layer_w_reads_dout(&L[last - 1]) ? SCHED_W_READS_GRAD : 0);
+        n_recv[2 * v] = n_recv[2 * v + 1] = 0;
+        for (int m = 0; m < 2 * M; m++) after[v * 2 * M + m] = -1;
+        if (lazy && schedule_receive_buffers(e->sched, e->rank, v,
+                                             schedule_least_receive_buffers(e->sched), w_reads,
+                                             n_recv + 2 * v, after + v * 2 * M)) {
             free(after);
             return -1;
         }
     }
     /* counting sort of the RECV ops by the slot they are posted in */
     for (int i = 0; i < n; i++)
-        if (is_receive(l->ops[i].kind))
-            e->recv_at[after[l->ops[i].chunk * M + l->ops[i].microbatch] + 2]++;
+        if (is_receive(l->ops[i].kind)) e->recv_at[posted_after(&l->ops[i], after, M) + 2]++;
     for (int k = 1; k < n + 2; k++) e->recv_at[k] += e->recv_at[k - 1];
     for (int i = 0; i < n; i++)
         if (is_receive(l->ops[i].kind))
-            e->recv_ops[e->recv_at[after[l->ops[i].chunk * M + l->ops[i].microbatch] + 1]++] = i;
+            e->recv_ops[e->recv_at[posted_after(&l->ops[i], after, M) + 1]++] = i;
     /* the fill advanced each slot's start to the next one's: back by one slot */
     for (int k = n + 1; k > 0; k--) e->recv_at[k] = e->recv_at[k - 1];
     e->recv_at[0] = 0;
