@@ -299,15 +299,15 @@ static inline int schedule_least_receive_buffers(const schedule *s)
  * micro-batch m's activation into buffer m mod n[0] and its gradient into m mod n[1]; each
  * holds m from its receive (on the net's last chunk the gradient from m's forward, which
  * writes the loss gradient there) to m's last op that reads it: F, R and B read the
- * activation (the stage's input), B the gradient, and W each only where w_reads says (the CPU stage's
- * W reads its input unless its first layer is a whole block, its output gradient where its
- * last layer's W takes it where it came in: layer_w_reads_input, layer_w_reads_dout). Each
- * chunk runs F, B and W in micro-batch order (schedule_verify), so n buffers of a kind
- * suffice when, for every m ≥ n, m − n's last read precedes m's receive: n[0] the smallest
- * such n ≥ least, n[1] ≥ 1 (each at most M). post_after (2M entries, may be NULL): [m] the
- * op after which m's activation receive may be posted, [M + m] its gradient's (−1: at the
- * step's start). A message may arrive before it is posted; its send completes once it is.
- * 0, or −1 with a message. */
+ * activation (the stage's input), B the gradient, and W each only where w_reads says (the
+ * CPU stage's W reads its input unless its first layer is a whole block, its output
+ * gradient where its last layer's W takes it where it came in: layer_w_reads_input,
+ * layer_w_reads_dout). Each chunk runs F, B and W in micro-batch order (schedule_verify),
+ * so n buffers of a kind suffice when, for every m ≥ n, m − n's last read precedes m's
+ * receive: n[0] the smallest such n ≥ least, n[1] ≥ 1 (each at most M). post_after (2M
+ * entries, may be NULL): [m] the op after which m's activation receive may be posted,
+ * [M + m] its gradient's (−1: at the step's start). A message may arrive before it is
+ * posted; its send completes once it is. 0, or −1 with a message. */
 int schedule_receive_buffers(const schedule *s, int stage, int chunk, int least, int w_reads,
                              int *n, int *post_after);
 /* Gradient send buffers by liveness (schedule/buffers.c): a chunk that sends gradients (to

@@ -145,9 +145,9 @@ int exec_progress_reductions(exec_t *e);
 /* Waits for *req (a receive, or a send already posted); MPI_REQUEST_NULL is done. */
 int exec_wait_request(exec_t *e, MPI_Request *req, const char *what, int m, int peer);
 /* Where each receive of the step is posted, and each chunk's receive buffers (n_recv[2V]:
- * chunk v's of activations at 2v, of gradients at 2v + 1; 0: one per micro-batch): on the CPU engine a receive is posted once its buffer is free
- * (schedule_receive_buffers, with what the chunk's W reads); on a GPU all at the step's
- * start. */
+ * chunk v's of activations at 2v, of gradients at 2v + 1; 0: one per micro-batch): on the
+ * CPU engine a receive is posted once its buffer is free (schedule_receive_buffers, with
+ * what the chunk's W reads); on a GPU all at the step's start. */
 int exec_plan_receives(exec_t *e, const partition *part, int *n_recv);
 /* Each chunk's gradient send buffers (e->send_n): on the CPU engine as few as
  * schedule_send_buffers proves free in time; on a GPU one per micro-batch. */
