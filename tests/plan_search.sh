@@ -154,7 +154,7 @@ PYEOF
 "$PIPETRAIN" plan "${P[@]}" --ranks 8 --top 1000 --memory-mb "$limit" >"$WORK/lim.txt"
 # (which layout is fastest depends on the profile of the moment: the line about the
 # excluded one appears when the limit excluded a faster layout)
-grep -q "^Choice: --stages .* --recompute \(none\|all\)\( --zero [123]\( --zero3-prefetch off\)\?\)\?$" \
+grep -q "^Choice: --stages .* --recompute \(none\|all\)\( --zero [123]\( --zero3-prefetch off\)\?\( --zero-overlap off\)\?\)\?$" \
     "$WORK/lim.txt" \
     && grep -q "^Runner-up lost: predicted step" "$WORK/lim.txt" \
     && { ! grep -q "^Excluded" "$WORK/lim.txt" || grep -q "^Excluded by the memory limit: --stages .* MiB per rank, more than" "$WORK/lim.txt"; } \
@@ -309,9 +309,15 @@ python3 - "$WORK/z3.json" <<'PYEOF' && pass "--memory-mb 15: 4 replicas of the 9
 import json, sys
 c = json.load(open(sys.argv[1]))['choices']
 assert all(x['fits'] for x in c)
-r4 = {x['zero'] for x in c if x['replicas'] == 4 and x['tensor'] == 1}
-assert r4 == {3}, r4
-assert all(x['zero3_prefetch'] for x in c), c
+r4 = {(x['zero'], x['zero3_prefetch'], x['zero_overlap']) for x in c
+      if x['replicas'] == 4 and x['tensor'] == 1}
+assert r4 == {(3, True, True)}, r4
+# 2 stages × 2 replicas fit under ZeRO-3 only as the search's last resort, without
+# prefetch and overlap (with recomputation, ZeRO-1 may do)
+r2 = {(x['zero'], x['zero3_prefetch'], x['zero_overlap']) for x in c
+      if x['replicas'] == 2 and x['tensor'] == 1 and x['zero'] == 3}
+assert r2 <= {(3, False, False)}, r2
+assert all(x['zero3_prefetch'] and x['zero_overlap'] for x in c if x['zero'] < 3), c
 PYEOF
 # and then ZeRO-3 without prefetch (one layer whole, not two): 2 replicas of it at batch 16
 # take 19.9 MiB with prefetch, 19.4 without; under 19.6 only the latter is offered
@@ -322,6 +328,17 @@ import json, sys
 c = json.load(open(sys.argv[1]))['choices']
 r2 = {(x['zero'], x['zero3_prefetch']) for x in c if x['replicas'] == 2 and x['tensor'] == 1}
 assert r2 == {(3, False)}, r2
+PYEOF
+# and last without overlap (one bucket whole, not two): 18.9 MiB; under 19.1 only that
+"$PIPETRAIN" plan --model "$WORK/deep.cfg" --ranks 2 --batch 16 --bucket-mb 1 --reduce ordered \
+    --memory-mb 19.1 --top 1000 --json >"$WORK/z3s.json"
+python3 - "$WORK/z3s.json" <<'PYEOF' && pass "--memory-mb 19.1: 2 replicas offered with --zero 3 --zero3-prefetch off --zero-overlap off only" || failed "ZeRO-3 without overlap in the search"
+import json, sys
+c = json.load(open(sys.argv[1]))['choices']
+r2 = {(x['zero'], x['zero3_prefetch'], x['zero_overlap']) for x in c
+      if x['replicas'] == 2 and x['tensor'] == 1}
+assert r2 == {(3, False, False)}, r2
+assert all(x['zero_overlap'] for x in c if x['replicas'] != 2 or x['tensor'] != 1), c
 PYEOF
 
 # zb-h1 prices the same work as 1f1b and holds more. The profile's split backward (B, W)

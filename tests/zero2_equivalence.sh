@@ -111,6 +111,31 @@ sys.exit(1 if bad or not low else 0)' $r "$WORK/mem${r}1.json" "$WORK/mem${r}2.j
         pass "memory R=$r zero 2: $msg"
     else failed "memory R=$r zero 2: $msg"; fi
 done
+# --zero-overlap off: each bucket's reduce-scatter waited for as it starts, so one bucket is
+# whole at a time, not two: max_b Σ_{k<b} B_k/R + B_b within 5%, below the overlapped run's
+# (R = 2 above), the same bits; refused with --zero 1
+"$MPIEXEC" -n 2 "$PIPETRAIN" train "${W[@]}" --replicas 2 --zero 2 --save "$WORK/zo.st" \
+    >"$WORK/memz.json" &&
+    "$MPIEXEC" -n 2 "$PIPETRAIN" train "${W[@]}" --replicas 2 --zero 2 --zero-overlap off \
+        --save "$WORK/zs.st" >"$WORK/mems.json" || failed "--zero-overlap off: run failed"
+same "--zero 2 --zero-overlap off vs overlapped" "$WORK/zs.st" "$WORK/zo.st" 0
+if msg=$(python3 -c '
+import json, sys
+z2, zs = (json.loads(open(f).read().splitlines()[-1]) for f in sys.argv[1:3])
+B = [4 * (512 * 10 + 10)] + [4 * (512 * 512 + 512)] * 7 + [4 * (784 * 512 + 512)]
+want = max(sum(B[:b]) / 2 + B[b] for b in range(len(B)))
+g, g2 = zs["rank_grads_bytes"], z2["rank_grads_bytes"]
+print(f"gradients {g} vs one bucket whole {want:.0f} (overlapped: {g2})")
+ok = all(abs(x - want) <= 0.05 * want for x in g) and all(x < y for x, y in zip(g, g2))
+sys.exit(0 if ok and zs["zero_overlap"] is False else 1)' "$WORK/memz.json" "$WORK/mems.json"); then
+    pass "memory R=2 zero 2, --zero-overlap off: $msg"
+else failed "memory R=2 zero 2, --zero-overlap off: $msg"; fi
+rc=0
+"$MPIEXEC" -n 2 "$PIPETRAIN" train "${W[@]}" --replicas 2 --zero 1 --zero-overlap off \
+    >"$WORK/bad.out" 2>"$WORK/bad.err" || rc=$?
+if [ $rc -eq 2 ] && [ "$(grep -c -- "--zero-overlap is how --zero 2 and 3" "$WORK/bad.err")" -eq 1 ]
+then pass "--zero 1 --zero-overlap off: exit 2, one message"
+else failed "--zero 1 --zero-overlap off: exit $rc"; cat "$WORK/bad.err"; fi
 # two micro-batches per replica (pieces): the piece of the first keeps its pages (a whole
 # backward would fault them all in again each step: 1.16x the unsharded step, issue 27),
 # the last piece's parts take theirs from the pool: Ψ plus that piece's bucket waited for

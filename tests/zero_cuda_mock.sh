@@ -10,7 +10,7 @@
 # --reduce ordered, 2 replicas must be bit-identical to the unsharded replicas on the same
 # device and to one CPU process with the same micro-batches (seed-cnn with Adam and
 # momentum, gpt-nano with AdamW, --clip-grad-norm and its tied head, also under --zero 3
-# without prefetch; 2 stages × 2 replicas
+# without prefetch and overlap; 2 stages × 2 replicas
 # under 1f1b and zb-h1; seed-cnn in 2 tensor shards × 2 replicas: --zero 3 as --zero 2 and as
 # the CPU engine's --zero 3); --json's optimizer bytes halve under --zero 1, the gradients'
 # (--zero 2) and the parameters' (--zero 3) fall to 4Ψ/R plus what is in flight; a
@@ -69,12 +69,13 @@ check "seed-cnn adam" "1 2 3" "${CNN[@]}" --optimizer adam --lr 0.001 --overlap 
 # --zero 3 covers them with --overlap on and the tied head's buckets kept whole)
 check "seed-cnn momentum overlap" "1" "${CNN[@]}" --optimizer momentum --lr 0.05 --overlap on
 check "gpt-nano adamw clip" "1 3" "${GPT[@]}"
-# ZeRO-3 without prefetch (each layer gathered when it begins): the same bits
-if cuda "${R2[@]}" "${GPT[@]}" --device cuda --zero 3 --zero3-prefetch off \
+# ZeRO-3 without prefetch (each layer gathered when it begins) and without overlap (each
+# bucket's reduce-scatter waited for as it starts): the same bits
+if cuda "${R2[@]}" "${GPT[@]}" --device cuda --zero 3 --zero3-prefetch off --zero-overlap off \
     --save "$WORK/noprefetch.st" >/dev/null 2>"$WORK/err"; then
-    same "gpt-nano --zero 3 --zero3-prefetch off on the mock GPU vs one CPU process" \
+    same "gpt-nano --zero 3, no prefetch, no overlap, on the mock GPU vs one CPU process" \
         "$WORK/noprefetch.st" "$WORK/gpt-nano_adamw_clip.one.st"
-else failed "gpt-nano --zero 3 --zero3-prefetch off on the mock GPU failed"; cat "$WORK/err"; fi
+else failed "gpt-nano --zero 3, no prefetch, no overlap, on the mock GPU failed"; cat "$WORK/err"; fi
 
 # 2 stages × 2 replicas (4 ranks on the one mock GPU): ZeRO-3 (and with it ZeRO-2's
 # gradients) under 1f1b and zb-h1's split backward (W runs layer by layer too)

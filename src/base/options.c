@@ -123,6 +123,11 @@ static const opt_spec opt_shared[] = {
              "layers whole beyond the shards at a time; the gather hidden where the link "
              "progresses it alone), or each layer's when it begins (one layer whole: less "
              "memory, every gather waited for)"},
+    {.name = "zero-overlap", .kind = OPT_CHOICE, .choices = "on|off", .def = "on",
+     .help = "with --zero 2 and 3: reduce-scatter a bucket while the backward forms the next "
+             "(two buckets whole beyond the shards at a time), or wait for it before the "
+             "backward goes on (one bucket whole: less memory, each reduction waited for, as "
+             "DeepSpeed's overlap_comm false)"},
     {.name = "partition", .letter = 'p', .kind = OPT_TEXT, .arg = "METHOD", .def = "time",
      .help = "how the layers are cut into stages: uniform | params | time (layer times "
              "measured on this machine) | counts like 4,3,4; params and time balance "

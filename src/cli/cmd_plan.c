@@ -26,7 +26,7 @@ enum { O_TOPOLOGY = 1, O_JSON, O_HELP, O_MODEL, O_STAGES, O_REPLICAS, O_NODES, O
        O_BATCH, O_MICRO, O_DEVICE, O_GPUS, O_EXCLUSIVE, O_BANDWIDTH, O_LATENCY, O_SCHED,
        O_REDUCE, O_BUCKET_MB, O_OVERLAP, O_EMIT, O_RANKS, O_MEMORY, O_TOP, O_VIRTUAL,
        O_RECOMPUTE, O_WGRAD, O_TENSOR, O_TENSOR_MODE, O_ZERO, O_SCHED_MEM, O_COSTS,
-       O_PRECISION, O_ZERO3_PREFETCH };
+       O_PRECISION, O_ZERO3_PREFETCH, O_ZERO_OVERLAP };
 
 static const opt_spec plan_opts[] = {
     {.id = O_MODEL, .name = "model", .shared = 1},
@@ -64,6 +64,7 @@ static const opt_spec plan_opts[] = {
     {.id = O_OVERLAP, .name = "overlap", .shared = 1},
     {.id = O_ZERO, .name = "zero", .shared = 1},
     {.id = O_ZERO3_PREFETCH, .name = "zero3-prefetch", .shared = 1},
+    {.id = O_ZERO_OVERLAP, .name = "zero-overlap", .shared = 1},
     {.id = O_DEVICE, .name = "device", .shared = 1},
     {.id = O_GPUS, .name = "gpus-per-stage", .letter = 'g', .kind = OPT_INT, .arg = "G",
      .min = 1, .max = 65536, .help = "GPUs per stage: --device cuda with G replicas"},
@@ -140,6 +141,7 @@ static int read_options(plan_args *a, opt_parser *p)
         case O_OVERLAP: a->overlap = p->choice == 0; break;
         case O_ZERO: a->zero = (int)p->num; break;
         case O_ZERO3_PREFETCH: a->zero3_prefetch = p->choice == 0; break;
+        case O_ZERO_OVERLAP: a->zero_overlap = p->choice == 0; break;
         case O_EMIT: a->emit = p->choice == 0 ? PLAN_EMIT_MPIEXEC : PLAN_EMIT_SLURM; break;
         case O_TENSOR: a->tensor = (int)p->num; break;
         case O_TENSOR_MODE: a->tensor_mode = p->choice ? TENSOR_GATHER : TENSOR_MEGATRON; break;
@@ -189,6 +191,9 @@ static int check_zero(const plan_args *a, const opt_parser *p)
     if (opt_given(p, O_ZERO3_PREFETCH) && (a->zero == 1 || a->zero == 2))
         return opt_error(p, "--zero3-prefetch is how --zero 3 gathers the parameters; this plan "
                          "has --zero %d", a->zero);
+    if (opt_given(p, O_ZERO_OVERLAP) && a->zero == 1)
+        return opt_error(p, "--zero-overlap is how --zero 2 and 3 reduce-scatter the "
+                         "gradients; this plan has --zero 1");
     if (!a->zero) return 0;
     if (!a->ranks && a->replicas < 2)
         return opt_error(p, "--zero %d shards the state across a stage's replicas: it needs "

@@ -64,6 +64,7 @@ static int predict_step(plan_prediction *out, const plan_args *a, const net_desc
         .schedule = a->schedule, .virtual_stages = a->virtual_stages, .recompute = recompute,
         .microbatch = a->replica_batch / a->microbatches,
         .rep = {.replicas = R, .method = a->reduce, .overlap = a->overlap,
+                .zero_serial = a->zero >= 2 && !a->zero_overlap,
                 .bucket_bytes = bytes < 1 ? 1 : bytes > 1e18 ? (size_t)1e18 : (size_t)bytes,
                 .microbatches = a->microbatches, .skip_bucket = -1},
         .alpha = alpha, .beta = beta, .message_s = msg,
@@ -71,7 +72,9 @@ static int predict_step(plan_prediction *out, const plan_args *a, const net_desc
         .tensor_alpha = b->tensor_alpha,
         .tensor_beta = b->tensor_beta,
         .zero = R > 1 ? a->zero : 0, .zero3_prefetch = a->zero3_prefetch,
-        .reduce_in_waits = a->device != TOPO_DEVICE_CUDA,
+        /* a reduction waited for as it starts is priced as one that progresses only in
+         * the waits (--zero-overlap off) */
+        .reduce_in_waits = a->device != TOPO_DEVICE_CUDA || (a->zero >= 2 && !a->zero_overlap),
         .schedule_memory = a->schedule_memory, .search_runs = a->search_runs,
     };
     int rc = plan_predict(out, net, part, prof, &cfg);
@@ -315,7 +318,8 @@ int plan_price(plan_built *b, const plan_args *a, const net_desc *net,
         goto out;
     sched = b->pred.sched;
     replicas_config rep = {.replicas = a->replicas, .method = a->reduce,
-                           .microbatches = a->microbatches};
+                           .microbatches = a->microbatches,
+                           .zero_serial = a->zero >= 2 && !a->zero_overlap};
     plan_memory_config mc = {.microbatch = a->replica_batch / a->microbatches,
                              .wgrad_batched = a->wgrad_batched,
                              .grad_pieces = replicas_grad_pieces(&rep),

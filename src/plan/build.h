@@ -28,6 +28,8 @@ typedef struct {
     int zero; /* --zero: ZeRO stage priced (1: the moments sharded over the replicas);
                * with --ranks and --memory-mb the search tries 1 where 0 does not fit */
     int zero3_prefetch; /* --zero3-prefetch on */
+    int zero_overlap;   /* --zero-overlap on (off: each bucket's reduction waited for as it
+                         * starts, one bucket whole; the search tries it last) */
     int emit; /* 0, or plan_emit_kind */
     int replica_batch; /* batch / replicas: the samples each replica sees per step */
     topo_device device;

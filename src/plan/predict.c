@@ -398,18 +398,22 @@ int plan_predict(plan_prediction *out, const net_desc *net, const partition *par
  * largest bucket (the CPU stage's gradient groups and mb_grads, which hold one backward
  * range each: src/cpu/stage.h); with pieces (M > 1, ordered) the shards live in the earlier
  * micro-batches' arrays, which stay whole, so the last piece adds its two buckets only:
- * max_b B_{b−1} + B_b. −1 with a message. */
+ * max_b B_{b−1} + B_b. With --zero-overlap off (rep.zero_serial) bucket b − 1 is given back
+ * before b forms: Σ_{k < b} B_k/R + B_b, with pieces B_b. −1 with a message. */
 static double zero2_grad_bytes(const net_desc *net, int first, int last,
                                const plan_memory_config *cfg, int scratch, int pieces)
 {
     reduce_plan plan;
     if (replicas_plan(&plan, net, first, last, &cfg->rep)) return -1;
     double shards = 0, most = 0, largest = 0, R = cfg->replicas;
+    int serial = cfg->rep.zero_serial;
     for (int b = 0; b < plan.n_buckets; b++) {
         double Bb = 4.0 * plan.buckets[b].count, prev = b ? 4.0 * plan.buckets[b - 1].count : 0;
-        if (shards + prev + Bb > most) most = shards + prev + Bb;
+        if (!pieces && serial) shards += prev / R; /* given back before b forms */
+        double held = shards + (serial ? 0 : prev) + Bb;
+        if (held > most) most = held;
         if (Bb > largest) largest = Bb;
-        if (!pieces) shards += prev / R;
+        if (!pieces && !serial) shards += prev / R;
     }
     reduce_plan_free(&plan);
     return most + scratch * largest;

@@ -70,6 +70,8 @@ typedef struct {
     int zero;                   /* --zero priced (1: where unsharded did not fit) */
     int zero3_prefetch;         /* with --zero 3: --zero3-prefetch on (off: where on did
                                  * not fit) */
+    int zero_overlap;           /* with --zero 2 or 3: --zero-overlap on (off: where ZeRO-3
+                                 * without prefetch did not fit either) */
     int tensor;                 /* shards per stage, 1: none */
     tensor_mode mode;
     double tensor_s;            /* the largest stage's tensor collectives per step */
@@ -165,10 +167,11 @@ static void describe(char *buf, size_t size, const candidate *c)
     char mem[48] = "";
     if (c->schedule_memory > 0)
         snprintf(mem, sizeof mem, " --schedule-memory %g", c->schedule_memory);
-    char zero[40] = "";
+    char zero[64] = "";
     if (c->zero)
-        snprintf(zero, sizeof zero, " --zero %d%s", c->zero,
-                 c->zero == 3 && !c->zero3_prefetch ? " --zero3-prefetch off" : "");
+        snprintf(zero, sizeof zero, " --zero %d%s%s", c->zero,
+                 c->zero == 3 && !c->zero3_prefetch ? " --zero3-prefetch off" : "",
+                 c->zero >= 2 && !c->zero_overlap ? " --zero-overlap off" : "");
     snprintf(buf, size, "--stages %d --replicas %d%s --microbatches %d --schedule %s%s%s "
              "--recompute %s%s", c->stages, c->replicas, ten, c->microbatches, c->schedule, virt,
              mem, c->recompute ? "all" : "none",
@@ -177,6 +180,7 @@ static void describe(char *buf, size_t size, const candidate *c)
 
 static const char *zero_note(const candidate *c)
 {
+    if (c->zero == 3 && !c->zero_overlap) return "  (--zero 3, no prefetch, no overlap)";
     if (c->zero == 3) return c->zero3_prefetch ? "  (--zero 3)" : "  (--zero 3, no prefetch)";
     return c->zero == 2 ? "  (--zero 2)" : "  (--zero 1)";
 }
@@ -270,6 +274,8 @@ static int print_json(const plan_args *a, const candidate *c, int n, int shown,
              !json_object_set_new(j, "zero", json_integer(c[i].zero)) &&
              !json_object_set_new(j, "zero3_prefetch",
                                   json_boolean(c[i].zero != 3 || c[i].zero3_prefetch)) &&
+             !json_object_set_new(j, "zero_overlap",
+                                  json_boolean(c[i].zero < 2 || c[i].zero_overlap)) &&
              !json_object_set_new(j, "schedule_memory", json_real(c[i].schedule_memory)) &&
              !json_object_set_new(j, "schedule_origin", c[i].origin[0]
                                                             ? json_string(c[i].origin)
@@ -456,6 +462,7 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
                          const topo_cost_model *cm, int v_cut)
 {
     int K = a->stages, V = a->virtual_stages, prefetch = a->zero3_prefetch;
+    int overlap = a->zero_overlap, steps = 3 + prefetch + overlap;
     for (int k = 0; k < N_KINDS; k++) {
         if (kinds[k].virtual_stages != V) continue;
         plan_args own = *a;
@@ -472,6 +479,7 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
             a->recompute = rc ? "all" : "none";
             a->zero = 0;
             a->zero3_prefetch = prefetch;
+            a->zero_overlap = overlap;
             a->search_runs = PLAN_SEARCH_RUNS;
             if (search ? price_search(b, a, net, prof, m, cm)
                        : plan_price(b, a, net, prof, m, cm) < 0)
@@ -480,12 +488,15 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
              * bytes cross the wire), then each further stage where the last does not fit
              * either, as far as train takes it: ZeRO-2 (the gradients too), ZeRO-3 (the
              * parameters, gathered layer by layer), then ZeRO-3 without prefetch (one layer
-             * whole, not two), on either device; step 4 is that last one */
+             * whole, not two), then also without overlap (one bucket whole, not two), on
+             * either device; the steps after 3 are those two, as far as the options left
+             * them on */
             if (a->replicas > 1 && !reduce_method_root_steps(a->reduce))
-                for (int z = 1; z <= 3 + prefetch && a->memory_mb > 0 &&
+                for (int z = 1; z <= steps && a->memory_mb > 0 &&
                                 b->peak_bytes > a->memory_mb * 1048576.0; z++) {
                     a->zero = z < 4 ? z : 3;
                     a->zero3_prefetch = z < 4 && prefetch;
+                    a->zero_overlap = overlap && !(z > 3 && z == steps);
                     if (plan_price(b, a, net, prof, m, cm) < 0) return -1;
                 }
             int chunks = K * V;
@@ -497,6 +508,7 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
                              .microbatches = a->microbatches, .virtual_stages = V,
                              .recompute = rc, .schedule = kinds[k].name, .zero = a->zero,
                              .zero3_prefetch = a->zero3_prefetch,
+                             .zero_overlap = a->zero_overlap,
                              .schedule_memory = search ? a->schedule_memory : 0,
                              .step_s = b->pred.step_s, .bubble = b->pred.bubble,
                              .peak_bytes = b->peak_bytes, .stage_bytes = b->stage_bytes,
@@ -532,6 +544,7 @@ static int price_layouts(candidate *c, int *n, plan_args *a, plan_built *b, cons
         }
     }
     a->zero3_prefetch = prefetch;
+    a->zero_overlap = overlap;
     return 0;
 }
 

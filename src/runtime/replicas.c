@@ -359,6 +359,9 @@ int replicas_start(replicas_t *r, int b)
         if (engine_grads_host(r->eng, p, bk->offset, bk->count, &r->ptrs[p])) return -1;
     if (reduce_start_pieces(r->red, b, r->ptrs)) return -1;
     if (r->owed) r->owed[b] = 1;
+    /* without overlap the backward goes on with this bucket's memory given back */
+    if (r->owed && r->cfg.zero_serial && (reduce_wait(r->red, b) || give_back(r, b)))
+        return -1;
     return 0;
 }
 

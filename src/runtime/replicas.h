@@ -45,6 +45,9 @@ typedef struct {
                              all-gathered before each pass and given back after
                              (src/runtime/replicas_zero3.h), none after the step */
     int zero3_prefetch;   /* ZeRO-3: the next layer's gather starts as a layer begins */
+    int zero_serial;      /* ZeRO-2 and 3 (--zero-overlap off): each bucket's reduction is
+                             waited for, its memory given back, as it starts (one bucket
+                             whole at most); 0: it runs while the backward forms the next */
 } replicas_config;
 
 /* The -bcast methods reduce a stage's gradients at once after the backward pass, as the

@@ -27,6 +27,7 @@ enum { O_MODEL = 1, O_DATA, O_VAL, O_TRAIN_N, O_TEST_N, O_LOAD, O_SAVE, O_EPOCHS
        O_TEST_LAB, O_BETA1, O_BETA2, O_EPS, O_LR_SCHED, O_LR_WARMUP, O_LR_MIN, O_CLIP, O_POSTVAL,
        /* a language model's text */
        O_TEXT, O_TOKENS, O_TOKENS_RAW, O_VAL_FRACTION, O_EVAL_WINDOWS, O_ZERO, O_ZERO3_PREFETCH,
+       O_ZERO_OVERLAP,
        O_SCHED_FILE,
        O_SCHED_MEM, O_PRECISION };
 
@@ -169,6 +170,7 @@ static const opt_spec train_opts[] = {
     {.id = O_OVERLAP, .name = "overlap", .shared = 1},
     {.id = O_ZERO, .name = "zero", .shared = 1},
     {.id = O_ZERO3_PREFETCH, .name = "zero3-prefetch", .shared = 1},
+    {.id = O_ZERO_OVERLAP, .name = "zero-overlap", .shared = 1},
     {.id = O_THREADS, .name = "threads", .kind = OPT_INT, .arg = "N", .min = 1, .max = 1024,
      .help = "worker threads per rank (default: the node's cores / its ranks)"},
     {.id = O_BIND, .name = "bind", .kind = OPT_CHOICE, .choices = "auto|core|none",
@@ -355,6 +357,7 @@ static int read_option(train_options *o, const opt_parser *p, int id)
     case O_OVERLAP: o->overlap = p->choice == 0; break;
     case O_ZERO: o->zero = (int)p->num; break;
     case O_ZERO3_PREFETCH: o->zero3_prefetch = p->choice == 0; break;
+    case O_ZERO_OVERLAP: o->zero_overlap = p->choice == 0; break;
     case O_THREADS: o->threads = (int)p->num; break;
     case O_BIND: o->bind = binds[p->choice]; break;
     case O_WAIT: o->wait = (mpi_wait_mode)p->choice; break;
@@ -459,6 +462,9 @@ static int check_zero(const train_options *o, const opt_parser *p)
     if (opt_given(p, O_ZERO3_PREFETCH) && (o->zero == 1 || o->zero == 2))
         return opt_error(p, "--zero3-prefetch is how --zero 3 gathers the parameters; this run "
                          "has --zero %d", o->zero);
+    if (opt_given(p, O_ZERO_OVERLAP) && o->zero == 1)
+        return opt_error(p, "--zero-overlap is how --zero 2 and 3 reduce-scatter the "
+                         "gradients; this run has --zero 1");
     if (!o->zero) return 0;
     if (o->replicas < 2)
         return opt_error(p, "--zero %d shards the state across a stage's replicas: it needs "

@@ -59,6 +59,8 @@ typedef struct {
     int overlap;          /* reductions start during the backward pass */
     int zero;             /* --zero: ZeRO stage inside each replica group (0: none) */
     int zero3_prefetch;   /* --zero3-prefetch on: the next layer's gather during a layer */
+    int zero_overlap;     /* --zero-overlap on: a bucket's reduce-scatter during the next's
+                             backward (--zero 2 and 3) */
     int skip_bucket;      /* testing: a bucket left unreduced (−1: none) */
     mpi_wait_mode wait;    /* how MPI waits pass the time (--wait) */
     const char *metrics;  /* --metrics FILE.jsonl (NULL: none) */

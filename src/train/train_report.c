@@ -619,6 +619,7 @@ static json_t *run_json(const train_run *run)
         {"bucket_mb", json_number(o->bucket_mb)},
         {"overlap", json_boolean(o->overlap)},
         {"zero3_prefetch", json_boolean(o->zero3_prefetch)},
+        {"zero_overlap", json_boolean(o->zero_overlap)},
         {"reduce_link", json_string(topo_link_name(run->reduce_link))},
         /* where it started: in --json and in the metrics file's first line */
         {"resumed_from_step",

@@ -429,7 +429,7 @@ static replicas_config replicas_of(const train_options *o)
         .bucket_bytes = bytes < 1 ? 1 : bytes > 1e18 ? (size_t)1e18 : (size_t)bytes,
         .overlap = o->overlap, .microbatches = o->microbatches,
         .skip_bucket = o->skip_bucket, .timeout_s = o->timeout, .zero = o->zero,
-        .zero3_prefetch = o->zero3_prefetch,
+        .zero3_prefetch = o->zero3_prefetch, .zero_serial = !o->zero_overlap,
     };
 }
 
