@@ -91,12 +91,15 @@ def transformers(ctx):
     rows = []
     for blocks in (6, 12, 24):
         model = gpt(os.path.join(ctx.results, 'gpt-%d.cfg' % blocks), blocks)
-        for zero, prefetch in ((0, 1), (1, 1), (2, 1), (3, 1), (3, 0)):
+        for zero, prefetch, overlap in ((0, 1, 1), (1, 1, 1), (2, 1, 1), (2, 1, 0), (3, 1, 1),
+                                        (3, 0, 1), (3, 0, 0)):
             args = ['--model', model, '--data', 'text', '--val-fraction', 0, '--batch', 16,
                     '--replicas', 2, '--microbatches', 1, '--steps', 2, '--seed', 5,
                     '--threads', 1, '--optimizer', 'adamw', '--reduce', 'ordered',
-                    '--zero', zero] + ([] if prefetch else ['--zero3-prefetch', 'off'])
-            label = '%d' % zero + ('' if prefetch else ', no prefetch')
+                    '--zero', zero] + ([] if prefetch else ['--zero3-prefetch', 'off']) + \
+                ([] if overlap else ['--zero-overlap', 'off'])
+            label = '%d' % zero + ('' if prefetch else ', no prefetch') + \
+                ('' if overlap else ', no overlap')
             res = ctx.train('gpt-%d R=2 zero %s' % (blocks, label), args, 2)
             mb = lambda k: max(res[k]) / 2**20 if res.get(k) else None  # noqa: E731
             psi = res.get('params')
@@ -113,7 +116,8 @@ def transformers(ctx):
           'the part the groups are folded in (the largest product, c_fc\'s: a third of a '
           'block), ZeRO-2 two buckets (a block each) whole, ZeRO-3 also the running block\'s '
           'and the prefetched one\'s parameters beyond their shards (one block; half of it '
-          'with `--zero3-prefetch off`): a constant, so its share falls as 1/blocks.\n\n')
+          'with `--zero3-prefetch off`; with `--zero-overlap off` one bucket whole, not two): '
+          'a constant, so its share falls as 1/blocks.\n\n')
     md += common.table(['blocks', '--zero', 'params MB', 'grads MB', 'optimizer MB',
                         'sum MB', 'formula MB', 'sum / formula', 'peak RSS MB'], rows)
     return md
