@@ -72,9 +72,7 @@ static int predict_step(plan_prediction *out, const plan_args *a, const net_desc
         .tensor_alpha = b->tensor_alpha,
         .tensor_beta = b->tensor_beta,
         .zero = R > 1 ? a->zero : 0, .zero3_prefetch = a->zero3_prefetch,
-        /* a reduction waited for as it starts is priced as one that progresses only in
-         * the waits (--zero-overlap off) */
-        .reduce_in_waits = a->device != TOPO_DEVICE_CUDA || (a->zero >= 2 && !a->zero_overlap),
+        .reduce_in_waits = a->device != TOPO_DEVICE_CUDA,
         .schedule_memory = a->schedule_memory, .search_runs = a->search_runs,
     };
     int rc = plan_predict(out, net, part, prof, &cfg);

@@ -353,7 +353,9 @@ int plan_predict(plan_prediction *out, const net_desc *net, const partition *par
             .alpha_stage = cfg->alpha, .beta_stage = cfg->beta,
             .bucket_bytes = (const double *const *)c.bytes,
             .part_share = (const double *const *)c.share,
-            .reduce_in_waits = cfg->reduce_in_waits,
+            /* a reduction waited for as it starts (--zero-overlap off) hides behind no
+             * compute either: priced as one that progresses only in the waits */
+            .reduce_in_waits = cfg->reduce_in_waits || cfg->rep.zero_serial,
         };
         rc = schedule_simulate_costs(&sched, &sc, &sim);
     }
