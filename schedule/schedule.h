@@ -286,7 +286,8 @@ int schedule_parse_recompute(const char *spec, int stages, int *flags);
 
 const char *schedule_op_name(schedule_op_kind kind); /* "F", "B", "send_act", ... */
 
-/* What W reads of a chunk's received buffers (schedule_receive_buffers' w_reads). */
+/* What W reads of a chunk's received buffers (schedule_receive_buffers' w_reads; the
+ * values layer_stage_w_reads in src/model/layer_table.h returns). */
 enum { SCHED_W_READS_ACT = 1, SCHED_W_READS_GRAD = 2 };
 /* The least activation receive buffers of a chunk: the executor's evaluation through one
  * chunk per rank cycles through 3 (the next input's receive posted before this forward);

@@ -386,6 +386,18 @@ int opt_given(const opt_parser *p, int id)
     return 0;
 }
 
+int opt_check_zero_choices(const opt_parser *p, int zero, int prefetch_id, int overlap_id,
+                           const char *what)
+{
+    if (opt_given(p, prefetch_id) && (zero == 1 || zero == 2))
+        return opt_error(p, "--zero3-prefetch is how --zero 3 gathers the parameters; this %s "
+                         "has --zero %d", what, zero);
+    if (opt_given(p, overlap_id) && zero == 1)
+        return opt_error(p, "--zero-overlap is how --zero 2 and 3 reduce-scatter the "
+                         "gradients; this %s has --zero 1", what);
+    return 0;
+}
+
 /* ---- help ---------------------------------------------------------------------------- */
 
 enum { HELP_WIDTH = 80, HELP_MAX_COLUMN = 30 };

@@ -93,6 +93,12 @@ int opt_next(opt_parser *p);
 int opt_given(const opt_parser *p, int id);
 /* Records "MESSAGE (see pipetrain CMD --help)" and returns −1. */
 int opt_error(const opt_parser *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The shared ZeRO choices given with a --zero they do not belong to (--zero3-prefetch with
+ * 1 or 2, --zero-overlap with 1): −1 with a message naming this `what` ("run", "plan").
+ * With --zero 0 both are taken and change nothing (launch re-plans a ZeRO job that lost
+ * its replicas with --zero 0 added). prefetch_id, overlap_id: the command's ids of them. */
+int opt_check_zero_choices(const opt_parser *p, int zero, int prefetch_id, int overlap_id,
+                           const char *what);
 void opt_print_help(const opt_command *cmd, FILE *f);
 
 /* Exit statuses of the commands: 0 done, 1 failed, 2 wrong usage. */

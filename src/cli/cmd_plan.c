@@ -188,12 +188,7 @@ static int apply_gpus_per_stage(plan_args *a, const opt_parser *p)
 /* --zero 1 as train takes it: replicas, a method whose every replica steps its shard. */
 static int check_zero(const plan_args *a, const opt_parser *p)
 {
-    if (opt_given(p, O_ZERO3_PREFETCH) && (a->zero == 1 || a->zero == 2))
-        return opt_error(p, "--zero3-prefetch is how --zero 3 gathers the parameters; this plan "
-                         "has --zero %d", a->zero);
-    if (opt_given(p, O_ZERO_OVERLAP) && a->zero == 1)
-        return opt_error(p, "--zero-overlap is how --zero 2 and 3 reduce-scatter the "
-                         "gradients; this plan has --zero 1");
+    if (opt_check_zero_choices(p, a->zero, O_ZERO3_PREFETCH, O_ZERO_OVERLAP, "plan")) return -1;
     if (!a->zero) return 0;
     if (!a->ranks && a->replicas < 2)
         return opt_error(p, "--zero %d shards the state across a stage's replicas: it needs "

@@ -97,6 +97,15 @@ static inline int layer_w_reads_input(const layer_desc *L, int sharded)
     return sharded || L->type != LAYER_BLOCK;
 }
 
+/* What W of a stage of layers [first, last) reads where its messages were received, as
+ * schedule_receive_buffers' w_reads: bit 0 (SCHED_W_READS_ACT) the input, bit 1
+ * (SCHED_W_READS_GRAD) the output gradient. */
+static inline int layer_stage_w_reads(const net_desc *net, int first, int last, int sharded)
+{
+    return (layer_w_reads_input(&net->layers[first], sharded) ? 1 : 0) |
+           (layer_w_reads_dout(&net->layers[last - 1]) ? 2 : 0);
+}
+
 /* Whether the loss gradient of a stage of layers [.., last) overwrites its logits in the
  * micro-batch's slot (both engines, and the planner's price): the stage ends the net, its
  * last layer's training output lives in storage of its own that its backward never reads

@@ -498,11 +498,8 @@ static double buffer_bytes(const schedule *sched, const net_desc *net, int s, in
     double nr = nm, ng = nm, ns = nm, mb = cfg->microbatch;
     if (!cfg->cuda_engine) {
         int sharded = cfg->shard && cfg->shard->T > 1, n[2];
-        int w_reads =
-            (layer_w_reads_input(&net->layers[first], sharded) ? SCHED_W_READS_ACT : 0) |
-            (layer_w_reads_dout(&net->layers[last - 1]) ? SCHED_W_READS_GRAD : 0);
         if (schedule_receive_buffers(sched, s, v, schedule_least_receive_buffers(sched),
-                                     w_reads, n, NULL)) {
+                                     layer_stage_w_reads(net, first, last, sharded), n, NULL)) {
             *failed = 1;
         } else {
             if (n[0] < nr) nr = n[0];

@@ -88,6 +88,9 @@ static int is_receive(schedule_op_kind k)
     return k == SCHED_OP_RECV_ACT || k == SCHED_OP_RECV_GRAD;
 }
 
+_Static_assert(SCHED_W_READS_ACT == 1 && SCHED_W_READS_GRAD == 2,
+               "layer_stage_w_reads returns schedule_receive_buffers' w_reads bits");
+
 /* The op after which receive op is posted: after[v][act | grad][m] (−1: the step's start). */
 static int posted_after(const schedule_op *op, const int *after, int M)
 {
@@ -109,10 +112,7 @@ int exec_plan_receives(exec_t *e, const partition *part, int *n_recv)
     }
     for (int v = 0; v < V; v++) {
         int c = schedule_model_chunk(e->sched, e->rank, v);
-        const layer_desc *L = e->net->layers;
-        int first = part->first[c], last = part->first[c + 1];
-        int w_reads = (layer_w_reads_input(&L[first], sharded) ? SCHED_W_READS_ACT : 0) |
-                      (layer_w_reads_dout(&L[last - 1]) ? SCHED_W_READS_GRAD : 0);
+        int w_reads = layer_stage_w_reads(e->net, part->first[c], part->first[c + 1], sharded);
         n_recv[2 * v] = n_recv[2 * v + 1] = 0;
         for (int m = 0; m < 2 * M; m++) after[v * 2 * M + m] = -1;
         if (lazy && schedule_receive_buffers(e->sched, e->rank, v,

@@ -457,14 +457,7 @@ static int check_text_options(train_options *o, const opt_parser *p)
  * steps alone: nothing to shard). */
 static int check_zero(const train_options *o, const opt_parser *p)
 {
-    /* (with --zero 0 nothing is sharded and it changes nothing: launch re-plans a ZeRO-3
-     * job that lost its replicas with --zero 0 added) */
-    if (opt_given(p, O_ZERO3_PREFETCH) && (o->zero == 1 || o->zero == 2))
-        return opt_error(p, "--zero3-prefetch is how --zero 3 gathers the parameters; this run "
-                         "has --zero %d", o->zero);
-    if (opt_given(p, O_ZERO_OVERLAP) && o->zero == 1)
-        return opt_error(p, "--zero-overlap is how --zero 2 and 3 reduce-scatter the "
-                         "gradients; this run has --zero 1");
+    if (opt_check_zero_choices(p, o->zero, O_ZERO3_PREFETCH, O_ZERO_OVERLAP, "run")) return -1;
     if (!o->zero) return 0;
     if (o->replicas < 2)
         return opt_error(p, "--zero %d shards the state across a stage's replicas: it needs "
