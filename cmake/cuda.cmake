@@ -138,7 +138,8 @@ if(PT_HAVE_CUDA)
     target_compile_options(test_transformer_host PRIVATE
       "$<$<COMPILE_LANGUAGE:CUDA>:${pt_cuda_flags}>")
     add_test(NAME test_transformer_host COMMAND test_transformer_host)
-    set_tests_properties(test_transformer_host PROPERTIES LABELS "unit;cuda;quick" TIMEOUT 120)
+    set_tests_properties(test_transformer_host PROPERTIES LABELS "unit;cuda;nvcc;quick"
+      TIMEOUT 120)
 
     # A plain program (not Criterion): exits 77, which ctest reports as skipped, when the
     # machine has no usable GPU. Its cases and their harness (kernel_check.c).
@@ -147,7 +148,7 @@ if(PT_HAVE_CUDA)
     target_link_libraries(test_cuda_kernels PRIVATE ptcuda)
     set_target_properties(test_cuda_kernels PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
     add_test(NAME test_cuda_kernels COMMAND test_cuda_kernels)
-    set_tests_properties(test_cuda_kernels PROPERTIES SKIP_RETURN_CODE 77 LABELS "unit;cuda;quick"
+    set_tests_properties(test_cuda_kernels PROPERTIES SKIP_RETURN_CODE 77 LABELS "unit;cuda;nvcc;quick"
       TIMEOUT 300)
     if(PT_SANITIZE)
       # On a GPU machine: ASan's protected shadow gap overlaps the address range the CUDA

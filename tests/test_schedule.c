@@ -338,8 +338,8 @@ Test(schedule, print_gpipe)
         "\n t |  0  1  2  3  4  5\n",
         "\ns0 | F0 F1  .  . B0 B1\n",
         "\ns1 |  . F0 F1 B0 B1  .\n",
-        "bubble (idle share of the step): 0.3333 simulated (unit costs), 0.3333 formula "
-        "(K-1)/(M+K-1) with K=2 V=1 M=2;",
+        ("bubble (idle share of the step): 0.3333 simulated (unit costs), 0.3333 formula "
+         "(K-1)/(M+K-1) with K=2 V=1 M=2;"),
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         cr_assert(strstr(text, want[i]), "output lacks '%s':\n%s", want[i], text);

@@ -695,8 +695,8 @@ Test(schedule, print_zb_h1_and_interleaved)
         "unit costs: F = b = w = R = 1 slot",
         "\ns0 | F0 F1  . b0 w0 b1 w1\n",
         "\ns1 |  . F0 b0 F1 b1 w0 w1\n",
-        "bubble (idle share of the step): 0.1429 simulated (unit costs), 0.1429 formula "
-        "(K-1)/(3M+K-1) with K=2 V=1 M=2; makespan 7 slots\n",
+        ("bubble (idle share of the step): 0.1429 simulated (unit costs), 0.1429 formula "
+         "(K-1)/(3M+K-1) with K=2 V=1 M=2; makespan 7 slots\n"),
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         cr_assert(strstr(text, want[i]), "output lacks '%s':\n%s", want[i], text);
@@ -711,8 +711,8 @@ Test(schedule, print_zb_h1_and_interleaved)
         "\ns0: F0 >a0 F1 >a1 <a0.1 F0.1 >a0.1 <a1.1 F1.1 >a1.1 <g0.1 B0.1 >g0.1",
         "\ns0 |   F0   F1 F0.1 F1.1    . B0.1    . B1.1   B0   B1\n",
         "\ns1 |    .   F0   F1 F0.1 B0.1 F1.1 B1.1   B0   B1    .\n",
-        "bubble (idle share of the step): 0.2000 simulated (unit costs), 0.2000 formula "
-        "(K-1)/(V*M+K-1) with K=2 V=2 M=2; makespan 10 slots\n",
+        ("bubble (idle share of the step): 0.2000 simulated (unit costs), 0.2000 formula "
+         "(K-1)/(V*M+K-1) with K=2 V=2 M=2; makespan 10 slots\n"),
     };
     for (size_t i = 0; i < sizeof want_il / sizeof *want_il; i++)
         cr_assert(strstr(text, want_il[i]), "output lacks '%s':\n%s", want_il[i], text);
