@@ -105,6 +105,7 @@ if(PT_HAVE_CUDA)
     # its stream and event ordering is tested on every machine, GPU or not. Only the CUDA
     # headers are used; nothing links cudart.
     add_executable(test_engine_cuda_mock ${CMAKE_SOURCE_DIR}/tests/cuda/test_engine_cuda_mock.c
+      ${CMAKE_SOURCE_DIR}/tests/lib/blas_start.c
       ${CMAKE_SOURCE_DIR}/tests/cuda/mock_cuda.c ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda.c
       ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_run.c ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_optim.c
       ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_layers.c ${CMAKE_SOURCE_DIR}/src/cuda/engine_cuda_vmm.c

@@ -8,7 +8,9 @@
  * otherwise, so the choice needs a new image of the process (kernel_blas_core_upgrade). */
 #include "kernels/kernels.h"
 
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* OpenBLAS's own (not CBLAS'), declared as kernels/dense.c does */
 char *openblas_get_corename(void);
@@ -40,4 +42,26 @@ const char *kernel_blas_core_upgrade(void)
         return "SKYLAKEX";
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "HASWELL";
     return NULL;
+}
+
+/* OpenBLAS made two choices as it loaded, before main, that only a new image of the process
+ * undoes (the variables are read at load):
+ * - its kernels: a fallback (4.5× slower products) where kernel_blas_core_upgrade has
+ *   better ones;
+ * - a pool of one thread per core. Every product runs on the calling thread
+ *   (kernel_blas_threads(1)), yet the idle pool spins for about 0.1 s after it starts:
+ *   0.16 s of CPU per process on 2 cores, more than a small run's work, and (cores − 1)
+ *   spinning threads on every rank of a node. The exec costs about 10 ms.
+ * PIPETRAIN_BLAS_DETECTED keeps OpenBLAS's choice of kernels for the report. */
+void kernel_blas_restart(char **argv)
+{
+    const char *better = getenv("OPENBLAS_CORETYPE") ? NULL : kernel_blas_core_upgrade();
+    const int pool = !getenv("OPENBLAS_NUM_THREADS") && kernel_blas_threads(1) > 1;
+    if (!better && !pool) return;
+    if (better) {
+        setenv("PIPETRAIN_BLAS_DETECTED", kernel_blas_core(), 1);
+        setenv("OPENBLAS_CORETYPE", better, 1);
+    }
+    if (pool) setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    execv("/proc/self/exe", argv); /* returns only where it failed: as OpenBLAS chose, then */
 }

@@ -38,6 +38,12 @@ const char *kernel_blas_core(void);
  * choice stands: only a fallback or pre-AVX2 core on a CPU with AVX2 or AVX-512 is replaced
  * (kernels/blas_core.c). It takes effect in a new image of the process. */
 const char *kernel_blas_core_upgrade(void);
+/* Starts the process again, once, where OpenBLAS's choices at load need undoing: with
+ * OPENBLAS_CORETYPE where kernel_blas_core_upgrade has better kernels, and with
+ * OPENBLAS_NUM_THREADS=1 where OpenBLAS started a pool of threads (a user's own values
+ * stand). Returns where neither applies, or where the exec failed. For main (pipetrain's,
+ * and the unit tests' through a constructor: tests/lib/blas_start.c). */
+void kernel_blas_restart(char **argv);
 
 void kernel_dense_forward_cpu(float *out, const float *in, const float *w, const float *b,
                               int n, int in_f, int out_f);

@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "kernels/kernels.h"
 #include "src/base/error.h"
@@ -78,32 +77,9 @@ static int run_with_mpi(int (*run)(int, char **), int argc, char **argv)
     return rc;
 }
 
-/* OpenBLAS made two choices as it loaded, before main, that pipetrain undoes by starting
- * the process again, once (the variables are set then; a user's own values stand):
- * - its kernels: where it fell back to old ones on a CPU it did not know
- *   (kernels/blas_core.c: 4.5× slower products), OPENBLAS_CORETYPE names better ones;
- * - a pool of one thread per core. pipetrain runs every product on the calling thread (its
- *   own workers split a micro-batch; kernel_blas_threads(1)), yet the idle pool spins for
- *   about 0.1 s after it starts: 0.16 s of CPU per process on 2 cores, more than a small
- *   run's work, and (cores − 1) spinning threads on every rank of a node. The new image
- *   starts with OPENBLAS_NUM_THREADS=1, for about 10 ms.
- * PIPETRAIN_BLAS_DETECTED keeps OpenBLAS's choice of kernels for the report. */
-static void blas_restart(char **argv)
-{
-    const char *better = getenv("OPENBLAS_CORETYPE") ? NULL : kernel_blas_core_upgrade();
-    const int pool = !getenv("OPENBLAS_NUM_THREADS") && kernel_blas_threads(1) > 1;
-    if (!better && !pool) return;
-    if (better) {
-        setenv("PIPETRAIN_BLAS_DETECTED", kernel_blas_core(), 1);
-        setenv("OPENBLAS_CORETYPE", better, 1);
-    }
-    if (pool) setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    execv("/proc/self/exe", argv); /* returns only where it failed: as OpenBLAS chose, then */
-}
-
 int main(int argc, char **argv)
 {
-    blas_restart(argv);
+    kernel_blas_restart(argv); /* OpenBLAS's kernels and threads (kernels/blas_core.c) */
     pt_stdio_whole_lines(); /* mpiexec -prepend-rank: one prefix per line */
     /* MPICH's MPI_Init runs hwloc too, whose GL plugin (libhwloc-plugins) opens X displays
      * :0, :1, ... and may wait seconds for DNS on each; unless the user chose components,
