@@ -21,7 +21,8 @@ SAN_FLAGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1
 # nvcc's code is not instrumented (cmake/cuda.cmake): without a GPU, its two unit tests would
 # only rebuild the CUDA kernels (a minute here) to run the host test again and skip the other.
 san_target=unit_tests san_skip=()
-nvidia-smi -L 2>/dev/null | grep -q '^GPU ' || san_target=unit_tests_c san_skip=(-LE nvcc)
+gpus=$(nvidia-smi -L 2>/dev/null || true)
+grep -q '^GPU ' <<<"$gpus" || san_target=unit_tests_c san_skip=(-LE nvcc)
 echo "== sanitizer build (ASan + UBSan): unit tests ($san_target)"
 pt_build build-asan -DPT_WERROR=ON -DPT_SANITIZE=ON "${SAN_FLAGS[@]}" --target "$san_target"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -L unit "${san_skip[@]}" \

@@ -149,8 +149,8 @@ if(PT_HAVE_CUDA)
     target_link_libraries(test_cuda_kernels PRIVATE ptcuda)
     set_target_properties(test_cuda_kernels PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
     add_test(NAME test_cuda_kernels COMMAND test_cuda_kernels)
-    set_tests_properties(test_cuda_kernels PROPERTIES SKIP_RETURN_CODE 77 LABELS "unit;cuda;nvcc;quick"
-      TIMEOUT 300)
+    set_tests_properties(test_cuda_kernels PROPERTIES SKIP_RETURN_CODE 77
+      LABELS "unit;cuda;nvcc;quick" TIMEOUT 300)
     if(PT_SANITIZE)
       # On a GPU machine: ASan's protected shadow gap overlaps the address range the CUDA
       # driver reserves (every cudaMalloc then fails), and the driver's and libraries'
