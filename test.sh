@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fresh Debian 12: installs what is missing, builds (warnings are errors) and runs the whole
-# test suite, then the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer,
-# then each input parser under libFuzzer for 10 s (PT_FUZZ_SECONDS), as many at once as there
-# are cores. For the inner loop of development: (cd build && ctest -L quick -j 3).
+# test suite, then the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer
+# (without a GPU, not the two that nvcc builds), then each input parser under libFuzzer for
+# 10 s (PT_FUZZ_SECONDS), as many at once as there are cores. For the inner loop of
+# development: (cd build && ctest -L quick -j 3).
 set -euo pipefail
 cd "$(dirname "$0")"
 source cmake/setup.sh
