@@ -13,10 +13,8 @@ GPU8=$SRC/topologies/node-2s-8gpu.xml
 TWO=$SRC/topologies/local-2core.xml
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-# Debian's python3, as tests/lib/common.bash sets it for the other tests
-if [ -x /usr/bin/python3 ]; then
-    mkdir "$TMP/bin" && ln -s /usr/bin/python3 "$TMP/bin/python3" && PATH=$TMP/bin:$PATH
-fi
+source "$(dirname "$0")/lib/debian_python.bash"
+debian_python "$TMP"
 
 checks=0
 failures=0

@@ -5,12 +5,8 @@ MPIEXEC=${MPIEXEC:-mpiexec}
 MODELS=$PT_SOURCE_DIR/models
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-# Every python3 a test starts is Debian's, which ./test.sh installs with matplotlib: the one
-# first on the PATH may be another (a pyenv shim takes 0.5 s to start; its interpreter may
-# lack matplotlib).
-if [ -x /usr/bin/python3 ]; then
-    mkdir "$WORK/bin" && ln -s /usr/bin/python3 "$WORK/bin/python3" && PATH=$WORK/bin:$PATH
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/debian_python.bash"
+debian_python "$WORK"
 FAILURES=0
 CHECKS=0
 
